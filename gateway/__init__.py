@@ -1,0 +1,1 @@
+"""The edge gateway: API keys, tokens, websocket and OpenAI routing, failover."""

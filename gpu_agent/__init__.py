@@ -1,0 +1,1 @@
+"""The GPU agent: runs vLLM on an instance, registers when ready, drains on a spot notice."""

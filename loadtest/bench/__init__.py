@@ -1,0 +1,1 @@
+"""Benchmarks behind `make bench`; each writes its section of docs/benchmarks.md."""

@@ -1,0 +1,1 @@
+"""The pool manager: sizes the spot pool from demand and replaces what AWS takes back."""

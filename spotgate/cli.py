@@ -1,0 +1,242 @@
+"""The `spotgate` command line (DESIGN.md §9).
+
+argparse rather than click or typer: it is in the standard library, types cleanly under
+`mypy --strict`, and subcommands nest as far as we need. Every bad input exits with status 2
+and one line saying what was wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from botocore.exceptions import BotoCoreError, ClientError
+from pydantic import ValidationError
+
+from spotgate import __version__
+from spotgate.localstack import UpOptions, find_local_stack, run_up
+from spotgate.registry import (
+    ApiKeyNotFound,
+    ApiKeyRecord,
+    Registry,
+)
+from spotgate.settings import SharedSettings, describe_validation_error
+
+EXIT_BAD_INPUT = 2
+EXIT_NOT_BUILT = 3
+EXIT_AWS_FAILED = 4
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+class CommandError(Exception):
+    """A command could not do what was asked; the message is the one line to print."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser that reports a bad command line as one line, then exits 2."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print `<prog>: <message> (see --help)` and exit with status 2."""
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from err
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from err
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be zero or more")
+    return value
+
+
+def _not_built(part: str) -> Handler:
+    def handler(args: argparse.Namespace) -> int:
+        print(
+            f"spotgate {args.command}: the {part} is not built yet in spotgate {__version__}",
+            file=sys.stderr,
+        )
+        return EXIT_NOT_BUILT
+
+    return handler
+
+
+# --- keys ----------------------------------------------------------------------------------
+
+
+def _shared_settings() -> SharedSettings:
+    """Settings of the local stack started here (`.spotgate/up.json`), else the environment."""
+    stack = find_local_stack(Path.cwd())
+    return SharedSettings() if stack is None else stack.shared_settings()
+
+
+def _describe_key(record: ApiKeyRecord) -> str:
+    limits = ", ".join(
+        f"{label}={value}"
+        for label, value in (
+            ("rpm", record.rpm),
+            ("tpm", record.tpm),
+            ("max_tokens", record.max_tokens),
+        )
+        if value is not None
+    )
+    models = ",".join(sorted(record.models)) or "all models"
+    state = "disabled" if record.disabled else "enabled"
+    return f"{record.key_id}  {record.name}  {state}  {models}  {limits or 'no limits'}"
+
+
+async def _keys_create(args: argparse.Namespace) -> int:
+    async with Registry.open(_shared_settings()) as registry:
+        created = await registry.create_key(
+            args.name,
+            rpm=args.rpm,
+            tpm=args.tpm,
+            max_tokens=args.max_tokens,
+            models=[model for model in (args.models or "").split(",") if model],
+        )
+    print(created.api_key)
+    print(
+        f"created key {created.record.key_id} ({created.record.name}); "
+        "this is the only time the full key is shown",
+        file=sys.stderr,
+    )
+    return 0
+
+
+async def _keys_list(_args: argparse.Namespace) -> int:
+    async with Registry.open(_shared_settings()) as registry:
+        records = await registry.list_keys()
+    for record in records:
+        print(_describe_key(record))
+    return 0
+
+
+async def _keys_disable(args: argparse.Namespace) -> int:
+    async with Registry.open(_shared_settings()) as registry:
+        try:
+            await registry.disable_key(args.key_id)
+        except ApiKeyNotFound as err:
+            raise CommandError(str(err)) from err
+    print(f"disabled key {args.key_id}")
+    return 0
+
+
+def _run_async(handler: Callable[[argparse.Namespace], Coroutine[Any, Any, int]]) -> Handler:
+    def run(args: argparse.Namespace) -> int:
+        return asyncio.run(handler(args))
+
+    return run
+
+
+# --- up ------------------------------------------------------------------------------------
+
+
+def _up(args: argparse.Namespace) -> int:
+    options = UpOptions(port=args.port, agents=args.agents, engine=args.engine, model=args.model)
+    return asyncio.run(run_up(Path.cwd(), options, announce=lambda line: print(line, flush=True)))
+
+
+# --- parser --------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full `spotgate` command tree."""
+    parser = _Parser(prog="spotgate", description="LLM serving on EC2 spot GPUs.")
+    parser.add_argument("--version", action="version", version=f"spotgate {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    up = commands.add_parser("up", help="run the whole system locally")
+    up.add_argument("--port", type=int, default=8080, help="gateway port (default 8080)")
+    up.add_argument("--agents", type=_positive_int, default=1, help="GPU agents to start")
+    up.add_argument("--engine", choices=["vllm", "synthetic"], default="vllm")
+    up.add_argument("--model", type=Path, help="model directory (default: the tiny model)")
+    up.set_defaults(handler=_up)
+
+    for service, part in (("gateway", "gateway"), ("agent", "GPU agent")):
+        service_parser = commands.add_parser(service, help=f"run the {part} from the environment")
+        service_parser.set_defaults(handler=_not_built(part))
+
+    keys = commands.add_parser("keys", help="manage API keys")
+    key_commands = keys.add_subparsers(dest="keys_command", required=True, parser_class=_Parser)
+    create = key_commands.add_parser("create", help="create a key and print it once")
+    create.add_argument("--name", required=True)
+    create.add_argument("--rpm", type=_positive_int, help="requests per minute")
+    create.add_argument("--tpm", type=_positive_int, help="tokens per minute")
+    create.add_argument("--max-tokens", type=_positive_int, help="max tokens per request")
+    create.add_argument("--models", help="comma-separated models this key may use (default all)")
+    create.set_defaults(handler=_run_async(_keys_create))
+    key_commands.add_parser("list", help="list keys").set_defaults(handler=_run_async(_keys_list))
+    disable = key_commands.add_parser("disable", help="disable a key at once")
+    disable.add_argument("key_id")
+    disable.set_defaults(handler=_run_async(_keys_disable))
+
+    pool = commands.add_parser("pool", help="inspect and steer the GPU pool")
+    pool_commands = pool.add_subparsers(dest="pool_command", required=True, parser_class=_Parser)
+    pool_commands.add_parser("run", help="run the pool manager from the environment")
+    pool_commands.add_parser("status", help="agents by state, lifecycle, type, zone, load")
+    scale = pool_commands.add_parser("scale", help="set a model's agent count")
+    scale.add_argument("model")
+    scale.add_argument("count", type=int)
+    interrupt = pool_commands.add_parser("interrupt", help="inject a spot interruption")
+    interrupt.add_argument("agent_id")
+    interrupt.add_argument("--in", dest="in_seconds", type=_non_negative_float, default=120.0)
+    pool.set_defaults(handler=_not_built("pool manager"))
+
+    model = commands.add_parser("model", help="model utilities")
+    model_commands = model.add_subparsers(dest="model_command", required=True, parser_class=_Parser)
+    tiny = model_commands.add_parser("tiny", help="write the offline tiny Llama")
+    tiny.add_argument("--out", type=Path, required=True)
+    model.set_defaults(handler=_not_built("GPU agent (tiny model generator)"))
+
+    sim = commands.add_parser("sim", help="replay spot traces through the pool policy")
+    sim.add_argument("--traces", type=Path, required=True)
+    sim.add_argument("--policy")
+    sim.add_argument("--target", type=_positive_int, default=3)
+    sim.add_argument("--cold-start", type=_non_negative_float, default=120.0)
+    sim.add_argument("--on-demand-price-ratio", type=_non_negative_float, default=3.0)
+    sim.add_argument("--json", action="store_true")
+    sim.set_defaults(handler=_not_built("pool manager (simulator)"))
+
+    loadtest = commands.add_parser("loadtest", help="run locust against a gateway")
+    loadtest.add_argument("--url")
+    loadtest.add_argument("--users", type=_positive_int, default=10)
+    loadtest.add_argument("--duration", type=_positive_int, default=60)
+    loadtest.set_defaults(handler=_not_built("load test runner"))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `spotgate` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.handler(args))
+    except ValidationError as err:
+        print(f"spotgate {args.command}: {describe_validation_error(err)}", file=sys.stderr)
+    except CommandError as err:
+        print(f"spotgate {args.command}: {err}", file=sys.stderr)
+    except (BotoCoreError, ClientError) as err:
+        print(f"spotgate {args.command}: AWS request failed: {err}", file=sys.stderr)
+        return EXIT_AWS_FAILED
+    except KeyboardInterrupt:
+        return 130
+    return EXIT_BAD_INPUT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""An embedded AWS emulator: moto's standalone server on loopback, real HTTP.
+
+`spotgate up` runs one for the local stack and the tests run one per session.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from moto.moto_server.werkzeug_app import (
+    DomainDispatcherApplication,
+    MotoRequestHandler,
+    create_backend_app,
+)
+from werkzeug.serving import BaseWSGIServer, make_server
+
+from spotgate.settings import SharedSettings, emulator_settings
+
+if TYPE_CHECKING:
+    from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
+
+EMULATOR_REGION = "us-east-1"
+
+
+class _OneRequestAtATime:
+    """WSGI middleware: moto's backends do not lock, DynamoDB's conditional writes are atomic.
+
+    Without this, two concurrent conditional updates of one item can both succeed on moto's
+    threaded server; serializing requests restores DynamoDB's per-item atomicity.
+    """
+
+    def __init__(self, app: WSGIApplication) -> None:
+        self._app = app
+        self._lock = threading.Lock()
+
+    def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        with self._lock:
+            return list(self._app(environ, start_response))
+
+
+class AwsEmulator:
+    """moto's standalone server on a loopback port, in a background thread (real HTTP)."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        self._host = host
+        self._port = port
+        self._server: BaseWSGIServer | None = None
+        self._thread: threading.Thread | None = None
+        self.url = ""
+
+    def start(self) -> str:
+        """Start serving (again on the same port after `stop`); return the endpoint URL."""
+        logging.getLogger("werkzeug").setLevel(logging.WARNING)
+        app = _OneRequestAtATime(DomainDispatcherApplication(create_backend_app))
+        self._server = make_server(
+            self._host, self._port, app, threaded=True, request_handler=MotoRequestHandler
+        )
+        self._port = self._server.server_address[1]
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="aws-emulator", daemon=True
+        )
+        self._thread.start()
+        self.url = f"http://{self._host}:{self._port}"
+        return self.url
+
+    def stop(self) -> None:
+        """Stop serving; emulated state survives a restart in the same process."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def settings(self) -> SharedSettings:
+        """Shared settings pointing at this emulator."""
+        return emulator_settings(self.url, EMULATOR_REGION)

@@ -1,0 +1,325 @@
+"""The websocket wire protocol `spotgate.v1` (DESIGN.md §4): one model per frame.
+
+Clients speak it to the gateway, the gateway to agents, clients to agents directly. Every
+received text frame goes through `parse_frame`, which returns a typed frame or raises
+`FrameError` carrying the `error` frame to send back — never anything else.
+"""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+from typing import Annotated, Any, Literal, Self, overload
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
+
+from spotgate.settings import DEFAULT_MAX_FRAME_BYTES
+
+PROTOCOL_VERSION = "spotgate.v1"
+MAX_STREAM_ID_CHARS = 128
+MAX_TOKEN_ID = 2**31 - 1
+MAX_SEED = 2**63 - 1
+MAX_STOP_SEQUENCES = 16
+
+
+class ErrorCode(StrEnum):
+    """Error codes of `error` frames (DESIGN.md §4)."""
+
+    UNAUTHORIZED = "unauthorized"
+    FORBIDDEN = "forbidden"
+    INVALID_REQUEST = "invalid_request"
+    RATE_LIMITED = "rate_limited"
+    NO_CAPACITY = "no_capacity"
+    TIMEOUT = "timeout"
+    INTERRUPTED = "interrupted"
+    INTERNAL = "internal"
+
+
+StreamId = Annotated[str, StringConstraints(min_length=1, max_length=MAX_STREAM_ID_CHARS)]
+ModelName = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+Count = Annotated[int, Field(ge=0)]
+TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]
+Milliseconds = Annotated[float, Field(ge=0)]
+
+
+class _Strict(BaseModel):
+    """Unknown fields are refused: a misspelt `max_token` is an error, not a silent default."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+class ChatMessage(_Strict):
+    """One chat turn."""
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str
+
+
+class Resume(_Strict):
+    """What a moved stream had produced: the new agent continues after these tokens."""
+
+    token_ids: list[TokenId]
+    text: str
+    completion_tokens: Count
+
+    @model_validator(mode="after")
+    def _count_matches_ids(self) -> Self:
+        if self.completion_tokens != len(self.token_ids):
+            raise ValueError("completion_tokens must equal the number of token_ids")
+        return self
+
+
+class GenerateFrame(_Strict):
+    """Start a stream: a chat (`messages`) or a raw `prompt`."""
+
+    type: Literal["generate"] = "generate"
+    id: StreamId
+    model: ModelName
+    messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None
+    prompt: str | None = None
+    max_tokens: Annotated[int, Field(ge=1, le=1_000_000)] = 256
+    temperature: Annotated[float, Field(ge=0, le=2)] = 1.0
+    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
+    stop: Annotated[list[str], Field(max_length=MAX_STOP_SEQUENCES)] = []
+    seed: Annotated[int, Field(ge=0, le=MAX_SEED)] | None = None
+    session: Annotated[str, StringConstraints(max_length=256)] | None = None
+    want_ids: bool = False
+    resume: Resume | None = None
+
+    @model_validator(mode="after")
+    def _messages_or_prompt(self) -> Self:
+        if (self.messages is None) == (self.prompt is None):
+            raise ValueError("give exactly one of 'messages' or 'prompt'")
+        return self
+
+    def prompt_chars(self) -> int:
+        """Characters of prompt text, for the max prompt length limit."""
+        if self.prompt is not None:
+            return len(self.prompt)
+        return sum(len(message.content) for message in self.messages or ())
+
+
+class CancelFrame(_Strict):
+    """Stop a stream; the engine aborts the request."""
+
+    type: Literal["cancel"] = "cancel"
+    id: StreamId
+
+
+class AuthFrame(_Strict):
+    """Authenticate (browsers, as the first frame) or refresh the token of a live socket."""
+
+    type: Literal["auth"] = "auth"
+    token: Annotated[str, StringConstraints(min_length=1, max_length=8192)]
+
+
+class PingFrame(_Strict):
+    """Application-level keep-alive; answered with `pong`."""
+
+    type: Literal["ping"] = "ping"
+
+
+class QueuedFrame(_Strict):
+    """The stream waits for capacity; `position` 0 is next."""
+
+    type: Literal["queued"] = "queued"
+    id: StreamId
+    position: Count
+
+
+class StartFrame(_Strict):
+    """An agent took the stream; `engine` says whether it is a real model or synthetic."""
+
+    type: Literal["start"] = "start"
+    id: StreamId
+    agent: str
+    engine: Literal["vllm", "synthetic"] | None = None
+
+
+class DeltaFrame(_Strict):
+    """`n` more tokens of text; `ids` only when the stream asked with `want_ids`."""
+
+    type: Literal["delta"] = "delta"
+    id: StreamId
+    text: str
+    n: Count
+    ids: list[TokenId] | None = None
+
+    @model_validator(mode="after")
+    def _ids_match_count(self) -> Self:
+        if self.ids is not None and len(self.ids) != self.n:
+            raise ValueError("'ids' must hold exactly 'n' token ids")
+        return self
+
+
+class Usage(_Strict):
+    """Token counts of a finished stream, each token counted once across resumes."""
+
+    prompt_tokens: Count
+    completion_tokens: Count
+
+
+class Timings(_Strict):
+    """Where a stream's time went."""
+
+    queue_ms: Milliseconds
+    ttft_ms: Milliseconds
+    total_ms: Milliseconds
+
+
+class DoneFrame(_Strict):
+    """The stream finished."""
+
+    type: Literal["done"] = "done"
+    id: StreamId
+    finish_reason: Literal["stop", "length", "cancelled"]
+    usage: Usage
+    timings: Timings
+
+
+class ErrorFrame(_Strict):
+    """A stream (`id`) or the connection (no `id`) failed; `retry_after` in seconds."""
+
+    type: Literal["error"] = "error"
+    id: StreamId | None = None
+    code: ErrorCode
+    message: str
+    retry_after: Annotated[float, Field(ge=0)] | None = None
+
+
+class PongFrame(_Strict):
+    """Answer to `ping`."""
+
+    type: Literal["pong"] = "pong"
+
+
+ClientFrame = Annotated[
+    GenerateFrame | CancelFrame | AuthFrame | PingFrame, Field(discriminator="type")
+]
+ServerFrame = Annotated[
+    QueuedFrame | StartFrame | DeltaFrame | DoneFrame | ErrorFrame | PongFrame,
+    Field(discriminator="type"),
+]
+AnyFrame = (
+    GenerateFrame
+    | CancelFrame
+    | AuthFrame
+    | PingFrame
+    | QueuedFrame
+    | StartFrame
+    | DeltaFrame
+    | DoneFrame
+    | ErrorFrame
+    | PongFrame
+)
+
+_CLIENT_ADAPTER: TypeAdapter[ClientFrame] = TypeAdapter(ClientFrame)
+_SERVER_ADAPTER: TypeAdapter[ServerFrame] = TypeAdapter(ServerFrame)
+CLIENT_FRAME_TYPES = frozenset({"generate", "cancel", "auth", "ping"})
+SERVER_FRAME_TYPES = frozenset({"queued", "start", "delta", "done", "error", "pong"})
+
+Origin = Literal["client", "server"]
+
+
+class FrameError(ValueError):
+    """A received frame was refused; `frame()` is the `error` frame to answer with."""
+
+    def __init__(
+        self, message: str, *, code: ErrorCode = ErrorCode.INVALID_REQUEST, id: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.id = id
+
+    def frame(self) -> ErrorFrame:
+        """The `error` frame that tells the sender what was wrong."""
+        return ErrorFrame(id=self.id, code=self.code, message=self.message)
+
+
+@overload
+def parse_frame(
+    data: str | bytes, *, origin: Literal["client"] = ..., max_bytes: int = ...
+) -> ClientFrame: ...
+
+
+@overload
+def parse_frame(
+    data: str | bytes, *, origin: Literal["server"], max_bytes: int = ...
+) -> ServerFrame: ...
+
+
+def parse_frame(
+    data: str | bytes,
+    *,
+    origin: Origin = "client",
+    max_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+) -> ClientFrame | ServerFrame:
+    """Parse one text frame sent by a client (default) or a server; raise `FrameError` if bad."""
+    raw = _checked_bytes(data, max_bytes)
+    adapter: TypeAdapter[Any] = _CLIENT_ADAPTER if origin == "client" else _SERVER_ADAPTER
+    try:
+        frame: ClientFrame | ServerFrame = adapter.validate_json(raw)
+    except ValidationError as err:
+        raise _explain(raw, err, origin) from err
+    return frame
+
+
+def _checked_bytes(data: str | bytes, max_bytes: int) -> bytes:
+    if isinstance(data, str):
+        if len(data) > max_bytes:  # each character is at least one byte
+            raise FrameError(f"frame exceeds the {max_bytes}-byte limit")
+        try:
+            data = data.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise FrameError("frame is not valid UTF-8 text") from err
+    if len(data) > max_bytes:
+        raise FrameError(f"frame of {len(data)} bytes exceeds the {max_bytes}-byte limit")
+    return data
+
+
+def _explain(raw: bytes, err: ValidationError, origin: Origin) -> FrameError:
+    """Turn a validation failure into the most useful one-line reason, with the stream id."""
+    try:
+        document = json.loads(raw)
+    except (ValueError, RecursionError):
+        return FrameError("frame is not valid JSON")
+    if not isinstance(document, dict):
+        return FrameError("frame must be a JSON object")
+    stream_id = document.get("id")
+    if not (isinstance(stream_id, str) and 0 < len(stream_id) <= MAX_STREAM_ID_CHARS):
+        stream_id = None
+    frame_type = document.get("type")
+    own, other = (
+        (CLIENT_FRAME_TYPES, SERVER_FRAME_TYPES)
+        if origin == "client"
+        else (SERVER_FRAME_TYPES, CLIENT_FRAME_TYPES)
+    )
+    if not isinstance(frame_type, str):
+        return FrameError("frame has no 'type'", id=stream_id)
+    if frame_type in other:
+        sender = "a client" if origin == "client" else "a server"
+        return FrameError(f"frame type '{frame_type}' is not accepted from {sender}", id=stream_id)
+    if frame_type not in own:
+        return FrameError(
+            f"unknown frame type {json.dumps(frame_type)[:64]}; "
+            f"expected one of {', '.join(sorted(own))}",
+            id=stream_id,
+        )
+    first = err.errors(include_url=False, include_input=False)[0]
+    where = ".".join(str(part) for part in first["loc"][1:])
+    detail = f"{where}: {first['msg']}" if where else first["msg"]
+    return FrameError(f"invalid '{frame_type}' frame — {detail}", id=stream_id)
+
+
+def encode_frame(frame: AnyFrame) -> str:
+    """Serialize a frame to its JSON text, leaving out unset optional fields."""
+    return frame.model_dump_json(exclude_none=True)

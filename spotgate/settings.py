@@ -1,0 +1,264 @@
+"""Settings for every spotgate service, read from the environment (DESIGN.md §8).
+
+Prefixes: ``SPOTGATE_`` for what all services share, ``SPOTGATE_GATEWAY_``,
+``SPOTGATE_AGENT_`` and ``SPOTGATE_POOL_`` for each service; nested fields use ``__``
+(``SPOTGATE_AWS__ENDPOINT_URL``, ``SPOTGATE_GATEWAY_LIMITS__MAX_FRAME_BYTES``).
+Every value is validated at start-up so a bad deployment fails with one clear line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal, Self
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveFloat,
+    PositiveInt,
+    SecretStr,
+    ValidationError,
+    model_validator,
+)
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+TOKEN_TTL_MAX_SECONDS = 15 * 60
+"""DESIGN.md §3: a token lives at most 15 minutes."""
+
+DEFAULT_MAX_FRAME_BYTES = 64 * 1024
+"""DESIGN.md §10: client frames are capped at 64 KiB unless configured otherwise."""
+
+LogLevel = Literal["debug", "info", "warning", "error"]
+LogFormat = Literal["auto", "json", "console"]
+Lifecycle = Literal["spot", "on-demand", "local"]
+EngineKind = Literal["vllm", "synthetic"]
+NonNegativeInt = Annotated[int, Field(ge=0)]
+
+
+class _Section(BaseModel):
+    """A nested group of settings: unknown fields are an error, not silently ignored."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class AwsSettings(_Section):
+    """Where the AWS APIs are: the real ones, or the emulator in local mode and tests."""
+
+    region: str = "us-east-1"
+    endpoint_url: str | None = None
+    # Unset in production: boto's default chain (instance role, task role) is used.
+    access_key_id: str | None = None
+    secret_access_key: SecretStr | None = None
+
+
+class TableNames(_Section):
+    """DynamoDB table names (DESIGN.md §2)."""
+
+    agents: str = "spotgate-agents"
+    keys: str = "spotgate-keys"
+    demand: str = "spotgate-demand"
+
+
+class RegistryTimings(_Section):
+    """How long registry entries live without being refreshed."""
+
+    agent_ttl_seconds: PositiveFloat = 30.0
+    demand_ttl_seconds: PositiveFloat = 30.0
+    gone_ttl_seconds: PositiveFloat = 3600.0
+
+
+class SharedSettings(BaseSettings):
+    """What every service shares: AWS endpoint, table names, logging."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="SPOTGATE_", env_nested_delimiter="__", extra="forbid", frozen=True
+    )
+
+    aws: AwsSettings = AwsSettings()
+    tables: TableNames = TableNames()
+    registry: RegistryTimings = RegistryTimings()
+    log_level: LogLevel = "info"
+    log_format: LogFormat = "auto"
+
+
+class SocketLimits(_Section):
+    """Limits on every websocket (DESIGN.md §4); each breach is a clear `error` frame."""
+
+    max_frame_bytes: PositiveInt = DEFAULT_MAX_FRAME_BYTES
+    heartbeat_seconds: PositiveFloat = 20.0
+    idle_timeout_seconds: PositiveFloat = 300.0
+    auth_timeout_seconds: PositiveFloat = 5.0
+    max_streams_per_connection: PositiveInt = 16
+    max_prompt_chars: PositiveInt = 200_000
+
+
+class TokenSettings(_Section):
+    """Token signing: lifetime, clock leeway, and where the Ed25519 private key comes from."""
+
+    ttl_seconds: Annotated[int, Field(ge=1, le=TOKEN_TTL_MAX_SECONDS)] = 60
+    leeway_seconds: Annotated[float, Field(ge=0, le=60)] = 5.0
+    signing_key_file: Path | None = None
+    signing_key_pem: SecretStr | None = None
+    signing_key_secret_id: str | None = None
+
+    @model_validator(mode="after")
+    def _one_key_source(self) -> Self:
+        sources = [self.signing_key_file, self.signing_key_pem, self.signing_key_secret_id]
+        if sum(source is not None for source in sources) > 1:
+            raise ValueError(
+                "set only one of signing_key_file, signing_key_pem, signing_key_secret_id"
+            )
+        return self
+
+
+class QueueSettings(_Section):
+    """The per-model wait queue used while the pool scales (issue: serverless queueing)."""
+
+    max_pending_per_model: PositiveInt = 256
+    deadline_seconds: PositiveFloat = 120.0
+
+
+class GatewaySettings(BaseSettings):
+    """The edge gateway (`SPOTGATE_GATEWAY_…`)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="SPOTGATE_GATEWAY_", env_nested_delimiter="__", extra="forbid", frozen=True
+    )
+
+    shared: SharedSettings = Field(default_factory=SharedSettings)
+    host: str = "127.0.0.1"
+    port: Annotated[int, Field(ge=0, le=65535)] = 8080
+    public_url: str | None = None
+    gateway_id: str | None = None
+    token: TokenSettings = TokenSettings()
+    limits: SocketLimits = SocketLimits()
+    queue: QueueSettings = QueueSettings()
+    allowed_origins: tuple[str, ...] = ()
+    compress: bool = False
+    registry_refresh_seconds: Annotated[float, Field(gt=0, le=1.0)] = 0.5
+    demand_publish_seconds: PositiveFloat = 2.0
+    agent_connection_limit: PositiveInt = 1024
+    models: tuple[str, ...] = ()
+
+
+class VllmSettings(_Section):
+    """Engine arguments handed to vLLM's `AsyncLLM`."""
+
+    dtype: str = "auto"
+    max_model_len: PositiveInt | None = None
+    max_num_seqs: PositiveInt = 64
+    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.9
+    tensor_parallel_size: PositiveInt = 1
+    enforce_eager: bool = False
+
+
+class SyntheticSettings(_Section):
+    """The synthetic engine: fixed time to first token and decode rate."""
+
+    ttft_seconds: Annotated[float, Field(ge=0)] = 0.05
+    tokens_per_second: PositiveFloat = 50.0
+    capacity: PositiveInt = 256
+
+
+class AgentSettings(BaseSettings):
+    """The GPU agent (`SPOTGATE_AGENT_…`)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="SPOTGATE_AGENT_", env_nested_delimiter="__", extra="forbid", frozen=True
+    )
+
+    shared: SharedSettings = Field(default_factory=SharedSettings)
+    agent_id: str | None = None
+    host: str = "127.0.0.1"
+    port: Annotated[int, Field(ge=0, le=65535)] = 8000
+    advertise_url: str | None = None
+    engine: EngineKind = "vllm"
+    model: str = ""
+    served_model_name: str | None = None
+    vllm: VllmSettings = VllmSettings()
+    synthetic: SyntheticSettings = SyntheticSettings()
+    limits: SocketLimits = SocketLimits()
+    jwks_url: str | None = None
+    pinned_public_key: str | None = None
+    token_issuer: str | None = None
+    token_leeway_seconds: Annotated[float, Field(ge=0, le=60)] = 5.0
+    imds_url: str = "http://169.254.169.254"
+    imds_poll_seconds: PositiveFloat = 5.0
+    heartbeat_seconds: PositiveFloat = 5.0
+    lifecycle: Lifecycle = "local"
+    instance_type: str = "local"
+    zone: str = "local"
+
+    @model_validator(mode="after")
+    def _heartbeat_within_ttl(self) -> Self:
+        ttl = self.shared.registry.agent_ttl_seconds
+        if self.heartbeat_seconds >= ttl:
+            raise ValueError(
+                f"heartbeat_seconds ({self.heartbeat_seconds}) must be below the agent TTL "
+                f"({ttl}), or the registry entry expires between heartbeats"
+            )
+        return self
+
+
+class Placement(_Section):
+    """One (instance type, zone) the pool may launch into, with its hourly prices."""
+
+    instance_type: str
+    zone: str
+    spot_price_per_hour: PositiveFloat
+    on_demand_price_per_hour: PositiveFloat
+
+
+class PoolSettings(BaseSettings):
+    """The pool manager (`SPOTGATE_POOL_…`)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="SPOTGATE_POOL_", env_nested_delimiter="__", extra="forbid", frozen=True
+    )
+
+    shared: SharedSettings = Field(default_factory=SharedSettings)
+    provider: Literal["ec2", "local"] = "local"
+    min_agents: NonNegativeInt = 0
+    max_agents: PositiveInt = 4
+    target_streams_per_agent: PositiveInt = 32
+    spot_overprovision: NonNegativeInt = 1
+    on_demand_fallback: bool = True
+    scale_to_zero_idle_seconds: PositiveFloat = 600.0
+    launch_timeout_seconds: PositiveFloat = 900.0
+    risky_placement_seconds: PositiveFloat = 1800.0
+    loop_seconds: PositiveFloat = 5.0
+    interruption_queue_url: str | None = None
+    placements: tuple[Placement, ...] = ()
+
+    @model_validator(mode="after")
+    def _bounds_ordered(self) -> Self:
+        if self.max_agents < self.min_agents:
+            raise ValueError(
+                f"max_agents ({self.max_agents}) must be at least min_agents ({self.min_agents})"
+            )
+        return self
+
+
+EMULATOR_CREDENTIAL = "local"
+"""An AWS emulator accepts any credentials; these keep boto from looking for real ones."""
+
+
+def emulator_settings(endpoint_url: str, region: str) -> SharedSettings:
+    """Shared settings (the rest from the environment) that reach an AWS emulator."""
+    aws = AwsSettings(
+        region=region,
+        endpoint_url=endpoint_url,
+        access_key_id=EMULATOR_CREDENTIAL,
+        secret_access_key=SecretStr(EMULATOR_CREDENTIAL),
+    )
+    return SharedSettings().model_copy(update={"aws": aws})
+
+
+def describe_validation_error(err: ValidationError) -> str:
+    """Render a settings validation error as one line: `field: problem; field: problem`."""
+    parts = []
+    for problem in err.errors(include_url=False):
+        where = ".".join(str(part) for part in problem["loc"]) or err.title
+        parts.append(f"{where}: {problem['msg']}")
+    return f"invalid {err.title} — " + "; ".join(parts)

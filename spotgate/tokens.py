@@ -1,0 +1,493 @@
+"""Short-lived Ed25519 JWTs: keys, a rotating key ring, JWKS, `issue()` and `verify()`.
+
+DESIGN.md §3. The gateway signs with the newest key of its ring; agents verify locally against
+the gateway's JWKS (or a pinned key). `verify` is a pure function of the ring, the token and
+the clock reading it is given, and every way a token can be wrong has its own exception.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import secrets
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jwt
+from cryptography.exceptions import UnsupportedAlgorithm
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from spotgate.settings import TOKEN_TTL_MAX_SECONDS
+
+ALGORITHM = "EdDSA"
+AGENT_AUDIENCE = "spotgate-agent"
+DEFAULT_TTL_SECONDS = 60
+DEFAULT_LEEWAY_SECONDS = 5.0
+MAX_TOKEN_CHARS = 8 * 1024
+"""A real token is a few hundred characters; anything this long is refused before parsing."""
+
+_ED25519_KEY_BYTES = 32
+
+
+class TokenError(Exception):
+    """A token was refused; `reason` names why in one word (safe to show a client)."""
+
+    reason = "invalid"
+
+
+class MalformedToken(TokenError):
+    """Not a compact JWS with a JSON header and the claims spotgate requires."""
+
+    reason = "malformed"
+
+
+class WrongAlgorithm(TokenError):
+    """The header names an algorithm other than EdDSA (`none`, HS256, RS256…)."""
+
+    reason = "wrong_algorithm"
+
+
+class UnknownKid(TokenError):
+    """The header's `kid` names no key in the ring."""
+
+    reason = "unknown_kid"
+
+
+class BadSignature(TokenError):
+    """The signature does not match the header and payload under the named key."""
+
+    reason = "bad_signature"
+
+
+class TokenExpired(TokenError):
+    """`exp` is in the past (beyond the leeway)."""
+
+    reason = "expired"
+
+
+class TokenNotYetValid(TokenError):
+    """`nbf` (or `iat`) is in the future (beyond the leeway)."""
+
+    reason = "not_yet_valid"
+
+
+class BadAudience(TokenError):
+    """`aud` is not the audience this verifier serves."""
+
+    reason = "bad_audience"
+
+
+class BadIssuer(TokenError):
+    """`iss` is not the gateway this verifier trusts."""
+
+    reason = "bad_issuer"
+
+
+class KeyFormatError(ValueError):
+    """A PEM, JWK or JWKS document does not hold a usable Ed25519 key."""
+
+
+def _b64url(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+def _b64url_decode(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def jwk_thumbprint(x: str) -> str:
+    """RFC 7638 thumbprint of an Ed25519 public JWK (`x` is its base64url public key)."""
+    canonical = json.dumps(
+        {"crv": "Ed25519", "kty": "OKP", "x": x}, separators=(",", ":"), sort_keys=True
+    )
+    return _b64url(hashlib.sha256(canonical.encode("ascii")).digest())
+
+
+@dataclass(frozen=True, slots=True)
+class VerifyKey:
+    """An Ed25519 public key and its RFC 7638 `kid`."""
+
+    kid: str
+    public_key: Ed25519PublicKey
+
+    @classmethod
+    def from_public_key(cls, public_key: Ed25519PublicKey) -> VerifyKey:
+        """Wrap a public key, computing its `kid`."""
+        raw = public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+        return cls(kid=jwk_thumbprint(_b64url(raw)), public_key=public_key)
+
+    @classmethod
+    def from_jwk(cls, jwk: Mapping[str, Any]) -> VerifyKey:
+        """Read an OKP/Ed25519 JWK; a `kid` that is not the key's own thumbprint is refused."""
+        if jwk.get("kty") != "OKP" or jwk.get("crv") != "Ed25519":
+            raise KeyFormatError("JWK is not an Ed25519 (OKP) key")
+        x = jwk.get("x")
+        if not isinstance(x, str):
+            raise KeyFormatError("JWK has no 'x' member")
+        try:
+            raw = _b64url_decode(x)
+        except (binascii.Error, ValueError) as err:
+            raise KeyFormatError("JWK 'x' is not base64url") from err
+        if len(raw) != _ED25519_KEY_BYTES:
+            raise KeyFormatError(f"JWK 'x' must be {_ED25519_KEY_BYTES} bytes, got {len(raw)}")
+        key = cls.from_public_key(Ed25519PublicKey.from_public_bytes(raw))
+        if "kid" in jwk and jwk["kid"] != key.kid:
+            raise KeyFormatError("JWK 'kid' is not the key's RFC 7638 thumbprint")
+        return key
+
+    @classmethod
+    def from_pem(cls, pem: str | bytes) -> VerifyKey:
+        """Read a PEM `PUBLIC KEY` (SubjectPublicKeyInfo) holding an Ed25519 key."""
+        data = pem.encode() if isinstance(pem, str) else pem
+        try:
+            public_key = serialization.load_pem_public_key(data)
+        except (ValueError, UnsupportedAlgorithm) as err:
+            raise KeyFormatError("not a PEM public key") from err
+        if not isinstance(public_key, Ed25519PublicKey):
+            raise KeyFormatError("PEM public key is not Ed25519")
+        return cls.from_public_key(public_key)
+
+    def to_jwk(self) -> dict[str, str]:
+        """The public JWK as published in the JWKS."""
+        raw = self.public_key.public_bytes(
+            serialization.Encoding.Raw, serialization.PublicFormat.Raw
+        )
+        return {
+            "kty": "OKP",
+            "crv": "Ed25519",
+            "x": _b64url(raw),
+            "kid": self.kid,
+            "alg": ALGORITHM,
+            "use": "sig",
+        }
+
+    def to_pem(self) -> str:
+        """The public key as PEM, for pinning in agent settings."""
+        return self.public_key.public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        ).decode("ascii")
+
+
+@dataclass(frozen=True, slots=True)
+class SigningKey:
+    """An Ed25519 private key with its public half."""
+
+    private_key: Ed25519PrivateKey
+    verify_key: VerifyKey
+
+    @property
+    def kid(self) -> str:
+        """The RFC 7638 thumbprint of the public key."""
+        return self.verify_key.kid
+
+    @classmethod
+    def generate(cls) -> SigningKey:
+        """A fresh random key."""
+        return cls.from_private_key(Ed25519PrivateKey.generate())
+
+    @classmethod
+    def from_private_key(cls, private_key: Ed25519PrivateKey) -> SigningKey:
+        """Wrap a private key."""
+        return cls(private_key, VerifyKey.from_public_key(private_key.public_key()))
+
+    def to_pem(self) -> str:
+        """PKCS#8 PEM, unencrypted: store it only where secrets belong."""
+        return self.private_key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        ).decode("ascii")
+
+
+_PEM_BLOCK_END = "-----END PRIVATE KEY-----"
+
+
+def load_signing_keys_pem(text: str | bytes) -> list[SigningKey]:
+    """Read one or more PEM private keys, oldest first: the last one signs (rotation)."""
+    data = text.decode() if isinstance(text, bytes) else text
+    blocks = [block + _PEM_BLOCK_END for block in data.split(_PEM_BLOCK_END)[:-1]]
+    if not blocks:
+        raise KeyFormatError("no PEM private key found")
+    keys = []
+    for index, block in enumerate(blocks):
+        try:
+            private_key = serialization.load_pem_private_key(block.strip().encode(), None)
+        except (ValueError, TypeError, UnsupportedAlgorithm) as err:
+            raise KeyFormatError(f"PEM block {index + 1} is not an unencrypted key") from err
+        if not isinstance(private_key, Ed25519PrivateKey):
+            raise KeyFormatError(f"PEM block {index + 1} is not an Ed25519 key")
+        keys.append(SigningKey.from_private_key(private_key))
+    return keys
+
+
+class KeyRing:
+    """Keys that verify tokens, the newest signing one signs; several coexist during rotation."""
+
+    def __init__(
+        self, signing_keys: Sequence[SigningKey] = (), verify_keys: Iterable[VerifyKey] = ()
+    ) -> None:
+        self._signing: list[SigningKey] = list(signing_keys)
+        self._verify: dict[str, VerifyKey] = {key.kid: key for key in verify_keys}
+        for key in self._signing:
+            self._verify[key.kid] = key.verify_key
+
+    @classmethod
+    def from_jwks(cls, document: Mapping[str, Any]) -> KeyRing:
+        """A verify-only ring from a JWKS document; keys of other types are skipped."""
+        entries = document.get("keys")
+        if not isinstance(entries, list):
+            raise KeyFormatError("JWKS has no 'keys' list")
+        keys = [
+            VerifyKey.from_jwk(entry)
+            for entry in entries
+            if isinstance(entry, Mapping) and entry.get("kty") == "OKP"
+        ]
+        return cls(verify_keys=keys)
+
+    @property
+    def signing_key(self) -> SigningKey:
+        """The key new tokens are signed with (the newest)."""
+        if not self._signing:
+            raise LookupError("this key ring holds no private key")
+        return self._signing[-1]
+
+    def rotate(self, key: SigningKey) -> None:
+        """Make `key` the signing key; older keys still verify until removed."""
+        self._signing.append(key)
+        self._verify[key.kid] = key.verify_key
+
+    def remove(self, kid: str) -> None:
+        """Stop trusting `kid`: tokens it signed fail with `UnknownKid` from now on."""
+        self._verify.pop(kid, None)
+        self._signing = [key for key in self._signing if key.kid != kid]
+
+    def merge(self, other: KeyRing) -> None:
+        """Trust every verify key of `other` too (a refreshed JWKS)."""
+        self._verify.update(other._verify)
+
+    def get(self, kid: str) -> VerifyKey | None:
+        """The verify key named `kid`, if trusted."""
+        return self._verify.get(kid)
+
+    def kids(self) -> list[str]:
+        """Every trusted `kid`."""
+        return list(self._verify)
+
+    def jwks(self) -> dict[str, list[dict[str, str]]]:
+        """The JWKS document (`/.well-known/jwks.json`)."""
+        return {"keys": [key.to_jwk() for key in self._verify.values()]}
+
+
+@dataclass(frozen=True, slots=True)
+class Claims:
+    """The verified claims of a spotgate token."""
+
+    iss: str
+    aud: str
+    sub: str
+    iat: int
+    nbf: int
+    exp: int
+    jti: str
+    mdl: tuple[str, ...] | None = None
+    mtk: int | None = None
+
+    def to_payload(self) -> dict[str, Any]:
+        """The JWT payload, optional claims left out when unset."""
+        payload: dict[str, Any] = {
+            "iss": self.iss,
+            "aud": self.aud,
+            "sub": self.sub,
+            "iat": self.iat,
+            "nbf": self.nbf,
+            "exp": self.exp,
+            "jti": self.jti,
+        }
+        if self.mdl is not None:
+            payload["mdl"] = list(self.mdl)
+        if self.mtk is not None:
+            payload["mtk"] = self.mtk
+        return payload
+
+    def allows_model(self, model: str) -> bool:
+        """Whether the token lets its holder use `model` (no `mdl` claim means any)."""
+        return self.mdl is None or model in self.mdl
+
+
+@dataclass(frozen=True, slots=True)
+class IssuedToken:
+    """A signed token and what it says."""
+
+    token: str
+    claims: Claims
+
+    @property
+    def expires_at(self) -> int:
+        """Epoch seconds after which the token is refused."""
+        return self.claims.exp
+
+
+def issue(
+    ring: KeyRing,
+    *,
+    subject: str,
+    issuer: str,
+    now: float,
+    ttl_seconds: int = DEFAULT_TTL_SECONDS,
+    audience: str = AGENT_AUDIENCE,
+    models: Iterable[str] | None = None,
+    max_tokens: int | None = None,
+) -> IssuedToken:
+    """Sign a token for `subject` (an API key id) valid for `ttl_seconds` from `now`."""
+    if not 1 <= ttl_seconds <= TOKEN_TTL_MAX_SECONDS:
+        raise ValueError(f"ttl_seconds must be within 1..{TOKEN_TTL_MAX_SECONDS}")
+    if max_tokens is not None and max_tokens < 1:
+        raise ValueError("max_tokens must be positive")
+    issued_at = int(now)
+    claims = Claims(
+        iss=issuer,
+        aud=audience,
+        sub=subject,
+        iat=issued_at,
+        nbf=issued_at,
+        exp=issued_at + ttl_seconds,
+        jti=secrets.token_urlsafe(12),
+        mdl=tuple(models) if models is not None else None,
+        mtk=max_tokens,
+    )
+    key = ring.signing_key
+    token = jwt.encode(
+        claims.to_payload(),
+        key.private_key,
+        algorithm=ALGORITHM,
+        headers={"kid": key.kid, "typ": "JWT"},
+    )
+    return IssuedToken(token=token, claims=claims)
+
+
+# Signature only: the claims are checked below against the clock reading given to `verify`.
+_SIGNATURE_ONLY: Any = {
+    "verify_signature": True,
+    "verify_exp": False,
+    "verify_nbf": False,
+    "verify_iat": False,
+    "verify_aud": False,
+    "verify_iss": False,
+    "verify_sub": False,
+    "verify_jti": False,
+    "require": [],
+}
+
+
+def verify(
+    ring: KeyRing,
+    token: str,
+    *,
+    issuer: str,
+    now: float,
+    audience: str = AGENT_AUDIENCE,
+    leeway_seconds: float = DEFAULT_LEEWAY_SECONDS,
+) -> Claims:
+    """Check a token's form, algorithm, key, signature and claims; raise a `TokenError` if bad."""
+    if not isinstance(token, str) or not token or len(token) > MAX_TOKEN_CHARS:
+        raise MalformedToken("token is empty, not text, or too long")
+    header = _unverified_header(token)
+    if header.get("alg") != ALGORITHM:
+        raise WrongAlgorithm(f"algorithm must be {ALGORITHM}")
+    kid = header.get("kid")
+    if not isinstance(kid, str):
+        raise MalformedToken("token header has no 'kid'")
+    key = ring.get(kid)
+    if key is None:
+        raise UnknownKid("token is signed by a key this verifier does not know")
+    try:
+        payload = jwt.decode(token, key.public_key, algorithms=[ALGORITHM], options=_SIGNATURE_ONLY)
+    except jwt.InvalidSignatureError as err:
+        raise BadSignature("token signature does not verify") from err
+    except jwt.InvalidTokenError as err:
+        raise MalformedToken("token cannot be decoded") from err
+    return validate_claims(
+        payload, issuer=issuer, audience=audience, now=now, leeway_seconds=leeway_seconds
+    )
+
+
+def _unverified_header(token: str) -> dict[str, Any]:
+    """The JOSE header, read only to pick the key; pyjwt then checks the whole token strictly.
+
+    (`jwt.get_unverified_header` would validate every segment a second time: it doubled the
+    cost of `verify`.)
+    """
+    encoded, dot, _rest = token.partition(".")
+    try:
+        header = json.loads(_b64url_decode(encoded)) if dot else None
+    except (ValueError, RecursionError) as err:  # binascii.Error is a ValueError
+        raise MalformedToken("token is not a compact JWS") from err
+    if not isinstance(header, dict):
+        raise MalformedToken("token is not a compact JWS")
+    return header
+
+
+def validate_claims(
+    payload: Mapping[str, Any],
+    *,
+    issuer: str,
+    audience: str,
+    now: float,
+    leeway_seconds: float = DEFAULT_LEEWAY_SECONDS,
+) -> Claims:
+    """Check a signature-verified payload's claims at time `now`; return them typed."""
+    claims = _typed_claims(payload)
+    if claims.aud != audience:
+        raise BadAudience("token is not meant for this audience")
+    if claims.iss != issuer:
+        raise BadIssuer("token was issued by an untrusted issuer")
+    if claims.exp - claims.iat > TOKEN_TTL_MAX_SECONDS or claims.exp < claims.nbf:
+        raise MalformedToken("token lifetime is out of bounds")
+    if now >= claims.exp + leeway_seconds:
+        raise TokenExpired("token has expired")
+    if now < max(claims.nbf, claims.iat) - leeway_seconds:
+        raise TokenNotYetValid("token is not valid yet")
+    return claims
+
+
+def _string_claim(payload: Mapping[str, Any], name: str) -> str:
+    value = payload.get(name)
+    if not isinstance(value, str) or not value:
+        raise MalformedToken(f"claim '{name}' must be a non-empty string")
+    return value
+
+
+def _time_claim(payload: Mapping[str, Any], name: str) -> int:
+    value = payload.get(name)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise MalformedToken(f"claim '{name}' must be an integer time")
+    return value
+
+
+def _typed_claims(payload: Mapping[str, Any]) -> Claims:
+    """Claims with the right types, or `MalformedToken` naming what is missing or wrong."""
+    models = payload.get("mdl")
+    if models is not None and not (
+        isinstance(models, list) and all(isinstance(model, str) for model in models)
+    ):
+        raise MalformedToken("claim 'mdl' must be a list of model names")
+    max_tokens = payload.get("mtk")
+    if max_tokens is not None and (
+        not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1
+    ):
+        raise MalformedToken("claim 'mtk' must be a positive integer")
+    return Claims(
+        iss=_string_claim(payload, "iss"),
+        aud=_string_claim(payload, "aud"),
+        sub=_string_claim(payload, "sub"),
+        jti=_string_claim(payload, "jti"),
+        iat=_time_claim(payload, "iat"),
+        nbf=_time_claim(payload, "nbf"),
+        exp=_time_claim(payload, "exp"),
+        mdl=tuple(models) if models is not None else None,
+        mtk=max_tokens,
+    )

@@ -1,0 +1,55 @@
+"""Fixtures shared by every suite: a real AWS emulator on loopback and a controllable clock."""
+
+from __future__ import annotations
+
+import urllib.request
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+from spotgate.emulator import AwsEmulator
+from spotgate.registry import Registry
+
+
+class FakeClock:
+    """A clock the test moves by hand (epoch seconds)."""
+
+    def __init__(self, now: float = 1_800_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture(scope="session")
+def aws_emulator() -> Iterator[AwsEmulator]:
+    """One moto server (standalone, real HTTP) for the whole session."""
+    emulator = AwsEmulator()
+    emulator.start()
+    yield emulator
+    emulator.stop()
+
+
+@pytest.fixture
+def aws(aws_emulator: AwsEmulator) -> AwsEmulator:
+    """The emulator, emptied of whatever an earlier test left."""
+    request = urllib.request.Request(f"{aws_emulator.url}/moto-api/reset", method="POST")
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.status == 200
+    return aws_emulator
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+async def registry(aws: AwsEmulator, clock: FakeClock) -> AsyncIterator[Registry]:
+    """A registry on fresh tables, reading time from `clock`."""
+    async with Registry.open(aws.settings(), clock=clock) as opened:
+        await opened.create_tables()
+        yield opened

@@ -1,0 +1,173 @@
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from spotgate.emulator import AwsEmulator
+from spotgate.localstack import UP_FILE
+from spotgate.registry import Registry
+
+SPOTGATE = [sys.executable, "-m", "spotgate.cli"]
+
+
+def run(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None):
+    return subprocess.run(
+        [*SPOTGATE, *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def one_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    assert len(lines) == 1, text
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "reason"),
+    [
+        (["bogus"], "invalid choice"),
+        (["keys", "create"], "--name"),
+        (["keys", "create", "--name", "x", "--rpm", "0"], "must be at least 1"),
+        (["up", "--agents", "many"], "not a whole number"),
+        (["pool", "interrupt", "i-1", "--in", "-3"], "must be zero or more"),
+        (["sim"], "--traces"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(args: list[str], reason: str) -> None:
+    result = run(*args)
+    assert result.returncode == 2
+    assert reason in one_line(result.stderr)
+
+
+@pytest.mark.parametrize(
+    ("args", "part"),
+    [
+        (["gateway"], "gateway"),
+        (["agent"], "GPU agent"),
+        (["pool", "status"], "pool manager"),
+        (["model", "tiny", "--out", "/tmp/x"], "tiny model"),
+        (["sim", "--traces", "."], "simulator"),
+        (["loadtest"], "load test"),
+    ],
+)
+def test_parts_not_built_say_so_and_fail(args: list[str], part: str) -> None:
+    result = run(*args)
+    assert result.returncode == 3
+    assert part in one_line(result.stderr)
+
+
+def test_bad_settings_are_one_line(tmp_path: Path) -> None:
+    env = {**os.environ, "SPOTGATE_REGISTRY__AGENT_TTL_SECONDS": "-5"}
+    result = run("keys", "list", cwd=tmp_path, env=env)
+    assert result.returncode == 2
+    assert "agent_ttl_seconds" in one_line(result.stderr)
+
+
+@pytest.fixture
+async def tables(aws: AwsEmulator) -> AwsEmulator:
+    async with Registry.open(aws.settings()) as registry:
+        await registry.create_tables()
+    return aws
+
+
+def emulator_env(aws: AwsEmulator) -> dict[str, str]:
+    return {
+        **os.environ,
+        "SPOTGATE_AWS__ENDPOINT_URL": aws.url,
+        "SPOTGATE_AWS__REGION": "us-east-1",
+        "SPOTGATE_AWS__ACCESS_KEY_ID": "local",
+        "SPOTGATE_AWS__SECRET_ACCESS_KEY": "local",
+    }
+
+
+async def test_keys_create_list_disable_from_the_environment(
+    tables: AwsEmulator, tmp_path: Path
+) -> None:
+    env = emulator_env(tables)
+
+    created = run(
+        "keys", "create", "--name", "ci", "--rpm", "60", "--models", "a,b", cwd=tmp_path, env=env
+    )
+    assert created.returncode == 0, created.stderr
+    api_key = one_line(created.stdout)
+    key_id = api_key.split("-")[1]
+    async with Registry.open(tables.settings()) as registry:
+        record = await registry.verify_key(api_key)
+    assert (record.name, record.rpm, record.models) == ("ci", 60, frozenset({"a", "b"}))
+
+    listed = run("keys", "list", cwd=tmp_path, env=env)
+    assert listed.returncode == 0
+    assert key_id in listed.stdout
+    assert api_key.split("-", 2)[2] not in listed.stdout + listed.stderr
+
+    assert run("keys", "disable", key_id, cwd=tmp_path, env=env).returncode == 0
+    assert "disabled" in run("keys", "list", cwd=tmp_path, env=env).stdout
+
+    missing = run("keys", "disable", "000000000000", cwd=tmp_path, env=env)
+    assert missing.returncode == 2
+    assert "no API key" in one_line(missing.stderr)
+
+
+def test_unreachable_aws_is_one_line(tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "SPOTGATE_AWS__ENDPOINT_URL": "http://127.0.0.1:9",
+        "SPOTGATE_AWS__ACCESS_KEY_ID": "x",
+        "SPOTGATE_AWS__SECRET_ACCESS_KEY": "x",
+    }
+    result = run("keys", "list", cwd=tmp_path, env=env)
+    assert result.returncode == 4
+    assert "AWS request failed" in one_line(result.stderr)
+
+
+@pytest.fixture
+def spotgate_up(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    process = subprocess.Popen(
+        [*SPOTGATE, "up", "--engine", "synthetic"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    yield process, line
+    if process.poll() is None:
+        process.kill()
+        process.wait()
+
+
+async def test_up_starts_the_emulator_with_tables_and_a_dev_key(
+    spotgate_up: tuple[subprocess.Popen[str], str], tmp_path: Path
+) -> None:
+    process, line = spotgate_up
+    assert line.startswith("spotgate up: AWS emulator=http://127.0.0.1:"), line
+    assert "not built yet: gateway on :8080, 1 synthetic agent(s)" in line
+    up_file = tmp_path / UP_FILE
+    info = json.loads(up_file.read_text())
+    assert up_file.stat().st_mode & 0o777 == 0o600
+    assert f"key={info['api_key']}" in line
+
+    # `spotgate keys …` run from the same directory act on this stack.
+    created = run("keys", "create", "--name", "second", cwd=tmp_path)
+    assert created.returncode == 0, created.stderr
+    listed = run("keys", "list", cwd=tmp_path).stdout
+    assert "  dev  " in listed
+    assert "  second  " in listed
+
+    process.send_signal(signal.SIGINT)
+    assert process.wait(timeout=30) == 0
+    assert not up_file.exists()

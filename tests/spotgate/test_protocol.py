@@ -1,0 +1,285 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from spotgate.protocol import (
+    MAX_SEED,
+    MAX_STOP_SEQUENCES,
+    MAX_TOKEN_ID,
+    AnyFrame,
+    AuthFrame,
+    CancelFrame,
+    ChatMessage,
+    DeltaFrame,
+    DoneFrame,
+    ErrorCode,
+    ErrorFrame,
+    FrameError,
+    GenerateFrame,
+    PingFrame,
+    PongFrame,
+    QueuedFrame,
+    Resume,
+    StartFrame,
+    Timings,
+    Usage,
+    encode_frame,
+    parse_frame,
+)
+
+# --- examples ---------------------------------------------------------------------------------
+
+
+def test_generate_with_messages_parses_with_defaults() -> None:
+    frame = parse_frame(
+        '{"type":"generate","id":"c1","model":"m","messages":[{"role":"user","content":"hi"}]}'
+    )
+    assert isinstance(frame, GenerateFrame)
+    assert frame.messages == [ChatMessage(role="user", content="hi")]
+    assert (frame.max_tokens, frame.temperature, frame.top_p, frame.want_ids) == (
+        256,
+        1.0,
+        1.0,
+        False,
+    )
+    assert frame.prompt_chars() == 2
+
+
+def test_gateway_to_agent_generate_carries_resume() -> None:
+    text = json.dumps(
+        {
+            "type": "generate",
+            "id": "s",
+            "model": "m",
+            "prompt": "p",
+            "want_ids": True,
+            "resume": {"token_ids": [5, 6], "text": "ab", "completion_tokens": 2},
+        }
+    )
+    frame = parse_frame(text)
+    assert isinstance(frame, GenerateFrame)
+    assert frame.resume == Resume(token_ids=[5, 6], text="ab", completion_tokens=2)
+
+
+def test_server_frames_parse_when_origin_is_server() -> None:
+    frame = parse_frame('{"type":"delta","id":"c1","text":"he","n":2,"ids":[1,2]}', origin="server")
+    assert frame == DeltaFrame(id="c1", text="he", n=2, ids=[1, 2])
+
+
+def test_encode_leaves_out_unset_optionals() -> None:
+    assert json.loads(encode_frame(ErrorFrame(code=ErrorCode.INTERNAL, message="x"))) == {
+        "type": "error",
+        "code": "internal",
+        "message": "x",
+    }
+
+
+@pytest.mark.parametrize(
+    ("data", "reason", "stream_id"),
+    [
+        ("x" * 70_000, "limit", None),
+        (b"\xff\xfe", "not valid JSON", None),
+        ("\ud800", "UTF-8", None),
+        ("[1,2]", "JSON object", None),
+        ('{"id":"c1"}', "no 'type'", "c1"),
+        ('{"type":"bogus","id":"c1"}', "unknown frame type", "c1"),
+        ('{"type":"delta","id":"c1","text":"","n":0}', "not accepted from a client", "c1"),
+        ('{"type":"generate","id":"c1","model":"m"}', "exactly one of", "c1"),
+        ('{"type":"generate","id":"c1","model":"m","prompt":"p","messages":[]}', "messages", "c1"),
+        ('{"type":"generate","id":"c1","model":"m","prompt":"p","max_token":5}', "max_token", "c1"),
+        (
+            '{"type":"generate","id":"c1","model":"m","prompt":"p","max_tokens":0}',
+            "max_tokens",
+            "c1",
+        ),
+        ('{"type":"generate","id":"c1","model":"m","prompt":"p","temperature":NaN}', "", "c1"),
+        ('{"type":"cancel","id":""}', "id", None),
+        ('{"type":"cancel","id":"' + "x" * 200 + '"}', "id", None),
+        ("[" * 5000 + "]" * 5000, "", None),
+    ],
+)
+def test_bad_frames_get_invalid_request_with_reason_and_id(
+    data: str | bytes, reason: str, stream_id: str | None
+) -> None:
+    with pytest.raises(FrameError) as caught:
+        parse_frame(data)
+    error = caught.value.frame()
+    assert error.code is ErrorCode.INVALID_REQUEST
+    assert reason in error.message
+    assert error.id == stream_id
+
+
+def test_frame_limit_is_configurable_and_counts_bytes() -> None:
+    frame = '{"type":"auth","token":"' + "é" * 40 + '"}'  # 40 chars, 80 bytes
+    parse_frame(frame, max_bytes=200)
+    with pytest.raises(FrameError, match="exceeds"):
+        parse_frame(frame, max_bytes=len(frame) + 10)
+
+
+def test_client_frame_types_are_refused_from_a_server() -> None:
+    with pytest.raises(FrameError, match="not accepted from a server"):
+        parse_frame('{"type":"ping"}', origin="server")
+
+
+# --- properties -------------------------------------------------------------------------------
+
+json_scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20)
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
+frame_types = st.sampled_from(
+    ["generate", "cancel", "auth", "ping", "queued", "start", "delta", "done", "error", "pong", "x"]
+)
+frame_like = st.dictionaries(
+    st.sampled_from(
+        [
+            "type",
+            "id",
+            "model",
+            "messages",
+            "prompt",
+            "max_tokens",
+            "token",
+            "n",
+            "text",
+            "stop",
+            "resume",
+            "seed",
+            "temperature",
+            "code",
+            "message",
+            "usage",
+            "timings",
+        ]
+    ),
+    json_values,
+).flatmap(lambda body: frame_types.map(lambda kind: {**body, "type": kind}))
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.binary(max_size=2048) | st.text(max_size=2048))
+def test_parse_frame_only_ever_raises_frame_error_on_arbitrary_input(data: bytes | str) -> None:
+    for origin in ("client", "server"):
+        try:
+            parse_frame(data, origin=origin)  # type: ignore[call-overload]
+        except FrameError as err:
+            assert err.frame().code is ErrorCode.INVALID_REQUEST
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(document=frame_like)
+def test_parse_frame_only_ever_raises_frame_error_on_frame_like_json(document: dict) -> None:
+    text = json.dumps(document)
+    for origin in ("client", "server"):
+        try:
+            frame = parse_frame(text, origin=origin)  # type: ignore[call-overload]
+        except FrameError as err:
+            assert err.frame().code is ErrorCode.INVALID_REQUEST
+        else:
+            assert frame.type == document["type"]
+
+
+stream_ids = st.text(min_size=1, max_size=128)
+texts = st.text(max_size=200)
+counts = st.integers(min_value=0, max_value=10**9)
+token_ids = st.lists(st.integers(min_value=0, max_value=MAX_TOKEN_ID), max_size=20)
+finite = {"allow_nan": False, "allow_infinity": False}
+
+
+@st.composite
+def generate_frames(draw: st.DrawFn) -> GenerateFrame:
+    use_messages = draw(st.booleans())
+    resume_ids = draw(st.none() | token_ids)
+    return GenerateFrame(
+        id=draw(stream_ids),
+        model=draw(st.text(min_size=1, max_size=40)),
+        messages=draw(
+            st.lists(
+                st.builds(
+                    ChatMessage,
+                    role=st.sampled_from(["system", "user", "assistant", "tool"]),
+                    content=texts,
+                ),
+                min_size=1,
+                max_size=4,
+            )
+        )
+        if use_messages
+        else None,
+        prompt=None if use_messages else draw(texts),
+        max_tokens=draw(st.integers(min_value=1, max_value=1_000_000)),
+        temperature=draw(st.floats(min_value=0, max_value=2, **finite)),
+        top_p=draw(st.floats(min_value=0, max_value=1, exclude_min=True, **finite)),
+        stop=draw(st.lists(texts, max_size=MAX_STOP_SEQUENCES)),
+        seed=draw(st.none() | st.integers(min_value=0, max_value=MAX_SEED)),
+        session=draw(st.none() | st.text(max_size=50)),
+        want_ids=draw(st.booleans()),
+        resume=None
+        if resume_ids is None
+        else Resume(token_ids=resume_ids, text=draw(texts), completion_tokens=len(resume_ids)),
+    )
+
+
+@st.composite
+def delta_frames(draw: st.DrawFn) -> DeltaFrame:
+    ids = draw(st.none() | token_ids)
+    n = len(ids) if ids is not None else draw(counts)
+    return DeltaFrame(id=draw(stream_ids), text=draw(texts), n=n, ids=ids)
+
+
+milliseconds = st.floats(min_value=0, max_value=1e9, **finite)
+client_frames = st.one_of(
+    generate_frames(),
+    st.builds(CancelFrame, id=stream_ids),
+    st.builds(AuthFrame, token=st.text(min_size=1, max_size=500)),
+    st.just(PingFrame()),
+)
+server_frames = st.one_of(
+    st.builds(QueuedFrame, id=stream_ids, position=counts),
+    st.builds(
+        StartFrame,
+        id=stream_ids,
+        agent=texts,
+        engine=st.none() | st.sampled_from(["vllm", "synthetic"]),
+    ),
+    delta_frames(),
+    st.builds(
+        DoneFrame,
+        id=stream_ids,
+        finish_reason=st.sampled_from(["stop", "length", "cancelled"]),
+        usage=st.builds(Usage, prompt_tokens=counts, completion_tokens=counts),
+        timings=st.builds(
+            Timings, queue_ms=milliseconds, ttft_ms=milliseconds, total_ms=milliseconds
+        ),
+    ),
+    st.builds(
+        ErrorFrame,
+        id=st.none() | stream_ids,
+        code=st.sampled_from(list(ErrorCode)),
+        message=texts,
+        retry_after=st.none() | st.floats(min_value=0, max_value=1e6, **finite),
+    ),
+    st.just(PongFrame()),
+)
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(frame=client_frames)
+def test_every_valid_client_frame_round_trips(frame: AnyFrame) -> None:
+    text = encode_frame(frame)
+    assert parse_frame(text, max_bytes=10**7) == frame
+    assert parse_frame(text.encode(), max_bytes=10**7) == frame
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(frame=server_frames)
+def test_every_valid_server_frame_round_trips(frame: AnyFrame) -> None:
+    assert parse_frame(encode_frame(frame), origin="server", max_bytes=10**7) == frame

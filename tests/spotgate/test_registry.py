@@ -1,0 +1,280 @@
+from __future__ import annotations
+
+import asyncio
+import hashlib
+
+import aioboto3
+import pytest
+
+from spotgate.emulator import AwsEmulator
+from spotgate.registry import (
+    AgentGone,
+    AgentNotFound,
+    AgentRecord,
+    AgentState,
+    ApiKeyDisabled,
+    ApiKeyNotFound,
+    ApiKeyRejected,
+    Demand,
+    InvalidTransition,
+    Registry,
+)
+from tests.conftest import FakeClock
+
+TTL = 30.0  # SharedSettings().registry.agent_ttl_seconds
+
+
+def agent(agent_id: str = "i-0abc", *, state: AgentState = AgentState.READY, model: str = "m"):
+    return AgentRecord(
+        agent_id=agent_id,
+        url=f"http://10.0.0.1:8000/{agent_id}",
+        model=model,
+        state=state,
+        capacity=64,
+        lifecycle="spot",
+        instance_type="g6.xlarge",
+        zone="us-east-1a",
+        engine="vllm",
+    )
+
+
+# --- agents ----------------------------------------------------------------------------------
+
+
+async def test_register_ready_agent_is_listed_with_all_its_fields(
+    registry: Registry, clock: FakeClock
+) -> None:
+    stored = await registry.register(agent())
+    assert stored.heartbeat_at == clock.now
+    assert stored.expires_at == clock.now + TTL
+    assert stored.ready_at == clock.now
+
+    listed = await registry.list_ready("m")
+
+    assert listed == [stored]
+    assert await registry.get_agent("i-0abc") == stored
+
+
+async def test_list_ready_only_returns_agents_of_that_model(registry: Registry) -> None:
+    await registry.register(agent("a", model="m1"))
+    await registry.register(agent("b", model="m2"))
+
+    assert [record.agent_id for record in await registry.list_ready("m1")] == ["a"]
+    assert {record.agent_id for record in await registry.list_agents()} == {"a", "b"}
+
+
+async def test_starting_agent_may_become_ready_but_is_not_listed_before(
+    registry: Registry,
+) -> None:
+    await registry.register(agent(state=AgentState.STARTING))
+    assert await registry.list_ready("m") == []
+
+    await registry.register(agent(state=AgentState.READY))
+
+    assert [record.state for record in await registry.list_ready("m")] == [AgentState.READY]
+
+
+async def test_registering_a_ready_agent_twice_is_refused(registry: Registry) -> None:
+    await registry.register(agent())
+    with pytest.raises(InvalidTransition):
+        await registry.register(agent())
+
+
+async def test_gone_is_never_resurrected(registry: Registry) -> None:
+    await registry.register(agent())
+    await registry.set_gone("i-0abc")
+    await registry.set_gone("i-0abc")  # idempotent
+
+    for attempt in (
+        registry.register(agent()),
+        registry.register(agent(state=AgentState.STARTING)),
+        registry.heartbeat("i-0abc", active=1),
+        registry.set_draining("i-0abc", deadline=1.0),
+        registry.record_rebalance("i-0abc", at=1.0),
+    ):
+        with pytest.raises(AgentGone):
+            await attempt
+    record = await registry.get_agent("i-0abc")
+    assert record is not None
+    assert record.state is AgentState.GONE
+    assert await registry.list_ready("m") == []
+
+
+async def test_draining_never_goes_back_to_ready(registry: Registry) -> None:
+    await registry.register(agent())
+    await registry.set_draining("i-0abc", deadline=2_000_000_000.0)
+
+    with pytest.raises(InvalidTransition):
+        await registry.register(agent())
+
+    record = await registry.get_agent("i-0abc")
+    assert record is not None
+    assert record.state is AgentState.DRAINING
+    assert record.drain_deadline == 2_000_000_000.0
+    assert await registry.list_ready("m") == []
+    assert [a.state for a in await registry.list_agents("m")] == [AgentState.DRAINING]
+
+
+async def test_heartbeat_of_unknown_agent_fails(registry: Registry) -> None:
+    with pytest.raises(AgentNotFound):
+        await registry.heartbeat("i-nobody", active=0)
+    assert await registry.get_agent("i-nobody") is None
+
+
+async def test_expired_agents_are_not_listed_and_heartbeats_extend_life(
+    registry: Registry, clock: FakeClock
+) -> None:
+    await registry.register(agent("kept"))
+    await registry.register(agent("silent"))
+
+    clock.advance(TTL - 1)
+    await registry.heartbeat("kept", active=3)
+    clock.advance(2)
+
+    listed = await registry.list_ready("m")
+    assert [record.agent_id for record in listed] == ["kept"]
+    assert listed[0].active == 3
+    assert [record.agent_id for record in await registry.list_agents()] == ["kept"]
+
+
+async def test_concurrent_set_draining_is_idempotent_and_first_deadline_wins(
+    registry: Registry,
+) -> None:
+    await registry.register(agent())
+
+    outcomes = await asyncio.gather(
+        *(registry.set_draining("i-0abc", deadline=1_900_000_000.0 + n) for n in range(10))
+    )
+
+    winners = [outcome for outcome in outcomes if outcome.first]
+    assert len(winners) == 1
+    deadline = winners[0].record.drain_deadline
+    assert {outcome.record.drain_deadline for outcome in outcomes} == {deadline}
+    assert all(outcome.record.state is AgentState.DRAINING for outcome in outcomes)
+
+
+async def test_set_draining_and_set_gone_of_unknown_agent_fail(registry: Registry) -> None:
+    with pytest.raises(AgentNotFound):
+        await registry.set_draining("i-nobody", deadline=1.0)
+    with pytest.raises(AgentNotFound):
+        await registry.set_gone("i-nobody")
+
+
+async def test_register_refuses_draining_or_gone_records(registry: Registry) -> None:
+    with pytest.raises(InvalidTransition):
+        await registry.register(agent(state=AgentState.DRAINING))
+    assert await registry.get_agent("i-0abc") is None
+
+
+async def test_rebalance_is_recorded_once_without_draining(registry: Registry) -> None:
+    await registry.register(agent())
+    await registry.record_rebalance("i-0abc", at=100.0)
+    await registry.record_rebalance("i-0abc", at=200.0)
+
+    record = await registry.get_agent("i-0abc")
+    assert record is not None
+    assert record.rebalance_at == 100.0
+    assert record.state is AgentState.READY
+
+
+async def test_create_tables_is_idempotent(registry: Registry) -> None:
+    await registry.register(agent())
+    await registry.create_tables()
+    assert await registry.get_agent("i-0abc") is not None
+
+
+# --- API keys --------------------------------------------------------------------------------
+
+
+async def test_created_key_verifies_and_carries_its_limits(registry: Registry) -> None:
+    created = await registry.create_key("ci", rpm=60, tpm=10_000, max_tokens=512, models=["m"])
+    assert created.api_key.startswith(f"sg-{created.record.key_id}-")
+
+    record = await registry.verify_key(created.api_key)
+
+    assert record == created.record
+    assert (record.rpm, record.tpm, record.max_tokens) == (60, 10_000, 512)
+    assert record.allows_model("m")
+    assert not record.allows_model("other")
+
+
+async def test_only_the_secret_hash_is_stored(registry: Registry, aws: AwsEmulator) -> None:
+    created = await registry.create_key("ci")
+    secret = created.api_key.split("-", 2)[2]
+    settings = aws.settings()
+    session = aioboto3.Session(
+        region_name=settings.aws.region,
+        aws_access_key_id="local",
+        aws_secret_access_key="local",
+    )
+    async with session.client("dynamodb", endpoint_url=settings.aws.endpoint_url) as client:
+        page = await client.scan(TableName=settings.tables.keys)
+
+    [item] = page["Items"]
+    assert item["secret_hash"]["S"] == hashlib.sha256(secret.encode()).hexdigest()
+    assert secret not in repr(item)
+
+
+@pytest.mark.parametrize(
+    "mangle",
+    [
+        lambda key: key[:-1] + ("A" if key[-1] != "A" else "B"),  # wrong secret
+        lambda key: "sg-000000000000-" + key.split("-", 2)[2],  # unknown key id
+        lambda key: key.replace("sg-", "sk-"),  # malformed
+        lambda key: "",
+        lambda key: key + "x" * 300,  # oversize
+    ],
+)
+async def test_wrong_keys_are_rejected_alike(registry: Registry, mangle) -> None:
+    created = await registry.create_key("ci")
+    with pytest.raises(ApiKeyRejected, match=r"^invalid API key$"):
+        await registry.verify_key(mangle(created.api_key))
+
+
+async def test_disabled_key_is_refused_and_listed_as_disabled(registry: Registry) -> None:
+    created = await registry.create_key("ci")
+    other = await registry.create_key("other")
+
+    await registry.disable_key(created.record.key_id)
+
+    with pytest.raises(ApiKeyDisabled):
+        await registry.verify_key(created.api_key)
+    assert (await registry.verify_key(other.api_key)).key_id == other.record.key_id
+    listed = {record.key_id: record.disabled for record in await registry.list_keys()}
+    assert listed == {created.record.key_id: True, other.record.key_id: False}
+
+
+async def test_disabling_an_unknown_key_fails(registry: Registry) -> None:
+    with pytest.raises(ApiKeyNotFound):
+        await registry.disable_key("000000000000")
+
+
+async def test_key_limits_must_be_positive(registry: Registry) -> None:
+    with pytest.raises(ValueError, match="rpm"):
+        await registry.create_key("ci", rpm=0)
+    assert await registry.list_keys() == []
+
+
+# --- demand ----------------------------------------------------------------------------------
+
+
+async def test_demand_sums_live_gateways_and_ignores_expired(
+    registry: Registry, clock: FakeClock
+) -> None:
+    await registry.publish_demand("m", "gw-old", pending=100, active=100)
+    clock.advance(31)
+    await registry.publish_demand("m", "gw-1", pending=2, active=5)
+    await registry.publish_demand("m", "gw-2", pending=1, active=0)
+    await registry.publish_demand("other", "gw-1", pending=0, active=7)
+
+    assert await registry.read_demand() == {
+        "m": Demand(pending=3, active=5),
+        "other": Demand(pending=0, active=7),
+    }
+
+
+async def test_demand_is_replaced_not_accumulated_per_gateway(registry: Registry) -> None:
+    await registry.publish_demand("m", "gw-1", pending=9, active=9)
+    await registry.publish_demand("m", "gw-1", pending=1, active=2)
+
+    assert await registry.read_demand() == {"m": Demand(pending=1, active=2)}

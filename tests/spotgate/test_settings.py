@@ -1,0 +1,94 @@
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from spotgate.settings import (
+    AgentSettings,
+    GatewaySettings,
+    PoolSettings,
+    SharedSettings,
+    describe_validation_error,
+)
+
+
+def test_defaults_follow_the_design() -> None:
+    gateway = GatewaySettings()
+    assert gateway.shared.tables.agents == "spotgate-agents"
+    assert gateway.token.ttl_seconds == 60
+    assert gateway.limits.max_frame_bytes == 64 * 1024
+    assert gateway.compress is False
+    assert gateway.registry_refresh_seconds <= 1.0
+    assert AgentSettings().imds_poll_seconds == 5.0
+
+
+def test_environment_with_prefixes_and_nesting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPOTGATE_AWS__ENDPOINT_URL", "http://127.0.0.1:5000")
+    monkeypatch.setenv("SPOTGATE_TABLES__KEYS", "k2")
+    monkeypatch.setenv("SPOTGATE_GATEWAY_PORT", "9000")
+    monkeypatch.setenv("SPOTGATE_GATEWAY_LIMITS__MAX_FRAME_BYTES", "1024")
+    monkeypatch.setenv("SPOTGATE_GATEWAY_ALLOWED_ORIGINS", '["https://chat.example"]')
+    monkeypatch.setenv("SPOTGATE_AGENT_VLLM__MAX_NUM_SEQS", "8")
+    monkeypatch.setenv(
+        "SPOTGATE_POOL_PLACEMENTS",
+        '[{"instance_type":"g6.xlarge","zone":"a",'
+        '"spot_price_per_hour":0.3,"on_demand_price_per_hour":0.8}]',
+    )
+
+    gateway, agent, pool = GatewaySettings(), AgentSettings(), PoolSettings()
+
+    assert gateway.shared.aws.endpoint_url == "http://127.0.0.1:5000"
+    assert SharedSettings().tables.keys == "k2"
+    assert gateway.port == 9000
+    assert gateway.limits.max_frame_bytes == 1024
+    assert gateway.allowed_origins == ("https://chat.example",)
+    assert agent.vllm.max_num_seqs == 8
+    assert pool.placements[0].instance_type == "g6.xlarge"
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "field"),
+    [
+        ("SPOTGATE_GATEWAY_LIMITS__IDLE_TIMEOUT_SECONDS", "-1", "idle_timeout_seconds"),
+        ("SPOTGATE_GATEWAY_TOKEN__TTL_SECONDS", "3600", "ttl_seconds"),
+        ("SPOTGATE_GATEWAY_REGISTRY_REFRESH_SECONDS", "5", "registry_refresh_seconds"),
+        ("SPOTGATE_GATEWAY_PORT", "http", "port"),
+        ("SPOTGATE_GATEWAY_LIMITS__MAX_FRAMES", "3", "max_frames"),
+    ],
+)
+def test_bad_values_fail_with_the_field_named(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str, field: str
+) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ValidationError) as caught:
+        GatewaySettings()
+    line = describe_validation_error(caught.value)
+    assert field in line
+    assert "\n" not in line
+
+
+def test_max_below_min_is_refused() -> None:
+    with pytest.raises(ValidationError, match="max_agents"):
+        PoolSettings(min_agents=5, max_agents=2)
+
+
+def test_heartbeat_must_be_shorter_than_the_agent_ttl() -> None:
+    with pytest.raises(ValidationError, match="heartbeat_seconds"):
+        AgentSettings(heartbeat_seconds=30)
+
+
+def test_only_one_signing_key_source() -> None:
+    with pytest.raises(ValidationError, match="only one"):
+        GatewaySettings.model_validate(
+            {"token": {"signing_key_file": "/k.pem", "signing_key_secret_id": "arn"}}
+        )
+
+
+def test_secret_settings_do_not_print(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPOTGATE_GATEWAY_TOKEN__SIGNING_KEY_PEM", "-----BEGIN PRIVATE KEY-----xyz")
+    monkeypatch.setenv("SPOTGATE_AWS__SECRET_ACCESS_KEY", "hunter2")
+    gateway = GatewaySettings()
+    assert "xyz" not in repr(gateway)
+    assert "hunter2" not in repr(gateway)
+    assert gateway.token.signing_key_pem is not None
+    assert gateway.token.signing_key_pem.get_secret_value().endswith("xyz")
