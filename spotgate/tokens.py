@@ -21,7 +21,7 @@ from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from spotgate.settings import TOKEN_TTL_MAX_SECONDS
+from spotgate.settings import TOKEN_TTL_MAX_SECONDS, TokenSettings
 
 ALGORITHM = "EdDSA"
 AGENT_AUDIENCE = "spotgate-agent"
@@ -222,6 +222,22 @@ def load_signing_keys_pem(text: str | bytes) -> list[SigningKey]:
             raise KeyFormatError(f"PEM block {index + 1} is not an Ed25519 key")
         keys.append(SigningKey.from_private_key(private_key))
     return keys
+
+
+def signing_keys_from_settings(token: TokenSettings) -> list[SigningKey] | None:
+    """The signing keys a PEM file or PEM text setting names; None when neither is set.
+
+    Secrets Manager (`signing_key_secret_id`) needs an AWS call and is read by the gateway.
+    """
+    if token.signing_key_file is not None:
+        try:
+            text = token.signing_key_file.read_text()
+        except OSError as err:
+            raise KeyFormatError(f"cannot read {token.signing_key_file}: {err.strerror}") from err
+        return load_signing_keys_pem(text)
+    if token.signing_key_pem is not None:
+        return load_signing_keys_pem(token.signing_key_pem.get_secret_value())
+    return None
 
 
 class KeyRing:

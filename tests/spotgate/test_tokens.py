@@ -9,7 +9,9 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
+from pydantic import SecretStr
 
+from spotgate.settings import TokenSettings
 from spotgate.tokens import (
     AGENT_AUDIENCE,
     MAX_TOKEN_CHARS,
@@ -29,6 +31,7 @@ from spotgate.tokens import (
     issue,
     jwk_thumbprint,
     load_signing_keys_pem,
+    signing_keys_from_settings,
     verify,
 )
 
@@ -305,3 +308,19 @@ def test_non_ed25519_pem_is_refused() -> None:
         load_signing_keys_pem(rsa_pem)
     with pytest.raises(KeyFormatError, match="no PEM"):
         load_signing_keys_pem("not a key")
+
+
+def test_signing_keys_come_from_a_file_or_pem_text(tmp_path) -> None:
+    first, second = SigningKey.generate(), SigningKey.generate()
+    pem = first.to_pem() + second.to_pem()
+    key_file = tmp_path / "keys.pem"
+    key_file.write_text(pem)
+
+    from_file = signing_keys_from_settings(TokenSettings(signing_key_file=key_file))
+    from_text = signing_keys_from_settings(TokenSettings(signing_key_pem=SecretStr(pem)))
+
+    assert [key.kid for key in from_file or []] == [first.kid, second.kid]
+    assert [key.kid for key in from_text or []] == [first.kid, second.kid]
+    assert signing_keys_from_settings(TokenSettings()) is None
+    with pytest.raises(KeyFormatError, match="cannot read"):
+        signing_keys_from_settings(TokenSettings(signing_key_file=tmp_path / "missing.pem"))
