@@ -151,6 +151,33 @@ def _up(args: argparse.Namespace) -> int:
     return asyncio.run(run_up(Path.cwd(), options, announce=lambda line: print(line, flush=True)))
 
 
+# --- agent ---------------------------------------------------------------------------------
+
+
+def _agent(_args: argparse.Namespace) -> int:
+    from gpu_agent.server import AgentConfigError
+    from gpu_agent.service import serve_agent
+    from spotgate.logging import configure_logging
+    from spotgate.settings import AgentSettings
+
+    settings = AgentSettings()
+    configure_logging(settings.shared.log_level, settings.shared.log_format)
+    try:
+        asyncio.run(serve_agent(settings))
+    except AgentConfigError as err:
+        raise CommandError(str(err)) from err
+    return 0
+
+
+def _model_tiny(args: argparse.Namespace) -> int:
+    from gpu_agent.tiny_model import write_tiny_model
+
+    if args.out.exists() and any(args.out.iterdir()):
+        raise CommandError(f"{args.out} is not empty; choose a new directory")
+    print(write_tiny_model(args.out))
+    return 0
+
+
 # --- parser --------------------------------------------------------------------------------
 
 
@@ -167,9 +194,10 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--model", type=Path, help="model directory (default: the tiny model)")
     up.set_defaults(handler=_up)
 
-    for service, part in (("gateway", "gateway"), ("agent", "GPU agent")):
-        service_parser = commands.add_parser(service, help=f"run the {part} from the environment")
-        service_parser.set_defaults(handler=_not_built(part))
+    gateway = commands.add_parser("gateway", help="run the gateway from the environment")
+    gateway.set_defaults(handler=_not_built("gateway"))
+    agent = commands.add_parser("agent", help="run a GPU agent from the environment")
+    agent.set_defaults(handler=_agent)
 
     keys = commands.add_parser("keys", help="manage API keys")
     key_commands = keys.add_subparsers(dest="keys_command", required=True, parser_class=_Parser)
@@ -201,7 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
     model_commands = model.add_subparsers(dest="model_command", required=True, parser_class=_Parser)
     tiny = model_commands.add_parser("tiny", help="write the offline tiny Llama")
     tiny.add_argument("--out", type=Path, required=True)
-    model.set_defaults(handler=_not_built("GPU agent (tiny model generator)"))
+    tiny.set_defaults(handler=_model_tiny)
 
     sim = commands.add_parser("sim", help="replay spot traces through the pool policy")
     sim.add_argument("--traces", type=Path, required=True)

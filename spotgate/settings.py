@@ -145,7 +145,7 @@ class GatewaySettings(BaseSettings):
 class VllmSettings(_Section):
     """Engine arguments handed to vLLM's `AsyncLLM`."""
 
-    dtype: str = "auto"
+    dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] = "auto"
     max_model_len: PositiveInt | None = None
     max_num_seqs: PositiveInt = 64
     gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.9
@@ -186,6 +186,8 @@ class AgentSettings(BaseSettings):
     imds_url: str = "http://169.254.169.254"
     imds_poll_seconds: PositiveFloat = 5.0
     heartbeat_seconds: PositiveFloat = 5.0
+    # On SIGTERM the agent drains for this long; systemd's TimeoutStopSec must be longer.
+    drain_grace_seconds: PositiveFloat = 90.0
     lifecycle: Lifecycle = "local"
     instance_type: str = "local"
     zone: str = "local"

@@ -56,9 +56,7 @@ def test_bad_input_exits_2_with_one_line(args: list[str], reason: str) -> None:
     ("args", "part"),
     [
         (["gateway"], "gateway"),
-        (["agent"], "GPU agent"),
         (["pool", "status"], "pool manager"),
-        (["model", "tiny", "--out", "/tmp/x"], "tiny model"),
         (["sim", "--traces", "."], "simulator"),
         (["loadtest"], "load test"),
     ],

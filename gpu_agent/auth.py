@@ -1,0 +1,89 @@
+"""Token verification on the agent: local checks against the gateway's JWKS or a pinned key.
+
+No call per request: the JWKS is fetched at start and again only when a token names a `kid`
+the agent does not know (at most once per `JWKS_REFRESH_MIN_SECONDS`), so a gateway key
+rotation reaches agents at once and a flood of forged kids cannot hammer the gateway.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import aiohttp
+
+from spotgate.logging import get_logger
+from spotgate.tokens import (
+    AGENT_AUDIENCE,
+    Claims,
+    KeyFormatError,
+    KeyRing,
+    UnknownKid,
+    VerifyKey,
+    verify,
+)
+
+JWKS_REFRESH_MIN_SECONDS = 10.0
+JWKS_FETCH_TIMEOUT_SECONDS = 5.0
+
+log = get_logger(__name__)
+
+
+class TokenVerifier:
+    """Verifies bearer JWTs for one agent."""
+
+    def __init__(
+        self,
+        *,
+        issuer: str,
+        leeway_seconds: float,
+        pinned_public_key: str | None = None,
+        jwks_url: str | None = None,
+        session: aiohttp.ClientSession | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._issuer = issuer
+        self._leeway_seconds = leeway_seconds
+        self._jwks_url = jwks_url
+        self._session = session
+        self._clock = clock
+        self._last_refresh = float("-inf")
+        pinned = [VerifyKey.from_pem(pinned_public_key)] if pinned_public_key else []
+        self.ring = KeyRing(verify_keys=pinned)
+
+    async def refresh(self) -> bool:
+        """Fetch the JWKS now (if one is configured); False when it could not be read."""
+        if self._jwks_url is None or self._session is None:
+            return False
+        self._last_refresh = time.monotonic()
+        try:
+            timeout = aiohttp.ClientTimeout(total=JWKS_FETCH_TIMEOUT_SECONDS)
+            async with self._session.get(self._jwks_url, timeout=timeout) as response:
+                response.raise_for_status()
+                document = await response.json()
+            self.ring.merge(KeyRing.from_jwks(document))
+        except (aiohttp.ClientError, TimeoutError, ValueError, KeyFormatError) as err:
+            log.warning("jwks fetch failed", url=self._jwks_url, error=str(err))
+            return False
+        return True
+
+    async def verify(self, token: str) -> Claims:
+        """Claims of a valid token; a `TokenError` subclass says why one is refused."""
+        try:
+            return self._verify(token)
+        except UnknownKid:
+            if time.monotonic() - self._last_refresh < JWKS_REFRESH_MIN_SECONDS:
+                raise
+            if not await self.refresh():
+                raise
+            return self._verify(token)
+
+    def _verify(self, token: str) -> Claims:
+        return verify(
+            self.ring,
+            token,
+            issuer=self._issuer,
+            audience=AGENT_AUDIENCE,
+            now=self._clock(),
+            leeway_seconds=self._leeway_seconds,
+        )

@@ -1,0 +1,85 @@
+"""The engine interface the agent serves from: vLLM on a GPU (or CPU), or the synthetic one.
+
+An engine turns a prompt into token ids and streams generated token ids; text is made from
+ids by the agent (`gpu_agent.detokenizer`), so a stream moved to another agent continues
+exactly. Cancelling the consumer of `generate` (or closing it) aborts the request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from spotgate.protocol import ChatMessage
+from spotgate.settings import AgentSettings, EngineKind
+
+FinishReason = Literal["stop", "length"]
+
+
+class EngineRequestError(ValueError):
+    """The engine refused a request as invalid (e.g. prompt plus max_tokens too long)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    """One generation: the prompt's ids plus any already generated ids to continue after."""
+
+    request_id: str
+    prompt_ids: Sequence[int]
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    resume_ids: Sequence[int] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStep:
+    """Token ids generated since the last step; `finish_reason` set on the last one."""
+
+    token_ids: Sequence[int]
+    finish_reason: FinishReason | None = None
+
+
+class Engine(Protocol):
+    """What the agent needs from an inference engine."""
+
+    kind: EngineKind
+    model: str
+    capacity: int
+
+    def chat_prompt_ids(self, messages: Sequence[ChatMessage]) -> list[int]:
+        """Token ids of the chat template applied to `messages`, ready for the reply."""
+        ...
+
+    def text_prompt_ids(self, prompt: str) -> list[int]:
+        """Token ids of a raw prompt."""
+        ...
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """Text of generated token ids (special tokens left out)."""
+        ...
+
+    def generate(self, request: GenerationRequest) -> AsyncGenerator[EngineStep, None]:
+        """Stream the generation; closing the iterator aborts the request in the engine."""
+        ...
+
+    def running(self) -> int:
+        """Requests the engine is working on now."""
+        ...
+
+    async def close(self) -> None:
+        """Release the engine (processes, memory)."""
+        ...
+
+
+async def load_engine(settings: AgentSettings) -> Engine:
+    """Build the engine the settings ask for; vLLM is imported only when asked for."""
+    if settings.engine == "synthetic":
+        from gpu_agent.synthetic_engine import SyntheticEngine
+
+        return SyntheticEngine(settings)
+    from gpu_agent.vllm_engine import VllmEngine
+
+    return await VllmEngine.start(settings)

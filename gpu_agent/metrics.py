@@ -1,0 +1,40 @@
+"""Prometheus metrics of one agent, in their own registry (DESIGN.md §8: units in names)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+TTFT_BUCKETS_SECONDS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+@dataclass
+class AgentMetrics:
+    """The agent's counters, gauges and histograms."""
+
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+
+    def __post_init__(self) -> None:
+        r = self.registry
+        self.ready = Gauge(
+            "spotgate_agent_ready", "1 while the agent takes new streams", registry=r
+        )
+        self.active_streams = Gauge(
+            "spotgate_agent_active_streams", "streams being generated", registry=r
+        )
+        self.streams = Counter(
+            "spotgate_agent_streams_total", "finished streams by outcome", ["outcome"], registry=r
+        )
+        self.tokens = Counter(
+            "spotgate_agent_generated_tokens_total", "completion tokens sent", registry=r
+        )
+        self.ttft = Histogram(
+            "spotgate_agent_ttft_seconds",
+            "time to first token",
+            buckets=TTFT_BUCKETS_SECONDS,
+            registry=r,
+        )
+        self.interruptions = Counter(
+            "spotgate_agent_interruptions_total", "spot interruption notices", registry=r
+        )

@@ -1,0 +1,268 @@
+"""The agent's life: load the engine, warm it up, register, heartbeat, drain, leave.
+
+An agent writes `ready` only after a real warm-up generation succeeded (DESIGN.md §2). On a
+spot notice or SIGTERM it marks itself `draining` at once, refuses new streams, lets streams
+that can finish do so, hands the rest back with `interrupted` before the deadline, and exits
+marked `gone`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+import weakref
+from collections.abc import Awaitable, Callable, Hashable
+from contextlib import aclosing, suppress
+from dataclasses import dataclass, field
+from typing import Literal
+
+from aiohttp import web
+
+from gpu_agent.drain import StreamLoad, streams_to_hand_back
+from gpu_agent.engine import Engine, GenerationRequest
+from gpu_agent.imds import ImdsClient, ImdsUnavailable, InstanceIdentity, SpotNotice
+from gpu_agent.metrics import AgentMetrics
+from gpu_agent.streams import StreamProgress
+from spotgate import __version__
+from spotgate.logging import get_logger
+from spotgate.registry import AgentGone, AgentRecord, AgentState, Registry, RegistryError
+from spotgate.settings import AgentSettings
+
+DRAIN_CHECK_SECONDS = 1.0
+WARMUP_PROMPT = "spotgate warm-up"
+WARMUP_TOKENS = 2
+IDENTITY_TIMEOUT_SECONDS = 3.0
+
+log = get_logger(__name__)
+
+Phase = Literal["loading", "warming", "ready", "failed", "draining", "stopped"]
+EndReason = Literal["cancelled", "interrupted"]
+EngineLoader = Callable[[AgentSettings], Awaitable[Engine]]
+
+
+@dataclass(eq=False)
+class StreamHandle:
+    """A stream being served: its task, how far it got, and why it was ended early."""
+
+    task: asyncio.Task[None]
+    progress: StreamProgress
+    end_reason: EndReason | None = None
+
+    def end(self, reason: EndReason) -> None:
+        """End the stream early; its task reports `reason` to the client."""
+        if self.end_reason is None:
+            self.end_reason = reason
+            self.task.cancel()
+
+    def load(self, key: Hashable) -> StreamLoad:
+        """Remaining work and observed rate, for the drain planner."""
+        progress = self.progress
+        now = time.monotonic()  # the clock `first_token_at` was read from
+        rate = None
+        if progress.first_token_at is not None and now > progress.first_token_at:
+            produced = max(0, progress.completion_tokens)
+            rate = produced / (now - progress.first_token_at) if produced else None
+        return StreamLoad(key, progress.max_tokens - progress.completion_tokens, rate)
+
+
+@dataclass
+class AgentIdentity:
+    """Who the agent registers as."""
+
+    agent_id: str
+    lifecycle: Literal["spot", "on-demand", "local"]
+    instance_type: str
+    zone: str
+
+
+@dataclass
+class AgentRuntime:
+    """Everything the agent's handlers and background tasks share."""
+
+    settings: AgentSettings
+    registry: Registry
+    url: str
+    metrics: AgentMetrics = field(default_factory=AgentMetrics)
+    engine: Engine | None = None
+    identity: AgentIdentity | None = None
+    phase: Phase = "loading"
+    failure: str | None = None
+    drain_deadline: float | None = None
+    registered: bool = False
+    streams: dict[Hashable, StreamHandle] = field(default_factory=dict)
+    websockets: weakref.WeakSet[web.WebSocketResponse] = field(default_factory=weakref.WeakSet)
+    stopped: asyncio.Event = field(default_factory=asyncio.Event)
+    became_ready: asyncio.Event = field(default_factory=asyncio.Event)
+    _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+
+    @property
+    def accepting(self) -> bool:
+        """Whether new streams are taken."""
+        return self.phase == "ready"
+
+    def spawn(self, coroutine: Awaitable[None], name: str) -> asyncio.Task[None]:
+        """Run a background task owned by the runtime (cancelled at shutdown)."""
+
+        async def run() -> None:
+            await coroutine
+
+        task = asyncio.create_task(run(), name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def stop_tasks(self) -> None:
+        """Cancel every background task and wait for them."""
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with suppress(asyncio.CancelledError):
+                await task
+
+    # -- bring-up --
+
+    async def bring_up(self, loader: EngineLoader, imds: ImdsClient | None) -> None:
+        """Identity, engine, warm-up; then register as ready and keep heartbeating."""
+        self.identity = await self._resolve_identity(imds)
+        try:
+            self.engine = await loader(self.settings)
+            self.phase = "warming"
+            await self._warm_up(self.engine)
+        except Exception as err:
+            self.phase, self.failure = "failed", f"{type(err).__name__}: {err}"
+            log.exception("engine failed to come up; not registering")
+            return
+        if self.phase != "warming":  # a drain began while loading
+            return
+        await self._register(self.engine, self.identity)
+        self.phase = "ready"
+        self.became_ready.set()
+        self.metrics.ready.set(1)
+        log.info("agent ready", agent_id=self.identity.agent_id, url=self.url)
+        self.spawn(self._heartbeat_forever(self.identity.agent_id), "heartbeat")
+
+    async def _resolve_identity(self, imds: ImdsClient | None) -> AgentIdentity:
+        settings = self.settings
+        found: InstanceIdentity | None = None
+        if imds is not None:
+            try:
+                found = await asyncio.wait_for(imds.identity(), IDENTITY_TIMEOUT_SECONDS)
+            except (ImdsUnavailable, TimeoutError) as err:
+                log.info("no instance identity from IMDS; using settings", reason=str(err))
+        if found is not None:
+            lifecycle: Literal["spot", "on-demand", "local"] = (
+                "spot" if found.lifecycle == "spot" else "on-demand"
+            )
+            return AgentIdentity(
+                settings.agent_id or found.instance_id, lifecycle, found.instance_type, found.zone
+            )
+        return AgentIdentity(
+            settings.agent_id or f"local-{secrets.token_hex(4)}",
+            settings.lifecycle,
+            settings.instance_type,
+            settings.zone,
+        )
+
+    @staticmethod
+    async def _warm_up(engine: Engine) -> None:
+        """One real generation; raises if the engine produced nothing."""
+        request = GenerationRequest(
+            request_id=f"warm-up-{secrets.token_hex(4)}",
+            prompt_ids=engine.text_prompt_ids(WARMUP_PROMPT),
+            max_tokens=WARMUP_TOKENS,
+            temperature=0.0,
+        )
+        produced = 0
+        async with aclosing(engine.generate(request)) as steps:
+            async for step in steps:
+                produced += len(step.token_ids)
+        if produced == 0:
+            raise RuntimeError("warm-up generation produced no tokens")
+
+    async def _register(self, engine: Engine, identity: AgentIdentity) -> None:
+        await self.registry.register(
+            AgentRecord(
+                agent_id=identity.agent_id,
+                url=self.url,
+                model=engine.model,
+                state=AgentState.READY,
+                capacity=engine.capacity,
+                lifecycle=identity.lifecycle,
+                instance_type=identity.instance_type,
+                zone=identity.zone,
+                started_at=time.time(),
+                engine=engine.kind,
+                version=__version__,
+            )
+        )
+        self.registered = True
+
+    async def _heartbeat_forever(self, agent_id: str) -> None:
+        while True:
+            await asyncio.sleep(self.settings.heartbeat_seconds)
+            try:
+                await self.registry.heartbeat(agent_id, active=len(self.streams))
+            except AgentGone:
+                log.warning("registry says this agent is gone; stopping")
+                self.phase = "stopped"
+                self.stopped.set()
+                return
+            except Exception as err:  # a registry outage must not stop serving
+                log.warning("heartbeat failed", error=str(err))
+
+    # -- draining --
+
+    async def on_spot_notice(self, notice: SpotNotice) -> None:
+        """IMDS announced an interruption: drain by its deadline."""
+        self.metrics.interruptions.inc()
+        log.warning("spot interruption notice", action=notice.action, deadline=notice.deadline)
+        await self.begin_drain(notice.deadline)
+
+    async def on_rebalance(self, at: float) -> None:
+        """IMDS recommends rebalancing: record it so the pool can start a replacement early."""
+        if self.identity is None or not self.registered:
+            return
+        try:
+            await self.registry.record_rebalance(self.identity.agent_id, at)
+        except RegistryError as err:
+            log.warning("could not record rebalance", error=str(err))
+
+    async def begin_drain(self, deadline: float) -> None:
+        """Stop taking streams and hand back what cannot finish by `deadline` (idempotent)."""
+        if self.phase in ("draining", "stopped"):
+            return
+        self.phase = "draining"
+        self.metrics.ready.set(0)
+        self.drain_deadline = deadline
+        if self.registered and self.identity is not None:
+            try:
+                outcome = await self.registry.set_draining(self.identity.agent_id, deadline)
+                if outcome.record.drain_deadline is not None:
+                    self.drain_deadline = min(deadline, outcome.record.drain_deadline)
+            except RegistryError as err:
+                log.warning("could not mark draining", error=str(err))
+        self.spawn(self._drain_until_empty(self.drain_deadline), "drain")
+
+    async def _drain_until_empty(self, deadline: float) -> None:
+        while self.streams:
+            loads = [handle.load(key) for key, handle in self.streams.items()]
+            for key in streams_to_hand_back(loads, now=time.time(), deadline=deadline):
+                handle = self.streams.get(key)
+                if handle is not None:
+                    handle.end("interrupted")
+            await asyncio.sleep(DRAIN_CHECK_SECONDS)
+        log.info("drained; leaving")
+        await self.leave()
+        self.phase = "stopped"
+        self.stopped.set()
+
+    async def leave(self) -> None:
+        """Mark the agent `gone` (on exit); a registry outage only gets logged."""
+        if not self.registered or self.identity is None:
+            return
+        try:
+            await self.registry.set_gone(self.identity.agent_id)
+            self.registered = False
+        except Exception as err:  # leaving must not fail on a registry outage
+            log.warning("could not mark gone", error=str(err))

@@ -1,0 +1,574 @@
+"""The agent's HTTP surface: `/v1/ws`, `/v1/chat/completions`, health, readiness, metrics.
+
+`create_app(settings)` builds the aiohttp application; resources (HTTP session, registry,
+the runtime and its background tasks) live in `cleanup_ctx`. Every request carries a JWT
+that is verified locally (`gpu_agent.auth`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing, suppress
+from urllib.parse import urlsplit
+
+import aiohttp
+from aiohttp import WSCloseCode, WSMsgType, web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from gpu_agent.auth import TokenVerifier
+from gpu_agent.engine import EngineRequestError, load_engine
+from gpu_agent.imds import ImdsClient, watch_notices
+from gpu_agent.runtime import AgentRuntime, EngineLoader, StreamHandle
+from gpu_agent.streams import StreamProgress, StreamRefused, check_request, generate_frames
+from spotgate.logging import bound_context, get_logger
+from spotgate.openai_api import (
+    ERROR_STATUS,
+    SSE_DONE,
+    ChatCompletionRequest,
+    chat_completion,
+    chunk_event,
+    completion_id,
+    error_body,
+    openai_finish_reason,
+    sse_event,
+    usage_body,
+)
+from spotgate.protocol import (
+    AnyFrame,
+    AuthFrame,
+    CancelFrame,
+    DeltaFrame,
+    DoneFrame,
+    ErrorCode,
+    ErrorFrame,
+    FrameError,
+    GenerateFrame,
+    PingFrame,
+    PongFrame,
+    encode_frame,
+    parse_frame,
+)
+from spotgate.registry import Registry
+from spotgate.settings import AgentSettings
+from spotgate.tokens import Claims, TokenError
+
+MAX_HTTP_BODY_BYTES = 4 * 1024 * 1024
+
+log = get_logger(__name__)
+
+SETTINGS = web.AppKey("settings", AgentSettings)
+RUNTIME = web.AppKey("runtime", AgentRuntime)
+VERIFIER = web.AppKey("verifier", TokenVerifier)
+HTTP_SESSION = web.AppKey("http_session", aiohttp.ClientSession)
+
+
+class AgentConfigError(ValueError):
+    """The settings cannot run an agent (e.g. no way to verify tokens)."""
+
+
+def token_issuer(settings: AgentSettings) -> str:
+    """The `iss` tokens must carry: set explicitly, or the origin of the JWKS URL."""
+    if settings.token_issuer:
+        return settings.token_issuer
+    if settings.jwks_url:
+        parts = urlsplit(settings.jwks_url)
+        return f"{parts.scheme}://{parts.netloc}"
+    raise AgentConfigError(
+        "set SPOTGATE_AGENT_TOKEN_ISSUER (with a pinned key) or SPOTGATE_AGENT_JWKS_URL"
+    )
+
+
+def advertised_url(settings: AgentSettings) -> str:
+    """The base URL the gateway reaches this agent at."""
+    return settings.advertise_url or f"http://{settings.host}:{settings.port}"
+
+
+# --- helpers ----------------------------------------------------------------------------------
+
+
+def _bearer(request: web.Request) -> str | None:
+    header = request.headers.get("Authorization", "")
+    scheme, _, credential = header.partition(" ")
+    return credential.strip() if scheme.lower() == "bearer" and credential.strip() else None
+
+
+def _json_error(code: ErrorCode, message: str, retry_after: float | None = None) -> web.Response:
+    status, _type = ERROR_STATUS[code]
+    headers = {"Retry-After": str(max(1, round(retry_after)))} if retry_after is not None else None
+    return web.json_response(error_body(code, message), status=status, headers=headers)
+
+
+async def _authenticate(request: web.Request) -> Claims | web.Response:
+    token = _bearer(request)
+    if token is None:
+        return _json_error(ErrorCode.UNAUTHORIZED, "missing 'Authorization: Bearer <token>'")
+    try:
+        return await request.app[VERIFIER].verify(token)
+    except TokenError as err:
+        return _json_error(ErrorCode.UNAUTHORIZED, f"token refused: {err.reason}")
+
+
+def _unavailable(runtime: AgentRuntime) -> tuple[ErrorCode, str] | None:
+    if runtime.accepting and runtime.engine is not None:
+        return None
+    return ErrorCode.NO_CAPACITY, f"this agent is {runtime.phase}; try another"
+
+
+# --- health -----------------------------------------------------------------------------------
+
+
+async def healthz(request: web.Request) -> web.Response:
+    """Liveness: the process answers (the engine may still be loading)."""
+    runtime = request.app[RUNTIME]
+    status = 503 if runtime.phase == "failed" else 200
+    return web.json_response({"status": runtime.phase, "failure": runtime.failure}, status=status)
+
+
+async def readyz(request: web.Request) -> web.Response:
+    """Readiness: 200 only while the agent takes new streams."""
+    runtime = request.app[RUNTIME]
+    engine = runtime.engine
+    body = {
+        "status": runtime.phase,
+        "agent_id": runtime.identity.agent_id if runtime.identity else None,
+        "model": engine.model if engine else None,
+        "engine": engine.kind if engine else runtime.settings.engine,
+        "active_streams": len(runtime.streams),
+        "drain_deadline": runtime.drain_deadline,
+    }
+    return web.json_response(body, status=200 if runtime.accepting else 503)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    """Prometheus text exposition."""
+    runtime = request.app[RUNTIME]
+    runtime.metrics.active_streams.set(len(runtime.streams))
+    body = generate_latest(runtime.metrics.registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+# --- streams ----------------------------------------------------------------------------------
+
+Send = Callable[[AnyFrame], Awaitable[None]]
+
+
+async def _serve_stream(
+    runtime: AgentRuntime,
+    frame: GenerateFrame,
+    claims: Claims,
+    handle_slot: list[StreamHandle],
+    send: Send,
+) -> None:
+    """Run one stream, sending its frames; end it cleanly however it ends."""
+    engine = runtime.engine
+    metrics = runtime.metrics
+    progress = handle_slot[0].progress
+    outcome = "completed"
+    try:
+        if engine is None:
+            raise StreamRefused(ErrorCode.NO_CAPACITY, "engine not loaded")
+        check_request(frame, engine, claims, runtime.settings.limits.max_prompt_chars)
+        first = True
+        async with aclosing(
+            generate_frames(
+                frame,
+                engine,
+                agent_id=runtime.identity.agent_id if runtime.identity else "",
+                progress=progress,
+            )
+        ) as frames:
+            async for out in frames:
+                if isinstance(out, DeltaFrame):
+                    metrics.tokens.inc(out.n)
+                    if first and progress.first_token_at is not None:
+                        metrics.ttft.observe(progress.first_token_at - progress.started_at)
+                        first = False
+                await send(out)
+    except StreamRefused as err:
+        outcome = err.code.value
+        await send(ErrorFrame(id=frame.id, code=err.code, message=err.message))
+    except EngineRequestError as err:
+        outcome = "invalid_request"
+        await send(ErrorFrame(id=frame.id, code=ErrorCode.INVALID_REQUEST, message=str(err)))
+    except asyncio.CancelledError:
+        reason = handle_slot[0].end_reason
+        if reason is None:
+            raise  # shutdown, not ours to report
+        outcome = reason
+        await _report_early_end(frame, progress, reason, send)
+    except Exception:
+        outcome = "internal"
+        log.exception("stream failed", stream_id=frame.id)
+        await send(ErrorFrame(id=frame.id, code=ErrorCode.INTERNAL, message="generation failed"))
+    finally:
+        metrics.streams.labels(outcome=outcome).inc()
+
+
+async def _report_early_end(
+    frame: GenerateFrame,
+    progress: StreamProgress,
+    reason: str,
+    send: Send,
+) -> None:
+    if reason == "interrupted":
+        await send(
+            ErrorFrame(
+                id=frame.id,
+                code=ErrorCode.INTERRUPTED,
+                message="this agent is going away; resume the stream elsewhere",
+                retry_after=0,
+            )
+        )
+        return
+    elapsed_ms = (time.monotonic() - progress.started_at) * 1000
+    await send(
+        DoneFrame.model_validate(
+            {
+                "id": frame.id,
+                "finish_reason": "cancelled",
+                "usage": {"prompt_tokens": 0, "completion_tokens": progress.completion_tokens},
+                "timings": {"queue_ms": 0, "ttft_ms": elapsed_ms, "total_ms": elapsed_ms},
+            }
+        )
+    )
+
+
+def _start_stream(
+    runtime: AgentRuntime,
+    key: tuple[int, str],
+    frame: GenerateFrame,
+    claims: Claims,
+    send: Send,
+) -> StreamHandle:
+    slot: list[StreamHandle] = []
+    progress = StreamProgress(max_tokens=frame.max_tokens)
+
+    async def run() -> None:
+        with bound_context(stream_id=frame.id):
+            try:
+                await _serve_stream(runtime, frame, claims, slot, send)
+            finally:
+                runtime.streams.pop(key, None)
+
+    handle = StreamHandle(asyncio.create_task(run(), name=f"stream {frame.id}"), progress)
+    slot.append(handle)
+    runtime.streams[key] = handle
+    return handle
+
+
+# --- websocket --------------------------------------------------------------------------------
+
+
+async def websocket(request: web.Request) -> web.StreamResponse:
+    """`/v1/ws`: the wire protocol, many streams per socket."""
+    runtime = request.app[RUNTIME]
+    limits = runtime.settings.limits
+    claims: Claims | None = None
+    if _bearer(request) is not None:
+        authenticated = await _authenticate(request)
+        if isinstance(authenticated, web.Response):
+            return authenticated
+        claims = authenticated
+    ws = web.WebSocketResponse(
+        heartbeat=limits.heartbeat_seconds,
+        max_msg_size=limits.max_frame_bytes,
+        compress=False,
+    )
+    await ws.prepare(request)
+    runtime.websockets.add(ws)
+    connection_id = id(ws)
+    mine: dict[str, StreamHandle] = {}
+
+    async def send(frame: AnyFrame) -> None:
+        if not ws.closed:
+            with suppress(ConnectionResetError):
+                await ws.send_str(encode_frame(frame))
+
+    try:
+        if claims is None:
+            claims = await _first_frame_auth(ws, request.app[VERIFIER], limits.auth_timeout_seconds)
+            if claims is None:
+                return ws
+        while not ws.closed:
+            try:
+                message = await ws.receive(timeout=limits.idle_timeout_seconds)
+            except TimeoutError:
+                if mine:
+                    continue
+                await send(ErrorFrame(code=ErrorCode.TIMEOUT, message="idle timeout"))
+                break
+            if message.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED):
+                break
+            if message.type == WSMsgType.ERROR:
+                await send(ErrorFrame(code=ErrorCode.INVALID_REQUEST, message=str(ws.exception())))
+                break
+            if message.type != WSMsgType.TEXT:
+                await send(
+                    ErrorFrame(code=ErrorCode.INVALID_REQUEST, message="send JSON text frames")
+                )
+                continue
+            try:
+                frame = parse_frame(message.data, max_bytes=limits.max_frame_bytes)
+            except FrameError as err:
+                await send(err.frame())
+                continue
+            claims = await _handle_frame(
+                runtime, request.app[VERIFIER], frame, claims, connection_id, mine, send
+            )
+    finally:
+        for handle in list(mine.values()):
+            handle.end("cancelled")
+        runtime.websockets.discard(ws)
+        if not ws.closed:
+            await ws.close()
+    return ws
+
+
+async def _first_frame_auth(
+    ws: web.WebSocketResponse, verifier: TokenVerifier, timeout_seconds: float
+) -> Claims | None:
+    """Browsers send `{"type":"auth","token":…}` first; anything else closes the socket."""
+    try:
+        message = await ws.receive(timeout=timeout_seconds)
+        frame = parse_frame(message.data) if message.type == WSMsgType.TEXT else None
+        if not isinstance(frame, AuthFrame):
+            raise FrameError(
+                "authenticate first: send an 'auth' frame", code=ErrorCode.UNAUTHORIZED
+            )
+        return await verifier.verify(frame.token)
+    except TimeoutError:
+        error = ErrorFrame(code=ErrorCode.UNAUTHORIZED, message="no 'auth' frame in time")
+    except FrameError as err:
+        error = ErrorFrame(code=ErrorCode.UNAUTHORIZED, message=err.message)
+    except TokenError as err:
+        error = ErrorFrame(code=ErrorCode.UNAUTHORIZED, message=f"token refused: {err.reason}")
+    await ws.send_str(encode_frame(error))
+    await ws.close(code=WSCloseCode.POLICY_VIOLATION)
+    return None
+
+
+async def _handle_frame(
+    runtime: AgentRuntime,
+    verifier: TokenVerifier,
+    frame: GenerateFrame | CancelFrame | AuthFrame | PingFrame,
+    claims: Claims,
+    connection_id: int,
+    mine: dict[str, StreamHandle],
+    send: Send,
+) -> Claims:
+    """Act on one client frame; returns the connection's (possibly refreshed) claims."""
+    if isinstance(frame, PingFrame):
+        await send(PongFrame())
+    elif isinstance(frame, AuthFrame):
+        try:
+            claims = await verifier.verify(frame.token)
+        except TokenError as err:
+            await send(
+                ErrorFrame(code=ErrorCode.UNAUTHORIZED, message=f"token refused: {err.reason}")
+            )
+    elif isinstance(frame, CancelFrame):
+        handle = mine.get(frame.id)
+        if handle is not None:
+            handle.end("cancelled")
+    else:
+        refusal = _generate_refusal(runtime, frame, claims, mine)
+        if refusal is not None:
+            code, message = refusal
+            await send(ErrorFrame(id=frame.id, code=code, message=message))
+        else:
+            handle = _start_stream(runtime, (connection_id, frame.id), frame, claims, send)
+            mine[frame.id] = handle
+            stream_id = frame.id
+
+            def forget(_task: asyncio.Task[None]) -> None:
+                mine.pop(stream_id, None)
+
+            handle.task.add_done_callback(forget)
+    return claims
+
+
+def _generate_refusal(
+    runtime: AgentRuntime, frame: GenerateFrame, claims: Claims, mine: dict[str, StreamHandle]
+) -> tuple[ErrorCode, str] | None:
+    if claims.exp + runtime.settings.token_leeway_seconds <= time.time():
+        return ErrorCode.UNAUTHORIZED, "token expired; send an 'auth' frame with a fresh one"
+    if frame.id in mine:
+        return ErrorCode.INVALID_REQUEST, f"stream id '{frame.id}' is already running"
+    if len(mine) >= runtime.settings.limits.max_streams_per_connection:
+        return (
+            ErrorCode.RATE_LIMITED,
+            f"at most {runtime.settings.limits.max_streams_per_connection} streams per connection",
+        )
+    return _unavailable(runtime)
+
+
+# --- OpenAI HTTP ------------------------------------------------------------------------------
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    """`POST /v1/chat/completions`, streamed as SSE when `stream` is true."""
+    runtime = request.app[RUNTIME]
+    authenticated = await _authenticate(request)
+    if isinstance(authenticated, web.Response):
+        return authenticated
+    try:
+        body = ChatCompletionRequest.model_validate_json(await request.read())
+    except ValueError as err:
+        return _json_error(ErrorCode.INVALID_REQUEST, _first_error(err))
+    unavailable = _unavailable(runtime)
+    if unavailable is not None:
+        return _json_error(*unavailable, retry_after=1)
+    cid = completion_id()
+    frame = body.to_generate_frame(cid)
+    queue: asyncio.Queue[AnyFrame] = asyncio.Queue()
+    handle = _start_stream(runtime, (id(request), cid), frame, authenticated, queue.put)
+    try:
+        if body.stream:
+            return await _stream_sse(request, body, cid, queue)
+        return await _collect(body, cid, queue)
+    finally:
+        handle.end("cancelled")
+
+
+async def _frames(queue: asyncio.Queue[AnyFrame]) -> AsyncIterator[AnyFrame]:
+    while True:
+        frame = await queue.get()
+        yield frame
+        if isinstance(frame, DoneFrame | ErrorFrame):
+            return
+
+
+async def _collect(
+    body: ChatCompletionRequest, cid: str, queue: asyncio.Queue[AnyFrame]
+) -> web.Response:
+    text: list[str] = []
+    async for frame in _frames(queue):
+        if isinstance(frame, DeltaFrame):
+            text.append(frame.text)
+        elif isinstance(frame, ErrorFrame):
+            return _json_error(frame.code, frame.message, frame.retry_after)
+        elif isinstance(frame, DoneFrame):
+            return web.json_response(chat_completion(cid, body.model, "".join(text), frame))
+    return _json_error(ErrorCode.INTERNAL, "stream ended without a result")
+
+
+async def _stream_sse(
+    request: web.Request, body: ChatCompletionRequest, cid: str, queue: asyncio.Queue[AnyFrame]
+) -> web.StreamResponse:
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    started = False
+    async for frame in _frames(queue):
+        if isinstance(frame, ErrorFrame) and not started:
+            return _json_error(frame.code, frame.message, frame.retry_after)
+        if not started:
+            await response.prepare(request)
+            await response.write(
+                chunk_event(cid, body.model, delta={"role": "assistant", "content": ""})
+            )
+            started = True
+        if isinstance(frame, DeltaFrame) and frame.text:
+            await response.write(chunk_event(cid, body.model, delta={"content": frame.text}))
+        elif isinstance(frame, ErrorFrame):
+            await response.write(sse_event(error_body(frame.code, frame.message)))
+        elif isinstance(frame, DoneFrame):
+            await response.write(
+                chunk_event(cid, body.model, finish_reason=openai_finish_reason(frame))
+            )
+            if body.include_usage:
+                await response.write(chunk_event(cid, body.model, usage=usage_body(frame)))
+    await response.write(SSE_DONE)
+    await response.write_eof()
+    return response
+
+
+def _first_error(err: ValueError) -> str:
+    errors = getattr(err, "errors", None)
+    if callable(errors):
+        first = errors(include_url=False)[0]
+        where = ".".join(str(part) for part in first["loc"])
+        return f"{where}: {first['msg']}" if where else str(first["msg"])
+    return str(err)
+
+
+# --- app --------------------------------------------------------------------------------------
+
+
+def create_app(
+    settings: AgentSettings,
+    *,
+    engine_loader: EngineLoader = load_engine,
+    owns_engine: bool = True,
+) -> web.Application:
+    """The agent application; `engine_loader` may hand in an engine shared across apps."""
+    issuer = token_issuer(settings)
+    if not (settings.jwks_url or settings.pinned_public_key):
+        raise AgentConfigError("set SPOTGATE_AGENT_JWKS_URL or SPOTGATE_AGENT_PINNED_PUBLIC_KEY")
+    app = web.Application(client_max_size=MAX_HTTP_BODY_BYTES)
+    app[SETTINGS] = settings
+
+    async def http_session(app: web.Application) -> AsyncIterator[None]:
+        connector = aiohttp.TCPConnector(limit=64)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            app[HTTP_SESSION] = session
+            yield
+
+    async def runtime_ctx(app: web.Application) -> AsyncIterator[None]:
+        session = app[HTTP_SESSION]
+        verifier = TokenVerifier(
+            issuer=issuer,
+            leeway_seconds=settings.token_leeway_seconds,
+            pinned_public_key=settings.pinned_public_key,
+            jwks_url=settings.jwks_url,
+            session=session,
+        )
+        await verifier.refresh()
+        app[VERIFIER] = verifier
+        async with Registry.open(settings.shared) as registry:
+            runtime = AgentRuntime(
+                settings=settings, registry=registry, url=advertised_url(settings)
+            )
+            app[RUNTIME] = runtime
+            imds = ImdsClient(session, settings.imds_url)
+            runtime.spawn(runtime.bring_up(engine_loader, imds), "bring-up")
+            runtime.spawn(
+                watch_notices(
+                    imds,
+                    poll_seconds=settings.imds_poll_seconds,
+                    on_interruption=runtime.on_spot_notice,
+                    on_rebalance=runtime.on_rebalance,
+                ),
+                "imds-watch",
+            )
+            try:
+                yield
+            finally:
+                await _shut_down(runtime, owns_engine)
+
+    app.cleanup_ctx.append(http_session)
+    app.cleanup_ctx.append(runtime_ctx)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/v1/ws", websocket)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    return app
+
+
+async def _shut_down(runtime: AgentRuntime, owns_engine: bool) -> None:
+    """Hand back open streams, close sockets with GOING_AWAY, leave the registry."""
+    for handle in list(runtime.streams.values()):
+        handle.end("interrupted")
+    for handle in list(runtime.streams.values()):
+        with suppress(asyncio.CancelledError):
+            await handle.task
+    for ws in list(runtime.websockets):
+        await ws.close(code=WSCloseCode.GOING_AWAY, message=b"agent shutting down")
+    await runtime.stop_tasks()
+    await runtime.leave()
+    runtime.phase = "stopped"
+    if owns_engine and runtime.engine is not None:
+        await runtime.engine.close()

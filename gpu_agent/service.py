@@ -1,0 +1,48 @@
+"""Run the agent as a process: serve, drain on SIGTERM/SIGINT, exit marked `gone`."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+
+from aiohttp import web
+
+from gpu_agent.server import RUNTIME, create_app
+from spotgate.logging import get_logger
+from spotgate.settings import AgentSettings
+
+log = get_logger(__name__)
+
+
+async def serve_agent(settings: AgentSettings) -> None:
+    """Serve until drained: the first signal drains, a second one stops at once."""
+    app = create_app(settings)
+    runner = web.AppRunner(app, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, settings.host, settings.port)
+    await site.start()
+    runtime = app[RUNTIME]
+    loop = asyncio.get_running_loop()
+    signals_seen = 0
+
+    def on_signal(signum: int) -> None:
+        nonlocal signals_seen
+        signals_seen += 1
+        if signals_seen > 1:
+            runtime.stopped.set()
+            return
+        log.info("signal received; draining", signal=signal.Signals(signum).name)
+        runtime.spawn(
+            runtime.begin_drain(time.time() + settings.drain_grace_seconds), "signal-drain"
+        )
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, on_signal, signum)
+    log.info("agent listening", host=settings.host, port=settings.port, engine=settings.engine)
+    try:
+        await runtime.stopped.wait()
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
+        await runner.cleanup()

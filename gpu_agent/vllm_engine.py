@@ -1,0 +1,112 @@
+"""The vLLM engine: in-process `AsyncLLM` (the CPU build here, CUDA on a GPU instance)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncGenerator, Sequence
+from contextlib import aclosing
+from typing import Any
+
+from gpu_agent.engine import EngineRequestError, EngineStep, GenerationRequest
+from spotgate.protocol import ChatMessage
+from spotgate.settings import AgentSettings, EngineKind
+
+CPU_KV_CACHE_GIB_DEFAULT = "1"
+"""vLLM's CPU backend sizes its KV cache from this variable; enough for the tiny model."""
+
+
+class VllmEngine:
+    """Generation through vLLM's async engine; text is decoded by the agent from token ids."""
+
+    kind: EngineKind = "vllm"
+
+    def __init__(self, llm: Any, tokenizer: Any, model: str, capacity: int) -> None:
+        self._llm = llm
+        self._tokenizer = tokenizer
+        self.model = model
+        self.capacity = capacity
+
+    @classmethod
+    async def start(cls, settings: AgentSettings) -> VllmEngine:
+        """Load the model named in the settings into a new engine (tens of seconds)."""
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KV_CACHE_GIB_DEFAULT)
+        from transformers import AutoTokenizer
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        served = settings.served_model_name or settings.model
+        engine_settings = settings.vllm
+        optional: dict[str, Any] = {}
+        if engine_settings.max_model_len is not None:
+            optional["max_model_len"] = engine_settings.max_model_len
+        args = AsyncEngineArgs(
+            model=settings.model,
+            served_model_name=[served],
+            dtype=engine_settings.dtype,
+            max_num_seqs=engine_settings.max_num_seqs,
+            gpu_memory_utilization=engine_settings.gpu_memory_utilization,
+            tensor_parallel_size=engine_settings.tensor_parallel_size,
+            enforce_eager=engine_settings.enforce_eager,
+            disable_log_stats=True,
+            **optional,
+        )
+        llm = AsyncLLM.from_engine_args(args)
+        tokenizer = AutoTokenizer.from_pretrained(settings.model)
+        return cls(llm, tokenizer, served, engine_settings.max_num_seqs)
+
+    def chat_prompt_ids(self, messages: Sequence[ChatMessage]) -> list[int]:
+        """The model's own chat template, with the assistant turn opened."""
+        ids = self._tokenizer.apply_chat_template(
+            [message.model_dump() for message in messages],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+        )
+        return [int(token) for token in ids]
+
+    def text_prompt_ids(self, prompt: str) -> list[int]:
+        """The prompt tokenized as vLLM's completions endpoint does (special tokens added)."""
+        return [int(token) for token in self._tokenizer.encode(prompt)]
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """Text of the ids, special tokens left out, no clean-up of spaces."""
+        text: str = self._tokenizer.decode(
+            list(token_ids), skip_special_tokens=True, clean_up_tokenization_spaces=False
+        )
+        return text
+
+    def running(self) -> int:
+        """Unfinished requests in the engine."""
+        return int(self._llm.get_num_unfinished_requests())
+
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[EngineStep, None]:
+        """Stream token ids; leaving the loop early aborts the vLLM request."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        params = SamplingParams(
+            max_tokens=request.max_tokens,
+            temperature=request.temperature,
+            top_p=request.top_p,
+            seed=request.seed,
+            detokenize=False,
+            output_kind=RequestOutputKind.DELTA,
+        )
+        prompt = TokensPrompt(prompt_token_ids=[*request.prompt_ids, *request.resume_ids])
+        try:
+            outputs = self._llm.generate(prompt, params, request.request_id)
+            async with aclosing(outputs):
+                async for output in outputs:
+                    completion = output.outputs[0]
+                    reason = completion.finish_reason if output.finished else None
+                    yield EngineStep(
+                        list(completion.token_ids),
+                        "length" if reason == "length" else ("stop" if reason else None),
+                    )
+        except ValueError as err:
+            raise EngineRequestError(str(err)) from err
+
+    async def close(self) -> None:
+        """Shut the engine's processes down."""
+        self._llm.shutdown()

@@ -1,0 +1,158 @@
+"""OpenAI-compatible request and response models, shared by the gateway and the agents.
+
+Requests accept the fields OpenAI's SDK sends and ignore ones spotgate has no use for (as
+vLLM's server does); `to_generate_frame` maps a request onto the wire protocol, so every
+surface runs the same generation path.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from spotgate.protocol import (
+    MAX_STOP_SEQUENCES,
+    ChatMessage,
+    DoneFrame,
+    ErrorCode,
+    GenerateFrame,
+)
+
+DEFAULT_MAX_TOKENS = 256
+
+# HTTP status and OpenAI error type for each protocol error code.
+ERROR_STATUS: dict[ErrorCode, tuple[int, str]] = {
+    ErrorCode.UNAUTHORIZED: (401, "authentication_error"),
+    ErrorCode.FORBIDDEN: (403, "permission_error"),
+    ErrorCode.INVALID_REQUEST: (422, "invalid_request_error"),
+    ErrorCode.RATE_LIMITED: (429, "rate_limit_error"),
+    ErrorCode.NO_CAPACITY: (503, "service_unavailable"),
+    ErrorCode.TIMEOUT: (504, "timeout"),
+    ErrorCode.INTERRUPTED: (503, "service_unavailable"),
+    ErrorCode.INTERNAL: (500, "internal_error"),
+}
+
+
+class StreamOptions(BaseModel):
+    """`stream_options`: whether the last chunk carries usage."""
+
+    model_config = ConfigDict(extra="ignore")
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(BaseModel):
+    """`POST /v1/chat/completions`."""
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+    model: Annotated[str, Field(min_length=1, max_length=256)]
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_tokens: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
+    temperature: Annotated[float, Field(ge=0, le=2)] = 1.0
+    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
+    stop: str | Annotated[list[str], Field(max_length=MAX_STOP_SEQUENCES)] | None = None
+    seed: int | None = None
+    n: Literal[1] = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+
+    def to_generate_frame(self, stream_id: str, *, session: str | None = None) -> GenerateFrame:
+        """The same request as a `generate` frame."""
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        return GenerateFrame(
+            id=stream_id,
+            model=self.model,
+            messages=self.messages,
+            max_tokens=self.max_completion_tokens or self.max_tokens or DEFAULT_MAX_TOKENS,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            stop=stop,
+            seed=self.seed,
+            session=session or self.user,
+        )
+
+    @property
+    def include_usage(self) -> bool:
+        """Whether a streamed reply ends with a usage chunk."""
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+def completion_id() -> str:
+    """A fresh `chatcmpl-…` id."""
+    return f"chatcmpl-{uuid.uuid4().hex}"
+
+
+def error_body(code: ErrorCode, message: str) -> dict[str, Any]:
+    """OpenAI's error object for a protocol error code."""
+    _status, error_type = ERROR_STATUS[code]
+    return {"error": {"message": message, "type": error_type, "code": code.value}}
+
+
+def usage_body(done: DoneFrame) -> dict[str, int]:
+    """OpenAI's usage object."""
+    prompt, completion = done.usage.prompt_tokens, done.usage.completion_tokens
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+
+
+def openai_finish_reason(done: DoneFrame) -> str:
+    """OpenAI has no `cancelled`: a cancelled reply reads as stopped."""
+    return "stop" if done.finish_reason == "cancelled" else done.finish_reason
+
+
+def chat_completion(cid: str, model: str, text: str, done: DoneFrame) -> dict[str, Any]:
+    """A whole (non-streamed) chat completion."""
+    return {
+        "id": cid,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "finish_reason": openai_finish_reason(done),
+            }
+        ],
+        "usage": usage_body(done),
+    }
+
+
+def chunk_event(
+    cid: str,
+    model: str,
+    *,
+    delta: dict[str, str] | None = None,
+    finish_reason: str | None = None,
+    usage: dict[str, int] | None = None,
+) -> bytes:
+    """One SSE `data:` event holding a `chat.completion.chunk`."""
+    body: dict[str, Any] = {
+        "id": cid,
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": model,
+        "choices": []
+        if usage is not None
+        else [{"index": 0, "delta": delta or {}, "finish_reason": finish_reason}],
+    }
+    if usage is not None:
+        body["usage"] = usage
+    return sse_event(body)
+
+
+def sse_event(body: dict[str, Any]) -> bytes:
+    """`data: <json>` and the blank line that ends an event."""
+    return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
+
+
+SSE_DONE = b"data: [DONE]\n\n"

@@ -1,0 +1,167 @@
+"""Agent fixtures: the tiny model, one vLLM engine per session, agents on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from gpu_agent.engine import Engine
+from gpu_agent.imds import InstanceIdentity
+from gpu_agent.imds_emulator import create_app as create_imds_app
+from gpu_agent.runtime import AgentRuntime
+from gpu_agent.server import RUNTIME, create_app
+from gpu_agent.synthetic_engine import SyntheticEngine
+from gpu_agent.tiny_model import write_tiny_model
+from spotgate.emulator import AwsEmulator
+from spotgate.registry import Registry
+from spotgate.settings import AgentSettings, SyntheticSettings, VllmSettings
+from spotgate.tokens import KeyRing, SigningKey, issue
+
+ISSUER = "http://gateway.test"
+TINY_MODEL = "tiny"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def wait_for(condition: Callable[[], Awaitable[bool]], within: float = 30.0) -> None:
+    """Poll an async condition until it holds (the registry offers no change events)."""
+    async with asyncio.timeout(within):
+        while not await condition():  # noqa: ASYNC110 - DynamoDB has no change events here
+            await asyncio.sleep(0.05)
+
+
+@pytest.fixture(scope="session")
+def ring() -> KeyRing:
+    return KeyRing([SigningKey.generate()])
+
+
+@pytest.fixture
+def token(ring: KeyRing) -> str:
+    return issue(ring, subject="test-key", issuer=ISSUER, now=time.time(), ttl_seconds=900).token
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_model(tmp_path_factory.mktemp("models") / "tiny")
+
+
+def vllm_settings(model_dir: Path) -> AgentSettings:
+    return AgentSettings(
+        engine="vllm",
+        model=str(model_dir),
+        served_model_name=TINY_MODEL,
+        vllm=VllmSettings(dtype="float32", max_model_len=2048, max_num_seqs=32, enforce_eager=True),
+    )
+
+
+@pytest.fixture(scope="session")
+async def vllm_engine(tiny_model_dir: Path) -> AsyncIterator[Engine]:
+    from gpu_agent.vllm_engine import VllmEngine
+
+    engine = await VllmEngine.start(vllm_settings(tiny_model_dir))
+    yield engine
+    await engine.close()
+
+
+@dataclass
+class RunningAgent:
+    url: str
+    app: web.Application
+
+    @property
+    def runtime(self) -> AgentRuntime:
+        return self.app[RUNTIME]
+
+    @property
+    def ws_url(self) -> str:
+        return self.url.replace("http://", "ws://") + "/v1/ws"
+
+
+@dataclass
+class Imds:
+    url: str
+    app: web.Application
+
+
+@pytest.fixture
+async def imds() -> AsyncIterator[Imds]:
+    identity = InstanceIdentity("i-0test", "g6.xlarge", "us-east-1a", "spot")
+    runner = web.AppRunner(create_imds_app(identity))
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    yield Imds(f"http://127.0.0.1:{port}", runner.app)
+    await runner.cleanup()
+
+
+AgentFactory = Callable[..., Awaitable[RunningAgent]]
+
+
+@pytest.fixture
+async def start_agent(aws: AwsEmulator, ring: KeyRing, imds: Imds) -> AsyncIterator[AgentFactory]:
+    """Start agents serving a given engine (not closed with the agent: it is shared)."""
+    runners: list[web.AppRunner] = []
+
+    async def start(
+        engine: Engine | None = None,
+        *,
+        loader: Callable[[AgentSettings], Awaitable[Engine]] | None = None,
+        **overrides: object,
+    ) -> RunningAgent:
+        port = free_port()
+        settings = AgentSettings(
+            shared=aws.settings(),
+            port=port,
+            pinned_public_key=ring.signing_key.verify_key.to_pem(),
+            token_issuer=ISSUER,
+            imds_url=imds.url,
+            imds_poll_seconds=0.2,
+            heartbeat_seconds=0.5,
+            agent_id=f"agent-{port}",
+            **overrides,  # type: ignore[arg-type]
+        )
+
+        async def given(_settings: AgentSettings) -> Engine:
+            assert engine is not None
+            return engine
+
+        app = create_app(settings, engine_loader=loader or given, owns_engine=False)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        runners.append(runner)
+        return RunningAgent(f"http://127.0.0.1:{port}", app)
+
+    async with Registry.open(aws.settings()) as registry:
+        await registry.create_tables()
+    yield start
+    for runner in reversed(runners):
+        await runner.cleanup()
+
+
+@pytest.fixture
+def synthetic_engine() -> SyntheticEngine:
+    return SyntheticEngine(
+        AgentSettings(
+            engine="synthetic",
+            served_model_name="synth",
+            synthetic=SyntheticSettings(ttft_seconds=0.01, tokens_per_second=200.0),
+        )
+    )
+
+
+async def wait_ready(agent: RunningAgent) -> RunningAgent:
+    async with asyncio.timeout(120):
+        await agent.runtime.became_ready.wait()
+    return agent

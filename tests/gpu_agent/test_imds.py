@@ -1,0 +1,78 @@
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+import pytest
+
+from gpu_agent.imds import ImdsClient, SpotNotice, parse_spot_action, watch_notices
+from tests.gpu_agent.conftest import Imds
+
+
+async def test_imds_v2_token_is_required(imds: Imds) -> None:
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{imds.url}/latest/meta-data/instance-id") as response:
+            assert response.status == 401
+        async with http.put(f"{imds.url}/latest/api/token") as response:
+            assert response.status == 400  # no TTL header
+
+
+async def test_identity_and_notices_through_the_client(imds: Imds) -> None:
+    async with aiohttp.ClientSession() as http:
+        client = ImdsClient(http, imds.url)
+        identity = await client.identity()
+        assert (identity.instance_id, identity.lifecycle) == ("i-0test", "spot")
+        assert await client.spot_notice() is None
+        assert await client.rebalance_recommendation() is None
+
+        async with http.post(f"{imds.url}/_emulator/rebalance"):
+            pass
+        async with http.post(f"{imds.url}/_emulator/spot-notice", json={"in_seconds": 120}):
+            pass
+
+        notice = await client.spot_notice()
+        assert notice is not None
+        assert notice.action == "terminate"
+        assert abs(notice.deadline - (time.time() + 120)) < 2
+        assert await client.rebalance_recommendation() is not None
+
+
+async def test_watcher_reports_rebalance_then_interruption_once(imds: Imds) -> None:
+    seen: list[object] = []
+    interrupted = asyncio.Event()
+
+    async def on_interruption(notice: SpotNotice) -> None:
+        seen.append(notice)
+        interrupted.set()
+
+    async def on_rebalance(at: float) -> None:
+        seen.append(at)
+
+    async with aiohttp.ClientSession() as http:
+        watcher = asyncio.create_task(
+            watch_notices(
+                ImdsClient(http, imds.url),
+                poll_seconds=0.05,
+                on_interruption=on_interruption,
+                on_rebalance=on_rebalance,
+            )
+        )
+        async with http.post(f"{imds.url}/_emulator/rebalance"):
+            pass
+        async with http.post(f"{imds.url}/_emulator/spot-notice", json={"in_seconds": 60}):
+            pass
+        await asyncio.wait_for(interrupted.wait(), 5)
+        await asyncio.wait_for(watcher, 5)  # returns after the first interruption
+
+    assert isinstance(seen[0], float)
+    assert isinstance(seen[1], SpotNotice)
+    assert len(seen) == 2
+
+
+def test_spot_action_parsing() -> None:
+    notice = parse_spot_action('{"action": "stop", "time": "2026-11-21T20:00:00Z"}')
+    assert notice.action == "stop"
+    assert notice.deadline == 1795291200.0
+    with pytest.raises(KeyError):
+        parse_spot_action('{"action": "stop"}')

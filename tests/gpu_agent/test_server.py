@@ -1,0 +1,271 @@
+"""The agent's surfaces against the synthetic engine: protocol, auth, registration, drain."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import aiohttp
+import pytest
+import websockets
+
+from gpu_agent.engine import Engine
+from gpu_agent.synthetic_engine import SyntheticEngine
+from spotgate.emulator import AwsEmulator
+from spotgate.registry import AgentState, Registry
+from spotgate.settings import AgentSettings
+from spotgate.tokens import KeyRing, SigningKey, issue
+from tests.gpu_agent.conftest import ISSUER, AgentFactory, Imds, wait_for, wait_ready
+from tests.gpu_agent.wsclient import (
+    connect,
+    generate,
+    ids_of,
+    receive,
+    run_streams,
+    send,
+    text_of,
+)
+
+
+async def test_stream_over_ws_is_labelled_synthetic_everywhere(
+    start_agent: AgentFactory, synthetic_engine: SyntheticEngine, token: str, aws: AwsEmulator
+) -> None:
+    agent = await wait_ready(await start_agent(synthetic_engine))
+
+    async with connect(agent.ws_url, token) as ws:
+        frames = (await run_streams(ws, generate("s1", "synth", max_tokens=12)))["s1"]
+
+    assert frames[0] == {
+        "type": "start",
+        "id": "s1",
+        "agent": agent.runtime.identity.agent_id,
+        "engine": "synthetic",
+    }
+    done = frames[-1]
+    assert done["type"] == "done"
+    assert done["finish_reason"] == "length"
+    assert done["usage"]["completion_tokens"] == 12 == sum(f["n"] for f in frames[1:-1])
+    assert len(text_of(frames).split()) == 12
+    async with aiohttp.ClientSession() as http, http.get(f"{agent.url}/readyz") as response:
+        assert response.status == 200
+        assert (await response.json())["engine"] == "synthetic"
+    async with Registry.open(aws.settings()) as registry:
+        [record] = await registry.list_ready("synth")
+    assert record.engine == "synthetic"
+    assert record.url == agent.url
+    assert (record.lifecycle, record.instance_type, record.zone) == (
+        "spot",
+        "g6.xlarge",
+        "us-east-1a",  # from the IMDS emulator
+    )
+
+
+async def test_synthetic_text_is_deterministic_and_resumes_exactly(
+    start_agent: AgentFactory, synthetic_engine: SyntheticEngine, token: str
+) -> None:
+    agent = await wait_ready(await start_agent(synthetic_engine))
+    async with connect(agent.ws_url, token) as ws:
+        whole = (await run_streams(ws, generate("a", "synth", max_tokens=30, want_ids=True)))["a"]
+        again = (await run_streams(ws, generate("b", "synth", max_tokens=30, want_ids=True)))["b"]
+        ids = ids_of(whole)
+        head = synthetic_engine.decode(ids[:11])
+        rest = (
+            await run_streams(
+                ws,
+                generate(
+                    "c",
+                    "synth",
+                    max_tokens=30,
+                    want_ids=True,
+                    resume={"token_ids": ids[:11], "text": head, "completion_tokens": 11},
+                ),
+            )
+        )["c"]
+
+    assert text_of(whole) == text_of(again)
+    assert ids_of(rest) == ids[11:]
+    assert head + text_of(rest) == text_of(whole)
+    assert rest[-1]["usage"]["completion_tokens"] == 30
+
+
+async def test_bad_frames_get_errors_and_the_socket_lives_on(
+    start_agent: AgentFactory, synthetic_engine: SyntheticEngine, token: str
+) -> None:
+    agent = await wait_ready(await start_agent(synthetic_engine))
+    async with connect(agent.ws_url, token) as ws:
+        await ws.send("{not json")
+        assert (await receive(ws))["code"] == "invalid_request"
+        await send(ws, {"type": "launch", "id": "x"})
+        error = await receive(ws)
+        assert (error["code"], error["id"]) == ("invalid_request", "x")
+        await send(ws, generate("m", "no-such-model"))
+        error = await receive(ws)
+        assert error["code"] == "invalid_request"
+        assert "synth" in error["message"]
+        await ws.send(b"\x00binary")
+        assert (await receive(ws))["code"] == "invalid_request"
+        await ws.send(json.dumps(generate("big", "synth", content="x" * 70_000)))
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            await receive(ws)
+        assert closed.value.rcvd is not None
+        assert closed.value.rcvd.code == 1009  # message too big: the frame cap held
+    async with connect(agent.ws_url, token) as ws:
+        await send(ws, {"type": "ping"})
+        assert await receive(ws) == {"type": "pong"}
+        frames = await run_streams(ws, generate("ok", "synth", max_tokens=3))
+        assert frames["ok"][-1]["type"] == "done"
+
+
+async def test_missing_expired_and_foreign_tokens_are_refused(
+    start_agent: AgentFactory, synthetic_engine: SyntheticEngine, ring: KeyRing
+) -> None:
+    agent = await wait_ready(await start_agent(synthetic_engine))
+    now = time.time()
+    expired = issue(ring, subject="k", issuer=ISSUER, now=now - 600, ttl_seconds=60).token
+    wrong_audience = issue(ring, subject="k", issuer=ISSUER, now=now, audience="other").token
+    foreign = issue(KeyRing([SigningKey.generate()]), subject="k", issuer=ISSUER, now=now).token
+    body = {"model": "synth", "messages": [{"role": "user", "content": "hi"}]}
+    url = f"{agent.url}/v1/chat/completions"
+
+    async with aiohttp.ClientSession() as http:
+        for headers, reason in (
+            ({}, "missing"),
+            ({"Authorization": f"Bearer {expired}"}, "expired"),
+            ({"Authorization": f"Bearer {wrong_audience}"}, "bad_audience"),
+            ({"Authorization": f"Bearer {foreign}"}, "unknown_kid"),
+            ({"Authorization": "Basic dXNlcjpwYXNz"}, "missing"),
+        ):
+            async with http.post(url, json=body, headers=headers) as response:
+                assert response.status == 401
+                error = (await response.json())["error"]
+                assert error["code"] == "unauthorized"
+                assert reason in error["message"]
+    with pytest.raises(websockets.InvalidStatus) as refused:
+        async with connect(agent.ws_url, expired):
+            pass
+    assert refused.value.response.status_code == 401
+
+
+async def test_browser_first_frame_auth(
+    start_agent: AgentFactory, synthetic_engine: SyntheticEngine, token: str
+) -> None:
+    agent = await wait_ready(await start_agent(synthetic_engine))
+    async with connect(agent.ws_url, None) as ws:
+        await send(ws, {"type": "auth", "token": token})
+        frames = await run_streams(ws, generate("s", "synth", max_tokens=2))
+        assert frames["s"][-1]["type"] == "done"
+    async with connect(agent.ws_url, None) as ws:
+        await send(ws, {"type": "auth", "token": "eyJhbGciOiJub25lIn0.e30."})
+        error = await receive(ws)
+        assert error["code"] == "unauthorized"
+        with pytest.raises(websockets.ConnectionClosed):
+            await receive(ws)
+    async with connect(agent.ws_url, None) as ws:
+        await send(ws, generate("s", "synth"))  # generate before auth
+        assert (await receive(ws))["code"] == "unauthorized"
+
+
+async def test_registration_waits_for_the_engine_and_warm_up(
+    start_agent: AgentFactory, synthetic_engine: SyntheticEngine, aws: AwsEmulator, token: str
+) -> None:
+    release = asyncio.Event()
+    loading = asyncio.Event()
+
+    async def slow_loader(_settings: AgentSettings) -> Engine:
+        loading.set()
+        await release.wait()
+        return synthetic_engine
+
+    agent = await start_agent(loader=slow_loader)
+    await loading.wait()
+    async with Registry.open(aws.settings()) as registry:
+        assert await registry.list_agents() == []
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{agent.url}/readyz") as response:
+                assert response.status == 503
+                assert (await response.json())["status"] == "loading"
+            async with connect(agent.ws_url, token) as ws:
+                error = (await run_streams(ws, generate("early", "synth")))["early"][-1]
+                assert error["code"] == "no_capacity"
+
+        release.set()
+        await wait_ready(agent)
+
+        [record] = await registry.list_ready("synth")
+        assert record.ready_at is not None
+
+
+async def test_an_engine_that_fails_its_warm_up_never_registers(
+    start_agent: AgentFactory, aws: AwsEmulator
+) -> None:
+    async def broken(_settings: AgentSettings) -> Engine:
+        raise RuntimeError("CUDA error: no kernel image")
+
+    agent = await start_agent(loader=broken)
+    async with aiohttp.ClientSession() as http:
+
+        async def failed() -> bool:
+            async with http.get(f"{agent.url}/healthz") as response:
+                return response.status == 503
+
+        await wait_for(failed)
+        async with http.get(f"{agent.url}/healthz") as response:
+            assert "no kernel image" in (await response.json())["failure"]
+    async with Registry.open(aws.settings()) as registry:
+        assert await registry.list_agents() == []
+
+
+async def test_spot_notice_drains_hands_back_long_streams_and_leaves_gone(
+    start_agent: AgentFactory, imds: Imds, aws: AwsEmulator, token: str
+) -> None:
+    slow = SyntheticEngine(
+        AgentSettings(engine="synthetic", served_model_name="synth").model_copy(
+            update={
+                "synthetic": AgentSettings().synthetic.model_copy(
+                    update={"ttft_seconds": 0.0, "tokens_per_second": 20.0}
+                )
+            }
+        )
+    )
+    agent = await wait_ready(await start_agent(slow))
+    agent_id = agent.runtime.identity.agent_id
+    async with connect(agent.ws_url, token) as ws, aiohttp.ClientSession() as http:
+        await send(ws, generate("long", "synth", max_tokens=100_000))
+        await send(ws, generate("short", "synth", max_tokens=30))
+        assert (await receive(ws))["type"] == "start"
+        notice_sent = time.time()
+        async with http.post(f"{imds.url}/_emulator/spot-notice", json={"in_seconds": 30}) as r:
+            deadline = (await r.json())["deadline"]
+
+        frames: dict[str, list[dict]] = {"long": [], "short": []}
+        async with Registry.open(aws.settings()) as registry:
+
+            async def draining() -> bool:
+                record = await registry.get_agent(agent_id)
+                return record is not None and record.state is AgentState.DRAINING
+
+            await wait_for(draining, within=2.0)  # one 0.2 s poll, plus a write
+            marked_after = time.time() - notice_sent
+            await send(ws, generate("new", "synth"))
+            while (
+                not all(f and f[-1]["type"] in ("done", "error") for f in frames.values())
+                or "new" not in frames
+            ):
+                frame = await receive(ws)
+                frames.setdefault(frame.get("id"), []).append(frame)
+
+            assert marked_after < 1.0
+            assert frames["new"] == [frames["new"][0]]
+            assert frames["new"][0]["code"] == "no_capacity"
+            assert frames["short"][-1]["type"] == "done", frames["short"][-1]
+            assert frames["short"][-1]["usage"]["completion_tokens"] == 30
+            assert frames["long"][-1]["code"] == "interrupted"
+            assert time.time() < deadline
+
+            async def gone() -> bool:
+                record = await registry.get_agent(agent_id)
+                return record is not None and record.state is AgentState.GONE
+
+            await wait_for(gone, within=10.0)
+        assert agent.runtime.stopped.is_set()
