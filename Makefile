@@ -29,6 +29,7 @@ unit: $(INSTALLED)
 
 bench: $(INSTALLED)
 	$(BIN)/python -m loadtest.bench.tokens --write docs/benchmarks.md
+	$(BIN)/python -m loadtest.bench.agent_vs_vllm --write docs/benchmarks.md
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \

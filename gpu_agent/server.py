@@ -247,14 +247,16 @@ def _start_stream(
 
     async def run() -> None:
         with bound_context(stream_id=frame.id):
-            try:
-                await _serve_stream(runtime, frame, claims, slot, send)
-            finally:
-                runtime.streams.pop(key, None)
+            await _serve_stream(runtime, frame, claims, slot, send)
+
+    def forget(_task: asyncio.Task[None]) -> None:
+        # A callback, not a `finally`: a task cancelled before it first runs skips its body.
+        runtime.streams.pop(key, None)
 
     handle = StreamHandle(asyncio.create_task(run(), name=f"stream {frame.id}"), progress)
     slot.append(handle)
     runtime.streams[key] = handle
+    handle.task.add_done_callback(forget)
     return handle
 
 

@@ -61,7 +61,14 @@ def vllm_settings(model_dir: Path) -> AgentSettings:
         engine="vllm",
         model=str(model_dir),
         served_model_name=TINY_MODEL,
-        vllm=VllmSettings(dtype="float32", max_model_len=2048, max_num_seqs=32, enforce_eager=True),
+        vllm=VllmSettings(
+            dtype="float32",
+            max_model_len=2048,
+            max_num_seqs=32,
+            enforce_eager=True,
+            # On the CPU backend: the share of the NUMA node's memory taken at start.
+            gpu_memory_utilization=0.3,
+        ),
     )
 
 

