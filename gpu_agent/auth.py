@@ -41,12 +41,14 @@ class TokenVerifier:
         jwks_url: str | None = None,
         session: aiohttp.ClientSession | None = None,
         clock: Callable[[], float] = time.time,
+        refresh_min_seconds: float = JWKS_REFRESH_MIN_SECONDS,
     ) -> None:
         self._issuer = issuer
         self._leeway_seconds = leeway_seconds
         self._jwks_url = jwks_url
         self._session = session
         self._clock = clock
+        self._refresh_min_seconds = refresh_min_seconds
         self._last_refresh = float("-inf")
         pinned = [VerifyKey.from_pem(pinned_public_key)] if pinned_public_key else []
         self.ring = KeyRing(verify_keys=pinned)
@@ -72,7 +74,7 @@ class TokenVerifier:
         try:
             return self._verify(token)
         except UnknownKid:
-            if time.monotonic() - self._last_refresh < JWKS_REFRESH_MIN_SECONDS:
+            if time.monotonic() - self._last_refresh < self._refresh_min_seconds:
                 raise
             if not await self.refresh():
                 raise

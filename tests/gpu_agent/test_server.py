@@ -269,3 +269,76 @@ async def test_spot_notice_drains_hands_back_long_streams_and_leaves_gone(
 
             await wait_for(gone, within=10.0)
         assert agent.runtime.stopped.is_set()
+
+
+async def test_heartbeats_report_load_and_rebalance_is_only_recorded(
+    start_agent: AgentFactory, imds: Imds, aws: AwsEmulator, token: str
+) -> None:
+    slow = SyntheticEngine(
+        AgentSettings(engine="synthetic", served_model_name="synth").model_copy(
+            update={
+                "synthetic": AgentSettings().synthetic.model_copy(
+                    update={"ttft_seconds": 0.0, "tokens_per_second": 20.0}
+                )
+            }
+        )
+    )
+    agent = await wait_ready(await start_agent(slow))
+    agent_id = agent.runtime.identity.agent_id
+    async with (
+        Registry.open(aws.settings()) as registry,
+        aiohttp.ClientSession() as http,
+        connect(agent.ws_url, token) as ws,
+    ):
+        await send(ws, generate("s", "synth", max_tokens=100_000))
+        assert (await receive(ws))["type"] == "start"
+
+        async def busy() -> bool:
+            record = await registry.get_agent(agent_id)
+            return record is not None and record.active == 1
+
+        await wait_for(busy, within=5)
+        async with http.post(f"{imds.url}/_emulator/rebalance"):
+            pass
+
+        async def rebalance_recorded() -> bool:
+            record = await registry.get_agent(agent_id)
+            return record is not None and record.rebalance_at is not None
+
+        await wait_for(rebalance_recorded, within=5)
+        record = await registry.get_agent(agent_id)
+        assert record is not None
+        assert record.state is AgentState.READY
+        assert agent.runtime.accepting
+
+
+async def test_a_client_that_never_reads_pauses_its_stream(
+    start_agent: AgentFactory, token: str
+) -> None:
+    flood = SyntheticEngine(
+        AgentSettings(engine="synthetic", served_model_name="synth").model_copy(
+            update={
+                "synthetic": AgentSettings().synthetic.model_copy(
+                    update={"ttft_seconds": 0.0, "tokens_per_second": 1_000_000.0}
+                )
+            }
+        )
+    )
+    agent = await wait_ready(await start_agent(flood))
+    max_tokens = 1_000_000  # one second of work at this rate, about 7 MB of text
+    headers = {"Authorization": f"Bearer {token}"}
+    async with websockets.connect(
+        agent.ws_url, additional_headers=headers, max_queue=1, close_timeout=1
+    ) as ws:
+        await send(ws, generate("flood", "synth", max_tokens=max_tokens))
+        assert (await receive(ws))["type"] == "start"  # then it reads nothing more
+        [handle] = agent.runtime.streams.values()
+        produced: list[int] = []
+        async with asyncio.timeout(20):
+            while len(produced) < 3 or produced[-1] != produced[-3]:
+                await asyncio.sleep(0.25)  # sampling a rate, not synchronising
+                produced.append(handle.progress.completion_tokens)
+        # Stalled once the sockets' kernel buffers filled (a few MB on loopback), short of the
+        # end: the agent waits for the reader instead of buffering the reply.
+        assert 0 < produced[-1] < max_tokens
+        assert not handle.task.done()

@@ -1,0 +1,69 @@
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from gpu_agent.auth import TokenVerifier
+from spotgate.tokens import KeyRing, SigningKey, UnknownKid, issue
+from tests.gpu_agent.conftest import free_port
+
+ISSUER = "http://gw.test"
+
+
+@pytest.fixture
+async def jwks_server() -> AsyncIterator[tuple[str, KeyRing, list[int]]]:
+    """A gateway stand-in that publishes its JWKS and counts the fetches."""
+    ring = KeyRing([SigningKey.generate()])
+    fetches: list[int] = []
+
+    async def jwks(_request: web.Request) -> web.Response:
+        fetches.append(1)
+        return web.json_response(ring.jwks())
+
+    app = web.Application()
+    app.router.add_get("/.well-known/jwks.json", jwks)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    yield f"http://127.0.0.1:{port}/.well-known/jwks.json", ring, fetches
+    await runner.cleanup()
+
+
+async def test_rotated_gateway_key_is_picked_up_on_first_unknown_kid(
+    jwks_server: tuple[str, KeyRing, list[int]],
+) -> None:
+    url, ring, fetches = jwks_server
+    async with aiohttp.ClientSession() as http:
+        verifier = TokenVerifier(
+            issuer=ISSUER, leeway_seconds=5, jwks_url=url, session=http, refresh_min_seconds=0
+        )
+        assert await verifier.refresh()
+        first = issue(ring, subject="k", issuer=ISSUER, now=time.time()).token
+        assert (await verifier.verify(first)).sub == "k"
+        assert len(fetches) == 1  # verified locally, no call per request
+
+        ring.rotate(SigningKey.generate())
+        rotated = issue(ring, subject="k2", issuer=ISSUER, now=time.time()).token
+
+        assert (await verifier.verify(rotated)).sub == "k2"
+        assert len(fetches) == 2
+
+
+async def test_unknown_kids_cannot_hammer_the_jwks(
+    jwks_server: tuple[str, KeyRing, list[int]],
+) -> None:
+    url, _ring, fetches = jwks_server
+    stranger = KeyRing([SigningKey.generate()])
+    async with aiohttp.ClientSession() as http:
+        verifier = TokenVerifier(issuer=ISSUER, leeway_seconds=5, jwks_url=url, session=http)
+        await verifier.refresh()
+        for _ in range(20):
+            forged = issue(stranger, subject="x", issuer=ISSUER, now=time.time()).token
+            with pytest.raises(UnknownKid):
+                await verifier.verify(forged)
+    assert len(fetches) == 1
