@@ -1,0 +1,107 @@
+"""Per-key limits as token buckets: requests per minute, tokens per minute, concurrent streams.
+
+Pure over plain data and an explicit clock. Requests are charged on admission; tokens are
+charged when a stream ends (its real usage), so a key may overdraw once and then waits until
+the bucket refills. Each gateway replica keeps its own buckets: with N replicas behind a load
+balancer a key can reach up to N times its limits (documented in README).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+SECONDS_PER_MINUTE = 60.0
+DEFAULT_MAX_CONCURRENT_STREAMS = 64
+
+
+@dataclass(slots=True)
+class TokenBucket:
+    """`capacity` units, refilled continuously at `capacity` per minute."""
+
+    capacity: float
+    level: float
+    updated_at: float
+
+    @classmethod
+    def full(cls, capacity: float, now: float) -> TokenBucket:
+        """A bucket at capacity."""
+        return cls(capacity, capacity, now)
+
+    def refill(self, now: float) -> None:
+        """Add what accrued since the last update."""
+        elapsed = max(0.0, now - self.updated_at)
+        self.level = min(self.capacity, self.level + elapsed * self.capacity / SECONDS_PER_MINUTE)
+        self.updated_at = now
+
+    def wait_for(self, amount: float, now: float) -> float:
+        """Seconds until `amount` is available (0 if it is now)."""
+        self.refill(now)
+        missing = amount - self.level
+        return 0.0 if missing <= 0 else missing * SECONDS_PER_MINUTE / self.capacity
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """A key's limits; None means unlimited."""
+
+    rpm: int | None = None
+    tpm: int | None = None
+    max_concurrent: int = DEFAULT_MAX_CONCURRENT_STREAMS
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """Admitted, or refused with the reason and how long to wait."""
+
+    admitted: bool
+    reason: str = ""
+    retry_after: float = 0.0
+
+
+@dataclass(slots=True)
+class _KeyState:
+    requests: TokenBucket | None
+    tokens: TokenBucket | None
+    streams: int = 0
+
+
+@dataclass
+class RateLimiter:
+    """Buckets per key id."""
+
+    _keys: dict[str, _KeyState] = field(default_factory=dict)
+
+    def _state(self, key_id: str, limits: Limits, now: float) -> _KeyState:
+        state = self._keys.get(key_id)
+        if state is None:
+            state = _KeyState(
+                TokenBucket.full(limits.rpm, now) if limits.rpm else None,
+                TokenBucket.full(limits.tpm, now) if limits.tpm else None,
+            )
+            self._keys[key_id] = state
+        return state
+
+    def admit(self, key_id: str, limits: Limits, now: float) -> Decision:
+        """Take one request and one stream slot, or say why not and for how long."""
+        state = self._state(key_id, limits, now)
+        if state.streams >= limits.max_concurrent:
+            return Decision(False, f"at most {limits.max_concurrent} concurrent streams", 1.0)
+        if state.tokens is not None and (wait := state.tokens.wait_for(0.0, now)) > 0:
+            return Decision(False, f"over {limits.tpm} tokens per minute", wait)
+        if state.requests is not None:
+            wait = state.requests.wait_for(1.0, now)
+            if wait > 0:
+                return Decision(False, f"over {limits.rpm} requests per minute", wait)
+            state.requests.level -= 1.0
+        state.streams += 1
+        return Decision(True)
+
+    def finish(self, key_id: str, tokens_used: int, now: float) -> None:
+        """Release the stream slot and charge the tokens it used."""
+        state = self._keys.get(key_id)
+        if state is None:
+            return
+        state.streams = max(0, state.streams - 1)
+        if state.tokens is not None:
+            state.tokens.refill(now)
+            state.tokens.level -= tokens_used

@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+import pytest
+
+from gateway.ratelimit import Limits, RateLimiter
+
+
+def test_requests_per_minute_refill_continuously() -> None:
+    limiter = RateLimiter()
+    limits = Limits(rpm=60)
+    for _ in range(60):
+        assert limiter.admit("k", limits, now=0.0).admitted
+        limiter.finish("k", 0, now=0.0)
+
+    refused = limiter.admit("k", limits, now=0.0)
+    assert not refused.admitted
+    assert "60 requests per minute" in refused.reason
+    assert refused.retry_after == pytest.approx(1.0)
+    assert limiter.admit("k", limits, now=1.0).admitted
+
+
+def test_tokens_are_charged_at_the_end_and_the_debt_must_be_repaid() -> None:
+    limiter = RateLimiter()
+    limits = Limits(tpm=600)
+    assert limiter.admit("k", limits, now=0.0).admitted
+    limiter.finish("k", 900, now=0.0)  # overdrew by 300 tokens
+
+    refused = limiter.admit("k", limits, now=0.0)
+    assert not refused.admitted
+    assert refused.retry_after == pytest.approx(30.0)  # 300 tokens at 10 per second
+    assert not limiter.admit("k", limits, now=29.0).admitted
+    assert limiter.admit("k", limits, now=30.0).admitted
+
+
+def test_concurrent_streams_are_capped_and_released() -> None:
+    limiter = RateLimiter()
+    limits = Limits(max_concurrent=2)
+    assert limiter.admit("k", limits, now=0.0).admitted
+    assert limiter.admit("k", limits, now=0.0).admitted
+    assert not limiter.admit("k", limits, now=0.0).admitted
+    limiter.finish("k", 10, now=0.0)
+    assert limiter.admit("k", limits, now=0.0).admitted
+
+
+def test_keys_are_independent_and_unlimited_by_default() -> None:
+    limiter = RateLimiter()
+    assert limiter.admit("a", Limits(rpm=1), now=0.0).admitted
+    assert not limiter.admit("a", Limits(rpm=1), now=0.0).admitted
+    assert limiter.admit("b", Limits(rpm=1), now=0.0).admitted
+    for _ in range(1000):
+        assert limiter.admit("free", Limits(max_concurrent=10_000), now=0.0).admitted
