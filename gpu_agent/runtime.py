@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-import weakref
 from collections.abc import Awaitable, Callable, Hashable
 from contextlib import aclosing, suppress
 from dataclasses import dataclass, field
@@ -91,7 +90,7 @@ class AgentRuntime:
     drain_deadline: float | None = None
     registered: bool = False
     streams: dict[Hashable, StreamHandle] = field(default_factory=dict)
-    websockets: weakref.WeakSet[web.WebSocketResponse] = field(default_factory=weakref.WeakSet)
+    websockets: set[web.WebSocketResponse] = field(default_factory=set)
     stopped: asyncio.Event = field(default_factory=asyncio.Event)
     became_ready: asyncio.Event = field(default_factory=asyncio.Event)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)

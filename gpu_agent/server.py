@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import aclosing, suppress
 from urllib.parse import urlsplit
 
 import aiohttp
-from aiohttp import WSCloseCode, WSMsgType, web
+from aiohttp import WSCloseCode, web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gpu_agent.auth import TokenVerifier
@@ -24,35 +24,29 @@ from gpu_agent.runtime import AgentRuntime, EngineLoader, StreamHandle
 from gpu_agent.streams import StreamProgress, StreamRefused, check_request, generate_frames
 from spotgate.logging import bound_context, get_logger
 from spotgate.openai_api import (
-    ERROR_STATUS,
-    SSE_DONE,
     ChatCompletionRequest,
-    chat_completion,
-    chunk_event,
     completion_id,
-    error_body,
-    openai_finish_reason,
-    sse_event,
-    usage_body,
 )
+from spotgate.openai_http import queued_frames, read_body, respond
 from spotgate.protocol import (
     AnyFrame,
-    AuthFrame,
-    CancelFrame,
     DeltaFrame,
     DoneFrame,
     ErrorCode,
     ErrorFrame,
-    FrameError,
     GenerateFrame,
-    PingFrame,
-    PongFrame,
-    encode_frame,
-    parse_frame,
 )
 from spotgate.registry import Registry
 from spotgate.settings import AgentSettings
 from spotgate.tokens import Claims, TokenError
+from spotgate.wsserver import (
+    AuthRefused,
+    Send,
+    StreamHandlers,
+    bearer_token,
+    json_error,
+    serve_websocket,
+)
 
 MAX_HTTP_BODY_BYTES = 4 * 1024 * 1024
 
@@ -88,26 +82,14 @@ def advertised_url(settings: AgentSettings) -> str:
 # --- helpers ----------------------------------------------------------------------------------
 
 
-def _bearer(request: web.Request) -> str | None:
-    header = request.headers.get("Authorization", "")
-    scheme, _, credential = header.partition(" ")
-    return credential.strip() if scheme.lower() == "bearer" and credential.strip() else None
-
-
-def _json_error(code: ErrorCode, message: str, retry_after: float | None = None) -> web.Response:
-    status, _type = ERROR_STATUS[code]
-    headers = {"Retry-After": str(max(1, round(retry_after)))} if retry_after is not None else None
-    return web.json_response(error_body(code, message), status=status, headers=headers)
-
-
 async def _authenticate(request: web.Request) -> Claims | web.Response:
-    token = _bearer(request)
+    token = bearer_token(request)
     if token is None:
-        return _json_error(ErrorCode.UNAUTHORIZED, "missing 'Authorization: Bearer <token>'")
+        return json_error(ErrorCode.UNAUTHORIZED, "missing 'Authorization: Bearer <token>'")
     try:
         return await request.app[VERIFIER].verify(token)
     except TokenError as err:
-        return _json_error(ErrorCode.UNAUTHORIZED, f"token refused: {err.reason}")
+        return json_error(ErrorCode.UNAUTHORIZED, f"token refused: {err.reason}")
 
 
 def _unavailable(runtime: AgentRuntime) -> tuple[ErrorCode, str] | None:
@@ -150,8 +132,6 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 # --- streams ----------------------------------------------------------------------------------
-
-Send = Callable[[AnyFrame], Awaitable[None]]
 
 
 async def _serve_stream(
@@ -263,147 +243,31 @@ def _start_stream(
 # --- websocket --------------------------------------------------------------------------------
 
 
+def _stream_handlers(runtime: AgentRuntime, verifier: TokenVerifier) -> StreamHandlers[Claims]:
+    async def authenticate(token: str) -> Claims:
+        try:
+            return await verifier.verify(token)
+        except TokenError as err:
+            raise AuthRefused(f"token refused: {err.reason}") from err
+
+    def refusal(frame: GenerateFrame, claims: Claims) -> tuple[ErrorCode, str] | None:
+        if claims.exp + runtime.settings.token_leeway_seconds <= time.time():
+            return ErrorCode.UNAUTHORIZED, "token expired; send an 'auth' frame with a fresh one"
+        return _unavailable(runtime)
+
+    def start(frame: GenerateFrame, claims: Claims, send: Send) -> StreamHandle:
+        return _start_stream(runtime, (id(send), frame.id), frame, claims, send)
+
+    return StreamHandlers(authenticate, refusal, start)
+
+
 async def websocket(request: web.Request) -> web.StreamResponse:
     """`/v1/ws`: the wire protocol, many streams per socket."""
     runtime = request.app[RUNTIME]
-    limits = runtime.settings.limits
-    claims: Claims | None = None
-    if _bearer(request) is not None:
-        authenticated = await _authenticate(request)
-        if isinstance(authenticated, web.Response):
-            return authenticated
-        claims = authenticated
-    ws = web.WebSocketResponse(
-        heartbeat=limits.heartbeat_seconds,
-        max_msg_size=limits.max_frame_bytes,
-        compress=False,
+    handlers = _stream_handlers(runtime, request.app[VERIFIER])
+    return await serve_websocket(
+        request, handlers, runtime.settings.limits, sockets=runtime.websockets
     )
-    await ws.prepare(request)
-    runtime.websockets.add(ws)
-    connection_id = id(ws)
-    mine: dict[str, StreamHandle] = {}
-
-    async def send(frame: AnyFrame) -> None:
-        if not ws.closed:
-            with suppress(ConnectionResetError):
-                await ws.send_str(encode_frame(frame))
-
-    try:
-        if claims is None:
-            claims = await _first_frame_auth(ws, request.app[VERIFIER], limits.auth_timeout_seconds)
-            if claims is None:
-                return ws
-        while not ws.closed:
-            try:
-                message = await ws.receive(timeout=limits.idle_timeout_seconds)
-            except TimeoutError:
-                if mine:
-                    continue
-                await send(ErrorFrame(code=ErrorCode.TIMEOUT, message="idle timeout"))
-                break
-            if message.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED):
-                break
-            if message.type == WSMsgType.ERROR:
-                await send(ErrorFrame(code=ErrorCode.INVALID_REQUEST, message=str(ws.exception())))
-                break
-            if message.type != WSMsgType.TEXT:
-                await send(
-                    ErrorFrame(code=ErrorCode.INVALID_REQUEST, message="send JSON text frames")
-                )
-                continue
-            try:
-                frame = parse_frame(message.data, max_bytes=limits.max_frame_bytes)
-            except FrameError as err:
-                await send(err.frame())
-                continue
-            claims = await _handle_frame(
-                runtime, request.app[VERIFIER], frame, claims, connection_id, mine, send
-            )
-    finally:
-        for handle in list(mine.values()):
-            handle.end("cancelled")
-        runtime.websockets.discard(ws)
-        if not ws.closed:
-            await ws.close()
-    return ws
-
-
-async def _first_frame_auth(
-    ws: web.WebSocketResponse, verifier: TokenVerifier, timeout_seconds: float
-) -> Claims | None:
-    """Browsers send `{"type":"auth","token":…}` first; anything else closes the socket."""
-    try:
-        message = await ws.receive(timeout=timeout_seconds)
-        frame = parse_frame(message.data) if message.type == WSMsgType.TEXT else None
-        if not isinstance(frame, AuthFrame):
-            raise FrameError(
-                "authenticate first: send an 'auth' frame", code=ErrorCode.UNAUTHORIZED
-            )
-        return await verifier.verify(frame.token)
-    except TimeoutError:
-        error = ErrorFrame(code=ErrorCode.UNAUTHORIZED, message="no 'auth' frame in time")
-    except FrameError as err:
-        error = ErrorFrame(code=ErrorCode.UNAUTHORIZED, message=err.message)
-    except TokenError as err:
-        error = ErrorFrame(code=ErrorCode.UNAUTHORIZED, message=f"token refused: {err.reason}")
-    await ws.send_str(encode_frame(error))
-    await ws.close(code=WSCloseCode.POLICY_VIOLATION)
-    return None
-
-
-async def _handle_frame(
-    runtime: AgentRuntime,
-    verifier: TokenVerifier,
-    frame: GenerateFrame | CancelFrame | AuthFrame | PingFrame,
-    claims: Claims,
-    connection_id: int,
-    mine: dict[str, StreamHandle],
-    send: Send,
-) -> Claims:
-    """Act on one client frame; returns the connection's (possibly refreshed) claims."""
-    if isinstance(frame, PingFrame):
-        await send(PongFrame())
-    elif isinstance(frame, AuthFrame):
-        try:
-            claims = await verifier.verify(frame.token)
-        except TokenError as err:
-            await send(
-                ErrorFrame(code=ErrorCode.UNAUTHORIZED, message=f"token refused: {err.reason}")
-            )
-    elif isinstance(frame, CancelFrame):
-        handle = mine.get(frame.id)
-        if handle is not None:
-            handle.end("cancelled")
-    else:
-        refusal = _generate_refusal(runtime, frame, claims, mine)
-        if refusal is not None:
-            code, message = refusal
-            await send(ErrorFrame(id=frame.id, code=code, message=message))
-        else:
-            handle = _start_stream(runtime, (connection_id, frame.id), frame, claims, send)
-            mine[frame.id] = handle
-            stream_id = frame.id
-
-            def forget(_task: asyncio.Task[None]) -> None:
-                mine.pop(stream_id, None)
-
-            handle.task.add_done_callback(forget)
-    return claims
-
-
-def _generate_refusal(
-    runtime: AgentRuntime, frame: GenerateFrame, claims: Claims, mine: dict[str, StreamHandle]
-) -> tuple[ErrorCode, str] | None:
-    if claims.exp + runtime.settings.token_leeway_seconds <= time.time():
-        return ErrorCode.UNAUTHORIZED, "token expired; send an 'auth' frame with a fresh one"
-    if frame.id in mine:
-        return ErrorCode.INVALID_REQUEST, f"stream id '{frame.id}' is already running"
-    if len(mine) >= runtime.settings.limits.max_streams_per_connection:
-        return (
-            ErrorCode.RATE_LIMITED,
-            f"at most {runtime.settings.limits.max_streams_per_connection} streams per connection",
-        )
-    return _unavailable(runtime)
 
 
 # --- OpenAI HTTP ------------------------------------------------------------------------------
@@ -415,85 +279,28 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     authenticated = await _authenticate(request)
     if isinstance(authenticated, web.Response):
         return authenticated
-    try:
-        body = ChatCompletionRequest.model_validate_json(await request.read())
-    except ValueError as err:
-        return _json_error(ErrorCode.INVALID_REQUEST, _first_error(err))
+    body = await read_body(request, ChatCompletionRequest)
+    if isinstance(body, web.Response):
+        return body
     unavailable = _unavailable(runtime)
     if unavailable is not None:
-        return _json_error(*unavailable, retry_after=1)
+        return json_error(*unavailable, retry_after=1)
     cid = completion_id()
-    frame = body.to_generate_frame(cid)
     queue: asyncio.Queue[AnyFrame] = asyncio.Queue()
+    frame = body.to_generate_frame(cid)
     handle = _start_stream(runtime, (id(request), cid), frame, authenticated, queue.put)
     try:
-        if body.stream:
-            return await _stream_sse(request, body, cid, queue)
-        return await _collect(body, cid, queue)
+        return await respond(
+            request,
+            queued_frames(queue),
+            kind="chat",
+            cid=cid,
+            model=body.model,
+            stream=body.stream,
+            include_usage=body.include_usage,
+        )
     finally:
         handle.end("cancelled")
-
-
-async def _frames(queue: asyncio.Queue[AnyFrame]) -> AsyncIterator[AnyFrame]:
-    while True:
-        frame = await queue.get()
-        yield frame
-        if isinstance(frame, DoneFrame | ErrorFrame):
-            return
-
-
-async def _collect(
-    body: ChatCompletionRequest, cid: str, queue: asyncio.Queue[AnyFrame]
-) -> web.Response:
-    text: list[str] = []
-    async for frame in _frames(queue):
-        if isinstance(frame, DeltaFrame):
-            text.append(frame.text)
-        elif isinstance(frame, ErrorFrame):
-            return _json_error(frame.code, frame.message, frame.retry_after)
-        elif isinstance(frame, DoneFrame):
-            return web.json_response(chat_completion(cid, body.model, "".join(text), frame))
-    return _json_error(ErrorCode.INTERNAL, "stream ended without a result")
-
-
-async def _stream_sse(
-    request: web.Request, body: ChatCompletionRequest, cid: str, queue: asyncio.Queue[AnyFrame]
-) -> web.StreamResponse:
-    response = web.StreamResponse(
-        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-    )
-    started = False
-    async for frame in _frames(queue):
-        if isinstance(frame, ErrorFrame) and not started:
-            return _json_error(frame.code, frame.message, frame.retry_after)
-        if not started:
-            await response.prepare(request)
-            await response.write(
-                chunk_event(cid, body.model, delta={"role": "assistant", "content": ""})
-            )
-            started = True
-        if isinstance(frame, DeltaFrame) and frame.text:
-            await response.write(chunk_event(cid, body.model, delta={"content": frame.text}))
-        elif isinstance(frame, ErrorFrame):
-            await response.write(sse_event(error_body(frame.code, frame.message)))
-        elif isinstance(frame, DoneFrame):
-            await response.write(
-                chunk_event(cid, body.model, finish_reason=openai_finish_reason(frame))
-            )
-            if body.include_usage:
-                await response.write(chunk_event(cid, body.model, usage=usage_body(frame)))
-    await response.write(SSE_DONE)
-    await response.write_eof()
-    return response
-
-
-def _first_error(err: ValueError) -> str:
-    errors = getattr(err, "errors", None)
-    if callable(errors):
-        first = errors(include_url=False)[0]
-        where = ".".join(str(part) for part in first["loc"])
-        return f"{where}: {first['msg']}" if where else str(first["msg"])
-    return str(err)
 
 
 # --- app --------------------------------------------------------------------------------------

@@ -23,6 +23,8 @@ from spotgate.protocol import (
 )
 
 DEFAULT_MAX_TOKENS = 256
+LEGACY_DEFAULT_MAX_TOKENS = 16
+"""OpenAI's default for `/v1/completions`."""
 
 # HTTP status and OpenAI error type for each protocol error code.
 ERROR_STATUS: dict[ErrorCode, tuple[int, str]] = {
@@ -83,9 +85,50 @@ class ChatCompletionRequest(BaseModel):
         return self.stream_options is not None and self.stream_options.include_usage
 
 
-def completion_id() -> str:
-    """A fresh `chatcmpl-…` id."""
-    return f"chatcmpl-{uuid.uuid4().hex}"
+class CompletionRequest(BaseModel):
+    """`POST /v1/completions` (a raw prompt)."""
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+    model: Annotated[str, Field(min_length=1, max_length=256)]
+    prompt: str
+    max_tokens: Annotated[int, Field(ge=1, le=1_000_000)] = LEGACY_DEFAULT_MAX_TOKENS
+    temperature: Annotated[float, Field(ge=0, le=2)] = 1.0
+    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
+    stop: str | Annotated[list[str], Field(max_length=MAX_STOP_SEQUENCES)] | None = None
+    seed: int | None = None
+    n: Literal[1] = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+
+    def to_generate_frame(self, stream_id: str, *, session: str | None = None) -> GenerateFrame:
+        """The same request as a `generate` frame."""
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        return GenerateFrame(
+            id=stream_id,
+            model=self.model,
+            prompt=self.prompt,
+            max_tokens=self.max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            stop=stop,
+            seed=self.seed,
+            session=session or self.user,
+        )
+
+    @property
+    def include_usage(self) -> bool:
+        """Whether a streamed reply ends with a usage chunk."""
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+Kind = Literal["chat", "text"]
+
+
+def completion_id(kind: Kind = "chat") -> str:
+    """A fresh `chatcmpl-…` (chat) or `cmpl-…` (text) id."""
+    return f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
 
 
 def error_body(code: ErrorCode, message: str) -> dict[str, Any]:
@@ -109,44 +152,55 @@ def openai_finish_reason(done: DoneFrame) -> str:
     return "stop" if done.finish_reason == "cancelled" else done.finish_reason
 
 
-def chat_completion(cid: str, model: str, text: str, done: DoneFrame) -> dict[str, Any]:
-    """A whole (non-streamed) chat completion."""
+def completion_body(kind: Kind, cid: str, model: str, text: str, done: DoneFrame) -> dict[str, Any]:
+    """A whole (non-streamed) chat or text completion."""
+    choice: dict[str, Any] = {"index": 0, "finish_reason": openai_finish_reason(done)}
+    if kind == "chat":
+        choice["message"] = {"role": "assistant", "content": text}
+    else:
+        choice["text"] = text
+        choice["logprobs"] = None
     return {
         "id": cid,
-        "object": "chat.completion",
+        "object": "chat.completion" if kind == "chat" else "text_completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "finish_reason": openai_finish_reason(done),
-            }
-        ],
+        "choices": [choice],
         "usage": usage_body(done),
     }
 
 
 def chunk_event(
+    kind: Kind,
     cid: str,
     model: str,
     *,
-    delta: dict[str, str] | None = None,
+    text: str | None = None,
+    first: bool = False,
     finish_reason: str | None = None,
     usage: dict[str, int] | None = None,
 ) -> bytes:
-    """One SSE `data:` event holding a `chat.completion.chunk`."""
+    """One SSE `data:` event holding a streamed chunk (chat or text)."""
     body: dict[str, Any] = {
         "id": cid,
-        "object": "chat.completion.chunk",
+        "object": "chat.completion.chunk" if kind == "chat" else "text_completion",
         "created": int(time.time()),
         "model": model,
-        "choices": []
-        if usage is not None
-        else [{"index": 0, "delta": delta or {}, "finish_reason": finish_reason}],
     }
     if usage is not None:
+        body["choices"] = []
         body["usage"] = usage
+        return sse_event(body)
+    choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason}
+    if kind == "chat":
+        delta: dict[str, str] = {"role": "assistant"} if first else {}
+        if text is not None:
+            delta["content"] = text
+        choice["delta"] = delta
+    else:
+        choice["text"] = text or ""
+        choice["logprobs"] = None
+    body["choices"] = [choice]
     return sse_event(body)
 
 

@@ -245,7 +245,7 @@ async def test_spot_notice_drains_hands_back_long_streams_and_leaves_gone(
                 record = await registry.get_agent(agent_id)
                 return record is not None and record.state is AgentState.DRAINING
 
-            await wait_for(draining, within=2.0)  # one 0.2 s poll, plus a write
+            await wait_for(draining, within=5.0)
             marked_after = time.time() - notice_sent
             await send(ws, generate("new", "synth"))
             while (
@@ -255,7 +255,8 @@ async def test_spot_notice_drains_hands_back_long_streams_and_leaves_gone(
                 frame = await receive(ws)
                 frames.setdefault(frame.get("id"), []).append(frame)
 
-            assert marked_after < 1.0
+            # One 0.2 s poll plus a registry write; the margin is for a loaded CI machine.
+            assert marked_after < 1.5
             assert frames["new"] == [frames["new"][0]]
             assert frames["new"][0]["code"] == "no_capacity"
             assert frames["short"][-1]["type"] == "done", frames["short"][-1]

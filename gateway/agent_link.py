@@ -1,0 +1,230 @@
+"""One persistent, multiplexed websocket per agent, and per-stream channels on it.
+
+The link's reader never waits for a client: frames of each stream go into its own
+`StreamChannel`, where consecutive deltas are merged, so a slow client costs memory bounded
+by its own reply and never stalls the other streams on the same agent. When the socket
+breaks, every open channel gets `LINK_LOST` and the relay resumes those streams elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import suppress
+from dataclasses import dataclass
+
+import aiohttp
+
+from spotgate.logging import get_logger
+from spotgate.protocol import (
+    AuthFrame,
+    CancelFrame,
+    DeltaFrame,
+    DoneFrame,
+    ErrorFrame,
+    FrameError,
+    GenerateFrame,
+    ServerFrame,
+    encode_frame,
+    parse_frame,
+)
+
+CONNECT_TIMEOUT_SECONDS = 5.0
+RECONNECT_BACKOFF_SECONDS = (0.2, 0.5, 1.0, 2.0, 5.0)
+LINK_HEARTBEAT_SECONDS = 10.0
+MAX_AGENT_FRAME_BYTES = 16 * 1024 * 1024
+TOKEN_REFRESH_MARGIN_SECONDS = 120.0
+
+log = get_logger(__name__)
+
+
+class LinkUnavailable(Exception):
+    """The agent cannot be reached right now (connecting failed, or backing off)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LinkLost:
+    """The agent's socket closed while the stream was open."""
+
+    reason: str
+
+
+ChannelItem = ServerFrame | LinkLost
+
+
+class StreamChannel:
+    """Frames of one stream, in order, with consecutive deltas merged."""
+
+    def __init__(self) -> None:
+        self._items: list[ChannelItem] = []
+        self._ready = asyncio.Event()
+        self.closed = False
+
+    def push(self, item: ChannelItem) -> None:
+        """Add a frame without ever waiting (called by the link's reader)."""
+        last = self._items[-1] if self._items else None
+        if isinstance(item, DeltaFrame) and isinstance(last, DeltaFrame):
+            ids = None if last.ids is None or item.ids is None else [*last.ids, *item.ids]
+            self._items[-1] = DeltaFrame(
+                id=item.id, text=last.text + item.text, n=last.n + item.n, ids=ids
+            )
+        else:
+            self._items.append(item)
+        if isinstance(item, DoneFrame | ErrorFrame | LinkLost):
+            self.closed = True
+        self._ready.set()
+
+    async def items(self) -> AsyncIterator[ChannelItem]:
+        """Everything pushed, until the stream ends."""
+        while True:
+            await self._ready.wait()
+            batch, self._items = self._items, []
+            self._ready.clear()
+            for item in batch:
+                yield item
+                if isinstance(item, DoneFrame | ErrorFrame | LinkLost):
+                    return
+
+
+TokenSource = Callable[[], tuple[str, float]]
+"""Returns a token for the agent and its expiry (epoch seconds)."""
+
+
+class AgentLink:
+    """The gateway's connection to one agent."""
+
+    def __init__(
+        self,
+        agent_id: str,
+        url: str,
+        session: aiohttp.ClientSession,
+        token_source: TokenSource,
+    ) -> None:
+        self.agent_id = agent_id
+        self.url = url
+        self._session = session
+        self._token_source = token_source
+        self._ws: aiohttp.ClientWebSocketResponse | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._channels: dict[str, StreamChannel] = {}
+        self._connecting = asyncio.Lock()
+        self._failures = 0
+        self._retry_at = 0.0
+        self._token_expires = 0.0
+        self.closed = False
+
+    @property
+    def open_streams(self) -> int:
+        """Streams on this link right now."""
+        return len(self._channels)
+
+    async def open_stream(self, frame: GenerateFrame) -> StreamChannel:
+        """Send a `generate` frame; the returned channel yields the agent's frames for it."""
+        ws = await self._connected()
+        await self._refresh_token_if_due(ws)
+        channel = StreamChannel()
+        self._channels[frame.id] = channel
+        try:
+            await ws.send_str(encode_frame(frame))
+        except (ConnectionResetError, aiohttp.ClientError) as err:
+            self._channels.pop(frame.id, None)
+            raise LinkUnavailable(f"agent {self.agent_id}: {err}") from err
+        return channel
+
+    async def cancel(self, stream_id: str) -> None:
+        """Tell the agent to stop a stream (the client went away)."""
+        if self._channels.pop(stream_id, None) is None or self._ws is None or self._ws.closed:
+            return
+        with suppress(ConnectionResetError, aiohttp.ClientError):
+            await self._ws.send_str(encode_frame(CancelFrame(id=stream_id)))
+
+    def forget(self, stream_id: str) -> None:
+        """Stop routing frames of a finished stream."""
+        self._channels.pop(stream_id, None)
+
+    async def close(self) -> None:
+        """Close the socket; open channels learn the link is lost."""
+        self.closed = True
+        if self._ws is not None and not self._ws.closed:
+            await self._ws.close()
+        if self._reader is not None:
+            self._reader.cancel()
+            with suppress(asyncio.CancelledError):
+                await self._reader
+        self._lose_all("link closed")
+
+    async def _connected(self) -> aiohttp.ClientWebSocketResponse:
+        if self._ws is not None and not self._ws.closed:
+            return self._ws
+        async with self._connecting:
+            if self._ws is not None and not self._ws.closed:
+                return self._ws
+            if self.closed:
+                raise LinkUnavailable(f"agent {self.agent_id}: link closed")
+            if time.monotonic() < self._retry_at:
+                raise LinkUnavailable(f"agent {self.agent_id}: backing off after failures")
+            token, expires = self._token_source()
+            try:
+                ws = await self._session.ws_connect(
+                    f"{self.url}/v1/ws",
+                    headers={"Authorization": f"Bearer {token}"},
+                    heartbeat=LINK_HEARTBEAT_SECONDS,
+                    max_msg_size=MAX_AGENT_FRAME_BYTES,
+                    timeout=aiohttp.ClientWSTimeout(ws_close=CONNECT_TIMEOUT_SECONDS),
+                    compress=0,
+                )
+            except (aiohttp.ClientError, TimeoutError, OSError) as err:
+                delay = RECONNECT_BACKOFF_SECONDS[
+                    min(self._failures, len(RECONNECT_BACKOFF_SECONDS) - 1)
+                ]
+                self._failures += 1
+                self._retry_at = time.monotonic() + delay
+                raise LinkUnavailable(f"agent {self.agent_id}: {err}") from err
+            self._failures = 0
+            self._token_expires = expires
+            self._ws = ws
+            self._reader = asyncio.create_task(self._read(ws), name=f"link {self.agent_id}")
+            return ws
+
+    async def _refresh_token_if_due(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        if time.time() < self._token_expires - TOKEN_REFRESH_MARGIN_SECONDS:
+            return
+        token, expires = self._token_source()
+        await ws.send_str(encode_frame(AuthFrame(token=token)))
+        self._token_expires = expires
+
+    async def _read(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        reason = "agent closed the connection"
+        try:
+            async for message in ws:
+                if message.type != aiohttp.WSMsgType.TEXT:
+                    if message.type == aiohttp.WSMsgType.ERROR:
+                        reason = f"socket error: {ws.exception()}"
+                        break
+                    continue
+                try:
+                    frame = parse_frame(
+                        message.data, origin="server", max_bytes=MAX_AGENT_FRAME_BYTES
+                    )
+                except FrameError as err:
+                    log.warning("bad frame from agent", agent_id=self.agent_id, error=str(err))
+                    continue
+                stream_id = getattr(frame, "id", None)
+                channel = self._channels.get(stream_id) if stream_id else None
+                if channel is None:
+                    if isinstance(frame, ErrorFrame) and frame.id is None:
+                        log.warning("agent error", agent_id=self.agent_id, message=frame.message)
+                    continue
+                channel.push(frame)
+                if channel.closed:
+                    self._channels.pop(stream_id or "", None)
+        finally:
+            if ws.close_code is not None:
+                reason = f"{reason} (code {ws.close_code})"
+            self._lose_all(reason)
+
+    def _lose_all(self, reason: str) -> None:
+        channels, self._channels = self._channels, {}
+        for channel in channels.values():
+            channel.push(LinkLost(reason))

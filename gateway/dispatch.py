@@ -1,0 +1,196 @@
+"""The gateway's view of the pool, and the per-model queue streams wait in for an agent.
+
+The view is refreshed from the registry in the background (at most every second, so a
+`draining` agent stops getting work within one); if DynamoDB is unreachable the gateway
+keeps routing on its last view and says so in `/readyz`. A stream that finds no agent with
+room waits in a bounded per-model queue, hearing its position, until an agent frees up or
+appears (scale-up, scale from zero) or its deadline passes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Collection
+from dataclasses import dataclass, field
+
+from gateway.router import Candidate, choose_agent
+from spotgate.logging import get_logger
+from spotgate.registry import AgentRecord, AgentState, Registry
+from spotgate.settings import QueueSettings
+
+STALE_AFTER_REFRESHES = 3
+
+log = get_logger(__name__)
+
+
+class UnknownModel(Exception):
+    """No agent serves the model and it is not configured to scale from zero."""
+
+
+class QueueFull(Exception):
+    """Too many streams already wait for this model."""
+
+
+class NoCapacity(Exception):
+    """No agent had room before the stream's deadline."""
+
+
+@dataclass(frozen=True, slots=True)
+class Queued:
+    """The stream waits; `position` 0 is next."""
+
+    position: int
+
+
+@dataclass
+class PoolView:
+    """Agents per model as last read from the registry."""
+
+    agents: dict[str, list[AgentRecord]] = field(default_factory=dict)
+    refreshed_at: float = 0.0
+    last_error: str | None = None
+
+    def replace(self, records: list[AgentRecord], now: float) -> None:
+        """Install a fresh read of the registry."""
+        by_model: dict[str, list[AgentRecord]] = {}
+        for record in records:
+            by_model.setdefault(record.model, []).append(record)
+        self.agents = by_model
+        self.refreshed_at = now
+        self.last_error = None
+
+    def ready_models(self) -> set[str]:
+        """Models with at least one ready agent."""
+        return {
+            model
+            for model, records in self.agents.items()
+            if any(r.state is AgentState.READY for r in records)
+        }
+
+    def record(self, agent_id: str) -> AgentRecord | None:
+        """The agent's last known entry."""
+        for records in self.agents.values():
+            for record in records:
+                if record.agent_id == agent_id:
+                    return record
+        return None
+
+
+class Dispatcher:
+    """Chooses agents for streams and queues the streams that must wait."""
+
+    def __init__(
+        self,
+        queue: QueueSettings,
+        scale_from_zero_models: Collection[str] = (),
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.view = PoolView()
+        self.outstanding: Counter[str] = Counter()
+        self._queue = queue
+        self._scalable = frozenset(scale_from_zero_models)
+        self._clock = clock
+        self._waiting: dict[str, list[object]] = {}
+        self._changed = asyncio.Event()
+
+    def pending(self) -> dict[str, int]:
+        """Streams waiting per model."""
+        return {model: len(waiters) for model, waiters in self._waiting.items() if waiters}
+
+    def notify(self) -> None:
+        """Capacity may have changed: let waiting streams look again."""
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def started(self, agent_id: str) -> None:
+        """A stream went to `agent_id`."""
+        self.outstanding[agent_id] += 1
+
+    def finished(self, agent_id: str) -> None:
+        """A stream on `agent_id` ended."""
+        self.outstanding[agent_id] -= 1
+        if self.outstanding[agent_id] <= 0:
+            del self.outstanding[agent_id]
+        self.notify()
+
+    def candidates(self, model: str) -> list[Candidate]:
+        """The model's agents with the gateway's own count of streams on them."""
+        return [
+            Candidate(
+                agent_id=record.agent_id,
+                state=record.state,
+                capacity=record.capacity,
+                outstanding=max(self.outstanding[record.agent_id], 0),
+                expires_at=record.expires_at,
+            )
+            for record in self.view.agents.get(model, [])
+        ]
+
+    def choose(self, model: str, session: str | None, exclude: Collection[str]) -> Candidate | None:
+        """An agent with room now, if any (routing on the view's own time)."""
+        return choose_agent(
+            self.candidates(model), now=self.view.refreshed_at, session=session, exclude=exclude
+        )
+
+    async def acquire(
+        self,
+        model: str,
+        *,
+        session: str | None,
+        exclude: Collection[str],
+        deadline: float,
+    ) -> AsyncIterator[Queued | Candidate]:
+        """Yield queue positions while waiting, then the chosen agent (last item)."""
+        chosen = self.choose(model, session, exclude)
+        if chosen is not None:
+            yield chosen
+            return
+        if model not in self.view.agents and model not in self._scalable:
+            raise UnknownModel(model)
+        waiters = self._waiting.setdefault(model, [])
+        if len(waiters) >= self._queue.max_pending_per_model:
+            raise QueueFull(model)
+        me = object()
+        waiters.append(me)
+        try:
+            position = -1
+            while True:
+                if waiters.index(me) != position:
+                    position = waiters.index(me)
+                    yield Queued(position)
+                changed = self._changed
+                remaining = deadline - self._clock()
+                if remaining <= 0:
+                    raise NoCapacity(model)
+                if position == 0:
+                    chosen = self.choose(model, session, exclude)
+                    if chosen is not None:
+                        break
+                try:
+                    await asyncio.wait_for(changed.wait(), remaining)
+                except TimeoutError:
+                    continue
+        finally:
+            waiters.remove(me)
+            self.notify()
+        yield chosen
+
+    async def refresh_forever(self, registry: Registry, interval_seconds: float) -> None:
+        """Keep the view current; on registry errors keep the last view and record why."""
+        while True:
+            try:
+                records = await registry.list_agents()
+                self.view.replace(records, self._clock())
+                self.notify()
+            except Exception as err:  # an outage must not stop routing on the last view
+                if self.view.last_error is None:
+                    log.warning("registry unreachable; routing on the last view", error=str(err))
+                self.view.last_error = str(err)
+            await asyncio.sleep(interval_seconds)
+
+    def view_is_stale(self, interval_seconds: float) -> bool:
+        """Whether the last successful refresh is several intervals old."""
+        age = self._clock() - self.view.refreshed_at
+        return age > STALE_AFTER_REFRESHES * max(interval_seconds, 1.0)

@@ -1,0 +1,107 @@
+"""OpenAI-compatible HTTP responses from a stream of protocol frames (gateway and agents).
+
+A service turns a request into a `generate` frame, runs it, and hands the frames here: they
+become one JSON completion, or Server-Sent Events ending in `data: [DONE]`. An error before
+the first token is a proper HTTP status (429 and 503 with `Retry-After`); an error after it
+is sent in-band, as vLLM does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import TypeVar
+
+from aiohttp import web
+from pydantic import BaseModel, ValidationError
+
+from spotgate.openai_api import (
+    SSE_DONE,
+    Kind,
+    chunk_event,
+    completion_body,
+    error_body,
+    openai_finish_reason,
+    sse_event,
+    usage_body,
+)
+from spotgate.protocol import AnyFrame, DeltaFrame, DoneFrame, ErrorCode, ErrorFrame
+from spotgate.wsserver import json_error
+
+RequestModel = TypeVar("RequestModel", bound=BaseModel)
+
+
+async def read_body(request: web.Request, model: type[RequestModel]) -> RequestModel | web.Response:
+    """The request body as `model`, or a 422 naming the first problem."""
+    try:
+        return model.model_validate_json(await request.read())
+    except ValidationError as err:
+        first = err.errors(include_url=False)[0]
+        where = ".".join(str(part) for part in first["loc"])
+        message = f"{where}: {first['msg']}" if where else str(first["msg"])
+        return json_error(ErrorCode.INVALID_REQUEST, message)
+
+
+async def queued_frames(queue: asyncio.Queue[AnyFrame]) -> AsyncIterator[AnyFrame]:
+    """Frames put on `queue` by a stream, up to its `done` or `error`."""
+    while True:
+        frame = await queue.get()
+        yield frame
+        if isinstance(frame, DoneFrame | ErrorFrame) and getattr(frame, "id", None) is not None:
+            return
+
+
+async def respond(
+    request: web.Request,
+    frames: AsyncIterator[AnyFrame],
+    *,
+    kind: Kind,
+    cid: str,
+    model: str,
+    stream: bool,
+    include_usage: bool,
+) -> web.StreamResponse:
+    """The OpenAI response for a stream's frames."""
+    if not stream:
+        return await _collect(frames, kind=kind, cid=cid, model=model)
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    started = False
+    async for frame in frames:
+        if isinstance(frame, ErrorFrame) and not started:
+            return json_error(frame.code, frame.message, frame.retry_after)
+        if not isinstance(frame, DeltaFrame | DoneFrame | ErrorFrame):
+            continue  # queued / start: nothing to show an OpenAI client
+        if not started:
+            await response.prepare(request)
+            await response.write(chunk_event(kind, cid, model, text="", first=True))
+            started = True
+        if isinstance(frame, DeltaFrame) and frame.text:
+            await response.write(chunk_event(kind, cid, model, text=frame.text))
+        elif isinstance(frame, ErrorFrame):
+            await response.write(sse_event(error_body(frame.code, frame.message)))
+        elif isinstance(frame, DoneFrame):
+            reason = openai_finish_reason(frame)
+            await response.write(chunk_event(kind, cid, model, finish_reason=reason))
+            if include_usage:
+                await response.write(chunk_event(kind, cid, model, usage=usage_body(frame)))
+    if not started:
+        return json_error(ErrorCode.INTERNAL, "stream ended without a result")
+    await response.write(SSE_DONE)
+    await response.write_eof()
+    return response
+
+
+async def _collect(
+    frames: AsyncIterator[AnyFrame], *, kind: Kind, cid: str, model: str
+) -> web.Response:
+    text: list[str] = []
+    async for frame in frames:
+        if isinstance(frame, DeltaFrame):
+            text.append(frame.text)
+        elif isinstance(frame, ErrorFrame):
+            return json_error(frame.code, frame.message, frame.retry_after)
+        elif isinstance(frame, DoneFrame):
+            return web.json_response(completion_body(kind, cid, model, "".join(text), frame))
+    return json_error(ErrorCode.INTERNAL, "stream ended without a result")

@@ -1,0 +1,214 @@
+"""The server side of a `spotgate.v1` websocket, shared by the gateway and the agents.
+
+One loop per socket: authentication (an `Authorization` header, or for browsers an `auth`
+frame within a few seconds), the socket limits of DESIGN.md §4 (frame size, heartbeat, idle
+timeout, streams per connection), ping/pong, token refresh, cancel, and a clear `error` frame
+for every bad input while the socket's other streams live on. What a stream *does* is the
+service's business: it hands in an `authenticate` and a `start` function.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from contextlib import suppress
+from dataclasses import dataclass
+from typing import Generic, Literal, Protocol, TypeVar
+
+from aiohttp import WSCloseCode, WSMsgType, web
+
+from spotgate.openai_api import ERROR_STATUS, error_body
+from spotgate.protocol import (
+    AnyFrame,
+    AuthFrame,
+    CancelFrame,
+    ErrorCode,
+    ErrorFrame,
+    FrameError,
+    GenerateFrame,
+    PingFrame,
+    PongFrame,
+    encode_frame,
+    parse_frame,
+)
+from spotgate.settings import SocketLimits
+
+Principal = TypeVar("Principal")
+Send = Callable[[AnyFrame], Awaitable[None]]
+
+
+class AuthRefused(Exception):
+    """A credential was refused; the message is safe to show the client."""
+
+
+class StreamControl(Protocol):
+    """A running stream as the socket loop needs it."""
+
+    task: asyncio.Task[None]
+
+    def end(self, reason: Literal["cancelled"]) -> None:
+        """Stop the stream early (`cancelled` by the client)."""
+        ...
+
+
+@dataclass
+class StreamHandlers(Generic[Principal]):
+    """What a service plugs into the socket loop."""
+
+    authenticate: Callable[[str], Awaitable[Principal]]
+    refusal: Callable[[GenerateFrame, Principal], tuple[ErrorCode, str] | None]
+    start: Callable[[GenerateFrame, Principal, Send], StreamControl]
+
+
+def bearer_token(request: web.Request) -> str | None:
+    """The credential of an `Authorization: Bearer …` header."""
+    scheme, _, credential = request.headers.get("Authorization", "").partition(" ")
+    return credential.strip() if scheme.lower() == "bearer" and credential.strip() else None
+
+
+def json_error(code: ErrorCode, message: str, retry_after: float | None = None) -> web.Response:
+    """An OpenAI-style error response, with `Retry-After` when there is a wait."""
+    status, _type = ERROR_STATUS[code]
+    headers = {"Retry-After": str(max(1, round(retry_after)))} if retry_after is not None else None
+    return web.json_response(error_body(code, message), status=status, headers=headers)
+
+
+async def serve_websocket(
+    request: web.Request,
+    handlers: StreamHandlers[Principal],
+    limits: SocketLimits,
+    *,
+    compress: bool = False,
+    sockets: set[web.WebSocketResponse] | None = None,
+) -> web.StreamResponse:
+    """Run one client socket until it closes."""
+    principal: Principal | None = None
+    token = bearer_token(request)
+    if token is not None:
+        try:
+            principal = await handlers.authenticate(token)
+        except AuthRefused as err:
+            return json_error(ErrorCode.UNAUTHORIZED, str(err))
+    ws = web.WebSocketResponse(
+        heartbeat=limits.heartbeat_seconds, max_msg_size=limits.max_frame_bytes, compress=compress
+    )
+    await ws.prepare(request)
+    if sockets is not None:
+        sockets.add(ws)
+    streams: dict[str, StreamControl] = {}
+
+    async def send(frame: AnyFrame) -> None:
+        if not ws.closed:
+            with suppress(ConnectionResetError):
+                await ws.send_str(encode_frame(frame))
+
+    try:
+        if principal is None:
+            principal = await _first_frame_auth(ws, handlers, limits.auth_timeout_seconds)
+            if principal is None:
+                return ws
+        while not ws.closed:
+            try:
+                message = await ws.receive(timeout=limits.idle_timeout_seconds)
+            except TimeoutError:
+                if streams:
+                    continue
+                await send(ErrorFrame(code=ErrorCode.TIMEOUT, message="idle timeout"))
+                break
+            if message.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED):
+                break
+            if message.type == WSMsgType.ERROR:
+                await send(ErrorFrame(code=ErrorCode.INVALID_REQUEST, message=str(ws.exception())))
+                break
+            if message.type != WSMsgType.TEXT:
+                await send(
+                    ErrorFrame(code=ErrorCode.INVALID_REQUEST, message="send JSON text frames")
+                )
+                continue
+            try:
+                frame = parse_frame(message.data, max_bytes=limits.max_frame_bytes)
+            except FrameError as err:
+                await send(err.frame())
+                continue
+            principal = await _handle(frame, principal, handlers, limits, streams, send)
+    finally:
+        for stream in list(streams.values()):
+            stream.end("cancelled")
+        if sockets is not None:
+            sockets.discard(ws)
+        if not ws.closed:
+            await ws.close()
+    return ws
+
+
+async def _first_frame_auth(
+    ws: web.WebSocketResponse, handlers: StreamHandlers[Principal], timeout_seconds: float
+) -> Principal | None:
+    """Browsers send `{"type":"auth","token":…}` first; anything else closes the socket."""
+    try:
+        message = await ws.receive(timeout=timeout_seconds)
+        frame = parse_frame(message.data) if message.type == WSMsgType.TEXT else None
+        if not isinstance(frame, AuthFrame):
+            raise AuthRefused("authenticate first: send an 'auth' frame")
+        return await handlers.authenticate(frame.token)
+    except TimeoutError:
+        message_text = "no 'auth' frame in time"
+    except (AuthRefused, FrameError) as err:
+        message_text = str(err)
+    await ws.send_str(encode_frame(ErrorFrame(code=ErrorCode.UNAUTHORIZED, message=message_text)))
+    await ws.close(code=WSCloseCode.POLICY_VIOLATION)
+    return None
+
+
+async def _handle(
+    frame: GenerateFrame | CancelFrame | AuthFrame | PingFrame,
+    principal: Principal,
+    handlers: StreamHandlers[Principal],
+    limits: SocketLimits,
+    streams: dict[str, StreamControl],
+    send: Send,
+) -> Principal:
+    """Act on one frame; returns the socket's principal (refreshed by an `auth` frame)."""
+    if isinstance(frame, PingFrame):
+        await send(PongFrame())
+    elif isinstance(frame, AuthFrame):
+        try:
+            principal = await handlers.authenticate(frame.token)
+        except AuthRefused as err:
+            await send(ErrorFrame(code=ErrorCode.UNAUTHORIZED, message=str(err)))
+    elif isinstance(frame, CancelFrame):
+        stream = streams.get(frame.id)
+        if stream is not None:
+            stream.end("cancelled")
+    else:
+        refusal = _refusal(frame, principal, handlers, limits, streams)
+        if refusal is not None:
+            await send(ErrorFrame(id=frame.id, code=refusal[0], message=refusal[1]))
+            return principal
+        stream = handlers.start(frame, principal, send)
+        streams[frame.id] = stream
+        stream_id = frame.id
+
+        def forget(_task: asyncio.Task[None]) -> None:
+            if streams.get(stream_id) is stream:
+                del streams[stream_id]
+
+        stream.task.add_done_callback(forget)
+    return principal
+
+
+def _refusal(
+    frame: GenerateFrame,
+    principal: Principal,
+    handlers: StreamHandlers[Principal],
+    limits: SocketLimits,
+    streams: dict[str, StreamControl],
+) -> tuple[ErrorCode, str] | None:
+    if frame.id in streams:
+        return ErrorCode.INVALID_REQUEST, f"stream id '{frame.id}' is already running"
+    if len(streams) >= limits.max_streams_per_connection:
+        return (
+            ErrorCode.RATE_LIMITED,
+            f"at most {limits.max_streams_per_connection} streams per connection",
+        )
+    return handlers.refusal(frame, principal)
