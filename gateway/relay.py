@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 
 from gateway.agent_link import AgentLink, LinkLost, LinkUnavailable
@@ -56,7 +56,7 @@ async def relay_stream(
     link_for: Callable[[str], AgentLink | None],
     deadline_seconds: float,
     outcome: RelayOutcome,
-) -> AsyncIterator[ClientFrame]:
+) -> AsyncGenerator[ClientFrame, None]:
     """Frames for the client, in its own stream id, from whichever agents serve it."""
     started = time.monotonic()
     ids: list[int] = []
@@ -189,6 +189,7 @@ async def relay_stream(
             else:
                 link.forget(agent_frame.id)
         if retry:
+            deadline = time.time() + deadline_seconds  # each placement gets its own wait
             log.info(
                 "resuming stream",
                 stream_id=frame.id,

@@ -357,8 +357,13 @@ def create_app(
             finally:
                 await _shut_down(runtime, owns_engine)
 
+    async def hand_back_and_close(app: web.Application) -> None:
+        # on_shutdown runs before aiohttp waits for open handlers: long-lived sockets must go now.
+        await _hand_back_streams(app[RUNTIME])
+
     app.cleanup_ctx.append(http_session)
     app.cleanup_ctx.append(runtime_ctx)
+    app.on_shutdown.append(hand_back_and_close)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
@@ -367,8 +372,8 @@ def create_app(
     return app
 
 
-async def _shut_down(runtime: AgentRuntime, owns_engine: bool) -> None:
-    """Hand back open streams, close sockets with GOING_AWAY, leave the registry."""
+async def _hand_back_streams(runtime: AgentRuntime) -> None:
+    """End open streams with `interrupted` and close sockets with GOING_AWAY."""
     for handle in list(runtime.streams.values()):
         handle.end("interrupted")
     for handle in list(runtime.streams.values()):
@@ -376,6 +381,11 @@ async def _shut_down(runtime: AgentRuntime, owns_engine: bool) -> None:
             await handle.task
     for ws in list(runtime.websockets):
         await ws.close(code=WSCloseCode.GOING_AWAY, message=b"agent shutting down")
+
+
+async def _shut_down(runtime: AgentRuntime, owns_engine: bool) -> None:
+    """Hand back what is left, stop background work, leave the registry."""
+    await _hand_back_streams(runtime)
     await runtime.stop_tasks()
     await runtime.leave()
     runtime.phase = "stopped"

@@ -543,6 +543,14 @@ class Registry:
             raise ApiKeyDisabled(f"API key {record.key_id} is disabled")
         return record
 
+    async def get_key(self, key_id: str) -> ApiKeyRecord | None:
+        """A key's settings by id (for holders of a token issued to it), or None."""
+        response = await self._client.get_item(
+            TableName=self._tables.keys, Key={"key_id": _encode(key_id)}
+        )
+        item = response.get("Item")
+        return _key_from_item(item) if item else None
+
     async def disable_key(self, key_id: str) -> None:
         """Disable a key at once; tokens it already obtained expire on their own (≤ 15 min)."""
         try:

@@ -127,17 +127,18 @@ async def start_agent(aws: AwsEmulator, ring: KeyRing, imds: Imds) -> AsyncItera
         **overrides: object,
     ) -> RunningAgent:
         port = free_port()
-        settings = AgentSettings(
-            shared=aws.settings(),
-            port=port,
-            pinned_public_key=ring.signing_key.verify_key.to_pem(),
-            token_issuer=ISSUER,
-            imds_url=imds.url,
-            imds_poll_seconds=0.2,
-            heartbeat_seconds=0.5,
-            agent_id=f"agent-{port}",
-            **overrides,  # type: ignore[arg-type]
-        )
+        values: dict[str, object] = {
+            "shared": aws.settings(),
+            "port": port,
+            "pinned_public_key": ring.signing_key.verify_key.to_pem(),
+            "token_issuer": ISSUER,
+            "imds_url": imds.url,
+            "imds_poll_seconds": 0.2,
+            "heartbeat_seconds": 0.5,
+            "agent_id": f"agent-{port}",
+            **overrides,
+        }
+        settings = AgentSettings.model_validate(values)
 
         async def given(_settings: AgentSettings) -> Engine:
             assert engine is not None

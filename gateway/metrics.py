@@ -1,0 +1,80 @@
+"""Prometheus metrics of one gateway (DESIGN.md §8: units in names)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+if TYPE_CHECKING:
+    from gateway.dispatch import PoolView
+    from gateway.relay import RelayOutcome
+
+LATENCY_BUCKETS_SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 120)
+
+
+@dataclass
+class GatewayMetrics:
+    """The gateway's counters, gauges and histograms."""
+
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+
+    def __post_init__(self) -> None:
+        r = self.registry
+        self.active_streams = Gauge(
+            "spotgate_gateway_active_streams", "streams being relayed", registry=r
+        )
+        self.tokens = Counter(
+            "spotgate_gateway_relayed_tokens_total", "completion tokens relayed", registry=r
+        )
+        self.ttft = Histogram(
+            "spotgate_gateway_ttft_seconds",
+            "time to first token, queueing included",
+            buckets=LATENCY_BUCKETS_SECONDS,
+            registry=r,
+        )
+        self.queue_time = Histogram(
+            "spotgate_gateway_queue_seconds",
+            "time waiting for an agent",
+            buckets=LATENCY_BUCKETS_SECONDS,
+            registry=r,
+        )
+        self.resumes = Counter(
+            "spotgate_gateway_resumes_total", "streams moved to another agent", registry=r
+        )
+        self.rejections = Counter(
+            "spotgate_gateway_rejections_total",
+            "refused requests by reason",
+            ["reason"],
+            registry=r,
+        )
+        self.agents = Gauge(
+            "spotgate_gateway_agents",
+            "agents in the registry view by state",
+            ["state"],
+            registry=r,
+        )
+        self.registry_up = Gauge(
+            "spotgate_gateway_registry_up", "1 while the registry answers", registry=r
+        )
+
+    def record(self, outcome: RelayOutcome) -> None:
+        """Account for a finished stream."""
+        self.queue_time.observe(outcome.queue_ms / 1000)
+        if outcome.ttft_ms is not None:
+            self.ttft.observe(outcome.ttft_ms / 1000)
+        if outcome.resumes:
+            self.resumes.inc(outcome.resumes)
+        if outcome.error is not None:
+            self.rejections.labels(reason=outcome.error.value).inc()
+
+    def observe_view(self, view: PoolView, registry_up: bool) -> None:
+        """Agents by state, and whether the registry answers."""
+        counts: dict[str, int] = {}
+        for records in view.agents.values():
+            for record in records:
+                counts[record.state.value] = counts.get(record.state.value, 0) + 1
+        for state in ("starting", "ready", "draining", "gone"):
+            self.agents.labels(state=state).set(counts.get(state, 0))
+        self.registry_up.set(1 if registry_up else 0)

@@ -1,0 +1,420 @@
+"""The gateway application: tokens, JWKS, websocket and OpenAI routes, health and metrics.
+
+`create_app(settings)` builds it; the HTTP session, registry, key ring, pool view refresh,
+agent links and demand publishing live in `cleanup_ctx`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing, suppress
+from dataclasses import dataclass, field
+
+import aiohttp
+from aiohttp import WSCloseCode, web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from gateway.agent_link import AgentLink
+from gateway.auth import Authenticator, Principal
+from gateway.dispatch import Dispatcher
+from gateway.metrics import GatewayMetrics
+from gateway.ratelimit import RateLimiter
+from gateway.relay import RelayOutcome, relay_stream
+from gateway.signing import load_key_ring
+from spotgate.logging import bound_context, get_logger
+from spotgate.openai_api import ChatCompletionRequest, CompletionRequest, completion_id
+from spotgate.openai_http import queued_frames, read_body, respond
+from spotgate.protocol import AnyFrame, DeltaFrame, ErrorCode, ErrorFrame, GenerateFrame
+from spotgate.registry import Registry
+from spotgate.settings import TOKEN_TTL_MAX_SECONDS, GatewaySettings
+from spotgate.tokens import KeyRing, issue
+from spotgate.wsserver import (
+    AuthRefused,
+    Send,
+    StreamHandlers,
+    bearer_token,
+    json_error,
+    serve_websocket,
+)
+
+MAX_HTTP_BODY_BYTES = 4 * 1024 * 1024
+GATEWAY_SUBJECT_PREFIX = "gateway:"
+
+log = get_logger(__name__)
+
+
+@dataclass(eq=False)
+class RelayHandle:
+    """A client stream relayed by this gateway."""
+
+    task: asyncio.Task[None]
+
+    def end(self, reason: str) -> None:
+        """Stop relaying (the client cancelled or went away)."""
+        self.task.cancel()
+
+
+@dataclass
+class GatewayState:
+    """What the gateway's handlers share."""
+
+    settings: GatewaySettings
+    registry: Registry
+    ring: KeyRing
+    authenticator: Authenticator
+    dispatcher: Dispatcher
+    session: aiohttp.ClientSession
+    gateway_id: str
+    public_url: str
+    metrics: GatewayMetrics = field(default_factory=GatewayMetrics)
+    limiter: RateLimiter = field(default_factory=RateLimiter)
+    links: dict[str, AgentLink] = field(default_factory=dict)
+    sockets: set[web.WebSocketResponse] = field(default_factory=set)
+    active_streams: int = 0
+
+    def agent_token(self) -> tuple[str, float]:
+        """A token the gateway presents to agents (refreshed on the link before it expires)."""
+        issued = issue(
+            self.ring,
+            subject=f"{GATEWAY_SUBJECT_PREFIX}{self.gateway_id}",
+            issuer=self.public_url,
+            now=time.time(),
+            ttl_seconds=TOKEN_TTL_MAX_SECONDS,
+        )
+        return issued.token, float(issued.expires_at)
+
+    def link_for(self, agent_id: str) -> AgentLink | None:
+        """The link to an agent in the view, opened lazily."""
+        link = self.links.get(agent_id)
+        if link is not None and not link.closed:
+            return link
+        record = self.dispatcher.view.record(agent_id)
+        if record is None:
+            return None
+        link = AgentLink(agent_id, record.url, self.session, self.agent_token)
+        self.links[agent_id] = link
+        return link
+
+    async def prune_links(self) -> None:
+        """Close links to agents that left the registry view and carry no stream."""
+        for agent_id, link in list(self.links.items()):
+            if self.dispatcher.view.record(agent_id) is None and link.open_streams == 0:
+                del self.links[agent_id]
+                await link.close()
+
+
+STATE = web.AppKey("state", GatewayState)
+
+
+def _refusal(
+    state: GatewayState, frame: GenerateFrame, principal: Principal
+) -> tuple[ErrorCode, str] | None:
+    if principal.expires_at is not None and principal.expires_at <= time.time():
+        return ErrorCode.UNAUTHORIZED, "token expired; send an 'auth' frame with a fresh one"
+    if not principal.allows_model(frame.model):
+        return ErrorCode.FORBIDDEN, f"this key may not use model '{frame.model}'"
+    if principal.max_tokens is not None and frame.max_tokens > principal.max_tokens:
+        return (
+            ErrorCode.INVALID_REQUEST,
+            f"max_tokens {frame.max_tokens} exceeds this key's limit of {principal.max_tokens}",
+        )
+    limits = state.settings.limits
+    if frame.prompt_chars() > limits.max_prompt_chars:
+        return (
+            ErrorCode.INVALID_REQUEST,
+            f"prompt of {frame.prompt_chars()} characters exceeds the limit of "
+            f"{limits.max_prompt_chars}",
+        )
+    if frame.resume is not None:
+        return ErrorCode.INVALID_REQUEST, "'resume' is set by the gateway, not by clients"
+    return None
+
+
+def start_stream(
+    state: GatewayState, frame: GenerateFrame, principal: Principal, send: Send
+) -> RelayHandle:
+    """Admit a stream against its key's limits and relay it; frames go to `send`."""
+
+    async def run() -> None:
+        decision = state.limiter.admit(principal.key_id, principal.limits, time.time())
+        if not decision.admitted:
+            state.metrics.rejections.labels(reason="rate_limited").inc()
+            await send(
+                ErrorFrame(
+                    id=frame.id,
+                    code=ErrorCode.RATE_LIMITED,
+                    message=decision.reason,
+                    retry_after=decision.retry_after,
+                )
+            )
+            return
+        outcome = RelayOutcome()
+        state.active_streams += 1
+        state.metrics.active_streams.inc()
+        try:
+            with bound_context(stream_id=frame.id, key_id=principal.key_id):
+                frames = relay_stream(
+                    frame,
+                    dispatcher=state.dispatcher,
+                    link_for=state.link_for,
+                    deadline_seconds=state.settings.queue.deadline_seconds,
+                    outcome=outcome,
+                )
+                async with aclosing(frames) as relayed:
+                    async for out in relayed:
+                        if isinstance(out, DeltaFrame):
+                            state.metrics.tokens.inc(out.n)
+                        await send(out)
+        finally:
+            state.active_streams -= 1
+            state.metrics.active_streams.dec()
+            used = outcome.prompt_tokens + outcome.completion_tokens
+            state.limiter.finish(principal.key_id, used, time.time())
+            state.metrics.record(outcome)
+
+    return RelayHandle(asyncio.create_task(run(), name=f"relay {frame.id}"))
+
+
+# --- routes -----------------------------------------------------------------------------------
+
+
+async def _principal(request: web.Request) -> Principal | web.Response:
+    credential = bearer_token(request)
+    if credential is None:
+        return json_error(ErrorCode.UNAUTHORIZED, "missing 'Authorization: Bearer <key>'")
+    try:
+        return await request.app[STATE].authenticator.authenticate(credential)
+    except AuthRefused as err:
+        request.app[STATE].metrics.rejections.labels(reason="unauthorized").inc()
+        return json_error(ErrorCode.UNAUTHORIZED, str(err))
+
+
+async def token(request: web.Request) -> web.Response:
+    """`POST /v1/token`: trade an API key for a short-lived token."""
+    state = request.app[STATE]
+    credential = bearer_token(request)
+    if credential is None:
+        return json_error(ErrorCode.UNAUTHORIZED, "missing 'Authorization: Bearer sg-…'")
+    try:
+        record = await state.authenticator.api_key(credential)
+    except AuthRefused as err:
+        state.metrics.rejections.labels(reason="unauthorized").inc()
+        return json_error(ErrorCode.UNAUTHORIZED, str(err))
+    issued = issue(
+        state.ring,
+        subject=record.key_id,
+        issuer=state.public_url,
+        now=time.time(),
+        ttl_seconds=state.settings.token.ttl_seconds,
+        models=sorted(record.models) or None,
+        max_tokens=record.max_tokens,
+    )
+    ws_url = state.public_url.replace("http", "ws", 1) + "/v1/ws"
+    return web.json_response(
+        {"token": issued.token, "expires_at": issued.expires_at, "ws_url": ws_url}
+    )
+
+
+async def jwks(request: web.Request) -> web.Response:
+    """`GET /.well-known/jwks.json`: the public keys agents verify tokens with."""
+    return web.json_response(
+        request.app[STATE].ring.jwks(), headers={"Cache-Control": "public, max-age=60"}
+    )
+
+
+async def models(request: web.Request) -> web.Response:
+    """`GET /v1/models`: models with ready agents, and those that can scale from zero."""
+    state = request.app[STATE]
+    names = sorted(state.dispatcher.view.ready_models() | set(state.settings.models))
+    data = [{"id": name, "object": "model", "owned_by": "spotgate", "created": 0} for name in names]
+    return web.json_response({"object": "list", "data": data})
+
+
+async def websocket(request: web.Request) -> web.StreamResponse:
+    """`GET /v1/ws`: the wire protocol, many streams per socket."""
+    state = request.app[STATE]
+    handlers = StreamHandlers[Principal](
+        authenticate=state.authenticator.authenticate,
+        refusal=lambda frame, principal: _refusal(state, frame, principal),
+        start=lambda frame, principal, send: start_stream(state, frame, principal, send),
+    )
+    return await serve_websocket(
+        request,
+        handlers,
+        state.settings.limits,
+        compress=state.settings.compress,
+        sockets=state.sockets,
+    )
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    """`POST /v1/chat/completions` (SSE when `stream` is true)."""
+    return await _openai(request, ChatCompletionRequest, "chat")
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    """`POST /v1/completions` (SSE when `stream` is true)."""
+    return await _openai(request, CompletionRequest, "text")
+
+
+async def _openai(
+    request: web.Request,
+    model: type[ChatCompletionRequest] | type[CompletionRequest],
+    kind: str,
+) -> web.StreamResponse:
+    state = request.app[STATE]
+    principal = await _principal(request)
+    if isinstance(principal, web.Response):
+        return principal
+    body = await read_body(request, model)
+    if isinstance(body, web.Response):
+        return body
+    cid = completion_id("chat" if kind == "chat" else "text")
+    frame = body.to_generate_frame(cid, session=request.headers.get("X-Session-Id"))
+    refusal = _refusal(state, frame, principal)
+    if refusal is not None:
+        return json_error(*refusal)
+    queue: asyncio.Queue[AnyFrame] = asyncio.Queue()
+    handle = start_stream(state, frame, principal, queue.put)
+    try:
+        return await respond(
+            request,
+            queued_frames(queue),
+            kind="chat" if kind == "chat" else "text",
+            cid=cid,
+            model=body.model,
+            stream=body.stream,
+            include_usage=body.include_usage,
+        )
+    finally:
+        handle.end("cancelled")
+
+
+async def healthz(_request: web.Request) -> web.Response:
+    """Liveness."""
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    """Readiness: the registry view is current (or stale, still routing on the last one)."""
+    state = request.app[STATE]
+    dispatcher = state.dispatcher
+    stale = dispatcher.view_is_stale(state.settings.registry_refresh_seconds)
+    body = {
+        "status": "degraded" if stale else "ready",
+        "registry": "unreachable" if dispatcher.view.last_error else "ok",
+        "registry_error": dispatcher.view.last_error,
+        "view_age_seconds": round(time.time() - dispatcher.view.refreshed_at, 3),
+        "models": sorted(dispatcher.view.ready_models()),
+        "active_streams": state.active_streams,
+        "pending": dispatcher.pending(),
+    }
+    never_refreshed = dispatcher.view.refreshed_at == 0.0
+    return web.json_response(body, status=503 if never_refreshed else 200)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    """Prometheus text exposition."""
+    state = request.app[STATE]
+    state.metrics.observe_view(state.dispatcher.view, state.dispatcher.view.last_error is None)
+    return web.Response(
+        body=generate_latest(state.metrics.registry),
+        headers={"Content-Type": CONTENT_TYPE_LATEST},
+    )
+
+
+# --- app --------------------------------------------------------------------------------------
+
+
+def public_url(settings: GatewaySettings) -> str:
+    """The gateway's own URL: the token issuer and the base of `ws_url`."""
+    return (settings.public_url or f"http://{settings.host}:{settings.port}").rstrip("/")
+
+
+async def _publish_demand(state: GatewayState) -> None:
+    while True:
+        await asyncio.sleep(state.settings.demand_publish_seconds)
+        pending = state.dispatcher.pending()
+        active: dict[str, int] = {}
+        for records in state.dispatcher.view.agents.values():
+            for record in records:
+                count = state.dispatcher.outstanding.get(record.agent_id, 0)
+                active[record.model] = active.get(record.model, 0) + count
+        for model in set(pending) | set(active) | set(state.settings.models):
+            try:
+                await state.registry.publish_demand(
+                    model,
+                    state.gateway_id,
+                    pending=pending.get(model, 0),
+                    active=active.get(model, 0),
+                )
+            except Exception as err:  # demand is advisory; routing goes on
+                log.warning("demand publish failed", error=str(err))
+        await state.prune_links()
+
+
+async def _close_sockets(state: GatewayState) -> None:
+    for ws in list(state.sockets):
+        await ws.close(code=WSCloseCode.GOING_AWAY, message=b"gateway shutting down")
+
+
+def create_app(settings: GatewaySettings) -> web.Application:
+    """The gateway application."""
+    app = web.Application(client_max_size=MAX_HTTP_BODY_BYTES)
+
+    async def resources(app: web.Application) -> AsyncIterator[None]:
+        connector = aiohttp.TCPConnector(limit=settings.agent_connection_limit)
+        async with (
+            aiohttp.ClientSession(connector=connector) as session,
+            Registry.open(settings.shared) as registry,
+        ):
+            ring = await load_key_ring(settings)
+            url = public_url(settings)
+            state = GatewayState(
+                settings=settings,
+                registry=registry,
+                ring=ring,
+                authenticator=Authenticator(registry, ring, url, settings.token.leeway_seconds),
+                dispatcher=Dispatcher(settings.queue, settings.models),
+                session=session,
+                gateway_id=settings.gateway_id or f"gw-{secrets.token_hex(4)}",
+                public_url=url,
+            )
+            app[STATE] = state
+            tasks = [
+                asyncio.create_task(
+                    state.dispatcher.refresh_forever(registry, settings.registry_refresh_seconds),
+                    name="registry-view",
+                ),
+                asyncio.create_task(_publish_demand(state), name="demand"),
+            ]
+            try:
+                yield
+            finally:
+                await _close_sockets(state)
+                for task in tasks:
+                    task.cancel()
+                    with suppress(asyncio.CancelledError):
+                        await task
+                for link in list(state.links.values()):
+                    await link.close()
+
+    async def close_sockets(app: web.Application) -> None:
+        # on_shutdown runs before aiohttp waits for open handlers: long-lived sockets must go now.
+        await _close_sockets(app[STATE])
+
+    app.cleanup_ctx.append(resources)
+    app.on_shutdown.append(close_sockets)
+    app.router.add_post("/v1/token", token)
+    app.router.add_get("/.well-known/jwks.json", jwks)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/v1/ws", websocket)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    return app

@@ -1,0 +1,172 @@
+"""A gateway on loopback in front of synthetic agents (in-process, or as real processes)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+
+import pytest
+from aiohttp import web
+from pydantic import SecretStr
+
+from gateway.server import STATE, GatewayState, create_app
+from spotgate.emulator import AwsEmulator
+from spotgate.registry import AgentState, CreatedApiKey, Registry
+from spotgate.settings import GatewaySettings, QueueSettings, SyntheticSettings, TokenSettings
+from spotgate.tokens import SigningKey
+from tests.gpu_agent.conftest import (  # the agent fixtures, shared with this suite
+    AgentFactory,
+    RunningAgent,
+    free_port,
+    imds,  # noqa: F401
+    ring,  # noqa: F401
+    start_agent,  # noqa: F401
+    wait_for,
+    wait_ready,
+)
+
+MODEL = "synth"
+
+
+@dataclass
+class Gateway:
+    url: str
+    app: web.Application
+    signing_key: SigningKey
+
+    @property
+    def state(self) -> GatewayState:
+        return self.app[STATE]
+
+    @property
+    def ws_url(self) -> str:
+        return self.url.replace("http://", "ws://") + "/v1/ws"
+
+
+@pytest.fixture
+def gateway_key() -> SigningKey:
+    return SigningKey.generate()
+
+
+@pytest.fixture
+async def gateway(aws: AwsEmulator, gateway_key: SigningKey) -> AsyncIterator[Gateway]:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    settings = GatewaySettings(
+        shared=aws.settings(),
+        port=port,
+        public_url=url,
+        token=TokenSettings(signing_key_pem=SecretStr(gateway_key.to_pem())),
+        queue=QueueSettings(max_pending_per_model=4, deadline_seconds=5.0),
+        registry_refresh_seconds=0.2,
+        demand_publish_seconds=0.5,
+        models=("scalable",),
+    )
+    async with Registry.open(aws.settings()) as registry:
+        await registry.create_tables()
+    runner = web.AppRunner(create_app(settings))
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    yield Gateway(url, runner.app, gateway_key)
+    await runner.cleanup()
+
+
+@pytest.fixture
+async def api_key(aws: AwsEmulator) -> CreatedApiKey:
+    async with Registry.open(aws.settings()) as registry:
+        return await registry.create_key("test")
+
+
+GatewayAgentFactory = Callable[..., Awaitable[RunningAgent]]
+
+
+@pytest.fixture
+def gateway_agent(start_agent: AgentFactory, gateway: Gateway) -> GatewayAgentFactory:
+    """Start an in-process synthetic agent that trusts the gateway, and wait until routable."""
+
+    async def start(
+        tokens_per_second: float = 200.0, model: str = MODEL, **overrides: object
+    ) -> RunningAgent:
+        from gpu_agent.synthetic_engine import SyntheticEngine
+        from spotgate.settings import AgentSettings
+
+        engine = SyntheticEngine(
+            AgentSettings(
+                engine="synthetic",
+                served_model_name=model,
+                synthetic=SyntheticSettings(ttft_seconds=0.01, tokens_per_second=tokens_per_second),
+            )
+        )
+        agent = await wait_ready(
+            await start_agent(
+                engine,
+                pinned_public_key=gateway.signing_key.verify_key.to_pem(),
+                token_issuer=gateway.url,
+                **overrides,
+            )
+        )
+        agent_id = agent.runtime.identity.agent_id  # type: ignore[union-attr]
+
+        async def routable() -> bool:
+            record = gateway.state.dispatcher.view.record(agent_id)
+            return record is not None and record.state is AgentState.READY
+
+        await wait_for(routable, within=10)
+        return agent
+
+    return start
+
+
+@dataclass
+class AgentProcess:
+    agent_id: str
+    process: subprocess.Popen[bytes]
+
+
+@pytest.fixture
+def agent_processes(
+    aws: AwsEmulator, gateway: Gateway
+) -> Iterator[Callable[[int, float], list[AgentProcess]]]:
+    """Synthetic agents as real processes (so they can be killed with SIGKILL)."""
+    started: list[AgentProcess] = []
+
+    def start(count: int, tokens_per_second: float) -> list[AgentProcess]:
+        batch = []
+        for _ in range(count):
+            port = free_port()
+            agent_id = f"proc-{port}"
+            env = {
+                **os.environ,
+                "SPOTGATE_AWS__ENDPOINT_URL": aws.url,
+                "SPOTGATE_AWS__ACCESS_KEY_ID": "local",
+                "SPOTGATE_AWS__SECRET_ACCESS_KEY": "local",
+                "SPOTGATE_LOG_LEVEL": "warning",
+                "SPOTGATE_AGENT_ENGINE": "synthetic",
+                "SPOTGATE_AGENT_SERVED_MODEL_NAME": MODEL,
+                "SPOTGATE_AGENT_AGENT_ID": agent_id,
+                "SPOTGATE_AGENT_PORT": str(port),
+                "SPOTGATE_AGENT_PINNED_PUBLIC_KEY": gateway.signing_key.verify_key.to_pem(),
+                "SPOTGATE_AGENT_TOKEN_ISSUER": gateway.url,
+                "SPOTGATE_AGENT_IMDS_URL": "http://127.0.0.1:9",
+                "SPOTGATE_AGENT_HEARTBEAT_SECONDS": "1",
+                "SPOTGATE_AGENT_SYNTHETIC__TOKENS_PER_SECOND": str(tokens_per_second),
+                "SPOTGATE_AGENT_SYNTHETIC__TTFT_SECONDS": "0.01",
+            }
+            process = subprocess.Popen(
+                [sys.executable, "-m", "spotgate.cli", "agent"],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            batch.append(AgentProcess(agent_id, process))
+        started.extend(batch)
+        return batch
+
+    yield start
+    for agent in started:
+        if agent.process.poll() is None:
+            agent.process.kill()
+        agent.process.wait()

@@ -1,0 +1,307 @@
+"""The gateway end to end: real agents (synthetic engine), real clients, real moto server."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+
+import aiohttp
+import openai
+import pytest
+
+from gpu_agent.synthetic_engine import SYNTHETIC_WORDS, prompt_seed, synthetic_token
+from spotgate.emulator import AwsEmulator
+from spotgate.registry import AgentState, CreatedApiKey, Registry
+from spotgate.tokens import KeyRing, verify
+from tests.gateway.conftest import MODEL, AgentProcess, Gateway, GatewayAgentFactory
+from tests.gpu_agent.conftest import Imds, wait_for
+from tests.gpu_agent.wsclient import connect, generate, receive, run_streams, send, text_of
+
+
+def expected_text(content: str, max_tokens: int) -> str:
+    """What the synthetic engine says to a one-message chat, uninterrupted."""
+    transcript = f"<user>{content}<assistant>"
+    seed = prompt_seed(list(transcript.encode()))
+    return "".join(f"{SYNTHETIC_WORDS[synthetic_token(seed, n)]} " for n in range(max_tokens))
+
+
+async def test_api_key_buys_a_token_that_agents_can_verify(
+    gateway: Gateway, api_key: CreatedApiKey
+) -> None:
+    async with aiohttp.ClientSession() as http:
+        async with http.post(
+            f"{gateway.url}/v1/token", headers={"Authorization": f"Bearer {api_key.api_key}"}
+        ) as response:
+            assert response.status == 200
+            body = await response.json()
+        async with http.get(f"{gateway.url}/.well-known/jwks.json") as response:
+            published = KeyRing.from_jwks(await response.json())
+        async with http.post(
+            f"{gateway.url}/v1/token", headers={"Authorization": "Bearer sg-000000000000-nope"}
+        ) as response:
+            assert response.status == 401
+            assert (await response.json())["error"]["code"] == "unauthorized"
+
+    claims = verify(published, body["token"], issuer=gateway.url, now=time.time())
+    assert claims.sub == api_key.record.key_id
+    assert body["ws_url"] == gateway.ws_url
+    assert body["expires_at"] == claims.exp
+
+
+async def test_openai_sdk_through_the_gateway(
+    gateway: Gateway, gateway_agent: GatewayAgentFactory, api_key: CreatedApiKey
+) -> None:
+    await gateway_agent()
+    client = openai.AsyncOpenAI(
+        base_url=f"{gateway.url}/v1", api_key=api_key.api_key, max_retries=0
+    )
+    messages = [{"role": "user", "content": "hello"}]
+
+    whole = await client.chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        max_tokens=12,  # type: ignore[arg-type]
+    )
+    stream = await client.chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        max_tokens=12,
+        stream=True,  # type: ignore[arg-type]
+        stream_options={"include_usage": True},
+    )
+    chunks = [chunk async for chunk in stream]
+    text = await client.completions.create(model=MODEL, prompt="hello", max_tokens=5)
+    listed = await client.models.list()
+
+    assert whole.choices[0].message.content == expected_text("hello", 12)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == (
+        expected_text("hello", 12)
+    )
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == 12
+    assert len((text.choices[0].text or "").split()) == 5
+    assert {model.id for model in listed.data} == {MODEL, "scalable"}
+    with pytest.raises(openai.AuthenticationError):
+        await openai.AsyncOpenAI(
+            base_url=f"{gateway.url}/v1",
+            api_key="sg-000000000000-wrongwrongwrongwrong",
+            max_retries=0,
+        ).chat.completions.create(model=MODEL, messages=messages)  # type: ignore[arg-type]
+
+
+async def test_websocket_through_the_gateway_with_key_or_token(
+    gateway: Gateway, gateway_agent: GatewayAgentFactory, api_key: CreatedApiKey
+) -> None:
+    agent = await gateway_agent()
+    async with connect(gateway.ws_url, api_key.api_key) as ws:
+        frames = (await run_streams(ws, generate("a", MODEL, content="hi", max_tokens=20)))["a"]
+    assert frames[0] == {
+        "type": "start",
+        "id": "a",
+        "engine": "synthetic",
+        "agent": agent.runtime.identity.agent_id,
+    }  # type: ignore[union-attr]
+    assert text_of(frames) == expected_text("hi", 20)
+    assert frames[-1]["usage"]["completion_tokens"] == 20
+
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            f"{gateway.url}/v1/token", headers={"Authorization": f"Bearer {api_key.api_key}"}
+        ) as response,
+    ):
+        token = (await response.json())["token"]
+    async with connect(gateway.ws_url, None) as ws:  # a browser: first-frame auth
+        await send(ws, {"type": "auth", "token": token})
+        frames = (await run_streams(ws, generate("b", MODEL, content="hi", max_tokens=20)))["b"]
+    assert text_of(frames) == expected_text("hi", 20)
+
+
+async def test_draining_agents_get_nothing_and_sessions_stick(
+    gateway: Gateway,
+    gateway_agent: GatewayAgentFactory,
+    api_key: CreatedApiKey,
+    aws: AwsEmulator,
+) -> None:
+    first, second = await gateway_agent(), await gateway_agent()
+    async with connect(gateway.ws_url, api_key.api_key) as ws:
+        sticky = [
+            (await run_streams(ws, generate(f"s{n}", MODEL, max_tokens=2, session="chat-7")))[
+                f"s{n}"
+            ][0]["agent"]
+            for n in range(5)
+        ]
+        assert len(set(sticky)) == 1
+        drained = sticky[0]
+        async with Registry.open(aws.settings()) as registry:
+            await registry.set_draining(drained, deadline=time.time() + 120)
+
+        async def out_of_view() -> bool:
+            record = gateway.state.dispatcher.view.record(drained)
+            return record is not None and record.state is AgentState.DRAINING
+
+        await wait_for(out_of_view, within=2)
+        after = [
+            (await run_streams(ws, generate(f"t{n}", MODEL, max_tokens=2, session="chat-7")))[
+                f"t{n}"
+            ][0]["agent"]
+            for n in range(5)
+        ]
+    assert drained not in after
+    assert {first.runtime.identity.agent_id, second.runtime.identity.agent_id} >= set(after)  # type: ignore[union-attr]
+
+
+async def test_kill_9_of_the_serving_agent_loses_nothing(
+    gateway: Gateway,
+    agent_processes,
+    api_key: CreatedApiKey,  # type: ignore[no-untyped-def]
+) -> None:
+    agents: list[AgentProcess] = agent_processes(2, 40.0)
+
+    async def both_routable() -> bool:
+        view = gateway.state.dispatcher.view
+        return all(view.record(a.agent_id) is not None for a in agents)
+
+    await wait_for(both_routable, within=60)
+    async with connect(gateway.ws_url, api_key.api_key) as ws:
+        await send(ws, generate("s", MODEL, content="keep going", max_tokens=80))
+        start = await receive(ws)
+        frames = [start]
+        while sum(f.get("n", 0) for f in frames) < 10:
+            frames.append(await receive(ws))
+        victim = next(a for a in agents if a.agent_id == start["agent"])
+        victim.process.send_signal(signal.SIGKILL)
+        while frames[-1]["type"] not in ("done", "error"):
+            frames.append(await receive(ws))
+
+    done = frames[-1]
+    assert done["type"] == "done", done
+    assert text_of(frames) == expected_text("keep going", 80)
+    assert sum(f["n"] for f in frames if f["type"] == "delta") == 80
+    assert done["usage"]["completion_tokens"] == 80
+    starts = [f["agent"] for f in frames if f["type"] == "start"]
+    assert starts[0] == victim.agent_id
+    assert starts[-1] != victim.agent_id  # moved, and the client was told
+
+
+async def test_spot_notice_moves_the_stream_exactly(
+    gateway: Gateway, gateway_agent: GatewayAgentFactory, api_key: CreatedApiKey, imds: Imds
+) -> None:
+    slow = await gateway_agent(tokens_per_second=40.0)
+    async with connect(gateway.ws_url, api_key.api_key) as ws:
+        await send(ws, generate("s", MODEL, content="drain me", max_tokens=120))
+        frames = [await receive(ws)]
+        assert frames[0]["agent"] == slow.runtime.identity.agent_id  # type: ignore[union-attr]
+        # Somewhere to move to, outside the emulated instance that gets the notice.
+        await gateway_agent(tokens_per_second=40.0, imds_url="http://127.0.0.1:9")
+        # 16 s to the deadline, 15 s margin: the long stream is handed back at once.
+        notice = {"in_seconds": 16}
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(f"{imds.url}/_emulator/spot-notice", json=notice),
+        ):
+            pass
+        while frames[-1]["type"] not in ("done", "error"):
+            frames.append(await receive(ws))
+
+    assert frames[-1]["type"] == "done", frames[-1]
+    assert text_of(frames) == expected_text("drain me", 120)
+    assert frames[-1]["usage"]["completion_tokens"] == 120
+    assert len({f["agent"] for f in frames if f["type"] == "start"}) == 2
+
+
+async def test_scale_from_zero_queues_then_serves(
+    gateway: Gateway, gateway_agent: GatewayAgentFactory, api_key: CreatedApiKey
+) -> None:
+    async with connect(gateway.ws_url, api_key.api_key) as ws:
+        await send(ws, generate("q", "scalable", content="wait", max_tokens=5))
+        assert await receive(ws) == {"type": "queued", "id": "q", "position": 0}
+
+        async def demand_published() -> bool:
+            async with Registry.open(gateway.state.settings.shared) as registry:
+                demand = await registry.read_demand()
+            return demand.get("scalable") is not None and demand["scalable"].pending == 1
+
+        await wait_for(demand_published, within=5)
+        await gateway_agent(model="scalable")
+        frames = [await receive(ws)]
+        while frames[-1]["type"] not in ("done", "error"):
+            frames.append(await receive(ws))
+    assert frames[0]["type"] == "start"
+    assert frames[-1]["type"] == "done"
+    assert frames[-1]["timings"]["queue_ms"] > 0
+
+
+async def test_no_capacity_unknown_models_and_full_queues_are_clear_errors(
+    gateway: Gateway, api_key: CreatedApiKey
+) -> None:
+    async with connect(gateway.ws_url, api_key.api_key) as ws:
+        unknown = (await run_streams(ws, generate("u", "no-such-model")))["u"][-1]
+        assert unknown["code"] == "invalid_request"
+        frames = (await run_streams(ws, generate("n", "scalable")))["n"]
+        assert frames[0]["type"] == "queued"
+        assert frames[-1]["code"] == "no_capacity"  # nothing came within the 5 s deadline
+        assert frames[-1]["retry_after"] > 0
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            f"{gateway.url}/v1/chat/completions",
+            headers={"Authorization": f"Bearer {api_key.api_key}"},
+            json={"model": "no-such-model", "messages": [{"role": "user", "content": "x"}]},
+        ) as response,
+    ):
+        assert response.status == 422
+
+
+async def test_rate_limits_answer_429_with_retry_after(
+    gateway: Gateway, gateway_agent: GatewayAgentFactory, aws: AwsEmulator
+) -> None:
+    await gateway_agent()
+    async with Registry.open(aws.settings()) as registry:
+        limited = await registry.create_key("limited", rpm=1)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
+    headers = {"Authorization": f"Bearer {limited.api_key}"}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(
+            f"{gateway.url}/v1/chat/completions", json=body, headers=headers
+        ) as response:
+            assert response.status == 200
+        async with http.post(
+            f"{gateway.url}/v1/chat/completions", json=body, headers=headers
+        ) as response:
+            assert response.status == 429
+            assert int(response.headers["Retry-After"]) >= 1
+            assert (await response.json())["error"]["code"] == "rate_limited"
+    async with connect(gateway.ws_url, limited.api_key) as ws:
+        error = (await run_streams(ws, generate("r", MODEL)))["r"][-1]
+    assert error["code"] == "rate_limited"
+    assert error["retry_after"] > 0
+
+
+async def test_registry_outage_keeps_streams_flowing_on_the_cached_view(
+    gateway: Gateway,
+    gateway_agent: GatewayAgentFactory,
+    api_key: CreatedApiKey,
+    aws: AwsEmulator,
+) -> None:
+    await gateway_agent()
+    async with connect(gateway.ws_url, api_key.api_key) as ws:
+        assert (await run_streams(ws, generate("a", MODEL, max_tokens=3)))["a"][-1][
+            "type"
+        ] == "done"
+        aws.stop()
+        try:
+
+            async def noticed() -> bool:
+                return gateway.state.dispatcher.view.last_error is not None
+
+            await wait_for(noticed, within=10)
+            frames = (await run_streams(ws, generate("b", MODEL, content="hi", max_tokens=8)))["b"]
+            async with aiohttp.ClientSession() as http, http.get(f"{gateway.url}/readyz") as r:
+                ready = await r.json()
+        finally:
+            aws.start()
+    assert text_of(frames) == expected_text("hi", 8)
+    assert ready["registry"] == "unreachable"
+    await asyncio.sleep(0)
