@@ -18,7 +18,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from pydantic import ValidationError
 
 from spotgate import __version__
-from spotgate.localstack import UpOptions, find_local_stack, run_up
+from spotgate.localstack import UpFailed, UpOptions, find_local_stack, run_up
 from spotgate.registry import (
     ApiKeyNotFound,
     ApiKeyRecord,
@@ -148,7 +148,12 @@ def _run_async(handler: Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
 
 def _up(args: argparse.Namespace) -> int:
     options = UpOptions(port=args.port, agents=args.agents, engine=args.engine, model=args.model)
-    return asyncio.run(run_up(Path.cwd(), options, announce=lambda line: print(line, flush=True)))
+    try:
+        return asyncio.run(
+            run_up(Path.cwd(), options, announce=lambda line: print(line, flush=True))
+        )
+    except UpFailed as err:
+        raise CommandError(str(err)) from err
 
 
 # --- agent ---------------------------------------------------------------------------------
@@ -166,6 +171,17 @@ def _agent(_args: argparse.Namespace) -> int:
         asyncio.run(serve_agent(settings))
     except AgentConfigError as err:
         raise CommandError(str(err)) from err
+    return 0
+
+
+def _gateway(_args: argparse.Namespace) -> int:
+    from gateway.service import serve_gateway
+    from spotgate.logging import configure_logging
+    from spotgate.settings import GatewaySettings
+
+    settings = GatewaySettings()
+    configure_logging(settings.shared.log_level, settings.shared.log_format)
+    asyncio.run(serve_gateway(settings))
     return 0
 
 
@@ -195,7 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.set_defaults(handler=_up)
 
     gateway = commands.add_parser("gateway", help="run the gateway from the environment")
-    gateway.set_defaults(handler=_not_built("gateway"))
+    gateway.set_defaults(handler=_gateway)
     agent = commands.add_parser("agent", help="run a GPU agent from the environment")
     agent.set_defaults(handler=_agent)
 

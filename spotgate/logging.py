@@ -127,8 +127,12 @@ def configure_logging(
 
 
 def get_logger(name: str, **initial: Any) -> structlog.stdlib.BoundLogger:
-    """Return a structlog logger named `name`, with `initial` fields bound."""
-    logger: structlog.stdlib.BoundLogger = structlog.stdlib.get_logger(name).bind(**initial)
+    """A logger named `name` that follows `configure_logging` even if made at import time.
+
+    It stays a lazy proxy (binding at import time would freeze structlog's defaults into it);
+    `initial` fields go in through the proxy's own initial values.
+    """
+    logger: structlog.stdlib.BoundLogger = structlog.get_logger(name, **initial)
     return logger
 
 

@@ -3,11 +3,13 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import openai
 import pytest
 
 from spotgate.emulator import AwsEmulator
@@ -55,7 +57,6 @@ def test_bad_input_exits_2_with_one_line(args: list[str], reason: str) -> None:
 @pytest.mark.parametrize(
     ("args", "part"),
     [
-        (["gateway"], "gateway"),
         (["pool", "status"], "pool manager"),
         (["sim", "--traces", "."], "simulator"),
         (["loadtest"], "load test"),
@@ -133,8 +134,9 @@ def test_unreachable_aws_is_one_line(tmp_path: Path) -> None:
 
 @pytest.fixture
 def spotgate_up(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    port = _free_port()
     process = subprocess.Popen(
-        [*SPOTGATE, "up", "--engine", "synthetic"],
+        [*SPOTGATE, "up", "--engine", "synthetic", "--agents", "2", "--port", str(port)],
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -148,16 +150,32 @@ def spotgate_up(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
         process.wait()
 
 
-async def test_up_starts_the_emulator_with_tables_and_a_dev_key(
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def test_up_runs_gateway_and_agents_and_stops_cleanly(
     spotgate_up: tuple[subprocess.Popen[str], str], tmp_path: Path
 ) -> None:
     process, line = spotgate_up
-    assert line.startswith("spotgate up: AWS emulator=http://127.0.0.1:"), line
-    assert "not built yet: gateway on :8080, 1 synthetic agent(s)" in line
     up_file = tmp_path / UP_FILE
+    assert line.startswith("spotgate ready: gateway=http://127.0.0.1:"), line + (
+        process.stderr.read() if process.stderr and process.poll() is not None else ""
+    )
     info = json.loads(up_file.read_text())
     assert up_file.stat().st_mode & 0o777 == 0o600
-    assert f"key={info['api_key']}" in line
+    assert line.strip().endswith(f"key={info['api_key']}")
+    assert len(info["agents"]) == 2
+
+    client = openai.AsyncOpenAI(
+        base_url=f"{info['gateway_url']}/v1", api_key=info["api_key"], max_retries=0
+    )
+    reply = await client.chat.completions.create(
+        model=info["model"], messages=[{"role": "user", "content": "hi"}], max_tokens=4
+    )
+    assert len((reply.choices[0].message.content or "").split()) == 4
 
     # `spotgate keys …` run from the same directory act on this stack.
     created = run("keys", "create", "--name", "second", cwd=tmp_path)
@@ -167,5 +185,7 @@ async def test_up_starts_the_emulator_with_tables_and_a_dev_key(
     assert "  second  " in listed
 
     process.send_signal(signal.SIGINT)
-    assert process.wait(timeout=30) == 0
+    assert process.wait(timeout=120) == 0
     assert not up_file.exists()
+    for log in (tmp_path / ".spotgate" / "logs").glob("agent-*.log"):
+        assert "drained; leaving" in log.read_text()

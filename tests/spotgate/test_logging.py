@@ -92,3 +92,16 @@ def test_console_format_is_not_json() -> None:
     assert "hello" in stream.getvalue()
     with pytest.raises(json.JSONDecodeError):
         json.loads(stream.getvalue())
+
+
+def test_loggers_made_at_import_time_follow_the_later_configuration() -> None:
+    early = get_logger("made.early", component="x")  # as a module-level `log = …` does
+    stream = io.StringIO()
+    configure_logging("info", "json", stream=stream)
+
+    early.info("after configure")
+
+    [line] = records(stream)
+    assert line["event"] == "after configure"
+    assert line["component"] == "x"
+    assert line["logger"] == "made.early"

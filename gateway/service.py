@@ -1,0 +1,32 @@
+"""Run the gateway as a process: serve until SIGTERM or SIGINT, then close sockets cleanly."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+from aiohttp import web
+
+from gateway.server import create_app
+from spotgate.logging import get_logger
+from spotgate.settings import GatewaySettings
+
+log = get_logger(__name__)
+
+
+async def serve_gateway(settings: GatewaySettings) -> None:
+    """Serve until a stop signal; sockets close with GOING_AWAY so clients reconnect."""
+    runner = web.AppRunner(create_app(settings), handle_signals=False)
+    await runner.setup()
+    await web.TCPSite(runner, settings.host, settings.port).start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    log.info("gateway listening", host=settings.host, port=settings.port)
+    try:
+        await stop.wait()
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
+        await runner.cleanup()
