@@ -9,6 +9,15 @@ import pytest
 
 from spotgate.emulator import AwsEmulator
 from spotgate.registry import Registry
+from tests.agents import (  # fixtures for every suite  # noqa: F401
+    imds,
+    ring,
+    start_agent,
+    synthetic_engine,
+    tiny_model_dir,
+    token,
+    vllm_engine,
+)
 
 
 class FakeClock:

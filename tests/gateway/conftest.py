@@ -13,20 +13,19 @@ from aiohttp import web
 from pydantic import SecretStr
 
 from gateway.server import STATE, GatewayState, create_app
+from gpu_agent.engine import Engine
+from gpu_agent.synthetic_engine import SyntheticEngine
 from spotgate.emulator import AwsEmulator
 from spotgate.registry import AgentState, CreatedApiKey, Registry
-from spotgate.settings import GatewaySettings, QueueSettings, SyntheticSettings, TokenSettings
-from spotgate.tokens import SigningKey
-from tests.gpu_agent.conftest import (  # the agent fixtures, shared with this suite
-    AgentFactory,
-    RunningAgent,
-    free_port,
-    imds,  # noqa: F401
-    ring,  # noqa: F401
-    start_agent,  # noqa: F401
-    wait_for,
-    wait_ready,
+from spotgate.settings import (
+    AgentSettings,
+    GatewaySettings,
+    QueueSettings,
+    SyntheticSettings,
+    TokenSettings,
 )
+from spotgate.tokens import SigningKey
+from tests.agents import AgentFactory, RunningAgent, free_port, wait_for, wait_ready
 
 MODEL = "synth"
 
@@ -88,18 +87,21 @@ def gateway_agent(start_agent: AgentFactory, gateway: Gateway) -> GatewayAgentFa
     """Start an in-process synthetic agent that trusts the gateway, and wait until routable."""
 
     async def start(
-        tokens_per_second: float = 200.0, model: str = MODEL, **overrides: object
+        tokens_per_second: float = 200.0,
+        model: str = MODEL,
+        engine: Engine | None = None,
+        **overrides: object,
     ) -> RunningAgent:
-        from gpu_agent.synthetic_engine import SyntheticEngine
-        from spotgate.settings import AgentSettings
-
-        engine = SyntheticEngine(
-            AgentSettings(
-                engine="synthetic",
-                served_model_name=model,
-                synthetic=SyntheticSettings(ttft_seconds=0.01, tokens_per_second=tokens_per_second),
+        if engine is None:
+            engine = SyntheticEngine(
+                AgentSettings(
+                    engine="synthetic",
+                    served_model_name=model,
+                    synthetic=SyntheticSettings(
+                        ttft_seconds=0.01, tokens_per_second=tokens_per_second
+                    ),
+                )
             )
-        )
         agent = await wait_ready(
             await start_agent(
                 engine,

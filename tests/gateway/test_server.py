@@ -13,9 +13,9 @@ import pytest
 from gpu_agent.synthetic_engine import SYNTHETIC_WORDS, prompt_seed, synthetic_token
 from spotgate.emulator import AwsEmulator
 from spotgate.registry import AgentState, CreatedApiKey, Registry
-from spotgate.tokens import KeyRing, verify
+from spotgate.tokens import KeyRing, SigningKey, issue, verify
+from tests.agents import Imds, wait_for
 from tests.gateway.conftest import MODEL, AgentProcess, Gateway, GatewayAgentFactory
-from tests.gpu_agent.conftest import Imds, wait_for
 from tests.gpu_agent.wsclient import connect, generate, receive, run_streams, send, text_of
 
 
@@ -305,3 +305,59 @@ async def test_registry_outage_keeps_streams_flowing_on_the_cached_view(
     assert text_of(frames) == expected_text("hi", 8)
     assert ready["registry"] == "unreachable"
     await asyncio.sleep(0)
+
+
+async def test_bad_input_gets_its_documented_error_and_the_socket_lives_on(
+    gateway: Gateway, gateway_agent: GatewayAgentFactory, aws: AwsEmulator
+) -> None:
+    await gateway_agent()
+    async with Registry.open(aws.settings()) as registry:
+        narrow = await registry.create_key("narrow", models=["other"], max_tokens=8)
+    now = time.time()
+    forged = issue(
+        KeyRing([SigningKey.generate()]), subject=narrow.record.key_id, issuer=gateway.url, now=now
+    ).token
+    expired = issue(
+        KeyRing([gateway.signing_key]),
+        subject=narrow.record.key_id,
+        issuer=gateway.url,
+        now=now - 3600,
+        ttl_seconds=60,
+    ).token
+    async with aiohttp.ClientSession() as http:
+        for credential in (forged, expired, "sg-short", "x" * 8000):
+            async with http.get(
+                gateway.ws_url.replace("ws://", "http://"),
+                headers={
+                    "Authorization": f"Bearer {credential}",
+                    "Upgrade": "websocket",
+                    "Connection": "Upgrade",
+                    "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+                    "Sec-WebSocket-Version": "13",
+                },
+            ) as response:
+                assert response.status == 401
+                assert (await response.json())["error"]["code"] == "unauthorized"
+
+    async with connect(gateway.ws_url, narrow.api_key) as ws:
+        await ws.send("{oops")
+        assert (await receive(ws))["code"] == "invalid_request"
+        await send(ws, {"type": "subscribe", "id": "z"})
+        assert (await receive(ws))["code"] == "invalid_request"
+        forbidden = (await run_streams(ws, generate("f", MODEL)))["f"][-1]
+        assert forbidden["code"] == "forbidden"
+        too_long = (await run_streams(ws, generate("m", "other", max_tokens=9)))["m"][-1]
+        assert too_long["code"] == "invalid_request"
+        resume = generate(
+            "r",
+            "other",
+            max_tokens=4,
+            resume={"token_ids": [1], "text": "x", "completion_tokens": 1},
+        )
+        assert (await run_streams(ws, resume))["r"][-1]["code"] == "invalid_request"
+        await send(ws, {"type": "ping"})
+        assert await receive(ws) == {"type": "pong"}
+        await ws.send('{"type":"auth","token":"' + "a" * 70_000 + '"}')
+        with pytest.raises(Exception) as closed:
+            await receive(ws)
+        assert "1009" in str(closed.value)  # the frame cap closed the socket

@@ -9,7 +9,7 @@ from aiohttp import web
 
 from gpu_agent.auth import TokenVerifier
 from spotgate.tokens import KeyRing, SigningKey, UnknownKid, issue
-from tests.gpu_agent.conftest import free_port
+from tests.agents import free_port
 
 ISSUER = "http://gw.test"
 

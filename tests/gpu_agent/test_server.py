@@ -16,7 +16,7 @@ from spotgate.emulator import AwsEmulator
 from spotgate.registry import AgentState, Registry
 from spotgate.settings import AgentSettings
 from spotgate.tokens import KeyRing, SigningKey, issue
-from tests.gpu_agent.conftest import ISSUER, AgentFactory, Imds, wait_for, wait_ready
+from tests.agents import ISSUER, AgentFactory, Imds, wait_for, wait_ready
 from tests.gpu_agent.wsclient import (
     connect,
     generate,

@@ -12,7 +12,7 @@ import pytest
 from spotgate.emulator import AwsEmulator
 from spotgate.registry import AgentState, Registry
 from spotgate.tokens import KeyRing
-from tests.gpu_agent.conftest import ISSUER, free_port, wait_for
+from tests.agents import ISSUER, free_port, wait_for
 from tests.gpu_agent.wsclient import connect, generate, receive, send
 
 

@@ -8,7 +8,7 @@ import openai
 import pytest
 
 from gpu_agent.engine import Engine
-from tests.gpu_agent.conftest import TINY_MODEL, AgentFactory, RunningAgent, wait_ready
+from tests.agents import TINY_MODEL, AgentFactory, RunningAgent, wait_ready
 from tests.gpu_agent.wsclient import connect, generate, ids_of, receive, run_streams, send, text_of
 
 pytestmark = pytest.mark.vllm

@@ -1,4 +1,6 @@
-"""Agent fixtures: the tiny model, one vLLM engine per session, agents on loopback."""
+"""Agent fixtures for every suite: the tiny model, one vLLM engine per session, agents on loopback.
+
+Registered in the root conftest, so the session-scoped engine exists once per run."""
 
 from __future__ import annotations
 

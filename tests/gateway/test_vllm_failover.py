@@ -1,0 +1,54 @@
+"""Failover exactness with real vLLM greedy decoding behind the gateway."""
+
+from __future__ import annotations
+
+import aiohttp
+import pytest
+
+from gpu_agent.engine import Engine
+from spotgate.registry import CreatedApiKey
+from tests.agents import TINY_MODEL, Imds
+from tests.gateway.conftest import Gateway, GatewayAgentFactory
+from tests.gpu_agent.wsclient import connect, generate, ids_of, receive, run_streams, send, text_of
+
+pytestmark = pytest.mark.vllm
+
+
+async def test_drained_vllm_stream_resumes_byte_for_byte(
+    gateway: Gateway,
+    gateway_agent: GatewayAgentFactory,
+    vllm_engine: Engine,
+    api_key: CreatedApiKey,
+    imds: Imds,
+) -> None:
+    request = generate(
+        "ref",
+        TINY_MODEL,
+        content="Tell me about spot",
+        max_tokens=1200,
+        temperature=0,
+        want_ids=True,
+    )
+    doomed = await gateway_agent(model=TINY_MODEL, engine=vllm_engine)
+    async with connect(gateway.ws_url, api_key.api_key) as ws:
+        reference = (await run_streams(ws, request))["ref"]
+
+        await send(ws, {**request, "id": "moved"})
+        frames = [await receive(ws)]
+        assert frames[0]["agent"] == doomed.runtime.identity.agent_id  # type: ignore[union-attr]
+        # The second agent shares the engine (identical weights); it gets no notice.
+        await gateway_agent(model=TINY_MODEL, engine=vllm_engine, imds_url="http://127.0.0.1:9")
+        notice = {"in_seconds": 16}  # 15 s margin: the long stream is handed back at once
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(f"{imds.url}/_emulator/spot-notice", json=notice),
+        ):
+            pass
+        while frames[-1]["type"] not in ("done", "error"):
+            frames.append(await receive(ws))
+
+    assert frames[-1]["type"] == "done", frames[-1]
+    assert len({f["agent"] for f in frames if f["type"] == "start"}) == 2
+    assert ids_of(frames) == ids_of(reference)
+    assert text_of(frames) == text_of(reference)
+    assert frames[-1]["usage"] == reference[-1]["usage"]
