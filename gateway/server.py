@@ -30,7 +30,7 @@ from spotgate.openai_http import queued_frames, read_body, respond
 from spotgate.protocol import AnyFrame, DeltaFrame, ErrorCode, ErrorFrame, GenerateFrame
 from spotgate.registry import Registry
 from spotgate.settings import TOKEN_TTL_MAX_SECONDS, GatewaySettings
-from spotgate.tokens import KeyRing, issue
+from spotgate.tokens import GATEWAY_SUBJECT_PREFIX, KeyRing, issue
 from spotgate.wsserver import (
     AuthRefused,
     Send,
@@ -41,7 +41,6 @@ from spotgate.wsserver import (
 )
 
 MAX_HTTP_BODY_BYTES = 4 * 1024 * 1024
-GATEWAY_SUBJECT_PREFIX = "gateway:"
 
 log = get_logger(__name__)
 

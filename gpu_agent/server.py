@@ -38,7 +38,7 @@ from spotgate.protocol import (
 )
 from spotgate.registry import Registry
 from spotgate.settings import AgentSettings
-from spotgate.tokens import Claims, TokenError
+from spotgate.tokens import GATEWAY_SUBJECT_PREFIX, Claims, TokenError
 from spotgate.wsserver import (
     AuthRefused,
     Send,
@@ -49,6 +49,8 @@ from spotgate.wsserver import (
 )
 
 MAX_HTTP_BODY_BYTES = 4 * 1024 * 1024
+MAX_GATEWAY_LINK_STREAMS = 100_000
+"""Streams one gateway link may carry: far above any engine's batch (vLLM queues the rest)."""
 
 log = get_logger(__name__)
 
@@ -258,7 +260,13 @@ def _stream_handlers(runtime: AgentRuntime, verifier: TokenVerifier) -> StreamHa
     def start(frame: GenerateFrame, claims: Claims, send: Send) -> StreamHandle:
         return _start_stream(runtime, (id(send), frame.id), frame, claims, send)
 
-    return StreamHandlers(authenticate, refusal, start)
+    def max_streams(claims: Claims) -> int | None:
+        # A gateway multiplexes all its clients over one link: the engine is its limit.
+        if claims.sub.startswith(GATEWAY_SUBJECT_PREFIX):
+            return MAX_GATEWAY_LINK_STREAMS
+        return None
+
+    return StreamHandlers(authenticate, refusal, start, max_streams)
 
 
 async def websocket(request: web.Request) -> web.StreamResponse:

@@ -25,6 +25,8 @@ from spotgate.settings import TOKEN_TTL_MAX_SECONDS, TokenSettings
 
 ALGORITHM = "EdDSA"
 AGENT_AUDIENCE = "spotgate-agent"
+GATEWAY_SUBJECT_PREFIX = "gateway:"
+"""`sub` of the tokens a gateway presents to agents (key ids are hex, so they never collide)."""
 DEFAULT_TTL_SECONDS = 60
 DEFAULT_LEEWAY_SECONDS = 5.0
 MAX_TOKEN_CHARS = 8 * 1024

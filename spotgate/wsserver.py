@@ -58,6 +58,8 @@ class StreamHandlers(Generic[Principal]):
     authenticate: Callable[[str], Awaitable[Principal]]
     refusal: Callable[[GenerateFrame, Principal], tuple[ErrorCode, str] | None]
     start: Callable[[GenerateFrame, Principal, Send], StreamControl]
+    # Streams one socket may run at once; None: the socket limit of the settings.
+    max_streams: Callable[[Principal], int | None] = lambda _principal: None
 
 
 def bearer_token(request: web.Request) -> str | None:
@@ -206,9 +208,7 @@ def _refusal(
 ) -> tuple[ErrorCode, str] | None:
     if frame.id in streams:
         return ErrorCode.INVALID_REQUEST, f"stream id '{frame.id}' is already running"
-    if len(streams) >= limits.max_streams_per_connection:
-        return (
-            ErrorCode.RATE_LIMITED,
-            f"at most {limits.max_streams_per_connection} streams per connection",
-        )
+    cap = handlers.max_streams(principal) or limits.max_streams_per_connection
+    if len(streams) >= cap:
+        return ErrorCode.RATE_LIMITED, f"at most {cap} streams per connection"
     return handlers.refusal(frame, principal)

@@ -361,3 +361,20 @@ async def test_bad_input_gets_its_documented_error_and_the_socket_lives_on(
         with pytest.raises(Exception) as closed:
             await receive(ws)
         assert "1009" in str(closed.value)  # the frame cap closed the socket
+
+
+async def test_many_clients_share_one_agent_link(
+    gateway: Gateway, gateway_agent: GatewayAgentFactory, api_key: CreatedApiKey
+) -> None:
+    await gateway_agent()
+    limit = gateway.state.settings.limits.max_streams_per_connection
+
+    async def one_client(n: int) -> str:
+        async with connect(gateway.ws_url, api_key.api_key) as ws:
+            frames = await run_streams(ws, generate(f"c{n}", MODEL, content=str(n), max_tokens=40))
+        return text_of(frames[f"c{n}"])
+
+    texts = await asyncio.gather(*(one_client(n) for n in range(3 * limit)))
+
+    assert texts == [expected_text(str(n), 40) for n in range(3 * limit)]
+    assert len(gateway.state.links) == 1
