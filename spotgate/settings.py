@@ -139,6 +139,7 @@ class GatewaySettings(BaseSettings):
     registry_refresh_seconds: Annotated[float, Field(gt=0, le=1.0)] = 0.5
     demand_publish_seconds: PositiveFloat = 2.0
     agent_connection_limit: PositiveInt = 1024
+    max_streams_per_key: PositiveInt = 64
     models: tuple[str, ...] = ()
 
 

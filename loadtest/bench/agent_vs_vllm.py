@@ -19,19 +19,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
 
+from loadtest.bench.harness import Sample, Server, free_port, spawn, timed_run, wait_ready
 from loadtest.bench.report import machine_facts, median, percentile, write_section
 from spotgate.emulator import AwsEmulator
 from spotgate.registry import Registry
@@ -39,7 +37,6 @@ from spotgate.tokens import KeyRing, SigningKey, issue
 
 ISSUER = "http://bench.local"
 SERVED_NAME = "tiny"
-STARTUP_TIMEOUT_SECONDS = 300
 ENGINE_DTYPE = "float32"
 MAX_MODEL_LEN = 2048
 MAX_NUM_SEQS = 32
@@ -53,32 +50,8 @@ ENGINE_LABEL = (
 COMMAND = "python -m loadtest.bench.agent_vs_vllm --write docs/benchmarks.md"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@dataclass
-class Server:
-    """A running OpenAI-compatible server under test."""
-
-    name: str
-    url: str
-    headers: dict[str, str]
-    process: subprocess.Popen[bytes]
-
-
-@dataclass
-class Sample:
-    """One run of one server at one concurrency."""
-
-    tokens_per_second: float
-    ttfts_seconds: list[float] = field(default_factory=list)
-
-
 def _start_vllm_serve(model: Path, log: Path) -> Server:
-    port = _free_port()
+    port = free_port()
     command = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(model), "--served-model-name", SERVED_NAME, "--port", str(port),
@@ -88,13 +61,13 @@ def _start_vllm_serve(model: Path, log: Path) -> Server:
         "--enforce-eager", "--disable-log-stats", "--uvicorn-log-level", "warning",
     ]  # fmt: skip
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": KV_CACHE_GIB}
-    with log.open("wb") as out:
-        process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)  # noqa: S603
-    return Server("vllm serve", f"http://127.0.0.1:{port}", {}, process)
+    return Server(
+        "vllm serve", f"http://127.0.0.1:{port}", {}, spawn(command, log, env), SERVED_NAME
+    )
 
 
 def _start_agent(model: Path, aws: AwsEmulator, ring: KeyRing, log: Path) -> Server:
-    port = _free_port()
+    port = free_port()
     settings = aws.settings()
     env = {
         **os.environ,
@@ -118,81 +91,9 @@ def _start_agent(model: Path, aws: AwsEmulator, ring: KeyRing, log: Path) -> Ser
         "VLLM_CPU_KVCACHE_SPACE": KV_CACHE_GIB,
     }
     token = issue(ring, subject="bench", issuer=ISSUER, now=time.time(), ttl_seconds=900).token
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "spotgate.cli", "agent"],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    return Server(
-        "spotgate agent", f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {token}"}, process
-    )
-
-
-async def _wait_ready(http: aiohttp.ClientSession, server: Server, path: str) -> None:
-    deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
-    while time.monotonic() < deadline:
-        if server.process.poll() is not None:
-            raise RuntimeError(f"{server.name} exited with {server.process.returncode}")
-        with contextlib.suppress(aiohttp.ClientError):
-            async with http.get(server.url + path) as response:
-                if response.status == 200:
-                    return
-        await asyncio.sleep(0.5)
-    raise TimeoutError(f"{server.name} did not become ready")
-
-
-async def _one_request(
-    http: aiohttp.ClientSession, server: Server, prompt: str, max_tokens: int
-) -> tuple[float, int]:
-    """Stream one chat completion; return (TTFT seconds, completion tokens)."""
-    body = {
-        "model": SERVED_NAME,
-        "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    started = time.perf_counter()
-    ttft = None
-    tokens = 0
-    async with http.post(
-        f"{server.url}/v1/chat/completions", json=body, headers=server.headers
-    ) as response:
-        response.raise_for_status()
-        async for line in response.content:
-            if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
-                continue
-            chunk = json.loads(line[6:])
-            if chunk.get("usage"):
-                tokens = int(chunk["usage"]["completion_tokens"])
-            for choice in chunk.get("choices", []):
-                if ttft is None and choice.get("delta", {}).get("content"):
-                    ttft = time.perf_counter() - started
-    return (ttft if ttft is not None else time.perf_counter() - started), tokens
-
-
-async def _run(
-    http: aiohttp.ClientSession, server: Server, concurrency: int, requests: int, max_tokens: int
-) -> Sample:
-    sample = Sample(tokens_per_second=0.0)
-    total_tokens = 0
-
-    async def worker(worker_id: int) -> None:
-        nonlocal total_tokens
-        for index in range(requests):
-            ttft, tokens = await _one_request(
-                http, server, f"request {worker_id}-{index}: tell me about spot", max_tokens
-            )
-            sample.ttfts_seconds.append(ttft)
-            total_tokens += tokens
-
-    started = time.perf_counter()
-    await asyncio.gather(*(worker(n) for n in range(concurrency)))
-    sample.tokens_per_second = total_tokens / (time.perf_counter() - started)
-    return sample
+    process = spawn([sys.executable, "-m", "spotgate.cli", "agent"], log, env)
+    headers = {"Authorization": f"Bearer {token}"}
+    return Server("spotgate agent", f"http://127.0.0.1:{port}", headers, process, SERVED_NAME)
 
 
 @contextlib.contextmanager
@@ -230,14 +131,14 @@ async def measure(
     timeout = aiohttp.ClientTimeout(total=600)
     results: dict[tuple[str, int], list[Sample]] = {}
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
-        await _wait_ready(http, agent, "/readyz")
-        await _wait_ready(http, vllm, "/health")
+        await wait_ready(http, agent, "/readyz")
+        await wait_ready(http, vllm, "/health")
         for server in (agent, vllm):  # warm both before timing anything
-            await _run(http, server, 2, 1, max_tokens)
+            await timed_run(http, server, 2, 1, max_tokens)
         for concurrency in concurrencies:
             for _ in range(runs):
                 for server in (agent, vllm):
-                    sample = await _run(http, server, concurrency, requests, max_tokens)
+                    sample = await timed_run(http, server, concurrency, requests, max_tokens)
                     results.setdefault((server.name, concurrency), []).append(sample)
     return results
 
