@@ -7,6 +7,7 @@ issued to it live until they expire, at most 15 minutes).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import time
 from collections.abc import Callable
@@ -68,6 +69,7 @@ class Authenticator:
         self._leeway_seconds = leeway_seconds
         self._clock = clock
         self._by_key: dict[str, tuple[float, ApiKeyRecord]] = {}
+        self._verifying: dict[str, asyncio.Future[ApiKeyRecord]] = {}
         self._by_id: dict[str, tuple[float, ApiKeyRecord | None]] = {}
 
     async def api_key(self, api_key: str) -> ApiKeyRecord:
@@ -77,8 +79,14 @@ class Authenticator:
         now = self._clock()
         if cached is not None and cached[0] > now:
             return cached[1]
+        # One registry read per key at a time: a burst of new connections shares it.
+        pending = self._verifying.get(digest)
+        if pending is None:
+            pending = asyncio.ensure_future(self._registry.verify_key(api_key))
+            self._verifying[digest] = pending
+            pending.add_done_callback(lambda _done: self._verifying.pop(digest, None))
         try:
-            record = await self._registry.verify_key(api_key)
+            record = await asyncio.shield(pending)
         except ApiKeyRejected as err:
             raise AuthRefused("invalid API key") from err
         except ApiKeyDisabled as err:
