@@ -378,3 +378,29 @@ async def test_many_clients_share_one_agent_link(
 
     assert texts == [expected_text(str(n), 40) for n in range(3 * limit)]
     assert len(gateway.state.links) == 1
+
+
+async def test_metrics_count_what_happened(
+    gateway: Gateway, gateway_agent: GatewayAgentFactory, api_key: CreatedApiKey
+) -> None:
+    await gateway_agent()
+    async with connect(gateway.ws_url, api_key.api_key) as ws:
+        await run_streams(
+            ws, generate("a", MODEL, max_tokens=7), generate("b", MODEL, max_tokens=5)
+        )
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{gateway.url}/v1/token", headers={"Authorization": "Bearer no"}):
+            pass
+        async with http.get(f"{gateway.url}/metrics") as response:
+            text = await response.text()
+
+    def value(line_start: str) -> float:
+        line = next(line for line in text.splitlines() if line.startswith(line_start))
+        return float(line.rsplit(" ", 1)[1])
+
+    assert value("spotgate_gateway_relayed_tokens_total ") == 12
+    assert value('spotgate_gateway_rejections_total{reason="unauthorized"}') == 1
+    assert value('spotgate_gateway_agents{state="ready"}') == 1
+    assert value("spotgate_gateway_ttft_seconds_count ") == 2
+    assert value("spotgate_gateway_active_streams ") == 0
+    assert value("spotgate_gateway_registry_up ") == 1

@@ -343,3 +343,24 @@ async def test_a_client_that_never_reads_pauses_its_stream(
         # end: the agent waits for the reader instead of buffering the reply.
         assert 0 < produced[-1] < max_tokens
         assert not handle.task.done()
+
+
+async def test_agent_metrics_count_streams_and_tokens(
+    start_agent: AgentFactory, synthetic_engine: SyntheticEngine, token: str
+) -> None:
+    agent = await wait_ready(await start_agent(synthetic_engine))
+    async with connect(agent.ws_url, token) as ws:
+        await run_streams(ws, generate("a", "synth", max_tokens=9))
+        await run_streams(ws, generate("b", "nope"))
+    async with aiohttp.ClientSession() as http, http.get(f"{agent.url}/metrics") as response:
+        text = await response.text()
+
+    def value(line_start: str) -> float:
+        line = next(line for line in text.splitlines() if line.startswith(line_start))
+        return float(line.rsplit(" ", 1)[1])
+
+    assert value("spotgate_agent_generated_tokens_total ") == 9
+    assert value('spotgate_agent_streams_total{outcome="completed"}') == 1
+    assert value('spotgate_agent_streams_total{outcome="invalid_request"}') == 1
+    assert value("spotgate_agent_ttft_seconds_count ") == 1
+    assert value("spotgate_agent_ready ") == 1
