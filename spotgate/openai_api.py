@@ -46,81 +46,63 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class ChatCompletionRequest(BaseModel):
-    """`POST /v1/chat/completions`."""
+class _SamplingRequest(BaseModel):
+    """What chat and text completion requests share."""
 
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     model: Annotated[str, Field(min_length=1, max_length=256)]
+    temperature: Annotated[float, Field(ge=0, le=2)] = 1.0
+    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
+    stop: str | Annotated[list[str], Field(max_length=MAX_STOP_SEQUENCES)] | None = None
+    seed: int | None = None
+    n: Literal[1] = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+
+    @property
+    def include_usage(self) -> bool:
+        """Whether a streamed reply ends with a usage chunk."""
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    def _frame(self, stream_id: str, session: str | None, **prompt: Any) -> GenerateFrame:
+        """A `generate` frame with the shared sampling fields and the given prompt fields."""
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        return GenerateFrame(
+            id=stream_id,
+            model=self.model,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            stop=stop,
+            seed=self.seed,
+            session=session or self.user,
+            **prompt,
+        )
+
+
+class ChatCompletionRequest(_SamplingRequest):
+    """`POST /v1/chat/completions`."""
+
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_tokens: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
     max_completion_tokens: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
-    temperature: Annotated[float, Field(ge=0, le=2)] = 1.0
-    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
-    stop: str | Annotated[list[str], Field(max_length=MAX_STOP_SEQUENCES)] | None = None
-    seed: int | None = None
-    n: Literal[1] = 1
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    user: str | None = None
 
     def to_generate_frame(self, stream_id: str, *, session: str | None = None) -> GenerateFrame:
         """The same request as a `generate` frame."""
-        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        return GenerateFrame(
-            id=stream_id,
-            model=self.model,
-            messages=self.messages,
-            max_tokens=self.max_completion_tokens or self.max_tokens or DEFAULT_MAX_TOKENS,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            stop=stop,
-            seed=self.seed,
-            session=session or self.user,
-        )
-
-    @property
-    def include_usage(self) -> bool:
-        """Whether a streamed reply ends with a usage chunk."""
-        return self.stream_options is not None and self.stream_options.include_usage
+        max_tokens = self.max_completion_tokens or self.max_tokens or DEFAULT_MAX_TOKENS
+        return self._frame(stream_id, session, messages=self.messages, max_tokens=max_tokens)
 
 
-class CompletionRequest(BaseModel):
+class CompletionRequest(_SamplingRequest):
     """`POST /v1/completions` (a raw prompt)."""
 
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
-
-    model: Annotated[str, Field(min_length=1, max_length=256)]
     prompt: str
     max_tokens: Annotated[int, Field(ge=1, le=1_000_000)] = LEGACY_DEFAULT_MAX_TOKENS
-    temperature: Annotated[float, Field(ge=0, le=2)] = 1.0
-    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
-    stop: str | Annotated[list[str], Field(max_length=MAX_STOP_SEQUENCES)] | None = None
-    seed: int | None = None
-    n: Literal[1] = 1
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    user: str | None = None
 
     def to_generate_frame(self, stream_id: str, *, session: str | None = None) -> GenerateFrame:
         """The same request as a `generate` frame."""
-        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        return GenerateFrame(
-            id=stream_id,
-            model=self.model,
-            prompt=self.prompt,
-            max_tokens=self.max_tokens,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            stop=stop,
-            seed=self.seed,
-            session=session or self.user,
-        )
-
-    @property
-    def include_usage(self) -> bool:
-        """Whether a streamed reply ends with a usage chunk."""
-        return self.stream_options is not None and self.stream_options.include_usage
+        return self._frame(stream_id, session, prompt=self.prompt, max_tokens=self.max_tokens)
 
 
 Kind = Literal["chat", "text"]

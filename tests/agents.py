@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import aiohttp
 import pytest
 from aiohttp import web
 
@@ -162,16 +163,35 @@ async def start_agent(aws: AwsEmulator, ring: KeyRing, imds: Imds) -> AsyncItera
 
 @pytest.fixture
 def synthetic_engine() -> SyntheticEngine:
-    return SyntheticEngine(
-        AgentSettings(
-            engine="synthetic",
-            served_model_name="synth",
-            synthetic=SyntheticSettings(ttft_seconds=0.01, tokens_per_second=200.0),
-        )
-    )
+    return synthetic(tokens_per_second=200.0, ttft_seconds=0.01)
 
 
 async def wait_ready(agent: RunningAgent) -> RunningAgent:
     async with asyncio.timeout(120):
         await agent.runtime.became_ready.wait()
     return agent
+
+
+def synthetic(
+    tokens_per_second: float, model: str = "synth", ttft_seconds: float = 0.0
+) -> SyntheticEngine:
+    """A synthetic engine at a given pace."""
+    return SyntheticEngine(
+        AgentSettings(
+            engine="synthetic",
+            served_model_name=model,
+            synthetic=SyntheticSettings(
+                ttft_seconds=ttft_seconds, tokens_per_second=tokens_per_second
+            ),
+        )
+    )
+
+
+async def spot_notice(imds: Imds, in_seconds: float) -> float:
+    """Have the IMDS emulator announce an interruption; returns its deadline (epoch seconds)."""
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(f"{imds.url}/_emulator/spot-notice", json={"in_seconds": in_seconds}) as reply,
+    ):
+        deadline: float = (await reply.json())["deadline"]
+    return deadline

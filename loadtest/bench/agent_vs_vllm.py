@@ -29,7 +29,15 @@ from pathlib import Path
 
 import aiohttp
 
-from loadtest.bench.harness import Sample, Server, free_port, spawn, timed_run, wait_ready
+from loadtest.bench.harness import (
+    Sample,
+    Server,
+    free_port,
+    print_log_tails,
+    spawn,
+    timed_run,
+    wait_ready,
+)
 from loadtest.bench.report import machine_facts, median, percentile, write_section
 from spotgate.emulator import AwsEmulator
 from spotgate.registry import Registry
@@ -217,11 +225,7 @@ def main() -> None:
                     )
                 )
         except (RuntimeError, TimeoutError):
-            for log in sorted(logs.glob("*.log")):
-                print(f"--- {log.name} (last lines)", file=sys.stderr)
-                print(
-                    "\n".join(log.read_text(errors="replace").splitlines()[-30:]), file=sys.stderr
-                )
+            print_log_tails(logs)
             raise
     section = render(results, args.concurrency, args.runs, args.requests, args.max_tokens, label)
     print(section)

@@ -26,7 +26,15 @@ from pathlib import Path
 
 import aiohttp
 
-from loadtest.bench.harness import Sample, Server, free_port, spawn, timed_run, wait_ready
+from loadtest.bench.harness import (
+    Sample,
+    Server,
+    free_port,
+    print_log_tails,
+    spawn,
+    timed_run,
+    wait_ready,
+)
 from loadtest.bench.report import machine_facts, median, percentile, write_section
 from spotgate.emulator import AwsEmulator
 from spotgate.registry import Registry
@@ -235,11 +243,7 @@ def main() -> None:
                     measure(servers, args.concurrency, args.runs, args.max_tokens)
                 )
         except (RuntimeError, TimeoutError):
-            for log in sorted(logs.glob("*.log")):
-                print(f"--- {log.name} (last lines)", file=sys.stderr)
-                print(
-                    "\n".join(log.read_text(errors="replace").splitlines()[-30:]), file=sys.stderr
-                )
+            print_log_tails(logs)
             raise
     paths = [path for path in PATHS if (path, args.concurrency[0]) in results]
     section = render(results, args.concurrency, args.runs, args.max_tokens, paths)

@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import socket
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +44,14 @@ class Server:
         """User plus system CPU time the server process has used so far."""
         fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS_PER_SECOND
+
+
+def print_log_tails(logs: Path, lines: int = 30) -> None:
+    """The last lines of every server log, to stderr (when a benchmark cannot start)."""
+    for log in sorted(logs.glob("*.log")):
+        tail = log.read_text(errors="replace").splitlines()[-lines:]
+        print(f"--- {log.name} (last lines)", file=sys.stderr)
+        print("\n".join(tail), file=sys.stderr)
 
 
 def spawn(command: list[str], log: Path, env: dict[str, str] | None = None) -> Popen[bytes]:

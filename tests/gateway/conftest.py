@@ -14,18 +14,15 @@ from pydantic import SecretStr
 
 from gateway.server import STATE, GatewayState, create_app
 from gpu_agent.engine import Engine
-from gpu_agent.synthetic_engine import SyntheticEngine
 from spotgate.emulator import AwsEmulator
 from spotgate.registry import AgentState, CreatedApiKey, Registry
 from spotgate.settings import (
-    AgentSettings,
     GatewaySettings,
     QueueSettings,
-    SyntheticSettings,
     TokenSettings,
 )
 from spotgate.tokens import SigningKey
-from tests.agents import AgentFactory, RunningAgent, free_port, wait_for, wait_ready
+from tests.agents import AgentFactory, RunningAgent, free_port, synthetic, wait_for, wait_ready
 
 MODEL = "synth"
 
@@ -93,15 +90,7 @@ def gateway_agent(start_agent: AgentFactory, gateway: Gateway) -> GatewayAgentFa
         **overrides: object,
     ) -> RunningAgent:
         if engine is None:
-            engine = SyntheticEngine(
-                AgentSettings(
-                    engine="synthetic",
-                    served_model_name=model,
-                    synthetic=SyntheticSettings(
-                        ttft_seconds=0.01, tokens_per_second=tokens_per_second
-                    ),
-                )
-            )
+            engine = synthetic(tokens_per_second, model=model, ttft_seconds=0.01)
         agent = await wait_ready(
             await start_agent(
                 engine,

@@ -14,7 +14,7 @@ from gpu_agent.synthetic_engine import SYNTHETIC_WORDS, prompt_seed, synthetic_t
 from spotgate.emulator import AwsEmulator
 from spotgate.registry import AgentState, CreatedApiKey, Registry
 from spotgate.tokens import KeyRing, SigningKey, issue, verify
-from tests.agents import Imds, wait_for
+from tests.agents import Imds, spot_notice, wait_for
 from tests.gateway.conftest import MODEL, AgentProcess, Gateway, GatewayAgentFactory
 from tests.gpu_agent.wsclient import connect, generate, receive, run_streams, send, text_of
 
@@ -196,12 +196,7 @@ async def test_spot_notice_moves_the_stream_exactly(
         # Somewhere to move to, outside the emulated instance that gets the notice.
         await gateway_agent(tokens_per_second=40.0, imds_url="http://127.0.0.1:9")
         # 16 s to the deadline, 15 s margin: the long stream is handed back at once.
-        notice = {"in_seconds": 16}
-        async with (
-            aiohttp.ClientSession() as http,
-            http.post(f"{imds.url}/_emulator/spot-notice", json=notice),
-        ):
-            pass
+        await spot_notice(imds, in_seconds=16)
         while frames[-1]["type"] not in ("done", "error"):
             frames.append(await receive(ws))
 

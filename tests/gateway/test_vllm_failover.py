@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import aiohttp
 import pytest
 
 from gpu_agent.engine import Engine
 from spotgate.registry import CreatedApiKey
-from tests.agents import TINY_MODEL, Imds
+from tests.agents import TINY_MODEL, Imds, spot_notice
 from tests.gateway.conftest import Gateway, GatewayAgentFactory
 from tests.gpu_agent.wsclient import connect, generate, ids_of, receive, run_streams, send, text_of
 
@@ -38,12 +37,8 @@ async def test_drained_vllm_stream_resumes_byte_for_byte(
         assert frames[0]["agent"] == doomed.runtime.identity.agent_id  # type: ignore[union-attr]
         # The second agent shares the engine (identical weights); it gets no notice.
         await gateway_agent(model=TINY_MODEL, engine=vllm_engine, imds_url="http://127.0.0.1:9")
-        notice = {"in_seconds": 16}  # 15 s margin: the long stream is handed back at once
-        async with (
-            aiohttp.ClientSession() as http,
-            http.post(f"{imds.url}/_emulator/spot-notice", json=notice),
-        ):
-            pass
+        # 16 s to the deadline, 15 s margin: the long stream is handed back at once.
+        await spot_notice(imds, in_seconds=16)
         while frames[-1]["type"] not in ("done", "error"):
             frames.append(await receive(ws))
 

@@ -16,7 +16,15 @@ from spotgate.emulator import AwsEmulator
 from spotgate.registry import AgentState, Registry
 from spotgate.settings import AgentSettings
 from spotgate.tokens import KeyRing, SigningKey, issue
-from tests.agents import ISSUER, AgentFactory, Imds, wait_for, wait_ready
+from tests.agents import (
+    ISSUER,
+    AgentFactory,
+    Imds,
+    spot_notice,
+    synthetic,
+    wait_for,
+    wait_ready,
+)
 from tests.gpu_agent.wsclient import (
     connect,
     generate,
@@ -219,24 +227,15 @@ async def test_an_engine_that_fails_its_warm_up_never_registers(
 async def test_spot_notice_drains_hands_back_long_streams_and_leaves_gone(
     start_agent: AgentFactory, imds: Imds, aws: AwsEmulator, token: str
 ) -> None:
-    slow = SyntheticEngine(
-        AgentSettings(engine="synthetic", served_model_name="synth").model_copy(
-            update={
-                "synthetic": AgentSettings().synthetic.model_copy(
-                    update={"ttft_seconds": 0.0, "tokens_per_second": 20.0}
-                )
-            }
-        )
-    )
+    slow = synthetic(tokens_per_second=20.0)
     agent = await wait_ready(await start_agent(slow))
     agent_id = agent.runtime.identity.agent_id
-    async with connect(agent.ws_url, token) as ws, aiohttp.ClientSession() as http:
+    async with connect(agent.ws_url, token) as ws:
         await send(ws, generate("long", "synth", max_tokens=100_000))
         await send(ws, generate("short", "synth", max_tokens=30))
         assert (await receive(ws))["type"] == "start"
         notice_sent = time.time()
-        async with http.post(f"{imds.url}/_emulator/spot-notice", json={"in_seconds": 30}) as r:
-            deadline = (await r.json())["deadline"]
+        deadline = await spot_notice(imds, in_seconds=30)
 
         frames: dict[str, list[dict]] = {"long": [], "short": []}
         async with Registry.open(aws.settings()) as registry:
@@ -275,15 +274,7 @@ async def test_spot_notice_drains_hands_back_long_streams_and_leaves_gone(
 async def test_heartbeats_report_load_and_rebalance_is_only_recorded(
     start_agent: AgentFactory, imds: Imds, aws: AwsEmulator, token: str
 ) -> None:
-    slow = SyntheticEngine(
-        AgentSettings(engine="synthetic", served_model_name="synth").model_copy(
-            update={
-                "synthetic": AgentSettings().synthetic.model_copy(
-                    update={"ttft_seconds": 0.0, "tokens_per_second": 20.0}
-                )
-            }
-        )
-    )
+    slow = synthetic(tokens_per_second=20.0)
     agent = await wait_ready(await start_agent(slow))
     agent_id = agent.runtime.identity.agent_id
     async with (
@@ -316,15 +307,7 @@ async def test_heartbeats_report_load_and_rebalance_is_only_recorded(
 async def test_a_client_that_never_reads_pauses_its_stream(
     start_agent: AgentFactory, token: str
 ) -> None:
-    flood = SyntheticEngine(
-        AgentSettings(engine="synthetic", served_model_name="synth").model_copy(
-            update={
-                "synthetic": AgentSettings().synthetic.model_copy(
-                    update={"ttft_seconds": 0.0, "tokens_per_second": 1_000_000.0}
-                )
-            }
-        )
-    )
+    flood = synthetic(tokens_per_second=1_000_000.0)
     agent = await wait_ready(await start_agent(flood))
     max_tokens = 1_000_000  # one second of work at this rate, about 7 MB of text
     headers = {"Authorization": f"Bearer {token}"}
