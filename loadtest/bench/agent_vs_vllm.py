@@ -32,6 +32,7 @@ import aiohttp
 from loadtest.bench.harness import (
     Sample,
     Server,
+    alternating_runs,
     free_port,
     print_log_tails,
     spawn,
@@ -137,18 +138,14 @@ async def measure(
     """Alternate runs between the two servers at each concurrency."""
     connector = aiohttp.TCPConnector(limit=256)
     timeout = aiohttp.ClientTimeout(total=600)
-    results: dict[tuple[str, int], list[Sample]] = {}
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
         await wait_ready(http, agent, "/readyz")
         await wait_ready(http, vllm, "/health")
         for server in (agent, vllm):  # warm both before timing anything
             await timed_run(http, server, 2, 1, max_tokens)
-        for concurrency in concurrencies:
-            for _ in range(runs):
-                for server in (agent, vllm):
-                    sample = await timed_run(http, server, concurrency, requests, max_tokens)
-                    results.setdefault((server.name, concurrency), []).append(sample)
-    return results
+        return await alternating_runs(
+            http, (agent, vllm), concurrencies, runs, max_tokens, lambda _c: requests
+        )
 
 
 def render(

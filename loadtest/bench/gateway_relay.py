@@ -29,6 +29,7 @@ import aiohttp
 from loadtest.bench.harness import (
     Sample,
     Server,
+    alternating_runs,
     free_port,
     print_log_tails,
     spawn,
@@ -158,7 +159,6 @@ async def measure(
     """Alternate runs between the paths at each concurrency."""
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
     timeout = aiohttp.ClientTimeout(total=600)
-    results: dict[tuple[str, int], list[Sample]] = {}
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
         await wait_ready(http, servers["direct"], "/readyz")
         await wait_ready(http, servers["gateway"], "/readyz")
@@ -170,13 +170,14 @@ async def measure(
                     await timed_run(http, server, 2, 1, 4)
                     break
                 await asyncio.sleep(0.5)
-        for concurrency in concurrencies:
-            requests = max(1, 10 // concurrency)
-            for _ in range(runs):
-                for server in servers.values():
-                    sample = await timed_run(http, server, concurrency, requests, max_tokens)
-                    results.setdefault((server.name, concurrency), []).append(sample)
-    return results
+        return await alternating_runs(
+            http,
+            list(servers.values()),
+            concurrencies,
+            runs,
+            max_tokens,
+            lambda concurrency: max(1, 10 // concurrency),  # at least 10 samples per run
+        )
 
 
 def render(

@@ -13,6 +13,7 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from subprocess import STDOUT, Popen
@@ -142,3 +143,22 @@ async def timed_run(
     sample.server_cpu_seconds = server.cpu_seconds() - cpu_before
     sample.tokens_per_second = sample.total_tokens / sample.wall_seconds
     return sample
+
+
+async def alternating_runs(
+    http: aiohttp.ClientSession,
+    servers: Sequence[Server],
+    concurrencies: Sequence[int],
+    runs: int,
+    max_tokens: int,
+    requests_per_client: Callable[[int], int],
+) -> dict[tuple[str, int], list[Sample]]:
+    """At each concurrency, `runs` rounds of one run per server, so drift hits all alike."""
+    results: dict[tuple[str, int], list[Sample]] = {}
+    for concurrency in concurrencies:
+        requests = requests_per_client(concurrency)
+        for _ in range(runs):
+            for server in servers:
+                sample = await timed_run(http, server, concurrency, requests, max_tokens)
+                results.setdefault((server.name, concurrency), []).append(sample)
+    return results
