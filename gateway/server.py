@@ -73,6 +73,8 @@ class GatewayState:
     links: dict[str, AgentLink] = field(default_factory=dict)
     sockets: set[web.WebSocketResponse] = field(default_factory=set)
     active_streams: int = 0
+    shutting_down: bool = False
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
 
     def agent_token(self) -> tuple[str, float]:
         """A token the gateway presents to agents (refreshed on the link before it expires)."""
@@ -111,6 +113,8 @@ STATE = web.AppKey("state", GatewayState)
 def _refusal(
     state: GatewayState, frame: GenerateFrame, principal: Principal
 ) -> tuple[ErrorCode, str] | None:
+    if state.shutting_down:
+        return ErrorCode.NO_CAPACITY, "this gateway is shutting down; reconnect to retry"
     if principal.expires_at is not None and principal.expires_at <= time.time():
         return ErrorCode.UNAUTHORIZED, "token expired; send an 'auth' frame with a fresh one"
     if not principal.allows_model(frame.model):
@@ -152,6 +156,7 @@ def start_stream(
             return
         outcome = RelayOutcome()
         state.active_streams += 1
+        state.idle.clear()
         state.metrics.active_streams.inc()
         try:
             with bound_context(stream_id=frame.id, key_id=principal.key_id):
@@ -169,6 +174,8 @@ def start_stream(
                         await send(out)
         finally:
             state.active_streams -= 1
+            if state.active_streams == 0:
+                state.idle.set()
             state.metrics.active_streams.dec()
             used = outcome.prompt_tokens + outcome.completion_tokens
             state.limiter.finish(principal.key_id, used, time.time())
@@ -356,6 +363,11 @@ async def _publish_demand(state: GatewayState) -> None:
 
 
 async def _close_sockets(state: GatewayState) -> None:
+    """Refuse new streams, give those in flight the grace period, then close with GOING_AWAY."""
+    state.shutting_down = True
+    if state.active_streams:
+        with suppress(TimeoutError):
+            await asyncio.wait_for(state.idle.wait(), state.settings.shutdown_grace_seconds)
     for ws in list(state.sockets):
         await ws.close(code=WSCloseCode.GOING_AWAY, message=b"gateway shutting down")
 

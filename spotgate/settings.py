@@ -140,6 +140,9 @@ class GatewaySettings(BaseSettings):
     demand_publish_seconds: PositiveFloat = 2.0
     agent_connection_limit: PositiveInt = 1024
     max_streams_per_key: PositiveInt = 64
+    # On SIGTERM streams in flight get this long to finish before sockets close (GOING_AWAY);
+    # a load balancer's deregistration delay should match it.
+    shutdown_grace_seconds: Annotated[float, Field(ge=0)] = 30.0
     models: tuple[str, ...] = ()
 
 

@@ -60,6 +60,7 @@ async def gateway(aws: AwsEmulator, gateway_key: SigningKey) -> AsyncIterator[Ga
         registry_refresh_seconds=0.2,
         demand_publish_seconds=0.5,
         models=("scalable",),
+        shutdown_grace_seconds=5.0,
     )
     async with Registry.open(aws.settings()) as registry:
         await registry.create_tables()

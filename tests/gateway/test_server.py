@@ -9,6 +9,7 @@ import time
 import aiohttp
 import openai
 import pytest
+import websockets
 
 from gpu_agent.synthetic_engine import SYNTHETIC_WORDS, prompt_seed, synthetic_token
 from spotgate.emulator import AwsEmulator
@@ -399,3 +400,28 @@ async def test_metrics_count_what_happened(
     assert value("spotgate_gateway_ttft_seconds_count ") == 2
     assert value("spotgate_gateway_active_streams ") == 0
     assert value("spotgate_gateway_registry_up ") == 1
+
+
+async def test_shutdown_lets_streams_in_flight_finish_then_says_going_away(
+    gateway: Gateway, gateway_agent: GatewayAgentFactory, api_key: CreatedApiKey
+) -> None:
+    await gateway_agent(tokens_per_second=40.0)
+    async with connect(gateway.ws_url, api_key.api_key) as ws:
+        await send(ws, generate("s", MODEL, content="finish me", max_tokens=40))
+        frames = [await receive(ws), await receive(ws)]
+        shutdown = asyncio.create_task(gateway.app.shutdown())  # what SIGTERM starts
+        await asyncio.sleep(0)  # its first step refuses new streams at once
+        assert gateway.state.shutting_down
+        await send(ws, generate("late", MODEL))
+        close_code = None
+        try:
+            while True:
+                frames.append(await receive(ws))
+        except websockets.ConnectionClosed as err:
+            close_code = err.rcvd.code if err.rcvd else None
+        await shutdown
+    late = [f for f in frames if f.get("id") == "late"]
+
+    assert text_of([f for f in frames if f.get("id") == "s"]) == expected_text("finish me", 40)
+    assert [f["code"] for f in late] == ["no_capacity"]
+    assert close_code == 1001  # GOING_AWAY, after the stream in flight finished
