@@ -6,9 +6,8 @@ restart and several gateway replicas would not share keys, so production sets on
 
 from __future__ import annotations
 
-import aioboto3
-
 from spotgate.logging import get_logger
+from spotgate.registry import aws_session
 from spotgate.settings import GatewaySettings
 from spotgate.tokens import KeyRing, SigningKey, load_signing_keys_pem, signing_keys_from_settings
 
@@ -29,7 +28,6 @@ async def load_key_ring(settings: GatewaySettings) -> KeyRing:
 
 async def _read_secret(settings: GatewaySettings, secret_id: str) -> str:
     aws = settings.shared.aws
-    session = aioboto3.Session(region_name=aws.region)
-    async with session.client("secretsmanager", endpoint_url=aws.endpoint_url) as client:
+    async with aws_session(aws).client("secretsmanager", endpoint_url=aws.endpoint_url) as client:
         response = await client.get_secret_value(SecretId=secret_id)
     return str(response["SecretString"])

@@ -31,7 +31,7 @@ from spotgate.apikeys import (
     parse_api_key,
     secret_matches,
 )
-from spotgate.settings import SharedSettings
+from spotgate.settings import AwsSettings, SharedSettings
 
 if TYPE_CHECKING:
     from types_aiobotocore_dynamodb.client import DynamoDBClient
@@ -216,6 +216,17 @@ def _is_condition_failure(err: ClientError) -> bool:
     return err.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException"
 
 
+def aws_session(aws: AwsSettings) -> aioboto3.Session:
+    """An aioboto3 session for the settings' region, with their credentials when set."""
+    return aioboto3.Session(
+        region_name=aws.region,
+        aws_access_key_id=aws.access_key_id,
+        aws_secret_access_key=(
+            aws.secret_access_key.get_secret_value() if aws.secret_access_key else None
+        ),
+    )
+
+
 # --- the registry --------------------------------------------------------------------------
 
 
@@ -235,13 +246,7 @@ class Registry:
     async def open(cls, settings: SharedSettings, clock: Clock = time.time) -> AsyncIterator[Self]:
         """Open the registry's client for the life of the `async with` block."""
         aws = settings.aws
-        session = aioboto3.Session(
-            region_name=aws.region,
-            aws_access_key_id=aws.access_key_id,
-            aws_secret_access_key=(
-                aws.secret_access_key.get_secret_value() if aws.secret_access_key else None
-            ),
-        )
+        session = aws_session(aws)
         config = Config(retries={"max_attempts": 3, "mode": "standard"}, connect_timeout=5)
         async with AsyncExitStack() as stack:
             client = await stack.enter_async_context(
