@@ -60,9 +60,13 @@ class StreamChannel:
         self._items: list[ChannelItem] = []
         self._ready = asyncio.Event()
         self.closed = False
+        self.sent_at = time.monotonic()
+        self.first_delta_at: float | None = None  # when the agent's first token came in
 
     def push(self, item: ChannelItem) -> None:
         """Add a frame without ever waiting (called by the link's reader)."""
+        if self.first_delta_at is None and isinstance(item, DeltaFrame):
+            self.first_delta_at = time.monotonic()
         last = self._items[-1] if self._items else None
         if isinstance(item, DeltaFrame) and isinstance(last, DeltaFrame):
             ids = None if last.ids is None or item.ids is None else [*last.ids, *item.ids]
@@ -127,6 +131,7 @@ class AgentLink:
         self._channels[frame.id] = channel
         try:
             await ws.send_str(encode_frame(frame))
+            channel.sent_at = time.monotonic()
         except (ConnectionResetError, aiohttp.ClientError) as err:
             self._channels.pop(frame.id, None)
             raise LinkUnavailable(f"agent {self.agent_id}: {err}") from err

@@ -1,8 +1,12 @@
 """Who is calling: an API key (`sg-…`) or a token the gateway issued, on every route.
 
-Key checks are cached for `KEY_CACHE_SECONDS` so a busy key does not cost a DynamoDB read
-per request; disabling a key therefore takes effect within that time (and tokens already
-issued to it live until they expire, at most 15 minutes).
+Key checks are cached so a busy key does not cost a DynamoDB read per request, and are
+refreshed ahead: a record older than `KEY_FRESH_SECONDS` is still used while it is re-read in
+the background, so a busy key's requests never wait on DynamoDB; only a record older than
+`KEY_CACHE_SECONDS` must be read again first. Disabling a key therefore takes effect within
+`KEY_CACHE_SECONDS` (tokens already issued to it live until they expire, at most 15 minutes).
+While DynamoDB is unreachable, keys checked in the last `KEY_STALE_MAX_SECONDS` still work;
+other keys get 503 with `Retry-After`, never a wrong 401.
 """
 
 from __future__ import annotations
@@ -10,16 +14,24 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from botocore.exceptions import BotoCoreError, ClientError
 
 from gateway.ratelimit import Limits
 from spotgate.apikeys import looks_like_api_key
+from spotgate.logging import get_logger
 from spotgate.registry import ApiKeyDisabled, ApiKeyRecord, ApiKeyRejected, Registry
 from spotgate.tokens import AGENT_AUDIENCE, KeyRing, TokenError, verify
-from spotgate.wsserver import AuthRefused
+from spotgate.wsserver import AuthRefused, AuthUnavailable
 
+KEY_FRESH_SECONDS = 5.0
 KEY_CACHE_SECONDS = 10.0
+KEY_STALE_MAX_SECONDS = 300.0
+
+log = get_logger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +62,65 @@ def principal_of(
     )
 
 
+Record = TypeVar("Record")
+
+REGISTRY_FAILURES = (BotoCoreError, ClientError, OSError, TimeoutError)
+"""What a registry read raises when DynamoDB cannot answer (as opposed to a refused key)."""
+
+
+class RefreshAheadCache(Generic[Record]):
+    """Registry reads by key, cached, refreshed in the background, single-flight.
+
+    `load` raises `AuthRefused` for a credential that is no good (nothing is cached then)
+    and a `REGISTRY_FAILURES` error when the registry cannot answer.
+    """
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._entries: dict[str, tuple[float, Record]] = {}
+        self._loading: dict[str, asyncio.Future[Record]] = {}
+
+    async def get(self, key: str, load: Callable[[], Awaitable[Record]]) -> Record:
+        """The record for `key`, from the cache when it is recent enough."""
+        entry = self._entries.get(key)
+        age = self._clock() - entry[0] if entry is not None else None
+        if entry is not None and age is not None and age < KEY_CACHE_SECONDS:
+            if age >= KEY_FRESH_SECONDS:
+                self._load(key, load)  # refresh ahead; this request does not wait
+            return entry[1]
+        try:
+            return await asyncio.shield(self._load(key, load))
+        except REGISTRY_FAILURES as err:
+            if entry is not None and age is not None and age < KEY_STALE_MAX_SECONDS:
+                log.warning("registry unreachable; using a cached key record", error=str(err))
+                return entry[1]
+            raise AuthUnavailable(
+                "cannot check credentials right now (the registry is unreachable); retry"
+            ) from err
+
+    async def settled(self) -> None:
+        """Wait for the reads in flight (background refreshes included) to land."""
+        await asyncio.gather(*self._loading.values(), return_exceptions=True)
+
+    def _load(self, key: str, load: Callable[[], Awaitable[Record]]) -> asyncio.Future[Record]:
+        pending = self._loading.get(key)
+        if pending is None:
+            pending = asyncio.ensure_future(load())
+            self._loading[key] = pending
+            pending.add_done_callback(lambda done: self._loaded(key, done))
+        return pending
+
+    def _loaded(self, key: str, done: asyncio.Future[Record]) -> None:
+        self._loading.pop(key, None)
+        if done.cancelled():
+            return
+        error = done.exception()
+        if error is None:
+            self._entries[key] = (self._clock(), done.result())
+        elif isinstance(error, AuthRefused):
+            self._entries.pop(key, None)  # refused now: no longer served from the cache
+
+
 class Authenticator:
     """Checks API keys against the registry and tokens against the gateway's own keys."""
 
@@ -68,31 +139,27 @@ class Authenticator:
         self._issuer = issuer
         self._leeway_seconds = leeway_seconds
         self._clock = clock
-        self._by_key: dict[str, tuple[float, ApiKeyRecord]] = {}
-        self._verifying: dict[str, asyncio.Future[ApiKeyRecord]] = {}
-        self._by_id: dict[str, tuple[float, ApiKeyRecord | None]] = {}
+        self._by_key = RefreshAheadCache[ApiKeyRecord](clock)
+        self._by_id = RefreshAheadCache[ApiKeyRecord](clock)
 
     async def api_key(self, api_key: str) -> ApiKeyRecord:
         """The record of a valid, enabled API key; `AuthRefused` otherwise."""
         digest = hashlib.sha256(api_key.encode()).hexdigest()
-        cached = self._by_key.get(digest)
-        now = self._clock()
-        if cached is not None and cached[0] > now:
-            return cached[1]
-        # One registry read per key at a time: a burst of new connections shares it.
-        pending = self._verifying.get(digest)
-        if pending is None:
-            pending = asyncio.ensure_future(self._registry.verify_key(api_key))
-            self._verifying[digest] = pending
-            pending.add_done_callback(lambda _done: self._verifying.pop(digest, None))
-        try:
-            record = await asyncio.shield(pending)
-        except ApiKeyRejected as err:
-            raise AuthRefused("invalid API key") from err
-        except ApiKeyDisabled as err:
-            raise AuthRefused("this API key is disabled") from err
-        self._by_key[digest] = (now + KEY_CACHE_SECONDS, record)
-        return record
+
+        async def load() -> ApiKeyRecord:
+            try:
+                return await self._registry.verify_key(api_key)
+            except ApiKeyRejected as err:
+                raise AuthRefused("invalid API key") from err
+            except ApiKeyDisabled as err:
+                raise AuthRefused("this API key is disabled") from err
+
+        return await self._by_key.get(digest, load)
+
+    async def settled(self) -> None:
+        """Wait for key reads in flight, background refreshes included."""
+        await self._by_key.settled()
+        await self._by_id.settled()
 
     async def authenticate(self, credential: str) -> Principal:
         """The principal behind an API key or a gateway token."""
@@ -110,15 +177,13 @@ class Authenticator:
         except TokenError as err:
             raise AuthRefused(f"token refused: {err.reason}") from err
         record = await self._key_by_id(claims.sub)
-        if record is None or record.disabled:
-            raise AuthRefused("the key this token was issued to is disabled or gone")
         return principal_of(record, self._max_streams_per_key, expires_at=claims.exp)
 
-    async def _key_by_id(self, key_id: str) -> ApiKeyRecord | None:
-        now = self._clock()
-        cached = self._by_id.get(key_id)
-        if cached is not None and cached[0] > now:
-            return cached[1]
-        record = await self._registry.get_key(key_id)
-        self._by_id[key_id] = (now + KEY_CACHE_SECONDS, record)
-        return record
+    async def _key_by_id(self, key_id: str) -> ApiKeyRecord:
+        async def load() -> ApiKeyRecord:
+            record = await self._registry.get_key(key_id)
+            if record is None or record.disabled:
+                raise AuthRefused("the key this token was issued to is disabled or gone")
+            return record
+
+        return await self._by_id.get(key_id, load)

@@ -12,6 +12,9 @@ if TYPE_CHECKING:
     from gateway.relay import RelayOutcome
 
 LATENCY_BUCKETS_SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 120)
+ADDED_LATENCY_BUCKETS_SECONDS = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.003, 0.004, 0.005, 0.0075, 0.01, 0.02, 0.05, 0.1
+)  # fmt: skip
 
 
 @dataclass
@@ -32,6 +35,14 @@ class GatewayMetrics:
             "spotgate_gateway_ttft_seconds",
             "time to first token, queueing included",
             buckets=LATENCY_BUCKETS_SECONDS,
+            registry=r,
+        )
+        self.added_ttft = Histogram(
+            "spotgate_gateway_added_ttft_seconds",
+            "the gateway's own share of time to first token: from the request to the agent "
+            "having it, and from the agent's first token to the client's writer (streams "
+            "placed without queueing)",
+            buckets=ADDED_LATENCY_BUCKETS_SECONDS,
             registry=r,
         )
         self.queue_time = Histogram(
@@ -64,6 +75,8 @@ class GatewayMetrics:
         self.queue_time.observe(outcome.queue_ms / 1000)
         if outcome.ttft_ms is not None:
             self.ttft.observe(outcome.ttft_ms / 1000)
+        if outcome.added_ttft_ms is not None:
+            self.added_ttft.observe(outcome.added_ttft_ms / 1000)
         if outcome.resumes:
             self.resumes.inc(outcome.resumes)
         if outcome.error is not None:

@@ -46,6 +46,7 @@ class RelayOutcome:
     prompt_tokens: int = 0
     queue_ms: float = 0.0
     ttft_ms: float | None = None
+    added_ttft_ms: float | None = None  # the gateway's own share of `ttft_ms`, if not queued
     error: ErrorCode | None = None
 
 
@@ -64,6 +65,8 @@ async def relay_stream(
     excluded: set[str] = set()
     deadline = time.time() + deadline_seconds
     announced_agent: str | None = None
+    queued = False
+    placements = 0
     queued_at = time.monotonic()
     while True:
         try:
@@ -72,6 +75,7 @@ async def relay_stream(
                 frame.model, session=frame.session, exclude=excluded, deadline=deadline
             ):
                 if isinstance(event, Queued):
+                    queued = True
                     if not ids:  # a resume waits silently: the client already has a stream
                         yield QueuedFrame(id=frame.id, position=event.position)
                 else:
@@ -127,6 +131,7 @@ async def relay_stream(
             excluded.add(chosen.agent_id)
             continue
         dispatcher.started(chosen.agent_id)
+        placements += 1
         finished = False
         retry = False
         try:
@@ -141,6 +146,10 @@ async def relay_stream(
                 elif isinstance(item, DeltaFrame):
                     if outcome.ttft_ms is None:
                         outcome.ttft_ms = (time.monotonic() - started) * 1000
+                        first_try = placements == 1 and not queued
+                        if first_try and channel.first_delta_at is not None:
+                            agent_ms = (channel.first_delta_at - channel.sent_at) * 1000
+                            outcome.added_ttft_ms = outcome.ttft_ms - agent_ms
                     ids.extend(item.ids or ())
                     text.append(item.text)
                     yield DeltaFrame(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing, suppress
 from dataclasses import dataclass, field
 
@@ -22,12 +22,12 @@ from gateway.auth import Authenticator, Principal
 from gateway.dispatch import Dispatcher
 from gateway.metrics import GatewayMetrics
 from gateway.ratelimit import RateLimiter
-from gateway.relay import RelayOutcome, relay_stream
+from gateway.relay import ClientFrame, RelayOutcome, relay_stream
 from gateway.signing import load_key_ring
 from spotgate.logging import bound_context, get_logger
 from spotgate.openai_api import ChatCompletionRequest, CompletionRequest, completion_id
-from spotgate.openai_http import queued_frames, read_body, respond
-from spotgate.protocol import AnyFrame, DeltaFrame, ErrorCode, ErrorFrame, GenerateFrame
+from spotgate.openai_http import read_body, respond
+from spotgate.protocol import DeltaFrame, ErrorCode, ErrorFrame, GenerateFrame
 from spotgate.registry import Registry
 from spotgate.settings import TOKEN_TTL_MAX_SECONDS, GatewaySettings
 from spotgate.tokens import GATEWAY_SUBJECT_PREFIX, KeyRing, issue
@@ -136,50 +136,57 @@ def _refusal(
     return None
 
 
+async def admitted_frames(
+    state: GatewayState, frame: GenerateFrame, principal: Principal
+) -> AsyncGenerator[ClientFrame, None]:
+    """A stream's frames for its client: admitted against its key's limits, then relayed."""
+    decision = state.limiter.admit(principal.key_id, principal.limits, time.time())
+    if not decision.admitted:
+        state.metrics.rejections.labels(reason="rate_limited").inc()
+        yield ErrorFrame(
+            id=frame.id,
+            code=ErrorCode.RATE_LIMITED,
+            message=decision.reason,
+            retry_after=decision.retry_after,
+        )
+        return
+    outcome = RelayOutcome()
+    state.active_streams += 1
+    state.idle.clear()
+    state.metrics.active_streams.inc()
+    try:
+        with bound_context(stream_id=frame.id, key_id=principal.key_id):
+            frames = relay_stream(
+                frame,
+                dispatcher=state.dispatcher,
+                link_for=state.link_for,
+                deadline_seconds=state.settings.queue.deadline_seconds,
+                outcome=outcome,
+            )
+            async with aclosing(frames) as relayed:
+                async for out in relayed:
+                    if isinstance(out, DeltaFrame):
+                        state.metrics.tokens.inc(out.n)
+                    yield out
+    finally:
+        state.active_streams -= 1
+        if state.active_streams == 0:
+            state.idle.set()
+        state.metrics.active_streams.dec()
+        used = outcome.prompt_tokens + outcome.completion_tokens
+        state.limiter.finish(principal.key_id, used, time.time())
+        state.metrics.record(outcome)
+
+
 def start_stream(
     state: GatewayState, frame: GenerateFrame, principal: Principal, send: Send
 ) -> RelayHandle:
-    """Admit a stream against its key's limits and relay it; frames go to `send`."""
+    """Relay a websocket stream in its own task; its frames go to `send`."""
 
     async def run() -> None:
-        decision = state.limiter.admit(principal.key_id, principal.limits, time.time())
-        if not decision.admitted:
-            state.metrics.rejections.labels(reason="rate_limited").inc()
-            await send(
-                ErrorFrame(
-                    id=frame.id,
-                    code=ErrorCode.RATE_LIMITED,
-                    message=decision.reason,
-                    retry_after=decision.retry_after,
-                )
-            )
-            return
-        outcome = RelayOutcome()
-        state.active_streams += 1
-        state.idle.clear()
-        state.metrics.active_streams.inc()
-        try:
-            with bound_context(stream_id=frame.id, key_id=principal.key_id):
-                frames = relay_stream(
-                    frame,
-                    dispatcher=state.dispatcher,
-                    link_for=state.link_for,
-                    deadline_seconds=state.settings.queue.deadline_seconds,
-                    outcome=outcome,
-                )
-                async with aclosing(frames) as relayed:
-                    async for out in relayed:
-                        if isinstance(out, DeltaFrame):
-                            state.metrics.tokens.inc(out.n)
-                        await send(out)
-        finally:
-            state.active_streams -= 1
-            if state.active_streams == 0:
-                state.idle.set()
-            state.metrics.active_streams.dec()
-            used = outcome.prompt_tokens + outcome.completion_tokens
-            state.limiter.finish(principal.key_id, used, time.time())
-            state.metrics.record(outcome)
+        async with aclosing(admitted_frames(state, frame, principal)) as frames:
+            async for out in frames:
+                await send(out)
 
     return RelayHandle(asyncio.create_task(run(), name=f"relay {frame.id}"))
 
@@ -194,8 +201,8 @@ async def _principal(request: web.Request) -> Principal | web.Response:
     try:
         return await request.app[STATE].authenticator.authenticate(credential)
     except AuthRefused as err:
-        request.app[STATE].metrics.rejections.labels(reason="unauthorized").inc()
-        return json_error(ErrorCode.UNAUTHORIZED, str(err))
+        request.app[STATE].metrics.rejections.labels(reason=err.code.value).inc()
+        return json_error(err.code, str(err), err.retry_after)
 
 
 async def token(request: web.Request) -> web.Response:
@@ -207,8 +214,8 @@ async def token(request: web.Request) -> web.Response:
     try:
         record = await state.authenticator.api_key(credential)
     except AuthRefused as err:
-        state.metrics.rejections.labels(reason="unauthorized").inc()
-        return json_error(ErrorCode.UNAUTHORIZED, str(err))
+        state.metrics.rejections.labels(reason=err.code.value).inc()
+        return json_error(err.code, str(err), err.retry_after)
     issued = issue(
         state.ring,
         subject=record.key_id,
@@ -283,20 +290,18 @@ async def _openai(
     refusal = _refusal(state, frame, principal)
     if refusal is not None:
         return json_error(*refusal)
-    queue: asyncio.Queue[AnyFrame] = asyncio.Queue()
-    handle = start_stream(state, frame, principal, queue.put)
-    try:
+    # The handler drives the relay itself (no task, no queue between them): if the client
+    # goes away, the failed write ends the handler and `aclosing` cancels the agent's stream.
+    async with aclosing(admitted_frames(state, frame, principal)) as frames:
         return await respond(
             request,
-            queued_frames(queue),
+            frames,
             kind="chat" if kind == "chat" else "text",
             cid=cid,
             model=body.model,
             stream=body.stream,
             include_usage=body.include_usage,
         )
-    finally:
-        handle.end("cancelled")
 
 
 async def healthz(_request: web.Request) -> web.Response:

@@ -9,6 +9,7 @@ from aiohttp import web
 
 from gateway.server import create_app
 from spotgate.logging import get_logger
+from spotgate.process import freeze_long_lived_objects
 from spotgate.settings import GatewaySettings
 
 log = get_logger(__name__)
@@ -24,6 +25,7 @@ async def serve_gateway(settings: GatewaySettings) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     log.info("gateway listening", host=settings.host, port=settings.port)
+    freeze_long_lived_objects()
     try:
         await stop.wait()
     finally:

@@ -10,6 +10,7 @@ from aiohttp import web
 
 from gpu_agent.server import RUNTIME, create_app
 from spotgate.logging import get_logger
+from spotgate.process import freeze_long_lived_objects
 from spotgate.settings import AgentSettings
 
 log = get_logger(__name__)
@@ -40,6 +41,12 @@ async def serve_agent(settings: AgentSettings) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal, signum)
     log.info("agent listening", host=settings.host, port=settings.port, engine=settings.engine)
+
+    async def freeze_once_ready() -> None:
+        await runtime.became_ready.wait()  # the engine and its warm-up are in memory by now
+        freeze_long_lived_objects()
+
+    runtime.spawn(freeze_once_ready(), "gc-freeze")
     try:
         await runtime.stopped.wait()
     finally:

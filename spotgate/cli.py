@@ -163,12 +163,13 @@ def _agent(_args: argparse.Namespace) -> int:
     from gpu_agent.server import AgentConfigError
     from gpu_agent.service import serve_agent
     from spotgate.logging import configure_logging
+    from spotgate.process import run_service
     from spotgate.settings import AgentSettings
 
     settings = AgentSettings()
     configure_logging(settings.shared.log_level, settings.shared.log_format)
     try:
-        asyncio.run(serve_agent(settings))
+        run_service(serve_agent(settings))
     except AgentConfigError as err:
         raise CommandError(str(err)) from err
     return 0
@@ -177,11 +178,12 @@ def _agent(_args: argparse.Namespace) -> int:
 def _gateway(_args: argparse.Namespace) -> int:
     from gateway.service import serve_gateway
     from spotgate.logging import configure_logging
+    from spotgate.process import run_service
     from spotgate.settings import GatewaySettings
 
     settings = GatewaySettings()
     configure_logging(settings.shared.log_level, settings.shared.log_format)
-    asyncio.run(serve_gateway(settings))
+    run_service(serve_gateway(settings))
     return 0
 
 

@@ -152,43 +152,66 @@ def completion_body(kind: Kind, cid: str, model: str, text: str, done: DoneFrame
     }
 
 
-def chunk_event(
-    kind: Kind,
-    cid: str,
-    model: str,
-    *,
-    text: str | None = None,
-    first: bool = False,
-    finish_reason: str | None = None,
-    usage: dict[str, int] | None = None,
-) -> bytes:
-    """One SSE `data:` event holding a streamed chunk (chat or text)."""
-    body: dict[str, Any] = {
-        "id": cid,
-        "object": "chat.completion.chunk" if kind == "chat" else "text_completion",
-        "created": int(time.time()),
-        "model": model,
-    }
-    if usage is not None:
-        body["choices"] = []
-        body["usage"] = usage
-        return sse_event(body)
-    choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason}
-    if kind == "chat":
-        delta: dict[str, str] = {"role": "assistant"} if first else {}
-        if text is not None:
-            delta["content"] = text
-        choice["delta"] = delta
-    else:
-        choice["text"] = text or ""
-        choice["logprobs"] = None
-    body["choices"] = [choice]
-    return sse_event(body)
+class ChunkEncoder:
+    """The SSE events of one streamed chat or text completion.
+
+    The fields every chunk repeats (id, object, created, model) are encoded once per
+    response; a content chunk then costs one `json.dumps` of its text, because the gateway
+    and the agents write one for every token of every stream.
+    """
+
+    def __init__(self, kind: Kind, cid: str, model: str) -> None:
+        self.kind = kind
+        head = {
+            "id": cid,
+            "object": "chat.completion.chunk" if kind == "chat" else "text_completion",
+            "created": int(time.time()),
+            "model": model,
+        }
+        self._head = b"data: " + _compact_json(head)[:-1].encode() + b',"choices":['
+        self._content_open = (
+            b'{"index":0,"delta":{"content":' if kind == "chat" else b'{"index":0,"text":'
+        )
+        self._content_close = (
+            b'},"finish_reason":null}]}\n\n'
+            if kind == "chat"
+            else b',"logprobs":null,"finish_reason":null}]}\n\n'
+        )
+
+    def first(self, text: str) -> bytes:
+        """The opening chunk (the assistant's role, for chat) and the first text, if any."""
+        if self.kind == "chat":
+            role = self._choice({"delta": {"role": "assistant", "content": ""}})
+            return role + (self.content(text) if text else b"")
+        return self.content(text)
+
+    def content(self, text: str) -> bytes:
+        """A chunk carrying generated text."""
+        return self._head + self._content_open + json.dumps(text).encode() + self._content_close
+
+    def finish(self, finish_reason: str) -> bytes:
+        """The chunk with the finish reason and no text."""
+        if self.kind == "chat":
+            return self._choice({"delta": {}, "finish_reason": finish_reason})
+        return self._choice({"text": "", "logprobs": None, "finish_reason": finish_reason})
+
+    def usage(self, usage: dict[str, int]) -> bytes:
+        """The final chunk with token counts and no choices (`stream_options.include_usage`)."""
+        return self._head + b'],"usage":' + _compact_json(usage).encode() + b"}\n\n"
+
+    def _choice(self, fields: dict[str, Any]) -> bytes:
+        choice = {"index": 0, **fields}
+        choice.setdefault("finish_reason", None)
+        return self._head + _compact_json(choice).encode() + b"]}\n\n"
+
+
+def _compact_json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
 
 
 def sse_event(body: dict[str, Any]) -> bytes:
     """`data: <json>` and the blank line that ends an event."""
-    return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
+    return b"data: " + _compact_json(body).encode() + b"\n\n"
 
 
 SSE_DONE = b"data: [DONE]\n\n"

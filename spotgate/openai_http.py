@@ -17,8 +17,8 @@ from pydantic import BaseModel, ValidationError
 
 from spotgate.openai_api import (
     SSE_DONE,
+    ChunkEncoder,
     Kind,
-    chunk_event,
     completion_body,
     error_body,
     openai_finish_reason,
@@ -67,6 +67,7 @@ async def respond(
     response = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
+    chunks = ChunkEncoder(kind, cid, model)
     started = False
     async for frame in frames:
         if isinstance(frame, ErrorFrame) and not started:
@@ -74,18 +75,21 @@ async def respond(
         if not isinstance(frame, DeltaFrame | DoneFrame | ErrorFrame):
             continue  # queued / start: nothing to show an OpenAI client
         if not started:
-            await response.prepare(request)
-            await response.write(chunk_event(kind, cid, model, text="", first=True))
             started = True
-        if isinstance(frame, DeltaFrame) and frame.text:
-            await response.write(chunk_event(kind, cid, model, text=frame.text))
+            await response.prepare(request)
+            if isinstance(frame, DeltaFrame):  # the role and the first token in one write
+                await response.write(chunks.first(frame.text))
+                continue
+            await response.write(chunks.first(""))
+        if isinstance(frame, DeltaFrame):
+            if frame.text:
+                await response.write(chunks.content(frame.text))
         elif isinstance(frame, ErrorFrame):
             await response.write(sse_event(error_body(frame.code, frame.message)))
-        elif isinstance(frame, DoneFrame):
-            reason = openai_finish_reason(frame)
-            await response.write(chunk_event(kind, cid, model, finish_reason=reason))
+        else:
+            await response.write(chunks.finish(openai_finish_reason(frame)))
             if include_usage:
-                await response.write(chunk_event(kind, cid, model, usage=usage_body(frame)))
+                await response.write(chunks.usage(usage_body(frame)))
     if not started:
         return json_error(ErrorCode.INTERNAL, "stream ended without a result")
     await response.write(SSE_DONE)

@@ -40,6 +40,16 @@ Send = Callable[[AnyFrame], Awaitable[None]]
 class AuthRefused(Exception):
     """A credential was refused; the message is safe to show the client."""
 
+    code = ErrorCode.UNAUTHORIZED
+    retry_after: float | None = None
+
+
+class AuthUnavailable(AuthRefused):
+    """The credential cannot be checked right now (the registry is unreachable)."""
+
+    code = ErrorCode.NO_CAPACITY
+    retry_after = 5.0
+
 
 class StreamControl(Protocol):
     """A running stream as the socket loop needs it."""
@@ -90,7 +100,7 @@ async def serve_websocket(
         try:
             principal = await handlers.authenticate(token)
         except AuthRefused as err:
-            return json_error(ErrorCode.UNAUTHORIZED, str(err))
+            return json_error(err.code, str(err), err.retry_after)
     ws = web.WebSocketResponse(
         heartbeat=limits.heartbeat_seconds, max_msg_size=limits.max_frame_bytes, compress=compress
     )
@@ -154,11 +164,18 @@ async def _first_frame_auth(
             raise AuthRefused("authenticate first: send an 'auth' frame")
         return await handlers.authenticate(frame.token)
     except TimeoutError:
-        message_text = "no 'auth' frame in time"
-    except (AuthRefused, FrameError) as err:
-        message_text = str(err)
-    await ws.send_str(encode_frame(ErrorFrame(code=ErrorCode.UNAUTHORIZED, message=message_text)))
-    await ws.close(code=WSCloseCode.POLICY_VIOLATION)
+        refused = ErrorFrame(code=ErrorCode.UNAUTHORIZED, message="no 'auth' frame in time")
+    except FrameError as err:
+        refused = ErrorFrame(code=ErrorCode.UNAUTHORIZED, message=str(err))
+    except AuthRefused as err:
+        refused = ErrorFrame(code=err.code, message=str(err), retry_after=err.retry_after)
+    await ws.send_str(encode_frame(refused))
+    close_code = (
+        WSCloseCode.TRY_AGAIN_LATER
+        if refused.code == ErrorCode.NO_CAPACITY
+        else WSCloseCode.POLICY_VIOLATION
+    )
+    await ws.close(code=close_code)
     return None
 
 
@@ -177,7 +194,7 @@ async def _handle(
         try:
             principal = await handlers.authenticate(frame.token)
         except AuthRefused as err:
-            await send(ErrorFrame(code=ErrorCode.UNAUTHORIZED, message=str(err)))
+            await send(ErrorFrame(code=err.code, message=str(err), retry_after=err.retry_after))
     elif isinstance(frame, CancelFrame):
         stream = streams.get(frame.id)
         if stream is not None:

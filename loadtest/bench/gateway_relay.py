@@ -30,16 +30,18 @@ from loadtest.bench.harness import (
     Sample,
     Server,
     alternating_runs,
+    bucket_quantile,
     free_port,
     print_log_tails,
     spawn,
+    split_cpus,
     timed_run,
     wait_ready,
 )
 from loadtest.bench.report import machine_facts, median, percentile, write_section
 from spotgate.emulator import AwsEmulator
 from spotgate.registry import Registry
-from spotgate.tokens import KeyRing, SigningKey, issue
+from spotgate.tokens import GATEWAY_SUBJECT_PREFIX, KeyRing, SigningKey, issue
 
 MODEL = "synth"
 TOKENS_PER_SECOND = 50.0
@@ -49,7 +51,8 @@ COMMAND = (
     "python -m loadtest.bench.gateway_relay --litellm .bench/litellm/bin/litellm "
     "--write docs/benchmarks.md"
 )
-PATHS = ("direct", "gateway", "litellm")
+ADDED_TTFT_HISTOGRAM = "spotgate_gateway_added_ttft_seconds"
+PATHS = ("direct", "gateway", "litellm", "direct ws", "gateway ws")
 
 
 def _aws_env(aws: AwsEmulator) -> dict[str, str]:
@@ -64,7 +67,9 @@ def _aws_env(aws: AwsEmulator) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def _stack(logs: Path, litellm: Path | None) -> Iterator[dict[str, Server]]:
+def _stack(
+    logs: Path, litellm: Path | None, client_cpus: set[int], relay_cpus: set[int]
+) -> Iterator[dict[str, Server]]:
     aws = AwsEmulator()
     aws.start()
     key = SigningKey.generate()
@@ -72,8 +77,13 @@ def _stack(logs: Path, litellm: Path | None) -> Iterator[dict[str, Server]]:
     gateway_url = f"http://127.0.0.1:{gateway_port}"
     agent_url = f"http://127.0.0.1:{agent_port}"
     api_key = asyncio.run(_prepare(aws))
+    # A gateway's token: the direct websocket client multiplexes like a gateway does.
     agent_token = issue(
-        KeyRing([key]), subject="bench", issuer=gateway_url, now=time.time(), ttl_seconds=900
+        KeyRing([key]),
+        subject=f"{GATEWAY_SUBJECT_PREFIX}bench",
+        issuer=gateway_url,
+        now=time.time(),
+        ttl_seconds=900,
     ).token
     servers: dict[str, Server] = {}
     try:
@@ -92,10 +102,11 @@ def _stack(logs: Path, litellm: Path | None) -> Iterator[dict[str, Server]]:
                 "SPOTGATE_AGENT_SYNTHETIC__TTFT_SECONDS": str(TTFT_SECONDS),
                 "SPOTGATE_AGENT_SYNTHETIC__CAPACITY": str(AGENT_CAPACITY),
             },
+            client_cpus,
         )
-        servers["direct"] = Server(
-            "direct", agent_url, {"Authorization": f"Bearer {agent_token}"}, agent, MODEL
-        )
+        agent_auth = {"Authorization": f"Bearer {agent_token}"}
+        servers["direct"] = Server("direct", agent_url, agent_auth, agent, MODEL)
+        servers["direct ws"] = Server("direct ws", agent_url, agent_auth, agent, MODEL, "ws")
         gateway = spawn(
             [sys.executable, "-m", "spotgate.cli", "gateway"],
             logs / "gateway.log",
@@ -107,9 +118,14 @@ def _stack(logs: Path, litellm: Path | None) -> Iterator[dict[str, Server]]:
                 "SPOTGATE_GATEWAY_LIMITS__MAX_STREAMS_PER_CONNECTION": str(AGENT_CAPACITY),
                 "SPOTGATE_GATEWAY_MAX_STREAMS_PER_KEY": str(AGENT_CAPACITY),
             },
+            relay_cpus,
         )
+        gateway_auth = {"Authorization": f"Bearer {api_key}"}
         servers["gateway"] = Server(
-            "gateway", gateway_url, {"Authorization": f"Bearer {api_key}"}, gateway, MODEL
+            "gateway", gateway_url, gateway_auth, gateway, MODEL, "sse", ADDED_TTFT_HISTOGRAM
+        )
+        servers["gateway ws"] = Server(
+            "gateway ws", gateway_url, gateway_auth, gateway, MODEL, "ws", ADDED_TTFT_HISTOGRAM
         )
         if litellm is not None:
             port = free_port()
@@ -129,6 +145,7 @@ def _stack(logs: Path, litellm: Path | None) -> Iterator[dict[str, Server]]:
                  "--host", "127.0.0.1", "--num_workers", "1"],
                 logs / "litellm.log",
                 {**os.environ, "LITELLM_LOG": "ERROR"},
+                relay_cpus,
             )  # fmt: skip
             servers["litellm"] = Server(
                 "litellm",
@@ -139,11 +156,12 @@ def _stack(logs: Path, litellm: Path | None) -> Iterator[dict[str, Server]]:
             )
         yield servers
     finally:
-        for server in servers.values():
-            server.process.terminate()
-        for server in servers.values():
+        processes = {server.process.pid: server.process for server in servers.values()}
+        for process in processes.values():
+            process.terminate()
+        for process in processes.values():
             with contextlib.suppress(Exception):
-                server.process.wait(timeout=30)
+                process.wait(timeout=30)
         aws.stop()
 
 
@@ -176,8 +194,19 @@ async def measure(
             concurrencies,
             runs,
             max_tokens,
-            lambda concurrency: max(1, 10 // concurrency),  # at least 10 samples per run
+            requests_per_client,
+            stream_seconds(max_tokens),
         )
+
+
+def requests_per_client(concurrency: int) -> int:
+    """Enough streams per client for steady state and a p99 over ≥ 1000 samples per path."""
+    return max(1, min(20, 1000 // concurrency))
+
+
+def stream_seconds(max_tokens: int) -> float:
+    """How long one stream lasts on an idle synthetic engine."""
+    return TTFT_SECONDS + (max_tokens - 1) / TOKENS_PER_SECOND
 
 
 def render(
@@ -194,22 +223,38 @@ def render(
         f"Command: `{COMMAND}`.",
         f"Engine: **synthetic** ({TOKENS_PER_SECOND:.0f} tokens/s per stream, TTFT "
         f"{TTFT_SECONDS * 1000:.0f} ms); streamed chat completions of {max_tokens} tokens; "
-        f"{runs} alternating runs per path and concurrency; client, agent and relays share "
-        "the machine.",
+        f"{runs} alternating runs per path and concurrency. Clients arrive staggered over one "
+        "stream's length and each streams up to 20 completions back to back, so the streams "
+        "are in steady state at the stated concurrency (≥ 1000 TTFT samples per path and "
+        "run, 1000 at 1000 streams). Client and agent are pinned to one half of the CPUs, "
+        "the relay under test (gateway or LiteLLM) to the other, as a relay has its own "
+        "CPUs in a deployment.",
         f"Machine: {machine_facts(['aiohttp'])}.",
         "",
         "| streams | path | tok/s (median) | TTFT p50 ms | TTFT p99 ms | added p50 ms "
-        "| added p99 ms | relayed tok per relay CPU-s | failures |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| added p99 ms | gateway's own p50 / p99 ms | relayed tok per relay CPU-s | failures |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for concurrency in concurrencies:
         base = None
         for path in paths:
+            if path == "direct ws":
+                base = None  # websocket rows compare with the direct websocket
             samples = results[(path, concurrency)]
             ttfts = [t for sample in samples for t in sample.ttfts_seconds] or [0.0]
             p50, p99 = percentile(ttfts, 0.5) * 1000, percentile(ttfts, 0.99) * 1000
             rate = median([sample.tokens_per_second for sample in samples])
             failures = sum(sample.failures for sample in samples)
+            own = "—"
+            if samples[0].added_ttft_buckets:
+                merged: dict[float, float] = {}
+                for sample in samples:
+                    for bound, count in sample.added_ttft_buckets.items():
+                        merged[bound] = merged.get(bound, 0.0) + count
+                own = (
+                    f"≤ {bucket_quantile(merged, 0.5) * 1000:g} / "
+                    f"≤ {bucket_quantile(merged, 0.99) * 1000:g}"
+                )
             if base is None:
                 base = (p50, p99)
                 added = ("—", "—")
@@ -221,7 +266,7 @@ def render(
                 per_cpu = f"{tokens / cpu:,.0f}" if cpu > 0 else "—"
             lines.append(
                 f"| {concurrency} | {path} | {rate:,.0f} | {p50:.1f} | {p99:.1f} | {added[0]} "
-                f"| {added[1]} | {per_cpu} | {failures} |"
+                f"| {added[1]} | {own} | {per_cpu} | {failures} |"
             )
     return "\n".join(lines)
 
@@ -236,10 +281,12 @@ def main() -> None:
     parser.add_argument("--write", type=Path)
     args = parser.parse_args()
     litellm = args.litellm if args.litellm and args.litellm.exists() else None
+    client_cpus, relay_cpus = split_cpus()
+    os.sched_setaffinity(0, client_cpus)
     with tempfile.TemporaryDirectory(prefix="spotgate-bench-") as scratch:
         logs = Path(scratch)
         try:
-            with _stack(logs, litellm) as servers:
+            with _stack(logs, litellm, client_cpus, relay_cpus) as servers:
                 results = asyncio.run(
                     measure(servers, args.concurrency, args.runs, args.max_tokens)
                 )

@@ -13,10 +13,12 @@ import os
 import socket
 import sys
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from subprocess import STDOUT, Popen
+from typing import Any, Literal
 
 import aiohttp
 
@@ -33,13 +35,20 @@ def free_port() -> int:
 
 @dataclass
 class Server:
-    """A running OpenAI-compatible server under test."""
+    """A running server under test, and how the clients talk to it.
+
+    `sse`: OpenAI streamed chat completions, one HTTP request per stream. `ws`: the wire
+    protocol (DESIGN.md §4), every client's streams multiplexed on one websocket.
+    """
 
     name: str
     url: str
     headers: dict[str, str]
     process: Popen[bytes]
     model: str
+    transport: Literal["sse", "ws"] = "sse"
+    # A Prometheus histogram of the server's own added TTFT, read before and after each run.
+    added_ttft_histogram: str | None = None
 
     def cpu_seconds(self) -> float:
         """User plus system CPU time the server process has used so far."""
@@ -55,10 +64,32 @@ def print_log_tails(logs: Path, lines: int = 30) -> None:
         print("\n".join(tail), file=sys.stderr)
 
 
-def spawn(command: list[str], log: Path, env: dict[str, str] | None = None) -> Popen[bytes]:
-    """Start a server process logging to `log`."""
+def spawn(
+    command: list[str],
+    log: Path,
+    env: dict[str, str] | None = None,
+    cpus: set[int] | None = None,
+) -> Popen[bytes]:
+    """Start a server process logging to `log`, pinned to `cpus` when given."""
     with log.open("wb") as out:
-        return Popen(command, env=env, stdout=out, stderr=STDOUT)  # noqa: S603
+        process = Popen(command, env=env, stdout=out, stderr=STDOUT)  # noqa: S603
+    if cpus is not None:
+        os.sched_setaffinity(process.pid, cpus)
+    return process
+
+
+def split_cpus() -> tuple[set[int], set[int]]:
+    """(client side, relay side): the machine's CPUs in two halves, as even as possible.
+
+    The relay under test gets its own CPUs, as it has in a deployment, so the latency it adds
+    is its own and not its fight with the load generator for a core. On one CPU both halves
+    are that CPU.
+    """
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return set(cpus), set(cpus)
+    half = len(cpus) // 2
+    return set(cpus[:half]), set(cpus[half:])
 
 
 @dataclass
@@ -71,6 +102,30 @@ class Sample:
     server_cpu_seconds: float = 0.0
     ttfts_seconds: list[float] = field(default_factory=list)
     failures: int = 0
+    # Observations of the server's added-TTFT histogram during the run: {upper bound: count}.
+    added_ttft_buckets: dict[float, float] = field(default_factory=dict)
+
+
+async def histogram_buckets(http: aiohttp.ClientSession, url: str, name: str) -> dict[float, float]:
+    """Cumulative bucket counts of a Prometheus histogram, by upper bound (seconds)."""
+    async with http.get(f"{url}/metrics") as response:
+        text = await response.text()
+    buckets: dict[float, float] = {}
+    prefix = f'{name}_bucket{{le="'
+    for line in text.splitlines():
+        if line.startswith(prefix):
+            bound, count = line[len(prefix) :].split('"}', 1)
+            buckets[float(bound)] = float(count)
+    return buckets
+
+
+def bucket_quantile(buckets: dict[float, float], q: float) -> float:
+    """The upper bound of the bucket holding quantile `q` (cumulative counts, as Prometheus)."""
+    total = max(buckets.values(), default=0.0)
+    for bound in sorted(buckets):
+        if total and buckets[bound] >= q * total:
+            return bound
+    return float("nan")
 
 
 async def wait_ready(http: aiohttp.ClientSession, server: Server, path: str) -> None:
@@ -118,29 +173,109 @@ async def one_request(
     return (ttft if ttft is not None else time.perf_counter() - started), tokens
 
 
+class StreamSocket:
+    """One websocket carrying many streams; frames are sorted to their stream by id."""
+
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        self._ws = ws
+        self._streams: dict[str, asyncio.Queue[dict[str, Any]]] = {}
+        self._reader = asyncio.create_task(self._read())
+
+    async def one_request(self, model: str, prompt: str, max_tokens: int) -> tuple[float, int]:
+        """Stream one chat generation; return (TTFT seconds, completion tokens)."""
+        stream_id = uuid.uuid4().hex
+        frames: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._streams[stream_id] = frames
+        started = time.perf_counter()
+        ttft = None
+        try:
+            await self._ws.send_json(
+                {
+                    "type": "generate",
+                    "id": stream_id,
+                    "model": model,
+                    "messages": [{"role": "user", "content": prompt}],
+                    "max_tokens": max_tokens,
+                    "temperature": 0,
+                }
+            )
+            while True:
+                frame = await frames.get()
+                if frame["type"] == "delta" and ttft is None and frame["text"]:
+                    ttft = time.perf_counter() - started
+                elif frame["type"] == "done":
+                    tokens = int(frame["usage"]["completion_tokens"])
+                    return (ttft if ttft is not None else time.perf_counter() - started), tokens
+                elif frame["type"] == "error":
+                    raise aiohttp.ClientError(f"{frame['code']}: {frame['message']}")
+        finally:
+            del self._streams[stream_id]
+
+    async def close(self) -> None:
+        """Close the socket."""
+        await self._ws.close()
+        self._reader.cancel()
+
+    async def _read(self) -> None:
+        async for message in self._ws:
+            frame = json.loads(message.data)
+            queue = self._streams.get(frame.get("id", ""))
+            if queue is not None:
+                queue.put_nowait(frame)
+
+
 async def timed_run(
-    http: aiohttp.ClientSession, server: Server, concurrency: int, requests: int, max_tokens: int
+    http: aiohttp.ClientSession,
+    server: Server,
+    concurrency: int,
+    requests: int,
+    max_tokens: int,
+    stagger_seconds: float = 0.0,
 ) -> Sample:
-    """`concurrency` clients each streaming `requests` completions, one after another."""
+    """`concurrency` clients each streaming `requests` completions, one after another.
+
+    Client n starts `n * stagger_seconds / concurrency` after the first, so with a stagger of
+    about one stream's length the streams are in steady state at `concurrency` rather than
+    arriving as one burst.
+    """
     sample = Sample()
+    sockets: StreamSocket | None = None
+    if server.transport == "ws":
+        sockets = StreamSocket(
+            await http.ws_connect(
+                f"{server.url}/v1/ws", headers=server.headers, max_msg_size=16 * 1024 * 1024
+            )
+        )
 
     async def worker(worker_id: int) -> None:
+        await asyncio.sleep(worker_id * stagger_seconds / concurrency)  # arrival shaping
         for index in range(requests):
+            prompt = f"request {worker_id}-{index}: tell me about spot"
             try:
-                ttft, tokens = await one_request(
-                    http, server, f"request {worker_id}-{index}: tell me about spot", max_tokens
-                )
+                if sockets is not None:
+                    ttft, tokens = await sockets.one_request(server.model, prompt, max_tokens)
+                else:
+                    ttft, tokens = await one_request(http, server, prompt, max_tokens)
             except (aiohttp.ClientError, TimeoutError):
                 sample.failures += 1
                 continue
             sample.ttfts_seconds.append(ttft)
             sample.total_tokens += tokens
 
+    histogram = server.added_ttft_histogram
+    before = await histogram_buckets(http, server.url, histogram) if histogram else {}
     cpu_before = server.cpu_seconds()
     started = time.perf_counter()
-    await asyncio.gather(*(worker(n) for n in range(concurrency)))
+    try:
+        await asyncio.gather(*(worker(n) for n in range(concurrency)))
+    finally:
+        if sockets is not None:
+            await sockets.close()
     sample.wall_seconds = time.perf_counter() - started
     sample.server_cpu_seconds = server.cpu_seconds() - cpu_before
+    if histogram:
+        after = await histogram_buckets(http, server.url, histogram)
+        sample.added_ttft_buckets = {le: after[le] - before.get(le, 0.0) for le in after}
     sample.tokens_per_second = sample.total_tokens / sample.wall_seconds
     return sample
 
@@ -152,6 +287,7 @@ async def alternating_runs(
     runs: int,
     max_tokens: int,
     requests_per_client: Callable[[int], int],
+    stagger_seconds: float = 0.0,
 ) -> dict[tuple[str, int], list[Sample]]:
     """At each concurrency, `runs` rounds of one run per server, so drift hits all alike."""
     results: dict[tuple[str, int], list[Sample]] = {}
@@ -159,6 +295,8 @@ async def alternating_runs(
         requests = requests_per_client(concurrency)
         for _ in range(runs):
             for server in servers:
-                sample = await timed_run(http, server, concurrency, requests, max_tokens)
+                sample = await timed_run(
+                    http, server, concurrency, requests, max_tokens, stagger_seconds
+                )
                 results.setdefault((server.name, concurrency), []).append(sample)
     return results

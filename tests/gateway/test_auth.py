@@ -4,11 +4,13 @@ import asyncio
 
 import pytest
 
-from gateway.auth import Authenticator
+from gateway.auth import KEY_CACHE_SECONDS, KEY_FRESH_SECONDS, Authenticator
 from spotgate.emulator import AwsEmulator
+from spotgate.protocol import ErrorCode
 from spotgate.registry import ApiKeyRecord, Registry
 from spotgate.tokens import KeyRing, SigningKey
-from spotgate.wsserver import AuthRefused
+from spotgate.wsserver import AuthRefused, AuthUnavailable
+from tests.conftest import FakeClock
 
 
 class CountingRegistry(Registry):
@@ -34,3 +36,53 @@ async def test_a_burst_of_new_connections_shares_one_key_read(aws: AwsEmulator) 
         with pytest.raises(AuthRefused, match="invalid API key"):
             await auth.authenticate(created.api_key[:-2] + "zz")
         assert registry.reads == 2
+
+
+async def test_a_busy_key_is_refreshed_ahead_and_a_disabled_key_stops_within_the_cache_time(
+    aws: AwsEmulator,
+) -> None:
+    clock = FakeClock()
+    async with CountingRegistry.open(aws.settings()) as registry:
+        await registry.create_tables()
+        created = await registry.create_key("busy")
+        auth = Authenticator(
+            registry, KeyRing([SigningKey.generate()]), "http://gw", 5.0, 64, clock=clock
+        )
+        await auth.authenticate(created.api_key)
+        assert registry.reads == 1
+
+        # Past the fresh time: answered from the cache at once, and re-read behind it.
+        clock.advance(KEY_FRESH_SECONDS + 1)
+        await registry.disable_key(created.record.key_id)
+        principal = await auth.authenticate(created.api_key)
+        assert principal.key_id == created.record.key_id
+        await auth.settled()
+        assert registry.reads == 2
+
+        with pytest.raises(AuthRefused, match="disabled"):
+            await auth.authenticate(created.api_key)
+
+
+async def test_registry_outage_serves_recent_keys_and_answers_503_for_unchecked_ones(
+    aws: AwsEmulator,
+) -> None:
+    clock = FakeClock()
+    async with CountingRegistry.open(aws.settings()) as registry:
+        await registry.create_tables()
+        known = await registry.create_key("known")
+        unchecked = await registry.create_key("unchecked")
+        auth = Authenticator(
+            registry, KeyRing([SigningKey.generate()]), "http://gw", 5.0, 64, clock=clock
+        )
+        await auth.authenticate(known.api_key)
+        aws.stop()
+        try:
+            clock.advance(KEY_CACHE_SECONDS + 1)  # past the cache: a read is tried, and fails
+            principal = await auth.authenticate(known.api_key)
+            with pytest.raises(AuthUnavailable) as refused:
+                await auth.authenticate(unchecked.api_key)
+        finally:
+            aws.start()
+    assert principal.key_id == known.record.key_id
+    assert refused.value.code == ErrorCode.NO_CAPACITY
+    assert refused.value.retry_after is not None

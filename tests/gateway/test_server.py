@@ -398,6 +398,10 @@ async def test_metrics_count_what_happened(
     assert value('spotgate_gateway_rejections_total{reason="unauthorized"}') == 1
     assert value('spotgate_gateway_agents{state="ready"}') == 1
     assert value("spotgate_gateway_ttft_seconds_count ") == 2
+    # The agent's 10 ms to its first token is its own, not the gateway's.
+    assert value("spotgate_gateway_added_ttft_seconds_count ") == 2
+    added = value("spotgate_gateway_added_ttft_seconds_sum ")
+    assert 0 < added < value("spotgate_gateway_ttft_seconds_sum ") - 2 * 0.01
     assert value("spotgate_gateway_active_streams ") == 0
     assert value("spotgate_gateway_registry_up ") == 1
 
