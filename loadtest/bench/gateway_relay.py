@@ -268,6 +268,17 @@ def render(
                 f"| {concurrency} | {path} | {rate:,.0f} | {p50:.1f} | {p99:.1f} | {added[0]} "
                 f"| {added[1]} | {own} | {per_cpu} | {failures} |"
             )
+    lines += [
+        "",
+        "*added*: the path's TTFT minus direct's at the same concurrency (websocket rows: minus "
+        "direct ws). Over HTTP, direct means the agent serves every SSE stream itself, next to "
+        "the client on the same CPUs, while through the gateway the agent serves one "
+        "multiplexed websocket and the gateway the SSE streams on its own CPUs, so *added* can "
+        "be negative. The websocket rows give the agent and the client the same work on both "
+        "paths and isolate the extra hop. *gateway's own*: its "
+        "`spotgate_gateway_added_ttft_seconds` histogram over the same runs (bucket upper "
+        "bounds): request to agent, plus agent's first token to the client's writer.",
+    ]
     return "\n".join(lines)
 
 
