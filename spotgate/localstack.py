@@ -67,8 +67,7 @@ class LocalStackInfo:
 
     def ready_line(self) -> str:
         """The one line `spotgate up` prints once everything answers."""
-        chat = self.chat_url or "(not built yet)"
-        return f"spotgate ready: gateway={self.gateway_url} chat={chat} key={self.api_key}"
+        return f"spotgate ready: gateway={self.gateway_url} chat={self.chat_url} key={self.api_key}"
 
     def shared_settings(self) -> SharedSettings:
         """Shared settings that reach this stack's AWS emulator."""
@@ -244,6 +243,7 @@ async def run_up(directory: Path, options: UpOptions, *, announce: Callable[[str
                     "SPOTGATE_GATEWAY_PUBLIC_URL": gateway_url,
                     "SPOTGATE_GATEWAY_TOKEN__SIGNING_KEY_PEM": SigningKey.generate().to_pem(),
                     "SPOTGATE_GATEWAY_MODELS": json.dumps([served]),
+                    "SPOTGATE_GATEWAY_CHAT_DEV_API_KEY": created.api_key,
                 },
             )
             await _wait_http_ok(f"{gateway_url}/readyz", processes, "the gateway")
@@ -283,6 +283,7 @@ async def run_up(directory: Path, options: UpOptions, *, announce: Callable[[str
             region=EMULATOR_REGION,
             api_key=created.api_key,
             gateway_url=gateway_url,
+            chat_url=f"{gateway_url}/",
             model=served,
             agents=agents,
         )

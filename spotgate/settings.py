@@ -144,6 +144,9 @@ class GatewaySettings(BaseSettings):
     # a load balancer's deregistration delay should match it.
     shutdown_grace_seconds: Annotated[float, Field(ge=0)] = 30.0
     models: tuple[str, ...] = ()
+    # Local mode only (`spotgate up` sets it): the chat page offers this key so it works at
+    # once. Anyone who can load the page can read it; never set it on a shared gateway.
+    chat_dev_api_key: SecretStr | None = None
 
 
 class VllmSettings(_Section):
@@ -163,6 +166,8 @@ class SyntheticSettings(_Section):
     ttft_seconds: Annotated[float, Field(ge=0)] = 0.05
     tokens_per_second: PositiveFloat = 50.0
     capacity: PositiveInt = 256
+    # Reply to a chat with its last user message, a byte per token (UI tests: exact text).
+    echo: bool = False
 
 
 class AgentSettings(BaseSettings):

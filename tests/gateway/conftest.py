@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -47,28 +49,40 @@ def gateway_key() -> SigningKey:
     return SigningKey.generate()
 
 
-@pytest.fixture
-async def gateway(aws: AwsEmulator, gateway_key: SigningKey) -> AsyncIterator[Gateway]:
+@contextlib.asynccontextmanager
+async def running_gateway(
+    aws: AwsEmulator, signing_key: SigningKey, **overrides: Any
+) -> AsyncIterator[Gateway]:
+    """A gateway on a free loopback port with test settings (`overrides` replace them)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    settings = GatewaySettings(
-        shared=aws.settings(),
-        port=port,
-        public_url=url,
-        token=TokenSettings(signing_key_pem=SecretStr(gateway_key.to_pem())),
-        queue=QueueSettings(max_pending_per_model=4, deadline_seconds=5.0),
-        registry_refresh_seconds=0.2,
-        demand_publish_seconds=0.5,
-        models=("scalable",),
-        shutdown_grace_seconds=5.0,
-    )
+    fields: dict[str, Any] = {
+        "shared": aws.settings(),
+        "port": port,
+        "public_url": url,
+        "token": TokenSettings(signing_key_pem=SecretStr(signing_key.to_pem())),
+        "queue": QueueSettings(max_pending_per_model=4, deadline_seconds=5.0),
+        "registry_refresh_seconds": 0.2,
+        "demand_publish_seconds": 0.5,
+        "models": ("scalable",),
+        "shutdown_grace_seconds": 5.0,
+    }
+    settings = GatewaySettings(**{**fields, **overrides})
     async with Registry.open(aws.settings()) as registry:
         await registry.create_tables()
     runner = web.AppRunner(create_app(settings))
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", port).start()
-    yield Gateway(url, runner.app, gateway_key)
-    await runner.cleanup()
+    try:
+        yield Gateway(url, runner.app, signing_key)
+    finally:
+        await runner.cleanup()
+
+
+@pytest.fixture
+async def gateway(aws: AwsEmulator, gateway_key: SigningKey) -> AsyncIterator[Gateway]:
+    async with running_gateway(aws, gateway_key) as running:
+        yield running
 
 
 @pytest.fixture

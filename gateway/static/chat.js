@@ -1,0 +1,421 @@
+// The spotgate chat page: the websocket protocol of DESIGN.md §4 with first-frame auth.
+// Model text is only ever put into the page as text nodes, never as HTML.
+
+const KEY_STORAGE = "spotgate.apiKey";
+const CHATS_STORAGE = "spotgate.chats";
+const RECONNECT_DELAYS_MS = [500, 1000, 2000, 5000, 10000];
+const TOKEN_REFRESH_MARGIN_MS = 20000;
+
+const $ = (id) => document.getElementById(id);
+const state = {
+  apiKey: localStorage.getItem(KEY_STORAGE),
+  ws: null,
+  reconnects: 0,
+  refreshTimer: null,
+  chats: JSON.parse(localStorage.getItem(CHATS_STORAGE) || "[]"),
+  current: null,
+  streaming: null, // {id, chat, message, view, started, firstAt, tokens, agent}
+  followScroll: true,
+};
+
+// --- key and token ----------------------------------------------------------------------
+
+async function start() {
+  if (!state.apiKey) {
+    const config = await fetch("/chat/config.json").then((r) => r.json()).catch(() => ({}));
+    if (config.dev_api_key) state.apiKey = config.dev_api_key;
+  }
+  showKeyPanel();
+  renderChats();
+  if (state.apiKey) await connect();
+}
+
+function showKeyPanel() {
+  $("key-form").hidden = Boolean(state.apiKey);
+  $("forget-key").hidden = !state.apiKey;
+}
+
+async function fetchToken() {
+  const response = await fetch("/v1/token", {
+    method: "POST",
+    headers: { Authorization: `Bearer ${state.apiKey}` },
+  });
+  const body = await response.json().catch(() => ({}));
+  if (!response.ok) {
+    const error = new Error(body.error?.message || `token request failed (${response.status})`);
+    error.status = response.status;
+    error.retryAfter = Number(response.headers.get("Retry-After")) || null;
+    throw error;
+  }
+  return body;
+}
+
+async function loadModels() {
+  const response = await fetch("/v1/models", { headers: { Authorization: `Bearer ${state.apiKey}` } });
+  if (!response.ok) return;
+  const select = $("model");
+  const chosen = select.value;
+  select.replaceChildren(
+    ...(await response.json()).data.map((model) => new Option(model.id, model.id)),
+  );
+  if (chosen) select.value = chosen;
+}
+
+// --- socket -----------------------------------------------------------------------------
+
+async function connect() {
+  clearTimeout(state.refreshTimer);
+  setConnection("connecting…");
+  let issued;
+  try {
+    issued = await fetchToken();
+  } catch (error) {
+    if (error.status === 401) {
+      notify(`The API key was refused: ${error.message}`);
+      setConnection("offline");
+      return;
+    }
+    return scheduleReconnect(error.message);
+  }
+  await loadModels();
+  const ws = new WebSocket(issued.ws_url);
+  state.ws = ws;
+  ws.onopen = () => {
+    ws.send(JSON.stringify({ type: "auth", token: issued.token }));
+    state.reconnects = 0;
+    setConnection("connected");
+    hideNotice();
+    scheduleTokenRefresh(issued.expires_at);
+  };
+  ws.onmessage = (event) => onFrame(JSON.parse(event.data));
+  ws.onclose = (event) => {
+    if (state.ws !== ws) return;
+    state.ws = null;
+    if (state.streaming) failStream("The connection dropped; the reply stopped here.");
+    if (event.code === 1008) {
+      setConnection("offline");
+      return; // refused credentials: reconnecting would be refused again
+    }
+    scheduleReconnect(`connection closed (${event.code})`);
+  };
+}
+
+function scheduleReconnect(reason) {
+  const delay = RECONNECT_DELAYS_MS[Math.min(state.reconnects, RECONNECT_DELAYS_MS.length - 1)];
+  state.reconnects += 1;
+  setConnection(`reconnecting in ${Math.round(delay / 100) / 10} s (${reason})`);
+  setTimeout(connect, delay);
+}
+
+function scheduleTokenRefresh(expiresAt) {
+  const inMs = Math.max(1000, expiresAt * 1000 - Date.now() - TOKEN_REFRESH_MARGIN_MS);
+  state.refreshTimer = setTimeout(async () => {
+    try {
+      const issued = await fetchToken();
+      state.ws?.send(JSON.stringify({ type: "auth", token: issued.token }));
+      scheduleTokenRefresh(issued.expires_at);
+    } catch (error) {
+      notify(`Could not refresh the session token: ${error.message}`);
+    }
+  }, inMs);
+}
+
+function setConnection(text) {
+  $("connection").textContent = text;
+}
+
+// --- frames -----------------------------------------------------------------------------
+
+function onFrame(frame) {
+  const stream = state.streaming;
+  if (frame.type === "error" && !frame.id) {
+    notify(frame.message);
+    return;
+  }
+  if (!stream || frame.id !== stream.id) return;
+  if (frame.type === "queued") {
+    stream.view.meta.textContent = `queued: position ${frame.position} (the pool is scaling up)`;
+  } else if (frame.type === "start") {
+    if (stream.agent && stream.agent !== frame.agent) {
+      const moved = document.createElement("div");
+      moved.className = "moved";
+      moved.textContent = `moved from ${stream.agent} to ${frame.agent} mid-reply; nothing was lost`;
+      stream.view.root.insertBefore(moved, stream.view.meta);
+      stream.message.moved = moved.textContent;
+    }
+    stream.agent = frame.agent;
+    stream.engine = frame.engine;
+    stream.view.meta.textContent = `on ${frame.agent}…`;
+  } else if (frame.type === "delta") {
+    stream.firstAt ??= performance.now();
+    stream.tokens += frame.n;
+    stream.message.content += frame.text;
+    renderMarkdown(stream.view.body, stream.message.content);
+    scrollIfFollowing();
+  } else if (frame.type === "done") {
+    finishStream(frame);
+  } else if (frame.type === "error") {
+    failStream(describeError(frame));
+  }
+}
+
+function describeError(frame) {
+  if (frame.code === "rate_limited") {
+    return `Rate limited: ${frame.message}. Try again in ${Math.ceil(frame.retry_after ?? 1)} s.`;
+  }
+  if (frame.code === "no_capacity") {
+    const wait = frame.retry_after ? ` Try again in ${Math.ceil(frame.retry_after)} s.` : "";
+    return `No capacity right now: ${frame.message}.${wait}`;
+  }
+  if (frame.code === "unauthorized") return `Not authorized: ${frame.message}`;
+  return `${frame.code}: ${frame.message}`;
+}
+
+function finishStream(done) {
+  const stream = state.streaming;
+  const seconds = (performance.now() - (stream.firstAt ?? stream.started)) / 1000;
+  const ttft = ((stream.firstAt ?? performance.now()) - stream.started) / 1000;
+  const rate = stream.tokens > 1 && seconds > 0 ? (stream.tokens - 1) / seconds : 0;
+  const engine = stream.engine === "synthetic" ? " (synthetic engine)" : "";
+  const stopped = done.finish_reason === "cancelled" ? " · stopped" : "";
+  stream.message.meta =
+    `${stream.agent ?? "?"}${engine} · TTFT ${ttft.toFixed(2)} s · ` +
+    `${rate.toFixed(1)} tokens/s · ${done.usage.completion_tokens} tokens${stopped}`;
+  stream.view.meta.textContent = stream.message.meta;
+  endStream();
+}
+
+function failStream(text) {
+  const stream = state.streaming;
+  stream.message.error = text;
+  stream.view.meta.textContent = "";
+  stream.view.meta.append(errorNode(text));
+  endStream();
+}
+
+function endStream() {
+  state.streaming = null;
+  $("stop").hidden = true;
+  $("send").hidden = false;
+  saveChats();
+}
+
+// --- sending ----------------------------------------------------------------------------
+
+function send(text) {
+  if (!state.ws || state.ws.readyState !== WebSocket.OPEN) {
+    notify("Not connected yet; wait a moment and send again.");
+    return;
+  }
+  if (state.streaming) return;
+  const chat = state.current ?? newChat();
+  chat.messages.push({ role: "user", content: text });
+  if (chat.title === "New chat") chat.title = text.slice(0, 40);
+  const reply = { role: "assistant", content: "" };
+  const history = chat.messages.map(({ role, content }) => ({ role, content }));
+  chat.messages.push(reply);
+  renderChats();
+  renderMessages();
+  const id = crypto.randomUUID();
+  state.streaming = {
+    id, chat, message: reply, view: reply.view, started: performance.now(), tokens: 0, agent: null,
+  };
+  state.followScroll = true;
+  $("stop").hidden = false;
+  $("send").hidden = true;
+  state.ws.send(JSON.stringify({
+    type: "generate",
+    id,
+    model: $("model").value,
+    messages: history,
+    max_tokens: Number($("max-tokens").value) || 256,
+    temperature: Number($("temperature").value),
+    session: chat.session,
+  }));
+}
+
+function stop() {
+  if (state.streaming && state.ws) {
+    state.ws.send(JSON.stringify({ type: "cancel", id: state.streaming.id }));
+  }
+}
+
+// --- conversations ----------------------------------------------------------------------
+
+function newChat() {
+  const chat = { id: crypto.randomUUID(), session: crypto.randomUUID(), title: "New chat", messages: [] };
+  state.chats.unshift(chat);
+  state.current = chat;
+  saveChats();
+  renderChats();
+  renderMessages();
+  return chat;
+}
+
+function saveChats() {
+  const plain = state.chats.map((chat) => ({
+    ...chat,
+    messages: chat.messages.map(({ view, ...message }) => message),
+  }));
+  localStorage.setItem(CHATS_STORAGE, JSON.stringify(plain));
+}
+
+function renderChats() {
+  $("chats").replaceChildren(...state.chats.map((chat) => {
+    const item = document.createElement("li");
+    item.textContent = chat.title;
+    item.setAttribute("aria-current", String(chat === state.current));
+    item.tabIndex = 0;
+    item.onclick = item.onkeydown = (event) => {
+      if (event.type === "keydown" && event.key !== "Enter") return;
+      if (state.streaming) return;
+      state.current = chat;
+      document.body.classList.remove("sidebar-open");
+      renderChats();
+      renderMessages();
+    };
+    return item;
+  }));
+}
+
+function renderMessages() {
+  const views = (state.current?.messages ?? []).map((message) => {
+    const root = document.createElement("article");
+    root.className = `message ${message.role}`;
+    const body = document.createElement("div");
+    body.className = "body";
+    renderMarkdown(body, message.content);
+    const meta = document.createElement("div");
+    meta.className = "meta";
+    root.append(body);
+    if (message.moved) {
+      const moved = document.createElement("div");
+      moved.className = "moved";
+      moved.textContent = message.moved;
+      root.append(moved);
+    }
+    root.append(meta);
+    if (message.error) meta.append(errorNode(message.error));
+    else if (message.meta) meta.textContent = message.meta;
+    message.view = { root, body, meta };
+    return root;
+  });
+  $("messages").replaceChildren(...views);
+  scrollIfFollowing();
+}
+
+// --- rendering (text nodes only) ---------------------------------------------------------
+
+function renderMarkdown(container, text) {
+  const nodes = [];
+  const fence = /```([^\n`]*)\n([\s\S]*?)(?:```|$)/g;
+  let last = 0;
+  for (const match of text.matchAll(fence)) {
+    nodes.push(...paragraphs(text.slice(last, match.index)));
+    nodes.push(codeBlock(match[2], match[1].trim()));
+    last = match.index + match[0].length;
+  }
+  nodes.push(...paragraphs(text.slice(last)));
+  container.replaceChildren(...nodes);
+}
+
+function paragraphs(text) {
+  return text.split(/\n{2,}/).filter((part) => part.trim()).map((part) => {
+    const p = document.createElement("p");
+    part.split(/(`[^`\n]+`)/).forEach((piece, index) => {
+      if (index % 2 === 1) {
+        const code = document.createElement("code");
+        code.textContent = piece.slice(1, -1);
+        p.append(code);
+      } else {
+        p.append(document.createTextNode(piece));
+      }
+    });
+    return p;
+  });
+}
+
+function codeBlock(source, language) {
+  const wrapper = document.createElement("div");
+  wrapper.className = "code";
+  const pre = document.createElement("pre");
+  const code = document.createElement("code");
+  if (language) code.dataset.language = language;
+  code.textContent = source;
+  pre.append(code);
+  const copy = document.createElement("button");
+  copy.type = "button";
+  copy.className = "copy";
+  copy.textContent = "Copy";
+  copy.onclick = async () => {
+    await navigator.clipboard?.writeText(source);
+    copy.textContent = "Copied";
+  };
+  wrapper.append(pre, copy);
+  return wrapper;
+}
+
+function errorNode(text) {
+  const node = document.createElement("span");
+  node.className = "error";
+  node.textContent = text;
+  return node;
+}
+
+function notify(text) {
+  $("notice").textContent = text;
+  $("notice").hidden = false;
+}
+
+function hideNotice() {
+  $("notice").hidden = true;
+}
+
+function scrollIfFollowing() {
+  if (state.followScroll) $("messages").scrollTop = $("messages").scrollHeight;
+}
+
+// --- wiring -----------------------------------------------------------------------------
+
+$("messages").addEventListener("scroll", () => {
+  const box = $("messages");
+  state.followScroll = box.scrollHeight - box.scrollTop - box.clientHeight < 40;
+});
+$("composer").addEventListener("submit", (event) => {
+  event.preventDefault();
+  const text = $("prompt").value;
+  if (!text.trim()) return;
+  $("prompt").value = "";
+  send(text);
+});
+$("prompt").addEventListener("keydown", (event) => {
+  if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+    event.preventDefault();
+    $("composer").requestSubmit();
+  }
+});
+$("stop").addEventListener("click", stop);
+$("new-chat").addEventListener("click", () => !state.streaming && newChat());
+$("toggle-sidebar").addEventListener("click", () => document.body.classList.toggle("sidebar-open"));
+$("key-form").addEventListener("submit", (event) => {
+  event.preventDefault();
+  state.apiKey = $("key-input").value.trim();
+  localStorage.setItem(KEY_STORAGE, state.apiKey);
+  $("key-input").value = "";
+  hideNotice();
+  showKeyPanel();
+  state.ws?.close();
+  connect();
+});
+$("forget-key").addEventListener("click", () => {
+  localStorage.removeItem(KEY_STORAGE);
+  state.apiKey = null;
+  state.ws?.close();
+  state.ws = null;
+  setConnection("offline");
+  showKeyPanel();
+});
+
+state.current = state.chats[0] ?? null;
+renderMessages();
+start();
