@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
-from collections.abc import AsyncIterator
+import signal
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,13 @@ from spotgate.registry import Registry
 from spotgate.settings import AgentSettings, SyntheticSettings
 from spotgate.tokens import SigningKey
 from tests.agents import wait_for
-from tests.gateway.conftest import MODEL, Gateway, GatewayAgentFactory, running_gateway
+from tests.gateway.conftest import (
+    MODEL,
+    AgentProcess,
+    Gateway,
+    GatewayAgentFactory,
+    running_gateway,
+)
 
 CHROMIUM = os.environ.get("SPOTGATE_CHROMIUM", "/usr/bin/chromium")
 OUTPUT_DIR = Path(os.environ.get("SPOTGATE_TEST_OUTPUT", "test-output")) / "chat"
@@ -169,3 +177,33 @@ async def test_screenshots_at_desktop_and_phone_width(
         size = await page.evaluate("[document.documentElement.scrollWidth, innerWidth]")
         assert path.stat().st_size > 10_000
         assert size[0] <= size[1], f"{name}: the page scrolls sideways"
+
+
+async def test_killing_the_serving_agent_mid_reply_moves_it_and_the_page_says_so(
+    browser: Browser, gateway: Gateway, agent_processes: Callable[[int, float], list[AgentProcess]]
+) -> None:
+    agents = agent_processes(2, 30.0)
+
+    async def both_routable() -> bool:
+        view = gateway.state.dispatcher.view
+        return all(view.record(agent.agent_id) is not None for agent in agents)
+
+    await wait_for(both_routable, within=60)
+    page = await open_page(browser, gateway.url)
+    await page.fill("#max-tokens", "60")
+    await page.fill("#prompt", "keep talking")
+    await page.press("#prompt", "Enter")
+    meta = page.locator(".message.assistant .meta")
+    await expect(meta).to_contain_text("on proc-")
+    serving = (await meta.inner_text()).removeprefix("on ").removesuffix("…")
+    body = page.locator(".message.assistant .body")
+    await expect(body).to_have_text(re.compile(r".{20,}"))  # a few tokens in, before the kill
+
+    victim = next(agent for agent in agents if agent.agent_id == serving)
+    victim.process.send_signal(signal.SIGKILL)
+
+    await expect(page.locator(".message.assistant .moved")).to_contain_text(
+        f"moved from {serving}", timeout=15_000
+    )
+    await expect(meta).to_contain_text("60 tokens", timeout=15_000)
+    assert await page.locator(".message .error").count() == 0
