@@ -134,7 +134,8 @@ function onFrame(frame) {
   }
   if (!stream || frame.id !== stream.id) return;
   if (frame.type === "queued") {
-    stream.view.meta.textContent = `queued: position ${frame.position} (the pool is scaling up)`;
+    // Positions count from 0 (next in line); people count from 1.
+    stream.view.meta.textContent = `queued: #${frame.position + 1} in line (the pool is scaling up)`;
   } else if (frame.type === "start") {
     if (stream.agent && stream.agent !== frame.agent) {
       const moved = document.createElement("div");

@@ -2,23 +2,28 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
 import os
 import re
 import shutil
 import signal
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+from aiohttp import WSCloseCode
 from playwright.async_api import Browser, Page, async_playwright, expect
 from pydantic import SecretStr
 
 from gpu_agent.synthetic_engine import SyntheticEngine
 from spotgate.emulator import AwsEmulator
 from spotgate.registry import Registry
-from spotgate.settings import AgentSettings, SyntheticSettings
+from spotgate.settings import AgentSettings, SyntheticSettings, TokenSettings
 from spotgate.tokens import SigningKey
-from tests.agents import wait_for
+from tests.agents import AgentFactory, wait_for, wait_ready
 from tests.gateway.conftest import (
     MODEL,
     AgentProcess,
@@ -41,15 +46,23 @@ async def browser() -> AsyncIterator[Browser]:
         await launched.close()
 
 
-@pytest.fixture
-async def chat_gateway(aws: AwsEmulator, gateway_key: SigningKey) -> AsyncIterator[Gateway]:
-    """A gateway in local mode: the page is offered the dev key."""
+@contextlib.asynccontextmanager
+async def local_gateway(
+    aws: AwsEmulator, gateway_key: SigningKey, rpm: int | None = None, **overrides: Any
+) -> AsyncIterator[Gateway]:
+    """A gateway in local mode: the page is offered a dev key (limited to `rpm` if given)."""
     async with Registry.open(aws.settings()) as registry:
         await registry.create_tables()
-        dev_key = await registry.create_key("dev")
+        dev_key = await registry.create_key("dev", rpm=rpm)
     async with running_gateway(
-        aws, gateway_key, chat_dev_api_key=SecretStr(dev_key.api_key)
+        aws, gateway_key, chat_dev_api_key=SecretStr(dev_key.api_key), **overrides
     ) as running:
+        yield running
+
+
+@pytest.fixture
+async def chat_gateway(aws: AwsEmulator, gateway_key: SigningKey) -> AsyncIterator[Gateway]:
+    async with local_gateway(aws, gateway_key) as running:
         yield running
 
 
@@ -58,12 +71,14 @@ def gateway(chat_gateway: Gateway) -> Gateway:
     return chat_gateway  # agents started by `gateway_agent` trust this gateway
 
 
-async def open_page(browser: Browser, url: str, width: int = 1280, height: int = 800) -> Page:
+async def open_page(
+    browser: Browser, url: str, width: int = 1280, height: int = 800, model: str = MODEL
+) -> Page:
     context = await browser.new_context(viewport={"width": width, "height": height})
     page = await context.new_page()
     await page.goto(url)
     await expect(page.locator("#connection")).to_have_text("connected")
-    await page.select_option("#model", MODEL)
+    await page.select_option("#model", model)
     return page
 
 
@@ -207,3 +222,135 @@ async def test_killing_the_serving_agent_mid_reply_moves_it_and_the_page_says_so
     )
     await expect(meta).to_contain_text("60 tokens", timeout=15_000)
     assert await page.locator(".message .error").count() == 0
+
+
+async def test_shift_enter_is_a_new_line_and_enter_sends(
+    browser: Browser, gateway: Gateway, gateway_agent: GatewayAgentFactory
+) -> None:
+    await gateway_agent(engine=echo(tokens_per_second=2000))
+    page = await open_page(browser, gateway.url)
+    await page.type("#prompt", "line one")
+    await page.press("#prompt", "Shift+Enter")
+    await page.type("#prompt", "line two")
+    assert await page.input_value("#prompt") == "line one\nline two"
+    assert await page.locator(".message").count() == 0
+
+    await page.press("#prompt", "Enter")
+    await expect(page.locator(".message.assistant .meta")).to_contain_text("tokens/s")
+    assert await page.locator(".message.assistant .body").inner_text() == "line one\nline two"
+
+
+async def test_queued_position_then_a_plain_no_capacity_error(
+    browser: Browser, gateway: Gateway
+) -> None:
+    page = await open_page(browser, gateway.url, model="scalable")  # configured, no agents
+    await page.fill("#prompt", "anyone there?")
+    await page.press("#prompt", "Enter")
+    meta = page.locator(".message.assistant .meta")
+    await expect(meta).to_contain_text("queued: #1 in line")
+    await expect(meta).to_contain_text("No capacity right now", timeout=15_000)
+    await expect(meta).to_contain_text("Try again in")
+
+
+async def test_rate_limited_says_how_long_to_wait(
+    browser: Browser,
+    aws: AwsEmulator,
+    gateway_key: SigningKey,
+    start_agent: AgentFactory,
+) -> None:
+    async with local_gateway(aws, gateway_key, rpm=1) as limited:
+        await start_trusting_agent(start_agent, limited)
+        page = await open_page(browser, limited.url)
+        for prompt in ("first", "second"):
+            await page.fill("#prompt", prompt)
+            await page.press("#prompt", "Enter")
+            await expect(page.locator("#send")).to_be_visible()
+        last = page.locator(".message.assistant .meta").last
+        await expect(last).to_contain_text("Rate limited")
+        await expect(last).to_contain_text(re.compile(r"Try again in \d+ s"))
+
+
+async def test_the_page_refreshes_its_token_and_reconnects_after_a_dropped_socket(
+    browser: Browser, aws: AwsEmulator, gateway_key: SigningKey, start_agent: AgentFactory
+) -> None:
+    token = TokenSettings(
+        signing_key_pem=SecretStr(gateway_key.to_pem()), ttl_seconds=3, leeway_seconds=0
+    )
+    async with local_gateway(aws, gateway_key, token=token) as short_lived:
+        await start_trusting_agent(start_agent, short_lived)
+        page = await open_page(browser, short_lived.url)
+        await asyncio.sleep(4)  # let the first token expire: the page must have refreshed it
+        await page.fill("#prompt", "still here")
+        await page.press("#prompt", "Enter")
+        meta = page.locator(".message.assistant .meta")
+        await expect(meta).to_contain_text("tokens/s")
+
+        for ws in list(short_lived.state.sockets):
+            await ws.close(code=WSCloseCode.GOING_AWAY, message=b"going away")
+        await expect(page.locator("#connection")).to_contain_text("reconnecting")
+        await expect(page.locator("#connection")).to_have_text("connected", timeout=10_000)
+        await page.fill("#prompt", "and again")
+        await page.press("#prompt", "Enter")
+        await expect(meta.last).to_contain_text("tokens/s")
+        assert await page.locator(".message .error").count() == 0
+
+
+async def start_trusting_agent(start_agent: AgentFactory, gateway: Gateway) -> None:
+    """An echo agent that trusts `gateway`, routable from it."""
+    agent = await wait_ready(
+        await start_agent(
+            echo(tokens_per_second=2000),
+            pinned_public_key=gateway.signing_key.verify_key.to_pem(),
+            token_issuer=gateway.url,
+        )
+    )
+    agent_id = agent.runtime.identity.agent_id  # type: ignore[union-attr]
+
+    async def routable() -> bool:
+        return gateway.state.dispatcher.view.record(agent_id) is not None
+
+    await wait_for(routable, within=10)
+
+
+async def test_conversations_keep_their_own_session_survive_a_reload_and_the_key_can_go(
+    browser: Browser, gateway: Gateway, gateway_agent: GatewayAgentFactory
+) -> None:
+    await gateway_agent(engine=echo(tokens_per_second=2000))
+    page = await open_page(browser, gateway.url)
+    for prompt in ("first chat", "second chat"):
+        await page.click("#new-chat")
+        await page.fill("#prompt", prompt)
+        await page.press("#prompt", "Enter")
+        await expect(page.locator(".message.assistant .meta")).to_contain_text("tokens/s")
+
+    await page.reload()
+    await expect(page.locator("#connection")).to_have_text("connected")
+    chats = json.loads(await page.evaluate("localStorage.getItem('spotgate.chats')"))
+    assert [chat["title"] for chat in chats] == ["second chat", "first chat"]
+    assert chats[0]["session"] != chats[1]["session"]
+    await page.click("#chats li >> nth=1")
+    assert await page.locator(".message.assistant .body").inner_text() == "first chat"
+
+    await page.click("#forget-key")
+    await expect(page.locator("#connection")).to_have_text("offline")
+    await expect(page.locator("#key-form")).to_be_visible()
+
+
+async def test_auto_scroll_follows_the_reply_until_the_user_scrolls_up(
+    browser: Browser, gateway: Gateway, gateway_agent: GatewayAgentFactory
+) -> None:
+    await gateway_agent(engine=echo(tokens_per_second=300))
+    page = await open_page(browser, gateway.url, width=390, height=500)
+    long_text = "\n\n".join(f"paragraph {n} of a long reply" for n in range(60))
+    await page.fill("#max-tokens", "4000")
+    await page.fill("#prompt", long_text)
+    await page.press("#prompt", "Enter")
+    body = page.locator(".message.assistant .body")
+    await expect(body).to_contain_text("paragraph 20")
+    at_bottom = "(() => { const m = document.getElementById('messages');"
+    at_bottom += " return m.scrollHeight - m.scrollTop - m.clientHeight < 40; })()"
+    assert await page.evaluate(at_bottom)
+
+    await page.locator("#messages").evaluate("m => m.scrollTo(0, 0)")
+    await expect(page.locator(".message.assistant .meta")).to_contain_text("tokens/s")
+    assert await page.locator("#messages").evaluate("m => m.scrollTop") == 0
