@@ -16,6 +16,7 @@ const state = {
   current: null,
   streaming: null, // {id, chat, message, view, started, firstAt, tokens, agent}
   followScroll: true,
+  autoScrolledTo: 0,
 };
 
 // --- key and token ----------------------------------------------------------------------
@@ -221,7 +222,6 @@ function send(text) {
   state.streaming = {
     id, chat, message: reply, view: reply.view, started: performance.now(), tokens: 0, agent: null,
   };
-  state.followScroll = true;
   $("stop").hidden = false;
   $("send").hidden = true;
   state.ws.send(JSON.stringify({
@@ -302,6 +302,8 @@ function renderMessages() {
     return root;
   });
   $("messages").replaceChildren(...views);
+  state.followScroll = true; // a freshly shown conversation opens at its end
+  state.autoScrolledTo = 0;
   scrollIfFollowing();
 }
 
@@ -373,7 +375,13 @@ function hideNotice() {
 }
 
 function scrollIfFollowing() {
-  if (state.followScroll) $("messages").scrollTop = $("messages").scrollHeight;
+  const box = $("messages");
+  // Scroll events arrive a frame late: a user who scrolled up since our last scroll shows
+  // first as a position above it, and must not be pulled back down by the next token.
+  if (box.scrollTop + 2 < state.autoScrolledTo) state.followScroll = false;
+  if (!state.followScroll) return;
+  box.scrollTop = box.scrollHeight;
+  state.autoScrolledTo = box.scrollTop;
 }
 
 // --- wiring -----------------------------------------------------------------------------
