@@ -14,7 +14,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ from typing import IO
 
 import aiohttp
 
+from spotgate.process import free_port
 from spotgate.registry import Registry
 from spotgate.settings import SharedSettings, emulator_settings
 from spotgate.tokens import SigningKey
@@ -94,12 +94,6 @@ def _write_up_file(directory: Path, info: LocalStackInfo) -> Path:
     with os.fdopen(descriptor, "w") as handle:
         json.dump(asdict(info), handle, indent=2)
     return path
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
@@ -250,7 +244,7 @@ async def run_up(directory: Path, options: UpOptions, *, announce: Callable[[str
             agents = []
             for index in range(options.agents):
                 agent_id = f"local-{index + 1}"
-                port, imds_port = _free_port(), _free_port()
+                port, imds_port = free_port(), free_port()
                 imds_url = f"http://127.0.0.1:{imds_port}"
                 processes.start(
                     f"imds-{agent_id}",

@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import socket
 from collections.abc import Coroutine
 from typing import Any
 
 from spotgate.logging import get_logger
 
 log = get_logger(__name__)
+
+
+def free_port() -> int:
+    """A free loopback TCP port (for local stacks, tests and benchmarks)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def run_service(main: Coroutine[Any, Any, None]) -> None:

@@ -5,7 +5,6 @@ Registered in the root conftest, so the session-scoped engine exists once per ru
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -23,18 +22,13 @@ from gpu_agent.server import RUNTIME, create_app
 from gpu_agent.synthetic_engine import SyntheticEngine
 from gpu_agent.tiny_model import write_tiny_model
 from spotgate.emulator import AwsEmulator
+from spotgate.process import free_port
 from spotgate.registry import Registry
 from spotgate.settings import AgentSettings, SyntheticSettings, VllmSettings
 from spotgate.tokens import KeyRing, SigningKey, issue
 
 ISSUER = "http://gateway.test"
 TINY_MODEL = "tiny"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def wait_for(condition: Callable[[], Awaitable[bool]], within: float = 30.0) -> None:

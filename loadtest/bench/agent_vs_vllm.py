@@ -33,7 +33,6 @@ from loadtest.bench.harness import (
     Sample,
     Server,
     alternating_runs,
-    free_port,
     print_log_tails,
     spawn,
     timed_run,
@@ -41,6 +40,7 @@ from loadtest.bench.harness import (
 )
 from loadtest.bench.report import machine_facts, median, percentile, write_section
 from spotgate.emulator import AwsEmulator
+from spotgate.process import free_port
 from spotgate.registry import Registry
 from spotgate.tokens import KeyRing, SigningKey, issue
 

@@ -31,7 +31,6 @@ from loadtest.bench.harness import (
     Server,
     alternating_runs,
     bucket_quantile,
-    free_port,
     print_log_tails,
     spawn,
     split_cpus,
@@ -40,6 +39,7 @@ from loadtest.bench.harness import (
 )
 from loadtest.bench.report import machine_facts, median, percentile, write_section
 from spotgate.emulator import AwsEmulator
+from spotgate.process import free_port
 from spotgate.registry import Registry
 from spotgate.tokens import GATEWAY_SUBJECT_PREFIX, KeyRing, SigningKey, issue
 

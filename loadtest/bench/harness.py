@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
 import sys
 import time
 import uuid
@@ -24,13 +23,6 @@ import aiohttp
 
 STARTUP_TIMEOUT_SECONDS = 300.0
 CLOCK_TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK")
-
-
-def free_port() -> int:
-    """A free loopback port."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass

@@ -3,7 +3,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -14,6 +13,7 @@ import pytest
 
 from spotgate.emulator import AwsEmulator
 from spotgate.localstack import UP_FILE
+from spotgate.process import free_port
 from spotgate.registry import Registry
 
 SPOTGATE = [sys.executable, "-m", "spotgate.cli"]
@@ -134,7 +134,7 @@ def test_unreachable_aws_is_one_line(tmp_path: Path) -> None:
 
 @pytest.fixture
 def spotgate_up(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
-    port = _free_port()
+    port = free_port()
     process = subprocess.Popen(
         [*SPOTGATE, "up", "--engine", "synthetic", "--agents", "2", "--port", str(port)],
         cwd=tmp_path,
@@ -148,12 +148,6 @@ def spotgate_up(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
     if process.poll() is None:
         process.kill()
         process.wait()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def test_up_runs_gateway_and_agents_and_stops_cleanly(
