@@ -35,6 +35,7 @@ bench: $(INSTALLED) $(LITELLM)
 	$(BIN)/python -m loadtest.bench.tokens --write docs/benchmarks.md
 	$(BIN)/python -m loadtest.bench.agent_vs_vllm --write docs/benchmarks.md
 	$(BIN)/python -m loadtest.bench.gateway_relay --litellm $(LITELLM) --write docs/benchmarks.md
+	$(BIN)/python -m loadtest.bench.pool_sim --write docs/benchmarks.md
 
 $(CHROMIUM):
 	$(SUDO) apt-get update -q

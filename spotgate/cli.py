@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
+import time
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -45,14 +47,22 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_BAD_INPUT, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from err
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
-    return value
+def _whole_number_at_least(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from err
+        if value < minimum:
+            least = "zero or more" if minimum == 0 else f"at least {minimum}"
+            raise argparse.ArgumentTypeError(f"{text!r} must be {least}")
+        return value
+
+    return parse
+
+
+_positive_int = _whole_number_at_least(1)
+_non_negative_int = _whole_number_at_least(0)
 
 
 def _non_negative_float(text: str) -> float:
@@ -62,6 +72,13 @@ def _non_negative_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from err
     if not value >= 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be zero or more")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = _non_negative_float(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be more than zero")
     return value
 
 
@@ -196,6 +213,125 @@ def _model_tiny(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- pool ----------------------------------------------------------------------------------
+
+
+def _pool_run(_args: argparse.Namespace) -> int:
+    from pool_manager.service import serve_pool
+    from spotgate.logging import configure_logging
+    from spotgate.process import run_service
+    from spotgate.settings import PoolSettings
+
+    settings = PoolSettings()
+    configure_logging(settings.shared.log_level, settings.shared.log_format)
+    run_service(serve_pool(settings))
+    return 0
+
+
+def _age(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+async def _pool_status(_args: argparse.Namespace) -> int:
+    async with Registry.open(_shared_settings()) as registry:
+        agents = await registry.list_agents(include_expired=True)
+        demand = await registry.read_demand()
+        fixed = await registry.read_pool_targets()
+    now = time.time()
+    rows = [("AGENT", "MODEL", "STATE", "LIFECYCLE", "TYPE", "ZONE", "LOAD", "AGE")]
+    for agent in sorted(agents, key=lambda a: (a.model, a.agent_id)):
+        state = agent.state.value if agent.is_live(now) else f"{agent.state.value} (stale)"
+        rows.append(
+            (agent.agent_id, agent.model, state, agent.lifecycle, agent.instance_type,
+             agent.zone, f"{agent.active}/{agent.capacity}", _age(now - agent.started_at))
+        )  # fmt: skip
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
+    for model in sorted(set(demand) | set(fixed)):
+        wanted = demand.get(model)
+        line = f"{model}: {wanted.pending if wanted else 0} queued, "
+        line += f"{wanted.active if wanted else 0} running"
+        if model in fixed:
+            line += f"; agent count fixed at {fixed[model]} (spotgate pool scale)"
+        print(line)
+    return 0
+
+
+async def _pool_scale(args: argparse.Namespace) -> int:
+    count = None if args.count == "auto" else int(args.count)
+    async with Registry.open(_shared_settings()) as registry:
+        await registry.set_pool_target(args.model, count)
+    if count is None:
+        print(f"{args.model}: agent count follows demand again")
+    else:
+        print(f"{args.model}: agent count fixed at {count}")
+    return 0
+
+
+async def _pool_interrupt(args: argparse.Namespace) -> int:
+    from pool_manager.events import interruption_warning
+    from spotgate.registry import aws_session
+    from spotgate.settings import PoolSettings
+
+    stack = find_local_stack(Path.cwd())
+    queue_url = stack.interruption_queue_url if stack else PoolSettings().interruption_queue_url
+    if not queue_url:
+        raise CommandError(
+            "no interruption queue: run it where `spotgate up` runs, or set "
+            "SPOTGATE_POOL_INTERRUPTION_QUEUE_URL (on AWS, AWS FIS sends real interruptions)"
+        )
+    shared = _shared_settings()
+    async with Registry.open(shared) as registry:
+        agent = await registry.get_agent(args.agent_id)
+    if agent is None:
+        raise CommandError(f"agent {args.agent_id} is not registered")
+    body = interruption_warning(args.agent_id, time.time() + args.in_seconds, shared.aws.region)
+    async with aws_session(shared.aws).client("sqs", endpoint_url=shared.aws.endpoint_url) as sqs:
+        await sqs.send_message(QueueUrl=queue_url, MessageBody=json.dumps(body))
+    print(f"interruption sent: {args.agent_id} goes in {args.in_seconds:.0f} s")
+    return 0
+
+
+def _pool_count(text: str) -> str:
+    if text == "auto":
+        return text
+    return str(_non_negative_int(text))
+
+
+def _sim(args: argparse.Namespace) -> int:
+    from pool_manager.sim.runner import policies_named, render_json, render_table, run_policies
+    from pool_manager.sim.simulator import SimConfig
+    from pool_manager.sim.traces import TraceError
+
+    try:
+        policies = policies_named(args.policy)
+    except ValueError as err:
+        raise CommandError(str(err)) from err
+    config = SimConfig(
+        target=args.target,
+        cold_start_seconds=args.cold_start,
+        notice_seconds=args.notice,
+        tick_seconds=args.tick,
+        on_demand_price_ratio=args.on_demand_price_ratio,
+        spot_overprovision=args.overprovision,
+        on_demand_hold_seconds=args.on_demand_hold,
+        seed=args.seed,
+    )
+    try:
+        results = run_policies(
+            args.traces, policies, config, windows=args.windows, window_hours=args.window_hours
+        )
+    except TraceError as err:
+        raise CommandError(str(err)) from err
+    print(render_json(results) if args.json else render_table(results))
+    return 0
+
+
 # --- parser --------------------------------------------------------------------------------
 
 
@@ -233,15 +369,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     pool = commands.add_parser("pool", help="inspect and steer the GPU pool")
     pool_commands = pool.add_subparsers(dest="pool_command", required=True, parser_class=_Parser)
-    pool_commands.add_parser("run", help="run the pool manager from the environment")
-    pool_commands.add_parser("status", help="agents by state, lifecycle, type, zone, load")
-    scale = pool_commands.add_parser("scale", help="set a model's agent count")
+    pool_commands.add_parser("run", help="run the pool manager from the environment").set_defaults(
+        handler=_pool_run
+    )
+    pool_commands.add_parser(
+        "status", help="agents by state, lifecycle, type, zone, load"
+    ).set_defaults(handler=_run_async(_pool_status))
+    scale = pool_commands.add_parser("scale", help="fix a model's agent count, or `auto`")
     scale.add_argument("model")
-    scale.add_argument("count", type=int)
+    scale.add_argument("count", type=_pool_count, help="agents, or `auto` to follow demand")
+    scale.set_defaults(handler=_run_async(_pool_scale))
     interrupt = pool_commands.add_parser("interrupt", help="inject a spot interruption")
     interrupt.add_argument("agent_id")
     interrupt.add_argument("--in", dest="in_seconds", type=_non_negative_float, default=120.0)
-    pool.set_defaults(handler=_not_built("pool manager"))
+    interrupt.set_defaults(handler=_run_async(_pool_interrupt))
 
     model = commands.add_parser("model", help="model utilities")
     model_commands = model.add_subparsers(dest="model_command", required=True, parser_class=_Parser)
@@ -250,13 +391,38 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.set_defaults(handler=_model_tiny)
 
     sim = commands.add_parser("sim", help="replay spot traces through the pool policy")
-    sim.add_argument("--traces", type=Path, required=True)
-    sim.add_argument("--policy")
-    sim.add_argument("--target", type=_positive_int, default=3)
-    sim.add_argument("--cold-start", type=_non_negative_float, default=120.0)
-    sim.add_argument("--on-demand-price-ratio", type=_non_negative_float, default=3.0)
-    sim.add_argument("--json", action="store_true")
-    sim.set_defaults(handler=_not_built("pool manager (simulator)"))
+    sim.add_argument("--traces", type=Path, required=True, help="directory of zone traces")
+    sim.add_argument(
+        "--policy",
+        help="spotgate (default), on-demand-only, spot-cheapest-zone, even-spread, "
+        "a comma-separated list, or all",
+    )
+    sim.add_argument("--target", type=_positive_int, default=3, help="agents to keep ready")
+    sim.add_argument(
+        "--cold-start", type=_non_negative_float, default=120.0, help="launch to ready, seconds"
+    )
+    sim.add_argument(
+        "--notice", type=_non_negative_float, default=120.0, help="spot notice, seconds"
+    )
+    sim.add_argument("--on-demand-price-ratio", type=_positive_float, default=3.0)
+    sim.add_argument("--overprovision", type=_non_negative_int, default=1, help="spare spot")
+    sim.add_argument(
+        "--on-demand-hold",
+        type=_non_negative_float,
+        default=1800.0,
+        help="seconds spot must hold the target before on-demand agents go",
+    )
+    sim.add_argument("--tick", type=_positive_float, default=30.0, help="step, seconds")
+    sim.add_argument(
+        "--windows",
+        type=_non_negative_int,
+        default=0,
+        help="average over this many windows at random offsets (default: the whole trace)",
+    )
+    sim.add_argument("--window-hours", type=_positive_float, default=24.0)
+    sim.add_argument("--seed", type=int, default=0)
+    sim.add_argument("--json", action="store_true", help="JSON instead of a table")
+    sim.set_defaults(handler=_sim)
 
     loadtest = commands.add_parser("loadtest", help="run locust against a gateway")
     loadtest.add_argument("--url")

@@ -20,13 +20,12 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO
 
 import aiohttp
 
-from spotgate.process import free_port
-from spotgate.registry import Registry
-from spotgate.settings import SharedSettings, emulator_settings
+from spotgate.process import ChildExited, ChildProcesses
+from spotgate.registry import AgentRecord, Registry
+from spotgate.settings import SharedSettings, emulator_settings, shared_env
 from spotgate.tokens import SigningKey
 
 UP_DIR = Path(".spotgate")
@@ -36,6 +35,14 @@ TINY_MODEL_DIR = UP_DIR / "models" / "tiny"
 TINY_SERVED_NAME = "tiny"
 SYNTHETIC_SERVED_NAME = "synthetic"
 START_TIMEOUT_SECONDS = 600.0
+LOCAL_MAX_AGENTS = 4
+LOCAL_LOOP_SECONDS = 2
+INTERRUPTION_QUEUE_NAME = "spotgate-interruptions"
+INTERRUPTION_RULE_NAME = "spotgate-ec2-events"
+LOCAL_VLLM_ENV = {
+    "SPOTGATE_AGENT_VLLM__GPU_MEMORY_UTILIZATION": "0.3",
+    "SPOTGATE_AGENT_VLLM__MAX_MODEL_LEN": "2048",
+}
 STOP_TIMEOUT_SECONDS = 120.0
 
 
@@ -64,6 +71,7 @@ class LocalStackInfo:
     chat_url: str | None = None
     model: str | None = None
     agents: list[dict[str, str]] = field(default_factory=list)
+    interruption_queue_url: str | None = None
 
     def ready_line(self) -> str:
         """The one line `spotgate up` prints once everything answers."""
@@ -96,82 +104,18 @@ def _write_up_file(directory: Path, info: LocalStackInfo) -> Path:
     return path
 
 
-@dataclass
-class _Process:
-    name: str
-    process: subprocess.Popen[bytes]
-    log: Path
+def _check(processes: ChildProcesses) -> None:
+    try:
+        processes.check()
+    except ChildExited as err:
+        raise UpFailed(str(err)) from err
 
 
-class _Processes:
-    """The stack's child processes, each logging to its own file."""
-
-    def __init__(self, directory: Path) -> None:
-        self._log_dir = directory / LOG_DIR
-        self._log_dir.mkdir(parents=True, exist_ok=True)
-        self.running: list[_Process] = []
-        self._handles: list[IO[bytes]] = []
-
-    def start(self, name: str, args: list[str], env: dict[str, str]) -> _Process:
-        log = self._log_dir / f"{name}.log"
-        handle = log.open("wb")
-        self._handles.append(handle)
-        process = subprocess.Popen(  # noqa: S603 - our own interpreter and modules
-            [sys.executable, "-m", *args],
-            env={**os.environ, **env},
-            stdout=handle,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # Ctrl-C reaches `up`, which stops children in order
-        )
-        started = _Process(name, process, log)
-        self.running.append(started)
-        return started
-
-    def check(self) -> None:
-        for child in self.running:
-            if child.process.poll() is not None:
-                raise UpFailed(
-                    f"{child.name} exited with {child.process.returncode}; see {child.log}"
-                )
-
-    async def stop(self, names: Callable[[str], bool]) -> None:
-        chosen = [child for child in self.running if names(child.name)]
-        for child in chosen:
-            if child.process.poll() is None:
-                child.process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + STOP_TIMEOUT_SECONDS
-        for child in chosen:
-            try:
-                remaining = max(0.0, deadline - time.monotonic())
-                await asyncio.to_thread(child.process.wait, remaining)
-            except subprocess.TimeoutExpired:
-                child.process.kill()
-                child.process.wait()
-
-    def close(self) -> None:
-        for child in self.running:
-            if child.process.poll() is None:
-                child.process.kill()
-                child.process.wait()
-        for handle in self._handles:
-            handle.close()
-
-
-def _aws_env(info_url: str, region: str) -> dict[str, str]:
-    return {
-        "SPOTGATE_AWS__ENDPOINT_URL": info_url,
-        "SPOTGATE_AWS__REGION": region,
-        "SPOTGATE_AWS__ACCESS_KEY_ID": "local",
-        "SPOTGATE_AWS__SECRET_ACCESS_KEY": "local",
-        "SPOTGATE_LOG_FORMAT": "json",
-    }
-
-
-async def _wait_http_ok(url: str, processes: _Processes, what: str) -> None:
+async def _wait_http_ok(url: str, processes: ChildProcesses, what: str) -> None:
     deadline = time.monotonic() + START_TIMEOUT_SECONDS
     async with aiohttp.ClientSession() as http:
         while time.monotonic() < deadline:
-            processes.check()
+            _check(processes)
             try:
                 async with http.get(url) as response:
                     if response.status == 200:
@@ -183,16 +127,37 @@ async def _wait_http_ok(url: str, processes: _Processes, what: str) -> None:
 
 
 async def _wait_agents_ready(
-    registry: Registry, model: str, count: int, processes: _Processes
-) -> list[str]:
+    registry: Registry, model: str, count: int, processes: ChildProcesses
+) -> list[AgentRecord]:
     deadline = time.monotonic() + START_TIMEOUT_SECONDS
     while time.monotonic() < deadline:
         processes.check()
         ready = await registry.list_ready(model)
         if len(ready) >= count:
-            return [agent.agent_id for agent in ready]
+            return ready
         await asyncio.sleep(0.5)
     raise UpFailed(f"agents did not register ready in time; see {LOG_DIR}/agent-*.log")
+
+
+async def _create_interruption_queue(settings: SharedSettings) -> str:
+    """The SQS queue and the EventBridge rule feeding it EC2's spot and state events."""
+    from pool_manager.events import EC2_EVENT_PATTERN  # the rule the pool manager expects
+    from spotgate.registry import aws_session
+
+    session = aws_session(settings.aws)
+    endpoint = settings.aws.endpoint_url
+    async with session.client("sqs", endpoint_url=endpoint) as sqs:
+        queue_url = (await sqs.create_queue(QueueName=INTERRUPTION_QUEUE_NAME))["QueueUrl"]
+        attributes = await sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])
+    async with session.client("events", endpoint_url=endpoint) as events:
+        await events.put_rule(
+            Name=INTERRUPTION_RULE_NAME, EventPattern=json.dumps(EC2_EVENT_PATTERN)
+        )
+        await events.put_targets(
+            Rule=INTERRUPTION_RULE_NAME,
+            Targets=[{"Id": "pool-manager", "Arn": attributes["Attributes"]["QueueArn"]}],
+        )
+    return str(queue_url)
 
 
 def _model_for(options: UpOptions, directory: Path) -> tuple[str, str]:
@@ -220,14 +185,14 @@ async def run_up(directory: Path, options: UpOptions, *, announce: Callable[[str
     model_path, served = _model_for(options, directory)
     emulator = AwsEmulator()
     emulator.start()
-    processes = _Processes(directory)
+    processes = ChildProcesses(directory / LOG_DIR)
     up_file = directory / UP_FILE
     try:
         async with Registry.open(emulator.settings()) as registry:
             await registry.create_tables()
             created = await registry.create_key("dev")
             gateway_url = f"http://127.0.0.1:{options.port}"
-            aws_env = _aws_env(emulator.url, EMULATOR_REGION)
+            aws_env = {**shared_env(emulator.settings()), "SPOTGATE_LOG_FORMAT": "json"}
             processes.start(
                 "gateway",
                 ["spotgate.cli", "gateway"],
@@ -241,37 +206,33 @@ async def run_up(directory: Path, options: UpOptions, *, announce: Callable[[str
                 },
             )
             await _wait_http_ok(f"{gateway_url}/readyz", processes, "the gateway")
-            agents = []
-            for index in range(options.agents):
-                agent_id = f"local-{index + 1}"
-                port, imds_port = free_port(), free_port()
-                imds_url = f"http://127.0.0.1:{imds_port}"
-                processes.start(
-                    f"imds-{agent_id}",
-                    ["gpu_agent.imds_emulator", "--port", str(imds_port),
-                     "--instance-id", agent_id, "--lifecycle", "spot"],
-                    {},
-                )  # fmt: skip
-                processes.start(
-                    f"agent-{agent_id}",
-                    ["spotgate.cli", "agent"],
-                    {
-                        **aws_env,
-                        "SPOTGATE_AGENT_AGENT_ID": agent_id,
-                        "SPOTGATE_AGENT_PORT": str(port),
-                        "SPOTGATE_AGENT_ENGINE": options.engine,
-                        "SPOTGATE_AGENT_MODEL": model_path,
-                        "SPOTGATE_AGENT_SERVED_MODEL_NAME": served,
-                        "SPOTGATE_AGENT_JWKS_URL": f"{gateway_url}/.well-known/jwks.json",
-                        "SPOTGATE_AGENT_IMDS_URL": imds_url,
-                        "SPOTGATE_AGENT_DRAIN_GRACE_SECONDS": "20",
-                        "SPOTGATE_AGENT_VLLM__GPU_MEMORY_UTILIZATION": "0.3",
-                        "SPOTGATE_AGENT_VLLM__MAX_MODEL_LEN": "2048",
-                    },
-                )
-                agents.append({"agent_id": agent_id, "url": f"http://127.0.0.1:{port}",
-                               "imds_url": imds_url})  # fmt: skip
-            await _wait_agents_ready(registry, served, options.agents, processes)
+            queue_url = await _create_interruption_queue(emulator.settings())
+            processes.start(
+                "pool-manager",
+                ["spotgate.cli", "pool", "run"],
+                {
+                    **aws_env,
+                    "SPOTGATE_POOL_PROVIDER": "local",
+                    "SPOTGATE_POOL_MODELS": json.dumps([served]),
+                    "SPOTGATE_POOL_MIN_AGENTS": str(options.agents),
+                    "SPOTGATE_POOL_MAX_AGENTS": str(max(options.agents, LOCAL_MAX_AGENTS)),
+                    # One machine: exactly the agents asked for, no spare and no on-demand
+                    # cover while they boot (each vLLM engine takes real memory).
+                    "SPOTGATE_POOL_SPOT_OVERPROVISION": "0",
+                    "SPOTGATE_POOL_ON_DEMAND_FALLBACK": "false",
+                    "SPOTGATE_POOL_LOOP_SECONDS": str(LOCAL_LOOP_SECONDS),
+                    "SPOTGATE_POOL_INTERRUPTION_QUEUE_URL": queue_url,
+                    # moto serves one call at a time: a long poll would hold up the rest
+                    "SPOTGATE_POOL_EVENT_WAIT_SECONDS": "0",
+                    "SPOTGATE_POOL_LOCAL__ENGINE": options.engine,
+                    "SPOTGATE_POOL_LOCAL__MODEL": model_path,
+                    "SPOTGATE_POOL_LOCAL__SERVED_MODEL_NAME": served,
+                    "SPOTGATE_POOL_LOCAL__JWKS_URL": f"{gateway_url}/.well-known/jwks.json",
+                    "SPOTGATE_POOL_LOCAL__LOG_DIR": str(directory / LOG_DIR),
+                    "SPOTGATE_POOL_LOCAL__AGENT_ENV": json.dumps(LOCAL_VLLM_ENV),
+                },
+            )
+            ready = await _wait_agents_ready(registry, served, options.agents, processes)
         info = LocalStackInfo(
             aws_endpoint_url=emulator.url,
             region=EMULATOR_REGION,
@@ -279,13 +240,15 @@ async def run_up(directory: Path, options: UpOptions, *, announce: Callable[[str
             gateway_url=gateway_url,
             chat_url=f"{gateway_url}/",
             model=served,
-            agents=agents,
+            agents=[{"agent_id": agent.agent_id, "url": agent.url} for agent in ready],
+            interruption_queue_url=queue_url,
         )
         _write_up_file(directory, info)
         announce(info.ready_line())
         await _wait_for_stop_signal(processes)
-        await processes.stop(lambda name: name.startswith("agent-"))
-        await processes.stop(lambda name: True)
+        # The pool manager drains and stops its agents before it exits; then the gateway.
+        await processes.stop(lambda child: child.name == "pool-manager", STOP_TIMEOUT_SECONDS)
+        await processes.stop(lambda child: True, STOP_TIMEOUT_SECONDS)
     finally:
         up_file.unlink(missing_ok=True)
         processes.close()
@@ -293,14 +256,14 @@ async def run_up(directory: Path, options: UpOptions, *, announce: Callable[[str
     return 0
 
 
-async def _wait_for_stop_signal(processes: _Processes) -> None:
+async def _wait_for_stop_signal(processes: ChildProcesses) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     try:
         while not stop.is_set():
-            processes.check()
+            _check(processes)
             try:
                 await asyncio.wait_for(stop.wait(), 1.0)
             except TimeoutError:

@@ -42,6 +42,7 @@ Lifecycle = Literal["spot", "on-demand", "local"]
 EngineKind = Literal["vllm", "synthetic"]
 
 BY_MODEL_INDEX = "by_model"
+POOL_TARGET_SOURCE = "~pool-target"  # a `demand` item written by `spotgate pool scale`
 TABLE_ACTIVE_TIMEOUT_SECONDS = 60.0
 
 
@@ -444,20 +445,26 @@ class Registry:
         item = response.get("Item")
         return _agent_from_item(item) if item else None
 
-    async def list_agents(self, model: str | None = None) -> list[AgentRecord]:
-        """Every unexpired agent, of one model (through the `by_model` index) or of all."""
+    async def list_agents(
+        self, model: str | None = None, *, include_expired: bool = False
+    ) -> list[AgentRecord]:
+        """Every unexpired agent, of one model (through the `by_model` index) or of all.
+
+        `include_expired` also returns entries whose heartbeat stopped and that TTL has not
+        deleted yet: the pool manager's reaper needs to see those.
+        """
         now = self._clock()
-        request: dict[str, Any] = {
-            "TableName": self._tables.agents,
-            "FilterExpression": "expires_at > :now",
-            "ExpressionAttributeValues": {":now": _encode(now)},
-        }
+        request: dict[str, Any] = {"TableName": self._tables.agents}
+        if not include_expired:
+            request["FilterExpression"] = "expires_at > :now"
+            request["ExpressionAttributeValues"] = {":now": _encode(now)}
         if model is None:
             items = self._paginate(self._client.scan, request)
         else:
             request["IndexName"] = BY_MODEL_INDEX
             request["KeyConditionExpression"] = "model = :model"
-            request["ExpressionAttributeValues"][":model"] = _encode(model)
+            values = request.setdefault("ExpressionAttributeValues", {})
+            values[":model"] = _encode(model)
             items = self._paginate(self._client.query, request)
         return [_agent_from_item(item) async for item in items]
 
@@ -597,6 +604,37 @@ class Registry:
                 }
             ),
         )
+
+    async def set_pool_target(self, model: str, count: int | None) -> None:
+        """Fix a model's agent count (`spotgate pool scale`), or hand it back to demand (None).
+
+        Stored in the `demand` table under a source that is not a gateway and without
+        `expires_at`, so demand readers skip it and TTL never removes it.
+        """
+        key = {"model": _encode(model), "gateway_id": _encode(POOL_TARGET_SOURCE)}
+        if count is None:
+            await self._client.delete_item(TableName=self._tables.demand, Key=key)
+            return
+        await self._client.put_item(
+            TableName=self._tables.demand,
+            Item={**key, "target": _encode(count), "at": _encode(self._clock())},
+        )
+
+    async def read_pool_targets(self) -> dict[str, int]:
+        """Agent counts fixed with `set_pool_target`, per model."""
+        items = self._paginate(
+            self._client.scan,
+            {
+                "TableName": self._tables.demand,
+                "FilterExpression": "gateway_id = :source",
+                "ExpressionAttributeValues": {":source": _encode(POOL_TARGET_SOURCE)},
+            },
+        )
+        targets: dict[str, int] = {}
+        async for item in items:
+            values = _decode_item(item)
+            targets[str(values["model"])] = int(values["target"])
+        return targets
 
     async def read_demand(self) -> dict[str, Demand]:
         """Demand per model, summed over gateways that published recently."""

@@ -15,6 +15,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    NonNegativeFloat,
     PositiveFloat,
     PositiveInt,
     SecretStr,
@@ -221,6 +222,26 @@ class Placement(_Section):
     on_demand_price_per_hour: PositiveFloat
 
 
+class Ec2PoolSettings(_Section):
+    """How the `ec2` provider launches agents."""
+
+    pool_name: str = "spotgate"  # the `spotgate:pool` tag on every instance of this pool
+    launch_template: str = "spotgate-agent"  # name (or `lt-…` id) of the agents' template
+    subnets: dict[str, str] = Field(default_factory=dict)  # zone → subnet id (private)
+
+
+class LocalPoolSettings(_Section):
+    """How the `local` provider runs agents: subprocesses of the pool manager on this machine."""
+
+    engine: EngineKind = "synthetic"
+    model: str = ""  # the model directory for the vLLM engine
+    served_model_name: str = "synthetic"
+    jwks_url: str | None = None  # the gateway's JWKS, for the agents' token checks
+    drain_grace_seconds: PositiveFloat = 20.0
+    log_dir: str = ".spotgate/logs"
+    agent_env: dict[str, str] = Field(default_factory=dict)  # more SPOTGATE_AGENT_… settings
+
+
 class PoolSettings(BaseSettings):
     """The pool manager (`SPOTGATE_POOL_…`)."""
 
@@ -230,17 +251,23 @@ class PoolSettings(BaseSettings):
 
     shared: SharedSettings = Field(default_factory=SharedSettings)
     provider: Literal["ec2", "local"] = "local"
+    models: tuple[str, ...] = ()  # served even with no demand yet (min_agents applies to each)
     min_agents: NonNegativeInt = 0
     max_agents: PositiveInt = 4
     target_streams_per_agent: PositiveInt = 32
     spot_overprovision: NonNegativeInt = 1
     on_demand_fallback: bool = True
+    on_demand_hold_seconds: NonNegativeFloat = 1800.0
     scale_to_zero_idle_seconds: PositiveFloat = 600.0
     launch_timeout_seconds: PositiveFloat = 900.0
     risky_placement_seconds: PositiveFloat = 1800.0
     loop_seconds: PositiveFloat = 5.0
     interruption_queue_url: str | None = None
+    # SQS long polling, capped by loop_seconds; 0 on an emulator that serves one call at a time
+    event_wait_seconds: Annotated[int, Field(ge=0, le=20)] = 20
     placements: tuple[Placement, ...] = ()
+    ec2: Ec2PoolSettings = Field(default_factory=Ec2PoolSettings)
+    local: LocalPoolSettings = Field(default_factory=LocalPoolSettings)
 
     @model_validator(mode="after")
     def _bounds_ordered(self) -> Self:
@@ -264,6 +291,23 @@ def emulator_settings(endpoint_url: str, region: str) -> SharedSettings:
         secret_access_key=SecretStr(EMULATOR_CREDENTIAL),
     )
     return SharedSettings().model_copy(update={"aws": aws})
+
+
+def shared_env(shared: SharedSettings) -> dict[str, str]:
+    """Environment variables that give a child process these shared settings' AWS and tables."""
+    aws = shared.aws
+    env = {
+        "SPOTGATE_AWS__REGION": aws.region,
+        "SPOTGATE_TABLES__AGENTS": shared.tables.agents,
+        "SPOTGATE_TABLES__KEYS": shared.tables.keys,
+        "SPOTGATE_TABLES__DEMAND": shared.tables.demand,
+    }
+    if aws.endpoint_url:
+        env["SPOTGATE_AWS__ENDPOINT_URL"] = aws.endpoint_url
+    if aws.access_key_id and aws.secret_access_key:
+        env["SPOTGATE_AWS__ACCESS_KEY_ID"] = aws.access_key_id
+        env["SPOTGATE_AWS__SECRET_ACCESS_KEY"] = aws.secret_access_key.get_secret_value()
+    return env
 
 
 def describe_validation_error(err: ValidationError) -> str:

@@ -11,20 +11,12 @@ import openai
 import pytest
 import websockets
 
-from gpu_agent.synthetic_engine import SYNTHETIC_WORDS, prompt_seed, synthetic_token
 from spotgate.emulator import AwsEmulator
 from spotgate.registry import AgentState, CreatedApiKey, Registry
 from spotgate.tokens import KeyRing, SigningKey, issue, verify
-from tests.agents import Imds, spot_notice, wait_for
+from tests.agents import Imds, expected_text, spot_notice, wait_for
 from tests.gateway.conftest import MODEL, AgentProcess, Gateway, GatewayAgentFactory
 from tests.gpu_agent.wsclient import connect, generate, receive, run_streams, send, text_of
-
-
-def expected_text(content: str, max_tokens: int) -> str:
-    """What the synthetic engine says to a one-message chat, uninterrupted."""
-    transcript = f"<user>{content}<assistant>"
-    seed = prompt_seed(list(transcript.encode()))
-    return "".join(f"{SYNTHETIC_WORDS[synthetic_token(seed, n)]} " for n in range(max_tokens))
 
 
 async def test_api_key_buys_a_token_that_agents_can_verify(

@@ -15,6 +15,8 @@ from spotgate.emulator import AwsEmulator
 from spotgate.localstack import UP_FILE
 from spotgate.process import free_port
 from spotgate.registry import Registry
+from spotgate.settings import emulator_settings
+from tests.agents import wait_for
 
 SPOTGATE = [sys.executable, "-m", "spotgate.cli"]
 
@@ -45,7 +47,12 @@ def one_line(text: str) -> str:
         (["keys", "create", "--name", "x", "--rpm", "0"], "must be at least 1"),
         (["up", "--agents", "many"], "not a whole number"),
         (["pool", "interrupt", "i-1", "--in", "-3"], "must be zero or more"),
+        (["pool", "scale", "m", "-1"], "must be zero or more"),
+        (["pool", "interrupt", "i-1"], "no interruption queue"),
         (["sim"], "--traces"),
+        (["sim", "--traces", "/no/such/dir"], "no such directory of spot traces"),
+        (["sim", "--traces", ".", "--policy", "magic"], "unknown policy"),
+        (["sim", "--traces", ".", "--tick", "0"], "must be more than zero"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(args: list[str], reason: str) -> None:
@@ -57,8 +64,6 @@ def test_bad_input_exits_2_with_one_line(args: list[str], reason: str) -> None:
 @pytest.mark.parametrize(
     ("args", "part"),
     [
-        (["pool", "status"], "pool manager"),
-        (["sim", "--traces", "."], "simulator"),
         (["loadtest"], "load test"),
     ],
 )
@@ -66,6 +71,23 @@ def test_parts_not_built_say_so_and_fail(args: list[str], part: str) -> None:
     result = run(*args)
     assert result.returncode == 3
     assert part in one_line(result.stderr)
+
+
+def test_sim_prints_one_json_object_per_policy_with_the_documented_fields() -> None:
+    traces = Path(__file__).parents[2] / "pool_manager" / "sim" / "traces" / "aws-16node-3zone"
+    args = ["sim", "--traces", str(traces), "--windows", "1", "--window-hours", "3", "--json"]
+    single = json.loads(run(*args).stdout)
+    assert single["policy"] == "spotgate"
+    both = json.loads(run(*args, "--policy", "spotgate,on-demand-only").stdout)
+    assert [r["policy"] for r in both] == ["spotgate", "on-demand-only"]
+    for result in [single, *both]:
+        assert 0 <= result["availability"] <= 1
+        assert result["cost_vs_on_demand"] > 0
+        for field in ("preemptions", "launches", "lost_streams"):
+            assert isinstance(result[field], int)
+    table = run("sim", "--traces", str(traces), "--windows", "1", "--window-hours", "3")
+    assert table.returncode == 0
+    assert table.stdout.splitlines()[1].startswith("spotgate")
 
 
 def test_bad_settings_are_one_line(tmp_path: Path) -> None:
@@ -178,8 +200,34 @@ async def test_up_runs_gateway_and_agents_and_stops_cleanly(
     assert "  dev  " in listed
     assert "  second  " in listed
 
+    # The pool manager runs the agents: status lists them, an interruption replaces one.
+    status = run("pool", "status", cwd=tmp_path)
+    assert status.returncode == 0, status.stderr
+    rows = [line.split() for line in status.stdout.splitlines()[1:] if line.startswith("local-")]
+    assert sorted((r[0], r[2], r[3]) for r in rows) == [
+        ("local-1", "ready", "spot"),
+        ("local-2", "ready", "spot"),
+    ]
+    interrupted = run("pool", "interrupt", "local-1", "--in", "5", cwd=tmp_path)
+    assert interrupted.returncode == 0, interrupted.stderr
+
+    async def replaced() -> bool:
+        async with Registry.open(emulator_settings(info["aws_endpoint_url"], info["region"])) as r:
+            ready = {a.agent_id for a in await r.list_ready(info["model"])}
+        return ready == {"local-2", "local-3"}
+
+    await wait_for(replaced, within=60)
+    again = await client.chat.completions.create(
+        model=info["model"], messages=[{"role": "user", "content": "still"}], max_tokens=3
+    )
+    assert len((again.choices[0].message.content or "").split()) == 3
+    scaled = run("pool", "scale", info["model"], "3", cwd=tmp_path)
+    assert scaled.stdout.strip() == f"{info['model']}: agent count fixed at 3"
+    assert "agent count fixed at 3" in run("pool", "status", cwd=tmp_path).stdout
+
     process.send_signal(signal.SIGINT)
     assert process.wait(timeout=120) == 0
     assert not up_file.exists()
-    for log in (tmp_path / ".spotgate" / "logs").glob("agent-*.log"):
-        assert "drained; leaving" in log.read_text()
+    logs = tmp_path / ".spotgate" / "logs"
+    for name in ("agent-local-2.log", "agent-local-3.log"):  # the agents stopped with the stack
+        assert "drained; leaving" in (logs / name).read_text()

@@ -1,0 +1,241 @@
+"""The reconcile loop's body: read the world, ask the policy, carry out its actions.
+
+Each pass joins what the provider runs (instances) with what the registry knows (agents:
+state, heartbeat, load) and what gateways publish (demand), sizes each model's pool, asks the
+reaper and the placement policy for actions, and carries them out. A spot launch refused
+for capacity marks its placement risky and the policy is asked again at once, so the next
+placement is tried in the same pass. Interruption events are handled before the pass that
+follows them, so a replacement is launched in the same loop iteration.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import suppress
+from dataclasses import dataclass, field, replace
+
+from pool_manager.events import PoolEvent
+from pool_manager.policy import (
+    Action,
+    AgentPhase,
+    Drain,
+    HedgedSpotPolicy,
+    Launch,
+    PlacementKey,
+    Policy,
+    PolicySettings,
+    PoolAgent,
+    PoolSnapshot,
+    Sizing,
+    Terminate,
+    agents_for_demand,
+    reap,
+    size_pool,
+)
+from pool_manager.provider import CapacityRefused, Instance, Provider, ProviderError
+from spotgate.logging import get_logger
+from spotgate.registry import (
+    AgentRecord,
+    AgentState,
+    Demand,
+    Registry,
+    RegistryError,
+)
+
+DRAIN_DEADLINE_SECONDS = 300.0  # a scale-down drain: streams get this long to finish
+STOPPED_INSTANCE_STATES = frozenset({"shutting-down", "terminated", "stopping", "stopped"})
+
+log = get_logger(__name__)
+
+_PHASES: dict[AgentState, AgentPhase] = {
+    AgentState.STARTING: "starting",
+    AgentState.READY: "ready",
+    AgentState.DRAINING: "draining",
+    AgentState.GONE: "draining",
+}
+
+
+def pool_agent(instance: Instance, record: AgentRecord | None, now: float) -> PoolAgent:
+    """The policy's view of one instance and its registry entry (None: still booting)."""
+    if record is None:
+        return PoolAgent(
+            agent_id=instance.agent_id,
+            lifecycle=instance.lifecycle,
+            instance_type=instance.instance_type,
+            zone=instance.zone,
+            phase="starting",
+            launched_at=instance.launched_at,
+        )
+    gone = record.state is AgentState.GONE
+    return PoolAgent(
+        agent_id=instance.agent_id,
+        lifecycle=instance.lifecycle,
+        instance_type=instance.instance_type,
+        zone=instance.zone,
+        phase=_PHASES[record.state],
+        launched_at=instance.launched_at,
+        active_streams=0 if gone else record.active,
+        heartbeat_at=record.heartbeat_at,
+        drain_deadline=now if gone else record.drain_deadline,
+        ready_at=record.ready_at,
+        at_risk=record.rebalance_at is not None,
+    )
+
+
+@dataclass(frozen=True)
+class PassReport:
+    """What one reconcile pass did (for logs, metrics and tests)."""
+
+    targets: Mapping[str, int]
+    actions: Sequence[Action]
+    refused: Sequence[Launch]
+
+
+@dataclass
+class PoolController:
+    """Keeps each model's pool at its target through a provider."""
+
+    registry: Registry
+    provider: Provider
+    settings: PolicySettings
+    models: Sequence[str] = ()
+    risky_placement_seconds: float = 1800.0
+    policy: Policy = field(default_factory=HedgedSpotPolicy)
+    clock: Callable[[], float] = time.time
+    sizing: dict[str, Sizing] = field(default_factory=dict)
+    risky_until: dict[PlacementKey, float] = field(default_factory=dict)
+
+    async def reconcile(self) -> PassReport:
+        """One pass over every model the pool serves or is asked for."""
+        now = self.clock()
+        records = {r.agent_id: r for r in await self.registry.list_agents(include_expired=True)}
+        instances = await self.provider.instances()
+        demand = await self.registry.read_demand()
+        fixed = await self.registry.read_pool_targets()
+        models = sorted(set(self.models) | set(demand) | set(fixed) | {i.model for i in instances})
+        targets: dict[str, int] = {}
+        done: list[Action] = []
+        refused: list[Launch] = []
+        for model in models:
+            targets[model] = self._size(model, demand.get(model, Demand()), fixed.get(model), now)
+            mine = [i for i in instances if i.model == model]
+            acted, denied = await self._converge(model, targets[model], mine, records, now)
+            done += acted
+            refused += denied
+        return PassReport(targets=targets, actions=done, refused=refused)
+
+    async def handle_event(self, event: PoolEvent) -> None:
+        """Act on one EC2 event: an interruption drains the agent and marks its placement."""
+        instances = {i.instance_id: i for i in await self.provider.instances()}
+        instance = instances.get(event.instance_id)
+        if instance is None:
+            log.info("event for an instance outside the pool", kind=event.kind)
+            return
+        agent_id = instance.agent_id
+        try:
+            if event.kind == "interruption":
+                deadline = event.deadline if event.deadline is not None else event.at
+                self.risky_until[instance.placement] = self.clock() + self.risky_placement_seconds
+                await self.provider.interruption_noticed(instance.instance_id, deadline)
+                await self.registry.set_draining(agent_id, deadline)
+                log.info("spot interruption: draining", agent_id=agent_id, deadline=deadline)
+            elif event.kind == "rebalance":
+                await self.registry.record_rebalance(agent_id, event.at)
+                log.info("rebalance recommended: replacing first", agent_id=agent_id)
+            elif event.state in STOPPED_INSTANCE_STATES:
+                await self.registry.set_gone(agent_id)
+                log.info("instance stopped: agent gone", agent_id=agent_id, state=event.state)
+        except RegistryError as err:  # not registered yet, or already gone: nothing to undo
+            log.info("event needed no registry change", agent_id=agent_id, error=str(err))
+
+    def _size(self, model: str, demand: Demand, fixed: int | None, now: float) -> int:
+        if fixed is not None:  # set by `spotgate pool scale`: no hysteresis
+            self.sizing[model] = Sizing(target=fixed, needed_at=now)
+            return fixed
+        needed = agents_for_demand(demand.pending, demand.active, self.settings)
+        sizing = size_pool(self.sizing.get(model, Sizing()), needed, now, self.settings)
+        self.sizing[model] = sizing
+        return sizing.target
+
+    async def _converge(
+        self,
+        model: str,
+        target: int,
+        instances: list[Instance],
+        records: dict[str, AgentRecord],
+        now: float,
+    ) -> tuple[list[Action], list[Launch]]:
+        done: list[Action] = []
+        refused: list[Launch] = []
+        refused_here: set[PlacementKey] = set()
+        for _ in range(len(self.settings.placements) + 1):
+            snapshot = PoolSnapshot(
+                now=now,
+                target=target,
+                agents=tuple(pool_agent(i, records.get(i.agent_id), now) for i in instances),
+                risky_until=dict(self.risky_until),
+            )
+            dead = reap(snapshot, self.settings)
+            reaped = {a.agent_id for a in dead}
+            # The policy plans without the dead, so their replacements start in this pass.
+            alive = replace(
+                snapshot, agents=tuple(a for a in snapshot.agents if a.agent_id not in reaped)
+            )
+            actions: list[Action] = [*dead, *self.policy.decide(alive, self.settings)]
+            retry = False
+            for action in actions:
+                if isinstance(action, Launch):
+                    if action.lifecycle == "spot" and action.placement in refused_here:
+                        continue  # refused in this pass already: wait for the next one
+                    try:
+                        launched = await self.provider.launch(model, action)
+                    except CapacityRefused as err:
+                        log.info("launch refused; trying another placement", reason=str(err))
+                        refused_here.add(action.placement)
+                        refused.append(action)
+                        self.risky_until[action.placement] = now + self.risky_placement_seconds
+                        retry = True
+                        continue
+                    except ProviderError as err:
+                        log.warning("launch failed", model=model, error=str(err))
+                        continue
+                    instances.append(launched)
+                    log.info("launched", agent_id=launched.agent_id, model=model,
+                             lifecycle=action.lifecycle, zone=action.zone)  # fmt: skip
+                elif isinstance(action, Drain):
+                    await self._drain(action, records, now)
+                else:
+                    await self._terminate(action, instances, records)
+                done.append(action)
+            if not retry:
+                break
+        return done, refused
+
+    async def _drain(self, action: Drain, records: dict[str, AgentRecord], now: float) -> None:
+        try:
+            outcome = await self.registry.set_draining(
+                action.agent_id, now + DRAIN_DEADLINE_SECONDS
+            )
+        except RegistryError as err:
+            log.info("drain skipped", agent_id=action.agent_id, error=str(err))
+            return
+        records[action.agent_id] = outcome.record
+        log.info("draining", agent_id=action.agent_id, reason=action.reason)
+
+    async def _terminate(
+        self, action: Terminate, instances: list[Instance], records: dict[str, AgentRecord]
+    ) -> None:
+        instance = next((i for i in instances if i.agent_id == action.agent_id), None)
+        if instance is None:
+            return
+        try:
+            await self.provider.terminate(instance.instance_id)
+        except ProviderError as err:
+            log.warning("terminate failed", agent_id=action.agent_id, error=str(err))
+            return
+        instances.remove(instance)
+        if action.agent_id in records:
+            with suppress(RegistryError):  # already gone: nothing routes to it
+                await self.registry.set_gone(action.agent_id)
+        log.info("terminated", agent_id=action.agent_id, reason=action.reason)

@@ -1,0 +1,117 @@
+"""Run the pool manager as a process: the reconcile loop, fed by interruption events.
+
+Each iteration waits for EC2 events on the SQS queue (long polling, at most one loop
+interval), acts on them, then reconciles, so an interruption's replacement is launched in
+the same iteration. Without a queue it reconciles every `loop_seconds`. On SIGTERM the
+local provider drains and stops its agents (they are its children); EC2 instances keep
+serving while the manager restarts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager, suppress
+
+from pool_manager.controller import PoolController
+from pool_manager.ec2_provider import Ec2Provider
+from pool_manager.events import InterruptionQueue
+from pool_manager.local_provider import LOCAL_PLACEMENTS, LocalProvider
+from pool_manager.policy import PlacementOption, PolicySettings
+from pool_manager.provider import Provider
+from spotgate.logging import get_logger
+from spotgate.registry import Registry
+from spotgate.settings import PoolSettings
+
+log = get_logger(__name__)
+
+
+def policy_settings(settings: PoolSettings) -> PolicySettings:
+    """The policy's plain-data view of the pool settings (local placements by default)."""
+    placements = tuple(
+        PlacementOption(p.instance_type, p.zone, p.spot_price_per_hour, p.on_demand_price_per_hour)
+        for p in settings.placements
+    )
+    if not placements and settings.provider == "local":
+        placements = LOCAL_PLACEMENTS
+    return PolicySettings(
+        placements=placements,
+        min_agents=settings.min_agents,
+        max_agents=settings.max_agents,
+        target_streams_per_agent=settings.target_streams_per_agent,
+        spot_overprovision=settings.spot_overprovision,
+        on_demand_fallback=settings.on_demand_fallback,
+        scale_down_idle_seconds=settings.scale_to_zero_idle_seconds,
+        launch_timeout_seconds=settings.launch_timeout_seconds,
+        heartbeat_timeout_seconds=settings.shared.registry.agent_ttl_seconds,
+        on_demand_hold_seconds=settings.on_demand_hold_seconds,
+    )
+
+
+@asynccontextmanager
+async def open_provider(settings: PoolSettings) -> AsyncIterator[Provider]:
+    """The configured provider; the local one stops its agents when the block ends."""
+    if settings.provider == "ec2":
+        async with Ec2Provider.open(settings.shared, settings) as ec2:
+            yield ec2
+        return
+    local = LocalProvider(settings.shared, settings.local)
+    try:
+        yield local
+    finally:
+        await local.close()
+
+
+async def run_pool(settings: PoolSettings, stop: asyncio.Event) -> None:
+    """Reconcile until `stop` is set."""
+    async with AsyncExitStack() as stack:
+        registry = await stack.enter_async_context(Registry.open(settings.shared))
+        provider = await stack.enter_async_context(open_provider(settings))
+        queue = None
+        if settings.interruption_queue_url:
+            queue = await stack.enter_async_context(
+                InterruptionQueue.open(settings.shared, settings.interruption_queue_url)
+            )
+        controller = PoolController(
+            registry=registry,
+            provider=provider,
+            settings=policy_settings(settings),
+            models=settings.models,
+            risky_placement_seconds=settings.risky_placement_seconds,
+        )
+        log.info("pool manager running", provider=settings.provider, models=settings.models)
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                if queue is not None:
+                    wait = min(settings.event_wait_seconds, int(settings.loop_seconds))
+                    for event, receipt in await queue.receive(wait_seconds=wait):
+                        if event is not None:
+                            await controller.handle_event(event)
+                        await queue.delete(receipt)
+                report = await controller.reconcile()
+                if report.actions:
+                    log.info(
+                        "reconciled", targets=dict(report.targets), actions=len(report.actions)
+                    )
+            except Exception as err:  # an AWS hiccup must not stop the pool's upkeep
+                log.warning("reconcile pass failed; retrying", error=str(err))
+            remaining = settings.loop_seconds - (time.monotonic() - started)
+            if remaining > 0:
+                with suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), remaining)
+
+
+async def serve_pool(settings: PoolSettings) -> None:
+    """Run until SIGTERM or SIGINT."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await run_pool(settings, stop)
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)

@@ -1,0 +1,63 @@
+"""`spotgate sim`: run policies over a trace directory and print a table or JSON."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from pool_manager.policy import POLICIES, Policy
+from pool_manager.sim.simulator import SimConfig, SimResult, simulate_windows
+from pool_manager.sim.traces import load_traces
+
+DEFAULT_POLICY = "spotgate"
+ALL_POLICIES = "all"
+
+
+def policies_named(spec: str | None) -> list[Policy]:
+    """Policies from `--policy`: one name, a comma-separated list, or `all`; raise if unknown."""
+    if spec is None:
+        return [POLICIES[DEFAULT_POLICY]]
+    names = list(POLICIES) if spec == ALL_POLICIES else [n.strip() for n in spec.split(",")]
+    unknown = [name for name in names if name not in POLICIES]
+    if unknown or not names:
+        known = ", ".join([*POLICIES, ALL_POLICIES])
+        raise ValueError(f"unknown policy {', '.join(unknown) or spec!r}; choose from {known}")
+    return [POLICIES[name] for name in names]
+
+
+def run_policies(
+    traces_dir: Path,
+    policies: Sequence[Policy],
+    config: SimConfig,
+    *,
+    windows: int = 0,
+    window_hours: float = 24.0,
+) -> list[SimResult]:
+    """Each policy over the traces in `traces_dir` (raises `TraceError` for bad traces)."""
+    traces = load_traces(traces_dir)
+    return [
+        simulate_windows(traces, policy, config, windows=windows, window_hours=window_hours)
+        for policy in policies
+    ]
+
+
+def render_json(results: Sequence[SimResult]) -> str:
+    """One JSON object for one run, a list for several (DESIGN.md §9)."""
+    documents = [result.as_json() for result in results]
+    return json.dumps(documents[0] if len(documents) == 1 else documents)
+
+
+def render_table(results: Sequence[SimResult]) -> str:
+    """A plain-text table, one row per policy."""
+    header = (
+        f"{'policy':<20} {'availability':>12} {'cost vs OD':>10} {'preempted':>9} "
+        f"{'launches':>8} {'refused':>8} {'resumed':>8} {'rejected':>8} {'lost':>6}"
+    )
+    rows = [
+        f"{r.policy:<20} {r.availability * 100:>11.3f}% {r.cost_vs_on_demand * 100:>9.1f}% "
+        f"{r.preemptions:>9} {r.launches:>8} {r.refused_launches:>8} {r.streams_resumed:>8} "
+        f"{r.streams_rejected:>8} {r.lost_streams:>6}"
+        for r in results
+    ]
+    return "\n".join([header, *rows])

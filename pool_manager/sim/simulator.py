@@ -1,0 +1,384 @@
+"""Replay spot traces through a placement policy, with a stream workload on the pool.
+
+Time advances in ticks. At each tick the simulator applies the traces (a zone whose capacity
+falls below the spot instances we hold there preempts the excess: each victim gets the spot
+notice and disappears `notice_seconds` later), brings instances up after `cold_start_seconds`,
+moves streams (arrivals, completions, and streams of a disappearing agent resumed elsewhere),
+then asks the policy — the same `Policy.decide` the live manager calls — and carries out its
+actions. A spot launch into a zone that is full is refused and the zone is marked risky, as
+the EC2 provider does, and the policy is asked again in the same tick.
+
+Measures: availability (share of ticks with at least `target` agents ready and not
+draining), cost relative to running `target` on-demand instances the whole time, spot notices
+(preemptions), launches, refused launches, and streams: started, resumed on another agent,
+rejected (no capacity within the queue deadline: a clear error, nothing lost) and lost (a
+started stream that could not be resumed before the deadline).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from pool_manager.policy import (
+    AgentPhase,
+    Drain,
+    Launch,
+    LaunchLifecycle,
+    PlacementKey,
+    PlacementOption,
+    Policy,
+    PolicySettings,
+    PoolAgent,
+    PoolSnapshot,
+    Terminate,
+)
+from pool_manager.sim.traces import ZoneTrace
+
+SECONDS_PER_HOUR = 3600.0
+SPOT_PRICE_PER_HOUR = 1.0  # prices are relative: on-demand costs `on_demand_price_ratio`
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """The simulated pool and workload."""
+
+    target: int = 4
+    cold_start_seconds: float = 180.0
+    notice_seconds: float = 120.0
+    tick_seconds: float = 30.0
+    on_demand_price_ratio: float = 3.0
+    spot_overprovision: int = 1
+    on_demand_hold_seconds: float = 1800.0
+    risky_placement_seconds: float = 1800.0
+    streams_per_agent: int = 32
+    stream_seconds: float = 60.0
+    load: float = 0.5  # offered streams as a share of the target's capacity
+    queue_deadline_seconds: float = 60.0
+    seed: int = 0
+
+
+@dataclass
+class SimResult:
+    """What one policy achieved over one span of the traces."""
+
+    policy: str
+    availability: float
+    cost_vs_on_demand: float
+    preemptions: int
+    launches: int
+    refused_launches: int
+    streams_started: int
+    streams_resumed: int
+    streams_rejected: int
+    lost_streams: int
+    hours: float
+    on_demand_share_of_hours: float
+
+    def as_json(self) -> dict[str, Any]:
+        """Plain dict for `spotgate sim --json`."""
+        return asdict(self)
+
+
+@dataclass
+class _Instance:
+    agent_id: str
+    lifecycle: LaunchLifecycle
+    placement: PlacementOption
+    launched_at: float
+    ready_at: float
+    ready: bool = False
+    noticed: bool = False
+    drained: bool = False
+    dies_at: float | None = None
+    streams: list[list[float]] = field(default_factory=list)  # [end time, count]
+
+    @property
+    def active(self) -> int:
+        return int(sum(count for _, count in self.streams))
+
+    def as_agent(self) -> PoolAgent:
+        phase: AgentPhase = "ready" if self.ready else "starting"
+        if self.noticed or self.drained:
+            phase = "draining"
+        return PoolAgent(
+            agent_id=self.agent_id,
+            lifecycle=self.lifecycle,
+            instance_type=self.placement.instance_type,
+            zone=self.placement.zone,
+            phase=phase,
+            launched_at=self.launched_at,
+            active_streams=self.active,
+            drain_deadline=self.dies_at,
+            ready_at=self.ready_at if self.ready else None,
+        )
+
+
+@dataclass
+class _Waiting:
+    deadline: float
+    count: int
+    remaining_seconds: float
+    resumed: bool
+
+
+def placements_for(
+    traces: Sequence[ZoneTrace], on_demand_price_ratio: float
+) -> list[PlacementOption]:
+    """One placement per trace, spot at price 1 and on-demand at the given ratio."""
+    return [
+        PlacementOption(
+            instance_type=trace.instance_type,
+            zone=trace.zone,
+            spot_price_per_hour=SPOT_PRICE_PER_HOUR,
+            on_demand_price_per_hour=SPOT_PRICE_PER_HOUR * on_demand_price_ratio,
+        )
+        for trace in traces
+    ]
+
+
+class Simulation:
+    """One policy over one span of the traces."""
+
+    def __init__(
+        self,
+        traces: Sequence[ZoneTrace],
+        policy: Policy,
+        config: SimConfig,
+        *,
+        start_seconds: float = 0.0,
+        duration_seconds: float | None = None,
+    ) -> None:
+        self._traces = {(t.instance_type, t.zone): t for t in traces}
+        self._policy = policy
+        self._config = config
+        self._placements = placements_for(traces, config.on_demand_price_ratio)
+        self._settings = PolicySettings(
+            placements=tuple(self._placements),
+            min_agents=config.target,
+            max_agents=config.target,
+            target_streams_per_agent=config.streams_per_agent,
+            spot_overprovision=config.spot_overprovision,
+            on_demand_hold_seconds=config.on_demand_hold_seconds,
+        )
+        longest = max(t.duration_seconds for t in traces)
+        self._start = start_seconds
+        self._end = min(longest, start_seconds + (duration_seconds or longest))
+        self._rng = random.Random(config.seed)  # noqa: S311 (a reproducible simulation)
+        self._instances: list[_Instance] = []
+        self._waiting: list[_Waiting] = []
+        self._risky_until: dict[PlacementKey, float] = {}
+        self._next_id = 0
+        self._arrival_credit = 0.0
+        rate_per_second = (
+            config.load * config.target * config.streams_per_agent / config.stream_seconds
+        )
+        self._arrivals_per_tick = rate_per_second * config.tick_seconds
+        self._counts = dict.fromkeys(
+            ("preemptions", "launches", "refused", "started", "resumed", "rejected", "lost"), 0
+        )
+
+    def run(self) -> SimResult:
+        """Step through the span and report."""
+        config = self._config
+        tick = config.tick_seconds
+        ticks = available = 0
+        cost = on_demand_hours = hours = 0.0
+        now = self._start
+        while now < self._end:
+            self._apply_traces(now)
+            self._advance(now)
+            self._move_streams(now)
+            ready = sum(1 for i in self._instances if i.ready and not i.noticed and not i.drained)
+            ticks += 1
+            available += ready >= config.target
+            for instance in self._instances:
+                hours += tick / SECONDS_PER_HOUR
+                if instance.lifecycle == "on-demand":
+                    on_demand_hours += tick / SECONDS_PER_HOUR
+                    cost += instance.placement.on_demand_price_per_hour * tick / SECONDS_PER_HOUR
+                else:
+                    cost += instance.placement.spot_price_per_hour * tick / SECONDS_PER_HOUR
+            self._decide(now)
+            now += tick
+        on_demand_cost = (
+            config.target * SPOT_PRICE_PER_HOUR * config.on_demand_price_ratio * ticks * tick
+        ) / SECONDS_PER_HOUR
+        counts = self._counts
+        return SimResult(
+            policy=self._policy.name,
+            availability=available / ticks if ticks else 0.0,
+            cost_vs_on_demand=cost / on_demand_cost if on_demand_cost else 0.0,
+            preemptions=counts["preemptions"],
+            launches=counts["launches"],
+            refused_launches=counts["refused"],
+            streams_started=counts["started"],
+            streams_resumed=counts["resumed"],
+            streams_rejected=counts["rejected"],
+            lost_streams=counts["lost"],
+            hours=ticks * tick / SECONDS_PER_HOUR,
+            on_demand_share_of_hours=on_demand_hours / hours if hours else 0.0,
+        )
+
+    def _capacity(self, key: PlacementKey, now: float) -> int:
+        return self._traces[key].capacity_at(now)
+
+    def _holding(self, key: PlacementKey) -> list[_Instance]:
+        return [
+            i
+            for i in self._instances
+            if i.lifecycle == "spot" and not i.noticed and i.placement.key == key
+        ]
+
+    def _apply_traces(self, now: float) -> None:
+        for key in self._traces:
+            holders = self._holding(key)
+            excess = len(holders) - self._capacity(key, now)
+            if excess <= 0:
+                continue
+            for victim in self._rng.sample(holders, excess):
+                victim.noticed = True
+                victim.dies_at = now + self._config.notice_seconds
+                self._counts["preemptions"] += 1
+            self._risky_until[key] = now + self._config.risky_placement_seconds
+
+    def _advance(self, now: float) -> None:
+        for instance in list(self._instances):
+            if instance.dies_at is not None and instance.dies_at <= now:
+                self._remove(instance, now)
+            elif not instance.ready and not instance.noticed and instance.ready_at <= now:
+                instance.ready = True
+
+    def _remove(self, instance: _Instance, now: float) -> None:
+        """The instance is gone: its unfinished streams wait to be resumed elsewhere."""
+        self._instances.remove(instance)
+        for end, count in instance.streams:
+            if end > now:
+                self._waiting.append(
+                    _Waiting(now + self._config.queue_deadline_seconds, int(count), end - now, True)
+                )
+
+    def _move_streams(self, now: float) -> None:
+        for instance in self._instances:
+            instance.streams = [s for s in instance.streams if s[0] > now]
+        self._arrival_credit += self._arrivals_per_tick
+        arrivals = int(self._arrival_credit)
+        self._arrival_credit -= arrivals
+        if arrivals:
+            deadline = now + self._config.queue_deadline_seconds
+            self._waiting.append(_Waiting(deadline, arrivals, self._config.stream_seconds, False))
+        self._waiting.sort(key=lambda w: not w.resumed)  # resumes go first
+        serving = [i for i in self._instances if i.ready and not i.noticed and not i.drained]
+        room = {id(i): self._config.streams_per_agent - i.active for i in serving}
+        still_waiting = []
+        for waiting in self._waiting:
+            for instance in sorted(serving, key=lambda i: -room[id(i)]):
+                if waiting.count == 0:
+                    break
+                placed = min(waiting.count, room[id(instance)])
+                if placed <= 0:
+                    continue
+                instance.streams.append([now + waiting.remaining_seconds, placed])
+                room[id(instance)] -= placed
+                waiting.count -= placed
+                self._counts["resumed" if waiting.resumed else "started"] += placed
+            if waiting.count == 0:
+                continue
+            if waiting.deadline <= now:
+                self._counts["lost" if waiting.resumed else "rejected"] += waiting.count
+            else:
+                still_waiting.append(waiting)
+        self._waiting = still_waiting
+
+    def _decide(self, now: float) -> None:
+        for instance in list(self._instances):  # a drained agent exits once it is empty
+            if instance.drained and not instance.noticed and instance.active == 0:
+                self._instances.remove(instance)
+        refused: set[PlacementKey] = set()
+        while True:  # like the EC2 provider: a refused placement is marked, the next one tried
+            snapshot = PoolSnapshot(
+                now=now,
+                target=self._config.target,
+                agents=tuple(i.as_agent() for i in self._instances),
+                risky_until=dict(self._risky_until),
+            )
+            retry = False
+            for action in self._policy.decide(snapshot, self._settings):
+                if (
+                    isinstance(action, Launch)
+                    and action.lifecycle == "spot"
+                    and (action.placement in refused)
+                ):
+                    continue  # tried this tick already: wait for the next one
+                if not self._apply(action, now) and isinstance(action, Launch):
+                    refused.add(action.placement)
+                    retry = True
+            if not retry:
+                return
+
+    def _apply(self, action: Launch | Drain | Terminate, now: float) -> bool:
+        """Carry out one action; False when a spot launch was refused for capacity."""
+        if isinstance(action, Launch):
+            key = (action.instance_type, action.zone)
+            if action.lifecycle == "spot" and len(self._holding(key)) >= self._capacity(key, now):
+                self._counts["refused"] += 1
+                self._risky_until[key] = now + self._config.risky_placement_seconds
+                return False
+            placement = next(p for p in self._placements if p.key == key)
+            self._next_id += 1
+            self._instances.append(
+                _Instance(
+                    agent_id=f"sim-{self._next_id}",
+                    lifecycle=action.lifecycle,
+                    placement=placement,
+                    launched_at=now,
+                    ready_at=now + self._config.cold_start_seconds,
+                )
+            )
+            self._counts["launches"] += 1
+            return True
+        instance = next((i for i in self._instances if i.agent_id == action.agent_id), None)
+        if instance is None:
+            return True
+        if isinstance(action, Drain):
+            instance.drained = True
+        else:
+            self._remove(instance, now)
+        return True
+
+
+def simulate_windows(
+    traces: Sequence[ZoneTrace],
+    policy: Policy,
+    config: SimConfig,
+    *,
+    windows: int = 0,
+    window_hours: float = 24.0,
+) -> SimResult:
+    """The whole trace (`windows=0`), or the mean over windows at seeded random offsets."""
+    if windows <= 0:
+        return Simulation(traces, policy, config).run()
+    longest = max(t.duration_seconds for t in traces)
+    span = min(window_hours * SECONDS_PER_HOUR, longest)
+    chooser = random.Random(config.seed)  # noqa: S311 (reproducible windows)
+    offsets = chooser.sample(range(int(longest - span) + 1), windows)
+    results = [
+        Simulation(traces, policy, config, start_seconds=float(o), duration_seconds=span).run()
+        for o in offsets
+    ]
+    return SimResult(
+        policy=policy.name,
+        availability=sum(r.availability for r in results) / windows,
+        cost_vs_on_demand=sum(r.cost_vs_on_demand for r in results) / windows,
+        preemptions=sum(r.preemptions for r in results),
+        launches=sum(r.launches for r in results),
+        refused_launches=sum(r.refused_launches for r in results),
+        streams_started=sum(r.streams_started for r in results),
+        streams_resumed=sum(r.streams_resumed for r in results),
+        streams_rejected=sum(r.streams_rejected for r in results),
+        lost_streams=sum(r.lost_streams for r in results),
+        hours=sum(r.hours for r in results),
+        on_demand_share_of_hours=sum(r.on_demand_share_of_hours for r in results) / windows,
+    )

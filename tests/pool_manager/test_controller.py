@@ -1,0 +1,231 @@
+"""The reconcile loop against a real registry (moto server) and an in-memory provider."""
+
+from __future__ import annotations
+
+import pytest
+
+from pool_manager.controller import PoolController
+from pool_manager.events import PoolEvent
+from pool_manager.policy import Launch, PlacementOption, PolicySettings, Terminate
+from pool_manager.provider import CapacityRefused, Instance
+from spotgate.registry import AgentRecord, AgentState, Registry
+from tests.conftest import FakeClock
+
+MODEL = "m"
+A = PlacementOption("g5.xlarge", "zone-a", 0.4, 1.0)
+B = PlacementOption("g5.xlarge", "zone-b", 0.5, 1.0)
+SETTINGS = PolicySettings(
+    placements=(A, B),
+    min_agents=0,
+    max_agents=4,
+    target_streams_per_agent=10,
+    spot_overprovision=0,
+    on_demand_fallback=False,
+    scale_down_idle_seconds=600,
+    launch_timeout_seconds=900,
+    heartbeat_timeout_seconds=30,
+    on_demand_hold_seconds=0,
+)
+
+
+class MemoryProvider:
+    """Instances as plain records; placements in `full` refuse spot launches."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+        self.running: dict[str, Instance] = {}
+        self.full: set[tuple[str, str]] = set()
+        self.noticed: dict[str, float] = {}
+        self.launched: list[Launch] = []
+        self._count = 0
+
+    async def launch(self, model: str, launch: Launch) -> Instance:
+        if launch.lifecycle == "spot" and launch.placement in self.full:
+            raise CapacityRefused(launch, "InsufficientInstanceCapacity")
+        self._count += 1
+        instance = Instance(
+            f"i-{self._count}", f"i-{self._count}", model, launch.lifecycle,
+            launch.instance_type, launch.zone, self.clock(),
+        )  # fmt: skip
+        self.running[instance.instance_id] = instance
+        self.launched.append(launch)
+        return instance
+
+    async def instances(self) -> list[Instance]:
+        return list(self.running.values())
+
+    async def terminate(self, instance_id: str) -> None:
+        self.running.pop(instance_id, None)
+
+    async def interruption_noticed(self, instance_id: str, deadline: float) -> None:
+        self.noticed[instance_id] = deadline
+
+
+@pytest.fixture
+def provider(clock: FakeClock) -> MemoryProvider:
+    return MemoryProvider(clock)
+
+
+@pytest.fixture
+def controller(registry: Registry, provider: MemoryProvider, clock: FakeClock) -> PoolController:
+    return PoolController(
+        registry=registry, provider=provider, settings=SETTINGS, models=(MODEL,), clock=clock
+    )
+
+
+async def register_ready(registry: Registry, instance: Instance, active: int = 0) -> None:
+    await registry.register(
+        AgentRecord(
+            agent_id=instance.agent_id,
+            url=f"http://{instance.agent_id}",
+            model=instance.model,
+            state=AgentState.READY,
+            capacity=10,
+            active=active,
+            lifecycle=instance.lifecycle,
+            instance_type=instance.instance_type,
+            zone=instance.zone,
+            ready_at=instance.launched_at,
+        )
+    )
+
+
+async def test_an_idle_model_launches_nothing(controller: PoolController) -> None:
+    report = await controller.reconcile()
+    assert report.targets == {MODEL: 0}
+    assert report.actions == []
+
+
+async def test_queued_requests_scale_from_zero(
+    controller: PoolController, registry: Registry, provider: MemoryProvider
+) -> None:
+    await registry.publish_demand(MODEL, "gw-1", pending=1, active=0)
+    report = await controller.reconcile()
+    assert report.targets == {MODEL: 1}
+    assert provider.launched == [Launch("g5.xlarge", "zone-a", "spot")]
+    # the next pass sees the booting instance and launches nothing more
+    assert (await controller.reconcile()).actions == []
+
+
+async def test_a_refused_placement_is_marked_and_the_next_one_tried_in_the_same_pass(
+    controller: PoolController, registry: Registry, provider: MemoryProvider, clock: FakeClock
+) -> None:
+    provider.full.add(A.key)
+    await registry.publish_demand(MODEL, "gw-1", pending=15, active=0)
+    report = await controller.reconcile()
+    assert report.refused == [Launch("g5.xlarge", "zone-a", "spot")]
+    assert provider.launched == [Launch("g5.xlarge", "zone-b", "spot")] * 2
+    assert controller.risky_until[A.key] == clock() + controller.risky_placement_seconds
+
+
+async def test_an_interruption_drains_the_agent_and_its_replacement_launches_in_the_same_loop(
+    controller: PoolController, registry: Registry, provider: MemoryProvider, clock: FakeClock
+) -> None:
+    await controller.registry.set_pool_target(MODEL, 1)
+    await controller.reconcile()
+    (first,) = provider.running.values()
+    await register_ready(registry, first, active=3)
+    event = PoolEvent("interruption", first.instance_id, clock(), deadline=clock() + 120)
+    await controller.handle_event(event)
+    record = await registry.get_agent(first.agent_id)
+    assert record is not None
+    assert record.state is AgentState.DRAINING
+    assert record.drain_deadline == clock() + 120
+    assert provider.noticed == {first.instance_id: clock() + 120}
+    report = await controller.reconcile()  # the same loop iteration
+    assert [a for a in report.actions if isinstance(a, Launch)] == [
+        Launch("g5.xlarge", "zone-b", "spot")  # zone-a just preempted: avoided
+    ]
+
+
+async def test_a_rebalance_replaces_first_then_drains(
+    controller: PoolController, registry: Registry, provider: MemoryProvider, clock: FakeClock
+) -> None:
+    await registry.set_pool_target(MODEL, 1)
+    await controller.reconcile()
+    (first,) = provider.running.values()
+    await register_ready(registry, first, active=2)
+    await controller.handle_event(PoolEvent("rebalance", first.instance_id, clock()))
+    report = await controller.reconcile()
+    assert [type(a).__name__ for a in report.actions] == ["Launch"]
+    second = next(i for i in provider.running.values() if i != first)
+    await register_ready(registry, second)
+    report = await controller.reconcile()
+    assert [(type(a).__name__, getattr(a, "agent_id", "")) for a in report.actions] == [
+        ("Drain", first.agent_id)
+    ]
+    record = await registry.get_agent(first.agent_id)
+    assert record is not None
+    assert record.state is AgentState.DRAINING
+
+
+async def test_a_stopped_instance_marks_its_agent_gone(
+    controller: PoolController, registry: Registry, provider: MemoryProvider, clock: FakeClock
+) -> None:
+    await registry.set_pool_target(MODEL, 1)
+    await controller.reconcile()
+    (first,) = provider.running.values()
+    await register_ready(registry, first)
+    event = PoolEvent("state-change", first.instance_id, clock(), state="terminated")
+    await controller.handle_event(event)
+    record = await registry.get_agent(first.agent_id)
+    assert record is not None
+    assert record.state is AgentState.GONE
+
+
+async def test_events_for_other_instances_are_ignored(
+    controller: PoolController, clock: FakeClock
+) -> None:
+    await controller.handle_event(PoolEvent("interruption", "i-stranger", clock(), clock()))
+    assert controller.risky_until == {}
+
+
+async def test_reaper_terminates_silent_and_never_ready_instances(
+    controller: PoolController, registry: Registry, provider: MemoryProvider, clock: FakeClock
+) -> None:
+    await registry.set_pool_target(MODEL, 2)
+    await controller.reconcile()
+    silent, never = provider.running.values()
+    await register_ready(registry, silent)
+    clock.advance(901)  # the heartbeat stopped long ago; the other never registered
+    report = await controller.reconcile()
+    terminated = {a.agent_id: a.reason for a in report.actions if isinstance(a, Terminate)}
+    assert terminated == {
+        silent.agent_id: "heartbeat stopped",
+        never.agent_id: "not ready within the launch timeout",
+    }
+    record = await registry.get_agent(silent.agent_id)
+    assert record is not None
+    assert record.state is AgentState.GONE
+    # replacements in the same pass keep the target
+    assert len(provider.running) == 2
+    assert not {silent.instance_id, never.instance_id} & set(provider.running)
+
+
+async def test_scale_down_waits_for_the_idle_time_and_drains(
+    controller: PoolController, registry: Registry, provider: MemoryProvider, clock: FakeClock
+) -> None:
+    await registry.publish_demand(MODEL, "gw-1", pending=0, active=15)
+    await controller.reconcile()
+    for instance in provider.running.values():
+        await register_ready(registry, instance, active=7)
+    await registry.publish_demand(MODEL, "gw-1", pending=0, active=5)
+    assert (await controller.reconcile()).targets == {MODEL: 2}  # hysteresis holds
+    clock.advance(601)
+    for instance in provider.running.values():
+        await registry.heartbeat(instance.agent_id, 3)
+    await registry.publish_demand(MODEL, "gw-1", pending=0, active=5)
+    report = await controller.reconcile()
+    assert report.targets == {MODEL: 1}
+    assert [type(a).__name__ for a in report.actions] == ["Drain"]  # busy: drained, not cut
+
+
+async def test_pool_scale_fixes_the_count_until_auto(
+    controller: PoolController, registry: Registry, provider: MemoryProvider
+) -> None:
+    await registry.set_pool_target(MODEL, 3)
+    assert (await controller.reconcile()).targets == {MODEL: 3}
+    assert len(provider.running) == 3
+    await registry.set_pool_target(MODEL, None)
+    await registry.publish_demand(MODEL, "gw-1", pending=1, active=0)
+    assert (await controller.reconcile()).targets == {MODEL: 3}  # then down after idle time

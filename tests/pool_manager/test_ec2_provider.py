@@ -1,0 +1,385 @@
+"""The ec2 provider against moto's standalone server (real HTTP, real botocore requests)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from botocore.exceptions import ClientError
+
+from pool_manager.ec2_provider import Ec2Provider
+from pool_manager.policy import Launch
+from pool_manager.provider import CapacityRefused, Instance, ProviderError
+from spotgate.emulator import AwsEmulator
+from spotgate.registry import aws_session
+from spotgate.settings import Ec2PoolSettings, PoolSettings, SharedSettings
+from tests.conftest import FakeClock
+
+POOL = "test-pool"
+TEMPLATE = "spotgate-agent-test"
+ZONE_A = "us-east-1a"
+ZONE_B = "us-east-1b"
+GPU_TYPE = "g6.xlarge"
+
+
+@dataclass
+class Network:
+    """What the pool launches into: two subnets in two zones, and a launch template."""
+
+    subnets: dict[str, str]
+    template_id: str
+    image_id: str
+
+
+async def _ec2_call(shared: SharedSettings, method: str, **kwargs: Any) -> Any:
+    aws = shared.aws
+    async with aws_session(aws).client("ec2", endpoint_url=aws.endpoint_url) as client:
+        return await getattr(client, method)(**kwargs)
+
+
+@pytest.fixture
+async def network(aws: AwsEmulator) -> Network:
+    shared = aws.settings()
+    aws_ = shared.aws
+    async with aws_session(aws_).client("ec2", endpoint_url=aws_.endpoint_url) as ec2:
+        images = await ec2.describe_images(Owners=["amazon"])
+        image_id = images["Images"][0]["ImageId"]
+        vpc = (await ec2.create_vpc(CidrBlock="10.20.0.0/16"))["Vpc"]["VpcId"]
+        subnets = {}
+        for index, zone in enumerate((ZONE_A, ZONE_B)):
+            subnet = await ec2.create_subnet(
+                VpcId=vpc, CidrBlock=f"10.20.{index}.0/24", AvailabilityZone=zone
+            )
+            subnets[zone] = subnet["Subnet"]["SubnetId"]
+        template = await ec2.create_launch_template(
+            LaunchTemplateName=TEMPLATE,
+            LaunchTemplateData={"ImageId": image_id, "InstanceType": "t3.micro"},
+        )
+    return Network(subnets, template["LaunchTemplate"]["LaunchTemplateId"], image_id)
+
+
+def pool_settings(network: Network, shared: SharedSettings, template: str = TEMPLATE):
+    return PoolSettings(
+        shared=shared,
+        provider="ec2",
+        ec2=Ec2PoolSettings(pool_name=POOL, launch_template=template, subnets=network.subnets),
+    )
+
+
+class WrappedClient:
+    """The real EC2 client with some methods replaced (AWS answers moto cannot give)."""
+
+    def __init__(self, client: Any, **replacements: Callable[..., Any]) -> None:
+        self._client = client
+        self._replacements = replacements
+        self.calls: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        self.calls.append(name)
+        if name in self._replacements:
+            return self._replacements[name]
+        return getattr(self._client, name)
+
+
+def client_error(code: str, operation: str) -> ClientError:
+    return ClientError({"Error": {"Code": code, "Message": f"{code} (injected)"}}, operation)
+
+
+@pytest.fixture
+async def provider(
+    aws: AwsEmulator, network: Network, clock: FakeClock
+) -> AsyncIterator[Ec2Provider]:
+    shared = aws.settings()
+    async with Ec2Provider.open(shared, pool_settings(network, shared), clock=clock) as opened:
+        yield opened
+
+
+async def describe(shared: SharedSettings, instance_id: str) -> dict[str, Any]:
+    answer = await _ec2_call(shared, "describe_instances", InstanceIds=[instance_id])
+    instance: dict[str, Any] = answer["Reservations"][0]["Instances"][0]
+    return instance
+
+
+def tags_of(description: dict[str, Any]) -> dict[str, str]:
+    return {tag["Key"]: tag["Value"] for tag in description.get("Tags", [])}
+
+
+async def test_spot_launch_is_tagged_in_requested_subnet(
+    aws: AwsEmulator, network: Network, provider: Ec2Provider, clock: FakeClock
+) -> None:
+    instance = await provider.launch("llama", Launch(GPU_TYPE, ZONE_B, "spot"))
+
+    assert instance.instance_id.startswith("i-")
+    assert instance.agent_id == instance.instance_id
+    assert (instance.model, instance.lifecycle) == ("llama", "spot")
+    assert instance.placement == (GPU_TYPE, ZONE_B)
+    assert instance.launched_at == clock.now
+    description = await describe(aws.settings(), instance.instance_id)
+    assert description["State"]["Name"] in ("pending", "running")
+    assert description["SubnetId"] == network.subnets[ZONE_B]
+    assert description["Placement"]["AvailabilityZone"] == ZONE_B
+    assert description["InstanceType"] == GPU_TYPE
+    assert description["ImageId"] == network.image_id  # from the launch template
+    assert description.get("InstanceLifecycle") == "spot"  # moto records it
+    tags = tags_of(description)
+    assert tags["spotgate:pool"] == POOL
+    assert tags["spotgate:model"] == "llama"
+    assert tags["spotgate:lifecycle"] == "spot"
+    assert tags["Name"] == f"{POOL}-llama"
+
+
+async def test_on_demand_launch_by_template_id(aws: AwsEmulator, network: Network) -> None:
+    shared = aws.settings()
+    settings = pool_settings(network, shared, template=network.template_id)
+    async with Ec2Provider.open(shared, settings) as provider:
+        instance = await provider.launch("qwen", Launch(GPU_TYPE, ZONE_A, "on-demand"))
+        listed = await provider.instances()
+
+    assert instance.lifecycle == "on-demand"
+    description = await describe(shared, instance.instance_id)
+    assert "InstanceLifecycle" not in description  # on-demand: EC2 leaves the field out
+    assert description["SubnetId"] == network.subnets[ZONE_A]
+    assert tags_of(description)["spotgate:lifecycle"] == "on-demand"
+    assert [(i.instance_id, i.lifecycle, i.model) for i in listed] == [
+        (instance.instance_id, "on-demand", "qwen")
+    ]
+
+
+async def test_instances_lists_only_the_pool(
+    aws: AwsEmulator, network: Network, provider: Ec2Provider
+) -> None:
+    shared = aws.settings()
+    spot = await provider.launch("llama", Launch(GPU_TYPE, ZONE_A, "spot"))
+    on_demand = await provider.launch("qwen", Launch(GPU_TYPE, ZONE_B, "on-demand"))
+    # Not the pool's: one untagged, one of another pool.
+    await _ec2_call(shared, "run_instances", ImageId=network.image_id, MinCount=1, MaxCount=1)
+    await _ec2_call(
+        shared,
+        "run_instances",
+        ImageId=network.image_id,
+        MinCount=1,
+        MaxCount=1,
+        TagSpecifications=[
+            {"ResourceType": "instance", "Tags": [{"Key": "spotgate:pool", "Value": "other"}]}
+        ],
+    )
+
+    listed = {instance.instance_id: instance for instance in await provider.instances()}
+
+    assert set(listed) == {spot.instance_id, on_demand.instance_id}
+    listed_spot = listed[spot.instance_id]
+    assert listed_spot == Instance(
+        instance_id=spot.instance_id,
+        agent_id=spot.instance_id,
+        model="llama",
+        lifecycle="spot",
+        instance_type=GPU_TYPE,
+        zone=ZONE_A,
+        launched_at=listed_spot.launched_at,
+    )
+    assert listed_spot.launched_at > 1_600_000_000  # LaunchTime as epoch seconds
+    assert listed[on_demand.instance_id].placement == (GPU_TYPE, ZONE_B)
+    assert listed[on_demand.instance_id].lifecycle == "on-demand"
+
+
+async def test_terminate_removes_and_is_idempotent(aws: AwsEmulator, provider: Ec2Provider) -> None:
+    kept = await provider.launch("llama", Launch(GPU_TYPE, ZONE_A, "spot"))
+    gone = await provider.launch("llama", Launch(GPU_TYPE, ZONE_B, "spot"))
+
+    await provider.terminate(gone.instance_id)
+
+    assert [instance.instance_id for instance in await provider.instances()] == [kept.instance_id]
+    description = await describe(aws.settings(), gone.instance_id)
+    assert description["State"]["Name"] in ("shutting-down", "terminated")
+    await provider.terminate(gone.instance_id)  # twice: no error
+    await provider.terminate("i-0123456789abcdef0")  # never existed: no error
+
+
+async def test_interruption_notice_leaves_the_instance_to_aws(
+    provider: Ec2Provider, clock: FakeClock
+) -> None:
+    instance = await provider.launch("llama", Launch(GPU_TYPE, ZONE_A, "spot"))
+    await provider.interruption_noticed(instance.instance_id, clock.now + 120)
+    assert [i.instance_id for i in await provider.instances()] == [instance.instance_id]
+
+
+async def test_terminate_other_errors_are_provider_errors(
+    aws: AwsEmulator, network: Network
+) -> None:
+    shared = aws.settings()
+
+    def wrap(client: Any) -> Any:
+        async def terminate_instances(**request: Any) -> Any:
+            raise client_error("UnauthorizedOperation", "TerminateInstances")
+
+        return WrappedClient(client, terminate_instances=terminate_instances)
+
+    settings = pool_settings(network, shared)
+    async with Ec2Provider.open(shared, settings, wrap_client=wrap) as provider:
+        instance = await provider.launch("llama", Launch(GPU_TYPE, ZONE_A, "spot"))
+        with pytest.raises(ProviderError, match="UnauthorizedOperation") as failed:
+            await provider.terminate(instance.instance_id)
+        assert [i.instance_id for i in await provider.instances()] == [instance.instance_id]
+    assert f"terminate {instance.instance_id} failed" in str(failed.value)
+
+
+async def test_fleet_capacity_error_refuses_one_zone_only(
+    aws: AwsEmulator, network: Network
+) -> None:
+    shared = aws.settings()
+    subnet_a = network.subnets[ZONE_A]
+    requests: list[dict[str, Any]] = []
+
+    def wrap(client: Any) -> Any:
+        async def create_fleet(**request: Any) -> Any:
+            requests.append(request)
+            override = request["LaunchTemplateConfigs"][0]["Overrides"][0]
+            if override.get("SubnetId") == subnet_a:
+                # What AWS answers when the zone has no spot capacity for the type.
+                return {
+                    "FleetId": "fleet-00000000-0000-0000-0000-000000000000",
+                    "Instances": [],
+                    "Errors": [
+                        {
+                            "LaunchTemplateAndOverrides": {"Overrides": override},
+                            "Lifecycle": "spot",
+                            "ErrorCode": "InsufficientInstanceCapacity",
+                            "ErrorMessage": "There is no Spot capacity available.",
+                        }
+                    ],
+                }
+            return await client.create_fleet(**request)
+
+        return WrappedClient(client, create_fleet=create_fleet)
+
+    settings = pool_settings(network, shared)
+    async with Ec2Provider.open(shared, settings, wrap_client=wrap) as provider:
+        launch_a = Launch(GPU_TYPE, ZONE_A, "spot")
+        with pytest.raises(CapacityRefused) as refused:
+            await provider.launch("llama", launch_a)
+        instance = await provider.launch("llama", Launch(GPU_TYPE, ZONE_B, "spot"))
+        listed = await provider.instances()
+
+    assert refused.value.launch == launch_a
+    assert "InsufficientInstanceCapacity" in refused.value.reason
+    assert instance.zone == ZONE_B
+    assert [i.instance_id for i in listed] == [instance.instance_id]
+    # The request the provider builds: an instant fleet of one, the template, the tags.
+    request = requests[1]
+    assert request["Type"] == "instant"
+    assert request["TargetCapacitySpecification"] == {
+        "TotalTargetCapacity": 1,
+        "DefaultTargetCapacityType": "spot",
+    }
+    config = request["LaunchTemplateConfigs"][0]
+    assert config["LaunchTemplateSpecification"] == {
+        "LaunchTemplateName": TEMPLATE,
+        "Version": "$Latest",
+    }
+    assert config["Overrides"] == [{"InstanceType": GPU_TYPE, "SubnetId": network.subnets[ZONE_B]}]
+
+
+async def test_fleet_non_capacity_error_is_a_provider_error(
+    aws: AwsEmulator, network: Network
+) -> None:
+    shared = aws.settings()
+
+    def wrap(client: Any) -> Any:
+        async def create_fleet(**request: Any) -> Any:
+            return {
+                "FleetId": "fleet-00000000-0000-0000-0000-000000000000",
+                "Instances": [],
+                "Errors": [
+                    {
+                        "ErrorCode": "InvalidLaunchTemplateName.NotFoundException",
+                        "ErrorMessage": "The specified launch template does not exist.",
+                    }
+                ],
+            }
+
+        return WrappedClient(client, create_fleet=create_fleet)
+
+    settings = pool_settings(network, shared)
+    async with Ec2Provider.open(shared, settings, wrap_client=wrap) as provider:
+        with pytest.raises(ProviderError, match="InvalidLaunchTemplateName") as failed:
+            await provider.launch("llama", Launch(GPU_TYPE, ZONE_A, "spot"))
+    assert not isinstance(failed.value, CapacityRefused)
+    assert "\n" not in str(failed.value)
+
+
+async def test_missing_launch_template_is_a_provider_error(
+    aws: AwsEmulator, network: Network
+) -> None:
+    shared = aws.settings()
+    settings = pool_settings(network, shared, template="no-such-template")
+    async with Ec2Provider.open(shared, settings) as provider:
+        with pytest.raises(ProviderError) as failed:
+            await provider.launch("llama", Launch(GPU_TYPE, ZONE_A, "spot"))
+        assert await provider.instances() == []
+    assert not isinstance(failed.value, CapacityRefused)
+
+
+async def test_fleet_unsupported_falls_back_to_run_instances(
+    aws: AwsEmulator, network: Network
+) -> None:
+    shared = aws.settings()
+    wrapped: list[WrappedClient] = []
+
+    def wrap(client: Any) -> Any:
+        async def create_fleet(**request: Any) -> Any:
+            raise client_error("UnsupportedOperation", "CreateFleet")
+
+        wrapped.append(WrappedClient(client, create_fleet=create_fleet))
+        return wrapped[0]
+
+    settings = pool_settings(network, shared)
+    async with Ec2Provider.open(shared, settings, wrap_client=wrap) as provider:
+        spot = await provider.launch("llama", Launch(GPU_TYPE, ZONE_B, "spot"))
+        on_demand = await provider.launch("llama", Launch(GPU_TYPE, ZONE_A, "on-demand"))
+        listed = {instance.instance_id: instance for instance in await provider.instances()}
+
+    assert wrapped[0].calls.count("run_instances") == 2
+    assert set(listed) == {spot.instance_id, on_demand.instance_id}
+    assert listed[spot.instance_id].lifecycle == "spot"
+    assert listed[on_demand.instance_id].lifecycle == "on-demand"
+    description = await describe(shared, spot.instance_id)
+    assert description["SubnetId"] == network.subnets[ZONE_B]
+    assert description["InstanceType"] == GPU_TYPE
+    assert description["ImageId"] == network.image_id
+    assert description.get("InstanceLifecycle") == "spot"  # from InstanceMarketOptions
+    tags = tags_of(description)
+    assert tags["aws:ec2launchtemplate:id"] == network.template_id  # EC2 tags it, as AWS does
+    assert {key: value for key, value in tags.items() if not key.startswith("aws:")} == {
+        "spotgate:pool": POOL,
+        "spotgate:model": "llama",
+        "spotgate:lifecycle": "spot",
+        "Name": f"{POOL}-llama",
+    }
+    on_demand_description = await describe(shared, on_demand.instance_id)
+    assert "InstanceLifecycle" not in on_demand_description
+
+
+async def test_run_instances_capacity_error_is_capacity_refused(
+    aws: AwsEmulator, network: Network
+) -> None:
+    shared = aws.settings()
+
+    def wrap(client: Any) -> Any:
+        async def create_fleet(**request: Any) -> Any:
+            raise client_error("UnsupportedOperation", "CreateFleet")
+
+        async def run_instances(**request: Any) -> Any:
+            raise client_error("InsufficientInstanceCapacity", "RunInstances")
+
+        return WrappedClient(client, create_fleet=create_fleet, run_instances=run_instances)
+
+    settings = pool_settings(network, shared)
+    launch = Launch(GPU_TYPE, ZONE_A, "spot")
+    async with Ec2Provider.open(shared, settings, wrap_client=wrap) as provider:
+        with pytest.raises(CapacityRefused) as refused:
+            await provider.launch("llama", launch)
+        assert await provider.instances() == []
+    assert refused.value.launch == launch
+    assert "InsufficientInstanceCapacity" in refused.value.reason

@@ -1,0 +1,321 @@
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from pool_manager.policy import (
+    Drain,
+    EvenSpread,
+    HedgedSpotPolicy,
+    Launch,
+    OnDemandOnly,
+    PlacementOption,
+    PolicySettings,
+    PoolAgent,
+    PoolSnapshot,
+    Sizing,
+    SpotCheapestZone,
+    Terminate,
+    agents_for_demand,
+    reap,
+    size_pool,
+)
+
+NOW = 10_000.0
+A = PlacementOption("g5.xlarge", "us-east-1a", 0.40, 1.00)
+B = PlacementOption("g5.xlarge", "us-east-1b", 0.35, 1.00)
+C = PlacementOption("g6.xlarge", "us-east-1c", 0.50, 0.80)
+SETTINGS = PolicySettings(
+    placements=(A, B, C),
+    min_agents=0,
+    max_agents=8,
+    target_streams_per_agent=10,
+    spot_overprovision=1,
+    scale_down_idle_seconds=600,
+    launch_timeout_seconds=900,
+    heartbeat_timeout_seconds=60,
+    on_demand_hold_seconds=1800,
+)
+POLICY = HedgedSpotPolicy()
+
+
+def agent(
+    agent_id: str,
+    lifecycle: str = "spot",
+    placement: PlacementOption = A,
+    phase: str = "ready",
+    *,
+    active: int = 0,
+    launched_at: float = NOW - 3600,
+    ready_at: float | None = NOW - 3000,
+    heartbeat_at: float | None = NOW - 5,
+    drain_deadline: float | None = None,
+) -> PoolAgent:
+    return PoolAgent(
+        agent_id=agent_id,
+        lifecycle=lifecycle,  # type: ignore[arg-type]
+        instance_type=placement.instance_type,
+        zone=placement.zone,
+        phase=phase,  # type: ignore[arg-type]
+        launched_at=launched_at,
+        active_streams=active,
+        heartbeat_at=heartbeat_at,
+        drain_deadline=drain_deadline,
+        ready_at=ready_at if phase != "starting" else None,
+    )
+
+
+def snapshot(target: int, *agents: PoolAgent, risky: dict[tuple[str, str], float] | None = None):
+    return PoolSnapshot(now=NOW, target=target, agents=agents, risky_until=risky or {})
+
+
+def launches(actions: list[object]) -> list[tuple[str, str]]:
+    return sorted((a.zone, a.lifecycle) for a in actions if isinstance(a, Launch))
+
+
+# --- sizing ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("pending", "active", "needed"),
+    [(0, 0, 0), (1, 0, 1), (0, 10, 1), (5, 6, 2), (40, 0, 4)],
+)
+def test_agents_for_demand_counts_queued_and_running_streams(
+    pending: int, active: int, needed: int
+) -> None:
+    assert agents_for_demand(pending, active, SETTINGS) == needed
+
+
+@pytest.mark.parametrize(
+    ("previous", "needed", "now", "expected"),
+    [
+        # scale from zero the moment a request queues
+        (Sizing(0, NOW - 5000), 1, NOW, Sizing(1, NOW)),
+        # up at once, and the hold restarts
+        (Sizing(2, NOW - 100), 5, NOW, Sizing(5, NOW)),
+        # demand dropped recently: keep the target
+        (Sizing(3, NOW - 599), 1, NOW, Sizing(3, NOW - 599)),
+        # demand stayed lower for the idle time: go down (to zero when idle)
+        (Sizing(3, NOW - 600), 1, NOW, Sizing(1, NOW)),
+        (Sizing(3, NOW - 600), 0, NOW, Sizing(0, NOW)),
+        # clamped to max
+        (Sizing(0, 0), 50, NOW, Sizing(8, NOW)),
+    ],
+)
+def test_size_pool_goes_up_at_once_and_down_after_the_idle_time(
+    previous: Sizing, needed: int, now: float, expected: Sizing
+) -> None:
+    assert size_pool(previous, needed, now, SETTINGS) == expected
+
+
+def test_size_pool_never_goes_below_min_agents() -> None:
+    floor = replace(SETTINGS, min_agents=2)
+    assert size_pool(Sizing(4, 0), 0, NOW, floor) == Sizing(2, NOW)
+    assert size_pool(Sizing(0, 0), 0, NOW, floor) == Sizing(2, NOW)
+
+
+# --- spotgate's policy -------------------------------------------------------------------
+
+
+def test_scale_from_zero_launches_spread_spot_plus_margin_and_on_demand_cover() -> None:
+    actions = POLICY.decide(snapshot(2), SETTINGS)
+    # 2 + 1 spot, one per zone (cheapest first); nothing ready yet, so 2 on-demand cover
+    # the target in the cheapest on-demand placement
+    assert launches(actions) == [
+        ("us-east-1a", "spot"),
+        ("us-east-1b", "spot"),
+        ("us-east-1c", "on-demand"),
+        ("us-east-1c", "on-demand"),
+        ("us-east-1c", "spot"),
+    ]
+
+
+def test_an_idle_pool_at_target_zero_launches_nothing() -> None:
+    assert POLICY.decide(snapshot(0), SETTINGS) == []
+
+
+def test_steady_pool_with_margin_does_nothing() -> None:
+    pool = (agent("a", placement=A), agent("b", placement=B), agent("c", placement=C))
+    assert POLICY.decide(snapshot(2, *pool), SETTINGS) == []
+
+
+def test_spot_is_spread_where_we_hold_fewest() -> None:
+    pool = (agent("a1", placement=A), agent("a2", placement=A), agent("b1", placement=B))
+    assert launches(POLICY.decide(snapshot(3, *pool), SETTINGS)) == [("us-east-1c", "spot")]
+
+
+def test_a_noticed_agent_is_replaced_at_once_in_another_zone() -> None:
+    pool = (
+        agent("a", placement=A, phase="draining", drain_deadline=NOW + 100),
+        agent("b", placement=B),
+        agent("c", placement=C),
+    )
+    risky = {A.key: NOW + 1800}
+    actions = POLICY.decide(snapshot(2, *pool, risky=risky), SETTINGS)
+    # the margin absorbed it (2 ready spot = target): a spot replacement, no on-demand
+    assert launches(actions) == [("us-east-1b", "spot")]
+
+
+def test_placements_that_just_preempted_or_refused_are_avoided() -> None:
+    risky = {B.key: NOW + 60, C.key: NOW + 60}
+    actions = POLICY.decide(snapshot(1, agent("a", placement=A), risky=risky), SETTINGS)
+    assert launches(actions) == [("us-east-1a", "spot")]
+
+
+def test_when_every_placement_is_risky_the_first_to_clear_is_tried() -> None:
+    risky = {A.key: NOW + 300, B.key: NOW + 60, C.key: NOW + 900}
+    ready = agent("r", "on-demand", C)
+    actions = POLICY.decide(snapshot(1, ready, risky=risky), SETTINGS)
+    assert launches(actions) == [("us-east-1b", "spot"), ("us-east-1b", "spot")]
+
+
+def test_risk_expires() -> None:
+    risky = {A.key: NOW - 1, B.key: NOW - 1, C.key: NOW - 1}
+    assert len(launches(POLICY.decide(snapshot(2, risky=risky), SETTINGS))) == 5
+
+
+def test_falls_back_to_on_demand_for_what_ready_spot_cannot_hold() -> None:
+    pool = (agent("a", placement=A),)
+    risky = {B.key: NOW + 600, C.key: NOW + 600}  # spot refused elsewhere
+    actions = POLICY.decide(snapshot(3, *pool, risky=risky), SETTINGS)
+    assert launches(actions).count(("us-east-1c", "on-demand")) == 2
+
+
+def test_no_on_demand_when_fallback_is_off() -> None:
+    no_fallback = replace(SETTINGS, on_demand_fallback=False)
+    assert all(a.lifecycle == "spot" for a in POLICY.decide(snapshot(2), no_fallback))  # type: ignore[union-attr]
+
+
+def test_returns_to_spot_once_spot_held_the_target_for_the_hold_time() -> None:
+    spot = (
+        agent("a", placement=A, ready_at=NOW - 2000),
+        agent("b", placement=B, ready_at=NOW - 1800),
+        agent("c", placement=C, ready_at=NOW - 100),  # the margin: not needed to hold
+    )
+    on_demand = (agent("od1", "on-demand", C, active=3), agent("od2", "on-demand", C))
+    actions = POLICY.decide(snapshot(2, *spot, *on_demand), SETTINGS)
+    assert sorted(actions, key=str) == [
+        Drain("od1", "spot holds the target"),  # has streams: drained, never cut
+        Terminate("od2", "spot holds the target"),
+    ]
+
+
+def test_keeps_on_demand_while_spot_is_fresh() -> None:
+    # two spot agents have held the target of 2 only since the second came up, 60 s ago
+    spot = (
+        agent("a", placement=A, ready_at=NOW - 2000),
+        agent("b", placement=B, ready_at=NOW - 60),
+        agent("c", placement=C, ready_at=NOW - 30),
+    )
+    on_demand = (agent("od", "on-demand", C),)
+    assert POLICY.decide(snapshot(2, *spot, *on_demand), SETTINGS) == []
+
+
+def test_scale_down_drains_busy_agents_and_terminates_idle_and_booting_ones() -> None:
+    pool = (
+        agent("busy", placement=A, active=4),
+        agent("idle", placement=B),
+        agent("boot", placement=C, phase="starting"),
+        agent("keep", placement=A, active=9),
+    )
+    actions = POLICY.decide(snapshot(1, *pool), SETTINGS)  # spot goal 2: shed 2
+    assert sorted(actions, key=str) == [
+        Terminate("boot", "more spot than the target needs"),
+        Terminate("idle", "more spot than the target needs"),
+    ]
+    actions = POLICY.decide(snapshot(0, *pool), SETTINGS)
+    assert Drain("busy", "more spot than the target needs") in actions
+    assert Drain("keep", "more spot than the target needs") in actions
+    assert not any(isinstance(a, Launch) for a in actions)
+
+
+# --- reaper ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("pool_agent", "reason"),
+    [
+        (agent("x", phase="starting", heartbeat_at=None, launched_at=NOW - 901), "launch timeout"),
+        (agent("x", heartbeat_at=NOW - 61), "heartbeat stopped"),
+        (agent("x", phase="draining", drain_deadline=NOW + 60), "drained"),
+        (agent("x", phase="draining", active=2, drain_deadline=NOW), "drained"),
+        (agent("x", phase="draining", drain_deadline=None), "drained"),
+    ],
+)
+def test_reaper_terminates_dead_and_drained_agents(pool_agent: PoolAgent, reason: str) -> None:
+    (action,) = reap(snapshot(1, pool_agent), SETTINGS)
+    assert action.agent_id == "x"
+    assert reason in action.reason
+
+
+@pytest.mark.parametrize(
+    "pool_agent",
+    [
+        agent("x", phase="starting", heartbeat_at=None, launched_at=NOW - 899),
+        agent("x", heartbeat_at=NOW - 59),
+        agent("x", phase="draining", active=2, drain_deadline=NOW + 60),
+        agent("x", phase="draining", active=1, drain_deadline=None),
+    ],
+)
+def test_reaper_leaves_live_agents_alone(pool_agent: PoolAgent) -> None:
+    assert reap(snapshot(1, pool_agent), SETTINGS) == []
+
+
+# --- baselines ---------------------------------------------------------------------------
+
+
+def test_on_demand_only_keeps_the_target_on_demand() -> None:
+    assert launches(OnDemandOnly().decide(snapshot(2), SETTINGS)) == [
+        ("us-east-1c", "on-demand"),
+        ("us-east-1c", "on-demand"),
+    ]
+    pool = (
+        agent("old", "on-demand", C, launched_at=NOW - 900),
+        agent("new", "on-demand", C, launched_at=NOW - 600),
+        agent("busy", "on-demand", C, active=5),
+    )
+    # the newest idle one goes; the busy one keeps serving
+    assert OnDemandOnly().decide(snapshot(2, *pool), SETTINGS) == [Terminate("new", "above target")]
+
+
+def test_spot_cheapest_zone_ignores_risk_and_other_zones() -> None:
+    risky = {B.key: NOW + 600}
+    actions = SpotCheapestZone().decide(snapshot(2, risky=risky), SETTINGS)
+    assert launches(actions) == [("us-east-1b", "spot"), ("us-east-1b", "spot")]
+
+
+def test_even_spread_keeps_the_margin_and_ignores_risk() -> None:
+    risky = {A.key: NOW + 600, B.key: NOW + 600}
+    actions = EvenSpread().decide(snapshot(2, risky=risky), SETTINGS)
+    assert launches(actions) == [
+        ("us-east-1a", "spot"),
+        ("us-east-1b", "spot"),
+        ("us-east-1c", "spot"),
+    ]
+
+
+def test_rebalance_launches_a_replacement_first_and_keeps_the_agent_serving() -> None:
+    pool = (
+        replace(agent("a", placement=A), at_risk=True),
+        agent("b", placement=B),
+        agent("c", placement=C),
+    )
+    actions = POLICY.decide(snapshot(2, *pool), SETTINGS)
+    # zones are counted without the agent at risk, so its own zone is the emptiest
+    assert launches(actions) == [("us-east-1a", "spot")]
+    assert not any(isinstance(a, Drain | Terminate) for a in actions)
+
+
+def test_rebalanced_agent_is_drained_once_its_replacement_is_ready() -> None:
+    pool = (
+        replace(agent("a", placement=A, active=3), at_risk=True),
+        agent("b", placement=B),
+        agent("c", placement=C),
+        agent("new", placement=A, ready_at=NOW - 10),
+    )
+    assert POLICY.decide(snapshot(2, *pool), SETTINGS) == [
+        Drain("a", "replaced ahead of a rebalance")
+    ]
+    booting = (*pool[:3], agent("new", placement=A, phase="starting"))
+    assert POLICY.decide(snapshot(2, *booting), SETTINGS) == []

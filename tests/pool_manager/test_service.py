@@ -1,0 +1,178 @@
+"""The pool manager end to end: local provider (real agent processes), gateway, moto server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from pool_manager.events import interruption_warning
+from pool_manager.service import run_pool
+from spotgate.emulator import AwsEmulator
+from spotgate.registry import AgentState, CreatedApiKey, Registry, aws_session
+from spotgate.settings import LocalPoolSettings, PoolSettings, QueueSettings
+from spotgate.tokens import SigningKey
+from tests.agents import expected_text, wait_for
+from tests.gateway.conftest import Gateway, running_gateway
+from tests.gpu_agent.wsclient import connect, generate, receive, send
+
+MODEL = "synthetic"
+
+
+@pytest.fixture
+async def gateway(aws: AwsEmulator) -> AsyncIterator[Gateway]:
+    queue = QueueSettings(max_pending_per_model=64, deadline_seconds=60.0)
+    key = SigningKey.generate()
+    async with running_gateway(aws, key, models=(MODEL,), queue=queue) as running:
+        yield running
+
+
+@pytest.fixture
+async def api_key(aws: AwsEmulator) -> CreatedApiKey:
+    async with Registry.open(aws.settings()) as registry:
+        return await registry.create_key("test")
+
+
+@pytest.fixture
+async def queue_url(aws: AwsEmulator) -> str:
+    async with aws_session(aws.settings().aws).client("sqs", endpoint_url=aws.url) as sqs:
+        return str((await sqs.create_queue(QueueName=f"events-{uuid.uuid4().hex}"))["QueueUrl"])
+
+
+def pool_settings(
+    aws: AwsEmulator, gateway: Gateway, logs: Path, **overrides: object
+) -> PoolSettings:
+    fields: dict[str, object] = {
+        "shared": aws.settings(),
+        "provider": "local",
+        "models": (MODEL,),
+        "spot_overprovision": 0,
+        "on_demand_fallback": False,
+        "loop_seconds": 0.5,
+        "event_wait_seconds": 0,
+        "local": LocalPoolSettings(
+            engine="synthetic",
+            served_model_name=MODEL,
+            jwks_url=f"{gateway.url}/.well-known/jwks.json",
+            drain_grace_seconds=15.0,
+            log_dir=str(logs),
+            agent_env={
+                "SPOTGATE_AGENT_SYNTHETIC__TOKENS_PER_SECOND": "20",
+                "SPOTGATE_AGENT_HEARTBEAT_SECONDS": "1",
+                "SPOTGATE_AGENT_IMDS_POLL_SECONDS": "0.5",
+            },
+        ),
+    }
+    return PoolSettings(**{**fields, **overrides})  # type: ignore[arg-type]
+
+
+@contextlib.asynccontextmanager
+async def pool_running(settings: PoolSettings) -> AsyncIterator[None]:
+    stop = asyncio.Event()
+    task = asyncio.create_task(run_pool(settings, stop))
+    try:
+        yield
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 60)
+
+
+async def ready_agents(aws: AwsEmulator) -> list[str]:
+    async with Registry.open(aws.settings()) as registry:
+        return sorted(a.agent_id for a in await registry.list_ready(MODEL))
+
+
+async def test_a_request_to_an_empty_pool_queues_an_agent_starts_and_it_completes(
+    aws: AwsEmulator, gateway: Gateway, api_key: CreatedApiKey, tmp_path: Path
+) -> None:
+    assert await ready_agents(aws) == []
+    async with pool_running(pool_settings(aws, gateway, tmp_path)):
+        client = openai.AsyncOpenAI(
+            base_url=f"{gateway.url}/v1", api_key=api_key.api_key, max_retries=0, timeout=90
+        )
+        reply = await client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "wake up"}], max_tokens=6
+        )
+        assert reply.choices[0].message.content == expected_text("wake up", 6)
+        assert await ready_agents(aws) == ["local-1"]
+    async with Registry.open(aws.settings()) as registry:
+        record = await registry.get_agent("local-1")
+    assert record is not None
+    assert (record.state, record.lifecycle, record.zone) == (AgentState.GONE, "spot", "local-a")
+
+
+async def interruption(queue: str, aws: AwsEmulator, agent_id: str, in_seconds: float) -> None:
+    """EC2's spot warning on the queue, with the deadline `in_seconds` away."""
+    body = interruption_warning(agent_id, time.time() + in_seconds, "us-east-1")
+    async with aws_session(aws.settings().aws).client("sqs", endpoint_url=aws.url) as sqs:
+        await sqs.send_message(QueueUrl=queue, MessageBody=json.dumps(body))
+
+
+async def test_an_interrupted_agent_is_replaced_and_every_stream_completes_exactly(
+    aws: AwsEmulator, gateway: Gateway, api_key: CreatedApiKey, tmp_path: Path, queue_url: str
+) -> None:
+    settings = pool_settings(aws, gateway, tmp_path, min_agents=2, interruption_queue_url=queue_url)
+    async with pool_running(settings):
+
+        async def two_routable() -> bool:
+            view = gateway.state.dispatcher.view
+            return len([r for r in view.agents.get(MODEL, []) if r.state is AgentState.READY]) == 2
+
+        await wait_for(two_routable, within=90)
+        max_tokens = 100  # 5 s at 20 tokens/s: the interruption lands mid-stream
+        sockets = [connect(gateway.ws_url, api_key.api_key) for _ in range(5)]
+        async with contextlib.AsyncExitStack() as stack:
+            connections = [await stack.enter_async_context(s) for s in sockets]
+            for n, ws in enumerate(connections):
+                for m in range(10):
+                    await send(
+                        ws, generate(f"s{n}-{m}", MODEL, content=f"{n}/{m}", max_tokens=max_tokens)
+                    )
+            frames: dict[str, list[dict[str, object]]] = {}
+
+            async def collect(ws: object) -> None:
+                pending = 10
+                while pending:
+                    frame = await receive(ws)  # type: ignore[arg-type]
+                    frames.setdefault(str(frame["id"]), []).append(frame)
+                    pending -= frame["type"] in ("done", "error")
+
+            readers = [asyncio.create_task(collect(ws)) for ws in connections]
+
+            async def all_streaming() -> bool:
+                return len(frames) == 50 and all(
+                    any(f["type"] == "delta" for f in fs) for fs in frames.values()
+                )
+
+            await wait_for(all_streaming, within=30)
+            victim = "local-1"
+            await interruption(queue_url, aws, victim, in_seconds=8)
+            await asyncio.wait_for(asyncio.gather(*readers), 60)
+
+        for key, got in frames.items():
+            n, m = key[1:].split("-")
+            done = got[-1]
+            assert done["type"] == "done", done
+            text = "".join(str(f["text"]) for f in got if f["type"] == "delta")
+            assert text == expected_text(f"{n}/{m}", max_tokens), key
+            assert done["usage"]["completion_tokens"] == max_tokens  # type: ignore[index]
+        moved = [
+            k
+            for k, got in frames.items()
+            if len({f["agent"] for f in got if f["type"] == "start"}) == 2
+        ]
+        served_by_victim = [k for k, got in frames.items() if got[0].get("agent") == victim]
+        assert served_by_victim
+        assert set(moved) == set(served_by_victim)  # every stream on the victim moved, none lost
+
+        async def replaced() -> bool:
+            return "local-3" in await ready_agents(aws) and victim not in await ready_agents(aws)
+
+        await wait_for(replaced, within=60)
