@@ -90,6 +90,7 @@ class PassReport:
     targets: Mapping[str, int]
     actions: Sequence[Action]
     refused: Sequence[Launch]
+    agents: Sequence[tuple[str, PoolAgent]]  # (model, agent) once the pass was done
 
 
 @dataclass
@@ -117,13 +118,15 @@ class PoolController:
         targets: dict[str, int] = {}
         done: list[Action] = []
         refused: list[Launch] = []
+        agents: list[tuple[str, PoolAgent]] = []
         for model in models:
             targets[model] = self._size(model, demand.get(model, Demand()), fixed.get(model), now)
             mine = [i for i in instances if i.model == model]
             acted, denied = await self._converge(model, targets[model], mine, records, now)
             done += acted
             refused += denied
-        return PassReport(targets=targets, actions=done, refused=refused)
+            agents += [(model, pool_agent(i, records.get(i.agent_id), now)) for i in mine]
+        return PassReport(targets=targets, actions=done, refused=refused, agents=agents)
 
     async def handle_event(self, event: PoolEvent) -> None:
         """Act on one EC2 event: an interruption drains the agent and marks its placement."""

@@ -15,10 +15,14 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager, suppress
 
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
 from pool_manager.controller import PoolController
 from pool_manager.ec2_provider import Ec2Provider
 from pool_manager.events import InterruptionQueue
 from pool_manager.local_provider import LOCAL_PLACEMENTS, LocalProvider
+from pool_manager.metrics import PoolMetrics
 from pool_manager.policy import PlacementOption, PolicySettings
 from pool_manager.provider import Provider
 from spotgate.logging import get_logger
@@ -64,9 +68,54 @@ async def open_provider(settings: PoolSettings) -> AsyncIterator[Provider]:
         await local.close()
 
 
-async def run_pool(settings: PoolSettings, stop: asyncio.Event) -> None:
+POOL_METRICS = web.AppKey("pool_metrics", PoolMetrics)
+HEALTHY_WITHIN_LOOPS = 3  # /healthz fails once no pass finished for this many loop intervals
+
+
+def create_app(settings: PoolSettings, metrics: PoolMetrics) -> web.Application:
+    """`/healthz` (the loop is alive) and `/metrics` (Prometheus)."""
+    app = web.Application()
+    app[POOL_METRICS] = metrics
+
+    async def healthz(request: web.Request) -> web.Response:
+        """200 while reconcile passes keep finishing, 503 once they stall."""
+        last = request.app[POOL_METRICS].last_pass_at
+        fresh = time.time() - last <= HEALTHY_WITHIN_LOOPS * max(settings.loop_seconds, 1.0)
+        body = {"status": "ok" if fresh else "stalled", "last_pass": last}
+        return web.json_response(body, status=200 if fresh else 503)
+
+    async def metrics_text(request: web.Request) -> web.Response:
+        """Prometheus text exposition."""
+        exposition = generate_latest(request.app[POOL_METRICS].registry)
+        return web.Response(body=exposition, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/metrics", metrics_text)
+    return app
+
+
+@asynccontextmanager
+async def serving(settings: PoolSettings, metrics: PoolMetrics) -> AsyncIterator[None]:
+    """Serve `/healthz` and `/metrics` on the configured port (none when it is 0)."""
+    if settings.port == 0:
+        yield
+        return
+    runner = web.AppRunner(create_app(settings, metrics), handle_signals=False)
+    await runner.setup()
+    await web.TCPSite(runner, settings.host, settings.port).start()
+    try:
+        yield
+    finally:
+        await runner.cleanup()
+
+
+async def run_pool(
+    settings: PoolSettings, stop: asyncio.Event, metrics: PoolMetrics | None = None
+) -> None:
     """Reconcile until `stop` is set."""
+    metrics = metrics or PoolMetrics()
     async with AsyncExitStack() as stack:
+        await stack.enter_async_context(serving(settings, metrics))
         registry = await stack.enter_async_context(Registry.open(settings.shared))
         provider = await stack.enter_async_context(open_provider(settings))
         queue = None
@@ -90,8 +139,10 @@ async def run_pool(settings: PoolSettings, stop: asyncio.Event) -> None:
                     for event, receipt in await queue.receive(wait_seconds=wait):
                         if event is not None:
                             await controller.handle_event(event)
+                            metrics.record_event(event)
                         await queue.delete(receipt)
                 report = await controller.reconcile()
+                metrics.record_pass(report, time.time())
                 if report.actions:
                     log.info(
                         "reconciled", targets=dict(report.targets), actions=len(report.actions)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import aiohttp
 
-from spotgate.process import ChildExited, ChildProcesses
+from spotgate.process import ChildExited, ChildProcesses, free_port
 from spotgate.registry import AgentRecord, Registry
 from spotgate.settings import SharedSettings, emulator_settings, shared_env
 from spotgate.tokens import SigningKey
@@ -221,6 +221,7 @@ async def run_up(directory: Path, options: UpOptions, *, announce: Callable[[str
                     "SPOTGATE_POOL_SPOT_OVERPROVISION": "0",
                     "SPOTGATE_POOL_ON_DEMAND_FALLBACK": "false",
                     "SPOTGATE_POOL_LOOP_SECONDS": str(LOCAL_LOOP_SECONDS),
+                    "SPOTGATE_POOL_PORT": str(free_port()),
                     "SPOTGATE_POOL_INTERRUPTION_QUEUE_URL": queue_url,
                     # moto serves one call at a time: a long poll would hold up the rest
                     "SPOTGATE_POOL_EVENT_WAIT_SECONDS": "0",

@@ -251,6 +251,8 @@ class PoolSettings(BaseSettings):
 
     shared: SharedSettings = Field(default_factory=SharedSettings)
     provider: Literal["ec2", "local"] = "local"
+    host: str = "127.0.0.1"
+    port: Annotated[int, Field(ge=0, le=65535)] = 8090  # /healthz and /metrics; 0: none
     models: tuple[str, ...] = ()  # served even with no demand yet (min_agents applies to each)
     min_agents: NonNegativeInt = 0
     max_agents: PositiveInt = 4

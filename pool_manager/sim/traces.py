@@ -66,3 +66,14 @@ def load_traces(directory: Path) -> list[ZoneTrace]:
     if not traces:
         raise TraceError(f"{directory}: no *.json trace files")
     return traces
+
+
+def shortfall_share(traces: list[ZoneTrace], target: int) -> float:
+    """Share of samples in which all zones together could hold fewer than `target` instances."""
+    samples = max(len(t.capacity) for t in traces)
+    short = sum(
+        1
+        for index in range(samples)
+        if sum(t.capacity[min(index, len(t.capacity) - 1)] for t in traces) < target
+    )
+    return short / samples

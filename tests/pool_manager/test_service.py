@@ -10,16 +10,18 @@ import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import aiohttp
 import openai
 import pytest
 
 from pool_manager.events import interruption_warning
-from pool_manager.service import run_pool
+from pool_manager.metrics import PoolMetrics
+from pool_manager.service import create_app, run_pool
 from spotgate.emulator import AwsEmulator
 from spotgate.registry import AgentState, CreatedApiKey, Registry, aws_session
 from spotgate.settings import LocalPoolSettings, PoolSettings, QueueSettings
 from spotgate.tokens import SigningKey
-from tests.agents import expected_text, wait_for
+from tests.agents import expected_text, free_port, wait_for
 from tests.gateway.conftest import Gateway, running_gateway
 from tests.gpu_agent.wsclient import connect, generate, receive, send
 
@@ -57,6 +59,7 @@ def pool_settings(
         "on_demand_fallback": False,
         "loop_seconds": 0.5,
         "event_wait_seconds": 0,
+        "port": 0,
         "local": LocalPoolSettings(
             engine="synthetic",
             served_model_name=MODEL,
@@ -93,7 +96,8 @@ async def test_a_request_to_an_empty_pool_queues_an_agent_starts_and_it_complete
     aws: AwsEmulator, gateway: Gateway, api_key: CreatedApiKey, tmp_path: Path
 ) -> None:
     assert await ready_agents(aws) == []
-    async with pool_running(pool_settings(aws, gateway, tmp_path)):
+    port = free_port()
+    async with pool_running(pool_settings(aws, gateway, tmp_path, port=port)):
         client = openai.AsyncOpenAI(
             base_url=f"{gateway.url}/v1", api_key=api_key.api_key, max_retries=0, timeout=90
         )
@@ -102,6 +106,13 @@ async def test_a_request_to_an_empty_pool_queues_an_agent_starts_and_it_complete
         )
         assert reply.choices[0].message.content == expected_text("wake up", 6)
         assert await ready_agents(aws) == ["local-1"]
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"http://127.0.0.1:{port}/metrics") as response:
+                exposition = await response.text()
+            async with http.get(f"http://127.0.0.1:{port}/healthz") as response:
+                assert response.status == 200
+        assert 'spotgate_pool_launches_total{lifecycle="spot"} 1.0' in exposition
+        assert 'spotgate_pool_target_agents{model="synthetic"} 1.0' in exposition
     async with Registry.open(aws.settings()) as registry:
         record = await registry.get_agent("local-1")
     assert record is not None
@@ -176,3 +187,15 @@ async def test_an_interrupted_agent_is_replaced_and_every_stream_completes_exact
             return "local-3" in await ready_agents(aws) and victim not in await ready_agents(aws)
 
         await wait_for(replaced, within=60)
+
+
+async def test_healthz_fails_once_reconcile_passes_stall(aiohttp_client) -> None:  # type: ignore[no-untyped-def]
+    metrics = PoolMetrics()
+    client = await aiohttp_client(create_app(PoolSettings(loop_seconds=2.0), metrics))
+    assert (await client.get("/healthz")).status == 503  # no pass yet
+    metrics.last_pass_at = time.time()
+    assert (await client.get("/healthz")).status == 200
+    metrics.last_pass_at = time.time() - 7  # more than three loop intervals ago
+    response = await client.get("/healthz")
+    assert response.status == 503
+    assert (await response.json())["status"] == "stalled"
