@@ -10,6 +10,8 @@ TORCH_EXTRAS_TO_REMOVE := torchvision torchaudio torchcodec
 LITELLM := .bench/litellm/bin/litellm
 # Debian's Chromium, driven headless by Playwright in the chat page tests (never a download).
 CHROMIUM := /usr/bin/chromium
+# Node runs the CDK's jsii kernel when the infra tests synthesize the stack.
+NODE := /usr/bin/node
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: up test install lint typecheck unit bench clean
@@ -28,7 +30,7 @@ lint: $(INSTALLED)
 typecheck: $(INSTALLED)
 	$(BIN)/mypy
 
-unit: $(INSTALLED) $(CHROMIUM)
+unit: $(INSTALLED) $(CHROMIUM) $(NODE)
 	$(BIN)/pytest
 
 bench: $(INSTALLED) $(LITELLM)
@@ -40,6 +42,10 @@ bench: $(INSTALLED) $(LITELLM)
 $(CHROMIUM):
 	$(SUDO) apt-get update -q
 	$(SUDO) apt-get install -y -q chromium
+
+$(NODE):
+	$(SUDO) apt-get update -q
+	$(SUDO) apt-get install -y -q nodejs
 
 # LiteLLM's proxy, the peer the gateway is compared with, lives in a virtualenv of its own.
 $(LITELLM):
@@ -53,7 +59,7 @@ $(BIN)/python:
 
 $(INSTALLED): pyproject.toml Makefile | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,cpu]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,cpu,cdk]'
 	$(BIN)/python -m pip uninstall --quiet --yes $(TORCH_EXTRAS_TO_REMOVE)
 	touch $@
 

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
 import sys
 import time
 from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -29,7 +32,6 @@ from spotgate.registry import (
 from spotgate.settings import SharedSettings, describe_validation_error
 
 EXIT_BAD_INPUT = 2
-EXIT_NOT_BUILT = 3
 EXIT_AWS_FAILED = 4
 
 Handler = Callable[[argparse.Namespace], int]
@@ -82,15 +84,11 @@ def _positive_float(text: str) -> float:
     return value
 
 
-def _not_built(part: str) -> Handler:
-    def handler(args: argparse.Namespace) -> int:
-        print(
-            f"spotgate {args.command}: the {part} is not built yet in spotgate {__version__}",
-            file=sys.stderr,
-        )
-        return EXIT_NOT_BUILT
-
-    return handler
+def _share(text: str) -> float:
+    value = _non_negative_float(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be between 0 and 1")
+    return value
 
 
 # --- keys ----------------------------------------------------------------------------------
@@ -303,6 +301,60 @@ def _pool_count(text: str) -> str:
     return str(_non_negative_int(text))
 
 
+# --- loadtest ------------------------------------------------------------------------------
+
+
+def _loadtest(args: argparse.Namespace) -> int:
+    from loadtest.runner import (
+        LoadTestError,
+        RunSpec,
+        Thresholds,
+        capacity_search,
+        local_stack,
+        run_locust,
+    )
+
+    out = args.out or Path("loadtest-results") / time.strftime("%Y%m%d-%H%M%S")
+    with contextlib.ExitStack() as stack:
+        url, key, model = args.url, args.api_key, args.model
+        if url is None:
+            info = stack.enter_context(local_stack(out / "stack", args.agents))
+            url, key, model = info.gateway_url, info.api_key, model or info.model or ""
+            print(f"local stack (synthetic engine, {args.agents} agents) at {url}", flush=True)
+        if not key:
+            raise CommandError("--api-key (or SPOTGATE_API_KEY) is needed with --url")
+        spec = RunSpec(
+            host=str(url), api_key=key, out_dir=out, users=args.users,
+            spawn_rate=args.spawn_rate, duration_seconds=args.duration,
+            user_class=args.user_class, model=model or "", workload=args.workload,
+            cancel_share=args.cancel_share, streams_per_user=args.streams_per_user,
+        )  # fmt: skip
+        try:
+            if args.capacity_search:
+                steps = list(range(args.start_users, args.max_users + 1, args.step_users))
+                thresholds = Thresholds(args.max_ttft_p99_ms, args.max_error_rate)
+                knee, _ = capacity_search(
+                    replace(spec, duration_seconds=args.step_seconds), steps, thresholds
+                )
+                if knee is None:
+                    print("not even the first step held: lower --start-users")
+                else:
+                    llm = knee.llm
+                    print(
+                        f"sustained capacity: {knee.concurrency} concurrent streams, "
+                        f"{llm['output_tokens_per_second']:.0f} output tokens/s, "
+                        f"{llm['streams_per_second']:.1f} streams/s "
+                        f"(TTFT p99 {llm['ttft_ms']['p99']:.0f} ms)"
+                    )
+            else:
+                result = run_locust(spec)
+                print(json.dumps(result.llm, indent=2))
+        except LoadTestError as err:
+            raise CommandError(str(err)) from err
+    print(f"results in {out}")
+    return 0
+
+
 def _sim(args: argparse.Namespace) -> int:
     from pool_manager.sim.runner import policies_named, render_json, render_table, run_policies
     from pool_manager.sim.simulator import SimConfig
@@ -425,10 +477,26 @@ def build_parser() -> argparse.ArgumentParser:
     sim.set_defaults(handler=_sim)
 
     loadtest = commands.add_parser("loadtest", help="run locust against a gateway")
-    loadtest.add_argument("--url")
+    loadtest.add_argument("--url", help="the gateway (default: start a local synthetic stack)")
+    loadtest.add_argument("--api-key", default=os.environ.get("SPOTGATE_API_KEY", ""))
+    loadtest.add_argument("--model", default="", help="default: the first served model")
     loadtest.add_argument("--users", type=_positive_int, default=10)
-    loadtest.add_argument("--duration", type=_positive_int, default=60)
-    loadtest.set_defaults(handler=_not_built("load test runner"))
+    loadtest.add_argument("--spawn-rate", type=_positive_float, default=10.0)
+    loadtest.add_argument("--duration", type=_positive_int, default=60, help="seconds")
+    loadtest.add_argument("--user-class", choices=["ws", "sse", "token", "mix"], default="mix")
+    loadtest.add_argument("--workload", type=Path, help="JSONL prompts (default: built-in mix)")
+    loadtest.add_argument("--cancel-share", type=_share, default=0.0)
+    loadtest.add_argument("--streams-per-user", type=_positive_int, default=1)
+    loadtest.add_argument("--agents", type=_positive_int, default=1, help="for the local stack")
+    loadtest.add_argument("--out", type=Path, help="default: loadtest-results/<time>")
+    loadtest.add_argument("--capacity-search", action="store_true")
+    loadtest.add_argument("--start-users", type=_positive_int, default=4)
+    loadtest.add_argument("--step-users", type=_positive_int, default=4)
+    loadtest.add_argument("--max-users", type=_positive_int, default=256)
+    loadtest.add_argument("--step-seconds", type=_positive_int, default=30)
+    loadtest.add_argument("--max-ttft-p99-ms", type=_positive_float, default=2000.0)
+    loadtest.add_argument("--max-error-rate", type=_share, default=0.01)
+    loadtest.set_defaults(handler=_loadtest)
     return parser
 
 

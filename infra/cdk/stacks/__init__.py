@@ -1,0 +1,1 @@
+"""The spotgate stack and its constructs, one module per concern."""

@@ -1,0 +1,247 @@
+"""The gateway on ECS Fargate behind an internet-facing Application Load Balancer."""
+
+from __future__ import annotations
+
+import json
+
+from aws_cdk import Duration, RemovalPolicy
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_ecs as ecs
+from aws_cdk import aws_elasticloadbalancingv2 as elbv2
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_s3 as s3
+from constructs import Construct
+
+from spotgate.registry import BY_MODEL_INDEX
+from stacks.common import (
+    ECR_AUTH_REASON,
+    acknowledge,
+    acknowledge_wildcard_resource,
+    log_group,
+)
+from stacks.config import DeployConfig
+from stacks.registry import Registry
+from stacks.signing_key import SigningKey
+
+GATEWAY_PORT = 8080
+HEALTH_PATH = "/healthz"
+"""Liveness, not `/readyz`: a registry outage must not take every gateway out of the ALB."""
+HEALTH_CHECK_INTERVAL_SECONDS = 15
+HEALTH_CHECK_GRACE_SECONDS = 60
+CPU_TARGET_PERCENT = 60
+SCALE_OUT_COOLDOWN_SECONDS = 60
+SCALE_IN_COOLDOWN_SECONDS = 300
+ACCESS_LOG_DAYS = 90
+SIGNING_KEY_ENV = "SPOTGATE_GATEWAY_TOKEN__SIGNING_KEY_PEM"
+CONTAINER_HEALTH_COMMAND = (
+    "import urllib.request; "
+    f"urllib.request.urlopen('http://127.0.0.1:{GATEWAY_PORT}{HEALTH_PATH}', timeout=3)"
+)
+
+
+class GatewayService(Construct):
+    """Gateways in private subnets; the ALB holds websockets open for `albIdleTimeoutSeconds`."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        config: DeployConfig,
+        vpc: ec2.IVpc,
+        cluster: ecs.ICluster,
+        image: ecs.ContainerImage,
+        registry: Registry,
+        signing_key: SigningKey,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self.log_group = log_group(self, "Logs", config.log_retention_days)
+
+        self.access_logs = access_logs = s3.Bucket(
+            self,
+            "AccessLogs",
+            encryption=s3.BucketEncryption.S3_MANAGED,  # the only one ALB log delivery supports
+            enforce_ssl=True,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
+            lifecycle_rules=[s3.LifecycleRule(expiration=Duration.days(ACCESS_LOG_DAYS))],
+            removal_policy=RemovalPolicy.RETAIN,
+        )
+        acknowledge(
+            access_logs,
+            "AwsSolutions-S1",
+            "This bucket holds the load balancer's access logs; logging it would log the logs.",
+        )
+        self.load_balancer = elbv2.ApplicationLoadBalancer(
+            self,
+            "LoadBalancer",
+            vpc=vpc,
+            internet_facing=True,
+            vpc_subnets=ec2.SubnetSelection(subnet_type=ec2.SubnetType.PUBLIC),
+            # Websockets and SSE streams sit quiet while queued or thinking; the default 60 s
+            # would cut them.
+            idle_timeout=Duration.seconds(config.alb_idle_timeout_seconds),
+            drop_invalid_header_fields=True,
+        )
+        self.load_balancer.log_access_logs(access_logs, prefix="alb")
+        for security_group in self.load_balancer.connections.security_groups:
+            acknowledge(
+                security_group,
+                "AwsSolutions-EC23",
+                "The public API: clients anywhere connect, and authenticate with API keys.",
+            )
+
+        host = config.gateway_domain or self.load_balancer.load_balancer_dns_name
+        self.public_url = f"{'https' if config.https else 'http'}://{host}"
+
+        task = ecs.FargateTaskDefinition(
+            self,
+            "Task",
+            cpu=config.gateway_cpu,
+            memory_limit_mib=config.gateway_memory_mib,
+            runtime_platform=ecs.RuntimePlatform(
+                cpu_architecture=ecs.CpuArchitecture.X86_64,
+                operating_system_family=ecs.OperatingSystemFamily.LINUX,
+            ),
+        )
+        self.environment: dict[str, str] = {
+            **registry.environment(config.region),
+            "SPOTGATE_LOG_FORMAT": "json",
+            "SPOTGATE_GATEWAY_HOST": "0.0.0.0",  # noqa: S104 — the ALB reaches the task's IP
+            "SPOTGATE_GATEWAY_PORT": str(GATEWAY_PORT),
+            "SPOTGATE_GATEWAY_PUBLIC_URL": self.public_url,
+            "SPOTGATE_GATEWAY_MODELS": json.dumps([config.served_model]),
+            "SPOTGATE_GATEWAY_SHUTDOWN_GRACE_SECONDS": str(config.gateway_drain_seconds),
+        }
+        task.add_container(
+            "gateway",
+            image=image,
+            command=["gateway"],
+            environment=self.environment,
+            secrets={SIGNING_KEY_ENV: ecs.Secret.from_secrets_manager(signing_key.secret)},
+            logging=ecs.LogDrivers.aws_logs(stream_prefix="gateway", log_group=self.log_group),
+            port_mappings=[ecs.PortMapping(container_port=GATEWAY_PORT)],
+            # SIGTERM starts the drain (SHUTDOWN_GRACE_SECONDS); SIGKILL must come later.
+            stop_timeout=Duration.seconds(config.gateway_stop_timeout_seconds),
+            health_check=ecs.HealthCheck(
+                command=["CMD", "python", "-c", CONTAINER_HEALTH_COMMAND],
+                interval=Duration.seconds(HEALTH_CHECK_INTERVAL_SECONDS),
+                timeout=Duration.seconds(5),
+                retries=3,
+                start_period=Duration.seconds(HEALTH_CHECK_GRACE_SECONDS),
+            ),
+        )
+        self._grant_registry(task.task_role, registry)
+        acknowledge(
+            task,
+            "AwsSolutions-ECS2",
+            "Only non-secret settings are plain variables; the signing key is an ECS secret.",
+        )
+        acknowledge_wildcard_resource(task.obtain_execution_role(), "*", ECR_AUTH_REASON)
+
+        self.service = ecs.FargateService(
+            self,
+            "Service",
+            cluster=cluster,
+            task_definition=task,
+            desired_count=config.gateway_min_tasks,
+            min_healthy_percent=100,
+            max_healthy_percent=200,
+            circuit_breaker=ecs.DeploymentCircuitBreaker(rollback=True),
+            health_check_grace_period=Duration.seconds(HEALTH_CHECK_GRACE_SECONDS),
+            vpc_subnets=ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS),
+            assign_public_ip=False,
+        )
+        # The first task must find the signing key in its secret.
+        self.service.node.add_dependency(signing_key.key)
+
+        self.target_group = elbv2.ApplicationTargetGroup(
+            self,
+            "Targets",
+            vpc=vpc,
+            port=GATEWAY_PORT,
+            protocol=elbv2.ApplicationProtocol.HTTP,
+            target_type=elbv2.TargetType.IP,
+            targets=[self.service],
+            # The ALB keeps a leaving task's connections this long: the gateway's own drain.
+            deregistration_delay=Duration.seconds(config.gateway_drain_seconds),
+            health_check=elbv2.HealthCheck(
+                path=HEALTH_PATH,
+                healthy_http_codes="200",
+                interval=Duration.seconds(HEALTH_CHECK_INTERVAL_SECONDS),
+                healthy_threshold_count=2,
+                unhealthy_threshold_count=3,
+            ),
+        )
+        self._listen(config)
+
+        scaling = self.service.auto_scale_task_count(
+            min_capacity=config.gateway_min_tasks, max_capacity=config.gateway_max_tasks
+        )
+        scaling.scale_on_cpu_utilization(
+            "Cpu",
+            target_utilization_percent=CPU_TARGET_PERCENT,
+            scale_out_cooldown=Duration.seconds(SCALE_OUT_COOLDOWN_SECONDS),
+            scale_in_cooldown=Duration.seconds(SCALE_IN_COOLDOWN_SECONDS),
+        )
+        # New connections per task: a websocket counts once when it opens, so long-lived
+        # sockets are covered by the CPU policy (relaying is what costs CPU).
+        scaling.scale_on_request_count(
+            "Requests",
+            requests_per_target=config.gateway_requests_per_target,
+            target_group=self.target_group,
+            scale_out_cooldown=Duration.seconds(SCALE_OUT_COOLDOWN_SECONDS),
+            scale_in_cooldown=Duration.seconds(SCALE_IN_COOLDOWN_SECONDS),
+        )
+
+    @property
+    def security_group(self) -> ec2.ISecurityGroup:
+        """The gateway tasks' security group (the agents admit it)."""
+        return self.service.connections.security_groups[0]
+
+    @property
+    def jwks_url(self) -> str:
+        """Where agents read the public keys; its origin is also the tokens' issuer."""
+        return f"{self.public_url}/.well-known/jwks.json"
+
+    def _listen(self, config: DeployConfig) -> None:
+        if not config.https:
+            self.load_balancer.add_listener(
+                "Http",
+                port=80,
+                protocol=elbv2.ApplicationProtocol.HTTP,
+                default_target_groups=[self.target_group],
+            )
+            return
+        self.load_balancer.add_listener(
+            "Https",
+            port=443,
+            protocol=elbv2.ApplicationProtocol.HTTPS,
+            certificates=[elbv2.ListenerCertificate.from_arn(config.certificate_arn)],
+            ssl_policy=elbv2.SslPolicy.RECOMMENDED_TLS,
+            default_target_groups=[self.target_group],
+        )
+        self.load_balancer.add_redirect(source_port=80, target_port=443)
+
+    @staticmethod
+    def _grant_registry(role: iam.IRole, registry: Registry) -> None:
+        agents = registry.agents.table_arn
+        role.add_to_principal_policy(
+            iam.PolicyStatement(
+                sid="ReadAgents",
+                actions=["dynamodb:Scan", "dynamodb:Query", "dynamodb:GetItem"],
+                resources=[agents, f"{agents}/index/{BY_MODEL_INDEX}"],
+            )
+        )
+        role.add_to_principal_policy(
+            iam.PolicyStatement(
+                sid="CheckKeys", actions=["dynamodb:GetItem"], resources=[registry.keys.table_arn]
+            )
+        )
+        role.add_to_principal_policy(
+            iam.PolicyStatement(
+                sid="PublishDemand",
+                actions=["dynamodb:PutItem"],
+                resources=[registry.demand.table_arn],
+            )
+        )

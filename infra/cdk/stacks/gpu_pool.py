@@ -1,0 +1,176 @@
+"""The GPU agents' launch template: AMI, IMDSv2, encrypted root volume, boot script, role."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+from aws_cdk import Stack, Tags
+from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_iam as iam
+from constructs import Construct
+
+from stacks.common import log_group
+from stacks.config import DeployConfig
+from stacks.source import agent_source
+
+BOOT_SCRIPT = Path(__file__).with_name("agent_boot.sh")
+PLACEHOLDER = re.compile(r"@@([A-Z_]+)@@")
+AGENT_PORT = 8000
+AGENT_DRAIN_GRACE_SECONDS = 90
+"""The agent's drain on SIGTERM (its default; set here so systemd's timeout can exceed it)."""
+SYSTEMD_STOP_MARGIN_SECONDS = 30
+IMDS_HOP_LIMIT = 2
+"""Two hops: a container on the instance can still reach IMDSv2 for the spot notice."""
+AGENT_REGISTRY_ACTIONS = ("dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:GetItem")
+"""Register, heartbeat, drain, gone (conditional writes) and the read that explains a refusal."""
+
+
+def render_boot_script(values: Mapping[str, str]) -> str:
+    """The boot script with every @@NAME@@ replaced; a name left unfilled is an error."""
+    script = BOOT_SCRIPT.read_text()
+    for name, value in values.items():
+        script = script.replace(f"@@{name}@@", value)
+    left = sorted(set(PLACEHOLDER.findall(script)))
+    if left:
+        raise ValueError(f"{BOOT_SCRIPT.name}: placeholders left unfilled: {', '.join(left)}")
+    return script
+
+
+class GpuPool(Construct):
+    """Everything an agent instance is launched with; the pool manager chooses type and zone."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        config: DeployConfig,
+        vpc: ec2.IVpc,
+        agents_table: dynamodb.ITable,
+        shared_environment: Mapping[str, str],
+        jwks_url: str,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self.log_group = log_group(self, "Logs", config.log_retention_days)
+        source = agent_source(self, "Source")
+
+        self.role = iam.Role(
+            self,
+            "Role",
+            assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"),
+            description="spotgate GPU agent: its own registry entry, its source, its logs",
+        )
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                sid="OwnRegistryEntry",
+                actions=list(AGENT_REGISTRY_ACTIONS),
+                resources=[agents_table.table_arn],
+            )
+        )
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                sid="SourceBundle",
+                actions=["s3:GetObject"],
+                resources=[source.bucket.arn_for_objects(source.s3_object_key)],
+            )
+        )
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                sid="ShipLogs",
+                actions=[
+                    "logs:CreateLogStream",
+                    "logs:PutLogEvents",
+                    "logs:DescribeLogStreams",
+                ],
+                resources=[self.log_group.log_group_arn],
+            )
+        )
+
+        self.security_group = ec2.SecurityGroup(
+            self,
+            "SecurityGroup",
+            vpc=vpc,
+            description="spotgate GPU agents: reached by the gateways only",
+            # Model weights, Python packages and the gateway's JWKS come from the internet.
+            allow_all_outbound=True,
+        )
+
+        settings = {
+            **shared_environment,
+            "SPOTGATE_LOG_FORMAT": "json",
+            "SPOTGATE_AGENT_ENGINE": "vllm",
+            "SPOTGATE_AGENT_MODEL": config.model,
+            "SPOTGATE_AGENT_SERVED_MODEL_NAME": config.served_model,
+            "SPOTGATE_AGENT_HOST": "0.0.0.0",  # noqa: S104 — reached by the gateways' tasks
+            "SPOTGATE_AGENT_PORT": str(AGENT_PORT),
+            "SPOTGATE_AGENT_JWKS_URL": jwks_url,
+            "SPOTGATE_AGENT_DRAIN_GRACE_SECONDS": str(AGENT_DRAIN_GRACE_SECONDS),
+            **dict(config.agent_settings),
+        }
+        self.agent_settings = settings
+        self.boot_script = render_boot_script(
+            {
+                "REGION": config.region,
+                "AGENT_PORT": str(AGENT_PORT),
+                "LOG_GROUP": self.log_group.log_group_name,
+                "SOURCE_BUCKET": source.s3_bucket_name,
+                "SOURCE_KEY": source.s3_object_key,
+                "AGENT_SETTINGS": "\n".join(f"{name}={value}" for name, value in settings.items()),
+                "STOP_TIMEOUT_SECONDS": str(
+                    AGENT_DRAIN_GRACE_SECONDS + SYSTEMD_STOP_MARGIN_SECONDS
+                ),
+            }
+        )
+
+        self.launch_template = ec2.LaunchTemplate(
+            self,
+            "LaunchTemplate",
+            launch_template_name=f"{config.pool_name}-agent",
+            machine_image=ec2.MachineImage.from_ssm_parameter(config.ami_ssm_parameter),
+            http_endpoint=True,
+            http_tokens=ec2.LaunchTemplateHttpTokens.REQUIRED,
+            http_put_response_hop_limit=IMDS_HOP_LIMIT,
+            block_devices=[
+                ec2.BlockDevice(
+                    device_name=config.ami_root_device_name,
+                    volume=ec2.BlockDeviceVolume.ebs(
+                        config.root_volume_gib,
+                        encrypted=True,
+                        delete_on_termination=True,
+                        volume_type=ec2.EbsDeviceVolumeType.GP3,
+                    ),
+                )
+            ],
+            role=self.role,
+            security_group=self.security_group,
+            user_data=ec2.UserData.custom(self.boot_script),
+            # A shutdown from inside (or EC2 reclaiming a spot instance) ends the instance; the
+            # pool manager replaces agents, it never restarts stopped ones.
+            instance_initiated_shutdown_behavior=ec2.InstanceInitiatedShutdownBehavior.TERMINATE,
+        )
+        # The pool manager names each instance `<pool>-<model>`; the construct path is noise.
+        Tags.of(self.launch_template).remove("Name")
+
+    def allow_from(self, peer: ec2.ISecurityGroup) -> None:
+        """Let `peer` (the gateways) reach the agents' port."""
+        self.security_group.add_ingress_rule(
+            peer, ec2.Port.tcp(AGENT_PORT), "gateways relay streams to agents"
+        )
+
+    @property
+    def launch_template_id(self) -> str:
+        """The `lt-…` id the pool manager launches from (`SPOTGATE_POOL_EC2__LAUNCH_TEMPLATE`)."""
+        template_id = self.launch_template.launch_template_id
+        if template_id is None:
+            raise RuntimeError("the agents' launch template has no id")
+        return template_id
+
+    @property
+    def launch_template_arn(self) -> str:
+        """The template's ARN, for the pool manager's launch permissions."""
+        return Stack.of(self).format_arn(
+            service="ec2", resource="launch-template", resource_name=self.launch_template_id
+        )

@@ -1,0 +1,255 @@
+"""The pool manager on ECS Fargate: one task, EC2 launch rights limited to its own pool."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+from aws_cdk import Duration, Stack
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_ecs as ecs
+from aws_cdk import aws_iam as iam
+from constructs import Construct
+
+from pool_manager.ec2_provider import POOL_TAG
+from stacks.common import (
+    ECR_AUTH_REASON,
+    acknowledge,
+    acknowledge_wildcard_resource,
+    log_group,
+)
+from stacks.config import DeployConfig
+from stacks.gpu_pool import GpuPool
+from stacks.registry import Registry
+from stacks.spot_events import SpotEvents
+
+POOL_CPU_UNITS = 256
+POOL_MEMORY_MIB = 512
+POOL_HEALTH_PORT = 8090
+HEALTH_CHECK_INTERVAL_SECONDS = 30
+HEALTH_CHECK_GRACE_SECONDS = 60
+CONTAINER_HEALTH_COMMAND = (
+    "import urllib.request; "
+    f"urllib.request.urlopen('http://127.0.0.1:{POOL_HEALTH_PORT}/healthz', timeout=3)"
+)
+LAUNCH_ACTIONS = ("ec2:CreateFleet", "ec2:RunInstances")
+# Launches create these alongside the instance; they cannot carry the pool's tag beforehand.
+LAUNCH_SIDE_RESOURCES = ("volume", "network-interface", "spot-instances-request", "fleet")
+SPOT_SERVICE_LINKED_ROLES = {
+    "spot.amazonaws.com": "AWSServiceRoleForEC2Spot",
+    "ec2fleet.amazonaws.com": "AWSServiceRoleForEC2Fleet",
+}
+"""EC2 creates these once per account, with the caller's rights, at the first spot launch."""
+
+
+def placements_json(config: DeployConfig, zones: Sequence[str]) -> str:
+    """`SPOTGATE_POOL_PLACEMENTS`: every instance type in every zone, with its prices."""
+    return json.dumps(
+        [
+            {
+                "instance_type": option.instance_type,
+                "zone": zone,
+                "spot_price_per_hour": option.spot_price_per_hour,
+                "on_demand_price_per_hour": option.on_demand_price_per_hour,
+            }
+            for option in config.instance_types
+            for zone in zones
+        ]
+    )
+
+
+class PoolManagerService(Construct):
+    """`spotgate pool run` with the `ec2` provider, fed by the EC2 events queue."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        config: DeployConfig,
+        vpc: ec2.IVpc,
+        cluster: ecs.ICluster,
+        image: ecs.ContainerImage,
+        registry: Registry,
+        spot_events: SpotEvents,
+        gpu_pool: GpuPool,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self.log_group = log_group(self, "Logs", config.log_retention_days)
+        subnets = vpc.private_subnets
+        zones = [subnet.availability_zone for subnet in subnets]
+        self.environment: dict[str, str] = {
+            **registry.environment(config.region),
+            "SPOTGATE_LOG_FORMAT": "json",
+            "SPOTGATE_POOL_PROVIDER": "ec2",
+            "SPOTGATE_POOL_PORT": str(POOL_HEALTH_PORT),
+            "SPOTGATE_POOL_MODELS": json.dumps([config.served_model]),
+            "SPOTGATE_POOL_MIN_AGENTS": str(config.min_agents),
+            "SPOTGATE_POOL_MAX_AGENTS": str(config.max_agents),
+            "SPOTGATE_POOL_SPOT_OVERPROVISION": str(config.spot_overprovision),
+            "SPOTGATE_POOL_ON_DEMAND_FALLBACK": json.dumps(config.on_demand_fallback),
+            "SPOTGATE_POOL_LAUNCH_TIMEOUT_SECONDS": str(config.launch_timeout_seconds),
+            "SPOTGATE_POOL_INTERRUPTION_QUEUE_URL": spot_events.queue.queue_url,
+            "SPOTGATE_POOL_PLACEMENTS": placements_json(config, zones),
+            "SPOTGATE_POOL_EC2__POOL_NAME": config.pool_name,
+            "SPOTGATE_POOL_EC2__LAUNCH_TEMPLATE": gpu_pool.launch_template_id,
+            # Agents go into the private subnets only: one per zone.
+            "SPOTGATE_POOL_EC2__SUBNETS": json.dumps(
+                {subnet.availability_zone: subnet.subnet_id for subnet in subnets}
+            ),
+        }
+
+        task = ecs.FargateTaskDefinition(
+            self,
+            "Task",
+            cpu=POOL_CPU_UNITS,
+            memory_limit_mib=POOL_MEMORY_MIB,
+            runtime_platform=ecs.RuntimePlatform(
+                cpu_architecture=ecs.CpuArchitecture.X86_64,
+                operating_system_family=ecs.OperatingSystemFamily.LINUX,
+            ),
+        )
+        task.add_container(
+            "pool-manager",
+            image=image,
+            command=["pool", "run"],
+            environment=self.environment,
+            logging=ecs.LogDrivers.aws_logs(stream_prefix="pool-manager", log_group=self.log_group),
+            health_check=ecs.HealthCheck(
+                command=["CMD", "python", "-c", CONTAINER_HEALTH_COMMAND],
+                interval=Duration.seconds(HEALTH_CHECK_INTERVAL_SECONDS),
+                timeout=Duration.seconds(5),
+                retries=3,
+                start_period=Duration.seconds(HEALTH_CHECK_GRACE_SECONDS),
+            ),
+        )
+        acknowledge(
+            task,
+            "AwsSolutions-ECS2",
+            "The pool manager's settings are plain configuration; it reads no secret.",
+        )
+        self._grant(task.task_role, config, registry, spot_events, gpu_pool, subnets)
+        acknowledge_wildcard_resource(task.obtain_execution_role(), "*", ECR_AUTH_REASON)
+
+        self.service = ecs.FargateService(
+            self,
+            "Service",
+            cluster=cluster,
+            task_definition=task,
+            desired_count=1,
+            # Exactly one reconciler: a deploy stops the old task before starting the new one,
+            # or two would launch for the same demand.
+            min_healthy_percent=0,
+            max_healthy_percent=100,
+            circuit_breaker=ecs.DeploymentCircuitBreaker(rollback=True),
+            vpc_subnets=ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS),
+            assign_public_ip=False,
+        )
+
+    @staticmethod
+    def _grant(
+        role: iam.IRole,
+        config: DeployConfig,
+        registry: Registry,
+        spot_events: SpotEvents,
+        gpu_pool: GpuPool,
+        subnets: Sequence[ec2.ISubnet],
+    ) -> None:
+        stack = Stack.of(role)
+
+        def ec2_arn(resource: str, name: str = "*", account: str | None = None) -> str:
+            return stack.format_arn(
+                service="ec2", resource=resource, resource_name=name, account=account
+            )
+
+        statements = [
+            iam.PolicyStatement(
+                sid="LaunchPoolInstances",
+                actions=list(LAUNCH_ACTIONS),
+                resources=[ec2_arn("instance")],
+                conditions={"StringEquals": {f"aws:RequestTag/{POOL_TAG}": config.pool_name}},
+            ),
+            iam.PolicyStatement(
+                sid="LaunchFromAgentTemplate",
+                actions=list(LAUNCH_ACTIONS),
+                resources=[
+                    gpu_pool.launch_template_arn,
+                    ec2_arn("security-group", gpu_pool.security_group.security_group_id),
+                    *(ec2_arn("subnet", subnet.subnet_id) for subnet in subnets),
+                    ec2_arn("image", account=""),
+                    *(ec2_arn(resource) for resource in LAUNCH_SIDE_RESOURCES),
+                ],
+            ),
+            iam.PolicyStatement(
+                sid="TagAtLaunchOnly",
+                actions=["ec2:CreateTags"],
+                resources=[ec2_arn("instance"), ec2_arn("volume"), ec2_arn("fleet")],
+                conditions={"StringEquals": {"ec2:CreateAction": ["CreateFleet", "RunInstances"]}},
+            ),
+            iam.PolicyStatement(
+                sid="TerminatePoolInstances",
+                actions=["ec2:TerminateInstances"],
+                resources=[ec2_arn("instance")],
+                conditions={"StringEquals": {f"aws:ResourceTag/{POOL_TAG}": config.pool_name}},
+            ),
+            # DescribeInstances has no resource-level permissions in IAM; the provider filters
+            # on the pool's tag itself.
+            iam.PolicyStatement(
+                sid="ListInstances", actions=["ec2:DescribeInstances"], resources=["*"]
+            ),
+            iam.PolicyStatement(
+                sid="PassAgentRole",
+                actions=["iam:PassRole"],
+                resources=[gpu_pool.role.role_arn],
+                conditions={"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}},
+            ),
+            iam.PolicyStatement(
+                sid="SpotServiceLinkedRoles",
+                actions=["iam:CreateServiceLinkedRole"],
+                resources=[
+                    stack.format_arn(
+                        service="iam",
+                        region="",
+                        resource="role",
+                        resource_name=f"aws-service-role/{service}/{name}",
+                    )
+                    for service, name in SPOT_SERVICE_LINKED_ROLES.items()
+                ],
+                conditions={
+                    "StringEquals": {"iam:AWSServiceName": list(SPOT_SERVICE_LINKED_ROLES)}
+                },
+            ),
+            iam.PolicyStatement(
+                sid="ConsumeEc2Events",
+                actions=["sqs:ReceiveMessage", "sqs:DeleteMessage"],
+                resources=[spot_events.queue.queue_arn],
+            ),
+            iam.PolicyStatement(
+                sid="ManageAgentEntries",
+                actions=["dynamodb:Scan", "dynamodb:GetItem", "dynamodb:UpdateItem"],
+                resources=[registry.agents.table_arn],
+            ),
+            iam.PolicyStatement(
+                sid="ReadDemand",
+                actions=["dynamodb:Scan"],
+                resources=[registry.demand.table_arn],
+            ),
+        ]
+        for statement in statements:
+            role.add_to_principal_policy(statement)
+
+        # cdk-nag names each wildcard resource as it prints ARNs, pseudo parameters in <>.
+        prefix = f"arn:<AWS::Partition>:ec2:{stack.region}"
+        mine = f"{prefix}:<AWS::AccountId>"
+        wildcards = {
+            "*": "ec2:DescribeInstances has no resource-level permissions in IAM.",
+            f"{mine}:instance/*": "Launch and terminate are bound by the "
+            "spotgate:pool request/resource tag; instance ids are unknown before launch.",
+            f"{mine}:volume/*": "The root volume is created by the launch.",
+            f"{mine}:network-interface/*": "The launch creates the interface.",
+            f"{mine}:spot-instances-request/*": "A spot launch makes its request.",
+            f"{mine}:fleet/*": "Each instant fleet is created by the launch.",
+            f"{prefix}::image/*": "The AMI comes from an overridable SSM parameter.",
+        }
+        for resource, reason in wildcards.items():
+            acknowledge_wildcard_resource(role, resource, reason)

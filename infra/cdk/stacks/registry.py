@@ -1,0 +1,79 @@
+"""The three DynamoDB tables of DESIGN.md §2: `agents`, `keys` and `demand`."""
+
+from __future__ import annotations
+
+from aws_cdk import RemovalPolicy
+from aws_cdk import aws_dynamodb as dynamodb
+from constructs import Construct
+
+from spotgate.registry import BY_MODEL_INDEX
+from stacks.common import acknowledge
+from stacks.config import DeployConfig
+
+TTL_ATTRIBUTE = "expires_at"
+"""DESIGN.md §2: readers also filter on it, since DynamoDB's TTL deletes lazily."""
+
+
+def _string_key(name: str) -> dynamodb.Attribute:
+    return dynamodb.Attribute(name=name, type=dynamodb.AttributeType.STRING)
+
+
+class Registry(Construct):
+    """Agents (GSI `by_model`, TTL), API keys (point-in-time recovery) and demand (TTL)."""
+
+    def __init__(self, scope: Construct, construct_id: str, *, config: DeployConfig) -> None:
+        super().__init__(scope, construct_id)
+        pool = config.pool_name
+        self.agents = dynamodb.Table(
+            self,
+            "Agents",
+            table_name=f"{pool}-agents",
+            partition_key=_string_key("agent_id"),
+            billing_mode=dynamodb.BillingMode.PAY_PER_REQUEST,
+            time_to_live_attribute=TTL_ATTRIBUTE,
+            removal_policy=RemovalPolicy.DESTROY,
+        )
+        self.agents.add_global_secondary_index(
+            index_name=BY_MODEL_INDEX,
+            partition_key=_string_key("model"),
+            sort_key=_string_key("agent_id"),
+            projection_type=dynamodb.ProjectionType.ALL,
+        )
+        # API keys are the one thing here people cannot recreate by waiting: keep them when
+        # the stack goes, and keep 35 days of history.
+        self.keys = dynamodb.Table(
+            self,
+            "Keys",
+            table_name=f"{pool}-keys",
+            partition_key=_string_key("key_id"),
+            billing_mode=dynamodb.BillingMode.PAY_PER_REQUEST,
+            point_in_time_recovery_specification=dynamodb.PointInTimeRecoverySpecification(
+                point_in_time_recovery_enabled=True
+            ),
+            removal_policy=RemovalPolicy.RETAIN,
+        )
+        self.demand = dynamodb.Table(
+            self,
+            "Demand",
+            table_name=f"{pool}-demand",
+            partition_key=_string_key("model"),
+            sort_key=_string_key("gateway_id"),
+            billing_mode=dynamodb.BillingMode.PAY_PER_REQUEST,
+            time_to_live_attribute=TTL_ATTRIBUTE,
+            removal_policy=RemovalPolicy.DESTROY,
+        )
+        for table in (self.agents, self.demand):
+            acknowledge(
+                table,
+                "AwsSolutions-DDB3",
+                "Heartbeat state rewritten every few seconds, expired by TTL: nothing to restore.",
+            )
+
+    def environment(self, region: str) -> dict[str, str]:
+        """The shared `SPOTGATE_…` settings that point a service at these tables."""
+        return {
+            "SPOTGATE_AWS__REGION": region,
+            "SPOTGATE_TABLES__AGENTS": self.agents.table_name,
+            "SPOTGATE_TABLES__KEYS": self.keys.table_name,
+            "SPOTGATE_TABLES__DEMAND": self.demand.table_name,
+        }

@@ -1,0 +1,563 @@
+"""The synthesized stack holds every resource the deployment needs, configured as spotgate
+expects: the settings' names, DESIGN.md's tables, EC2's event names, least privilege."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from aws_cdk.assertions import Match
+from conftest import CDK_DIR, Synthesized, as_list, cdk_json_context, render, statements
+from stacks.config import CONTEXT_KEYS, DeployConfig, config_as_context
+
+from pool_manager.ec2_provider import POOL_TAG
+from pool_manager.events import (
+    EC2_EVENT_PATTERN,
+    INTERRUPTION_DETAIL_TYPE,
+    REBALANCE_DETAIL_TYPE,
+    STATE_CHANGE_DETAIL_TYPE,
+)
+from spotgate.registry import BY_MODEL_INDEX
+from spotgate.settings import GatewaySettings, PoolSettings
+from spotgate.tokens import SigningKey
+
+DEFAULTS = DeployConfig()
+
+
+def _ref(logical_id: str) -> str:
+    return f"<Ref:{logical_id}>"
+
+
+def _logical_id(synthesized: Synthesized, resource_type: str, path_part: str) -> str:
+    matches = [
+        logical_id
+        for logical_id, resource in synthesized.resources(resource_type).items()
+        if path_part in resource.get("Metadata", {}).get("aws:cdk:path", logical_id)
+        or path_part in logical_id
+    ]
+    assert len(matches) == 1, f"{resource_type} {path_part}: {matches}"
+    return matches[0]
+
+
+def _table_id(synthesized: Synthesized, name: str) -> str:
+    return _logical_id(synthesized, "AWS::DynamoDB::Table", f"Registry{name}")
+
+
+def _private_subnet_ids(synthesized: Synthesized) -> set[str]:
+    return {
+        logical_id
+        for logical_id, subnet in synthesized.resources("AWS::EC2::Subnet").items()
+        if {"Key": "aws-cdk:subnet-type", "Value": "Private"} in subnet["Properties"]["Tags"]
+    }
+
+
+def _policy_statements_of_role(synthesized: Synthesized, role_id: str) -> list[dict[str, Any]]:
+    found = []
+    for policy in synthesized.resources("AWS::IAM::Policy").values():
+        if {"Ref": role_id} in policy["Properties"]["Roles"]:
+            found.extend(policy["Properties"]["PolicyDocument"]["Statement"])
+    return found
+
+
+def _task_role(synthesized: Synthesized, container: str) -> str:
+    for task in synthesized.resources("AWS::ECS::TaskDefinition").values():
+        names = [item["Name"] for item in task["Properties"]["ContainerDefinitions"]]
+        if container in names:
+            return str(task["Properties"]["TaskRoleArn"]["Fn::GetAtt"][0])
+    raise AssertionError(f"no task runs {container}")
+
+
+# --- settings ------------------------------------------------------------------------------
+
+
+def test_cdk_json_holds_every_setting_with_its_default_and_a_description() -> None:
+    context = cdk_json_context()
+    docs = context.pop("//")
+    assert json.loads((CDK_DIR / "cdk.json").read_text())["app"] == "python3 app.py"
+    assert set(context) == set(CONTEXT_KEYS)
+    assert context == config_as_context(DEFAULTS)
+    assert set(docs) == set(CONTEXT_KEYS)
+    assert all(isinstance(text, str) and text for text in docs.values())
+
+
+def test_services_accept_every_setting_the_stack_gives_them(
+    synthesized: Synthesized, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gateway_env = {
+        name: render(value) for name, value in synthesized.container_env("gateway").items()
+    }
+    pool_env = {
+        name: render(value) for name, value in synthesized.container_env("pool-manager").items()
+    }
+    for name in [*gateway_env, *pool_env]:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in gateway_env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("SPOTGATE_GATEWAY_TOKEN__SIGNING_KEY_PEM", SigningKey.generate().to_pem())
+    gateway = GatewaySettings()
+    assert gateway.host == "0.0.0.0"  # noqa: S104 — what the task must bind
+    balancer_id, _balancer = synthesized.one("AWS::ElasticLoadBalancingV2::LoadBalancer")
+    assert gateway.public_url == f"http://<{balancer_id}.DNSName>"
+    assert gateway.models == (DEFAULTS.served_model,)
+    assert gateway.shutdown_grace_seconds == DEFAULTS.gateway_drain_seconds
+    assert gateway.shared.tables.agents == _ref(_table_id(synthesized, "Agents"))
+    assert gateway.shared.tables.keys == _ref(_table_id(synthesized, "Keys"))
+    assert gateway.shared.tables.demand == _ref(_table_id(synthesized, "Demand"))
+    assert gateway.shared.aws.region == DEFAULTS.region
+
+    for name, value in pool_env.items():
+        monkeypatch.setenv(name, value)
+    pool = PoolSettings()
+    assert pool.provider == "ec2"
+    assert pool.models == (DEFAULTS.served_model,)
+    assert (pool.min_agents, pool.max_agents) == (DEFAULTS.min_agents, DEFAULTS.max_agents)
+    assert pool.spot_overprovision == DEFAULTS.spot_overprovision
+    assert pool.on_demand_fallback is DEFAULTS.on_demand_fallback
+    assert pool.ec2.pool_name == DEFAULTS.pool_name
+    template_id, _template = synthesized.one("AWS::EC2::LaunchTemplate")
+    assert pool.ec2.launch_template == _ref(template_id)
+    queue_id = _logical_id(synthesized, "AWS::SQS::Queue", "SpotEventsQueue")
+    assert pool.interruption_queue_url == _ref(queue_id)
+    assert {p.instance_type for p in pool.placements} == {
+        option.instance_type for option in DEFAULTS.instance_types
+    }
+    assert pool.shared.tables.agents == gateway.shared.tables.agents
+
+
+# --- network -------------------------------------------------------------------------------
+
+
+def test_vpc_has_public_and_private_subnets_in_two_zones_and_flow_logs(
+    synthesized: Synthesized,
+) -> None:
+    subnets = synthesized.resources("AWS::EC2::Subnet")
+    private = _private_subnet_ids(synthesized)
+    public = set(subnets) - private
+    assert len(private) >= 2
+    assert len(public) >= 2
+    for group in (private, public):
+        zones = {render(subnets[subnet]["Properties"]["AvailabilityZone"]) for subnet in group}
+        assert len(zones) == len(group)
+    for subnet in private:
+        assert subnets[subnet]["Properties"]["MapPublicIpOnLaunch"] is False
+
+    synthesized.template.has_resource_properties(
+        "AWS::EC2::FlowLog",
+        {"ResourceType": "VPC", "TrafficType": "ALL", "LogDestinationType": "cloud-watch-logs"},
+    )
+
+
+def test_pool_manager_launches_agents_into_the_private_subnets_only(
+    synthesized: Synthesized,
+) -> None:
+    env = synthesized.container_env("pool-manager")
+    subnets = json.loads(render(env["SPOTGATE_POOL_EC2__SUBNETS"]))
+    private = _private_subnet_ids(synthesized)
+    assert {value.removeprefix("<Ref:").removesuffix(">") for value in subnets.values()} == private
+    all_subnets = synthesized.resources("AWS::EC2::Subnet")
+    for zone, subnet in subnets.items():
+        subnet_id = subnet.removeprefix("<Ref:").removesuffix(">")
+        assert render(all_subnets[subnet_id]["Properties"]["AvailabilityZone"]) == zone
+    placements = json.loads(render(env["SPOTGATE_POOL_PLACEMENTS"]))
+    assert {placement["zone"] for placement in placements} == set(subnets)
+
+
+# --- registry ------------------------------------------------------------------------------
+
+
+def test_tables_match_the_registry_design(synthesized: Synthesized) -> None:
+    tables = synthesized.resources("AWS::DynamoDB::Table")
+    agents = tables[_table_id(synthesized, "Agents")]["Properties"]
+    assert agents["TableName"] == f"{DEFAULTS.pool_name}-agents"
+    assert agents["KeySchema"] == [{"AttributeName": "agent_id", "KeyType": "HASH"}]
+    (index,) = agents["GlobalSecondaryIndexes"]
+    assert index["IndexName"] == BY_MODEL_INDEX
+    assert index["KeySchema"] == [
+        {"AttributeName": "model", "KeyType": "HASH"},
+        {"AttributeName": "agent_id", "KeyType": "RANGE"},
+    ]
+    assert index["Projection"] == {"ProjectionType": "ALL"}
+    assert agents["TimeToLiveSpecification"] == {"AttributeName": "expires_at", "Enabled": True}
+
+    keys = tables[_table_id(synthesized, "Keys")]
+    assert keys["Properties"]["KeySchema"] == [{"AttributeName": "key_id", "KeyType": "HASH"}]
+    assert keys["Properties"]["PointInTimeRecoverySpecification"] == {
+        "PointInTimeRecoveryEnabled": True
+    }
+    assert keys["DeletionPolicy"] == "Retain"
+
+    demand = tables[_table_id(synthesized, "Demand")]["Properties"]
+    assert demand["KeySchema"] == [
+        {"AttributeName": "model", "KeyType": "HASH"},
+        {"AttributeName": "gateway_id", "KeyType": "RANGE"},
+    ]
+    assert demand["TimeToLiveSpecification"] == {"AttributeName": "expires_at", "Enabled": True}
+    for table in tables.values():
+        assert table["Properties"]["BillingMode"] == "PAY_PER_REQUEST"
+
+
+# --- events --------------------------------------------------------------------------------
+
+
+def test_ec2_events_reach_an_encrypted_queue_with_a_dead_letter_queue(
+    synthesized: Synthesized,
+) -> None:
+    queue_id = _logical_id(synthesized, "AWS::SQS::Queue", "SpotEventsQueue")
+    dlq_id = _logical_id(synthesized, "AWS::SQS::Queue", "SpotEventsDeadLetters")
+    queues = synthesized.resources("AWS::SQS::Queue")
+    queue = queues[queue_id]["Properties"]
+    assert queue["SqsManagedSseEnabled"] is True
+    assert queues[dlq_id]["Properties"]["SqsManagedSseEnabled"] is True
+    assert queue["RedrivePolicy"]["deadLetterTargetArn"] == {"Fn::GetAtt": [dlq_id, "Arn"]}
+
+    rules = [
+        rule["Properties"]
+        for rule in synthesized.resources("AWS::Events::Rule").values()
+        if "EventPattern" in rule["Properties"]
+    ]
+    assert len(rules) == 1
+    (rule,) = rules
+    assert rule["EventPattern"] == EC2_EVENT_PATTERN
+    assert set(rule["EventPattern"]["detail-type"]) == {
+        INTERRUPTION_DETAIL_TYPE,
+        REBALANCE_DETAIL_TYPE,
+        STATE_CHANGE_DETAIL_TYPE,
+    }
+    assert rule["Targets"][0]["Arn"] == {"Fn::GetAtt": [queue_id, "Arn"]}
+    # EventBridge may send, and only over TLS for everyone else.
+    synthesized.template.has_resource_properties(
+        "AWS::SQS::QueuePolicy",
+        {
+            "PolicyDocument": {
+                "Statement": Match.array_with(
+                    [
+                        Match.object_like(
+                            {
+                                "Action": Match.array_with(["sqs:SendMessage"]),
+                                "Principal": {"Service": "events.amazonaws.com"},
+                            }
+                        )
+                    ]
+                )
+            }
+        },
+    )
+
+
+# --- GPU pool ------------------------------------------------------------------------------
+
+
+def test_launch_template_requires_imdsv2_and_encrypts_a_sized_root_volume(
+    synthesized: Synthesized,
+) -> None:
+    _template_id, template = synthesized.one("AWS::EC2::LaunchTemplate")
+    data = template["Properties"]["LaunchTemplateData"]
+    assert data["MetadataOptions"]["HttpTokens"] == "required"
+    assert data["MetadataOptions"]["HttpPutResponseHopLimit"] == 2
+    (root,) = data["BlockDeviceMappings"]
+    assert root["DeviceName"] == DEFAULTS.ami_root_device_name
+    assert root["Ebs"]["Encrypted"] is True
+    assert root["Ebs"]["VolumeSize"] == DEFAULTS.root_volume_gib >= 100
+    assert data["InstanceInitiatedShutdownBehavior"] == "terminate"
+    image_parameter = data["ImageId"]["Ref"]
+    parameter = synthesized.raw["Parameters"][image_parameter]
+    assert parameter["Type"] == "AWS::SSM::Parameter::Value<AWS::EC2::Image::Id>"
+    assert parameter["Default"] == DEFAULTS.ami_ssm_parameter
+    assert "InstanceType" not in data  # the pool manager picks it per placement
+
+
+def test_agents_role_writes_only_the_agents_table(synthesized: Synthesized) -> None:
+    _profile_id, profile = synthesized.one("AWS::IAM::InstanceProfile")
+    (role,) = profile["Properties"]["Roles"]
+    found = _policy_statements_of_role(synthesized, role["Ref"])
+    agents_arn = {"Fn::GetAtt": [_table_id(synthesized, "Agents"), "Arn"]}
+    dynamodb = [s for s in found if any(a.startswith("dynamodb:") for a in as_list(s["Action"]))]
+    assert len(dynamodb) == 1
+    assert set(as_list(dynamodb[0]["Action"])) <= {
+        "dynamodb:PutItem",
+        "dynamodb:UpdateItem",
+        "dynamodb:GetItem",
+    }
+    assert as_list(dynamodb[0]["Resource"]) == [agents_arn]
+    actions = {action for statement in found for action in as_list(statement["Action"])}
+    assert not any(
+        action.startswith(("secretsmanager:", "kms:", "ec2:", "iam:")) for action in actions
+    )
+    assert actions <= {
+        "dynamodb:PutItem",
+        "dynamodb:UpdateItem",
+        "dynamodb:GetItem",
+        "s3:GetObject",
+        "logs:CreateLogStream",
+        "logs:PutLogEvents",
+        "logs:DescribeLogStreams",
+    }
+
+
+def test_agents_admit_only_the_gateways(synthesized: Synthesized) -> None:
+    ingress = synthesized.resources("AWS::EC2::SecurityGroupIngress")
+    to_agents = [
+        rule["Properties"]
+        for rule in ingress.values()
+        if "GpuPoolSecurityGroup" in render(rule["Properties"]["GroupId"])
+    ]
+    assert len(to_agents) == 1
+    assert to_agents[0]["FromPort"] == to_agents[0]["ToPort"] == 8000
+    assert "Gateway" in render(to_agents[0]["SourceSecurityGroupId"])
+
+
+# --- IAM -----------------------------------------------------------------------------------
+
+
+def test_no_policy_allows_wildcard_actions(synthesized: Synthesized) -> None:
+    checked = 0
+    for holder, statement in statements(synthesized.raw):
+        checked += 1
+        if statement["Effect"] != "Allow":
+            continue  # the TLS-only denies say `sqs:*` / `s3:*` on purpose
+        actions = as_list(statement.get("Action", []))
+        resources = as_list(statement.get("Resource", []))
+        assert not (actions == ["*"] and resources == ["*"]), holder
+        for action in actions:
+            assert "*" not in action, f"{holder}: {action}"
+    assert checked > 20
+
+
+def test_pool_manager_may_only_launch_and_end_its_own_pool(synthesized: Synthesized) -> None:
+    found = _policy_statements_of_role(synthesized, _task_role(synthesized, "pool-manager"))
+    by_sid = {statement["Sid"]: statement for statement in found}
+    ec2_actions = {
+        action
+        for statement in found
+        for action in as_list(statement["Action"])
+        if action.startswith("ec2:")
+    }
+    assert ec2_actions == {
+        "ec2:CreateFleet",
+        "ec2:RunInstances",
+        "ec2:TerminateInstances",
+        "ec2:DescribeInstances",
+        "ec2:CreateTags",
+    }
+    pool = DEFAULTS.pool_name
+    launch = by_sid["LaunchPoolInstances"]
+    assert launch["Condition"] == {"StringEquals": {f"aws:RequestTag/{POOL_TAG}": pool}}
+    assert [render(resource) for resource in as_list(launch["Resource"])] == [
+        f"arn:<Ref:AWS::Partition>:ec2:{DEFAULTS.region}:<Ref:AWS::AccountId>:instance/*"
+    ]
+    terminate = by_sid["TerminatePoolInstances"]
+    assert terminate["Action"] == "ec2:TerminateInstances"
+    assert terminate["Condition"] == {"StringEquals": {f"aws:ResourceTag/{POOL_TAG}": pool}}
+    tags = by_sid["TagAtLaunchOnly"]
+    assert tags["Condition"]["StringEquals"]["ec2:CreateAction"] == ["CreateFleet", "RunInstances"]
+    # Only DescribeInstances runs on every resource: IAM cannot scope it.
+    everywhere = [s for s in found if "*" in as_list(s["Resource"])]
+    assert [s["Action"] for s in everywhere] == ["ec2:DescribeInstances"]
+
+    template_id, _template = synthesized.one("AWS::EC2::LaunchTemplate")
+    from_template = [render(r) for r in as_list(by_sid["LaunchFromAgentTemplate"]["Resource"])]
+    assert any(template_id in arn for arn in from_template)
+    assert all("subnet/" not in arn or "private" in arn for arn in from_template)
+
+    pass_role = by_sid["PassAgentRole"]
+    _profile_id, profile = synthesized.one("AWS::IAM::InstanceProfile")
+    agent_role = profile["Properties"]["Roles"][0]["Ref"]
+    assert pass_role["Resource"] == {"Fn::GetAtt": [agent_role, "Arn"]}
+    assert pass_role["Condition"] == {"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}}
+    assert [s for s in found if "iam:PassRole" in as_list(s["Action"])] == [pass_role]
+
+    queue_id = _logical_id(synthesized, "AWS::SQS::Queue", "SpotEventsQueue")
+    sqs = by_sid["ConsumeEc2Events"]
+    assert set(sqs["Action"]) == {"sqs:ReceiveMessage", "sqs:DeleteMessage"}
+    assert sqs["Resource"] == {"Fn::GetAtt": [queue_id, "Arn"]}
+
+    dynamodb_resources = {
+        render(resource)
+        for statement in found
+        if any(action.startswith("dynamodb:") for action in as_list(statement["Action"]))
+        for resource in as_list(statement["Resource"])
+    }
+    assert dynamodb_resources == {
+        f"<{_table_id(synthesized, 'Agents')}.Arn>",
+        f"<{_table_id(synthesized, 'Demand')}.Arn>",
+    }
+
+
+def test_gateway_reads_keys_and_agents_and_writes_only_demand(synthesized: Synthesized) -> None:
+    found = _policy_statements_of_role(synthesized, _task_role(synthesized, "gateway"))
+    writes = {
+        action
+        for statement in found
+        for action in as_list(statement["Action"])
+        if action.split(":")[1].startswith(("Put", "Update", "Delete", "BatchWrite"))
+    }
+    assert writes == {"dynamodb:PutItem"}
+    (publish,) = [s for s in found if s["Action"] == "dynamodb:PutItem"]
+    assert render(publish["Resource"]) == f"<{_table_id(synthesized, 'Demand')}.Arn>"
+
+
+# --- gateway -------------------------------------------------------------------------------
+
+
+def test_load_balancer_keeps_websockets_open_and_drains_like_the_gateway(
+    synthesized: Synthesized,
+) -> None:
+    _id, balancer = synthesized.one("AWS::ElasticLoadBalancingV2::LoadBalancer")
+    attributes = {a["Key"]: a["Value"] for a in balancer["Properties"]["LoadBalancerAttributes"]}
+    assert attributes["idle_timeout.timeout_seconds"] == str(DEFAULTS.alb_idle_timeout_seconds)
+    assert int(attributes["idle_timeout.timeout_seconds"]) >= 3600
+    assert attributes["access_logs.s3.enabled"] == "true"
+    assert attributes["routing.http.drop_invalid_header_fields.enabled"] == "true"
+    assert balancer["Properties"]["Scheme"] == "internet-facing"
+
+    _id, group = synthesized.one("AWS::ElasticLoadBalancingV2::TargetGroup")
+    target_attributes = {a["Key"]: a["Value"] for a in group["Properties"]["TargetGroupAttributes"]}
+    drain = synthesized.container_env("gateway")["SPOTGATE_GATEWAY_SHUTDOWN_GRACE_SECONDS"]
+    assert target_attributes["deregistration_delay.timeout_seconds"] == drain
+    assert group["Properties"]["HealthCheckPath"] == "/healthz"
+    assert group["Properties"]["TargetType"] == "ip"
+    # SIGKILL comes after the drain.
+    assert synthesized.container("gateway")["StopTimeout"] > int(drain)
+
+    listeners = synthesized.resources("AWS::ElasticLoadBalancingV2::Listener")
+    assert [listener["Properties"]["Port"] for listener in listeners.values()] == [80]
+
+
+def test_gateway_scales_on_cpu_and_on_requests_per_target(synthesized: Synthesized) -> None:
+    _id, target = synthesized.one("AWS::ApplicationAutoScaling::ScalableTarget")
+    assert target["Properties"]["MinCapacity"] == DEFAULTS.gateway_min_tasks
+    assert target["Properties"]["MaxCapacity"] == DEFAULTS.gateway_max_tasks
+    metrics = {
+        policy["Properties"]["TargetTrackingScalingPolicyConfiguration"][
+            "PredefinedMetricSpecification"
+        ]["PredefinedMetricType"]
+        for policy in synthesized.resources("AWS::ApplicationAutoScaling::ScalingPolicy").values()
+    }
+    assert metrics == {"ECSServiceAverageCPUUtilization", "ALBRequestCountPerTarget"}
+
+
+def test_gateway_gets_its_signing_key_from_secrets_manager(synthesized: Synthesized) -> None:
+    secret_id, _secret = synthesized.one("AWS::SecretsManager::Secret")
+    container = synthesized.container("gateway")
+    assert container["Secrets"] == [
+        {"Name": "SPOTGATE_GATEWAY_TOKEN__SIGNING_KEY_PEM", "ValueFrom": {"Ref": secret_id}}
+    ]
+    assert "SPOTGATE_GATEWAY_TOKEN__SIGNING_KEY_PEM" not in synthesized.container_env("gateway")
+    key_id, key = synthesized.one("Custom::SpotgateSigningKey")
+    assert key["Properties"]["SecretId"] == {"Ref": secret_id}
+    services = synthesized.resources("AWS::ECS::Service")
+    gateway_service = next(s for i, s in services.items() if i.startswith("Gateway"))
+    assert key_id in gateway_service["DependsOn"]
+    # Only the gateway's execution role (and the key's generator) touch the secret.
+    readers = {
+        holder
+        for holder, statement in statements(synthesized.raw)
+        if any(action.startswith("secretsmanager:") for action in as_list(statement["Action"]))
+    }
+    assert len(readers) == 2
+    assert any(reader.startswith("GatewayTaskExecutionRole") for reader in readers)
+
+
+def test_services_run_the_spotgate_commands(synthesized: Synthesized) -> None:
+    assert synthesized.container("gateway")["Command"] == ["gateway"]
+    assert synthesized.container("pool-manager")["Command"] == ["pool", "run"]
+    gateway_image = synthesized.container("gateway")["Image"]
+    assert synthesized.container("pool-manager")["Image"] == gateway_image
+    assets = json.loads((synthesized.outdir / "Spotgate.assets.json").read_text())
+    (image,) = assets["dockerImages"].values()
+    assert image["source"]["dockerFile"] == "infra/cdk/Dockerfile"
+    dockerfile = (CDK_DIR / "Dockerfile").read_text()
+    assert "FROM python:3.11-slim" in dockerfile
+    assert 'ENTRYPOINT ["spotgate"]' in dockerfile
+
+
+def test_pool_manager_runs_exactly_one_task(synthesized: Synthesized) -> None:
+    services = synthesized.resources("AWS::ECS::Service")
+    (pool,) = [s["Properties"] for i, s in services.items() if i.startswith("PoolManager")]
+    assert pool["DesiredCount"] == 1
+    assert pool["DeploymentConfiguration"]["MaximumPercent"] == 100
+    assert pool["DeploymentConfiguration"]["MinimumHealthyPercent"] == 0
+    for service in services.values():
+        network = service["Properties"]["NetworkConfiguration"]["AwsvpcConfiguration"]
+        assert network["AssignPublicIp"] == "DISABLED"
+        subnet_ids = {
+            render(subnet).removeprefix("<Ref:").removesuffix(">") for subnet in network["Subnets"]
+        }
+        assert subnet_ids == _private_subnet_ids(synthesized)
+
+
+# --- observability -------------------------------------------------------------------------
+
+
+def test_every_log_group_has_a_retention(synthesized: Synthesized) -> None:
+    groups = synthesized.resources("AWS::Logs::LogGroup")
+    assert len(groups) >= 6
+    for group in groups.values():
+        assert group["Properties"]["RetentionInDays"] == DEFAULTS.log_retention_days
+    for function in synthesized.resources("AWS::Lambda::Function").values():
+        logged_to = function["Properties"]["LoggingConfig"]["LogGroup"]["Ref"]
+        assert logged_to in groups
+    for name in ("gateway", "pool-manager"):
+        options = synthesized.container(name)["LogConfiguration"]["Options"]
+        assert options["awslogs-group"]["Ref"] in groups
+
+
+def test_alarms_on_ready_agents_queue_time_and_interruptions(synthesized: Synthesized) -> None:
+    alarms = {
+        logical_id.removeprefix("Monitoring"): alarm["Properties"]
+        for logical_id, alarm in synthesized.resources("AWS::CloudWatch::Alarm").items()
+    }
+    names = {name: props for prefix in ("NoReadyAgents", "HighQueueTime", "InterruptionRate",
+             "StalledEvents", "DeadLetters") for name, props in alarms.items()
+             if name.startswith(prefix)}  # fmt: skip
+    assert len(names) == len(alarms) == 5
+
+    def metric_names(props: dict[str, Any]) -> set[str]:
+        if "MetricName" in props:
+            return {props["MetricName"]}
+        return {
+            query["MetricStat"]["Metric"]["MetricName"]
+            for query in props["Metrics"]
+            if "MetricStat" in query
+        }
+
+    by_prefix = {
+        prefix: next(props for name, props in names.items() if name.startswith(prefix))
+        for prefix in ("NoReadyAgents", "HighQueueTime", "InterruptionRate")
+    }
+    assert metric_names(by_prefix["NoReadyAgents"]) == {"ReadyAgents", "QueuedStreams"}
+    assert metric_names(by_prefix["HighQueueTime"]) == {"QueuedStreams"}
+    assert metric_names(by_prefix["InterruptionRate"]) == {"SpotInterruptions"}
+    assert by_prefix["InterruptionRate"]["Threshold"] == DEFAULTS.interruption_alarm_per_hour
+
+    _id, metric_filter = synthesized.one("AWS::Logs::MetricFilter")
+    assert (
+        metric_filter["Properties"]["FilterPattern"]
+        == '{ $.event = "spot interruption: draining" }'
+    )
+    pool_logs = synthesized.container("pool-manager")["LogConfiguration"]["Options"][
+        "awslogs-group"
+    ]
+    assert metric_filter["Properties"]["LogGroupName"] == pool_logs
+
+    _id, function = next(
+        (i, f)
+        for i, f in synthesized.resources("AWS::Lambda::Function").items()
+        if "RegistryMetrics" in i
+    )
+    variables = function["Properties"]["Environment"]["Variables"]
+    assert json.loads(variables["MODELS"]) == [DEFAULTS.served_model]
+    assert variables["NAMESPACE"] == "spotgate"
+
+
+def test_outputs_name_the_urls_tables_and_queue(synthesized: Synthesized) -> None:
+    outputs = synthesized.raw["Outputs"]
+    for name in ("GatewayUrl", "ChatUrl", "AgentsTable", "KeysTable", "DemandTable",
+                 "InterruptionQueueUrl", "CreateKeyCommand", "ClusterName",
+                 "PoolManagerService", "AgentLogGroup", "AccessLogsBucket"):  # fmt: skip
+        assert name in outputs
+    assert render(outputs["ChatUrl"]["Value"]) == render(outputs["GatewayUrl"]["Value"]) + "/"
+    command = render(outputs["CreateKeyCommand"]["Value"])
+    assert "SPOTGATE_TABLES__KEYS=<Ref:" in command
+    assert command.endswith("spotgate keys create --name first")
