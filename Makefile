@@ -14,7 +14,7 @@ CHROMIUM := /usr/bin/chromium
 NODE := /usr/bin/node
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: up test install lint typecheck unit bench clean
+.PHONY: up test install lint typecheck unit bench chaos clean
 
 up: $(INSTALLED)
 	$(BIN)/spotgate up
@@ -38,6 +38,10 @@ bench: $(INSTALLED) $(LITELLM)
 	$(BIN)/python -m loadtest.bench.agent_vs_vllm --write docs/benchmarks.md
 	$(BIN)/python -m loadtest.bench.gateway_relay --litellm $(LITELLM) --write docs/benchmarks.md
 	$(BIN)/python -m loadtest.bench.pool_sim --write docs/benchmarks.md
+
+# Fault scenarios at full size (`make test` runs them smaller); writes docs/reliability.md.
+chaos: $(INSTALLED)
+	$(BIN)/python -m loadtest.chaos --write docs/reliability.md
 
 $(CHROMIUM):
 	$(SUDO) apt-get update -q

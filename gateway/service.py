@@ -17,7 +17,9 @@ log = get_logger(__name__)
 
 async def serve_gateway(settings: GatewaySettings) -> None:
     """Serve until a stop signal; sockets close with GOING_AWAY so clients reconnect."""
-    runner = web.AppRunner(create_app(settings), handle_signals=False)
+    runner = web.AppRunner(
+        create_app(settings), handle_signals=False, keepalive_timeout=settings.keepalive_seconds
+    )
     await runner.setup()
     await web.TCPSite(runner, settings.host, settings.port).start()
     stop = asyncio.Event()

@@ -85,6 +85,12 @@ def synthetic_token(seed: int, position: int) -> int:
     return _mix(seed + position) % len(SYNTHETIC_WORDS)
 
 
+def synthetic_reply(user_message: str, max_tokens: int) -> str:
+    """The whole reply to a one-message chat, as clients see it (checks exactness)."""
+    seed = prompt_seed(list(f"<user>{user_message}<assistant>".encode()))
+    return "".join(f"{SYNTHETIC_WORDS[synthetic_token(seed, n)]} " for n in range(max_tokens))
+
+
 class SyntheticEngine:
     """Deterministic text at a configured pace; no model, no accelerator."""
 

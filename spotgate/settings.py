@@ -144,6 +144,9 @@ class GatewaySettings(BaseSettings):
     # On SIGTERM streams in flight get this long to finish before sockets close (GOING_AWAY);
     # a load balancer's deregistration delay should match it.
     shutdown_grace_seconds: Annotated[float, Field(ge=0)] = 30.0
+    # Idle HTTP keep-alive; behind a load balancer, set it above the balancer's idle timeout
+    # so the balancer, not the gateway, closes idle connections (else: occasional 502s).
+    keepalive_seconds: PositiveFloat = 75.0
     models: tuple[str, ...] = ()
     # Local mode only (`spotgate up` sets it): the chat page offers this key so it works at
     # once. Anyone who can load the page can read it; never set it on a shared gateway.

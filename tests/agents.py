@@ -19,12 +19,7 @@ from gpu_agent.imds import InstanceIdentity
 from gpu_agent.imds_emulator import create_app as create_imds_app
 from gpu_agent.runtime import AgentRuntime
 from gpu_agent.server import RUNTIME, create_app
-from gpu_agent.synthetic_engine import (
-    SYNTHETIC_WORDS,
-    SyntheticEngine,
-    prompt_seed,
-    synthetic_token,
-)
+from gpu_agent.synthetic_engine import SyntheticEngine, synthetic_reply
 from gpu_agent.tiny_model import write_tiny_model
 from spotgate.emulator import AwsEmulator
 from spotgate.process import free_port
@@ -196,8 +191,4 @@ async def spot_notice(imds: Imds, in_seconds: float) -> float:
     return deadline
 
 
-def expected_text(content: str, max_tokens: int) -> str:
-    """What the synthetic engine says to a one-message chat, uninterrupted."""
-    transcript = f"<user>{content}<assistant>"
-    seed = prompt_seed(list(transcript.encode()))
-    return "".join(f"{SYNTHETIC_WORDS[synthetic_token(seed, n)]} " for n in range(max_tokens))
+expected_text = synthetic_reply  # what the synthetic engine says to a one-message chat

@@ -33,6 +33,7 @@ SCALE_OUT_COOLDOWN_SECONDS = 60
 SCALE_IN_COOLDOWN_SECONDS = 300
 ACCESS_LOG_DAYS = 90
 SIGNING_KEY_ENV = "SPOTGATE_GATEWAY_TOKEN__SIGNING_KEY_PEM"
+KEEPALIVE_MARGIN_SECONDS = 60
 CONTAINER_HEALTH_COMMAND = (
     "import urllib.request; "
     f"urllib.request.urlopen('http://127.0.0.1:{GATEWAY_PORT}{HEALTH_PATH}', timeout=3)"
@@ -112,6 +113,10 @@ class GatewayService(Construct):
             "SPOTGATE_GATEWAY_PUBLIC_URL": self.public_url,
             "SPOTGATE_GATEWAY_MODELS": json.dumps([config.served_model]),
             "SPOTGATE_GATEWAY_SHUTDOWN_GRACE_SECONDS": str(config.gateway_drain_seconds),
+            # The ALB must be the side that closes idle connections.
+            "SPOTGATE_GATEWAY_KEEPALIVE_SECONDS": str(
+                config.alb_idle_timeout_seconds + KEEPALIVE_MARGIN_SECONDS
+            ),
         }
         task.add_container(
             "gateway",

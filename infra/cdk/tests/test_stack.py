@@ -419,6 +419,9 @@ def test_load_balancer_keeps_websockets_open_and_drains_like_the_gateway(
     assert group["Properties"]["TargetType"] == "ip"
     # SIGKILL comes after the drain.
     assert synthesized.container("gateway")["StopTimeout"] > int(drain)
+    # The ALB closes idle connections, never the gateway (that would be a 502).
+    keepalive = synthesized.container_env("gateway")["SPOTGATE_GATEWAY_KEEPALIVE_SECONDS"]
+    assert int(keepalive) > int(attributes["idle_timeout.timeout_seconds"])
 
     listeners = synthesized.resources("AWS::ElasticLoadBalancingV2::Listener")
     assert [listener["Properties"]["Port"] for listener in listeners.values()] == [80]

@@ -1,0 +1,402 @@
+"""Fault scenarios on a local stack under steady traffic: nothing lost, recovery timed.
+
+    python -m loadtest.chaos [--agents 3] [--streams 12] [--write docs/reliability.md]
+
+The stack is real processes: an AWS emulator (moto server, in this process so it can be
+stopped and started), the gateway, and the pool manager with the `local` provider running
+synthetic agents. Websocket clients keep `--streams` streams going, each a one-message chat
+whose whole reply is known in advance (the synthetic engine is deterministic), so every
+stream is classified: exact (the full reply, byte for byte), resumed (exact, and served by
+more than one agent), failed with a clear error code, or lost (it ended wrong or not at all).
+Each fault is injected into the running stack; recovery is the time until the pool has its
+target of ready agents again, none of them a faulted one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import signal
+import tempfile
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+import websockets
+
+from gpu_agent.synthetic_engine import synthetic_reply
+from loadtest.bench.report import machine_facts, write_section
+from pool_manager.events import interruption_warning
+from spotgate.emulator import EMULATOR_REGION, AwsEmulator
+from spotgate.process import ChildProcesses, free_port
+from spotgate.registry import Registry, aws_session
+from spotgate.settings import shared_env
+from spotgate.tokens import SigningKey
+
+MODEL = "synthetic"
+STREAM_TOKENS = 60
+TOKENS_PER_SECOND = 20.0  # 3-second streams: every fault lands on streams mid-reply
+STREAM_TIMEOUT_SECONDS = 90.0
+READY_TIMEOUT_SECONDS = 120.0
+RECOVERY_TIMEOUT_SECONDS = 120.0
+NOTICE_SECONDS = 20.0
+AGENT_HEARTBEAT_SECONDS = 1.0
+HEARTBEAT_FRESH_SECONDS = 4 * AGENT_HEARTBEAT_SECONDS
+COMMAND = "python -m loadtest.chaos --write docs/reliability.md"
+REPORT_TITLE = "# Reliability\n\nEach section names the command that produced it.\n"
+
+
+@dataclass
+class Tally:
+    """Streams by outcome."""
+
+    started: int = 0
+    exact: int = 0
+    resumed: int = 0
+    failed: Counter[str] = field(default_factory=Counter)
+    lost: int = 0
+
+    def row(self) -> str:
+        """`streams | exact | resumed | failed | lost` cells of the report."""
+        failed = ", ".join(f"{n} {code}" for code, n in sorted(self.failed.items())) or "0"
+        return f"{self.started} | {self.exact} | {self.resumed} | {failed} | {self.lost}"
+
+
+class ChaosStack:
+    """The emulator, the gateway and the pool manager (local provider), for one run."""
+
+    def __init__(self, directory: Path, agents: int) -> None:
+        self.directory = directory
+        self.agents = agents
+        self.emulator = AwsEmulator()
+        self.processes = ChildProcesses(directory / "logs")
+        self.gateway_url = ""
+        self.api_key = ""
+        self.queue_url = ""
+
+    async def __aenter__(self) -> ChaosStack:
+        self.emulator.start()
+        settings = self.emulator.settings()
+        async with Registry.open(settings) as registry:
+            await registry.create_tables()
+            self.api_key = (await registry.create_key("chaos")).api_key
+        async with aws_session(settings.aws).client(
+            "sqs", endpoint_url=settings.aws.endpoint_url
+        ) as sqs:
+            self.queue_url = (await sqs.create_queue(QueueName="chaos-events"))["QueueUrl"]
+        port = free_port()
+        self.gateway_url = f"http://127.0.0.1:{port}"
+        env = {**shared_env(settings), "SPOTGATE_LOG_FORMAT": "json"}
+        self.processes.start("gateway", ["spotgate.cli", "gateway"], {
+            **env,
+            "SPOTGATE_GATEWAY_PORT": str(port),
+            "SPOTGATE_GATEWAY_PUBLIC_URL": self.gateway_url,
+            "SPOTGATE_GATEWAY_TOKEN__SIGNING_KEY_PEM": SigningKey.generate().to_pem(),
+            "SPOTGATE_GATEWAY_MODELS": json.dumps([MODEL]),
+            "SPOTGATE_GATEWAY_QUEUE__DEADLINE_SECONDS": "60",
+        })  # fmt: skip
+        self.processes.start("pool-manager", ["spotgate.cli", "pool", "run"], {
+            **env,
+            "SPOTGATE_POOL_PROVIDER": "local",
+            "SPOTGATE_POOL_MODELS": json.dumps([MODEL]),
+            "SPOTGATE_POOL_MIN_AGENTS": str(self.agents),
+            "SPOTGATE_POOL_SPOT_OVERPROVISION": "0",
+            "SPOTGATE_POOL_ON_DEMAND_FALLBACK": "false",
+            "SPOTGATE_POOL_LOOP_SECONDS": "1",
+            "SPOTGATE_POOL_EVENT_WAIT_SECONDS": "0",
+            "SPOTGATE_POOL_PORT": "0",
+            "SPOTGATE_POOL_INTERRUPTION_QUEUE_URL": self.queue_url,
+            "SPOTGATE_POOL_LOCAL__SERVED_MODEL_NAME": MODEL,
+            "SPOTGATE_POOL_LOCAL__JWKS_URL": f"{self.gateway_url}/.well-known/jwks.json",
+            "SPOTGATE_POOL_LOCAL__DRAIN_GRACE_SECONDS": "15",
+            "SPOTGATE_POOL_LOCAL__LOG_DIR": str(self.directory / "logs"),
+            "SPOTGATE_POOL_LOCAL__AGENT_ENV": json.dumps({
+                "SPOTGATE_AGENT_SYNTHETIC__TOKENS_PER_SECOND": str(TOKENS_PER_SECOND),
+                "SPOTGATE_AGENT_HEARTBEAT_SECONDS": str(AGENT_HEARTBEAT_SECONDS),
+                "SPOTGATE_AGENT_IMDS_POLL_SECONDS": "1",
+            }),
+        })  # fmt: skip
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.processes.stop(lambda child: child.name == "pool-manager", 60)
+        await self.processes.stop(lambda child: True, 30)
+        self.processes.close()
+        self.emulator.stop()
+
+    async def ready_agents(self) -> dict[str, str]:
+        """Agent id → URL of the agents registered ready (empty while AWS is unreachable)."""
+        try:
+            async with Registry.open(self.emulator.settings()) as registry:
+                return {a.agent_id: a.url for a in await registry.list_ready(MODEL)}
+        except Exception:
+            return {}
+
+    async def wait_ready(self, exclude: set[str], within_seconds: float) -> float | None:
+        """Seconds until `agents` others than `exclude` are ready; None if not in time."""
+        started = time.monotonic()
+        while time.monotonic() - started < within_seconds:
+            ready = set(await self.ready_agents()) - exclude
+            if len(ready) >= self.agents:
+                return time.monotonic() - started
+            await asyncio.sleep(0.5)
+        return None
+
+    async def interrupt(self, agent_id: str, in_seconds: float) -> None:
+        """EC2's spot interruption warning for an agent, on the pool's queue."""
+        body = interruption_warning(agent_id, time.time() + in_seconds, EMULATOR_REGION)
+        settings = self.emulator.settings()
+        async with aws_session(settings.aws).client(
+            "sqs", endpoint_url=settings.aws.endpoint_url
+        ) as sqs:
+            await sqs.send_message(QueueUrl=self.queue_url, MessageBody=json.dumps(body))
+
+
+def serving_processes(ready: dict[str, str]) -> dict[str, psutil.Process]:
+    """Agent id → process of the ready agents whose port a live process listens on.
+
+    An agent that just exited can still look ready in the registry for a heartbeat or two.
+    """
+    listeners = {
+        connection.laddr.port: connection.pid
+        for connection in psutil.net_connections(kind="tcp")
+        if connection.status == psutil.CONN_LISTEN and connection.laddr and connection.pid
+    }
+    found = {}
+    for agent_id, url in sorted(ready.items()):
+        pid = listeners.get(int(url.rsplit(":", 1)[1].split("/")[0]))
+        if pid is not None:
+            found[agent_id] = psutil.Process(pid)
+    if not found:
+        raise LookupError("no ready agent has a live process")
+    return found
+
+
+class Traffic:
+    """`streams` websocket clients, each streaming one known reply after another."""
+
+    def __init__(self, stack: ChaosStack, streams: int) -> None:
+        self._stack = stack
+        self._streams = streams
+        self.tally = Tally()
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        """Start every client."""
+        self._tasks = [asyncio.create_task(self._client(n)) for n in range(self._streams)]
+
+    async def stop(self) -> None:
+        """Let each client finish its stream in flight, then stop."""
+        self._stop.set()
+        await asyncio.gather(*self._tasks)
+
+    async def _client(self, number: int) -> None:
+        url = self._stack.gateway_url.replace("http", "ws", 1) + "/v1/ws"
+        headers = {"Authorization": f"Bearer {self._stack.api_key}"}
+        count = 0
+        while not self._stop.is_set():
+            try:
+                async with websockets.connect(url, additional_headers=headers) as ws:
+                    while not self._stop.is_set():
+                        count += 1
+                        await self._one_stream(ws, f"client {number} stream {count}")
+            except (OSError, websockets.WebSocketException):
+                await asyncio.sleep(0.5)  # the gateway went away: reconnect
+
+    async def _one_stream(self, ws: Any, content: str) -> None:
+        stream_id = content.replace(" ", "-")
+        await ws.send(json.dumps({
+            "type": "generate", "id": stream_id, "model": MODEL, "max_tokens": STREAM_TOKENS,
+            "messages": [{"role": "user", "content": content}],
+        }))  # fmt: skip
+        self.tally.started += 1
+        text: list[str] = []
+        agents: set[str] = set()
+        try:
+            async with asyncio.timeout(STREAM_TIMEOUT_SECONDS):
+                while True:
+                    frame = json.loads(await ws.recv())
+                    if frame.get("id") != stream_id:
+                        continue
+                    if frame["type"] == "start":
+                        agents.add(frame["agent"])
+                    elif frame["type"] == "delta":
+                        text.append(frame["text"])
+                    elif frame["type"] == "error":
+                        self.tally.failed[frame["code"]] += 1
+                        return
+                    elif frame["type"] == "done":
+                        break
+        except (TimeoutError, websockets.WebSocketException):
+            self.tally.lost += 1  # no end at all: the one outcome that must never happen
+            raise websockets.ConnectionClosed(None, None) from None
+        if "".join(text) == synthetic_reply(content, STREAM_TOKENS):
+            self.tally.exact += 1
+            self.tally.resumed += len(agents) > 1
+        else:
+            self.tally.lost += 1
+
+
+Fault = Callable[[ChaosStack, dict[str, str]], Awaitable[set[str]]]
+"""Inject a fault given the ready agents (id → URL); return the agents it took out."""
+
+
+async def kill_9(stack: ChaosStack, ready: dict[str, str]) -> set[str]:
+    """SIGKILL one serving agent."""
+    victim, process = next(iter(serving_processes(ready).items()))
+    process.send_signal(signal.SIGKILL)
+    return {victim}
+
+
+async def spot_notice(stack: ChaosStack, ready: dict[str, str]) -> set[str]:
+    """A spot interruption with a 20-second deadline."""
+    victim = next(iter(serving_processes(ready)))
+    await stack.interrupt(victim, NOTICE_SECONDS)
+    return {victim}
+
+
+async def two_interrupted(stack: ChaosStack, ready: dict[str, str]) -> set[str]:
+    """Two agents interrupted at once (20-second deadline)."""
+    victims = set(list(serving_processes(ready))[:2])
+    await asyncio.gather(*(stack.interrupt(v, NOTICE_SECONDS) for v in victims))
+    return victims
+
+
+async def hang(stack: ChaosStack, ready: dict[str, str]) -> set[str]:
+    """An agent that stops answering but keeps its sockets open (SIGSTOP), killed later."""
+    victim, process = next(iter(serving_processes(ready).items()))
+    process.suspend()
+    asyncio.get_running_loop().call_later(RECOVERY_TIMEOUT_SECONDS / 2, _kill_quietly, process)
+    return {victim}
+
+
+def _kill_quietly(process: psutil.Process) -> None:
+    with contextlib.suppress(psutil.NoSuchProcess):
+        process.kill()
+
+
+def aws_down(seconds: float) -> Fault:
+    """The AWS emulator (DynamoDB, SQS) unreachable for `seconds`."""
+
+    async def fault(stack: ChaosStack, _ready: dict[str, str]) -> set[str]:
+        stack.emulator.stop()
+        await asyncio.sleep(seconds)
+        stack.emulator.start()
+        return set()
+
+    fault.__doc__ = f"the AWS emulator stopped for {seconds:.0f} s"
+    return fault
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One scenario's row of the report."""
+
+    name: str
+    tally: Tally
+    recovery_seconds: float | None
+
+
+async def run_scenario(
+    stack: ChaosStack, name: str, fault: Fault, streams: int, settle_seconds: float
+) -> Outcome:
+    """Steady traffic, the fault, recovery, more traffic; every stream accounted for."""
+    if await stack.wait_ready(set(), READY_TIMEOUT_SECONDS) is None:
+        raise RuntimeError(f"{name}: the pool did not reach its target before the fault")
+    traffic = Traffic(stack, streams)
+    traffic.start()
+    await asyncio.sleep(2.0)  # streams are mid-reply when the fault lands
+    faulted_at = time.monotonic()
+    victims = await fault(stack, await stack.ready_agents())
+    remaining = RECOVERY_TIMEOUT_SECONDS - (time.monotonic() - faulted_at)
+    recovered = await stack.wait_ready(victims, remaining)
+    recovery = None if recovered is None else time.monotonic() - faulted_at
+    await asyncio.sleep(settle_seconds)
+    await traffic.stop()
+    return Outcome(name, traffic.tally, recovery)
+
+
+SCENARIOS: dict[str, Callable[[float], Fault]] = {
+    "kill -9 of a serving agent": lambda _: kill_9,
+    "spot notice, 20 s deadline": lambda _: spot_notice,
+    "two agents interrupted at once": lambda _: two_interrupted,
+    "agent hangs (SIGSTOP), socket open": lambda _: hang,
+    "AWS (moto server) stopped": aws_down,
+}
+
+
+@contextlib.asynccontextmanager
+async def chaos_stack(agents: int) -> AsyncIterator[ChaosStack]:
+    """A stack in a scratch directory."""
+    with tempfile.TemporaryDirectory(prefix="spotgate-chaos-") as scratch:
+        async with ChaosStack(Path(scratch), agents) as stack:
+            yield stack
+
+
+async def run_all(
+    agents: int, streams: int, aws_down_seconds: float, settle_seconds: float
+) -> list[Outcome]:
+    """Every scenario, one after another, on one stack."""
+    outcomes = []
+    async with chaos_stack(agents) as stack:
+        for name, make in SCENARIOS.items():
+            fault = make(aws_down_seconds)
+            label = f"{name} ({aws_down_seconds:.0f} s)" if make is aws_down else name
+            outcomes.append(await run_scenario(stack, label, fault, streams, settle_seconds))
+    return outcomes
+
+
+def render(outcomes: list[Outcome], agents: int, streams: int) -> str:
+    """The scenario table for `docs/reliability.md`."""
+    lines = [
+        "## Fault scenarios under steady traffic (local stack, synthetic engine)",
+        "",
+        f"Command: `{COMMAND}`.",
+        f"{agents} agents kept ready by the pool manager (local provider); {streams} websocket "
+        f"clients each stream one {STREAM_TOKENS}-token reply after another "
+        f"({STREAM_TOKENS / TOKENS_PER_SECOND:.0f} s each) through the gateway. *exact*: the "
+        "whole reply, byte for byte; *resumed*: exact and served by two agents or more; "
+        "*failed*: ended with an error frame (its code); *lost*: ended wrong or not at all. "
+        "*Recovery*: fault to the pool back at its target with no faulted agent.",
+        f"Machine: {machine_facts()}.",
+        "",
+        "| scenario | streams | exact | resumed | failed | lost | recovery |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for outcome in outcomes:
+        recovery = "—" if outcome.recovery_seconds is None else f"{outcome.recovery_seconds:.1f} s"
+        lines.append(f"| {outcome.name} | {outcome.tally.row()} | {recovery} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    """Run the scenarios and print (and optionally write) the table."""
+    parser = argparse.ArgumentParser(description="spotgate fault scenarios")
+    parser.add_argument("--agents", type=int, default=3)
+    parser.add_argument("--streams", type=int, default=12)
+    parser.add_argument("--aws-down-seconds", type=float, default=30.0)
+    parser.add_argument("--settle-seconds", type=float, default=5.0)
+    parser.add_argument("--write", type=Path)
+    args = parser.parse_args()
+    outcomes = asyncio.run(
+        run_all(args.agents, args.streams, args.aws_down_seconds, args.settle_seconds)
+    )
+    section = render(outcomes, args.agents, args.streams)
+    print(section)
+    if args.write:
+        if not args.write.exists():
+            args.write.write_text(REPORT_TITLE)
+        write_section(args.write, "chaos", section)
+    if any(outcome.tally.lost for outcome in outcomes):
+        raise SystemExit("streams were lost")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,18 @@
+"""The fault scenarios, at a small size: every stream ends exact or with a clear error."""
+
+from __future__ import annotations
+
+from loadtest.chaos import SCENARIOS, run_all
+
+
+async def test_no_stream_is_lost_and_the_pool_recovers_from_every_fault() -> None:
+    outcomes = await run_all(agents=2, streams=4, aws_down_seconds=5.0, settle_seconds=1.0)
+    assert [o.name.split(" (")[0] for o in outcomes] == [n.split(" (")[0] for n in SCENARIOS]
+    for outcome in outcomes:
+        tally = outcome.tally
+        assert tally.started > 0, outcome.name
+        assert tally.lost == 0, outcome.name
+        assert tally.exact + sum(tally.failed.values()) == tally.started, outcome.name
+        assert outcome.recovery_seconds is not None, outcome.name
+    by_name = {o.name: o for o in outcomes}
+    assert by_name["kill -9 of a serving agent"].tally.resumed > 0  # moved, not restarted
