@@ -102,6 +102,13 @@ class RefreshAheadCache(Generic[Record]):
         """Wait for the reads in flight (background refreshes included) to land."""
         await asyncio.gather(*self._loading.values(), return_exceptions=True)
 
+    async def close(self) -> None:
+        """Cancel the reads in flight (the registry client is about to close under them)."""
+        pending = list(self._loading.values())
+        for future in pending:
+            future.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+
     def _load(self, key: str, load: Callable[[], Awaitable[Record]]) -> asyncio.Future[Record]:
         pending = self._loading.get(key)
         if pending is None:
@@ -160,6 +167,11 @@ class Authenticator:
         """Wait for key reads in flight, background refreshes included."""
         await self._by_key.settled()
         await self._by_id.settled()
+
+    async def close(self) -> None:
+        """Cancel key reads in flight; call before the registry closes."""
+        await self._by_key.close()
+        await self._by_id.close()
 
     async def authenticate(self, credential: str) -> Principal:
         """The principal behind an API key or a gateway token."""

@@ -476,6 +476,7 @@ def create_app(settings: GatewaySettings) -> web.Application:
                         await task
                 for link in list(state.links.values()):
                     await link.close()
+                await state.authenticator.close()
 
     async def close_sockets(app: web.Application) -> None:
         # on_shutdown runs before aiohttp waits for open handlers: long-lived sockets must go now.

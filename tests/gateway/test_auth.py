@@ -86,3 +86,40 @@ async def test_registry_outage_serves_recent_keys_and_answers_503_for_unchecked_
     assert principal.key_id == known.record.key_id
     assert refused.value.code == ErrorCode.NO_CAPACITY
     assert refused.value.retry_after is not None
+
+
+class StallingRegistry(Registry):
+    """The real registry, whose key reads can be held up."""
+
+    stall = False
+    stalled = asyncio.Event()
+    cancelled = asyncio.Event()
+
+    async def verify_key(self, api_key: str) -> ApiKeyRecord:
+        if self.stall:
+            self.stalled.set()
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                self.cancelled.set()
+                raise
+        return await super().verify_key(api_key)
+
+
+async def test_close_cancels_a_background_refresh_before_the_registry_closes(
+    aws: AwsEmulator,
+) -> None:
+    clock = FakeClock()
+    async with StallingRegistry.open(aws.settings()) as registry:
+        await registry.create_tables()
+        created = await registry.create_key("refreshing")
+        auth = Authenticator(
+            registry, KeyRing([SigningKey.generate()]), "http://gw", 5.0, 64, clock
+        )
+        await auth.api_key(created.api_key)
+        registry.stall = True
+        clock.advance(KEY_FRESH_SECONDS)  # the next use refreshes ahead, in the background
+        assert (await auth.api_key(created.api_key)).key_id == created.record.key_id
+        await registry.stalled.wait()
+        await auth.close()
+        assert registry.cancelled.is_set()
