@@ -159,7 +159,7 @@ class ChaosStack:
 
 
 def serving_processes(ready: dict[str, str]) -> dict[str, psutil.Process]:
-    """Agent id → process of the ready agents whose port a live process listens on.
+    """Agent id → process of the ready agents whose port a live process listens on, in order.
 
     An agent that just exited can still look ready in the registry for a heartbeat or two.
     """
@@ -169,7 +169,7 @@ def serving_processes(ready: dict[str, str]) -> dict[str, psutil.Process]:
         if connection.status == psutil.CONN_LISTEN and connection.laddr and connection.pid
     }
     found = {}
-    for agent_id, url in sorted(ready.items()):
+    for agent_id, url in ready.items():
         pid = listeners.get(int(url.rsplit(":", 1)[1].split("/")[0]))
         if pid is not None:
             found[agent_id] = psutil.Process(pid)
@@ -185,6 +185,8 @@ class Traffic:
         self._stack = stack
         self._streams = streams
         self.tally = Tally()
+        self.serving: Counter[str] = Counter()  # agent id → streams it is replying to now
+        self.replying = asyncio.Event()
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -196,6 +198,10 @@ class Traffic:
         """Let each client finish its stream in flight, then stop."""
         self._stop.set()
         await asyncio.gather(*self._tasks)
+
+    def busiest_first(self, ready: dict[str, str]) -> dict[str, str]:
+        """`ready`, the agents with the most streams in flight first."""
+        return dict(sorted(ready.items(), key=lambda item: -self.serving[item[0]]))
 
     async def _client(self, number: int) -> None:
         url = self._stack.gateway_url.replace("http", "ws", 1) + "/v1/ws"
@@ -219,6 +225,7 @@ class Traffic:
         self.tally.started += 1
         text: list[str] = []
         agents: set[str] = set()
+        serving = ""
         try:
             async with asyncio.timeout(STREAM_TIMEOUT_SECONDS):
                 while True:
@@ -226,9 +233,13 @@ class Traffic:
                     if frame.get("id") != stream_id:
                         continue
                     if frame["type"] == "start":
-                        agents.add(frame["agent"])
+                        self.serving.subtract(agents & {serving})
+                        serving = frame["agent"]
+                        agents.add(serving)
+                        self.serving[serving] += 1
                     elif frame["type"] == "delta":
                         text.append(frame["text"])
+                        self.replying.set()
                     elif frame["type"] == "error":
                         self.tally.failed[frame["code"]] += 1
                         return
@@ -237,6 +248,8 @@ class Traffic:
         except (TimeoutError, websockets.WebSocketException):
             self.tally.lost += 1  # no end at all: the one outcome that must never happen
             raise websockets.ConnectionClosed(None, None) from None
+        finally:
+            self.serving.subtract(agents & {serving})
         if "".join(text) == synthetic_reply(content, STREAM_TOKENS):
             self.tally.exact += 1
             self.tally.resumed += len(agents) > 1
@@ -312,9 +325,10 @@ async def run_scenario(
         raise RuntimeError(f"{name}: the pool did not reach its target before the fault")
     traffic = Traffic(stack, streams)
     traffic.start()
-    await asyncio.sleep(2.0)  # streams are mid-reply when the fault lands
+    await traffic.replying.wait()
+    await asyncio.sleep(1.0)  # streams are mid-reply when the fault lands
     faulted_at = time.monotonic()
-    victims = await fault(stack, await stack.ready_agents())
+    victims = await fault(stack, traffic.busiest_first(await stack.ready_agents()))
     remaining = RECOVERY_TIMEOUT_SECONDS - (time.monotonic() - faulted_at)
     recovered = await stack.wait_ready(victims, remaining)
     recovery = None if recovered is None else time.monotonic() - faulted_at
