@@ -21,6 +21,9 @@ from spotgate.registry import AgentRecord, AgentState, Registry
 from spotgate.settings import QueueSettings
 
 STALE_AFTER_REFRESHES = 3
+# What routing reads of each agent's entry: the view is refreshed every second on the event
+# loop, and the rest of the entry would only add parsing time there.
+ROUTING_FIELDS = ("url", "state", "capacity", "expires_at")  # and the entry's keys
 
 log = get_logger(__name__)
 
@@ -181,7 +184,7 @@ class Dispatcher:
         """Keep the view current; on registry errors keep the last view and record why."""
         while True:
             try:
-                records = await registry.list_agents()
+                records = await registry.list_agents(fields=ROUTING_FIELDS)
                 self.view.replace(records, self._clock())
                 self.notify()
             except Exception as err:  # an outage must not stop routing on the last view

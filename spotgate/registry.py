@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import MISSING, dataclass, field, replace
 from decimal import Decimal
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Literal, Self
@@ -191,6 +191,13 @@ def _decode(attribute: Mapping[str, Any]) -> object:
 
 def _decode_item(item: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     return {name: _decode(attribute) for name, attribute in item.items()}
+
+
+_AGENT_REQUIRED_FIELDS = frozenset(
+    name
+    for name, spec in AgentRecord.__dataclass_fields__.items()
+    if spec.default is MISSING and spec.default_factory is MISSING
+)
 
 
 def _agent_from_item(item: Mapping[str, Mapping[str, Any]]) -> AgentRecord:
@@ -446,15 +453,26 @@ class Registry:
         return _agent_from_item(item) if item else None
 
     async def list_agents(
-        self, model: str | None = None, *, include_expired: bool = False
+        self,
+        model: str | None = None,
+        *,
+        include_expired: bool = False,
+        fields: Collection[str] | None = None,
     ) -> list[AgentRecord]:
         """Every unexpired agent, of one model (through the `by_model` index) or of all.
 
         `include_expired` also returns entries whose heartbeat stopped and that TTL has not
-        deleted yet: the pool manager's reaper needs to see those.
+        deleted yet: the pool manager's reaper needs to see those. `fields` reads only those
+        attributes (the others keep their defaults): parsing a response costs the caller's
+        event loop time in proportion to the attributes in it.
         """
         now = self._clock()
         request: dict[str, Any] = {"TableName": self._tables.agents}
+        if fields is not None:
+            wanted = sorted(set(fields) | _AGENT_REQUIRED_FIELDS)
+            names = {f"#f{number}": name for number, name in enumerate(wanted)}
+            request["ProjectionExpression"] = ", ".join(names)
+            request["ExpressionAttributeNames"] = names
         if not include_expired:
             request["FilterExpression"] = "expires_at > :now"
             request["ExpressionAttributeValues"] = {":now": _encode(now)}

@@ -63,6 +63,17 @@ async def test_list_ready_only_returns_agents_of_that_model(registry: Registry) 
     assert {record.agent_id for record in await registry.list_agents()} == {"a", "b"}
 
 
+async def test_listing_only_some_fields_leaves_the_others_at_their_defaults(
+    registry: Registry,
+) -> None:
+    stored = await registry.register(agent("a"))
+
+    [listed] = await registry.list_agents(fields=("url",))  # and the required fields
+
+    assert (listed.agent_id, listed.state, listed.url) == ("a", AgentState.READY, stored.url)
+    assert (listed.zone, listed.expires_at) == ("local", 0.0)  # not read: defaults
+
+
 async def test_starting_agent_may_become_ready_but_is_not_listed_before(
     registry: Registry,
 ) -> None:
