@@ -20,6 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gateway.agent_link import AgentLink
 from gateway.auth import Authenticator, Principal
+from gateway.demand import Published, current_demand, rows_due
 from gateway.dispatch import Dispatcher
 from gateway.metrics import GatewayMetrics
 from gateway.ratelimit import RateLimiter
@@ -403,24 +404,24 @@ def public_url(settings: GatewaySettings) -> str:
 
 
 async def _publish_demand(state: GatewayState) -> None:
+    published: dict[str, Published] = {}
     while True:
         await asyncio.sleep(state.settings.demand_publish_seconds)
-        pending = state.dispatcher.pending()
-        active: dict[str, int] = {}
-        for records in state.dispatcher.view.agents.values():
-            for record in records:
-                count = state.dispatcher.outstanding.get(record.agent_id, 0)
-                active[record.model] = active.get(record.model, 0) + count
-        for model in set(pending) | set(active) | set(state.settings.models):
+        dispatcher = state.dispatcher
+        current = current_demand(
+            dispatcher.pending(), dispatcher.outstanding, dispatcher.view, state.settings.models
+        )
+        now = time.time()
+        for model in rows_due(current, published, now, state.registry.demand_ttl_seconds):
+            demand = current[model]
             try:
                 await state.registry.publish_demand(
-                    model,
-                    state.gateway_id,
-                    pending=pending.get(model, 0),
-                    active=active.get(model, 0),
+                    model, state.gateway_id, pending=demand.pending, active=demand.active
                 )
             except Exception as err:  # demand is advisory; routing goes on
                 log.warning("demand publish failed", error=str(err))
+            else:
+                published[model] = Published(demand, now)
         await state.prune_links()
 
 

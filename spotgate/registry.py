@@ -604,6 +604,11 @@ class Registry:
 
     # -- demand --
 
+    @property
+    def demand_ttl_seconds(self) -> float:
+        """How long a published demand row counts before it expires."""
+        return self._timings.demand_ttl_seconds
+
     async def publish_demand(
         self, model: str, gateway_id: str, *, pending: int, active: int
     ) -> None:
