@@ -1,9 +1,12 @@
 """One persistent, multiplexed websocket per agent, and per-stream channels on it.
 
 The link's reader never waits for a client: frames of each stream go into its own
-`StreamChannel`, where consecutive deltas are merged, so a slow client costs memory bounded
-by its own reply and never stalls the other streams on the same agent. When the socket
-breaks, every open channel gets `LINK_LOST` and the relay resumes those streams elsewhere.
+`StreamChannel`, where consecutive deltas are merged, so a slow client never stalls the other
+streams on the same agent. A client that stops reading costs at most
+`MAX_STREAM_BACKLOG_TOKENS` tokens of memory per stream: past that, its stream ends with a
+`timeout` error (after what it has not read yet) and the agent is told to stop it. When the
+socket breaks, every open channel gets `LINK_LOST` and the relay resumes those streams
+elsewhere.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from spotgate.protocol import (
     CancelFrame,
     DeltaFrame,
     DoneFrame,
+    ErrorCode,
     ErrorFrame,
     FrameError,
     GenerateFrame,
@@ -35,6 +39,8 @@ RECONNECT_BACKOFF_SECONDS = (0.2, 0.5, 1.0, 2.0, 5.0)
 LINK_HEARTBEAT_SECONDS = 10.0
 MAX_AGENT_FRAME_BYTES = 16 * 1024 * 1024
 TOKEN_REFRESH_MARGIN_SECONDS = 120.0
+MAX_STREAM_BACKLOG_TOKENS = 16_384
+"""Tokens a stream may hold for its client: minutes of a real engine's output unread."""
 
 log = get_logger(__name__)
 
@@ -53,30 +59,69 @@ class LinkLost:
 ChannelItem = ServerFrame | LinkLost
 
 
+class _PendingDelta:
+    """Consecutive deltas not yet taken by the client, merged only when taken (linear cost)."""
+
+    def __init__(self, first: DeltaFrame) -> None:
+        self.id = first.id
+        self.texts = [first.text]
+        self.ids: list[int] | None = list(first.ids) if first.ids is not None else None
+        self.n = first.n
+
+    def add(self, frame: DeltaFrame) -> None:
+        self.texts.append(frame.text)
+        self.n += frame.n
+        if self.ids is not None and frame.ids is not None:
+            self.ids.extend(frame.ids)
+        else:
+            self.ids = None
+
+    def frame(self) -> DeltaFrame:
+        # Its parts were validated as they arrived; no need to validate the merge again.
+        return DeltaFrame.model_construct(
+            id=self.id, text="".join(self.texts), n=self.n, ids=self.ids
+        )
+
+
 class StreamChannel:
     """Frames of one stream, in order, with consecutive deltas merged."""
 
     def __init__(self) -> None:
-        self._items: list[ChannelItem] = []
+        self._items: list[ChannelItem | _PendingDelta] = []
+        self._backlog_tokens = 0
         self._ready = asyncio.Event()
         self.closed = False
+        self.overflowed = False  # the client did not read: the agent must be told to stop
         self.sent_at = time.monotonic()
         self.first_delta_at: float | None = None  # when the agent's first token came in
 
     def push(self, item: ChannelItem) -> None:
         """Add a frame without ever waiting (called by the link's reader)."""
-        if self.first_delta_at is None and isinstance(item, DeltaFrame):
-            self.first_delta_at = time.monotonic()
-        last = self._items[-1] if self._items else None
-        if isinstance(item, DeltaFrame) and isinstance(last, DeltaFrame):
-            ids = None if last.ids is None or item.ids is None else [*last.ids, *item.ids]
-            self._items[-1] = DeltaFrame(
-                id=item.id, text=last.text + item.text, n=last.n + item.n, ids=ids
-            )
+        if self.closed:
+            return
+        if isinstance(item, DeltaFrame):
+            if self.first_delta_at is None:
+                self.first_delta_at = time.monotonic()
+            last = self._items[-1] if self._items else None
+            if isinstance(last, _PendingDelta):
+                last.add(item)
+            else:
+                self._items.append(_PendingDelta(item))
+            self._backlog_tokens += item.n
+            if self._backlog_tokens > MAX_STREAM_BACKLOG_TOKENS:
+                self.overflowed = True
+                self.closed = True
+                self._items.append(
+                    ErrorFrame(
+                        id=item.id,
+                        code=ErrorCode.TIMEOUT,
+                        message=f"the client did not read this stream; it was stopped with "
+                        f"{self._backlog_tokens} tokens waiting",
+                    )
+                )
         else:
             self._items.append(item)
-        if isinstance(item, DoneFrame | ErrorFrame | LinkLost):
-            self.closed = True
+            self.closed = isinstance(item, DoneFrame | ErrorFrame | LinkLost)
         self._ready.set()
 
     async def items(self) -> AsyncIterator[ChannelItem]:
@@ -84,8 +129,10 @@ class StreamChannel:
         while True:
             await self._ready.wait()
             batch, self._items = self._items, []
+            self._backlog_tokens = 0
             self._ready.clear()
-            for item in batch:
+            for entry in batch:
+                item = entry.frame() if isinstance(entry, _PendingDelta) else entry
                 yield item
                 if isinstance(item, DoneFrame | ErrorFrame | LinkLost):
                     return
@@ -224,6 +271,10 @@ class AgentLink:
                 channel.push(frame)
                 if channel.closed:
                     self._channels.pop(stream_id or "", None)
+                if channel.overflowed and stream_id:
+                    log.warning("client not reading; stream stopped", agent_stream_id=stream_id)
+                    with suppress(ConnectionResetError, aiohttp.ClientError):
+                        await ws.send_str(encode_frame(CancelFrame(id=stream_id)))
         finally:
             if ws.close_code is not None:
                 reason = f"{reason} (code {ws.close_code})"

@@ -125,13 +125,19 @@ async def relay_stream(
                 else None,
             }
         )
+        # Counted from the moment it is chosen: streams choosing while this link opens (a
+        # fresh agent's first connection) must see the room the agent will have left.
+        dispatcher.started(chosen.agent_id)
         try:
             channel = await link.open_stream(agent_frame)
         except LinkUnavailable as err:
+            dispatcher.finished(chosen.agent_id)
             log.info("agent unavailable; trying another", agent_id=chosen.agent_id, error=str(err))
             excluded.add(chosen.agent_id)
             continue
-        dispatcher.started(chosen.agent_id)
+        except BaseException:
+            dispatcher.finished(chosen.agent_id)
+            raise
         placements += 1
         finished = False
         retry = False

@@ -9,10 +9,12 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import aclosing, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
+from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import WSCloseCode, web
@@ -20,12 +22,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gateway.agent_link import AgentLink
 from gateway.auth import Authenticator, Principal
+from gateway.authlimit import FailedAuthLimiter
 from gateway.demand import Published, current_demand, rows_due
 from gateway.dispatch import Dispatcher
 from gateway.metrics import GatewayMetrics
 from gateway.ratelimit import RateLimiter
 from gateway.relay import ClientFrame, RelayOutcome, relay_stream
 from gateway.signing import load_key_ring
+from spotgate.apikeys import MalformedApiKey, looks_like_api_key, parse_api_key
 from spotgate.logging import bound_context, get_logger
 from spotgate.openai_api import ChatCompletionRequest, CompletionRequest, completion_id
 from spotgate.openai_http import read_body, respond
@@ -42,6 +46,7 @@ from spotgate.settings import TOKEN_TTL_MAX_SECONDS, GatewaySettings
 from spotgate.tokens import GATEWAY_SUBJECT_PREFIX, KeyRing, issue
 from spotgate.wsserver import (
     AuthRefused,
+    AuthUnavailable,
     Send,
     StreamHandlers,
     bearer_token,
@@ -77,6 +82,7 @@ class GatewayState:
     session: aiohttp.ClientSession
     gateway_id: str
     public_url: str
+    failed_auth: FailedAuthLimiter
     metrics: GatewayMetrics = field(default_factory=GatewayMetrics)
     limiter: RateLimiter = field(default_factory=RateLimiter)
     links: dict[str, AgentLink] = field(default_factory=dict)
@@ -222,17 +228,77 @@ def start_stream(
     return RelayHandle(asyncio.create_task(run(), name=f"relay {frame.id}"))
 
 
+# --- authentication ---------------------------------------------------------------------------
+
+
+class AuthThrottled(AuthRefused):
+    """Too many failed authentications from this client or for this key: 429, wait."""
+
+    code = ErrorCode.RATE_LIMITED
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+def client_address(request: web.Request, trusted_proxy_hops: int) -> str:
+    """The caller's address: the peer's, or the one the trusted proxies put in X-Forwarded-For.
+
+    Each proxy appends the address it received from, so the entry `trusted_proxy_hops` from
+    the end is the first one no client could have written.
+    """
+    if trusted_proxy_hops > 0:
+        forwarded = [part.strip() for part in request.headers.get("X-Forwarded-For", "").split(",")]
+        if len(forwarded) >= trusted_proxy_hops and forwarded[-trusted_proxy_hops]:
+            return forwarded[-trusted_proxy_hops]
+    return request.remote or "unknown"
+
+
+Result = TypeVar("Result")
+
+
+def _key_id(credential: str) -> str | None:
+    if not looks_like_api_key(credential):
+        return None
+    try:
+        return parse_api_key(credential).key_id
+    except MalformedApiKey:
+        return None
+
+
+async def guarded(
+    state: GatewayState,
+    request: web.Request,
+    credential: str,
+    check: Callable[[str], Awaitable[Result]],
+) -> Result:
+    """Run a credential `check` unless this client or key failed too often; count failures."""
+    client = client_address(request, state.settings.trusted_proxy_hops)
+    key_id = _key_id(credential)
+    decision = state.failed_auth.check(client, key_id, time.time())
+    if not decision.admitted:
+        raise AuthThrottled(decision.reason, decision.retry_after)
+    try:
+        return await check(credential)
+    except AuthUnavailable:
+        raise  # the registry could not answer: not the caller's failure
+    except AuthRefused:
+        state.failed_auth.failed(client, key_id, time.time())
+        raise
+
+
 # --- routes -----------------------------------------------------------------------------------
 
 
 async def _principal(request: web.Request) -> Principal | web.Response:
+    state = request.app[STATE]
     credential = bearer_token(request)
     if credential is None:
         return json_error(ErrorCode.UNAUTHORIZED, "missing 'Authorization: Bearer <key>'")
     try:
-        return await request.app[STATE].authenticator.authenticate(credential)
+        return await guarded(state, request, credential, state.authenticator.authenticate)
     except AuthRefused as err:
-        request.app[STATE].metrics.rejections.labels(reason=err.code.value).inc()
+        state.metrics.rejections.labels(reason=err.code.value).inc()
         return json_error(err.code, str(err), err.retry_after)
 
 
@@ -243,7 +309,7 @@ async def token(request: web.Request) -> web.Response:
     if credential is None:
         return json_error(ErrorCode.UNAUTHORIZED, "missing 'Authorization: Bearer sg-…'")
     try:
-        record = await state.authenticator.api_key(credential)
+        record = await guarded(state, request, credential, state.authenticator.api_key)
     except AuthRefused as err:
         state.metrics.rejections.labels(reason=err.code.value).inc()
         return json_error(err.code, str(err), err.retry_after)
@@ -277,11 +343,38 @@ async def models(request: web.Request) -> web.Response:
     return web.json_response({"object": "list", "data": data})
 
 
+def origin_allowed(origin: str, host: str | None, allowed: frozenset[str]) -> bool:
+    """Whether a browser page at `origin` may open a websocket here.
+
+    Its own origin may (the `Host` it connected to, which a page cannot forge), and so may
+    the configured ones; anything else, `null` included, is a foreign page.
+    """
+    if origin in allowed:
+        return True
+    parts = urlsplit(origin)
+    return parts.scheme in ("http", "https") and bool(host) and parts.netloc == host
+
+
+def allowed_origins(settings: GatewaySettings) -> frozenset[str]:
+    """The gateway's public origin and the configured `allowed_origins`."""
+    own = urlsplit(public_url(settings))
+    return frozenset({f"{own.scheme}://{own.netloc}", *settings.allowed_origins})
+
+
 async def websocket(request: web.Request) -> web.StreamResponse:
     """`GET /v1/ws`: the wire protocol, many streams per socket."""
     state = request.app[STATE]
+    origin = request.headers.get("Origin")
+    # Browsers always send Origin: refuse pages of other sites before the socket opens.
+    if origin is not None and not origin_allowed(
+        origin, request.host, allowed_origins(state.settings)
+    ):
+        state.metrics.rejections.labels(reason=ErrorCode.FORBIDDEN.value).inc()
+        return json_error(ErrorCode.FORBIDDEN, "websocket connections from this origin are refused")
     handlers = StreamHandlers[Principal](
-        authenticate=state.authenticator.authenticate,
+        authenticate=lambda credential: guarded(
+            state, request, credential, state.authenticator.authenticate
+        ),
         refusal=lambda frame, principal: _refusal(state, frame, principal),
         start=lambda frame, principal, send: start_stream(state, frame, principal, send),
     )
@@ -313,7 +406,7 @@ async def _openai(
     principal = await _principal(request)
     if isinstance(principal, web.Response):
         return principal
-    body = await read_body(request, model)
+    body = await read_body(request, model, state.settings.http_body_timeout_seconds)
     if isinstance(body, web.Response):
         return body
     cid = completion_id("chat" if kind == "chat" else "text")
@@ -435,6 +528,15 @@ async def _close_sockets(state: GatewayState) -> None:
         await ws.close(code=WSCloseCode.GOING_AWAY, message=b"gateway shutting down")
 
 
+async def drain_sockets(app: web.Application) -> None:
+    """Refuse new streams, give those in flight the grace period, then close with GOING_AWAY.
+
+    A stop must call it before `AppRunner.cleanup`, which first makes aiohttp drop whatever
+    arrives on open connections: refusals, cancels and pongs would go unanswered.
+    """
+    await _close_sockets(app[STATE])
+
+
 def create_app(settings: GatewaySettings) -> web.Application:
     """The gateway application."""
     app = web.Application(client_max_size=MAX_HTTP_BODY_BYTES)
@@ -455,6 +557,10 @@ def create_app(settings: GatewaySettings) -> web.Application:
                     registry, ring, url, settings.token.leeway_seconds, settings.max_streams_per_key
                 ),
                 dispatcher=Dispatcher(settings.queue, settings.models),
+                failed_auth=FailedAuthLimiter(
+                    settings.failed_auth_per_client_per_minute,
+                    settings.failed_auth_per_key_per_minute,
+                ),
                 session=session,
                 gateway_id=settings.gateway_id or f"gw-{secrets.token_hex(4)}",
                 public_url=url,
@@ -479,12 +585,9 @@ def create_app(settings: GatewaySettings) -> web.Application:
                     await link.close()
                 await state.authenticator.close()
 
-    async def close_sockets(app: web.Application) -> None:
-        # on_shutdown runs before aiohttp waits for open handlers: long-lived sockets must go now.
-        await _close_sockets(app[STATE])
-
     app.cleanup_ctx.append(resources)
-    app.on_shutdown.append(close_sockets)
+    # on_shutdown runs before aiohttp waits for open handlers: long-lived sockets must go now.
+    app.on_shutdown.append(drain_sockets)
     app.router.add_get("/", chat_page)
     app.router.add_get("/chat/config.json", chat_config)
     app.router.add_static("/static/", STATIC_DIR)

@@ -7,7 +7,7 @@ import signal
 
 from aiohttp import web
 
-from gateway.server import create_app
+from gateway.server import create_app, drain_sockets
 from spotgate.logging import get_logger
 from spotgate.process import freeze_long_lived_objects
 from spotgate.settings import GatewaySettings
@@ -17,11 +17,11 @@ log = get_logger(__name__)
 
 async def serve_gateway(settings: GatewaySettings) -> None:
     """Serve until a stop signal; sockets close with GOING_AWAY so clients reconnect."""
-    runner = web.AppRunner(
-        create_app(settings), handle_signals=False, keepalive_timeout=settings.keepalive_seconds
-    )
+    app = create_app(settings)
+    runner = web.AppRunner(app, handle_signals=False, keepalive_timeout=settings.keepalive_seconds)
     await runner.setup()
-    await web.TCPSite(runner, settings.host, settings.port).start()
+    site = web.TCPSite(runner, settings.host, settings.port)
+    await site.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -33,4 +33,6 @@ async def serve_gateway(settings: GatewaySettings) -> None:
     finally:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
+        await site.stop()  # no new connections; open sockets are still read while they drain
+        await drain_sockets(app)
         await runner.cleanup()

@@ -2,7 +2,9 @@
 
 No call per request: the JWKS is fetched at start and again only when a token names a `kid`
 the agent does not know (at most once per `JWKS_REFRESH_MIN_SECONDS`), so a gateway key
-rotation reaches agents at once and a flood of forged kids cannot hammer the gateway.
+rotation reaches agents at once and a flood of forged kids cannot hammer the gateway. A
+fetched JWKS replaces the one before it (a pinned key stays): a key the gateway retired is
+no longer trusted once a token signed by its successor has been seen.
 """
 
 from __future__ import annotations
@@ -50,8 +52,8 @@ class TokenVerifier:
         self._clock = clock
         self._refresh_min_seconds = refresh_min_seconds
         self._last_refresh = float("-inf")
-        pinned = [VerifyKey.from_pem(pinned_public_key)] if pinned_public_key else []
-        self.ring = KeyRing(verify_keys=pinned)
+        self._pinned = [VerifyKey.from_pem(pinned_public_key)] if pinned_public_key else []
+        self.ring = KeyRing(verify_keys=self._pinned)
 
     async def refresh(self) -> bool:
         """Fetch the JWKS now (if one is configured); False when it could not be read."""
@@ -63,7 +65,10 @@ class TokenVerifier:
             async with self._session.get(self._jwks_url, timeout=timeout) as response:
                 response.raise_for_status()
                 document = await response.json()
-            self.ring.merge(KeyRing.from_jwks(document))
+            published = KeyRing.from_jwks(document)
+            ring = KeyRing(verify_keys=self._pinned)
+            ring.merge(published)
+            self.ring = ring
         except (aiohttp.ClientError, TimeoutError, ValueError, KeyFormatError) as err:
             log.warning("jwks fetch failed", url=self._jwks_url, error=str(err))
             return False

@@ -287,7 +287,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     authenticated = await _authenticate(request)
     if isinstance(authenticated, web.Response):
         return authenticated
-    body = await read_body(request, ChatCompletionRequest)
+    body = await read_body(
+        request, ChatCompletionRequest, runtime.settings.http_body_timeout_seconds
+    )
     if isinstance(body, web.Response):
         return body
     unavailable = _unavailable(runtime)

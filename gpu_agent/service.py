@@ -19,7 +19,7 @@ log = get_logger(__name__)
 async def serve_agent(settings: AgentSettings) -> None:
     """Serve until drained: the first signal drains, a second one stops at once."""
     app = create_app(settings)
-    runner = web.AppRunner(app, handle_signals=False)
+    runner = web.AppRunner(app, handle_signals=False, keepalive_timeout=settings.keepalive_seconds)
     await runner.setup()
     site = web.TCPSite(runner, settings.host, settings.port)
     await site.start()

@@ -4,12 +4,15 @@
 
 The stack is real processes: an AWS emulator (moto server, in this process so it can be
 stopped and started), the gateway, and the pool manager with the `local` provider running
-synthetic agents. Websocket clients keep `--streams` streams going, each a one-message chat
+synthetic agents, the pool held at `--agents` (its minimum and its maximum). Websocket
+clients keep `--streams` streams going, each a one-message chat in a session of its client,
 whose whole reply is known in advance (the synthetic engine is deterministic), so every
 stream is classified: exact (the full reply, byte for byte), resumed (exact, and served by
-more than one agent), failed with a clear error code, or lost (it ended wrong or not at all).
-Each fault is injected into the running stack; recovery is the time until the pool has its
-target of ready agents again, none of them a faulted one.
+more than one agent), failed with a clear error code, or lost (it ended wrong or not at all);
+streams that waited in the gateway's queue are counted too. Each fault is injected into the
+running stack; recovery is the time until the pool has its target of ready agents again,
+none of them a faulted one (for a gateway restart: until the new gateway is ready and has
+finished a stream; for a full pool: until the last stream of the surplus ended).
 """
 
 from __future__ import annotations
@@ -21,12 +24,13 @@ import json
 import signal
 import tempfile
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import psutil
 import websockets
 
@@ -34,8 +38,8 @@ from gpu_agent.synthetic_engine import synthetic_reply
 from loadtest.bench.report import machine_facts, write_section
 from pool_manager.events import interruption_warning
 from spotgate.emulator import EMULATOR_REGION, AwsEmulator
-from spotgate.process import ChildProcesses, free_port
-from spotgate.registry import Registry, aws_session
+from spotgate.process import Child, ChildProcesses, free_port
+from spotgate.registry import AgentRecord, Registry, aws_session
 from spotgate.settings import shared_env
 from spotgate.tokens import SigningKey
 
@@ -47,7 +51,15 @@ READY_TIMEOUT_SECONDS = 120.0
 RECOVERY_TIMEOUT_SECONDS = 120.0
 NOTICE_SECONDS = 20.0
 AGENT_HEARTBEAT_SECONDS = 1.0
-HEARTBEAT_FRESH_SECONDS = 4 * AGENT_HEARTBEAT_SECONDS
+GATEWAY_GRACE_SECONDS = 10.0  # streams last 3 s: every one in flight finishes within it
+GATEWAY_STOP_TIMEOUT_SECONDS = GATEWAY_GRACE_SECONDS + 10.0
+RECONNECT_PAUSE_SECONDS = 0.5
+FAILED_STREAM_PAUSE_SECONDS = 1.0  # after an error without `retry_after`, as a client would
+REGISTRY_POLL_SECONDS = 0.1
+# A fresh agent is killed this long after it is seen registered, or once it has a stream:
+# well within its first heartbeat interval, and long enough for the gateway to route to it.
+NEWCOMER_LIFETIME_SECONDS = 0.4 * AGENT_HEARTBEAT_SECONDS
+GOING_AWAY = 1001  # the websocket close code of a server shutting down
 COMMAND = "python -m loadtest.chaos --write docs/reliability.md"
 REPORT_TITLE = "# Reliability\n\nEach section names the command that produced it.\n"
 
@@ -59,29 +71,59 @@ class Tally:
     started: int = 0
     exact: int = 0
     resumed: int = 0
+    queued: int = 0  # streams that waited in the gateway's queue, whatever their outcome
     failed: Counter[str] = field(default_factory=Counter)
     lost: int = 0
 
+    def reply_ended(self, content: str, text: str, agents: int) -> bool:
+        """Count a reply that ended normally (exact or lost); whether it was exact."""
+        if text != synthetic_reply(content, STREAM_TOKENS):
+            self.lost += 1
+            return False
+        self.exact += 1
+        self.resumed += agents > 1
+        return True
+
+    def failed_text(self) -> str:
+        """The failed streams by code, e.g. `2 going_away, 1 no_capacity`."""
+        return ", ".join(f"{n} {code}" for code, n in sorted(self.failed.items())) or "0"
+
     def row(self) -> str:
-        """`streams | exact | resumed | failed | lost` cells of the report."""
-        failed = ", ".join(f"{n} {code}" for code, n in sorted(self.failed.items())) or "0"
-        return f"{self.started} | {self.exact} | {self.resumed} | {failed} | {self.lost}"
+        """`streams | exact | resumed | queued | failed | lost` cells of the report."""
+        return (
+            f"{self.started} | {self.exact} | {self.resumed} | {self.queued} | "
+            f"{self.failed_text()} | {self.lost}"
+        )
 
 
 class ChaosStack:
-    """The emulator, the gateway and the pool manager (local provider), for one run."""
+    """The emulator, the gateway and the pool manager (local provider), for one run.
 
-    def __init__(self, directory: Path, agents: int) -> None:
+    The pool is held at `agents` (its minimum and its maximum), each agent taking at most
+    `agent_capacity` streams at once.
+    """
+
+    def __init__(self, directory: Path, agents: int, agent_capacity: int) -> None:
         self.directory = directory
         self.agents = agents
+        self.agent_capacity = agent_capacity
         self.emulator = AwsEmulator()
         self.processes = ChildProcesses(directory / "logs")
+        self.gateway: Child | None = None
+        self.pool_manager: Child | None = None
         self.gateway_url = ""
         self.api_key = ""
         self.queue_url = ""
 
     async def __aenter__(self) -> ChaosStack:
         self.emulator.start()
+        # moto's state belongs to the process: an earlier stack's agents (the same ids, some
+        # `gone`) would refuse this stack's registrations.
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(f"{self.emulator.url}/moto-api/reset") as response,
+        ):
+            response.raise_for_status()
         settings = self.emulator.settings()
         async with Registry.open(settings) as registry:
             await registry.create_tables()
@@ -93,19 +135,21 @@ class ChaosStack:
         port = free_port()
         self.gateway_url = f"http://127.0.0.1:{port}"
         env = {**shared_env(settings), "SPOTGATE_LOG_FORMAT": "json"}
-        self.processes.start("gateway", ["spotgate.cli", "gateway"], {
+        self.gateway = self.processes.start("gateway", ["spotgate.cli", "gateway"], {
             **env,
             "SPOTGATE_GATEWAY_PORT": str(port),
             "SPOTGATE_GATEWAY_PUBLIC_URL": self.gateway_url,
             "SPOTGATE_GATEWAY_TOKEN__SIGNING_KEY_PEM": SigningKey.generate().to_pem(),
             "SPOTGATE_GATEWAY_MODELS": json.dumps([MODEL]),
             "SPOTGATE_GATEWAY_QUEUE__DEADLINE_SECONDS": "60",
+            "SPOTGATE_GATEWAY_SHUTDOWN_GRACE_SECONDS": str(GATEWAY_GRACE_SECONDS),
         })  # fmt: skip
-        self.processes.start("pool-manager", ["spotgate.cli", "pool", "run"], {
+        self.pool_manager = self.processes.start("pool-manager", ["spotgate.cli", "pool", "run"], {
             **env,
             "SPOTGATE_POOL_PROVIDER": "local",
             "SPOTGATE_POOL_MODELS": json.dumps([MODEL]),
             "SPOTGATE_POOL_MIN_AGENTS": str(self.agents),
+            "SPOTGATE_POOL_MAX_AGENTS": str(self.agents),
             "SPOTGATE_POOL_SPOT_OVERPROVISION": "0",
             "SPOTGATE_POOL_ON_DEMAND_FALLBACK": "false",
             "SPOTGATE_POOL_LOOP_SECONDS": "1",
@@ -118,6 +162,7 @@ class ChaosStack:
             "SPOTGATE_POOL_LOCAL__LOG_DIR": str(self.directory / "logs"),
             "SPOTGATE_POOL_LOCAL__AGENT_ENV": json.dumps({
                 "SPOTGATE_AGENT_SYNTHETIC__TOKENS_PER_SECOND": str(TOKENS_PER_SECOND),
+                "SPOTGATE_AGENT_SYNTHETIC__CAPACITY": str(self.agent_capacity),
                 "SPOTGATE_AGENT_HEARTBEAT_SECONDS": str(AGENT_HEARTBEAT_SECONDS),
                 "SPOTGATE_AGENT_IMDS_POLL_SECONDS": "1",
             }),
@@ -137,6 +182,41 @@ class ChaosStack:
                 return {a.agent_id: a.url for a in await registry.list_ready(MODEL)}
         except Exception:
             return {}
+
+    async def agent(self, agent_id: str) -> AgentRecord | None:
+        """One agent's registry entry."""
+        async with Registry.open(self.emulator.settings()) as registry:
+            return await registry.get_agent(agent_id)
+
+    def agent_processes(self) -> dict[str, psutil.Process]:
+        """Agent id → process of each agent the pool manager runs now."""
+        if self.pool_manager is None:
+            return {}
+        found = {}
+        for child in psutil.Process(self.pool_manager.process.pid).children():
+            with contextlib.suppress(psutil.Error):
+                agent_id = child.environ().get("SPOTGATE_AGENT_AGENT_ID")
+                if agent_id is not None and child.is_running():
+                    found[agent_id] = child
+        return found
+
+    async def restart_gateway(self) -> None:
+        """SIGTERM the gateway (it drains), then start it again: same port, key and settings."""
+        if self.gateway is None:
+            raise RuntimeError("the stack is not running")
+        self.gateway = await self.processes.restart(self.gateway, GATEWAY_STOP_TIMEOUT_SECONDS)
+
+    async def wait_gateway_ready(self, within_seconds: float) -> None:
+        """Poll `/readyz` until it answers 200."""
+        deadline = time.monotonic() + within_seconds
+        async with aiohttp.ClientSession() as http:
+            while time.monotonic() < deadline:
+                with contextlib.suppress(aiohttp.ClientError):
+                    async with http.get(f"{self.gateway_url}/readyz") as response:
+                        if response.status == 200:
+                            return
+                await asyncio.sleep(REGISTRY_POLL_SECONDS)
+        raise TimeoutError(f"the gateway was not ready within {within_seconds:.0f} s")
 
     async def wait_ready(self, exclude: set[str], within_seconds: float) -> float | None:
         """Seconds until `agents` others than `exclude` are ready; None if not in time."""
@@ -178,15 +258,13 @@ def serving_processes(ready: dict[str, str]) -> dict[str, psutil.Process]:
     return found
 
 
-class Traffic:
-    """`streams` websocket clients, each streaming one known reply after another."""
+class Clients:
+    """`streams` concurrent clients run as tasks until stopped; subclasses say what each does."""
 
-    def __init__(self, stack: ChaosStack, streams: int) -> None:
+    def __init__(self, stack: ChaosStack, streams: int, tally: Tally | None = None) -> None:
         self._stack = stack
         self._streams = streams
-        self.tally = Tally()
-        self.serving: Counter[str] = Counter()  # agent id → streams it is replying to now
-        self.replying = asyncio.Event()
+        self.tally = tally if tally is not None else Tally()
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -197,92 +275,138 @@ class Traffic:
     async def stop(self) -> None:
         """Let each client finish its stream in flight, then stop."""
         self._stop.set()
+        await self.finished()
+
+    async def finished(self) -> None:
+        """Wait for every client to end."""
         await asyncio.gather(*self._tasks)
+
+    async def _client(self, number: int) -> None:
+        raise NotImplementedError
+
+
+class Traffic(Clients):
+    """`streams` websocket clients, each streaming one known reply after another.
+
+    Client `n` sends its streams in session `{name}-{n}`, so they stick to one agent while it
+    serves; `rounds` caps the streams each client sends (None: until `stop`).
+    """
+
+    def __init__(
+        self,
+        stack: ChaosStack,
+        streams: int,
+        *,
+        name: str = "client",
+        rounds: int | None = None,
+        tally: Tally | None = None,
+    ) -> None:
+        super().__init__(stack, streams, tally)
+        self._name = name
+        self._rounds = rounds
+        self.serving: Counter[str] = Counter()  # agent id → streams it is replying to now
+        self.placed: defaultdict[str, asyncio.Event] = defaultdict(asyncio.Event)  # by agent id
+        self.replying = asyncio.Event()
+        self.completed = asyncio.Event()  # set by every exact stream; clear it to await one
 
     def busiest_first(self, ready: dict[str, str]) -> dict[str, str]:
         """`ready`, the agents with the most streams in flight first."""
         return dict(sorted(ready.items(), key=lambda item: -self.serving[item[0]]))
 
+    def _goes_on(self, sent: int) -> bool:
+        return not self._stop.is_set() and (self._rounds is None or sent < self._rounds)
+
     async def _client(self, number: int) -> None:
         url = self._stack.gateway_url.replace("http", "ws", 1) + "/v1/ws"
         headers = {"Authorization": f"Bearer {self._stack.api_key}"}
-        count = 0
-        while not self._stop.is_set():
+        session = f"{self._name}-{number}"
+        sent = 0
+        while self._goes_on(sent):
             try:
                 async with websockets.connect(url, additional_headers=headers) as ws:
-                    while not self._stop.is_set():
-                        count += 1
-                        await self._one_stream(ws, f"client {number} stream {count}")
+                    while self._goes_on(sent):
+                        sent += 1
+                        await self._one_stream(ws, f"{self._name} {number} stream {sent}", session)
             except (OSError, websockets.WebSocketException):
-                await asyncio.sleep(0.5)  # the gateway went away: reconnect
+                await asyncio.sleep(RECONNECT_PAUSE_SECONDS)  # the gateway went away
 
-    async def _one_stream(self, ws: Any, content: str) -> None:
+    async def _one_stream(self, ws: Any, content: str, session: str) -> None:
         stream_id = content.replace(" ", "-")
         await ws.send(json.dumps({
             "type": "generate", "id": stream_id, "model": MODEL, "max_tokens": STREAM_TOKENS,
-            "messages": [{"role": "user", "content": content}],
+            "session": session, "messages": [{"role": "user", "content": content}],
         }))  # fmt: skip
         self.tally.started += 1
         text: list[str] = []
         agents: set[str] = set()
         serving = ""
+        queued = False
         try:
             async with asyncio.timeout(STREAM_TIMEOUT_SECONDS):
                 while True:
                     frame = json.loads(await ws.recv())
                     if frame.get("id") != stream_id:
                         continue
-                    if frame["type"] == "start":
+                    if frame["type"] == "queued":
+                        queued = True
+                    elif frame["type"] == "start":
                         self.serving.subtract(agents & {serving})
                         serving = frame["agent"]
                         agents.add(serving)
                         self.serving[serving] += 1
+                        self.placed[serving].set()
                     elif frame["type"] == "delta":
                         text.append(frame["text"])
                         self.replying.set()
                     elif frame["type"] == "error":
                         self.tally.failed[frame["code"]] += 1
+                        await asyncio.sleep(frame.get("retry_after") or FAILED_STREAM_PAUSE_SECONDS)
                         return
                     elif frame["type"] == "done":
                         break
+        except websockets.ConnectionClosed as closed:
+            if closed.rcvd is None or closed.rcvd.code != GOING_AWAY:
+                self.tally.lost += 1
+            else:  # the gateway said it is going away: a clear end, the client reconnects
+                self.tally.failed["going_away"] += 1
+            raise
         except (TimeoutError, websockets.WebSocketException):
             self.tally.lost += 1  # no end at all: the one outcome that must never happen
             raise websockets.ConnectionClosed(None, None) from None
         finally:
             self.serving.subtract(agents & {serving})
-        if "".join(text) == synthetic_reply(content, STREAM_TOKENS):
-            self.tally.exact += 1
-            self.tally.resumed += len(agents) > 1
-        else:
-            self.tally.lost += 1
+            self.tally.queued += queued
+        if self.tally.reply_ended(content, "".join(text), len(agents)):
+            self.completed.set()
 
 
-Fault = Callable[[ChaosStack, dict[str, str]], Awaitable[set[str]]]
-"""Inject a fault given the ready agents (id → URL); return the agents it took out."""
+Fault = Callable[[ChaosStack, Traffic, dict[str, str]], Awaitable[set[str]]]
+"""Inject a fault into running traffic, given the ready agents (id → URL, busiest first);
+return the agents it took out."""
 
 
-async def kill_9(stack: ChaosStack, ready: dict[str, str]) -> set[str]:
+async def kill_9(stack: ChaosStack, traffic: Traffic, ready: dict[str, str]) -> set[str]:
     """SIGKILL one serving agent."""
     victim, process = next(iter(serving_processes(ready).items()))
     process.send_signal(signal.SIGKILL)
     return {victim}
 
 
-async def spot_notice(stack: ChaosStack, ready: dict[str, str]) -> set[str]:
+async def spot_notice(stack: ChaosStack, traffic: Traffic, ready: dict[str, str]) -> set[str]:
     """A spot interruption with a 20-second deadline."""
     victim = next(iter(serving_processes(ready)))
     await stack.interrupt(victim, NOTICE_SECONDS)
     return {victim}
 
 
-async def two_interrupted(stack: ChaosStack, ready: dict[str, str]) -> set[str]:
+async def two_interrupted(stack: ChaosStack, traffic: Traffic, ready: dict[str, str]) -> set[str]:
     """Two agents interrupted at once (20-second deadline)."""
     victims = set(list(serving_processes(ready))[:2])
     await asyncio.gather(*(stack.interrupt(v, NOTICE_SECONDS) for v in victims))
     return victims
 
 
-async def hang(stack: ChaosStack, ready: dict[str, str]) -> set[str]:
+async def hang(stack: ChaosStack, traffic: Traffic, ready: dict[str, str]) -> set[str]:
     """An agent that stops answering but keeps its sockets open (SIGSTOP), killed later."""
     victim, process = next(iter(serving_processes(ready).items()))
     process.suspend()
@@ -298,7 +422,7 @@ def _kill_quietly(process: psutil.Process) -> None:
 def aws_down(seconds: float) -> Fault:
     """The AWS emulator (DynamoDB, SQS) unreachable for `seconds`."""
 
-    async def fault(stack: ChaosStack, _ready: dict[str, str]) -> set[str]:
+    async def fault(stack: ChaosStack, _traffic: Traffic, _ready: dict[str, str]) -> set[str]:
         stack.emulator.stop()
         await asyncio.sleep(seconds)
         stack.emulator.start()
@@ -306,6 +430,55 @@ def aws_down(seconds: float) -> Fault:
 
     fault.__doc__ = f"the AWS emulator stopped for {seconds:.0f} s"
     return fault
+
+
+async def gateway_restart(stack: ChaosStack, traffic: Traffic, _ready: dict[str, str]) -> set[str]:
+    """SIGTERM the gateway, start a new one on its port; done once the new one ends a stream."""
+    await stack.restart_gateway()
+    await stack.wait_gateway_ready(READY_TIMEOUT_SECONDS)
+    traffic.completed.clear()  # the old gateway is gone: the next exact stream is the new one's
+    async with asyncio.timeout(STREAM_TIMEOUT_SECONDS):
+        await traffic.completed.wait()
+    return set()
+
+
+async def dies_after_registering(
+    stack: ChaosStack, traffic: Traffic, ready: dict[str, str]
+) -> set[str]:
+    """SIGKILL a serving agent, then its replacement as soon as it registers ready.
+
+    The replacement dies before its first heartbeat, once it has a stream or shortly after
+    it registers, so its entry looks healthy to the gateway until it expires.
+    """
+    before = set(stack.agent_processes())
+    victims = await kill_9(stack, traffic, ready)
+    async with asyncio.timeout(READY_TIMEOUT_SECONDS):
+        while not (fresh := stack.agent_processes().keys() - before):  # noqa: ASYNC110 - polled
+            await asyncio.sleep(REGISTRY_POLL_SECONDS)
+        newcomer = fresh.pop()
+        process = stack.agent_processes()[newcomer]
+        async with Registry.open(stack.emulator.settings()) as registry:
+            record = None
+            while record is None or record.ready_at is None:
+                await asyncio.sleep(REGISTRY_POLL_SECONDS)
+                record = await registry.get_agent(newcomer)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(traffic.placed[newcomer].wait(), NEWCOMER_LIFETIME_SECONDS)
+            process.kill()
+            record = await registry.get_agent(newcomer)
+    if record is None or record.heartbeat_at != record.ready_at:
+        raise RuntimeError(f"{newcomer} sent a heartbeat before it was killed")
+    return victims | {newcomer}
+
+
+async def full_pool(stack: ChaosStack, traffic: Traffic, _ready: dict[str, str]) -> set[str]:
+    """As many streams again as the whole pool holds, at once: the surplus must queue."""
+    surplus = Traffic(
+        stack, stack.agents * stack.agent_capacity, name="surge", rounds=1, tally=traffic.tally
+    )
+    surplus.start()
+    await surplus.finished()
+    return set()
 
 
 @dataclass(frozen=True)
@@ -328,7 +501,7 @@ async def run_scenario(
     await traffic.replying.wait()
     await asyncio.sleep(1.0)  # streams are mid-reply when the fault lands
     faulted_at = time.monotonic()
-    victims = await fault(stack, traffic.busiest_first(await stack.ready_agents()))
+    victims = await fault(stack, traffic, traffic.busiest_first(await stack.ready_agents()))
     remaining = RECOVERY_TIMEOUT_SECONDS - (time.monotonic() - faulted_at)
     recovered = await stack.wait_ready(victims, remaining)
     recovery = None if recovered is None else time.monotonic() - faulted_at
@@ -343,23 +516,30 @@ SCENARIOS: dict[str, Callable[[float], Fault]] = {
     "two agents interrupted at once": lambda _: two_interrupted,
     "agent hangs (SIGSTOP), socket open": lambda _: hang,
     "AWS (moto server) stopped": aws_down,
+    "gateway restarted (SIGTERM, new process)": lambda _: gateway_restart,
+    "replacement killed before its first heartbeat": lambda _: dies_after_registering,
+    "full pool: a surge of its whole capacity": lambda _: full_pool,
 }
 
 
 @contextlib.asynccontextmanager
-async def chaos_stack(agents: int) -> AsyncIterator[ChaosStack]:
+async def chaos_stack(agents: int, agent_capacity: int) -> AsyncIterator[ChaosStack]:
     """A stack in a scratch directory."""
     with tempfile.TemporaryDirectory(prefix="spotgate-chaos-") as scratch:
-        async with ChaosStack(Path(scratch), agents) as stack:
+        async with ChaosStack(Path(scratch), agents, agent_capacity) as stack:
             yield stack
 
 
 async def run_all(
     agents: int, streams: int, aws_down_seconds: float, settle_seconds: float
 ) -> list[Outcome]:
-    """Every scenario, one after another, on one stack."""
+    """Every scenario, one after another, on one stack.
+
+    Each agent takes `streams` streams at once: one agent alone can carry the whole steady
+    traffic while the others are faulted, and the full pool needs a surge beyond it.
+    """
     outcomes = []
-    async with chaos_stack(agents) as stack:
+    async with chaos_stack(agents, agent_capacity=streams) as stack:
         for name, make in SCENARIOS.items():
             fault = make(aws_down_seconds)
             label = f"{name} ({aws_down_seconds:.0f} s)" if make is aws_down else name
@@ -373,16 +553,21 @@ def render(outcomes: list[Outcome], agents: int, streams: int) -> str:
         "## Fault scenarios under steady traffic (local stack, synthetic engine)",
         "",
         f"Command: `{COMMAND}`.",
-        f"{agents} agents kept ready by the pool manager (local provider); {streams} websocket "
-        f"clients each stream one {STREAM_TOKENS}-token reply after another "
-        f"({STREAM_TOKENS / TOKENS_PER_SECOND:.0f} s each) through the gateway. *exact*: the "
-        "whole reply, byte for byte; *resumed*: exact and served by two agents or more; "
-        "*failed*: ended with an error frame (its code); *lost*: ended wrong or not at all. "
-        "*Recovery*: fault to the pool back at its target with no faulted agent.",
+        f"The pool manager (local provider) holds the pool at {agents} agents (its minimum and "
+        f"maximum), each taking {streams} streams at once; {streams} websocket clients, each in "
+        f"a session of its own, stream one {STREAM_TOKENS}-token reply after another "
+        f"({STREAM_TOKENS / TOKENS_PER_SECOND:.0f} s each) through the gateway. The full pool's "
+        f"surge adds {agents * streams} clients sending one stream each. *exact*: the whole "
+        "reply, byte for byte; *resumed*: exact and served by two agents or more; *queued*: "
+        "waited in the gateway's queue for an agent with room; *failed*: ended with an error "
+        "frame (its code), or `going_away`: the gateway closed the socket mid-stream with 1001; "
+        "*lost*: ended wrong or not at all. *Recovery*: fault to the pool back at its target "
+        "with no faulted agent; for the gateway restart, SIGTERM to the new gateway ready and "
+        "done with a stream; for the full pool, the surge's start to its last stream's end.",
         f"Machine: {machine_facts()}.",
         "",
-        "| scenario | streams | exact | resumed | failed | lost | recovery |",
-        "|---|---|---|---|---|---|---|",
+        "| scenario | streams | exact | resumed | queued | failed | lost | recovery |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for outcome in outcomes:
         recovery = "—" if outcome.recovery_seconds is None else f"{outcome.recovery_seconds:.1f} s"

@@ -115,6 +115,8 @@ class LocalProvider:
         for agent_id, local in list(self._agents.items()):
             if not local.agent.running:  # exited (drained, crashed or reclaimed)
                 self._processes.kill(local.imds)
+                self._processes.forget(local.agent)
+                self._processes.forget(local.imds)
                 del self._agents[agent_id]
         return [local.instance for local in self._agents.values() if not local.stopping]
 

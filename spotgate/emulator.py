@@ -10,6 +10,7 @@ import threading
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from moto.core.model_instances import model_data
 from moto.moto_server.werkzeug_app import (
     DomainDispatcherApplication,
     MotoRequestHandler,
@@ -29,7 +30,8 @@ class _OneRequestAtATime:
     """WSGI middleware: moto's backends do not lock, DynamoDB's conditional writes are atomic.
 
     Without this, two concurrent conditional updates of one item can both succeed on moto's
-    threaded server; serializing requests restores DynamoDB's per-item atomicity.
+    threaded server; serializing requests restores DynamoDB's per-item atomicity. After each
+    request it drops the model objects moto tracks, so a long-running emulator stays flat.
     """
 
     def __init__(self, app: WSGIApplication) -> None:
@@ -38,7 +40,23 @@ class _OneRequestAtATime:
 
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         with self._lock:
-            return list(self._app(environ, start_response))
+            try:
+                return list(self._app(environ, start_response))
+            finally:
+                _forget_model_instances()
+
+
+def _forget_model_instances() -> None:
+    """Empty moto's lists of every model object it made (for its dashboard; spotgate reads none).
+
+    Until a reset, moto keeps each one, down to the copy of a DynamoDB item that every read
+    and write makes: an emulator serving for hours would grow by megabytes a minute.
+    """
+    for models in model_data.values():
+        for model in models.values():
+            tracked = getattr(model, "instances_tracked", None)
+            if tracked:
+                tracked.clear()
 
 
 class AwsEmulator:

@@ -31,10 +31,23 @@ from spotgate.wsserver import json_error
 RequestModel = TypeVar("RequestModel", bound=BaseModel)
 
 
-async def read_body(request: web.Request, model: type[RequestModel]) -> RequestModel | web.Response:
-    """The request body as `model`, or a 422 naming the first problem."""
+async def read_body(
+    request: web.Request, model: type[RequestModel], timeout_seconds: float
+) -> RequestModel | web.Response:
+    """The request body as `model`; a 422 naming the first problem, 413 or 408 otherwise."""
     try:
-        return model.model_validate_json(await request.read())
+        async with asyncio.timeout(timeout_seconds):
+            raw = await request.read()
+    except TimeoutError:
+        # A sender this slow holds a connection and a handler: let it go with an answer.
+        message = f"request body not received within {timeout_seconds:g} s"
+        return web.json_response(error_body(ErrorCode.TIMEOUT, message), status=408)
+    except web.HTTPRequestEntityTooLarge:
+        # aiohttp's own answer would be plain text; every error here is OpenAI's JSON body.
+        message = f"request body exceeds {request.client_max_size} bytes"
+        return web.json_response(error_body(ErrorCode.INVALID_REQUEST, message), status=413)
+    try:
+        return model.model_validate_json(raw)
     except ValidationError as err:
         first = err.errors(include_url=False)[0]
         where = ".".join(str(part) for part in first["loc"])

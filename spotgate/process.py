@@ -11,9 +11,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any, Literal
 
 from spotgate.logging import get_logger
 
@@ -60,6 +60,8 @@ class Child:
     name: str
     process: subprocess.Popen[bytes]
     log: Path
+    args: list[str]
+    env: dict[str, str] = field(repr=False)  # may hold secrets (a signing key)
 
     @property
     def running(self) -> bool:
@@ -78,21 +80,32 @@ class ChildProcesses:
         self._log_dir = log_dir
         self._log_dir.mkdir(parents=True, exist_ok=True)
         self.children: list[Child] = []
-        self._handles: list[IO[bytes]] = []
 
     def start(self, name: str, args: list[str], env: dict[str, str]) -> Child:
         """Run `python -m ARGS` with `env` added to this process's environment."""
+        return self._spawn(name, args, env, log_mode="wb")
+
+    async def restart(self, child: Child, timeout_seconds: float) -> Child:
+        """Stop one child as `stop` does, then run it again as it was; its log goes on."""
+        await self.stop(lambda running: running is child, timeout_seconds)
+        self.children.remove(child)
+        return self._spawn(child.name, child.args, child.env, log_mode="ab")
+
+    def _spawn(
+        self, name: str, args: list[str], env: dict[str, str], log_mode: Literal["wb", "ab"]
+    ) -> Child:
         log = self._log_dir / f"{name}.log"
-        handle = log.open("wb")
-        self._handles.append(handle)
-        process = subprocess.Popen(  # noqa: S603 - our own interpreter and modules
-            [sys.executable, "-m", *args],
-            env={**os.environ, **env},
-            stdout=handle,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        child = Child(name, process, log)
+        # The child writes through its own copy of the descriptor: a long-lived parent that
+        # kept each one open would leak a descriptor per child it ever ran.
+        with log.open(log_mode) as handle:
+            process = subprocess.Popen(  # noqa: S603 - our own interpreter and modules
+                [sys.executable, "-m", *args],
+                env={**os.environ, **env},
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        child = Child(name, process, log, args, env)
         self.children.append(child)
         return child
 
@@ -125,9 +138,12 @@ class ChildProcesses:
             child.process.kill()
             child.process.wait()
 
+    def forget(self, child: Child) -> None:
+        """Stop tracking a child that has exited (a long-lived parent runs many)."""
+        if not child.running:
+            self.children.remove(child)
+
     def close(self) -> None:
-        """Kill whatever still runs and close the log files."""
+        """Kill whatever still runs."""
         for child in self.children:
             self.kill(child)
-        for handle in self._handles:
-            handle.close()

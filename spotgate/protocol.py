@@ -297,6 +297,8 @@ def _explain(raw: bytes, err: ValidationError, origin: Origin) -> FrameError:
     stream_id = document.get("id")
     if not (isinstance(stream_id, str) and 0 < len(stream_id) <= MAX_STREAM_ID_CHARS):
         stream_id = None
+    elif not _is_utf8(stream_id):
+        stream_id = None  # a lone surrogate (`"\ud800"`): no frame can carry it back
     frame_type = document.get("type")
     own, other = (
         (CLIENT_FRAME_TYPES, SERVER_FRAME_TYPES)
@@ -318,6 +320,14 @@ def _explain(raw: bytes, err: ValidationError, origin: Origin) -> FrameError:
     where = ".".join(str(part) for part in first["loc"][1:])
     detail = f"{where}: {first['msg']}" if where else first["msg"]
     return FrameError(f"invalid '{frame_type}' frame — {detail}", id=stream_id)
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def encode_frame(frame: AnyFrame) -> str:

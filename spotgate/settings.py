@@ -135,7 +135,16 @@ class GatewaySettings(BaseSettings):
     token: TokenSettings = TokenSettings()
     limits: SocketLimits = SocketLimits()
     queue: QueueSettings = QueueSettings()
+    # Browsers (an `Origin` header) may open /v1/ws from the gateway's own origin (its public
+    # URL, or the host they asked for) and from these, e.g. `https://chat.example`.
     allowed_origins: tuple[str, ...] = ()
+    # Proxies in front of the gateway that append to `X-Forwarded-For` (1 behind an ALB): the
+    # client address that failed authentications are counted by is the entry they added.
+    trusted_proxy_hops: NonNegativeInt = 0
+    failed_auth_per_client_per_minute: PositiveInt = 20
+    failed_auth_per_key_per_minute: PositiveInt = 60
+    # A request body not received in full within this long is answered 408 (slow senders).
+    http_body_timeout_seconds: PositiveFloat = 30.0
     compress: bool = False
     registry_refresh_seconds: Annotated[float, Field(gt=0, le=1.0)] = 0.5
     demand_publish_seconds: PositiveFloat = 2.0
@@ -145,7 +154,8 @@ class GatewaySettings(BaseSettings):
     # a load balancer's deregistration delay should match it.
     shutdown_grace_seconds: Annotated[float, Field(ge=0)] = 30.0
     # Idle HTTP keep-alive; behind a load balancer, set it above the balancer's idle timeout
-    # so the balancer, not the gateway, closes idle connections (else: occasional 502s).
+    # so the balancer, not the gateway, closes idle connections (else: occasional 502s). A new
+    # connection that has not sent its request headers by then is closed too (slow senders).
     keepalive_seconds: PositiveFloat = 75.0
     models: tuple[str, ...] = ()
     # Local mode only (`spotgate up` sets it): the chat page offers this key so it works at
@@ -201,6 +211,9 @@ class AgentSettings(BaseSettings):
     heartbeat_seconds: PositiveFloat = 5.0
     # On SIGTERM the agent drains for this long; systemd's TimeoutStopSec must be longer.
     drain_grace_seconds: PositiveFloat = 90.0
+    # Idle HTTP keep-alive; also how long a connection may take to send its request headers.
+    keepalive_seconds: PositiveFloat = 75.0
+    http_body_timeout_seconds: PositiveFloat = 30.0
     lifecycle: Lifecycle = "local"
     instance_type: str = "local"
     zone: str = "local"

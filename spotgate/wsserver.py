@@ -169,7 +169,8 @@ async def _first_frame_auth(
         refused = ErrorFrame(code=ErrorCode.UNAUTHORIZED, message=str(err))
     except AuthRefused as err:
         refused = ErrorFrame(code=err.code, message=str(err), retry_after=err.retry_after)
-    await ws.send_str(encode_frame(refused))
+    with suppress(ConnectionResetError):  # the first frame may already have closed the socket
+        await ws.send_str(encode_frame(refused))
     close_code = (
         WSCloseCode.TRY_AGAIN_LATER
         if refused.code == ErrorCode.NO_CAPACITY

@@ -11,11 +11,19 @@ import openai
 import pytest
 import websockets
 
+from gateway.server import MAX_HTTP_BODY_BYTES, allowed_origins, origin_allowed
 from spotgate.emulator import AwsEmulator
 from spotgate.registry import AgentState, CreatedApiKey, Registry
+from spotgate.settings import GatewaySettings
 from spotgate.tokens import KeyRing, SigningKey, issue, verify
 from tests.agents import Imds, expected_text, spot_notice, wait_for
-from tests.gateway.conftest import MODEL, AgentProcess, Gateway, GatewayAgentFactory
+from tests.gateway.conftest import (
+    MODEL,
+    AgentProcess,
+    Gateway,
+    GatewayAgentFactory,
+    running_gateway,
+)
 from tests.gpu_agent.wsclient import connect, generate, receive, run_streams, send, text_of
 
 
@@ -421,3 +429,124 @@ async def test_shutdown_lets_streams_in_flight_finish_then_says_going_away(
     assert text_of([f for f in frames if f.get("id") == "s"]) == expected_text("finish me", 40)
     assert [f["code"] for f in late] == ["no_capacity"]
     assert close_code == 1001  # GOING_AWAY, after the stream in flight finished
+
+
+@pytest.mark.parametrize(
+    ("origin", "host", "allowed"),
+    [
+        ("http://127.0.0.1:8080", "127.0.0.1:8080", True),  # the page the gateway served
+        ("https://gw.example", "10.0.0.5:8080", True),  # its public URL, behind a proxy
+        ("https://chat.example", "gw.example", True),  # configured
+        ("https://evil.example", "gw.example", False),
+        ("null", "gw.example", False),  # sandboxed frames, file:// pages
+        ("http://gw.example.evil.example", "gw.example", False),
+        ("ftp://gw.example", "gw.example", False),
+        ("https://gw.example", None, True),
+        ("https://other.example", None, False),
+    ],
+)
+def test_browser_origins_allowed_are_its_own_and_the_configured_ones(
+    origin: str, host: str | None, allowed: bool
+) -> None:
+    settings = GatewaySettings(
+        public_url="https://gw.example", allowed_origins=("https://chat.example",)
+    )
+    assert origin_allowed(origin, host, allowed_origins(settings)) is allowed
+
+
+async def upgrade(url: str, headers: dict[str, str]) -> aiohttp.ClientResponse:
+    """A websocket handshake as a plain request, so a refusal's body can be read."""
+    async with aiohttp.ClientSession() as http:
+        response = await http.get(
+            url.replace("ws://", "http://"),
+            headers={
+                "Upgrade": "websocket",
+                "Connection": "Upgrade",
+                "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+                "Sec-WebSocket-Version": "13",
+                **headers,
+            },
+        )
+        if response.status != 101:
+            await response.read()
+        response.release()
+        return response
+
+
+async def test_a_foreign_page_cannot_open_the_websocket(
+    gateway: Gateway, api_key: CreatedApiKey
+) -> None:
+    auth = {"Authorization": f"Bearer {api_key.api_key}"}
+    foreign = await upgrade(gateway.ws_url, {**auth, "Origin": "https://evil.example"})
+    assert foreign.status == 403
+    own = await upgrade(gateway.ws_url, {**auth, "Origin": gateway.url})
+    assert own.status == 101
+    async with connect(gateway.ws_url, api_key.api_key) as ws:  # API clients send no Origin
+        await send(ws, {"type": "ping"})
+        assert await receive(ws) == {"type": "pong"}
+    async with aiohttp.ClientSession() as http:
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await http.ws_connect(gateway.ws_url, origin="https://evil.example")
+    assert refused.value.status == 403
+
+
+async def test_failed_authentications_are_limited_per_client_behind_a_proxy(
+    aws: AwsEmulator, gateway_key: SigningKey
+) -> None:
+    async with (
+        running_gateway(
+            aws, gateway_key, trusted_proxy_hops=1, failed_auth_per_client_per_minute=3
+        ) as gw,
+        aiohttp.ClientSession() as http,
+    ):
+        api_key = await gw.state.registry.create_key("guessed")
+
+        async def token(key: str, client: str) -> aiohttp.ClientResponse:
+            headers = {"Authorization": f"Bearer {key}", "X-Forwarded-For": f"6.6.6.6, {client}"}
+            async with http.post(f"{gw.url}/v1/token", headers=headers) as response:
+                await response.read()
+                return response
+
+        wrong = api_key.api_key[:-4] + "AAAA"
+        assert [(await token(wrong, "10.0.0.1")).status for _ in range(3)] == [401] * 3
+        limited = await token(api_key.api_key, "10.0.0.1")
+        assert limited.status == 429
+        assert int(limited.headers["Retry-After"]) >= 1
+        assert (await token(api_key.api_key, "10.0.0.2")).status == 200  # another client
+        async with aiohttp.ClientSession() as other:
+            with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+                await other.ws_connect(
+                    gw.ws_url,
+                    headers={
+                        "Authorization": f"Bearer {api_key.api_key}",
+                        "X-Forwarded-For": "10.0.0.1",
+                    },
+                )
+        assert refused.value.status == 429
+
+
+async def test_slow_and_oversized_bodies_get_json_errors(
+    aws: AwsEmulator, gateway_key: SigningKey
+) -> None:
+    async with running_gateway(aws, gateway_key, http_body_timeout_seconds=0.5) as gw:
+        api_key = await gw.state.registry.create_key("slow")
+        host, port = gw.url.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(
+            f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+            f"Authorization: Bearer {api_key.api_key}\r\nContent-Length: 100\r\n\r\n{{".encode()
+        )
+        async with asyncio.timeout(10):
+            answer = await reader.read(4096)
+        writer.close()
+        assert answer.startswith(b"HTTP/1.1 408")
+        assert b'"code": "timeout"' in answer or b'"code":"timeout"' in answer
+
+        async with aiohttp.ClientSession() as http:
+            headers = {"Authorization": f"Bearer {api_key.api_key}"}
+            body = b"x" * (MAX_HTTP_BODY_BYTES + 1)
+            async with http.post(
+                f"{gw.url}/v1/chat/completions", data=body, headers=headers
+            ) as response:
+                assert response.status == 413
+                assert (await response.json())["error"]["code"] == "invalid_request"

@@ -67,3 +67,33 @@ async def test_unknown_kids_cannot_hammer_the_jwks(
             with pytest.raises(UnknownKid):
                 await verifier.verify(forged)
     assert len(fetches) == 1
+
+
+async def test_a_key_retired_from_the_jwks_is_no_longer_trusted_once_refreshed(
+    jwks_server: tuple[str, KeyRing, list[int]],
+) -> None:
+    url, ring, _fetches = jwks_server
+    pinned = SigningKey.generate()
+    async with aiohttp.ClientSession() as http:
+        verifier = TokenVerifier(
+            issuer=ISSUER,
+            leeway_seconds=5,
+            jwks_url=url,
+            session=http,
+            refresh_min_seconds=0,
+            pinned_public_key=pinned.verify_key.to_pem(),
+        )
+        await verifier.refresh()
+        retired = ring.signing_key
+        old = issue(ring, subject="k", issuer=ISSUER, now=time.time()).token
+        assert (await verifier.verify(old)).sub == "k"
+
+        ring.rotate(SigningKey.generate())
+        ring.remove(retired.kid)
+        new = issue(ring, subject="k2", issuer=ISSUER, now=time.time()).token
+        assert (await verifier.verify(new)).sub == "k2"  # an unknown kid: the JWKS is re-read
+
+        with pytest.raises(UnknownKid):
+            await verifier.verify(old)
+        by_pin = issue(KeyRing([pinned]), subject="p", issuer=ISSUER, now=time.time()).token
+        assert (await verifier.verify(by_pin)).sub == "p"  # the pinned key stays trusted

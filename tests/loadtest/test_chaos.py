@@ -16,3 +16,11 @@ async def test_no_stream_is_lost_and_the_pool_recovers_from_every_fault() -> Non
         assert outcome.recovery_seconds is not None, outcome.name
     by_name = {o.name: o for o in outcomes}
     assert by_name["kill -9 of a serving agent"].tally.resumed > 0  # moved, not restarted
+    restart = by_name["gateway restarted (SIGTERM, new process)"].tally
+    # Streams in flight finish within the grace; new ones are refused until clients reconnect.
+    assert set(restart.failed) <= {"no_capacity", "going_away"}
+    assert restart.exact > 0
+    assert by_name["replacement killed before its first heartbeat"].tally.failed.total() == 0
+    full = by_name["full pool: a surge of its whole capacity"].tally
+    assert full.queued > 0
+    assert set(full.failed) <= {"no_capacity", "rate_limited"}

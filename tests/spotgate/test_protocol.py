@@ -98,6 +98,7 @@ def test_encode_leaves_out_unset_optionals() -> None:
         ),
         ('{"type":"generate","id":"c1","model":"m","prompt":"p","temperature":NaN}', "", "c1"),
         ('{"type":"cancel","id":""}', "id", None),
+        ('{"type":"cancel","id":"\\ud800"}', "Invalid JSON", None),  # JSON's escape, no UTF-8
         ('{"type":"cancel","id":"' + "x" * 200 + '"}', "id", None),
         ("[" * 5000 + "]" * 5000, "", None),
     ],

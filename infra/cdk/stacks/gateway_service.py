@@ -113,6 +113,8 @@ class GatewayService(Construct):
             "SPOTGATE_GATEWAY_PUBLIC_URL": self.public_url,
             "SPOTGATE_GATEWAY_MODELS": json.dumps([config.served_model]),
             "SPOTGATE_GATEWAY_SHUTDOWN_GRACE_SECONDS": str(config.gateway_drain_seconds),
+            # The ALB appends the client's address: failed logins are counted per client.
+            "SPOTGATE_GATEWAY_TRUSTED_PROXY_HOPS": "1",
             # The ALB must be the side that closes idle connections.
             "SPOTGATE_GATEWAY_KEEPALIVE_SECONDS": str(
                 config.alb_idle_timeout_seconds + KEEPALIVE_MARGIN_SECONDS

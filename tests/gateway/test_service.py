@@ -1,0 +1,83 @@
+"""The gateway as a process: what a SIGTERM does to the sockets it serves."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import aiohttp
+import websockets
+
+from spotgate.emulator import AwsEmulator
+from spotgate.process import ChildProcesses, free_port
+from spotgate.registry import CreatedApiKey
+from spotgate.settings import shared_env
+from spotgate.tokens import SigningKey
+from tests.agents import AgentFactory, expected_text, synthetic, wait_for, wait_ready
+from tests.gateway.conftest import MODEL
+from tests.gpu_agent.wsclient import Frame, connect, generate, receive, send, text_of
+
+
+async def test_sigterm_refuses_new_streams_and_lets_those_in_flight_finish(
+    aws: AwsEmulator, start_agent: AgentFactory, api_key: CreatedApiKey, tmp_path: Path
+) -> None:
+    key = SigningKey.generate()
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    processes = ChildProcesses(tmp_path)
+    gateway = processes.start("gateway", ["spotgate.cli", "gateway"], {
+        **shared_env(aws.settings()),
+        "SPOTGATE_GATEWAY_PORT": str(port),
+        "SPOTGATE_GATEWAY_PUBLIC_URL": url,
+        "SPOTGATE_GATEWAY_TOKEN__SIGNING_KEY_PEM": key.to_pem(),
+        "SPOTGATE_GATEWAY_SHUTDOWN_GRACE_SECONDS": "10",
+    })  # fmt: skip
+    try:
+        await wait_ready(
+            await start_agent(
+                synthetic(40.0, model=MODEL),
+                pinned_public_key=key.verify_key.to_pem(),
+                token_issuer=url,
+            )
+        )
+
+        async def ready_models() -> list[str] | None:
+            """The models `/readyz` lists; None once the gateway stopped listening."""
+            try:
+                async with (
+                    aiohttp.ClientSession() as http,
+                    http.get(f"{url}/readyz") as response,
+                ):
+                    return list((await response.json())["models"])
+            except aiohttp.ClientError:
+                return None
+
+        async def routable() -> bool:
+            return MODEL in (await ready_models() or [])
+
+        async def stopped_listening() -> bool:
+            return await ready_models() is None
+
+        await wait_for(routable)
+        frames: list[Frame] = []
+        async with connect(f"{url.replace('http', 'ws', 1)}/v1/ws", api_key.api_key) as ws:
+            await send(ws, generate("s", MODEL, content="finish me", max_tokens=40))
+            while not frames or frames[-1]["type"] != "delta":
+                frames.append(await receive(ws))
+            gateway.process.send_signal(signal.SIGTERM)
+            await wait_for(stopped_listening)  # it refuses new streams from that moment on
+            await send(ws, generate("late", MODEL))
+            try:
+                while True:
+                    frames.append(await receive(ws))
+            except websockets.ConnectionClosed as closed:
+                close_code = closed.rcvd.code if closed.rcvd else None
+    finally:
+        await processes.stop(lambda _child: True, 30)
+        processes.close()
+    late = [frame for frame in frames if frame.get("id") == "late"]
+
+    # aiohttp's cleanup drops what arrives on open sockets: the drain must come before it.
+    assert [frame["code"] for frame in late] == ["no_capacity"]
+    assert text_of([f for f in frames if f.get("id") == "s"]) == expected_text("finish me", 40)
+    assert close_code == 1001
