@@ -2,14 +2,18 @@
 
     python -m loadtest.chaos [--agents 3] [--streams 12] [--write docs/reliability.md]
 
+    python -m loadtest.chaos --engine vllm [--write docs/reliability.md]
+
 The stack is real processes: an AWS emulator (moto server, in this process so it can be
 stopped and started), the gateway, and the pool manager with the `local` provider running
-synthetic agents, the pool held at `--agents` (its minimum and its maximum). Websocket
-clients keep `--streams` streams going, each a one-message chat in a session of its client,
-whose whole reply is known in advance (the synthetic engine is deterministic), so every
-stream is classified: exact (the full reply, byte for byte), resumed (exact, and served by
-more than one agent), failed with a clear error code, or lost (it ended wrong or not at all);
-streams that waited in the gateway's queue are counted too. Each fault is injected into the
+agents of the synthetic engine or of vLLM (the CPU build, with the generated tiny model),
+the pool held at `--agents` (its minimum and its maximum). Websocket clients keep
+`--streams` streams going, each a one-message chat in a session of its client, whose whole
+reply is known in advance (the synthetic engine is deterministic; vLLM decodes greedily, and
+each prompt's reply is first taken from an uninterrupted run), so every stream is
+classified: exact (the full reply, byte for byte), resumed (exact, and served by more than
+one agent), failed with a clear error code, or lost (it ended wrong or not at all); streams
+that waited in the gateway's queue are counted too. Each fault is injected into the
 running stack; recovery is the time until the pool has its target of ready agents again,
 none of them a faulted one (for a gateway restart: until the new gateway is ready and has
 finished a stream; for a full pool: until the last stream of the surplus ended).
@@ -25,19 +29,21 @@ import signal
 import tempfile
 import time
 from collections import Counter, defaultdict
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import aiohttp
 import psutil
 import websockets
 
 from gpu_agent.synthetic_engine import synthetic_reply
+from gpu_agent.tiny_model import write_tiny_model
 from loadtest.bench.report import machine_facts, write_section
 from pool_manager.events import interruption_warning
 from spotgate.emulator import EMULATOR_REGION, AwsEmulator
+from spotgate.localstack import LOCAL_VLLM_ENV, TINY_SERVED_NAME
 from spotgate.process import Child, ChildProcesses, free_port
 from spotgate.registry import AgentRecord, Registry, aws_session
 from spotgate.settings import shared_env
@@ -46,9 +52,14 @@ from spotgate.tokens import SigningKey
 MODEL = "synthetic"
 STREAM_TOKENS = 60
 TOKENS_PER_SECOND = 20.0  # 3-second streams: every fault lands on streams mid-reply
+VLLM_STREAM_TOKENS = 400  # seconds of decoding for the tiny model on a few CPU cores
 STREAM_TIMEOUT_SECONDS = 90.0
 READY_TIMEOUT_SECONDS = 120.0
 RECOVERY_TIMEOUT_SECONDS = 120.0
+VLLM_START_TIMEOUT_SECONDS = 600.0  # an engine starting next to a busy one on a few cores
+# Several engines share this machine's few cores: vLLM would pin each one's OpenMP threads
+# to the same core; left to the scheduler, with one thread each, they spread out.
+VLLM_SHARED_CPU_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
 NOTICE_SECONDS = 20.0
 AGENT_HEARTBEAT_SECONDS = 1.0
 GATEWAY_GRACE_SECONDS = 10.0  # streams last 3 s: every one in flight finishes within it
@@ -64,6 +75,40 @@ COMMAND = "python -m loadtest.chaos --write docs/reliability.md"
 REPORT_TITLE = "# Reliability\n\nEach section names the command that produced it.\n"
 
 
+@dataclass(frozen=True)
+class StackEngine:
+    """What the agents of a stack run, and how long its clients and faults wait for them."""
+
+    kind: Literal["synthetic", "vllm"]
+    model: str
+    stream_tokens: int
+    ready_timeout_seconds: float
+    recovery_timeout_seconds: float
+
+    def prompt(self, client: str, number: int, sent: int) -> str:
+        """A client's chat message for its `sent`th stream.
+
+        Synthetic replies are known for any prompt; vLLM's are learnt first, one per client
+        number, so a vLLM client asks the same each time (and hits the prefix cache).
+        """
+        if self.kind == "synthetic":
+            return f"{client} {number} stream {sent}"
+        return f"Tell me about spot instance number {number}"
+
+
+SYNTHETIC = StackEngine(
+    "synthetic", MODEL, STREAM_TOKENS, READY_TIMEOUT_SECONDS, RECOVERY_TIMEOUT_SECONDS
+)
+VLLM = StackEngine(
+    "vllm",
+    TINY_SERVED_NAME,
+    VLLM_STREAM_TOKENS,
+    VLLM_START_TIMEOUT_SECONDS,
+    VLLM_START_TIMEOUT_SECONDS,
+)
+ENGINES = {engine.kind: engine for engine in (SYNTHETIC, VLLM)}
+
+
 @dataclass
 class Tally:
     """Streams by outcome."""
@@ -75,9 +120,9 @@ class Tally:
     failed: Counter[str] = field(default_factory=Counter)
     lost: int = 0
 
-    def reply_ended(self, content: str, text: str, agents: int) -> bool:
+    def reply_ended(self, expected: str, text: str, agents: int) -> bool:
         """Count a reply that ended normally (exact or lost); whether it was exact."""
-        if text != synthetic_reply(content, STREAM_TOKENS):
+        if text != expected:
             self.lost += 1
             return False
         self.exact += 1
@@ -103,10 +148,14 @@ class ChaosStack:
     `agent_capacity` streams at once.
     """
 
-    def __init__(self, directory: Path, agents: int, agent_capacity: int) -> None:
+    def __init__(
+        self, directory: Path, agents: int, agent_capacity: int, engine: StackEngine = SYNTHETIC
+    ) -> None:
         self.directory = directory
         self.agents = agents
         self.agent_capacity = agent_capacity
+        self.engine = engine
+        self.replies: dict[str, str] = {}  # vLLM: prompt → its uninterrupted greedy reply
         self.emulator = AwsEmulator()
         self.processes = ChildProcesses(directory / "logs")
         self.gateway: Child | None = None
@@ -140,14 +189,14 @@ class ChaosStack:
             "SPOTGATE_GATEWAY_PORT": str(port),
             "SPOTGATE_GATEWAY_PUBLIC_URL": self.gateway_url,
             "SPOTGATE_GATEWAY_TOKEN__SIGNING_KEY_PEM": SigningKey.generate().to_pem(),
-            "SPOTGATE_GATEWAY_MODELS": json.dumps([MODEL]),
+            "SPOTGATE_GATEWAY_MODELS": json.dumps([self.engine.model]),
             "SPOTGATE_GATEWAY_QUEUE__DEADLINE_SECONDS": "60",
             "SPOTGATE_GATEWAY_SHUTDOWN_GRACE_SECONDS": str(GATEWAY_GRACE_SECONDS),
         })  # fmt: skip
         self.pool_manager = self.processes.start("pool-manager", ["spotgate.cli", "pool", "run"], {
             **env,
             "SPOTGATE_POOL_PROVIDER": "local",
-            "SPOTGATE_POOL_MODELS": json.dumps([MODEL]),
+            "SPOTGATE_POOL_MODELS": json.dumps([self.engine.model]),
             "SPOTGATE_POOL_MIN_AGENTS": str(self.agents),
             "SPOTGATE_POOL_MAX_AGENTS": str(self.agents),
             "SPOTGATE_POOL_SPOT_OVERPROVISION": "0",
@@ -156,18 +205,71 @@ class ChaosStack:
             "SPOTGATE_POOL_EVENT_WAIT_SECONDS": "0",
             "SPOTGATE_POOL_PORT": "0",
             "SPOTGATE_POOL_INTERRUPTION_QUEUE_URL": self.queue_url,
-            "SPOTGATE_POOL_LOCAL__SERVED_MODEL_NAME": MODEL,
+            "SPOTGATE_POOL_LOCAL__SERVED_MODEL_NAME": self.engine.model,
             "SPOTGATE_POOL_LOCAL__JWKS_URL": f"{self.gateway_url}/.well-known/jwks.json",
             "SPOTGATE_POOL_LOCAL__DRAIN_GRACE_SECONDS": "15",
             "SPOTGATE_POOL_LOCAL__LOG_DIR": str(self.directory / "logs"),
-            "SPOTGATE_POOL_LOCAL__AGENT_ENV": json.dumps({
-                "SPOTGATE_AGENT_SYNTHETIC__TOKENS_PER_SECOND": str(TOKENS_PER_SECOND),
-                "SPOTGATE_AGENT_SYNTHETIC__CAPACITY": str(self.agent_capacity),
-                "SPOTGATE_AGENT_HEARTBEAT_SECONDS": str(AGENT_HEARTBEAT_SECONDS),
-                "SPOTGATE_AGENT_IMDS_POLL_SECONDS": "1",
-            }),
+            **self._engine_env(),
         })  # fmt: skip
         return self
+
+    def _engine_env(self) -> dict[str, str]:
+        """The pool manager's settings for its agents' engine."""
+        agent_env = {
+            "SPOTGATE_AGENT_HEARTBEAT_SECONDS": str(AGENT_HEARTBEAT_SECONDS),
+            "SPOTGATE_AGENT_IMDS_POLL_SECONDS": "1",
+        }
+        if self.engine.kind == "synthetic":
+            agent_env |= {
+                "SPOTGATE_AGENT_SYNTHETIC__TOKENS_PER_SECOND": str(TOKENS_PER_SECOND),
+                "SPOTGATE_AGENT_SYNTHETIC__CAPACITY": str(self.agent_capacity),
+            }
+            return {"SPOTGATE_POOL_LOCAL__AGENT_ENV": json.dumps(agent_env)}
+        agent_env |= {
+            **LOCAL_VLLM_ENV,
+            **VLLM_SHARED_CPU_ENV,
+            "SPOTGATE_AGENT_VLLM__MAX_NUM_SEQS": str(self.agent_capacity),
+        }
+        return {
+            "SPOTGATE_POOL_LOCAL__ENGINE": "vllm",
+            "SPOTGATE_POOL_LOCAL__MODEL": str(write_tiny_model(self.directory / "tiny")),
+            "SPOTGATE_POOL_LOCAL__AGENT_ENV": json.dumps(agent_env),
+        }
+
+    def expected_reply(self, prompt: str) -> str:
+        """The whole reply a stream of `prompt` must deliver."""
+        if self.engine.kind == "synthetic":
+            return synthetic_reply(prompt, self.engine.stream_tokens)
+        return self.replies[prompt]
+
+    async def learn_replies(self, clients: int) -> None:
+        """vLLM: take each client number's reply from an uninterrupted run, all at once."""
+        prompts = {f"learn-{n}": self.engine.prompt("learn", n, 1) for n in range(clients)}
+        url = self.gateway_url.replace("http", "ws", 1) + "/v1/ws"
+        headers = {"Authorization": f"Bearer {self.api_key}"}
+        texts: defaultdict[str, list[str]] = defaultdict(list)
+        async with websockets.connect(url, additional_headers=headers) as ws:
+            for stream_id, prompt in prompts.items():
+                await ws.send(json.dumps(self.generate_frame(stream_id, prompt, stream_id)))
+            pending = set(prompts)
+            async with asyncio.timeout(self.engine.ready_timeout_seconds):
+                while pending:
+                    frame = json.loads(await ws.recv())
+                    if frame["type"] == "delta":
+                        texts[frame["id"]].append(frame["text"])
+                    elif frame["type"] == "error":
+                        raise RuntimeError(f"learning a reply failed: {frame}")
+                    elif frame["type"] == "done":
+                        pending.discard(frame["id"])
+        self.replies = {prompt: "".join(texts[sid]) for sid, prompt in prompts.items()}
+
+    def generate_frame(self, stream_id: str, prompt: str, session: str) -> dict[str, Any]:
+        """A greedy `generate` frame for one stream of the engine's length."""
+        return {
+            "type": "generate", "id": stream_id, "model": self.engine.model,
+            "max_tokens": self.engine.stream_tokens, "temperature": 0, "session": session,
+            "messages": [{"role": "user", "content": prompt}],
+        }  # fmt: skip
 
     async def __aexit__(self, *_exc: object) -> None:
         await self.processes.stop(lambda child: child.name == "pool-manager", 60)
@@ -179,7 +281,7 @@ class ChaosStack:
         """Agent id → URL of the agents registered ready (empty while AWS is unreachable)."""
         try:
             async with Registry.open(self.emulator.settings()) as registry:
-                return {a.agent_id: a.url for a in await registry.list_ready(MODEL)}
+                return {a.agent_id: a.url for a in await registry.list_ready(self.engine.model)}
         except Exception:
             return {}
 
@@ -326,16 +428,13 @@ class Traffic(Clients):
                 async with websockets.connect(url, additional_headers=headers) as ws:
                     while self._goes_on(sent):
                         sent += 1
-                        await self._one_stream(ws, f"{self._name} {number} stream {sent}", session)
+                        prompt = self._stack.engine.prompt(self._name, number, sent)
+                        await self._one_stream(ws, f"{session}-{sent}", prompt, session)
             except (OSError, websockets.WebSocketException):
                 await asyncio.sleep(RECONNECT_PAUSE_SECONDS)  # the gateway went away
 
-    async def _one_stream(self, ws: Any, content: str, session: str) -> None:
-        stream_id = content.replace(" ", "-")
-        await ws.send(json.dumps({
-            "type": "generate", "id": stream_id, "model": MODEL, "max_tokens": STREAM_TOKENS,
-            "session": session, "messages": [{"role": "user", "content": content}],
-        }))  # fmt: skip
+    async def _one_stream(self, ws: Any, stream_id: str, prompt: str, session: str) -> None:
+        await ws.send(json.dumps(self._stack.generate_frame(stream_id, prompt, session)))
         self.tally.started += 1
         text: list[str] = []
         agents: set[str] = set()
@@ -376,7 +475,8 @@ class Traffic(Clients):
         finally:
             self.serving.subtract(agents & {serving})
             self.tally.queued += queued
-        if self.tally.reply_ended(content, "".join(text), len(agents)):
+        expected = self._stack.expected_reply(prompt)
+        if self.tally.reply_ended(expected, "".join(text), len(agents)):
             self.completed.set()
 
 
@@ -410,7 +510,8 @@ async def hang(stack: ChaosStack, traffic: Traffic, ready: dict[str, str]) -> se
     """An agent that stops answering but keeps its sockets open (SIGSTOP), killed later."""
     victim, process = next(iter(serving_processes(ready).items()))
     process.suspend()
-    asyncio.get_running_loop().call_later(RECOVERY_TIMEOUT_SECONDS / 2, _kill_quietly, process)
+    kill_in_seconds = stack.engine.recovery_timeout_seconds / 2
+    asyncio.get_running_loop().call_later(kill_in_seconds, _kill_quietly, process)
     return {victim}
 
 
@@ -452,7 +553,7 @@ async def dies_after_registering(
     """
     before = set(stack.agent_processes())
     victims = await kill_9(stack, traffic, ready)
-    async with asyncio.timeout(READY_TIMEOUT_SECONDS):
+    async with asyncio.timeout(stack.engine.ready_timeout_seconds):
         while not (fresh := stack.agent_processes().keys() - before):  # noqa: ASYNC110 - polled
             await asyncio.sleep(REGISTRY_POLL_SECONDS)
         newcomer = fresh.pop()
@@ -494,7 +595,7 @@ async def run_scenario(
     stack: ChaosStack, name: str, fault: Fault, streams: int, settle_seconds: float
 ) -> Outcome:
     """Steady traffic, the fault, recovery, more traffic; every stream accounted for."""
-    if await stack.wait_ready(set(), READY_TIMEOUT_SECONDS) is None:
+    if await stack.wait_ready(set(), stack.engine.ready_timeout_seconds) is None:
         raise RuntimeError(f"{name}: the pool did not reach its target before the fault")
     traffic = Traffic(stack, streams)
     traffic.start()
@@ -502,7 +603,7 @@ async def run_scenario(
     await asyncio.sleep(1.0)  # streams are mid-reply when the fault lands
     faulted_at = time.monotonic()
     victims = await fault(stack, traffic, traffic.busiest_first(await stack.ready_agents()))
-    remaining = RECOVERY_TIMEOUT_SECONDS - (time.monotonic() - faulted_at)
+    remaining = stack.engine.recovery_timeout_seconds - (time.monotonic() - faulted_at)
     recovered = await stack.wait_ready(victims, remaining)
     recovery = None if recovered is None else time.monotonic() - faulted_at
     await asyncio.sleep(settle_seconds)
@@ -523,40 +624,64 @@ SCENARIOS: dict[str, Callable[[float], Fault]] = {
 
 
 @contextlib.asynccontextmanager
-async def chaos_stack(agents: int, agent_capacity: int) -> AsyncIterator[ChaosStack]:
+async def chaos_stack(
+    agents: int, agent_capacity: int, engine: StackEngine = SYNTHETIC
+) -> AsyncIterator[ChaosStack]:
     """A stack in a scratch directory."""
     with tempfile.TemporaryDirectory(prefix="spotgate-chaos-") as scratch:
-        async with ChaosStack(Path(scratch), agents, agent_capacity) as stack:
+        async with ChaosStack(Path(scratch), agents, agent_capacity, engine) as stack:
             yield stack
 
 
 async def run_all(
-    agents: int, streams: int, aws_down_seconds: float, settle_seconds: float
+    agents: int,
+    streams: int,
+    aws_down_seconds: float,
+    settle_seconds: float,
+    engine: StackEngine = SYNTHETIC,
+    scenarios: Sequence[str] = tuple(SCENARIOS),
 ) -> list[Outcome]:
-    """Every scenario, one after another, on one stack.
+    """The `scenarios` (all by default), one after another, on one stack.
 
     Each agent takes `streams` streams at once: one agent alone can carry the whole steady
     traffic while the others are faulted, and the full pool needs a surge beyond it.
     """
     outcomes = []
-    async with chaos_stack(agents, agent_capacity=streams) as stack:
-        for name, make in SCENARIOS.items():
+    async with chaos_stack(agents, streams, engine) as stack:
+        if engine.kind == "vllm":
+            if await stack.wait_ready(set(), engine.ready_timeout_seconds) is None:
+                raise RuntimeError("the pool did not reach its target")
+            await stack.learn_replies(agents * streams)  # the surge's clients too
+        for name in scenarios:
+            make = SCENARIOS[name]
             fault = make(aws_down_seconds)
             label = f"{name} ({aws_down_seconds:.0f} s)" if make is aws_down else name
             outcomes.append(await run_scenario(stack, label, fault, streams, settle_seconds))
     return outcomes
 
 
-def render(outcomes: list[Outcome], agents: int, streams: int) -> str:
+def render(outcomes: list[Outcome], agents: int, streams: int, engine: StackEngine) -> str:
     """The scenario table for `docs/reliability.md`."""
+    if engine.kind == "synthetic":
+        title = "synthetic engine"
+        replies = (
+            f"stream one {STREAM_TOKENS}-token reply after another "
+            f"({STREAM_TOKENS / TOKENS_PER_SECOND:.0f} s each)"
+        )
+    else:
+        title = "vLLM CPU engine, tiny model"
+        replies = (
+            f"stream one greedy reply of up to {engine.stream_tokens} tokens after another, the "
+            "same prompt each time (each client number's reply was first taken from an "
+            "uninterrupted run)"
+        )
     lines = [
-        "## Fault scenarios under steady traffic (local stack, synthetic engine)",
+        f"## Fault scenarios under steady traffic (local stack, {title})",
         "",
-        f"Command: `{COMMAND}`.",
+        f"Command: `{command(engine)}`.",
         f"The pool manager (local provider) holds the pool at {agents} agents (its minimum and "
         f"maximum), each taking {streams} streams at once; {streams} websocket clients, each in "
-        f"a session of its own, stream one {STREAM_TOKENS}-token reply after another "
-        f"({STREAM_TOKENS / TOKENS_PER_SECOND:.0f} s each) through the gateway. The full pool's "
+        f"a session of its own, {replies} through the gateway. The full pool's "
         f"surge adds {agents * streams} clients sending one stream each. *exact*: the whole "
         "reply, byte for byte; *resumed*: exact and served by two agents or more; *queued*: "
         "waited in the gateway's queue for an agent with room; *failed*: ended with an error "
@@ -575,24 +700,33 @@ def render(outcomes: list[Outcome], agents: int, streams: int) -> str:
     return "\n".join(lines)
 
 
+def command(engine: StackEngine) -> str:
+    """The command line that writes an engine's table."""
+    if engine.kind == "synthetic":
+        return COMMAND
+    return COMMAND.replace(" --write", f" --engine {engine.kind} --write")
+
+
 def main() -> None:
     """Run the scenarios and print (and optionally write) the table."""
     parser = argparse.ArgumentParser(description="spotgate fault scenarios")
+    parser.add_argument("--engine", choices=sorted(ENGINES), default="synthetic")
     parser.add_argument("--agents", type=int, default=3)
     parser.add_argument("--streams", type=int, default=12)
     parser.add_argument("--aws-down-seconds", type=float, default=30.0)
     parser.add_argument("--settle-seconds", type=float, default=5.0)
     parser.add_argument("--write", type=Path)
     args = parser.parse_args()
+    engine = ENGINES[args.engine]
     outcomes = asyncio.run(
-        run_all(args.agents, args.streams, args.aws_down_seconds, args.settle_seconds)
+        run_all(args.agents, args.streams, args.aws_down_seconds, args.settle_seconds, engine)
     )
-    section = render(outcomes, args.agents, args.streams)
+    section = render(outcomes, args.agents, args.streams, engine)
     print(section)
     if args.write:
         if not args.write.exists():
             args.write.write_text(REPORT_TITLE)
-        write_section(args.write, "chaos", section)
+        write_section(args.write, "chaos" if engine is SYNTHETIC else "chaos-vllm", section)
     if any(outcome.tally.lost for outcome in outcomes):
         raise SystemExit("streams were lost")
 

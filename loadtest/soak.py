@@ -112,7 +112,7 @@ class SseTraffic(Clients):
             await asyncio.sleep(FAILED_REQUEST_PAUSE_SECONDS)
             return
         # SSE does not say which agents served a stream: resumed ones count as exact only.
-        self.tally.reply_ended(content, "".join(text), agents=1)
+        self.tally.reply_ended(self._stack.expected_reply(content), "".join(text), agents=1)
 
 
 @dataclass

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Coroutine
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -69,11 +70,20 @@ class Child:
         return self.process.poll() is None
 
 
+def _kill_group(child: Child) -> None:
+    """SIGKILL every process left in the child's process group (its own session)."""
+    with suppress(ProcessLookupError, PermissionError):
+        os.killpg(child.process.pid, signal.SIGKILL)
+
+
 class ChildProcesses:
     """Python modules run as child processes, each logging to its own file.
 
     Children get a session of their own, so a Ctrl-C reaches only the parent, which then
-    stops them in the order it chooses (agents drain before the gateway goes).
+    stops them in the order it chooses (agents drain before the gateway goes). A child's
+    process group goes with it: whatever it started and left behind (an agent killed with
+    SIGKILL leaves vLLM's engine processes running) is killed once the child is gone, as
+    when a machine disappears.
     """
 
     def __init__(self, log_dir: Path) -> None:
@@ -131,16 +141,22 @@ class ChildProcesses:
             except subprocess.TimeoutExpired:
                 child.process.kill()
                 await asyncio.to_thread(child.process.wait)
+            _kill_group(child)
 
     def kill(self, child: Child) -> None:
-        """SIGKILL one child now, as a machine that disappears would."""
+        """SIGKILL one child and its process group now, as a machine that disappears would."""
+        _kill_group(child)
         if child.running:
             child.process.kill()
             child.process.wait()
 
     def forget(self, child: Child) -> None:
-        """Stop tracking a child that has exited (a long-lived parent runs many)."""
+        """Stop tracking a child that has exited (a long-lived parent runs many).
+
+        What it left running in its process group is killed.
+        """
         if not child.running:
+            _kill_group(child)
             self.children.remove(child)
 
     def close(self) -> None:

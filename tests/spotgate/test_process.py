@@ -1,10 +1,13 @@
-"""Child processes: a restart runs the same thing again, and no descriptor outlives a start."""
+"""Child processes: a restart runs the same thing again, no descriptor outlives a start, and
+nothing a child started outlives it."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import psutil
+import pytest
 
 from spotgate.process import ChildProcesses
 
@@ -34,3 +37,41 @@ async def test_the_parent_keeps_no_descriptor_or_entry_per_child(tmp_path: Path)
 
     assert psutil.Process().num_fds() == before
     assert processes.children == []
+
+
+def leaves_a_grandchild(then: str) -> list[str]:
+    """`python -m` arguments: start a sleeping grandchild, print its pid, then run `then`."""
+    spawn = (
+        "import subprocess, sys; "
+        "grandchild = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); "
+        "print(grandchild.pid, flush=True)"
+    )
+    return ["timeit", "-n", "1", "-r", "1", "-s", spawn, then]
+
+
+async def grandchild_of(log: Path) -> psutil.Process:
+    """The grandchild whose pid the child printed first."""
+    while not (text := log.read_text()).strip():  # noqa: ASYNC110, ASYNC240 - tiny, local
+        await asyncio.sleep(0.05)
+    return psutil.Process(int(text.split()[0]))
+
+
+@pytest.mark.parametrize(
+    ("then", "end"),
+    [("pass", "forget"), ("import time; time.sleep(600)", "kill"), ("pass", "close")],
+)
+async def test_what_a_child_started_dies_with_it(tmp_path: Path, then: str, end: str) -> None:
+    processes = ChildProcesses(tmp_path)
+    child = processes.start("parent", leaves_a_grandchild(then), {})
+    grandchild = await grandchild_of(child.log)
+    if end == "forget":
+        child.process.wait()  # exited on its own, like an agent killed with SIGKILL
+        assert grandchild.is_running()
+        processes.forget(child)
+    elif end == "kill":
+        processes.kill(child)
+    else:
+        processes.close()
+
+    gone, _ = psutil.wait_procs([grandchild], timeout=10)
+    assert gone == [grandchild]
