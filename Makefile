@@ -39,10 +39,11 @@ bench: $(INSTALLED) $(LITELLM)
 	$(BIN)/python -m loadtest.bench.gateway_relay --litellm $(LITELLM) --write docs/benchmarks.md
 	$(BIN)/python -m loadtest.bench.pool_sim --write docs/benchmarks.md
 
-# Fault scenarios, hostile input and a 30-minute soak at full size (`make test` runs them
-# smaller); each writes its section of docs/reliability.md.
+# Fault scenarios (synthetic and vLLM agents), hostile input and a 30-minute soak at full
+# size (`make test` runs them smaller); each writes its section of docs/reliability.md.
 chaos: $(INSTALLED)
 	$(BIN)/python -m loadtest.chaos --write docs/reliability.md
+	$(BIN)/python -m loadtest.chaos --engine vllm --agents 2 --streams 4 --write docs/reliability.md
 	$(BIN)/python -m loadtest.hostile --write docs/reliability.md
 	$(BIN)/python -m loadtest.soak --write docs/reliability.md
 

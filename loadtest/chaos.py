@@ -50,6 +50,8 @@ from spotgate.settings import shared_env
 from spotgate.tokens import SigningKey
 
 MODEL = "synthetic"
+DEFAULT_AGENTS = 3
+DEFAULT_STREAMS = 12
 STREAM_TOKENS = 60
 TOKENS_PER_SECOND = 20.0  # 3-second streams: every fault lands on streams mid-reply
 VLLM_STREAM_TOKENS = 400  # seconds of decoding for the tiny model on a few CPU cores
@@ -660,6 +662,15 @@ async def run_all(
     return outcomes
 
 
+VLLM_RECOVERY_NOTE = (
+    " A replacement's recovery includes its engine's start (importing vLLM, loading the "
+    "model, a first generation), here on the cores a busy engine is decoding on: minutes, "
+    "where two replacements with no traffic to serve start in about one. Every engine runs "
+    "with `VLLM_CPU_OMP_THREADS_BIND=nobind` and one OpenMP thread, so several share the "
+    "cores."
+)
+
+
 def render(outcomes: list[Outcome], agents: int, streams: int, engine: StackEngine) -> str:
     """The scenario table for `docs/reliability.md`."""
     if engine.kind == "synthetic":
@@ -678,7 +689,7 @@ def render(outcomes: list[Outcome], agents: int, streams: int, engine: StackEngi
     lines = [
         f"## Fault scenarios under steady traffic (local stack, {title})",
         "",
-        f"Command: `{command(engine)}`.",
+        f"Command: `{command(engine, agents, streams)}`.",
         f"The pool manager (local provider) holds the pool at {agents} agents (its minimum and "
         f"maximum), each taking {streams} streams at once; {streams} websocket clients, each in "
         f"a session of its own, {replies} through the gateway. The full pool's "
@@ -688,7 +699,8 @@ def render(outcomes: list[Outcome], agents: int, streams: int, engine: StackEngi
         "frame (its code), or `going_away`: the gateway closed the socket mid-stream with 1001; "
         "*lost*: ended wrong or not at all. *Recovery*: fault to the pool back at its target "
         "with no faulted agent; for the gateway restart, SIGTERM to the new gateway ready and "
-        "done with a stream; for the full pool, the surge's start to its last stream's end.",
+        "done with a stream; for the full pool, the surge's start to its last stream's end."
+        + ("" if engine.kind == "synthetic" else VLLM_RECOVERY_NOTE),
         f"Machine: {machine_facts()}.",
         "",
         "| scenario | streams | exact | resumed | queued | failed | lost | recovery |",
@@ -700,19 +712,20 @@ def render(outcomes: list[Outcome], agents: int, streams: int, engine: StackEngi
     return "\n".join(lines)
 
 
-def command(engine: StackEngine) -> str:
-    """The command line that writes an engine's table."""
-    if engine.kind == "synthetic":
-        return COMMAND
-    return COMMAND.replace(" --write", f" --engine {engine.kind} --write")
+def command(engine: StackEngine, agents: int, streams: int) -> str:
+    """The command line that writes the table."""
+    options = "" if engine is SYNTHETIC else f" --engine {engine.kind}"
+    if (agents, streams) != (DEFAULT_AGENTS, DEFAULT_STREAMS):
+        options += f" --agents {agents} --streams {streams}"
+    return COMMAND.replace(" --write", f"{options} --write")
 
 
 def main() -> None:
     """Run the scenarios and print (and optionally write) the table."""
     parser = argparse.ArgumentParser(description="spotgate fault scenarios")
     parser.add_argument("--engine", choices=sorted(ENGINES), default="synthetic")
-    parser.add_argument("--agents", type=int, default=3)
-    parser.add_argument("--streams", type=int, default=12)
+    parser.add_argument("--agents", type=int, default=DEFAULT_AGENTS)
+    parser.add_argument("--streams", type=int, default=DEFAULT_STREAMS)
     parser.add_argument("--aws-down-seconds", type=float, default=30.0)
     parser.add_argument("--settle-seconds", type=float, default=5.0)
     parser.add_argument("--write", type=Path)
