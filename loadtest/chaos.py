@@ -304,6 +304,17 @@ class ChaosStack:
                     found[agent_id] = child
         return found
 
+    def serving_processes(self, ready: dict[str, str]) -> dict[str, psutil.Process]:
+        """Agent id → process of the `ready` agents still running, in `ready`'s order.
+
+        An agent that just exited can still look ready in the registry for a heartbeat or two.
+        """
+        running = self.agent_processes()
+        found = {agent_id: running[agent_id] for agent_id in ready if agent_id in running}
+        if not found:
+            raise LookupError("no ready agent has a live process")
+        return found
+
     async def restart_gateway(self) -> None:
         """SIGTERM the gateway (it drains), then start it again: same port, key and settings."""
         if self.gateway is None:
@@ -340,26 +351,6 @@ class ChaosStack:
             "sqs", endpoint_url=settings.aws.endpoint_url
         ) as sqs:
             await sqs.send_message(QueueUrl=self.queue_url, MessageBody=json.dumps(body))
-
-
-def serving_processes(ready: dict[str, str]) -> dict[str, psutil.Process]:
-    """Agent id → process of the ready agents whose port a live process listens on, in order.
-
-    An agent that just exited can still look ready in the registry for a heartbeat or two.
-    """
-    listeners = {
-        connection.laddr.port: connection.pid
-        for connection in psutil.net_connections(kind="tcp")
-        if connection.status == psutil.CONN_LISTEN and connection.laddr and connection.pid
-    }
-    found = {}
-    for agent_id, url in ready.items():
-        pid = listeners.get(int(url.rsplit(":", 1)[1].split("/")[0]))
-        if pid is not None:
-            found[agent_id] = psutil.Process(pid)
-    if not found:
-        raise LookupError("no ready agent has a live process")
-    return found
 
 
 class Clients:
@@ -489,28 +480,28 @@ return the agents it took out."""
 
 async def kill_9(stack: ChaosStack, traffic: Traffic, ready: dict[str, str]) -> set[str]:
     """SIGKILL one serving agent."""
-    victim, process = next(iter(serving_processes(ready).items()))
+    victim, process = next(iter(stack.serving_processes(ready).items()))
     process.send_signal(signal.SIGKILL)
     return {victim}
 
 
 async def spot_notice(stack: ChaosStack, traffic: Traffic, ready: dict[str, str]) -> set[str]:
     """A spot interruption with a 20-second deadline."""
-    victim = next(iter(serving_processes(ready)))
+    victim = next(iter(stack.serving_processes(ready)))
     await stack.interrupt(victim, NOTICE_SECONDS)
     return {victim}
 
 
 async def two_interrupted(stack: ChaosStack, traffic: Traffic, ready: dict[str, str]) -> set[str]:
     """Two agents interrupted at once (20-second deadline)."""
-    victims = set(list(serving_processes(ready))[:2])
+    victims = set(list(stack.serving_processes(ready))[:2])
     await asyncio.gather(*(stack.interrupt(v, NOTICE_SECONDS) for v in victims))
     return victims
 
 
 async def hang(stack: ChaosStack, traffic: Traffic, ready: dict[str, str]) -> set[str]:
     """An agent that stops answering but keeps its sockets open (SIGSTOP), killed later."""
-    victim, process = next(iter(serving_processes(ready).items()))
+    victim, process = next(iter(stack.serving_processes(ready).items()))
     process.suspend()
     kill_in_seconds = stack.engine.recovery_timeout_seconds / 2
     asyncio.get_running_loop().call_later(kill_in_seconds, _kill_quietly, process)
