@@ -47,6 +47,7 @@ from spotgate.tokens import GATEWAY_SUBJECT_PREFIX, KeyRing, issue
 from spotgate.wsserver import (
     AuthRefused,
     AuthUnavailable,
+    FrameSocket,
     Send,
     StreamHandlers,
     bearer_token,
@@ -86,7 +87,7 @@ class GatewayState:
     metrics: GatewayMetrics = field(default_factory=GatewayMetrics)
     limiter: RateLimiter = field(default_factory=RateLimiter)
     links: dict[str, AgentLink] = field(default_factory=dict)
-    sockets: set[web.WebSocketResponse] = field(default_factory=set)
+    sockets: set[FrameSocket] = field(default_factory=set)
     active_streams: int = 0
     shutting_down: bool = False
     idle: asyncio.Event = field(default_factory=asyncio.Event)
@@ -524,8 +525,8 @@ async def _close_sockets(state: GatewayState) -> None:
     if state.active_streams:
         with suppress(TimeoutError):
             await asyncio.wait_for(state.idle.wait(), state.settings.shutdown_grace_seconds)
-    for ws in list(state.sockets):
-        await ws.close(code=WSCloseCode.GOING_AWAY, message=b"gateway shutting down")
+    for socket in list(state.sockets):
+        await socket.close(code=WSCloseCode.GOING_AWAY, message=b"gateway shutting down")
 
 
 async def drain_sockets(app: web.Application) -> None:

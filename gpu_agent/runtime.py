@@ -16,8 +16,6 @@ from contextlib import aclosing, suppress
 from dataclasses import dataclass, field
 from typing import Literal
 
-from aiohttp import web
-
 from gpu_agent.drain import StreamLoad, streams_to_hand_back
 from gpu_agent.engine import Engine, GenerationRequest
 from gpu_agent.imds import ImdsClient, ImdsUnavailable, InstanceIdentity, SpotNotice
@@ -27,6 +25,7 @@ from spotgate import __version__
 from spotgate.logging import get_logger
 from spotgate.registry import AgentGone, AgentRecord, AgentState, Registry, RegistryError
 from spotgate.settings import AgentSettings
+from spotgate.wsserver import FrameSocket
 
 DRAIN_CHECK_SECONDS = 1.0
 WARMUP_PROMPT = "spotgate warm-up"
@@ -90,7 +89,7 @@ class AgentRuntime:
     drain_deadline: float | None = None
     registered: bool = False
     streams: dict[Hashable, StreamHandle] = field(default_factory=dict)
-    websockets: set[web.WebSocketResponse] = field(default_factory=set)
+    websockets: set[FrameSocket] = field(default_factory=set)
     stopped: asyncio.Event = field(default_factory=asyncio.Event)
     became_ready: asyncio.Event = field(default_factory=asyncio.Event)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)

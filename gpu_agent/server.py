@@ -389,8 +389,8 @@ async def _hand_back_streams(runtime: AgentRuntime) -> None:
     for handle in list(runtime.streams.values()):
         with suppress(asyncio.CancelledError):
             await handle.task
-    for ws in list(runtime.websockets):
-        await ws.close(code=WSCloseCode.GOING_AWAY, message=b"agent shutting down")
+    for socket in list(runtime.websockets):
+        await socket.close(code=WSCloseCode.GOING_AWAY, message=b"agent shutting down")
 
 
 async def _shut_down(runtime: AgentRuntime, owns_engine: bool) -> None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Generic, Literal, Protocol, TypeVar
 
 from aiohttp import WSCloseCode, WSMsgType, web
+from aiohttp.abc import AbstractStreamWriter
 
 from spotgate.openai_api import ERROR_STATUS, error_body
 from spotgate.protocol import (
@@ -35,6 +36,9 @@ from spotgate.settings import SocketLimits
 
 Principal = TypeVar("Principal")
 Send = Callable[[AnyFrame], Awaitable[None]]
+WRITE_BUFFER_HIGH_BYTES = 64 * 1024
+"""Unsent bytes a socket may hold before its senders wait for the peer to read."""
+TEXT_FRAME_FIN = 0x81  # RFC 6455 §5.2: FIN bit, opcode 1 (text); server frames are unmasked
 
 
 class AuthRefused(Exception):
@@ -49,6 +53,66 @@ class AuthUnavailable(AuthRefused):
 
     code = ErrorCode.NO_CAPACITY
     retry_after = 5.0
+
+
+def text_frame(payload: bytes) -> bytes:
+    """`payload` as one unmasked websocket text frame (RFC 6455 §5.2)."""
+    length = len(payload)
+    if length < 126:
+        header = bytes((TEXT_FRAME_FIN, length))
+    elif length < 1 << 16:
+        header = bytes((TEXT_FRAME_FIN, 126)) + length.to_bytes(2, "big")
+    else:
+        header = bytes((TEXT_FRAME_FIN, 127)) + length.to_bytes(8, "big")
+    return header + payload
+
+
+class FrameSocket:
+    """A server websocket whose frames go out together, in one write per event-loop turn.
+
+    A socket carrying many streams (an agent's link to the gateway, a client's socket to the
+    gateway) would otherwise cost a write, a system call and a packet per token. Frames sent
+    in one turn of the loop are written at its end, in order; a sender waits only when the
+    peer stops reading. A socket with per-message compression sends frame by frame.
+    """
+
+    def __init__(
+        self, ws: web.WebSocketResponse, request: web.Request, writer: AbstractStreamWriter
+    ) -> None:
+        self.ws = ws
+        self._transport = request.transport
+        self._writer = writer
+        self._pending: list[bytes] = []
+        self._pending_bytes = 0
+
+    async def send(self, frame: AnyFrame) -> None:
+        """Queue a frame for this loop turn's write; wait if the peer is not reading."""
+        if self.ws.closed:
+            return
+        if self.ws.compress or self._transport is None:
+            with suppress(ConnectionResetError):
+                await self.ws.send_str(encode_frame(frame))
+            return
+        data = text_frame(encode_frame(frame).encode())
+        self._pending.append(data)
+        self._pending_bytes += len(data)
+        if len(self._pending) == 1:
+            asyncio.get_running_loop().call_soon(self.flush)
+        if self._pending_bytes > WRITE_BUFFER_HIGH_BYTES:  # a sender that never lets the loop turn
+            self.flush()
+        if self._transport.get_write_buffer_size() > WRITE_BUFFER_HIGH_BYTES:
+            await self._writer.drain()
+
+    def flush(self) -> None:
+        """Write every queued frame now."""
+        frames, self._pending, self._pending_bytes = self._pending, [], 0
+        if frames and self._transport is not None and not self._transport.is_closing():
+            self._transport.write(b"".join(frames))
+
+    async def close(self, code: int = WSCloseCode.OK, message: bytes = b"") -> None:
+        """Send what is queued, then close."""
+        self.flush()
+        await self.ws.close(code=code, message=message)
 
 
 class StreamControl(Protocol):
@@ -91,7 +155,7 @@ async def serve_websocket(
     limits: SocketLimits,
     *,
     compress: bool = False,
-    sockets: set[web.WebSocketResponse] | None = None,
+    sockets: set[FrameSocket] | None = None,
 ) -> web.StreamResponse:
     """Run one client socket until it closes."""
     principal: Principal | None = None
@@ -104,15 +168,11 @@ async def serve_websocket(
     ws = web.WebSocketResponse(
         heartbeat=limits.heartbeat_seconds, max_msg_size=limits.max_frame_bytes, compress=compress
     )
-    await ws.prepare(request)
+    socket = FrameSocket(ws, request, await ws.prepare(request))
     if sockets is not None:
-        sockets.add(ws)
+        sockets.add(socket)
     streams: dict[str, StreamControl] = {}
-
-    async def send(frame: AnyFrame) -> None:
-        if not ws.closed:
-            with suppress(ConnectionResetError):
-                await ws.send_str(encode_frame(frame))
+    send = socket.send
 
     try:
         if principal is None:
@@ -147,9 +207,9 @@ async def serve_websocket(
         for stream in list(streams.values()):
             stream.end("cancelled")
         if sockets is not None:
-            sockets.discard(ws)
+            sockets.discard(socket)
         if not ws.closed:
-            await ws.close()
+            await socket.close()
     return ws
 
 

@@ -285,8 +285,8 @@ async def test_the_page_refreshes_its_token_and_reconnects_after_a_dropped_socke
         meta = page.locator(".message.assistant .meta")
         await expect(meta).to_contain_text("tokens/s")
 
-        for ws in list(short_lived.state.sockets):
-            await ws.close(code=WSCloseCode.GOING_AWAY, message=b"going away")
+        for socket in list(short_lived.state.sockets):
+            await socket.close(code=WSCloseCode.GOING_AWAY, message=b"going away")
         await expect(page.locator("#connection")).to_contain_text("reconnecting")
         await expect(page.locator("#connection")).to_have_text("connected", timeout=10_000)
         await page.fill("#prompt", "and again")

@@ -1,0 +1,97 @@
+"""FrameSocket: the frames of one loop turn go out in one write, in order, before any close."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiohttp
+from aiohttp import WSCloseCode, web
+from aiohttp.test_utils import TestClient
+
+from spotgate.protocol import ErrorCode, ErrorFrame, encode_frame
+from spotgate.wsserver import FrameSocket, text_frame
+
+# Each length class of RFC 6455 §5.2: 7-bit, 16-bit and 64-bit payload lengths.
+MESSAGES = ["short", "m" * 300, "l" * 70_000]
+
+Act = Callable[[FrameSocket], Awaitable[None]]
+ClientFactory = Callable[[web.Application], Awaitable[TestClient[Any, Any]]]
+
+
+def frame(message: str) -> ErrorFrame:
+    """A frame carrying `message`."""
+    return ErrorFrame(code=ErrorCode.INTERNAL, message=message)
+
+
+async def serve(aiohttp_client: ClientFactory, act: Act, writes: list[int]) -> TestClient[Any, Any]:
+    """A server whose socket handler runs `act`, counting its transport's writes into `writes`."""
+
+    async def handler(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse(compress=True)
+        socket = FrameSocket(ws, request, await ws.prepare(request))
+        transport = request.transport
+        assert transport is not None
+        write = transport.write
+
+        def counted(data: bytes | bytearray | memoryview) -> None:
+            writes.append(len(data))
+            write(data)
+
+        transport.write = counted  # type: ignore[method-assign]
+        await act(socket)
+        await ws.receive()  # until the client closes
+        return ws
+
+    app = web.Application()
+    app.router.add_get("/ws", handler)
+    return await aiohttp_client(app)
+
+
+async def received(ws: aiohttp.ClientWebSocketResponse) -> list[str]:
+    """The messages of the frames the server sent, until it closes."""
+    messages = []
+    async for message in ws:
+        messages.append(json.loads(message.data)["message"])
+    return messages
+
+
+async def test_frames_of_one_turn_go_out_in_one_write_in_order(
+    aiohttp_client: ClientFactory,
+) -> None:
+    writes: list[int] = []
+
+    async def act(socket: FrameSocket) -> None:
+        for message in MESSAGES:
+            await socket.send(frame(message))
+        await socket.close()
+
+    client = await serve(aiohttp_client, act, writes)
+    async with client.ws_connect("/ws", max_msg_size=0, compress=0) as ws:
+        assert await received(ws) == MESSAGES
+    expected = sum(len(text_frame(encode_frame(frame(m)).encode())) for m in MESSAGES)
+    assert writes[0] == expected  # one write for the three frames; the close frame follows
+
+
+async def test_close_sends_what_is_queued_first(aiohttp_client: ClientFactory) -> None:
+    async def act(socket: FrameSocket) -> None:
+        await socket.send(frame("last words"))
+        await socket.close(code=WSCloseCode.GOING_AWAY, message=b"shutting down")
+
+    client = await serve(aiohttp_client, act, [])
+    async with client.ws_connect("/ws", compress=0) as ws:
+        assert await received(ws) == ["last words"]
+        assert ws.close_code == WSCloseCode.GOING_AWAY
+
+
+async def test_a_compressed_socket_sends_frame_by_frame(aiohttp_client: ClientFactory) -> None:
+    async def act(socket: FrameSocket) -> None:
+        for message in MESSAGES:
+            await socket.send(frame(message))
+        await socket.close()
+
+    client = await serve(aiohttp_client, act, [])
+    async with client.ws_connect("/ws", max_msg_size=0, compress=15) as ws:
+        assert ws.compress == 15
+        assert await received(ws) == MESSAGES
