@@ -21,6 +21,10 @@ class EngineRequestError(ValueError):
     """The engine refused a request as invalid (e.g. prompt plus max_tokens too long)."""
 
 
+class EngineFailed(RuntimeError):
+    """The engine cannot serve any more (e.g. its process died); no request will succeed."""
+
+
 @dataclass(frozen=True, slots=True)
 class GenerationRequest:
     """One generation: the prompt's ids plus any already generated ids to continue after."""
@@ -62,11 +66,19 @@ class Engine(Protocol):
         ...
 
     def generate(self, request: GenerationRequest) -> AsyncGenerator[EngineStep, None]:
-        """Stream the generation; closing the iterator aborts the request in the engine."""
+        """Stream the generation; closing the iterator aborts the request in the engine.
+
+        Raises `EngineRequestError` for a request the engine refuses and `EngineFailed` once
+        the engine itself is gone.
+        """
         ...
 
     def running(self) -> int:
         """Requests the engine is working on now."""
+        ...
+
+    def failure(self) -> str | None:
+        """Why the engine cannot serve any more; None while it can."""
         ...
 
     async def close(self) -> None:

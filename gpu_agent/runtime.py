@@ -199,6 +199,11 @@ class AgentRuntime:
     async def _heartbeat_forever(self, agent_id: str) -> None:
         while True:
             await asyncio.sleep(self.settings.heartbeat_seconds)
+            failure = self.engine.failure() if self.engine is not None else None
+            if failure is not None:  # died while idle: no stream has seen it yet
+                await self.engine_failed(failure)
+            if self.phase == "failed":
+                return  # a ready heartbeat would keep routing work to a dead engine
             try:
                 await self.registry.heartbeat(agent_id, active=len(self.streams))
             except AgentGone:
@@ -208,6 +213,24 @@ class AgentRuntime:
                 return
             except Exception as err:  # a registry outage must not stop serving
                 log.warning("heartbeat failed", error=str(err))
+
+    # -- failure --
+
+    async def engine_failed(self, reason: str) -> None:
+        """The engine is gone: hand every stream back with `interrupted` and leave (idempotent).
+
+        The process stays up, reporting the failure on `/healthz`, until the pool manager
+        replaces the instance: it reaps an agent marked `gone`, or, if the registry is out of
+        reach now, one whose heartbeat stopped.
+        """
+        if self.phase in ("failed", "stopped"):
+            return
+        self.phase, self.failure = "failed", reason
+        self.metrics.ready.set(0)
+        log.error("engine failed; handing streams back and leaving", reason=reason)
+        for handle in list(self.streams.values()):
+            handle.end("interrupted")
+        await self.leave()
 
     # -- draining --
 

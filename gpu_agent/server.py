@@ -18,7 +18,7 @@ from aiohttp import WSCloseCode, web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gpu_agent.auth import TokenVerifier
-from gpu_agent.engine import EngineRequestError, load_engine
+from gpu_agent.engine import EngineFailed, EngineRequestError, load_engine
 from gpu_agent.imds import ImdsClient, watch_notices
 from gpu_agent.runtime import AgentRuntime, EngineLoader, StreamHandle
 from gpu_agent.streams import StreamProgress, StreamRefused, check_request, generate_frames
@@ -174,6 +174,10 @@ async def _serve_stream(
     except EngineRequestError as err:
         outcome = "invalid_request"
         await send(ErrorFrame(id=frame.id, code=ErrorCode.INVALID_REQUEST, message=str(err)))
+    except EngineFailed as err:
+        handle_slot[0].end_reason = outcome = "interrupted"  # already ending: not cancelled again
+        runtime.spawn(runtime.engine_failed(str(err)), "engine-failed")
+        await _report_early_end(frame, progress, "interrupted", send)
     except asyncio.CancelledError:
         reason = handle_slot[0].end_reason
         if reason is None:

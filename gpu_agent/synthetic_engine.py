@@ -132,6 +132,10 @@ class SyntheticEngine:
         """Streams being generated now."""
         return self._running
 
+    def failure(self) -> str | None:
+        """Never: the synthetic engine lives in the agent's own process."""
+        return None
+
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[EngineStep, None]:
         """Emit the reply's tokens on schedule: first after the TTFT, then at the set rate."""
         loop = asyncio.get_running_loop()

@@ -7,12 +7,13 @@ from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 from typing import Any
 
-from gpu_agent.engine import EngineRequestError, EngineStep, GenerationRequest
+from gpu_agent.engine import EngineFailed, EngineRequestError, EngineStep, GenerationRequest
 from spotgate.protocol import ChatMessage
 from spotgate.settings import AgentSettings, EngineKind
 
 CPU_KV_CACHE_GIB_DEFAULT = "1"
 """vLLM's CPU backend sizes its KV cache from this variable; enough for the tiny model."""
+ENGINE_DEAD_REASON = "the vLLM engine core died"
 
 
 class VllmEngine:
@@ -79,11 +80,16 @@ class VllmEngine:
         """Unfinished requests in the engine."""
         return int(self._llm.get_num_unfinished_requests())
 
+    def failure(self) -> str | None:
+        """Set once the engine core process died or its output loop stopped."""
+        return ENGINE_DEAD_REASON if self._llm.errored else None
+
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[EngineStep, None]:
         """Stream token ids; leaving the loop early aborts the vLLM request."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
+        from vllm.v1.engine.exceptions import EngineDeadError
 
         params = SamplingParams(
             max_tokens=request.max_tokens,
@@ -104,6 +110,8 @@ class VllmEngine:
                         list(completion.token_ids),
                         "length" if reason == "length" else ("stop" if reason else None),
                     )
+        except EngineDeadError as err:
+            raise EngineFailed(ENGINE_DEAD_REASON) from err
         except ValueError as err:
             raise EngineRequestError(str(err)) from err
 

@@ -347,3 +347,34 @@ async def test_agent_metrics_count_streams_and_tokens(
     assert value('spotgate_agent_streams_total{outcome="invalid_request"}') == 1
     assert value("spotgate_agent_ttft_seconds_count ") == 1
     assert value("spotgate_agent_ready ") == 1
+
+
+class _EngineThatDies(SyntheticEngine):
+    """A synthetic engine whose process "dies" when the test says so (vLLM: the core exits)."""
+
+    death: str | None = None
+
+    def failure(self) -> str | None:
+        return self.death
+
+
+async def test_an_engine_that_dies_while_idle_takes_the_agent_out_of_the_pool(
+    start_agent: AgentFactory, aws: AwsEmulator
+) -> None:
+    engine = _EngineThatDies(AgentSettings(engine="synthetic", served_model_name="synth"))
+    agent = await wait_ready(await start_agent(engine))
+    agent_id = agent.runtime.identity.agent_id
+
+    engine.death = "the engine process exited"
+
+    async with Registry.open(aws.settings()) as registry:
+
+        async def gone() -> bool:  # found by the heartbeat, with no stream to notice it
+            record = await registry.get_agent(agent_id)
+            return record is not None and record.state is AgentState.GONE
+
+        await wait_for(gone, within=5)
+    async with aiohttp.ClientSession() as http, http.get(f"{agent.url}/healthz") as health:
+        assert health.status == 503
+        assert (await health.json())["failure"] == "the engine process exited"
+    assert agent.runtime.phase == "failed"

@@ -3,12 +3,25 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
+import aiohttp
 import openai
+import psutil
 import pytest
 
 from gpu_agent.engine import Engine
-from tests.agents import TINY_MODEL, AgentFactory, RunningAgent, wait_ready
+from gpu_agent.vllm_engine import VllmEngine
+from spotgate.emulator import AwsEmulator
+from spotgate.registry import AgentState, Registry
+from tests.agents import (
+    TINY_MODEL,
+    AgentFactory,
+    RunningAgent,
+    vllm_settings,
+    wait_for,
+    wait_ready,
+)
 from tests.gpu_agent.wsclient import connect, generate, ids_of, receive, run_streams, send, text_of
 
 pytestmark = pytest.mark.vllm
@@ -165,3 +178,48 @@ async def test_stop_strings_end_the_reply_before_them(agent: RunningAgent, token
 
     assert text_of(cut) == whole[: whole.index(stop)]
     assert cut[-1]["finish_reason"] == "stop"
+
+
+async def test_a_dead_engine_core_hands_streams_back_and_the_agent_leaves(
+    start_agent: AgentFactory, tiny_model_dir: Path, aws: AwsEmulator, token: str
+) -> None:
+    before = set(psutil.Process().children(recursive=True))
+    engine = await VllmEngine.start(vllm_settings(tiny_model_dir))  # its own: it gets killed
+    (engine_core,) = [  # new children may also include a multiprocessing helper
+        child
+        for child in set(psutil.Process().children(recursive=True)) - before
+        if "EngineCore" in " ".join(child.cmdline())
+    ]
+    try:
+        agent = await wait_ready(await start_agent(engine))
+        async with connect(agent.ws_url, token) as ws:
+            await send(ws, generate("long", TINY_MODEL, max_tokens=1800, **GREEDY))
+            assert (await receive(ws))["type"] == "start"
+            assert (await receive(ws))["type"] == "delta"
+            engine_core.kill()
+            frame = await receive(ws)
+            while frame["type"] == "delta":
+                frame = await receive(ws)
+            assert frame["type"] == "error"
+            assert frame["code"] == "interrupted"  # the gateway resumes it on another agent
+            await send(ws, generate("next", TINY_MODEL, max_tokens=4))
+            refused = await receive(ws)
+
+        assert refused["type"] == "error"
+        assert refused["code"] == "no_capacity"
+        assert agent.runtime.phase == "failed"
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{agent.url}/healthz") as health:
+                assert health.status == 503
+                assert (await health.json())["failure"] == "the vLLM engine core died"
+            async with http.get(f"{agent.url}/readyz") as ready:
+                assert ready.status == 503
+        async with Registry.open(aws.settings()) as registry:
+
+            async def gone() -> bool:  # the pool manager reaps an agent marked gone
+                record = await registry.get_agent(agent.runtime.settings.agent_id or "")
+                return record is not None and record.state is AgentState.GONE
+
+            await wait_for(gone, within=10)
+    finally:
+        await engine.close()
