@@ -1,11 +1,15 @@
 """An embedded AWS emulator: moto's standalone server on loopback, real HTTP.
 
-`spotgate up` runs one for the local stack and the tests run one per session.
+`spotgate up` runs one for the local stack and the tests run one per session. Benchmarks
+run it as a process of its own (`python -m spotgate.emulator --port N`), so its request
+handling never holds the load generator's interpreter.
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
+import signal
 import threading
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
@@ -97,3 +101,22 @@ class AwsEmulator:
     def settings(self) -> SharedSettings:
         """Shared settings pointing at this emulator."""
         return emulator_settings(self.url, EMULATOR_REGION)
+
+
+def main() -> None:
+    """Serve on `--host`/`--port` until SIGTERM or SIGINT."""
+    parser = argparse.ArgumentParser(description="spotgate's AWS emulator (moto), standalone")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="0: any free port")
+    args = parser.parse_args()
+    emulator = AwsEmulator(args.host, args.port)
+    print(emulator.start(), flush=True)
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda _signum, _frame: stop.set())
+    stop.wait()
+    emulator.stop()
+
+
+if __name__ == "__main__":
+    main()

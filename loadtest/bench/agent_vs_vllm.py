@@ -33,15 +33,17 @@ from loadtest.bench.harness import (
     Sample,
     Server,
     alternating_runs,
+    aws_env,
+    emulator_process,
     print_log_tails,
     spawn,
     timed_run,
     wait_ready,
 )
 from loadtest.bench.report import machine_facts, median, percentile, write_section
-from spotgate.emulator import AwsEmulator
 from spotgate.process import free_port
 from spotgate.registry import Registry
+from spotgate.settings import SharedSettings
 from spotgate.tokens import KeyRing, SigningKey, issue
 
 ISSUER = "http://bench.local"
@@ -75,16 +77,10 @@ def _start_vllm_serve(model: Path, log: Path) -> Server:
     )
 
 
-def _start_agent(model: Path, aws: AwsEmulator, ring: KeyRing, log: Path) -> Server:
+def _start_agent(model: Path, aws: SharedSettings, ring: KeyRing, log: Path) -> Server:
     port = free_port()
-    settings = aws.settings()
     env = {
-        **os.environ,
-        "SPOTGATE_AWS__ENDPOINT_URL": aws.url,
-        "SPOTGATE_AWS__REGION": settings.aws.region,
-        "SPOTGATE_AWS__ACCESS_KEY_ID": "local",
-        "SPOTGATE_AWS__SECRET_ACCESS_KEY": "local",
-        "SPOTGATE_LOG_LEVEL": "warning",
+        **aws_env(aws),
         "SPOTGATE_AGENT_ENGINE": "vllm",
         "SPOTGATE_AGENT_MODEL": str(model),
         "SPOTGATE_AGENT_SERVED_MODEL_NAME": SERVED_NAME,
@@ -106,29 +102,27 @@ def _start_agent(model: Path, aws: AwsEmulator, ring: KeyRing, log: Path) -> Ser
 
 
 @contextlib.contextmanager
-def _servers(model: Path, logs: Path) -> Iterator[tuple[Server, Server, AwsEmulator]]:
-    aws = AwsEmulator()
-    aws.start()
+def _servers(model: Path, logs: Path) -> Iterator[tuple[Server, Server]]:
     ring = KeyRing([SigningKey.generate()])
     started: list[Server] = []
-    try:
-        asyncio.run(_create_tables(aws))
-        started.append(_start_agent(model, aws, ring, logs / "agent.log"))
-        started.append(_start_vllm_serve(model, logs / "vllm-serve.log"))
-        yield started[0], started[1], aws
-    finally:
-        for server in started:
-            server.process.terminate()
-        for server in started:
-            try:
-                server.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                server.process.kill()
-        aws.stop()
+    with emulator_process(logs / "aws-emulator.log") as aws:
+        try:
+            asyncio.run(_create_tables(aws))
+            started.append(_start_agent(model, aws, ring, logs / "agent.log"))
+            started.append(_start_vllm_serve(model, logs / "vllm-serve.log"))
+            yield started[0], started[1]
+        finally:
+            for server in started:
+                server.process.terminate()
+            for server in started:
+                try:
+                    server.process.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    server.process.kill()
 
 
-async def _create_tables(aws: AwsEmulator) -> None:
-    async with Registry.open(aws.settings()) as registry:
+async def _create_tables(aws: SharedSettings) -> None:
+    async with Registry.open(aws) as registry:
         await registry.create_tables()
 
 
@@ -215,7 +209,7 @@ def main() -> None:
             label = f"{TINY_MODEL_NAME} (random weights, generated offline)"
         logs = Path(scratch)
         try:
-            with _servers(model, logs) as (agent, vllm, _aws):
+            with _servers(model, logs) as (agent, vllm):
                 results = asyncio.run(
                     measure(
                         agent, vllm, args.concurrency, args.runs, args.requests, args.max_tokens

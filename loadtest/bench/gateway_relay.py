@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
@@ -30,7 +31,9 @@ from loadtest.bench.harness import (
     Sample,
     Server,
     alternating_runs,
+    aws_env,
     bucket_quantile,
+    emulator_process,
     print_log_tails,
     spawn,
     split_cpus,
@@ -38,15 +41,17 @@ from loadtest.bench.harness import (
     wait_ready,
 )
 from loadtest.bench.report import machine_facts, median, percentile, write_section
-from spotgate.emulator import AwsEmulator
 from spotgate.process import free_port
 from spotgate.registry import Registry
+from spotgate.settings import SharedSettings
 from spotgate.tokens import GATEWAY_SUBJECT_PREFIX, KeyRing, SigningKey, issue
 
 MODEL = "synth"
 TOKENS_PER_SECOND = 50.0
 TTFT_SECONDS = 0.05
 AGENT_CAPACITY = 4096
+MAX_REQUESTS_PER_CLIENT = 20
+"""The most completions one client streams back to back in a run (at 1 stream: ~13 s)."""
 COMMAND = (
     "python -m loadtest.bench.gateway_relay --litellm .bench/litellm/bin/litellm "
     "--write docs/benchmarks.md"
@@ -55,23 +60,25 @@ ADDED_TTFT_HISTOGRAM = "spotgate_gateway_added_ttft_seconds"
 PATHS = ("direct", "gateway", "litellm", "direct ws", "gateway ws")
 
 
-def _aws_env(aws: AwsEmulator) -> dict[str, str]:
-    return {
-        **os.environ,
-        "SPOTGATE_AWS__ENDPOINT_URL": aws.url,
-        "SPOTGATE_AWS__REGION": aws.settings().aws.region,
-        "SPOTGATE_AWS__ACCESS_KEY_ID": "local",
-        "SPOTGATE_AWS__SECRET_ACCESS_KEY": "local",
-        "SPOTGATE_LOG_LEVEL": "warning",
-    }
-
-
 @contextlib.contextmanager
 def _stack(
     logs: Path, litellm: Path | None, client_cpus: set[int], relay_cpus: set[int]
 ) -> Iterator[dict[str, Server]]:
-    aws = AwsEmulator()
-    aws.start()
+    with (
+        emulator_process(logs / "aws-emulator.log") as aws,
+        _servers(aws, logs, litellm, client_cpus, relay_cpus) as servers,
+    ):
+        yield servers
+
+
+@contextlib.contextmanager
+def _servers(
+    aws: SharedSettings,
+    logs: Path,
+    litellm: Path | None,
+    client_cpus: set[int],
+    relay_cpus: set[int],
+) -> Iterator[dict[str, Server]]:
     key = SigningKey.generate()
     gateway_port, agent_port = free_port(), free_port()
     gateway_url = f"http://127.0.0.1:{gateway_port}"
@@ -91,7 +98,7 @@ def _stack(
             [sys.executable, "-m", "spotgate.cli", "agent"],
             logs / "agent.log",
             {
-                **_aws_env(aws),
+                **aws_env(aws),
                 "SPOTGATE_AGENT_ENGINE": "synthetic",
                 "SPOTGATE_AGENT_SERVED_MODEL_NAME": MODEL,
                 "SPOTGATE_AGENT_PORT": str(agent_port),
@@ -111,7 +118,7 @@ def _stack(
             [sys.executable, "-m", "spotgate.cli", "gateway"],
             logs / "gateway.log",
             {
-                **_aws_env(aws),
+                **aws_env(aws),
                 "SPOTGATE_GATEWAY_PORT": str(gateway_port),
                 "SPOTGATE_GATEWAY_PUBLIC_URL": gateway_url,
                 "SPOTGATE_GATEWAY_TOKEN__SIGNING_KEY_PEM": key.to_pem(),
@@ -162,11 +169,10 @@ def _stack(
         for process in processes.values():
             with contextlib.suppress(Exception):
                 process.wait(timeout=30)
-        aws.stop()
 
 
-async def _prepare(aws: AwsEmulator) -> str:
-    async with Registry.open(aws.settings()) as registry:
+async def _prepare(aws: SharedSettings) -> str:
+    async with Registry.open(aws) as registry:
         await registry.create_tables()
         return (await registry.create_key("bench")).api_key
 
@@ -200,13 +206,117 @@ async def measure(
 
 
 def requests_per_client(concurrency: int) -> int:
-    """Enough streams per client for steady state and a p99 over ≥ 1000 samples per path."""
-    return max(1, min(20, 1000 // concurrency))
+    """Enough streams per client for steady state and ~1000 TTFT samples per path and run."""
+    return max(1, min(MAX_REQUESTS_PER_CLIENT, 1000 // concurrency))
 
 
 def stream_seconds(max_tokens: int) -> float:
     """How long one stream lasts on an idle synthetic engine."""
     return TTFT_SECONDS + (max_tokens - 1) / TOKENS_PER_SECOND
+
+
+@dataclass(frozen=True)
+class PathStats:
+    """One row of the table: a path at one concurrency, over all its runs."""
+
+    tokens_per_second: float
+    ttft_ms: tuple[float, float]
+    added_ms: tuple[float, float] | None  # None: the baseline row
+    own_ms: tuple[float, float] | None  # the gateway's histogram (bucket bounds)
+    tokens_per_relay_cpu_second: float | None
+    failures: int
+    samples: int
+
+
+def path_stats(
+    results: dict[tuple[str, int], list[Sample]], concurrency: int, paths: list[str]
+) -> dict[str, PathStats]:
+    """Each path's figures at `concurrency`; *added* against direct (websocket: direct ws)."""
+    stats: dict[str, PathStats] = {}
+    base: tuple[float, float] | None = None
+    for path in paths:
+        if path == "direct ws":
+            base = None  # websocket rows compare with the direct websocket
+        samples = results[(path, concurrency)]
+        ttfts = [t for sample in samples for t in sample.ttfts_seconds] or [0.0]
+        ttft = (percentile(ttfts, 0.5) * 1000, percentile(ttfts, 0.99) * 1000)
+        own = None
+        if samples[0].added_ttft_buckets:
+            merged: dict[float, float] = {}
+            for sample in samples:
+                for bound, count in sample.added_ttft_buckets.items():
+                    merged[bound] = merged.get(bound, 0.0) + count
+            own = (bucket_quantile(merged, 0.5) * 1000, bucket_quantile(merged, 0.99) * 1000)
+        added = per_cpu = None
+        if base is None:
+            base = ttft
+        else:
+            added = (ttft[0] - base[0], ttft[1] - base[1])
+            cpu = sum(sample.server_cpu_seconds for sample in samples)
+            tokens = sum(sample.total_tokens for sample in samples)
+            per_cpu = tokens / cpu if cpu > 0 else None
+        stats[path] = PathStats(
+            tokens_per_second=median([sample.tokens_per_second for sample in samples]),
+            ttft_ms=ttft,
+            added_ms=added,
+            own_ms=own,
+            tokens_per_relay_cpu_second=per_cpu,
+            failures=sum(sample.failures for sample in samples),
+            samples=sum(len(sample.ttfts_seconds) for sample in samples),
+        )
+    return stats
+
+
+def _row(concurrency: int, path: str, row: PathStats) -> str:
+    added = ("—", "—") if row.added_ms is None else tuple(f"{v:+.1f}" for v in row.added_ms)
+    own = "—" if row.own_ms is None else f"≤ {row.own_ms[0]:g} / ≤ {row.own_ms[1]:g}"
+    per_cpu = row.tokens_per_relay_cpu_second
+    return (
+        f"| {concurrency} | {path} | {row.tokens_per_second:,.0f} | {row.samples:,} "
+        f"| {row.ttft_ms[0]:.1f} | {row.ttft_ms[1]:.1f} | {added[0]} | {added[1]} | {own} "
+        f"| {'—' if per_cpu is None else f'{per_cpu:,.0f}'} | {row.failures} |"
+    )
+
+
+def _lower_by(ours: float, theirs: float) -> str:
+    if ours <= 0:
+        return f"ours {ours:+.1f} ms (nothing added) vs {theirs:+.1f} ms"
+    return f"{ours:+.1f} vs {theirs:+.1f} ms: {theirs / ours:.1f}× lower"
+
+
+def goal_lines(stats: dict[int, dict[str, PathStats]]) -> list[str]:
+    """The goals, each judged from the table's own figures."""
+    lines = ["Goals, from the rows above:", ""]
+    if 100 in stats and "gateway ws" in stats[100]:
+        ws, sse = stats[100]["gateway ws"], stats[100]["gateway"]
+        if ws.added_ms is not None and ws.own_ms is not None and sse.own_ms is not None:
+            lines.append(
+                f"- added TTFT p99 ≤ 5 ms at 100 streams: websocket end to end "
+                f"**{ws.added_ms[1]:+.1f} ms**; the gateway's own p99 ≤ {ws.own_ms[1]:g} ms "
+                f"(websocket), ≤ {sse.own_ms[1]:g} ms (SSE)."
+            )
+    if 1000 in stats:
+        for label, direct, gateway in (
+            ("SSE", "direct", "gateway"),
+            ("websocket", "direct ws", "gateway ws"),
+        ):
+            if gateway in stats[1000]:
+                ours, theirs = stats[1000][gateway], stats[1000][direct]
+                lines.append(
+                    f"- relay throughput ≥ 50 % of direct at 1000 streams ({label}): "
+                    f"{ours.tokens_per_second:,.0f} vs {theirs.tokens_per_second:,.0f} tok/s, "
+                    f"**{ours.tokens_per_second / theirs.tokens_per_second:.0%}**."
+                )
+    for concurrency, rows in stats.items():
+        gateway_added, litellm = rows["gateway"].added_ms, rows.get("litellm")
+        if gateway_added is None or litellm is None or litellm.added_ms is None:
+            continue
+        lines.append(
+            f"- ≥ 5× lower added TTFT than LiteLLM at {concurrency} streams (SSE): p50 "
+            f"{_lower_by(gateway_added[0], litellm.added_ms[0])}; p99 "
+            f"{_lower_by(gateway_added[1], litellm.added_ms[1])}."
+        )
+    return lines
 
 
 def render(
@@ -224,50 +334,21 @@ def render(
         f"Engine: **synthetic** ({TOKENS_PER_SECOND:.0f} tokens/s per stream, TTFT "
         f"{TTFT_SECONDS * 1000:.0f} ms); streamed chat completions of {max_tokens} tokens; "
         f"{runs} alternating runs per path and concurrency. Clients arrive staggered over one "
-        "stream's length and each streams up to 20 completions back to back, so the streams "
-        "are in steady state at the stated concurrency (≥ 1000 TTFT samples per path and "
-        "run, 1000 at 1000 streams). Client and agent are pinned to one half of the CPUs, "
-        "the relay under test (gateway or LiteLLM) to the other, as a relay has its own "
-        "CPUs in a deployment.",
+        f"stream's length and each streams up to {MAX_REQUESTS_PER_CLIENT} completions back "
+        "to back, so the streams are in steady state at the stated concurrency (*TTFT "
+        "samples*: over all runs; at 1 stream the p99 is close to the slowest sample). "
+        "Client and agent are pinned to one half of the CPUs, the relay under test (gateway "
+        "or LiteLLM) to the other, as a relay has its own CPUs in a deployment.",
         f"Machine: {machine_facts(['aiohttp'])}.",
         "",
-        "| streams | path | tok/s (median) | TTFT p50 ms | TTFT p99 ms | added p50 ms "
-        "| added p99 ms | gateway's own p50 / p99 ms | relayed tok per relay CPU-s | failures |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| streams | path | tok/s (median) | TTFT samples | TTFT p50 ms | TTFT p99 ms "
+        "| added p50 ms | added p99 ms | gateway's own p50 / p99 ms "
+        "| relayed tok per relay CPU-s | failures |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for concurrency in concurrencies:
-        base = None
-        for path in paths:
-            if path == "direct ws":
-                base = None  # websocket rows compare with the direct websocket
-            samples = results[(path, concurrency)]
-            ttfts = [t for sample in samples for t in sample.ttfts_seconds] or [0.0]
-            p50, p99 = percentile(ttfts, 0.5) * 1000, percentile(ttfts, 0.99) * 1000
-            rate = median([sample.tokens_per_second for sample in samples])
-            failures = sum(sample.failures for sample in samples)
-            own = "—"
-            if samples[0].added_ttft_buckets:
-                merged: dict[float, float] = {}
-                for sample in samples:
-                    for bound, count in sample.added_ttft_buckets.items():
-                        merged[bound] = merged.get(bound, 0.0) + count
-                own = (
-                    f"≤ {bucket_quantile(merged, 0.5) * 1000:g} / "
-                    f"≤ {bucket_quantile(merged, 0.99) * 1000:g}"
-                )
-            if base is None:
-                base = (p50, p99)
-                added = ("—", "—")
-                per_cpu = "—"
-            else:
-                added = (f"{p50 - base[0]:+.1f}", f"{p99 - base[1]:+.1f}")
-                tokens = sum(sample.total_tokens for sample in samples)
-                cpu = sum(sample.server_cpu_seconds for sample in samples)
-                per_cpu = f"{tokens / cpu:,.0f}" if cpu > 0 else "—"
-            lines.append(
-                f"| {concurrency} | {path} | {rate:,.0f} | {p50:.1f} | {p99:.1f} | {added[0]} "
-                f"| {added[1]} | {own} | {per_cpu} | {failures} |"
-            )
+    stats = {c: path_stats(results, c, paths) for c in concurrencies}
+    for concurrency, rows in stats.items():
+        lines += [_row(concurrency, path, row) for path, row in rows.items()]
     lines += [
         "",
         "*added*: the path's TTFT minus direct's at the same concurrency (websocket rows: minus "
@@ -278,6 +359,8 @@ def render(
         "paths and isolate the extra hop. *gateway's own*: its "
         "`spotgate_gateway_added_ttft_seconds` histogram over the same runs (bucket upper "
         "bounds): request to agent, plus agent's first token to the client's writer.",
+        "",
+        *goal_lines(stats),
     ]
     return "\n".join(lines)
 

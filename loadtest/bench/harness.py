@@ -10,16 +10,21 @@ import asyncio
 import contextlib
 import json
 import os
+import socket
 import sys
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from subprocess import STDOUT, Popen
 from typing import Any, Literal
 
 import aiohttp
+
+from spotgate.emulator import EMULATOR_REGION
+from spotgate.process import free_port
+from spotgate.settings import SharedSettings, emulator_settings
 
 STARTUP_TIMEOUT_SECONDS = 300.0
 CLOCK_TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK")
@@ -68,6 +73,50 @@ def spawn(
     if cpus is not None:
         os.sched_setaffinity(process.pid, cpus)
     return process
+
+
+EMULATOR_START_SECONDS = 60.0
+
+
+@contextlib.contextmanager
+def emulator_process(log: Path) -> Iterator[SharedSettings]:
+    """The AWS emulator in a process of its own: its work holds no benchmark client's GIL.
+
+    In a deployment DynamoDB is another machine. In the client's process, each request a
+    server under test sends it (heartbeats, registry refreshes) would stall the client's
+    event loop and show up as that server's latency.
+    """
+    port = free_port()
+    command = [sys.executable, "-m", "spotgate.emulator", "--port", str(port)]
+    process = spawn(command, log)
+    try:
+        deadline = time.monotonic() + EMULATOR_START_SECONDS
+        while not _accepts(port):
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the AWS emulator did not start; see {log}")
+            time.sleep(0.1)
+        yield emulator_settings(f"http://127.0.0.1:{port}", EMULATOR_REGION)
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def _accepts(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
+        return True
+    return False
+
+
+def aws_env(shared: SharedSettings) -> dict[str, str]:
+    """The environment for a spotgate service that reaches AWS at `shared`'s endpoint."""
+    return {
+        **os.environ,
+        "SPOTGATE_AWS__ENDPOINT_URL": shared.aws.endpoint_url or "",
+        "SPOTGATE_AWS__REGION": shared.aws.region,
+        "SPOTGATE_AWS__ACCESS_KEY_ID": "local",
+        "SPOTGATE_AWS__SECRET_ACCESS_KEY": "local",
+        "SPOTGATE_LOG_LEVEL": "warning",
+    }
 
 
 def split_cpus() -> tuple[set[int], set[int]]:

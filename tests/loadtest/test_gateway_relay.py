@@ -1,0 +1,51 @@
+"""The relay benchmark's arithmetic: rows against their baseline, and the goals judged from them."""
+
+from __future__ import annotations
+
+from loadtest.bench.gateway_relay import goal_lines, path_stats
+from loadtest.bench.harness import Sample
+
+PATHS = ["direct", "gateway", "litellm", "direct ws", "gateway ws"]
+
+
+def _sample(ttft_ms: float, tokens_per_second: float = 1000.0) -> Sample:
+    return Sample(
+        tokens_per_second=tokens_per_second,
+        total_tokens=2000,
+        server_cpu_seconds=0.5,
+        ttfts_seconds=[ttft_ms / 1000] * 100,
+    )
+
+
+def _results(concurrency: int, ttft_ms: dict[str, float]) -> dict[tuple[str, int], list[Sample]]:
+    return {(path, concurrency): [_sample(ttft_ms[path])] * 3 for path in PATHS}
+
+
+def test_rows_add_over_their_own_baseline() -> None:
+    results = _results(
+        100, {"direct": 80, "gateway": 70, "litellm": 400, "direct ws": 50, "gateway ws": 52}
+    )
+    stats = path_stats(results, 100, PATHS)
+    assert stats["direct"].added_ms is None
+    assert stats["direct ws"].added_ms is None  # websocket rows restart the baseline
+    assert stats["gateway"].added_ms == (-10, -10)
+    assert stats["gateway ws"].added_ms == (2, 2)
+    assert stats["gateway"].tokens_per_relay_cpu_second == 4000  # 3 × 2000 tokens / 1.5 CPU-s
+    assert stats["direct"].tokens_per_relay_cpu_second is None
+    assert stats["gateway"].samples == 300
+
+
+def test_goals_are_judged_from_the_rows() -> None:
+    results = {
+        **_results(
+            1, {"direct": 50, "gateway": 51, "litellm": 74, "direct ws": 50, "gateway ws": 51}
+        ),
+        **_results(
+            100, {"direct": 80, "gateway": 70, "litellm": 400, "direct ws": 50, "gateway ws": 53}
+        ),
+    }
+    stats = {c: path_stats(results, c, PATHS) for c in (1, 100)}
+    lines = "\n".join(goal_lines(stats))
+    assert "+1.0 vs +24.0 ms: 24.0× lower" in lines  # 1 stream: a real ratio
+    assert "ours -10.0 ms (nothing added) vs +320.0 ms" in lines  # offload: no ratio to take
+    assert "relay throughput" not in lines  # no 1000-stream rows
