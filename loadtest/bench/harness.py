@@ -79,16 +79,18 @@ EMULATOR_START_SECONDS = 60.0
 
 
 @contextlib.contextmanager
-def emulator_process(log: Path) -> Iterator[SharedSettings]:
-    """The AWS emulator in a process of its own: its work holds no benchmark client's GIL.
+def emulator_process(log: Path, cpus: set[int] | None = None) -> Iterator[SharedSettings]:
+    """The AWS emulator in a process of its own (pinned to `cpus` when given).
 
     In a deployment DynamoDB is another machine. In the client's process, each request a
     server under test sends it (heartbeats, registry refreshes) would stall the client's
-    event loop and show up as that server's latency.
+    event loop and show up as that server's latency; on a relay's CPUs, it would slow only
+    the paths through that relay. The servers send it the same requests whichever path is
+    being measured, so on the clients' CPUs it weighs on every path alike.
     """
     port = free_port()
     command = [sys.executable, "-m", "spotgate.emulator", "--port", str(port)]
-    process = spawn(command, log)
+    process = spawn(command, log, cpus=cpus)
     try:
         deadline = time.monotonic() + EMULATOR_START_SECONDS
         while not _accepts(port):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from loadtest.bench.gateway_relay import goal_lines, path_stats
 from loadtest.bench.harness import Sample
 
@@ -14,11 +16,25 @@ def _sample(ttft_ms: float, tokens_per_second: float = 1000.0) -> Sample:
         total_tokens=2000,
         server_cpu_seconds=0.5,
         ttfts_seconds=[ttft_ms / 1000] * 100,
+        added_ttft_buckets={0.001: 90.0, 0.002: 100.0, float("inf"): 100.0},
     )
 
 
 def _results(concurrency: int, ttft_ms: dict[str, float]) -> dict[tuple[str, int], list[Sample]]:
     return {(path, concurrency): [_sample(ttft_ms[path])] * 3 for path in PATHS}
+
+
+def test_each_run_is_also_compared_with_the_baseline_run_beside_it() -> None:
+    results = _results(
+        100, {"direct": 80, "gateway": 70, "litellm": 400, "direct ws": 50, "gateway ws": 52}
+    )
+    results[("gateway ws", 100)] = [_sample(52), _sample(70), _sample(51)]  # one noisy run
+    stats = path_stats(results, 100, PATHS)
+    assert stats["gateway ws"].added_ms == pytest.approx((2, 20))  # over all samples
+    assert stats["gateway ws"].added_p99_per_run_ms == pytest.approx((2, 20, 1))
+    assert "run beside it +2.0, +20.0, +1.0 ms (median **+2.0 ms**)" in "\n".join(
+        goal_lines({100: stats})
+    )
 
 
 def test_rows_add_over_their_own_baseline() -> None:
