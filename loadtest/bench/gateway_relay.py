@@ -328,7 +328,8 @@ def goal_lines(stats: dict[int, dict[str, PathStats]]) -> list[str]:
         if gateway_added is None or litellm is None or litellm.added_ms is None:
             continue
         lines.append(
-            f"- ≥ 5× lower added TTFT than LiteLLM at {concurrency} streams (SSE): p50 "
+            f"- ≥ 5× lower added TTFT than LiteLLM at {concurrency} "
+            f"stream{'' if concurrency == 1 else 's'} (SSE): p50 "
             f"{_lower_by(gateway_added[0], litellm.added_ms[0])}; p99 "
             f"{_lower_by(gateway_added[1], litellm.added_ms[1])}."
         )
