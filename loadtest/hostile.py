@@ -1220,10 +1220,6 @@ async def never_reads(target: str, url: str, credential: str, pid: int) -> Row:
 # --- logs ---------------------------------------------------------------------------------------
 
 
-def _parser_refusal(line: str) -> bool:
-    return "aiohttp.http_exceptions." in line and "_handle_request" not in line
-
-
 def log_rows(stack: HostileStack) -> list[Row]:
     """No secret in any log line; no unhandled error; both services still running."""
     lines = stack.log_lines()
@@ -1244,17 +1240,14 @@ def log_rows(stack: HostileStack) -> list[Row]:
         "all processes",
         "unhandled errors: tracebacks, aiohttp's 'Error handling request', critical lines; exits",
     )
-    flagged = [
+    bad = [
         (name, line)
         for name, line in lines
         if "Traceback" in line or "Error handling request" in line or '"critical"' in line
     ]
-    # aiohttp logs the requests its parser refuses (a header line over 8190 bytes…) with a
-    # traceback at error level: noise an attacker can cause, not a failure of a handler.
-    parser = [(name, line) for name, line in flagged if _parser_refusal(line)]
-    bad = [(name, line) for name, line in flagged if not _parser_refusal(line)]
     crashes.record(f"{len(bad)} such lines", f"{bad[0][0]}: {bad[0][1][:300]}" if bad else None)
-    crashes.notes.append(f"{len(parser)} lines are aiohttp logging requests its parser refused")
+    refused = sum("refused by the HTTP parser" in line for _name, line in lines)
+    crashes.notes.append(f"{refused} warnings (no traceback) for requests aiohttp's parser refused")
     try:
         stack.processes.check()
         crashes.notes.append("gateway and agent running at the end")

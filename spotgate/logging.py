@@ -15,6 +15,7 @@ from contextlib import AbstractContextManager
 from typing import Any, TextIO
 
 import structlog
+from aiohttp.http_exceptions import HttpProcessingError
 from structlog.typing import EventDict, Processor, WrappedLogger
 
 from spotgate.settings import LogFormat, LogLevel
@@ -81,6 +82,26 @@ def redact_secrets(_logger: WrappedLogger, _method: str, event_dict: EventDict) 
     return event_dict
 
 
+class DemoteRefusedRequests(logging.Filter):
+    """Log a request aiohttp's parser refused as one warning line, not an error with a traceback.
+
+    A header line over 8190 bytes or a broken request line is the client's fault and costs an
+    attacker nothing to send; as error-level tracebacks it would bury real failures. aiohttp
+    has already answered it with a 4xx, and its access log line names the client.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Rewrite parser refusals from `aiohttp.server`; pass every other record unchanged."""
+        exc = record.exc_info[1] if record.exc_info else None
+        if not isinstance(exc, HttpProcessingError) or record.levelno <= logging.WARNING:
+            return True
+        record.msg, record.args = "request refused by the HTTP parser: %s", (exc,)
+        record.exc_info = None
+        record.exc_text = None
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return logging.getLogger(record.name).isEnabledFor(logging.WARNING)
+
+
 def _shared_processors() -> list[Processor]:
     return [
         structlog.contextvars.merge_contextvars,
@@ -122,6 +143,8 @@ def configure_logging(
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    server_log = logging.getLogger("aiohttp.server")
+    server_log.filters[:] = [DemoteRefusedRequests()]
     # botocore at debug level prints request headers, signatures included.
     logging.getLogger("botocore").setLevel(max(root.level, logging.INFO))
 

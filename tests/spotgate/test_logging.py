@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import logging
@@ -7,6 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 import structlog
+from aiohttp import web
+from pytest_aiohttp import AiohttpServer
 
 from spotgate.apikeys import new_api_key
 from spotgate.logging import REDACTED, bound_context, configure_logging, get_logger
@@ -105,3 +108,50 @@ def test_loggers_made_at_import_time_follow_the_later_configuration() -> None:
     assert line["event"] == "after configure"
     assert line["component"] == "x"
     assert line["logger"] == "made.early"
+
+
+async def _raw_request(port: int, request: bytes) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(request)
+    await writer.drain()
+    response = await reader.read()
+    writer.close()
+    return response
+
+
+@pytest.fixture
+async def server_port(aiohttp_server: AiohttpServer) -> int:
+    async def fail(_request: web.Request) -> web.Response:
+        raise RuntimeError("a handler bug")
+
+    app = web.Application()
+    app.router.add_get("/fail", fail)
+    server = await aiohttp_server(app)
+    assert server.port is not None
+    return server.port
+
+
+async def test_a_request_the_parser_refuses_is_one_warning_without_a_traceback(
+    captured: io.StringIO, server_port: int
+) -> None:
+    header = b"X-Long: " + b"a" * 9000
+    response = await _raw_request(
+        server_port, b"GET / HTTP/1.1\r\nHost: x\r\n" + header + b"\r\n\r\n"
+    )
+
+    assert response.split(b" ", 2)[1] == b"400"
+    [line] = [line for line in records(captured) if line["logger"] == "aiohttp.server"]
+    assert line["level"] == "warning"
+    assert "refused by the HTTP parser" in str(line["event"])
+    assert "exception" not in line
+
+
+async def test_a_handler_error_still_logs_its_traceback_at_error_level(
+    captured: io.StringIO, server_port: int
+) -> None:
+    response = await _raw_request(server_port, b"GET /fail HTTP/1.1\r\nHost: x\r\n\r\n")
+
+    assert response.split(b" ", 2)[1] == b"500"
+    [line] = [line for line in records(captured) if line["logger"] == "aiohttp.server"]
+    assert line["level"] == "error"
+    assert "a handler bug" in str(line["exception"])
