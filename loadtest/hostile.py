@@ -48,7 +48,7 @@ from loadtest.bench.report import machine_facts, write_section
 from loadtest.chaos import REPORT_TITLE
 from spotgate.apikeys import secret_matches
 from spotgate.emulator import AwsEmulator
-from spotgate.process import Child, ChildProcesses, free_port
+from spotgate.process import Child, ChildProcesses, free_port, serving_on_loopback
 from spotgate.protocol import DoneFrame, ErrorFrame, FrameError, PongFrame, parse_frame
 from spotgate.registry import CreatedApiKey, Registry
 from spotgate.settings import shared_env
@@ -867,14 +867,8 @@ async def foreign_jwks_server(foreign: SigningKey) -> AsyncIterator[tuple[str, l
 
     app = web.Application()
     app.router.add_get("/{tail:.*}", jwks)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        yield f"http://127.0.0.1:{port}/.well-known/jwks.json", fetched
-    finally:
-        await runner.cleanup()
+    async with serving_on_loopback(app) as url:
+        yield f"{url}/.well-known/jwks.json", fetched
 
 
 async def jwt_attacks(stack: HostileStack) -> list[Row]:

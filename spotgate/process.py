@@ -10,11 +10,13 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Coroutine
-from contextlib import suppress
+from collections.abc import AsyncIterator, Callable, Coroutine
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+
+from aiohttp import web
 
 from spotgate.logging import get_logger
 
@@ -26,6 +28,19 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+@asynccontextmanager
+async def serving_on_loopback(app: web.Application, port: int | None = None) -> AsyncIterator[str]:
+    """Serve `app` on a loopback port (a free one unless given) and yield its base URL."""
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = port or free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
 
 
 def run_service(main: Coroutine[Any, Any, None]) -> None:

@@ -5,6 +5,7 @@ Registered in the root conftest, so the session-scoped engine exists once per ru
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from gpu_agent.server import RUNTIME, create_app
 from gpu_agent.synthetic_engine import SyntheticEngine, synthetic_reply
 from gpu_agent.tiny_model import write_tiny_model
 from spotgate.emulator import AwsEmulator
-from spotgate.process import free_port
+from spotgate.process import free_port, serving_on_loopback
 from spotgate.registry import Registry
 from spotgate.settings import AgentSettings, SyntheticSettings, VllmSettings
 from spotgate.tokens import KeyRing, SigningKey, issue
@@ -101,12 +102,9 @@ class Imds:
 @pytest.fixture
 async def imds() -> AsyncIterator[Imds]:
     identity = InstanceIdentity("i-0test", "g6.xlarge", "us-east-1a", "spot")
-    runner = web.AppRunner(create_imds_app(identity))
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    yield Imds(f"http://127.0.0.1:{port}", runner.app)
-    await runner.cleanup()
+    app = create_imds_app(identity)
+    async with serving_on_loopback(app) as url:
+        yield Imds(url, app)
 
 
 AgentFactory = Callable[..., Awaitable[RunningAgent]]
@@ -115,7 +113,7 @@ AgentFactory = Callable[..., Awaitable[RunningAgent]]
 @pytest.fixture
 async def start_agent(aws: AwsEmulator, ring: KeyRing, imds: Imds) -> AsyncIterator[AgentFactory]:
     """Start agents serving a given engine (not closed with the agent: it is shared)."""
-    runners: list[web.AppRunner] = []
+    servers = contextlib.AsyncExitStack()
 
     async def start(
         engine: Engine | None = None,
@@ -142,17 +140,13 @@ async def start_agent(aws: AwsEmulator, ring: KeyRing, imds: Imds) -> AsyncItera
             return engine
 
         app = create_app(settings, engine_loader=loader or given, owns_engine=False)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        runners.append(runner)
-        return RunningAgent(f"http://127.0.0.1:{port}", app)
+        url = await servers.enter_async_context(serving_on_loopback(app, port))
+        return RunningAgent(url, app)
 
     async with Registry.open(aws.settings()) as registry:
         await registry.create_tables()
-    yield start
-    for runner in reversed(runners):
-        await runner.cleanup()
+    async with servers:
+        yield start
 
 
 @pytest.fixture

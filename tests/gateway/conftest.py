@@ -17,6 +17,7 @@ from pydantic import SecretStr
 from gateway.server import STATE, GatewayState, create_app
 from gpu_agent.engine import Engine
 from spotgate.emulator import AwsEmulator
+from spotgate.process import serving_on_loopback
 from spotgate.registry import AgentState, CreatedApiKey, Registry
 from spotgate.settings import (
     GatewaySettings,
@@ -70,13 +71,9 @@ async def running_gateway(
     settings = GatewaySettings(**{**fields, **overrides})
     async with Registry.open(aws.settings()) as registry:
         await registry.create_tables()
-    runner = web.AppRunner(create_app(settings))
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        yield Gateway(url, runner.app, signing_key)
-    finally:
-        await runner.cleanup()
+    app = create_app(settings)
+    async with serving_on_loopback(app, port):
+        yield Gateway(url, app, signing_key)
 
 
 @pytest.fixture

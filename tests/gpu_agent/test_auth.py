@@ -8,8 +8,8 @@ import pytest
 from aiohttp import web
 
 from gpu_agent.auth import TokenVerifier
+from spotgate.process import serving_on_loopback
 from spotgate.tokens import KeyRing, SigningKey, UnknownKid, issue
-from tests.agents import free_port
 
 ISSUER = "http://gw.test"
 
@@ -26,12 +26,8 @@ async def jwks_server() -> AsyncIterator[tuple[str, KeyRing, list[int]]]:
 
     app = web.Application()
     app.router.add_get("/.well-known/jwks.json", jwks)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    yield f"http://127.0.0.1:{port}/.well-known/jwks.json", ring, fetches
-    await runner.cleanup()
+    async with serving_on_loopback(app) as url:
+        yield f"{url}/.well-known/jwks.json", ring, fetches
 
 
 async def test_rotated_gateway_key_is_picked_up_on_first_unknown_kid(
