@@ -46,7 +46,7 @@ from hypothesis import strategies as st
 
 from loadtest.bench.report import machine_facts, write_section
 from loadtest.chaos import REPORT_TITLE
-from spotgate.apikeys import secret_matches
+from spotgate.apikeys import parse_api_key, secret_matches
 from spotgate.emulator import AwsEmulator
 from spotgate.process import Child, ChildProcesses, free_port, serving_on_loopback
 from spotgate.protocol import DoneFrame, ErrorFrame, FrameError, PongFrame, parse_frame
@@ -249,7 +249,7 @@ class HostileStack:
                 created = await registry.create_key(name, max_tokens=limit)
                 self.keys[name] = created
                 self.secrets.add(created.api_key)
-                self.secrets.add(created.api_key.rsplit("-", 1)[1])
+                self.secrets.add(parse_api_key(created.api_key).secret)
         await self.start_gateway("gateway")
         jwks_url = f"{self.gateway_url}/.well-known/jwks.json"
         self.agent = self.processes.start(
@@ -1214,6 +1214,13 @@ async def never_reads(target: str, url: str, credential: str, pid: int) -> Row:
 # --- logs ---------------------------------------------------------------------------------------
 
 
+def _masked(line: str, secrets: set[str]) -> str:
+    """The line with every secret in it replaced by `<secret>` (longest first)."""
+    for secret in sorted(secrets, key=len, reverse=True):
+        line = line.replace(secret, "<secret>")
+    return line
+
+
 def log_rows(stack: HostileStack) -> list[Row]:
     """No secret in any log line; no unhandled error; both services still running."""
     lines = stack.log_lines()
@@ -1223,10 +1230,12 @@ def log_rows(stack: HostileStack) -> list[Row]:
         f"secrets in logs: {len(stack.secrets)} API keys, secret "
         "halves, issued tokens and signing key lines searched for",
     )
-    leaked = [(name, secret) for name, line in lines for secret in stack.secrets if secret in line]
+    leaked = [(name, line) for name, line in lines for secret in stack.secrets if secret in line]
     leaks.record(
         f"{len(lines)} lines in {', '.join(files)}: {len(leaked)} secrets",
-        f"{leaked[0][0]} logs a secret" if leaked else None,
+        f"{leaked[0][0]} logs a secret: {_masked(leaked[0][1], stack.secrets)[:400]}"
+        if leaked
+        else None,
     )
     redacted = sum("[redacted]" in line for _name, line in lines)
     leaks.notes.append(f"{redacted} lines carry `[redacted]` where a credential was")
