@@ -48,6 +48,7 @@ from loadtest.bench.report import machine_facts, write_section
 from loadtest.chaos import REPORT_TITLE
 from spotgate.apikeys import parse_api_key, secret_matches
 from spotgate.emulator import AwsEmulator
+from spotgate.logging import PARSER_REFUSAL_EVENT
 from spotgate.process import Child, ChildProcesses, free_port, serving_on_loopback
 from spotgate.protocol import DoneFrame, ErrorFrame, FrameError, PongFrame, parse_frame
 from spotgate.registry import CreatedApiKey, Registry
@@ -1249,7 +1250,7 @@ def log_rows(stack: HostileStack) -> list[Row]:
         if "Traceback" in line or "Error handling request" in line or '"critical"' in line
     ]
     crashes.record(f"{len(bad)} such lines", f"{bad[0][0]}: {bad[0][1][:300]}" if bad else None)
-    refused = sum("refused by the HTTP parser" in line for _name, line in lines)
+    refused = sum(PARSER_REFUSAL_EVENT in line for _name, line in lines)
     crashes.notes.append(f"{refused} warnings (no traceback) for requests aiohttp's parser refused")
     try:
         stack.processes.check()

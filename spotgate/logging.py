@@ -82,6 +82,10 @@ def redact_secrets(_logger: WrappedLogger, _method: str, event_dict: EventDict) 
     return event_dict
 
 
+# The event of a request aiohttp's parser refused; the hostile-input battery counts these lines.
+PARSER_REFUSAL_EVENT = "request refused by the HTTP parser"
+
+
 class DemoteRefusedRequests(logging.Filter):
     """Log a request aiohttp's parser refused as one warning line, not an error with a traceback.
 
@@ -95,7 +99,7 @@ class DemoteRefusedRequests(logging.Filter):
         exc = record.exc_info[1] if record.exc_info else None
         if not isinstance(exc, HttpProcessingError) or record.levelno <= logging.WARNING:
             return True
-        record.msg, record.args = "request refused by the HTTP parser: %s", (exc,)
+        record.msg, record.args = f"{PARSER_REFUSAL_EVENT}: %s", (exc,)
         record.exc_info = None
         record.exc_text = None
         record.levelno, record.levelname = logging.WARNING, "WARNING"
