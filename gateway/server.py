@@ -30,6 +30,7 @@ from gateway.ratelimit import RateLimiter
 from gateway.relay import ClientFrame, RelayOutcome, relay_stream
 from gateway.signing import load_key_ring
 from spotgate.apikeys import MalformedApiKey, looks_like_api_key, parse_api_key
+from spotgate.context import early_refusal
 from spotgate.logging import bound_context, get_logger
 from spotgate.openai_api import ChatCompletionRequest, CompletionRequest, completion_id
 from spotgate.openai_http import read_body, respond
@@ -42,7 +43,7 @@ from spotgate.protocol import (
     Usage,
 )
 from spotgate.registry import Registry
-from spotgate.settings import TOKEN_TTL_MAX_SECONDS, GatewaySettings
+from spotgate.settings import MAX_REQUEST_BYTES, TOKEN_TTL_MAX_SECONDS, GatewaySettings
 from spotgate.tokens import GATEWAY_SUBJECT_PREFIX, KeyRing, issue
 from spotgate.wsserver import (
     AuthRefused,
@@ -54,8 +55,6 @@ from spotgate.wsserver import (
     json_error,
     serve_websocket,
 )
-
-MAX_HTTP_BODY_BYTES = 4 * 1024 * 1024
 
 log = get_logger(__name__)
 
@@ -135,7 +134,11 @@ def _refusal(
         return ErrorCode.UNAUTHORIZED, "token expired; send an 'auth' frame with a fresh one"
     if not principal.allows_model(frame.model):
         return ErrorCode.FORBIDDEN, f"this key may not use model '{frame.model}'"
-    if principal.max_tokens is not None and frame.max_tokens > principal.max_tokens:
+    if (
+        principal.max_tokens is not None
+        and frame.max_tokens is not None
+        and frame.max_tokens > principal.max_tokens
+    ):
         return (
             ErrorCode.INVALID_REQUEST,
             f"max_tokens {frame.max_tokens} exceeds this key's limit of {principal.max_tokens}",
@@ -149,6 +152,10 @@ def _refusal(
         )
     if frame.resume is not None:
         return ErrorCode.INVALID_REQUEST, "'resume' is set by the gateway, not by clients"
+    context = state.dispatcher.view.context_limits(frame.model)
+    too_long = early_refusal(frame, context) if context is not None else None
+    if too_long is not None:
+        return ErrorCode.CONTEXT_LENGTH_EXCEEDED, too_long
     return None
 
 
@@ -540,7 +547,7 @@ async def drain_sockets(app: web.Application) -> None:
 
 def create_app(settings: GatewaySettings) -> web.Application:
     """The gateway application."""
-    app = web.Application(client_max_size=MAX_HTTP_BODY_BYTES)
+    app = web.Application(client_max_size=MAX_REQUEST_BYTES)
 
     async def resources(app: web.Application) -> AsyncIterator[None]:
         connector = aiohttp.TCPConnector(limit=settings.agent_connection_limit)

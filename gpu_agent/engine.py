@@ -21,6 +21,10 @@ class EngineRequestError(ValueError):
     """The engine refused a request as invalid (e.g. prompt plus max_tokens too long)."""
 
 
+class NoChatTemplate(EngineRequestError):
+    """The model has no chat template, so it can only complete a raw prompt."""
+
+
 class EngineFailed(RuntimeError):
     """The engine cannot serve any more (e.g. its process died); no request will succeed."""
 
@@ -52,9 +56,18 @@ class Engine(Protocol):
     kind: EngineKind
     model: str
     capacity: int
+    max_model_len: int
+    """Tokens of prompt and completion together that one sequence may hold."""
+    max_token_chars: int
+    """An upper bound on the prompt characters one token stands for (see `spotgate.context`)."""
+    held_token_ids: frozenset[int]
+    """Ids whose text waits for the ids after them (`gpu_agent.detokenizer.held_token_ids`)."""
 
     def chat_prompt_ids(self, messages: Sequence[ChatMessage]) -> list[int]:
-        """Token ids of the chat template applied to `messages`, ready for the reply."""
+        """Token ids of the model's chat template applied to `messages`, ready for the reply.
+
+        Raises `NoChatTemplate` for a model that has none.
+        """
         ...
 
     def text_prompt_ids(self, prompt: str) -> list[int]:

@@ -192,6 +192,8 @@ class AgentRuntime:
                 started_at=time.time(),
                 engine=engine.kind,
                 version=__version__,
+                max_model_len=engine.max_model_len,
+                max_token_chars=engine.max_token_chars,
             )
         )
         self.registered = True

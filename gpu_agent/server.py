@@ -35,9 +35,10 @@ from spotgate.protocol import (
     ErrorCode,
     ErrorFrame,
     GenerateFrame,
+    max_gateway_frame_bytes,
 )
 from spotgate.registry import Registry
-from spotgate.settings import AgentSettings
+from spotgate.settings import MAX_REQUEST_BYTES, AgentSettings
 from spotgate.tokens import GATEWAY_SUBJECT_PREFIX, Claims, TokenError
 from spotgate.wsserver import (
     AuthRefused,
@@ -48,7 +49,6 @@ from spotgate.wsserver import (
     serve_websocket,
 )
 
-MAX_HTTP_BODY_BYTES = 4 * 1024 * 1024
 MAX_GATEWAY_LINK_STREAMS = 100_000
 """Streams one gateway link may carry: far above any engine's batch (vLLM queues the rest)."""
 
@@ -159,6 +159,7 @@ async def _serve_stream(
                 engine,
                 agent_id=runtime.identity.agent_id if runtime.identity else "",
                 progress=progress,
+                key_max_tokens=claims.mtk,
             )
         ) as frames:
             async for out in frames:
@@ -229,7 +230,7 @@ def _start_stream(
     send: Send,
 ) -> StreamHandle:
     slot: list[StreamHandle] = []
-    progress = StreamProgress(max_tokens=frame.max_tokens)
+    progress = StreamProgress()
 
     async def run() -> None:
         with bound_context(stream_id=frame.id):
@@ -270,7 +271,14 @@ def _stream_handlers(runtime: AgentRuntime, verifier: TokenVerifier) -> StreamHa
             return MAX_GATEWAY_LINK_STREAMS
         return None
 
-    return StreamHandlers(authenticate, refusal, start, max_streams)
+    def max_frame_bytes(claims: Claims) -> int | None:
+        # A gateway's link carries any request a client may send it, and resumes.
+        engine = runtime.engine
+        if claims.sub.startswith(GATEWAY_SUBJECT_PREFIX) and engine is not None:
+            return max_gateway_frame_bytes(engine.max_model_len, engine.max_token_chars)
+        return None
+
+    return StreamHandlers(authenticate, refusal, start, max_streams, max_frame_bytes)
 
 
 async def websocket(request: web.Request) -> web.StreamResponse:
@@ -330,7 +338,7 @@ def create_app(
     issuer = token_issuer(settings)
     if not (settings.jwks_url or settings.pinned_public_key):
         raise AgentConfigError("set SPOTGATE_AGENT_JWKS_URL or SPOTGATE_AGENT_PINNED_PUBLIC_KEY")
-    app = web.Application(client_max_size=MAX_HTTP_BODY_BYTES)
+    app = web.Application(client_max_size=MAX_REQUEST_BYTES)
     app[SETTINGS] = settings
 
     async def http_session(app: web.Application) -> AsyncIterator[None]:

@@ -12,8 +12,9 @@ from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
-from gpu_agent.detokenizer import IncrementalDetokenizer
+from gpu_agent.detokenizer import IncrementalDetokenizer, ResumeMismatch
 from gpu_agent.engine import Engine, FinishReason, GenerationRequest
+from spotgate.context import ContextExceeded, completion_budget
 from spotgate.protocol import (
     DeltaFrame,
     DoneFrame,
@@ -39,7 +40,7 @@ class StreamRefused(Exception):
 class StreamProgress:
     """What a running stream has produced, for drain decisions and metrics."""
 
-    max_tokens: int
+    max_tokens: int = 0  # the completion's budget, once the prompt is measured
     completion_tokens: int = 0
     started_at: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
@@ -56,7 +57,12 @@ def check_request(
         )
     if claims is not None and not claims.allows_model(frame.model):
         raise StreamRefused(ErrorCode.FORBIDDEN, f"this key may not use model '{frame.model}'")
-    if claims is not None and claims.mtk is not None and frame.max_tokens > claims.mtk:
+    if (
+        claims is not None
+        and claims.mtk is not None
+        and frame.max_tokens is not None
+        and frame.max_tokens > claims.mtk
+    ):
         raise StreamRefused(
             ErrorCode.INVALID_REQUEST,
             f"max_tokens {frame.max_tokens} exceeds this key's limit of {claims.mtk}",
@@ -74,10 +80,48 @@ def _prompt_ids(frame: GenerateFrame, engine: Engine) -> list[int]:
     return engine.text_prompt_ids(frame.prompt or "")
 
 
-def _find_stop(text: str, stops: list[str], search_from: int) -> int | None:
-    """Index in `text` where the earliest stop string starts, searching from `search_from`."""
-    found = [index for stop in stops if stop and (index := text.find(stop, search_from)) >= 0]
+def _find_stop(text: str, stops: list[str]) -> int | None:
+    """Index in `text` where the earliest stop string starts."""
+    found = [index for stop in stops if (index := text.find(stop)) >= 0]
     return min(found) if found else None
+
+
+def _last(text: str, chars: int) -> str:
+    return text[max(0, len(text) - chars) :] if chars else ""
+
+
+class _StopFilter:
+    """Text on its way to the client, cut before the first stop string.
+
+    Text that may be the start of a stop string is held back until what follows settles it.
+    Only that much sent text is kept (a stop string may begin in it after a resume), so a
+    step costs the same however long the stream is.
+    """
+
+    def __init__(self, stops: list[str], sent: str) -> None:
+        self.stops = [stop for stop in stops if stop]
+        self.holdback = max((len(stop) for stop in self.stops), default=1) - 1
+        self._sent_tail = _last(sent, self.holdback)
+        self._unsent = ""
+        self.stopped = False
+
+    def feed(self, text: str, final: bool) -> str:
+        """Add decoded text; return what may go to the client now (`stopped` once cut)."""
+        window = self._sent_tail + self._unsent + text
+        seen = len(self._sent_tail)
+        stop_at = _find_stop(window, self.stops) if self.stops else None
+        if stop_at is not None:
+            self.stopped = True
+            end = max(seen, stop_at)
+        elif final:
+            end = len(window)
+        else:
+            end = max(seen, len(window) - self.holdback)
+        out = window[seen:end]
+        kept = window[:end]
+        self._sent_tail = _last(kept, self.holdback)
+        self._unsent = window[end:]
+        return out
 
 
 async def generate_frames(
@@ -87,25 +131,45 @@ async def generate_frames(
     agent_id: str,
     progress: StreamProgress | None = None,
     queue_ms: float = 0.0,
+    key_max_tokens: int | None = None,
 ) -> AsyncGenerator[StartFrame | DeltaFrame | DoneFrame, None]:
-    """Run one generation and yield its frames; closing the iterator aborts it in the engine."""
+    """Run one generation and yield its frames; closing the iterator aborts it in the engine.
+
+    Raises `StreamRefused` (before any frame) for a request the model's context cannot hold
+    or a resume whose text is not that of its ids.
+    """
     started = time.monotonic()
-    progress = progress or StreamProgress(max_tokens=frame.max_tokens)
     prompt_ids = _prompt_ids(frame, engine)
+    try:
+        budget = completion_budget(
+            engine.max_model_len, len(prompt_ids), frame.max_tokens, key_max_tokens
+        )
+    except ContextExceeded as err:
+        raise StreamRefused(ErrorCode.CONTEXT_LENGTH_EXCEEDED, str(err)) from err
+    progress = progress or StreamProgress(max_tokens=budget)
+    progress.max_tokens = budget
     resume = frame.resume
     resumed_ids = resume.token_ids if resume else []
     sent_text = resume.text if resume else ""
-    remaining = frame.max_tokens - len(resumed_ids)
+    try:
+        detokenizer = IncrementalDetokenizer(
+            engine.decode, resumed_ids, sent_text, held_ids=engine.held_token_ids
+        )
+    except ResumeMismatch as err:
+        raise StreamRefused(ErrorCode.INVALID_REQUEST, str(err)) from err
+    remaining = budget - len(resumed_ids)
     progress.completion_tokens = len(resumed_ids)
-    detokenizer = IncrementalDetokenizer(engine.decode, resumed_ids, sent_text)
-    stops = [stop for stop in frame.stop if stop]
-    holdback = max((len(stop) for stop in stops), default=1) - 1
-    sent_chars = len(sent_text)
+    stop_filter = _StopFilter(frame.stop, sent_text)
     first_token_ms: float | None = None
 
     yield StartFrame(id=frame.id, agent=agent_id, engine=engine.kind)
     finish: FinishReason = "length"
-    if remaining > 0:
+    if remaining <= 0:  # moved after its last token: only text held back is left to send
+        text = stop_filter.feed(detokenizer.flush(), final=True)
+        if text:
+            yield DeltaFrame(id=frame.id, text=text, n=0, ids=[] if frame.want_ids else None)
+        finish = "stop" if stop_filter.stopped else "length"
+    else:
         request = GenerationRequest(
             request_id=f"{agent_id}:{frame.id}:{time.monotonic_ns()}",
             prompt_ids=prompt_ids,
@@ -120,26 +184,23 @@ async def generate_frames(
                 if first_token_ms is None:
                     first_token_ms = (time.monotonic() - started) * 1000
                     progress.first_token_at = time.monotonic()
-                detokenizer.push(step.token_ids)
-                if step.finish_reason is not None:
-                    detokenizer.flush()
-                text = detokenizer.text
-                stop_at = _find_stop(text, stops, max(0, sent_chars - holdback))
-                if stop_at is not None:
-                    end, finish = stop_at, "stop"
+                final = step.finish_reason is not None
+                decoded = detokenizer.push(step.token_ids)
+                if final:
+                    decoded += detokenizer.flush()
+                text = stop_filter.feed(decoded, final)
+                if stop_filter.stopped:
+                    finish = "stop"
                 elif step.finish_reason is not None:
-                    end, finish = len(text), step.finish_reason
-                else:
-                    end = max(sent_chars, len(text) - holdback)
+                    finish = step.finish_reason
                 progress.completion_tokens += len(step.token_ids)
                 yield DeltaFrame(
                     id=frame.id,
-                    text=text[sent_chars:end],
+                    text=text,
                     n=len(step.token_ids),
                     ids=list(step.token_ids) if frame.want_ids else None,
                 )
-                sent_chars = end
-                if stop_at is not None or step.finish_reason is not None:
+                if stop_filter.stopped or final:
                     break
     total_ms = (time.monotonic() - started) * 1000
     yield DoneFrame(

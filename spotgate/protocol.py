@@ -8,6 +8,7 @@ received text frame goes through `parse_frame`, which returns a typed frame or r
 from __future__ import annotations
 
 import json
+import re
 from enum import StrEnum
 from typing import Annotated, Any, Literal, Self, overload
 
@@ -21,7 +22,7 @@ from pydantic import (
     model_validator,
 )
 
-from spotgate.settings import DEFAULT_MAX_FRAME_BYTES
+from spotgate.settings import DEFAULT_MAX_FRAME_BYTES, MAX_REQUEST_BYTES
 
 PROTOCOL_VERSION = "spotgate.v1"
 MAX_STREAM_ID_CHARS = 128
@@ -36,6 +37,7 @@ class ErrorCode(StrEnum):
     UNAUTHORIZED = "unauthorized"
     FORBIDDEN = "forbidden"
     INVALID_REQUEST = "invalid_request"
+    CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
     RATE_LIMITED = "rate_limited"
     NO_CAPACITY = "no_capacity"
     TIMEOUT = "timeout"
@@ -85,7 +87,8 @@ class GenerateFrame(_Strict):
     model: ModelName
     messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None
     prompt: str | None = None
-    max_tokens: Annotated[int, Field(ge=1, le=1_000_000)] = 256
+    # None: what the model's context leaves after the prompt (as OpenAI and vLLM do).
+    max_tokens: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
     temperature: Annotated[float, Field(ge=0, le=2)] = 1.0
     top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
     stop: Annotated[list[str], Field(max_length=MAX_STOP_SEQUENCES)] = []
@@ -276,14 +279,34 @@ def parse_frame(
 def _checked_bytes(data: str | bytes, max_bytes: int) -> bytes:
     if isinstance(data, str):
         if len(data) > max_bytes:  # each character is at least one byte
-            raise FrameError(f"frame exceeds the {max_bytes}-byte limit")
+            raise FrameError(
+                f"frame exceeds the {max_bytes}-byte limit", id=leading_stream_id(data)
+            )
         try:
             data = data.encode("utf-8")
         except UnicodeEncodeError as err:
             raise FrameError("frame is not valid UTF-8 text") from err
     if len(data) > max_bytes:
-        raise FrameError(f"frame of {len(data)} bytes exceeds the {max_bytes}-byte limit")
+        raise FrameError(
+            f"frame of {len(data)} bytes exceeds the {max_bytes}-byte limit",
+            id=leading_stream_id(data),
+        )
     return data
+
+
+_LEADING_ID = re.compile(rb'"id"\s*:\s*"([A-Za-z0-9_.:-]{1,%d})"' % MAX_STREAM_ID_CHARS)
+LEADING_ID_SEARCH_BYTES = 1024
+
+
+def leading_stream_id(data: str | bytes) -> str | None:
+    """The stream id near the start of a frame too large to parse, so its error names it.
+
+    Frames put `type` and `id` first (ours always do): an oversize `generate` is answered as
+    an `error` for its own stream, and the connection's other streams go on.
+    """
+    head = data[:LEADING_ID_SEARCH_BYTES]
+    found = _LEADING_ID.search(head.encode("utf-8", "replace") if isinstance(head, str) else head)
+    return found.group(1).decode() if found else None
 
 
 def _explain(raw: bytes, err: ValidationError, origin: Origin) -> FrameError:
@@ -328,6 +351,24 @@ def _is_utf8(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+JSON_CHAR_BYTES = 6
+"""The most one character takes in a JSON string (a control character: `\\u0001`)."""
+TOKEN_ID_JSON_BYTES = len(f",{MAX_TOKEN_ID}")
+FRAME_FIELDS_BYTES = 4096
+"""What a gateway adds to a client's request: a stream id, `want_ids`, the resume's fields."""
+
+
+def max_gateway_frame_bytes(max_model_len: int, max_token_chars: int) -> int:
+    """The largest `generate` frame a gateway can send to an agent of this model.
+
+    The client's request (re-encoded, it is no larger than the MAX_REQUEST_BYTES it came in)
+    plus a resume of a whole context: its ids, and their text, each token at most
+    `max_token_chars` characters.
+    """
+    resume = max_model_len * (TOKEN_ID_JSON_BYTES + JSON_CHAR_BYTES * max_token_chars)
+    return MAX_REQUEST_BYTES + FRAME_FIELDS_BYTES + resume
 
 
 def encode_frame(frame: AnyFrame) -> str:

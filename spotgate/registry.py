@@ -104,6 +104,10 @@ class AgentRecord:
     ready_at: float | None = None
     engine: EngineKind = "vllm"
     version: str = __version__
+    # The model's context in tokens, and the most prompt characters one token stands for
+    # (`spotgate.context`): the gateway refuses prompts they prove too long. 0: not published.
+    max_model_len: int = 0
+    max_token_chars: int = 0
 
     def is_live(self, now: float) -> bool:
         """Whether the entry has not expired (heartbeats keep pushing `expires_at`)."""

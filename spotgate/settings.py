@@ -30,6 +30,9 @@ TOKEN_TTL_MAX_SECONDS = 15 * 60
 DEFAULT_MAX_FRAME_BYTES = 64 * 1024
 """DESIGN.md §10: client frames are capped at 64 KiB unless configured otherwise."""
 
+MAX_REQUEST_BYTES = 4 * 1024 * 1024
+"""The largest request a service reads: an HTTP body, or a websocket frame at most."""
+
 LogLevel = Literal["debug", "info", "warning", "error"]
 LogFormat = Literal["auto", "json", "console"]
 Lifecycle = Literal["spot", "on-demand", "local"]
@@ -86,7 +89,9 @@ class SharedSettings(BaseSettings):
 class SocketLimits(_Section):
     """Limits on every websocket (DESIGN.md §4); each breach is a clear `error` frame."""
 
-    max_frame_bytes: PositiveInt = DEFAULT_MAX_FRAME_BYTES
+    # A client's frame; at most MAX_REQUEST_BYTES, so a gateway's link to an agent, sized
+    # from it, carries every frame a legal request can make (`spotgate.protocol`).
+    max_frame_bytes: Annotated[int, Field(gt=0, le=MAX_REQUEST_BYTES)] = DEFAULT_MAX_FRAME_BYTES
     heartbeat_seconds: PositiveFloat = 20.0
     idle_timeout_seconds: PositiveFloat = 300.0
     auth_timeout_seconds: PositiveFloat = 5.0
@@ -180,6 +185,9 @@ class SyntheticSettings(_Section):
     ttft_seconds: Annotated[float, Field(ge=0)] = 0.05
     tokens_per_second: PositiveFloat = 50.0
     capacity: PositiveInt = 256
+    # Its prompts are one token per UTF-8 byte; this is the context it says it has (a reply
+    # asked for without max_tokens fills it: the synthetic engine never ends one by itself).
+    max_model_len: PositiveInt = 32_768
     # Reply to a chat with its last user message, a byte per token (UI tests: exact text).
     echo: bool = False
 

@@ -134,6 +134,18 @@ class StreamHandlers(Generic[Principal]):
     start: Callable[[GenerateFrame, Principal, Send], StreamControl]
     # Streams one socket may run at once; None: the socket limit of the settings.
     max_streams: Callable[[Principal], int | None] = lambda _principal: None
+    # The largest frame a principal authenticated by header may send; None: the settings'.
+    max_frame_bytes: Callable[[Principal], int | None] = lambda _principal: None
+
+
+OVERSIZE_ANSWERED_BYTES = 1024 * 1024
+"""A frame up to this much over its limit is still read, to answer it with an `error` for its
+stream; past that aiohttp closes the socket (1009), and every stream on it ends."""
+
+
+def receive_limit(frame_limit: int) -> int:
+    """The aiohttp `max_msg_size` of a socket whose frames may have `frame_limit` bytes."""
+    return frame_limit + max(frame_limit, OVERSIZE_ANSWERED_BYTES)
 
 
 def bearer_token(request: web.Request) -> str | None:
@@ -165,8 +177,13 @@ async def serve_websocket(
             principal = await handlers.authenticate(token)
         except AuthRefused as err:
             return json_error(err.code, str(err), err.retry_after)
+    frame_limit = limits.max_frame_bytes
+    if principal is not None:
+        frame_limit = handlers.max_frame_bytes(principal) or frame_limit
     ws = web.WebSocketResponse(
-        heartbeat=limits.heartbeat_seconds, max_msg_size=limits.max_frame_bytes, compress=compress
+        heartbeat=limits.heartbeat_seconds,
+        max_msg_size=receive_limit(frame_limit),
+        compress=compress,
     )
     socket = FrameSocket(ws, request, await ws.prepare(request))
     if sockets is not None:
@@ -198,7 +215,7 @@ async def serve_websocket(
                 )
                 continue
             try:
-                frame = parse_frame(message.data, max_bytes=limits.max_frame_bytes)
+                frame = parse_frame(message.data, max_bytes=frame_limit)
             except FrameError as err:
                 await send(err.frame())
                 continue

@@ -10,6 +10,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -27,9 +28,12 @@ from spotgate.process import free_port, serving_on_loopback
 from spotgate.registry import Registry
 from spotgate.settings import AgentSettings, SyntheticSettings, VllmSettings
 from spotgate.tokens import KeyRing, SigningKey, issue
+from tests.tokenizers import tokenizer_dir
 
 ISSUER = "http://gateway.test"
 TINY_MODEL = "tiny"
+LLAMA2_MODEL = "tiny-llama2"
+"""The tiny Llama on Llama-2's published tokenizer: SentencePiece, byte fallback, no template."""
 
 
 async def wait_for(condition: Callable[[], Awaitable[bool]], within: float = 30.0) -> None:
@@ -54,11 +58,16 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_model(tmp_path_factory.mktemp("models") / "tiny")
 
 
-def vllm_settings(model_dir: Path) -> AgentSettings:
+@pytest.fixture(scope="session")
+def llama2_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_model(tmp_path_factory.mktemp("models") / "llama2", tokenizer_dir("llama2"))
+
+
+def vllm_settings(model_dir: Path, served_model_name: str = TINY_MODEL) -> AgentSettings:
     return AgentSettings(
         engine="vllm",
         model=str(model_dir),
-        served_model_name=TINY_MODEL,
+        served_model_name=served_model_name,
         vllm=VllmSettings(
             dtype="float32",
             max_model_len=2048,
@@ -75,6 +84,15 @@ async def vllm_engine(tiny_model_dir: Path) -> AsyncIterator[Engine]:
     from gpu_agent.vllm_engine import VllmEngine
 
     engine = await VllmEngine.start(vllm_settings(tiny_model_dir))
+    yield engine
+    await engine.close()
+
+
+@pytest.fixture(scope="session")
+async def vllm_llama2_engine(llama2_model_dir: Path) -> AsyncIterator[Engine]:
+    from gpu_agent.vllm_engine import VllmEngine
+
+    engine = await VllmEngine.start(vllm_settings(llama2_model_dir, LLAMA2_MODEL))
     yield engine
     await engine.close()
 
@@ -161,15 +179,18 @@ async def wait_ready(agent: RunningAgent) -> RunningAgent:
 
 
 def synthetic(
-    tokens_per_second: float, model: str = "synth", ttft_seconds: float = 0.0
+    tokens_per_second: float,
+    model: str = "synth",
+    ttft_seconds: float = 0.0,
+    **more: Any,
 ) -> SyntheticEngine:
-    """A synthetic engine at a given pace."""
+    """A synthetic engine at a given pace (`more`: other `SyntheticSettings`)."""
     return SyntheticEngine(
         AgentSettings(
             engine="synthetic",
             served_model_name=model,
             synthetic=SyntheticSettings(
-                ttft_seconds=ttft_seconds, tokens_per_second=tokens_per_second
+                ttft_seconds=ttft_seconds, tokens_per_second=tokens_per_second, **more
             ),
         )
     )

@@ -11,12 +11,14 @@ from spotgate.emulator import AwsEmulator
 from spotgate.registry import Registry
 from tests.agents import (  # fixtures for every suite  # noqa: F401
     imds,
+    llama2_model_dir,
     ring,
     start_agent,
     synthetic_engine,
     tiny_model_dir,
     token,
     vllm_engine,
+    vllm_llama2_engine,
 )
 
 

@@ -11,11 +11,12 @@ import openai
 import pytest
 import websockets
 
-from gateway.server import MAX_HTTP_BODY_BYTES, allowed_origins, origin_allowed
+from gateway.server import allowed_origins, origin_allowed
 from spotgate.emulator import AwsEmulator
 from spotgate.registry import AgentState, CreatedApiKey, Registry
-from spotgate.settings import GatewaySettings
+from spotgate.settings import MAX_REQUEST_BYTES, GatewaySettings
 from spotgate.tokens import KeyRing, SigningKey, issue, verify
+from spotgate.wsserver import receive_limit
 from tests.agents import Imds, expected_text, spot_notice, wait_for
 from tests.gateway.conftest import (
     MODEL,
@@ -247,7 +248,7 @@ async def test_no_capacity_unknown_models_and_full_queues_are_clear_errors(
             json={"model": "no-such-model", "messages": [{"role": "user", "content": "x"}]},
         ) as response,
     ):
-        assert response.status == 422
+        assert response.status == 400
 
 
 async def test_rate_limits_answer_429_with_retry_after(
@@ -353,7 +354,12 @@ async def test_bad_input_gets_its_documented_error_and_the_socket_lives_on(
         assert (await run_streams(ws, resume))["r"][-1]["code"] == "invalid_request"
         await send(ws, {"type": "ping"})
         assert await receive(ws) == {"type": "pong"}
+        # Over the frame cap: an error, and the socket lives on; far over it, it closes (1009).
         await ws.send('{"type":"auth","token":"' + "a" * 70_000 + '"}')
+        assert "65536-byte limit" in (await receive(ws))["message"]
+        await send(ws, {"type": "ping"})
+        assert await receive(ws) == {"type": "pong"}
+        await ws.send('{"type":"auth","token":"' + "a" * receive_limit(65536) + '"}')
         with pytest.raises(Exception) as closed:
             await receive(ws)
         assert "1009" in str(closed.value)  # the frame cap closed the socket
@@ -544,7 +550,7 @@ async def test_slow_and_oversized_bodies_get_json_errors(
 
         async with aiohttp.ClientSession() as http:
             headers = {"Authorization": f"Bearer {api_key.api_key}"}
-            body = b"x" * (MAX_HTTP_BODY_BYTES + 1)
+            body = b"x" * (MAX_REQUEST_BYTES + 1)
             async with http.post(
                 f"{gw.url}/v1/chat/completions", data=body, headers=headers
             ) as response:

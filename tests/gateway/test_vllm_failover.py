@@ -6,29 +6,31 @@ import pytest
 
 from gpu_agent.engine import Engine
 from spotgate.registry import CreatedApiKey
-from tests.agents import TINY_MODEL, Imds, spot_notice
+from tests.agents import LLAMA2_MODEL, TINY_MODEL, Imds, spot_notice
 from tests.gateway.conftest import Gateway, GatewayAgentFactory
 from tests.gpu_agent.wsclient import connect, generate, ids_of, receive, run_streams, send, text_of
 
 pytestmark = pytest.mark.vllm
 
 
+@pytest.mark.parametrize("model", [TINY_MODEL, LLAMA2_MODEL])
 async def test_drained_vllm_stream_resumes_byte_for_byte(
     gateway: Gateway,
     gateway_agent: GatewayAgentFactory,
     vllm_engine: Engine,
+    vllm_llama2_engine: Engine,
     api_key: CreatedApiKey,
     imds: Imds,
+    model: str,
 ) -> None:
+    engine = vllm_engine if model == TINY_MODEL else vllm_llama2_engine
     request = generate(
-        "ref",
-        TINY_MODEL,
-        content="Tell me about spot",
-        max_tokens=1200,
-        temperature=0,
-        want_ids=True,
+        "ref", model, content="Tell me about spot", max_tokens=1200, temperature=0, want_ids=True
     )
-    doomed = await gateway_agent(model=TINY_MODEL, engine=vllm_engine)
+    if model == LLAMA2_MODEL:  # Llama-2's tokenizer has no chat template: a raw prompt
+        del request["messages"]
+        request["prompt"] = "Tell me about spot"
+    doomed = await gateway_agent(model=model, engine=engine)
     async with connect(gateway.ws_url, api_key.api_key) as ws:
         reference = (await run_streams(ws, request))["ref"]
 
@@ -36,7 +38,7 @@ async def test_drained_vllm_stream_resumes_byte_for_byte(
         frames = [await receive(ws)]
         assert frames[0]["agent"] == doomed.runtime.identity.agent_id  # type: ignore[union-attr]
         # The second agent shares the engine (identical weights); it gets no notice.
-        await gateway_agent(model=TINY_MODEL, engine=vllm_engine, imds_url="http://127.0.0.1:9")
+        await gateway_agent(model=model, engine=engine, imds_url="http://127.0.0.1:9")
         # 16 s to the deadline, 15 s margin: the long stream is handed back at once.
         await spot_notice(imds, in_seconds=16)
         while frames[-1]["type"] not in ("done", "error"):
@@ -45,5 +47,5 @@ async def test_drained_vllm_stream_resumes_byte_for_byte(
     assert frames[-1]["type"] == "done", frames[-1]
     assert len({f["agent"] for f in frames if f["type"] == "start"}) == 2
     assert ids_of(frames) == ids_of(reference)
-    assert text_of(frames) == text_of(reference)
+    assert text_of(frames) == text_of(reference) == engine.decode(ids_of(reference))
     assert frames[-1]["usage"] == reference[-1]["usage"]

@@ -2,10 +2,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from hypothesis import given
+import pytest
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpu_agent.detokenizer import IncrementalDetokenizer
+from gpu_agent.detokenizer import Decode, IncrementalDetokenizer, ResumeMismatch
+from tests.tokenizers import FAMILIES, backend, held
 
 # A byte-level vocabulary: token i is one or two raw bytes, as in byte-level BPE.
 VOCAB = [bytes([b]) for b in range(256)] + ["日".encode()[:2], "é".encode(), b" a", b"\xe6\x97"]
@@ -60,3 +62,74 @@ def test_unfinished_characters_are_held_back_until_complete() -> None:
     assert detok.push([ord("a")]) == "a"
     assert detok.push([0xC3]) == ""
     assert detok.flush() == "\ufffd"
+
+
+def test_a_resume_whose_text_is_not_that_of_its_ids_is_refused() -> None:
+    with pytest.raises(ResumeMismatch):
+        IncrementalDetokenizer(decode, token_ids=[ord("a")], text="b")
+
+
+# --- the published tokenizers ------------------------------------------------------------------
+
+
+@st.composite
+def generated_ids(draw: st.DrawFn, family: str) -> list[int]:
+    """Ids as a model may generate them: any piece, with byte pieces, multi-byte characters
+    spelt in bytes, and special tokens mixed in."""
+    tokenizer = backend(family)
+    vocab = tokenizer.get_vocab_size(with_added_tokens=True)
+    special = sorted(i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special)
+    bytes_of = [tokenizer.token_to_id(f"<0x{b:02X}>") for b in range(256)]
+    pieces: list[st.SearchStrategy[list[int]]] = [
+        st.integers(0, vocab - 1).map(lambda i: [i]),
+        st.sampled_from(special).map(lambda i: [i]),
+        # multi-byte characters as the tokenizer writes them (byte pieces, or byte-level pieces)
+        st.sampled_from("日本語é€😀ж").map(
+            lambda c: tokenizer.encode(c, add_special_tokens=False).ids
+        ),
+    ]
+    if None not in bytes_of:
+        pieces.append(st.integers(0, 255).map(lambda b: [bytes_of[b]]))
+        pieces.append(st.sampled_from("日€😀é").map(lambda c: [bytes_of[b] for b in c.encode()]))
+    parts = draw(st.lists(st.one_of(pieces), max_size=30))
+    return [token for part in parts for token in part]
+
+
+def decoder(family: str) -> Decode:
+    """The tokenizer's own decoding of a whole list, as the agent asks for it."""
+    tokenizer = backend(family)
+    return lambda ids: tokenizer.decode(list(ids), skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_real_tokenizers_stream_exactly_their_own_decode(family: str, data: st.DataObject) -> None:
+    ids = data.draw(generated_ids(family))
+    sizes = data.draw(st.lists(st.integers(min_value=1, max_value=4), max_size=30))
+    detokenizer = IncrementalDetokenizer(decoder(family), held_ids=held(family))
+    assert stream(ids, sizes, detokenizer) == backend(family).decode(ids, skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_real_tokenizers_resume_exactly_at_every_cut(family: str, data: st.DataObject) -> None:
+    decode_ids = decoder(family)
+    ids = data.draw(generated_ids(family))
+    whole = decode_ids(ids)
+    for cut in range(len(ids) + 1):
+        first = IncrementalDetokenizer(decode_ids, held_ids=held(family))
+        sent = "".join(first.push([token]) for token in ids[:cut])
+        # A stop string's hold-back may leave the client up to a few characters behind.
+        sent = sent[: max(0, len(sent) - data.draw(st.integers(0, 3), label="held back"))]
+        resumed = IncrementalDetokenizer(decode_ids, ids[:cut], sent, held_ids=held(family))
+        assert sent + stream(ids[cut:], [1] * len(ids), resumed) == whole, cut
+
+
+def test_llama2_keeps_the_spaces_a_piece_decoded_alone_loses() -> None:
+    ids = backend("llama2").encode("tobaccoicipmajor recon dess", add_special_tokens=False).ids
+    detokenizer = IncrementalDetokenizer(decoder("llama2"), held_ids=held("llama2"))
+    deltas = [detokenizer.push([token]) for token in ids]
+    assert "".join(deltas) + detokenizer.flush() == "tobaccoicipmajor recon dess"
+    assert " recon" in deltas

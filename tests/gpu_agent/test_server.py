@@ -11,11 +11,13 @@ import pytest
 import websockets
 
 from gpu_agent.engine import Engine
-from gpu_agent.synthetic_engine import SyntheticEngine
+from gpu_agent.synthetic_engine import ECHO_ID_BASE, SyntheticEngine
 from spotgate.emulator import AwsEmulator
+from spotgate.protocol import max_gateway_frame_bytes
 from spotgate.registry import AgentState, Registry
-from spotgate.settings import AgentSettings
-from spotgate.tokens import KeyRing, SigningKey, issue
+from spotgate.settings import MAX_REQUEST_BYTES, AgentSettings, SocketLimits
+from spotgate.tokens import GATEWAY_SUBJECT_PREFIX, KeyRing, SigningKey, issue
+from spotgate.wsserver import receive_limit
 from tests.agents import (
     ISSUER,
     AgentFactory,
@@ -113,16 +115,65 @@ async def test_bad_frames_get_errors_and_the_socket_lives_on(
         assert "synth" in error["message"]
         await ws.send(b"\x00binary")
         assert (await receive(ws))["code"] == "invalid_request"
+        # Over the frame cap: an error for that stream, and the socket's other streams go on.
         await ws.send(json.dumps(generate("big", "synth", content="x" * 70_000)))
+        error = await receive(ws)
+        assert (error["code"], error["id"]) == ("invalid_request", "big")
+        assert "65536-byte limit" in error["message"]
+        frames = await run_streams(ws, generate("after", "synth", max_tokens=3))
+        assert frames["after"][-1]["type"] == "done"
+        # Far over it (past what is read to answer): the socket closes, 1009, as the cap holds.
+        await ws.send(json.dumps(generate("huge", "synth", content="x" * (receive_limit(65536)))))
         with pytest.raises(websockets.ConnectionClosed) as closed:
             await receive(ws)
         assert closed.value.rcvd is not None
-        assert closed.value.rcvd.code == 1009  # message too big: the frame cap held
+        assert closed.value.rcvd.code == 1009
     async with connect(agent.ws_url, token) as ws:
         await send(ws, {"type": "ping"})
         assert await receive(ws) == {"type": "pong"}
         frames = await run_streams(ws, generate("ok", "synth", max_tokens=3))
         assert frames["ok"][-1]["type"] == "done"
+
+
+async def test_a_gateway_link_carries_the_largest_frame_a_legal_request_and_resume_make(
+    start_agent: AgentFactory, ring: KeyRing
+) -> None:
+    max_model_len = 20_000
+    engine = synthetic(1000.0, echo=True, max_model_len=max_model_len)
+    agent = await wait_ready(await start_agent(engine))
+    gateway_token = issue(
+        ring, subject=f"{GATEWAY_SUBJECT_PREFIX}gw-test", issuer=ISSUER, now=time.time()
+    ).token
+    # A request as large as a gateway reads: the most prompt characters, all control characters
+    # (6 JSON bytes each), and empty turns up to the size limit; moved after a whole context
+    # of tokens whose text is control characters too.
+    echoed_control = ECHO_ID_BASE + 1
+    prompt = {"role": "user", "content": "\x01" * SocketLimits().max_prompt_chars}
+    empty_turn = {"role": "assistant", "content": ""}
+    turns = (MAX_REQUEST_BYTES - len(json.dumps(prompt))) // len(json.dumps(empty_turn) + ",")
+    largest = {
+        "type": "generate",
+        "id": "largest",
+        "model": "synth",
+        "messages": [prompt, *[empty_turn] * (turns - 1)],
+        "want_ids": True,
+        "resume": {
+            "token_ids": [echoed_control] * max_model_len,
+            "text": "\x01" * max_model_len,
+            "completion_tokens": max_model_len,
+        },
+    }
+    encoded = json.dumps(largest)
+    limit = max_gateway_frame_bytes(max_model_len, engine.max_token_chars)
+    assert MAX_REQUEST_BYTES < len(encoded.encode()) <= limit
+
+    async with connect(agent.ws_url, gateway_token) as ws:
+        await ws.send(encoded)
+        answer = await receive(ws)  # the link took it: the stream gets its own answer
+        after = await run_streams(ws, generate("after", "synth", content="still here"))
+
+    assert (answer["id"], answer["code"]) == ("largest", "context_length_exceeded"), answer
+    assert text_of(after["after"]) == "still here"
 
 
 async def test_missing_expired_and_foreign_tokens_are_refused(
@@ -227,7 +278,7 @@ async def test_an_engine_that_fails_its_warm_up_never_registers(
 async def test_spot_notice_drains_hands_back_long_streams_and_leaves_gone(
     start_agent: AgentFactory, imds: Imds, aws: AwsEmulator, token: str
 ) -> None:
-    slow = synthetic(tokens_per_second=20.0)
+    slow = synthetic(tokens_per_second=20.0, max_model_len=200_000)  # streams that outlive it
     agent = await wait_ready(await start_agent(slow))
     agent_id = agent.runtime.identity.agent_id
     async with connect(agent.ws_url, token) as ws:
@@ -274,7 +325,7 @@ async def test_spot_notice_drains_hands_back_long_streams_and_leaves_gone(
 async def test_heartbeats_report_load_and_rebalance_is_only_recorded(
     start_agent: AgentFactory, imds: Imds, aws: AwsEmulator, token: str
 ) -> None:
-    slow = synthetic(tokens_per_second=20.0)
+    slow = synthetic(tokens_per_second=20.0, max_model_len=200_000)  # streams that outlive it
     agent = await wait_ready(await start_agent(slow))
     agent_id = agent.runtime.identity.agent_id
     async with (
@@ -307,7 +358,7 @@ async def test_heartbeats_report_load_and_rebalance_is_only_recorded(
 async def test_a_client_that_never_reads_pauses_its_stream(
     start_agent: AgentFactory, token: str
 ) -> None:
-    flood = synthetic(tokens_per_second=1_000_000.0)
+    flood = synthetic(tokens_per_second=1_000_000.0, max_model_len=2_000_000)
     agent = await wait_ready(await start_agent(flood))
     max_tokens = 1_000_000  # one second of work at this rate, about 7 MB of text
     headers = {"Authorization": f"Bearer {token}"}

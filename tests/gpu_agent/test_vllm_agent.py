@@ -1,9 +1,15 @@
-"""The agent on real vLLM (CPU build here, CUDA on a GPU machine) and the tiny model."""
+"""The agent on real vLLM (CPU build here, CUDA on a GPU machine) and the tiny models.
+
+The tests that say something about text run on two vocabularies: the built-in byte-level
+one, and Llama-2's published SentencePiece tokenizer (byte fallback, no chat template).
+"""
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import openai
@@ -15,6 +21,7 @@ from gpu_agent.vllm_engine import VllmEngine
 from spotgate.emulator import AwsEmulator
 from spotgate.registry import AgentState, Registry
 from tests.agents import (
+    LLAMA2_MODEL,
     TINY_MODEL,
     AgentFactory,
     RunningAgent,
@@ -22,7 +29,16 @@ from tests.agents import (
     wait_for,
     wait_ready,
 )
-from tests.gpu_agent.wsclient import connect, generate, ids_of, receive, run_streams, send, text_of
+from tests.gpu_agent.wsclient import (
+    Frame,
+    connect,
+    generate,
+    ids_of,
+    receive,
+    run_streams,
+    send,
+    text_of,
+)
 
 pytestmark = pytest.mark.vllm
 
@@ -32,6 +48,37 @@ GREEDY = {"temperature": 0.0}
 @pytest.fixture
 async def agent(start_agent: AgentFactory, vllm_engine: Engine) -> RunningAgent:
     return await wait_ready(await start_agent(vllm_engine))
+
+
+@dataclass
+class Served:
+    """An agent on one of the tiny models, and how to ask it for text."""
+
+    agent: RunningAgent
+    engine: Engine
+
+    @property
+    def model(self) -> str:
+        return self.engine.model
+
+    def request(self, stream_id: str, content: str) -> Frame:
+        if self.model == LLAMA2_MODEL:  # a base model's tokenizer: no chat template
+            return {"type": "generate", "id": stream_id, "model": self.model, "prompt": content}
+        return generate(stream_id, self.model, content=content)
+
+    def ask(self, stream_id: str, content: str = "Tell me about spot", **extra: Any) -> Frame:
+        return self.request(stream_id, content) | extra
+
+
+@pytest.fixture(params=[TINY_MODEL, LLAMA2_MODEL])
+async def served(
+    request: pytest.FixtureRequest,
+    start_agent: AgentFactory,
+    vllm_engine: Engine,
+    vllm_llama2_engine: Engine,
+) -> Served:
+    engine = vllm_engine if request.param == TINY_MODEL else vllm_llama2_engine
+    return Served(await wait_ready(await start_agent(engine)), engine)
 
 
 async def test_streams_over_ws_with_token_ids(agent: RunningAgent, token: str) -> None:
@@ -46,6 +93,25 @@ async def test_streams_over_ws_with_token_ids(agent: RunningAgent, token: str) -
     assert done["usage"]["completion_tokens"] == len(ids_of(frames)) > 0
     assert done["usage"]["prompt_tokens"] > 0
     assert done["timings"]["ttft_ms"] <= done["timings"]["total_ms"]
+
+
+PROMPTS = ("Tell me about spot", "Hello there", "日本語で答えて", "def add(a, b):")
+
+
+async def test_streamed_text_is_the_decode_of_the_streamed_ids(served: Served, token: str) -> None:
+    async with connect(served.agent.ws_url, token) as ws:
+        replies = await run_streams(
+            ws,
+            *(
+                served.ask(f"r{n}", prompt, max_tokens=96, want_ids=True, **GREEDY)
+                for n, prompt in enumerate(PROMPTS)
+            ),
+        )
+
+    for frames in replies.values():
+        ids = ids_of(frames)
+        assert len(ids) == 96
+        assert text_of(frames) == served.engine.decode(ids)
 
 
 async def test_sixteen_concurrent_streams_on_one_socket(agent: RunningAgent, token: str) -> None:
@@ -100,12 +166,10 @@ async def test_disconnect_aborts_the_request_in_the_engine(
 
 @pytest.mark.parametrize("k", [1, 5, 17, 40, 63])
 async def test_resumed_greedy_generation_continues_exactly(
-    agent: RunningAgent, token: str, k: int
+    served: Served, token: str, k: int
 ) -> None:
-    request = generate(
-        "full", TINY_MODEL, content="Tell me about spot", max_tokens=64, want_ids=True, **GREEDY
-    )
-    async with connect(agent.ws_url, token) as ws:
+    request = served.ask("full", max_tokens=64, want_ids=True, **GREEDY)
+    async with connect(served.agent.ws_url, token) as ws:
         whole = (await run_streams(ws, request))["full"]
         ids, text = ids_of(whole), text_of(whole)
         # What a client had after k tokens: the text of the frames that brought them.
@@ -123,6 +187,7 @@ async def test_resumed_greedy_generation_continues_exactly(
         rest = (await run_streams(ws, resumed_request))["rest"]
 
     assert len(ids) == 64
+    assert text == served.engine.decode(ids)
     assert ids[:count] + ids_of(rest) == ids
     assert sent + text_of(rest) == text
     assert rest[-1]["usage"]["completion_tokens"] == 64
@@ -158,7 +223,7 @@ async def test_openai_sdk_against_the_agent(agent: RunningAgent, token: str) -> 
     assert chunks[-1].usage is not None
     assert chunks[-1].usage.completion_tokens == 16
 
-    with pytest.raises(openai.UnprocessableEntityError):
+    with pytest.raises(openai.BadRequestError):
         await client.chat.completions.create(model=TINY_MODEL, messages=[], max_tokens=4)
     with pytest.raises(openai.AuthenticationError):
         await openai.AsyncOpenAI(
@@ -166,18 +231,101 @@ async def test_openai_sdk_against_the_agent(agent: RunningAgent, token: str) -> 
         ).chat.completions.create(model=TINY_MODEL, messages=messages, max_tokens=4)  # type: ignore[arg-type]
 
 
-async def test_stop_strings_end_the_reply_before_them(agent: RunningAgent, token: str) -> None:
-    async with connect(agent.ws_url, token) as ws:
-        whole = text_of(
-            (await run_streams(ws, generate("a", TINY_MODEL, max_tokens=48, **GREEDY)))["a"]
-        )
+async def test_stop_strings_end_the_reply_before_them(served: Served, token: str) -> None:
+    async with connect(served.agent.ws_url, token) as ws:
+        whole = text_of((await run_streams(ws, served.ask("a", max_tokens=48, **GREEDY)))["a"])
         stop = whole[10:13]
-        cut = (
-            await run_streams(ws, generate("b", TINY_MODEL, max_tokens=48, stop=[stop], **GREEDY))
-        )["b"]
+        cut = (await run_streams(ws, served.ask("b", max_tokens=48, stop=[stop], **GREEDY)))["b"]
 
     assert text_of(cut) == whole[: whole.index(stop)]
     assert cut[-1]["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize("moved_after", [12, 30])
+async def test_a_stop_string_across_the_seam_of_a_moved_stream_is_honoured(
+    served: Served, token: str, moved_after: int
+) -> None:
+    """Part of the stop string came from the first agent, the rest from the next one."""
+    async with connect(served.agent.ws_url, token) as ws:
+        reference = (await run_streams(ws, served.ask("ref", max_tokens=64, **GREEDY)))["ref"]
+        whole = text_of(reference)
+        # Where a client stands mid-stream with a 5-character stop string active: the frames
+        # before the last (that one flushes the held-back text as the stream ends).
+        unseen = "\x00\x01\x02\x03\x04"  # as long as the stop string below
+        assert unseen not in whole
+        first = (
+            await run_streams(
+                ws,
+                served.ask("first", max_tokens=moved_after, stop=[unseen], want_ids=True, **GREEDY),
+            )
+        )["first"]
+        before_move = [frame for frame in first if frame["type"] == "delta"][:-1]
+        client_ids, client_text = ids_of(before_move), text_of(before_move)
+        decoded = served.engine.decode(client_ids)  # the first agent had this much text
+        assert len(client_text) < len(decoded)  # and held some back for the stop string
+        stop = whole[len(decoded) - 2 : len(decoded) + 3]  # 2 characters before the move
+        assert whole.index(stop) == len(decoded) - 2
+        rest = (
+            await run_streams(
+                ws,
+                served.ask(
+                    "rest",
+                    max_tokens=64,
+                    stop=[stop],
+                    want_ids=True,
+                    resume={
+                        "token_ids": client_ids,
+                        "text": client_text,
+                        "completion_tokens": len(client_ids),
+                    },
+                    **GREEDY,
+                ),
+            )
+        )["rest"]
+
+    assert client_text + text_of(rest) == whole[: whole.index(stop)]
+    assert rest[-1]["finish_reason"] == "stop"
+
+
+async def test_a_chat_to_a_model_without_a_chat_template_is_refused_clearly(
+    start_agent: AgentFactory, vllm_llama2_engine: Engine, token: str
+) -> None:
+    agent = await wait_ready(await start_agent(vllm_llama2_engine))
+    async with connect(agent.ws_url, token) as ws:
+        refused = (await run_streams(ws, generate("chat", LLAMA2_MODEL, max_tokens=4)))["chat"]
+    client = openai.AsyncOpenAI(base_url=f"{agent.url}/v1", api_key=token, max_retries=0)
+    with pytest.raises(openai.BadRequestError) as http_refusal:
+        await client.chat.completions.create(
+            model=LLAMA2_MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4
+        )
+
+    assert refused[-1]["type"] == "error"
+    assert refused[-1]["code"] == "invalid_request"
+    assert "no chat template" in refused[-1]["message"]
+    assert "no chat template" in http_refusal.value.message
+
+
+async def test_the_context_bounds_the_reply_and_refuses_what_cannot_fit(
+    served: Served, token: str
+) -> None:
+    max_model_len = served.engine.max_model_len
+    async with connect(served.agent.ws_url, token) as ws:
+        long_prompt = "spot " * 1000  # about 1000-2000 tokens of the 2048
+        replies = await run_streams(
+            ws,
+            served.ask("rest-of-context", long_prompt, **GREEDY),
+            served.ask("too-long", long_prompt * 3, max_tokens=4),
+            served.ask("too-many", "hi", max_tokens=max_model_len),
+        )
+
+    whole = replies["rest-of-context"][-1]
+    assert whole["type"] == "done", whole
+    assert whole["finish_reason"] == "length"
+    assert whole["usage"]["prompt_tokens"] + whole["usage"]["completion_tokens"] == max_model_len
+    for refused in (replies["too-long"], replies["too-many"]):
+        assert [frame["type"] for frame in refused] == ["error"]
+        assert refused[0]["code"] == "context_length_exceeded"
+        assert f"maximum context length is {max_model_len} tokens" in refused[0]["message"]
 
 
 async def test_a_dead_engine_core_hands_streams_back_and_the_agent_leaves(

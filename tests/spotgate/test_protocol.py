@@ -41,7 +41,7 @@ def test_generate_with_messages_parses_with_defaults() -> None:
     assert isinstance(frame, GenerateFrame)
     assert frame.messages == [ChatMessage(role="user", content="hi")]
     assert (frame.max_tokens, frame.temperature, frame.top_p, frame.want_ids) == (
-        256,
+        None,
         1.0,
         1.0,
         False,

@@ -1,0 +1,78 @@
+"""The agent renders a chat with the model's own template, from its `tokenizer_config.json`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from transformers import AutoTokenizer
+
+from gpu_agent.engine import NoChatTemplate
+from gpu_agent.tiny_model import write_tiny_model
+from gpu_agent.vllm_engine import VllmEngine
+from spotgate.protocol import ChatMessage
+from tests.tokenizers import tokenizer_dir
+
+CONVERSATION = [
+    ChatMessage(role="system", content="You answer briefly."),
+    ChatMessage(role="user", content="  What is a spot instance?  "),
+    ChatMessage(role="assistant", content="Spare capacity, sold cheap."),
+    ChatMessage(role="user", content="And when AWS takes it back? 日本語"),
+]
+# Text of each template that only that model's own template writes.
+TEMPLATE_MARKS = {
+    "llama3": "<|start_header_id|>assistant<|end_header_id|>\n\n",
+    "qwen3": "<|im_start|>assistant\n",
+    "gemma3": "<start_of_turn>model\n",
+}
+
+
+def engine_on(model_dir: Path) -> VllmEngine:
+    """The engine's prompt side, as it loads the model directory (no generation here)."""
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    llm: Any = None
+    return VllmEngine(llm, tokenizer, "tiny", capacity=1, max_model_len=2048)
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    # Only the tokenizer matters here; the weights come along with every tiny model.
+    return {
+        family: write_tiny_model(tmp_path_factory.mktemp(family), tokenizer_dir(family))
+        for family in ("llama2", *TEMPLATE_MARKS)
+    }
+
+
+@pytest.mark.parametrize("family", sorted(TEMPLATE_MARKS))
+def test_the_agent_renders_what_apply_chat_template_renders(
+    family: str, model_dirs: dict[str, Path]
+) -> None:
+    published = AutoTokenizer.from_pretrained(tokenizer_dir(family))
+    expected = published.apply_chat_template(
+        [message.model_dump() for message in CONVERSATION],
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=False,
+    )
+
+    rendered = engine_on(model_dirs[family]).chat_prompt_ids(CONVERSATION)
+
+    assert rendered == list(expected)
+    assert published.decode(rendered).endswith(TEMPLATE_MARKS[family])
+
+
+def test_a_model_without_a_chat_template_refuses_chats(model_dirs: dict[str, Path]) -> None:
+    engine = engine_on(model_dirs["llama2"])
+    with pytest.raises(NoChatTemplate, match="no chat template"):
+        engine.chat_prompt_ids(CONVERSATION)
+    assert engine.text_prompt_ids("Hello")[0] == 1  # raw prompts work: <s> Hello
+
+
+@pytest.mark.parametrize(
+    ("family", "chars"), [("llama2", 16), ("llama3", 128), ("qwen3", 4 * 128), ("gemma3", 31)]
+)
+def test_max_token_chars_is_the_longest_piece_or_four_times_it_under_nfc(
+    family: str, chars: int, model_dirs: dict[str, Path]
+) -> None:
+    assert engine_on(model_dirs[family]).max_token_chars == chars
