@@ -163,6 +163,8 @@ async def admitted_frames(
     state: GatewayState, frame: GenerateFrame, principal: Principal, outcome: RelayOutcome
 ) -> AsyncGenerator[ClientFrame, None]:
     """A stream's frames for its client: admitted against its key's limits, then relayed."""
+    if principal.max_tokens is not None:  # a reply with no max_tokens stops at the key's limit
+        frame = frame.model_copy(update={"max_tokens_cap": principal.max_tokens})
     decision = state.limiter.admit(principal.key_id, principal.limits, time.time())
     if not decision.admitted:
         state.metrics.rejections.labels(reason="rate_limited").inc()

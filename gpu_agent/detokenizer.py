@@ -70,11 +70,6 @@ class IncrementalDetokenizer:
         elif text:
             raise ResumeMismatch("a resume with text must carry the token ids it came from")
 
-    @property
-    def token_ids(self) -> list[int]:
-        """Every id of the completion so far."""
-        return self._ids
-
     def push(self, new_ids: Sequence[int]) -> str:
         """Add generated ids; return the text they complete ("" while it is not final yet)."""
         self._ids.extend(new_ids)

@@ -38,3 +38,8 @@ class AgentMetrics:
         self.interruptions = Counter(
             "spotgate_agent_interruptions_total", "spot interruption notices", registry=r
         )
+        self.registration_failures = Counter(
+            "spotgate_agent_registration_failures_total",
+            "attempts to register that the registry did not take (tried again)",
+            registry=r,
+        )

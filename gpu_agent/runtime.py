@@ -9,6 +9,7 @@ marked `gone`.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Hashable
@@ -31,6 +32,8 @@ DRAIN_CHECK_SECONDS = 1.0
 WARMUP_PROMPT = "spotgate warm-up"
 WARMUP_TOKENS = 2
 IDENTITY_TIMEOUT_SECONDS = 3.0
+REGISTER_RETRY_SECONDS = (0.5, 1.0, 2.0, 5.0)
+"""Waits between registration attempts: soon at first, then every 5 s until it works."""
 
 log = get_logger(__name__)
 
@@ -133,7 +136,9 @@ class AgentRuntime:
             return
         if self.phase != "warming":  # a drain began while loading
             return
-        await self._register(self.engine, self.identity)
+        await self._register_until_done(self.engine, self.identity)
+        if self.phase != "warming":  # a drain began while the registry was out of reach
+            return
         self.phase = "ready"
         self.became_ready.set()
         self.metrics.ready.set(1)
@@ -197,6 +202,26 @@ class AgentRuntime:
             )
         )
         self.registered = True
+
+    async def _register_until_done(self, engine: Engine, identity: AgentIdentity) -> None:
+        """Register; while the registry cannot be written (an outage at boot), try again.
+
+        A refusal (`RegistryError`: the entry exists and is not ours to overwrite) is final.
+        """
+        for attempt in itertools.count():
+            delay = REGISTER_RETRY_SECONDS[min(attempt, len(REGISTER_RETRY_SECONDS) - 1)]
+            try:
+                await self._register(engine, identity)
+            except RegistryError:
+                raise
+            except Exception as err:  # DynamoDB unreachable or failing: the engine is ready
+                self.metrics.registration_failures.inc()
+                log.warning("registration failed; trying again", error=str(err), in_seconds=delay)
+                await asyncio.sleep(delay)
+            else:
+                return
+            if self.phase != "warming":
+                return
 
     async def _heartbeat_forever(self, agent_id: str) -> None:
         while True:

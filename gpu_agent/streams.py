@@ -140,9 +140,10 @@ async def generate_frames(
     """
     started = time.monotonic()
     prompt_ids = _prompt_ids(frame, engine)
+    caps = [cap for cap in (key_max_tokens, frame.max_tokens_cap) if cap is not None]
     try:
         budget = completion_budget(
-            engine.max_model_len, len(prompt_ids), frame.max_tokens, key_max_tokens
+            engine.max_model_len, len(prompt_ids), frame.max_tokens, min(caps, default=None)
         )
     except ContextExceeded as err:
         raise StreamRefused(ErrorCode.CONTEXT_LENGTH_EXCEEDED, str(err)) from err

@@ -128,7 +128,7 @@ def resolve_tokenizer(spec: str, cache: Path = DEFAULT_TOKENIZER_CACHE) -> Path:
     return directory
 
 
-def _save_tokenizer(out: Path, tokenizer_dir: Path | None) -> object:
+def save_tokenizer(out: Path, tokenizer_dir: Path | None) -> object:
     """Write the tokenizer into `out` and return it, loaded."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
@@ -160,7 +160,7 @@ def write_tiny_model(out: Path, tokenizer_dir: Path | None = None) -> Path:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer: Any = _save_tokenizer(out, tokenizer_dir)
+    tokenizer: Any = save_tokenizer(out, tokenizer_dir)
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=HIDDEN_SIZE,

@@ -87,8 +87,10 @@ class GenerateFrame(_Strict):
     model: ModelName
     messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None
     prompt: str | None = None
-    # None: what the model's context leaves after the prompt (as OpenAI and vLLM do).
+    # None: what the model's context leaves after the prompt (as OpenAI and vLLM do), up to
+    # `max_tokens_cap`: the gateway sets that to the API key's limit per request.
     max_tokens: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
+    max_tokens_cap: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
     temperature: Annotated[float, Field(ge=0, le=2)] = 1.0
     top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
     stop: Annotated[list[str], Field(max_length=MAX_STOP_SEQUENCES)] = []

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,13 @@ ISSUER = "http://gateway.test"
 TINY_MODEL = "tiny"
 LLAMA2_MODEL = "tiny-llama2"
 """The tiny Llama on Llama-2's published tokenizer: SentencePiece, byte fallback, no template."""
+
+
+def reset_emulator(emulator: AwsEmulator) -> None:
+    """Empty the AWS emulator: no tables, no queues (DynamoDB then refuses every write)."""
+    request = urllib.request.Request(f"{emulator.url}/moto-api/reset", method="POST")
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.status == 200
 
 
 async def wait_for(condition: Callable[[], Awaitable[bool]], within: float = 30.0) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import urllib.request
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
@@ -12,6 +11,7 @@ from spotgate.registry import Registry
 from tests.agents import (  # fixtures for every suite  # noqa: F401
     imds,
     llama2_model_dir,
+    reset_emulator,
     ring,
     start_agent,
     synthetic_engine,
@@ -47,9 +47,7 @@ def aws_emulator() -> Iterator[AwsEmulator]:
 @pytest.fixture
 def aws(aws_emulator: AwsEmulator) -> AwsEmulator:
     """The emulator, emptied of whatever an earlier test left."""
-    request = urllib.request.Request(f"{aws_emulator.url}/moto-api/reset", method="POST")
-    with urllib.request.urlopen(request, timeout=10) as response:
-        assert response.status == 200
+    reset_emulator(aws_emulator)
     return aws_emulator
 
 

@@ -7,7 +7,8 @@ import time
 import aiohttp
 import openai
 
-from spotgate.registry import CreatedApiKey
+from spotgate.emulator import AwsEmulator
+from spotgate.registry import CreatedApiKey, Registry
 from tests.agents import expected_text, synthetic
 from tests.gateway.conftest import MODEL, Gateway, GatewayAgentFactory
 from tests.gpu_agent.wsclient import connect, generate, receive, send, text_of
@@ -96,4 +97,21 @@ async def test_without_max_tokens_a_reply_may_fill_the_rest_of_the_context(
 
     assert reply.usage is not None
     assert reply.usage.prompt_tokens + reply.usage.completion_tokens == 300
+    assert reply.choices[0].finish_reason == "length"
+
+
+async def test_a_keys_max_tokens_caps_a_reply_that_names_no_max_tokens(
+    gateway: Gateway, gateway_agent: GatewayAgentFactory, aws: AwsEmulator
+) -> None:
+    await gateway_agent(engine=synthetic(2000.0, model=MODEL, max_model_len=300))
+    async with Registry.open(aws.settings()) as registry:
+        capped = await registry.create_key("capped", max_tokens=7)
+    client = openai.AsyncOpenAI(base_url=f"{gateway.url}/v1", api_key=capped.api_key)
+
+    reply = await client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "as much as allowed"}]
+    )
+
+    assert reply.usage is not None
+    assert reply.usage.completion_tokens == 7
     assert reply.choices[0].finish_reason == "length"

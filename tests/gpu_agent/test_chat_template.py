@@ -9,7 +9,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from gpu_agent.engine import NoChatTemplate
-from gpu_agent.tiny_model import write_tiny_model
+from gpu_agent.tiny_model import save_tokenizer
 from gpu_agent.vllm_engine import VllmEngine
 from spotgate.protocol import ChatMessage
 from tests.tokenizers import tokenizer_dir
@@ -37,11 +37,12 @@ def engine_on(model_dir: Path) -> VllmEngine:
 
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    # Only the tokenizer matters here; the weights come along with every tiny model.
-    return {
-        family: write_tiny_model(tmp_path_factory.mktemp(family), tokenizer_dir(family))
-        for family in ("llama2", *TEMPLATE_MARKS)
-    }
+    """Model directories as `spotgate model tiny` writes them, less the weights."""
+    directories = {}
+    for family in ("llama2", *TEMPLATE_MARKS):
+        directories[family] = tmp_path_factory.mktemp(family)
+        save_tokenizer(directories[family], tokenizer_dir(family))
+    return directories
 
 
 @pytest.mark.parametrize("family", sorted(TEMPLATE_MARKS))

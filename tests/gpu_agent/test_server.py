@@ -22,6 +22,7 @@ from tests.agents import (
     ISSUER,
     AgentFactory,
     Imds,
+    reset_emulator,
     spot_notice,
     synthetic,
     wait_for,
@@ -174,6 +175,28 @@ async def test_a_gateway_link_carries_the_largest_frame_a_legal_request_and_resu
 
     assert (answer["id"], answer["code"]) == ("largest", "context_length_exceeded"), answer
     assert text_of(after["after"]) == "still here"
+
+
+async def test_an_agent_that_cannot_register_at_boot_keeps_trying(
+    start_agent: AgentFactory, synthetic_engine: SyntheticEngine, aws: AwsEmulator
+) -> None:
+    reset_emulator(aws)  # no tables: DynamoDB refuses every write, as in an outage
+    agent = await start_agent(synthetic_engine)
+    metrics = agent.runtime.metrics.registry
+
+    async def failed_once() -> bool:
+        failures = metrics.get_sample_value("spotgate_agent_registration_failures_total")
+        return (failures or 0) >= 1
+
+    await wait_for(failed_once, within=10)
+    assert not agent.runtime.became_ready.is_set()
+    async with Registry.open(aws.settings()) as registry:
+        await registry.create_tables()
+        await wait_ready(agent)
+        record = await registry.get_agent(agent.runtime.settings.agent_id or "")
+
+    assert record is not None
+    assert record.state is AgentState.READY
 
 
 async def test_missing_expired_and_foreign_tokens_are_refused(

@@ -3,9 +3,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from transformers import AutoTokenizer
 
-from gpu_agent.tiny_model import HEAD_DIM, VOCAB_SIZE
+from gpu_agent.tiny_model import HEAD_DIM, TOKENIZER_FILES, VOCAB_SIZE, resolve_tokenizer
+from tests.tokenizers import tokenizer_dir
 
 
 def test_tiny_model_is_a_complete_offline_llama(tiny_model_dir: Path) -> None:
@@ -32,3 +34,24 @@ def test_the_same_seed_gives_the_same_weights(tiny_model_dir: Path, tmp_path: Pa
         tiny_model_dir / "model.safetensors"
     ).read_bytes()
     assert (again / "tokenizer.json").read_text() == (tiny_model_dir / "tokenizer.json").read_text()
+
+
+def test_on_a_published_tokenizer_the_model_takes_its_files_and_vocabulary(
+    llama2_model_dir: Path,
+) -> None:
+    published = tokenizer_dir("llama2")
+    for name in TOKENIZER_FILES:  # byte for byte: the chat template (or none) is the model's
+        assert (llama2_model_dir / name).read_bytes() == (published / name).read_bytes()
+    config = json.loads((llama2_model_dir / "config.json").read_text())
+    assert config["vocab_size"] == 32_000
+    assert (config["bos_token_id"], config["eos_token_id"]) == (1, 2)
+    assert json.loads((llama2_model_dir / "spotgate-tiny.json").read_text())["tokenizer"] == (
+        "llama2"
+    )
+
+
+def test_a_tokenizer_that_is_neither_published_nor_a_file_is_named_in_the_error(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(FileNotFoundError, match="llama2, llama3, qwen3, gemma3"):
+        resolve_tokenizer(str(tmp_path / "nowhere"))
