@@ -65,12 +65,29 @@ REQUEST_TIMEOUT_SECONDS = 20.0
 FLOOD_STREAMS = 16
 FLOOD_SECONDS = 8.0
 FLOOD_MAX_TOKENS = 1_000_000
+FLOOD_ENDINGS = frozenset({"timeout", "length"})
+"""How an unread stream may end: stopped for its unread backlog, or finished."""
 MAX_RSS_GROWTH_MB = 150.0
 MAX_OTHER_CLIENT_SECONDS = 5.0
 RSS_SAMPLE_SECONDS = 0.25
 MAX_FRAME_BYTES = 64 * 1024
 AIOHTTP_MAX_FIELD_BYTES = 8190  # aiohttp's parser refuses longer header lines with a plain 400
 AIOHTTP_MAX_HEADERS = 128
+# Headers aiohttp's parser refuses to see twice in a request (a plain 400, before spotgate).
+AIOHTTP_SINGLETON_HEADERS = frozenset(
+    {
+        "content-length",
+        "content-location",
+        "content-range",
+        "content-type",
+        "etag",
+        "host",
+        "max-forwards",
+        "server",
+        "transfer-encoding",
+        "user-agent",
+    }
+)
 ALLOWED_ORIGIN = "https://chat.example"
 FOREIGN_ORIGIN = "https://evil.example"
 FAILED_AUTH_PER_CLIENT = 20  # the gateway's defaults, which the battery checks
@@ -152,7 +169,8 @@ class Reply:
         """Why this answer breaks the rules, or None.
 
         A 4xx must carry a JSON error (except aiohttp's own 400 for a request beyond its parser
-        limits, which never reaches spotgate); a 5xx only as 503 with `Retry-After`.
+        limits or repeating a singleton header, which never reaches spotgate); a 5xx only as
+        503 with `Retry-After`.
         """
         if self.status >= 500 and not (self.status == 503 and "Retry-After" in self.headers):
             return f"{self.status}: {self.body[:120]!r}"
@@ -269,6 +287,8 @@ class HostileStack:
                 "SPOTGATE_AGENT_HTTP_BODY_TIMEOUT_SECONDS": str(SLOW_SENDER_TIMEOUT_SECONDS),
                 "SPOTGATE_AGENT_SYNTHETIC__TOKENS_PER_SECOND": str(TOKENS_PER_SECOND),
                 "SPOTGATE_AGENT_SYNTHETIC__TTFT_SECONDS": "0.01",
+                # Room for the flood's replies: a smaller context would refuse them outright.
+                "SPOTGATE_AGENT_SYNTHETIC__MAX_MODEL_LEN": str(2 * FLOOD_MAX_TOKENS),
             },
         )
         await self.wait_routable()
@@ -655,13 +675,17 @@ def fuzz_headers(target: str, url: str, path: str, credential: str, examples: in
             ("X-Huge", "v" * huge),
             *((name, value.strip()) for name, value in extra),
         ]
-        beyond_parser = len(headers) + 3 > AIOHTTP_MAX_HEADERS or any(
-            len(name) + len(value) + 2 > AIOHTTP_MAX_FIELD_BYTES for name, value in headers
+        sent = ["host", *(name.lower() for name, _value in headers), "content-length"]
+        repeated = {name for name in AIOHTTP_SINGLETON_HEADERS if sent.count(name) > 1}
+        beyond_parser = (
+            len(headers) + 3 > AIOHTTP_MAX_HEADERS
+            or bool(repeated)
+            or any(len(name) + len(value) + 2 > AIOHTTP_MAX_FIELD_BYTES for name, value in headers)
         )
         reply = http_call(url, path, headers=headers, body=chat_body(4))
         outcome = reply.outcome()
         if beyond_parser and reply.status == 400 and reply.error is None:
-            outcome = "400 from aiohttp's parser (request beyond its limits)"
+            outcome = "400 from aiohttp's parser (request beyond its limits, or a repeated header)"
         row.record(outcome, reply.problem(parser_limit_exceeded=beyond_parser))
 
     run()
@@ -1209,6 +1233,9 @@ async def never_reads(target: str, url: str, credential: str, pid: int) -> Row:
         )
     if len(served) != len(latencies) or not served or max(served) > MAX_OTHER_CLIENT_SECONDS:
         row.problems.append(f"another client was held up: {latencies[-3:]}")
+    refused = sorted(why for why in ends if why not in FLOOD_ENDINGS)
+    if refused:
+        row.problems.append(f"flood streams were refused, not streamed: {', '.join(refused)}")
     return row
 
 
@@ -1322,9 +1349,11 @@ def render(rows: list[Row], examples: int) -> str:
         "The gateway and one synthetic agent run as processes logging JSON at debug level; the "
         "agent verifies tokens against the gateway's JWKS. Every 4xx must carry OpenAI's JSON "
         "error body (aiohttp's own plain 400 for a request beyond its parser limits — a header "
-        "line over 8190 bytes, more than 128 headers — never reaches spotgate), nothing may be "
-        "a 5xx, a socket lives on after a bad frame or closes with 1009 (frame over 64 KiB) or "
-        "1007 (invalid UTF-8), and no log line may hold a secret. Failed authentications come "
+        "line over 8190 bytes, more than 128 headers, a repeated Host or Content-Type — never "
+        "reaches spotgate), nothing may be a 5xx, a socket lives on after a bad frame (one "
+        "over 64 KiB included: an error for its stream) or closes with 1009 (more than 1 MiB "
+        "over) or 1007 (invalid UTF-8), and no log line may hold a secret. Failed "
+        "authentications come "
         "from a new loopback address each, except where the row says otherwise. The stack runs "
         f"with {SLOW_SENDER_TIMEOUT_SECONDS:.0f} s keep-alive and body timeouts (defaults: 75 s "
         "and 30 s).",
