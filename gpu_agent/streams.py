@@ -147,7 +147,7 @@ async def generate_frames(
         )
     except ContextExceeded as err:
         raise StreamRefused(ErrorCode.CONTEXT_LENGTH_EXCEEDED, str(err)) from err
-    progress = progress or StreamProgress(max_tokens=budget)
+    progress = progress or StreamProgress()
     progress.max_tokens = budget
     resume = frame.resume
     resumed_ids = resume.token_ids if resume else []
