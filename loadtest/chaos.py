@@ -37,17 +37,28 @@ from typing import Any, Literal
 import aiohttp
 import psutil
 import websockets
+from pydantic import SecretStr
 
 from gpu_agent.synthetic_engine import synthetic_reply
 from gpu_agent.tiny_model import write_tiny_model
 from loadtest.bench.report import machine_facts, write_section
 from pool_manager.events import interruption_warning
-from spotgate.emulator import EMULATOR_REGION, AwsEmulator
-from spotgate.localstack import LOCAL_VLLM_ENV, TINY_SERVED_NAME
 from spotgate.process import Child, ChildProcesses, free_port
 from spotgate.registry import AgentRecord, Registry, aws_session
-from spotgate.settings import shared_env
+from spotgate.settings import (
+    AgentSettings,
+    GatewaySettings,
+    LocalPoolSettings,
+    PoolSettings,
+    QueueSettings,
+    SyntheticSettings,
+    TokenSettings,
+    settings_env,
+)
 from spotgate.tokens import SigningKey
+from stack.children import start_service
+from stack.emulator import EMULATOR_REGION, AwsEmulator
+from stack.local import LOCAL_VLLM, TINY_SERVED_NAME
 
 MODEL = "synthetic"
 DEFAULT_AGENTS = 3
@@ -185,58 +196,53 @@ class ChaosStack:
             self.queue_url = (await sqs.create_queue(QueueName="chaos-events"))["QueueUrl"]
         port = free_port()
         self.gateway_url = f"http://127.0.0.1:{port}"
-        env = {**shared_env(settings), "SPOTGATE_LOG_FORMAT": "json"}
-        self.gateway = self.processes.start("gateway", ["spotgate.cli", "gateway"], {
-            **env,
-            "SPOTGATE_GATEWAY_PORT": str(port),
-            "SPOTGATE_GATEWAY_PUBLIC_URL": self.gateway_url,
-            "SPOTGATE_GATEWAY_TOKEN__SIGNING_KEY_PEM": SigningKey.generate().to_pem(),
-            "SPOTGATE_GATEWAY_MODELS": json.dumps([self.engine.model]),
-            "SPOTGATE_GATEWAY_QUEUE__DEADLINE_SECONDS": "60",
-            "SPOTGATE_GATEWAY_SHUTDOWN_GRACE_SECONDS": str(GATEWAY_GRACE_SECONDS),
-        })  # fmt: skip
-        self.pool_manager = self.processes.start("pool-manager", ["spotgate.cli", "pool", "run"], {
-            **env,
-            "SPOTGATE_POOL_PROVIDER": "local",
-            "SPOTGATE_POOL_MODELS": json.dumps([self.engine.model]),
-            "SPOTGATE_POOL_MIN_AGENTS": str(self.agents),
-            "SPOTGATE_POOL_MAX_AGENTS": str(self.agents),
-            "SPOTGATE_POOL_SPOT_OVERPROVISION": "0",
-            "SPOTGATE_POOL_ON_DEMAND_FALLBACK": "false",
-            "SPOTGATE_POOL_LOOP_SECONDS": "1",
-            "SPOTGATE_POOL_EVENT_WAIT_SECONDS": "0",
-            "SPOTGATE_POOL_PORT": "0",
-            "SPOTGATE_POOL_INTERRUPTION_QUEUE_URL": self.queue_url,
-            "SPOTGATE_POOL_LOCAL__SERVED_MODEL_NAME": self.engine.model,
-            "SPOTGATE_POOL_LOCAL__JWKS_URL": f"{self.gateway_url}/.well-known/jwks.json",
-            "SPOTGATE_POOL_LOCAL__DRAIN_GRACE_SECONDS": "15",
-            "SPOTGATE_POOL_LOCAL__LOG_DIR": str(self.directory / "logs"),
-            **self._engine_env(),
-        })  # fmt: skip
+        shared = settings.model_copy(update={"log_format": "json"})
+        gateway = GatewaySettings(
+            shared=shared,
+            port=port,
+            public_url=self.gateway_url,
+            token=TokenSettings(signing_key_pem=SecretStr(SigningKey.generate().to_pem())),
+            models=(self.engine.model,),
+            queue=QueueSettings(deadline_seconds=60),
+            shutdown_grace_seconds=GATEWAY_GRACE_SECONDS,
+        )
+        self.gateway = start_service(self.processes, "gateway", gateway)
+        pool = PoolSettings(
+            shared=shared,
+            provider="local",
+            models=(self.engine.model,),
+            min_agents=self.agents,
+            max_agents=self.agents,
+            spot_overprovision=0,
+            on_demand_fallback=False,
+            loop_seconds=1,
+            event_wait_seconds=0,
+            port=0,
+            interruption_queue_url=self.queue_url,
+            local=self._local_pool(),
+        )
+        self.pool_manager = start_service(self.processes, "pool-manager", pool)
         return self
 
-    def _engine_env(self) -> dict[str, str]:
-        """The pool manager's settings for its agents' engine."""
-        agent_env = {
-            "SPOTGATE_AGENT_HEARTBEAT_SECONDS": str(AGENT_HEARTBEAT_SECONDS),
-            "SPOTGATE_AGENT_IMDS_POLL_SECONDS": "1",
-        }
+    def _local_pool(self) -> LocalPoolSettings:
+        """How the pool manager runs its agents, and their engine."""
+        local = LocalPoolSettings(
+            served_model_name=self.engine.model,
+            jwks_url=f"{self.gateway_url}/.well-known/jwks.json",
+            drain_grace_seconds=15,
+            log_dir=str(self.directory / "logs"),
+        )
+        agent = AgentSettings(heartbeat_seconds=AGENT_HEARTBEAT_SECONDS, imds_poll_seconds=1)
         if self.engine.kind == "synthetic":
-            agent_env |= {
-                "SPOTGATE_AGENT_SYNTHETIC__TOKENS_PER_SECOND": str(TOKENS_PER_SECOND),
-                "SPOTGATE_AGENT_SYNTHETIC__CAPACITY": str(self.agent_capacity),
-            }
-            return {"SPOTGATE_POOL_LOCAL__AGENT_ENV": json.dumps(agent_env)}
-        agent_env |= {
-            **LOCAL_VLLM_ENV,
-            **VLLM_SHARED_CPU_ENV,
-            "SPOTGATE_AGENT_VLLM__MAX_NUM_SEQS": str(self.agent_capacity),
-        }
-        return {
-            "SPOTGATE_POOL_LOCAL__ENGINE": "vllm",
-            "SPOTGATE_POOL_LOCAL__MODEL": str(write_tiny_model(self.directory / "tiny")),
-            "SPOTGATE_POOL_LOCAL__AGENT_ENV": json.dumps(agent_env),
-        }
+            synthetic = SyntheticSettings(
+                tokens_per_second=TOKENS_PER_SECOND, capacity=self.agent_capacity
+            )
+            agent_env = settings_env(agent.model_copy(update={"synthetic": synthetic}))
+            return local.model_copy(update={"agent_env": agent_env})
+        vllm = LOCAL_VLLM.model_copy(update={"max_num_seqs": self.agent_capacity})
+        agent_env = {**settings_env(agent.model_copy(update={"vllm": vllm})), **VLLM_SHARED_CPU_ENV}
+        model = str(write_tiny_model(self.directory / "tiny"))
+        return local.model_copy(update={"engine": "vllm", "model": model, "agent_env": agent_env})
 
     def expected_reply(self, prompt: str) -> str:
         """The whole reply a stream of `prompt` must deliver."""

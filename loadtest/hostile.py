@@ -43,17 +43,26 @@ import websockets.sync.client
 from aiohttp import web
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
+from pydantic import SecretStr
 
 from loadtest.bench.report import machine_facts, write_section
 from loadtest.chaos import REPORT_TITLE
 from spotgate.apikeys import parse_api_key, secret_matches
-from spotgate.emulator import AwsEmulator
 from spotgate.logging import PARSER_REFUSAL_EVENT
 from spotgate.process import Child, ChildProcesses, free_port, serving_on_loopback
 from spotgate.protocol import DoneFrame, ErrorFrame, FrameError, PongFrame, parse_frame
 from spotgate.registry import CreatedApiKey, Registry
-from spotgate.settings import shared_env
+from spotgate.settings import (
+    AgentSettings,
+    GatewaySettings,
+    QueueSettings,
+    SharedSettings,
+    SyntheticSettings,
+    TokenSettings,
+)
 from spotgate.tokens import AGENT_AUDIENCE, SigningKey
+from stack.children import start_service
+from stack.emulator import AwsEmulator
 
 MODEL = "synthetic"
 STREAM_TOKENS = 16
@@ -270,27 +279,25 @@ class HostileStack:
                 self.secrets.add(created.api_key)
                 self.secrets.add(parse_api_key(created.api_key).secret)
         await self.start_gateway("gateway")
-        jwks_url = f"{self.gateway_url}/.well-known/jwks.json"
-        self.agent = self.processes.start(
-            "agent",
-            ["spotgate.cli", "agent"],
-            {
-                **self._env(),
-                "SPOTGATE_AGENT_ENGINE": "synthetic",
-                "SPOTGATE_AGENT_SERVED_MODEL_NAME": MODEL,
-                "SPOTGATE_AGENT_AGENT_ID": "hostile-agent",
-                "SPOTGATE_AGENT_PORT": self.agent_url.rsplit(":", 1)[1],
-                "SPOTGATE_AGENT_JWKS_URL": jwks_url,
-                "SPOTGATE_AGENT_IMDS_URL": "http://127.0.0.1:9",
-                "SPOTGATE_AGENT_HEARTBEAT_SECONDS": "1",
-                "SPOTGATE_AGENT_KEEPALIVE_SECONDS": str(SLOW_SENDER_TIMEOUT_SECONDS),
-                "SPOTGATE_AGENT_HTTP_BODY_TIMEOUT_SECONDS": str(SLOW_SENDER_TIMEOUT_SECONDS),
-                "SPOTGATE_AGENT_SYNTHETIC__TOKENS_PER_SECOND": str(TOKENS_PER_SECOND),
-                "SPOTGATE_AGENT_SYNTHETIC__TTFT_SECONDS": "0.01",
+        agent = AgentSettings(
+            shared=self._shared(),
+            engine="synthetic",
+            served_model_name=MODEL,
+            agent_id="hostile-agent",
+            port=int(self.agent_url.rsplit(":", 1)[1]),
+            jwks_url=f"{self.gateway_url}/.well-known/jwks.json",
+            imds_url="http://127.0.0.1:9",
+            heartbeat_seconds=1,
+            keepalive_seconds=SLOW_SENDER_TIMEOUT_SECONDS,
+            http_body_timeout_seconds=SLOW_SENDER_TIMEOUT_SECONDS,
+            synthetic=SyntheticSettings(
+                tokens_per_second=TOKENS_PER_SECOND,
+                ttft_seconds=0.01,
                 # Room for the flood's replies: a smaller context would refuse them outright.
-                "SPOTGATE_AGENT_SYNTHETIC__MAX_MODEL_LEN": str(2 * FLOOD_MAX_TOKENS),
-            },
+                max_model_len=2 * FLOOD_MAX_TOKENS,
+            ),
         )
+        self.agent = start_service(self.processes, "agent", agent)
         await self.wait_routable()
         return self
 
@@ -301,33 +308,27 @@ class HostileStack:
             await self._http.close()
         self.emulator.stop()
 
-    def _env(self) -> dict[str, str]:
-        return {
-            **shared_env(self.emulator.settings()),
-            "SPOTGATE_LOG_FORMAT": "json",
-            "SPOTGATE_LOG_LEVEL": "debug",  # the most a log could say
-        }
+    def _shared(self) -> SharedSettings:
+        return self.emulator.settings().model_copy(
+            update={"log_format": "json", "log_level": "debug"}  # the most a log could say
+        )
 
     async def start_gateway(self, name: str) -> None:
         """Run the gateway with the current signing key; wait until it answers."""
         pem = self.signing_key.to_pem()
         self.secrets.update(line for line in pem.splitlines() if "-----" not in line)
-        self.gateway = self.processes.start(
-            name,
-            ["spotgate.cli", "gateway"],
-            {
-                **self._env(),
-                "SPOTGATE_GATEWAY_PORT": str(self.gateway_port),
-                "SPOTGATE_GATEWAY_PUBLIC_URL": self.gateway_url,
-                "SPOTGATE_GATEWAY_TOKEN__SIGNING_KEY_PEM": pem,
-                "SPOTGATE_GATEWAY_TOKEN__TTL_SECONDS": "900",
-                "SPOTGATE_GATEWAY_MODELS": json.dumps([MODEL]),
-                "SPOTGATE_GATEWAY_QUEUE__DEADLINE_SECONDS": "5",
-                "SPOTGATE_GATEWAY_ALLOWED_ORIGINS": json.dumps([ALLOWED_ORIGIN]),
-                "SPOTGATE_GATEWAY_KEEPALIVE_SECONDS": str(SLOW_SENDER_TIMEOUT_SECONDS),
-                "SPOTGATE_GATEWAY_HTTP_BODY_TIMEOUT_SECONDS": str(SLOW_SENDER_TIMEOUT_SECONDS),
-            },
+        gateway = GatewaySettings(
+            shared=self._shared(),
+            port=self.gateway_port,
+            public_url=self.gateway_url,
+            token=TokenSettings(signing_key_pem=SecretStr(pem), ttl_seconds=900),
+            models=(MODEL,),
+            queue=QueueSettings(deadline_seconds=5),
+            allowed_origins=(ALLOWED_ORIGIN,),
+            keepalive_seconds=SLOW_SENDER_TIMEOUT_SECONDS,
+            http_body_timeout_seconds=SLOW_SENDER_TIMEOUT_SECONDS,
         )
+        self.gateway = start_service(self.processes, name, gateway)
         async with asyncio.timeout(60):
             while True:
                 self.processes.check()

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from spotgate.localstack import LocalStackInfo, find_local_stack
 from spotgate.process import free_port
+from stack.local import LocalStackInfo, find_local_stack
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 USER_CLASSES = {
@@ -246,7 +246,7 @@ def plot_search(steps: Sequence[RunResult], out_dir: Path) -> Path | None:
 def local_stack(directory: Path, agents: int) -> Iterator[LocalStackInfo]:
     """`spotgate up --engine synthetic` in `directory`, stopped (drained) when the block ends."""
     directory.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "spotgate.cli", "up", "--engine", "synthetic",
+    command = [sys.executable, "-m", "cli", "up", "--engine", "synthetic",
                "--agents", str(agents), "--port", str(free_port())]  # fmt: skip
     process = subprocess.Popen(  # noqa: S603 - our own CLI
         command, cwd=directory, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True

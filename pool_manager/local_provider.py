@@ -1,8 +1,9 @@
 """The `local` provider: each agent is a subprocess with its own port and IMDS emulator.
 
 It stands in for EC2 in `spotgate up` and the tests. A launch starts an IMDS emulator that
-answers with the placement and lifecycle asked for, then `spotgate agent` pointed at it; the
-agent finds its identity there, warms up and registers, exactly as on an instance.
+answers with the placement and lifecycle asked for, then an agent (`python -m gpu_agent`)
+pointed at it; the agent finds its identity there, warms up and registers, exactly as on an
+instance.
 Terminating sends SIGTERM (the agent drains, as systemd would make it) and SIGKILLs what
 outlasts the drain grace. An interruption notice goes to the agent's IMDS emulator, and the
 agent is killed outright at the notice's deadline, as AWS reclaims an instance.
@@ -23,7 +24,7 @@ from pool_manager.policy import Launch, PlacementOption
 from pool_manager.provider import Instance, ProviderError
 from spotgate.logging import get_logger
 from spotgate.process import Child, ChildProcesses, free_port
-from spotgate.settings import LocalPoolSettings, SharedSettings, shared_env
+from spotgate.settings import AgentSettings, LocalPoolSettings, SharedSettings, settings_env
 
 LOCAL_INSTANCE_TYPE = "local"
 LOCAL_PLACEMENTS = (
@@ -57,7 +58,7 @@ class LocalProvider:
         *,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self._shared_env = shared_env(shared)
+        self._shared = shared
         self._settings = settings
         self._processes = ChildProcesses(Path(settings.log_dir))
         self._clock = clock
@@ -81,23 +82,20 @@ class LocalProvider:
              "--lifecycle", launch.lifecycle],
             {},
         )  # fmt: skip
-        env = {
-            **self._shared_env,
-            "SPOTGATE_AGENT_AGENT_ID": agent_id,
-            "SPOTGATE_AGENT_PORT": str(port),
-            "SPOTGATE_AGENT_ENGINE": self._settings.engine,
-            "SPOTGATE_AGENT_MODEL": self._settings.model,
-            "SPOTGATE_AGENT_SERVED_MODEL_NAME": model,
-            "SPOTGATE_AGENT_IMDS_URL": imds_url,
-            "SPOTGATE_AGENT_DRAIN_GRACE_SECONDS": str(self._settings.drain_grace_seconds),
-            **(
-                {"SPOTGATE_AGENT_JWKS_URL": self._settings.jwks_url}
-                if self._settings.jwks_url
-                else {}
-            ),
-            **self._settings.agent_env,
-        }
-        agent = self._processes.start(f"agent-{agent_id}", ["spotgate.cli", "agent"], env)
+        agent_settings = AgentSettings(
+            shared=self._shared,
+            agent_id=agent_id,
+            port=port,
+            engine=self._settings.engine,
+            model=self._settings.model,
+            served_model_name=model,
+            imds_url=imds_url,
+            drain_grace_seconds=self._settings.drain_grace_seconds,
+            jwks_url=self._settings.jwks_url,
+        )
+        env = {**settings_env(agent_settings), **self._settings.agent_env}
+        # `python -m gpu_agent`, as `spotgate agent` runs it on an instance
+        agent = self._processes.start(f"agent-{agent_id}", ["gpu_agent"], env)
         instance = Instance(
             instance_id=agent_id,
             agent_id=agent_id,

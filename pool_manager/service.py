@@ -26,6 +26,7 @@ from pool_manager.metrics import PoolMetrics
 from pool_manager.policy import PlacementOption, PolicySettings
 from pool_manager.provider import Provider
 from spotgate.logging import get_logger
+from spotgate.process import service_main
 from spotgate.registry import Registry
 from spotgate.settings import PoolSettings
 
@@ -166,3 +167,8 @@ async def serve_pool(settings: PoolSettings) -> None:
     finally:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
+
+
+def main() -> int:
+    """Run the pool manager with the settings in the environment (`python -m pool_manager`)."""
+    return service_main("pool manager", PoolSettings, serve_pool)

@@ -14,33 +14,64 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from aiohttp import web
+from pydantic import ValidationError
 
-from spotgate.logging import get_logger
+from spotgate.logging import configure_logging, get_logger
+from spotgate.settings import (
+    AgentSettings,
+    GatewaySettings,
+    PoolSettings,
+    describe_validation_error,
+)
 
 log = get_logger(__name__)
 
 
 def free_port() -> int:
-    """A free loopback TCP port (for local stacks, tests and benchmarks)."""
+    """A free loopback TCP port, for a child process that binds it itself.
+
+    Between this call and the child's bind another process may take it; a server in this
+    process binds port 0 instead (`loopback_socket`).
+    """
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
 
 
+def loopback_socket() -> socket.socket:
+    """A TCP socket bound to port 0 on loopback: the port is the kernel's and stays ours.
+
+    Its port is known (`socket_port`) before the server on it starts, for the URLs a
+    server's settings name (a gateway's public URL, an agent's advertised one).
+    """
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    return sock
+
+
+def socket_port(sock: socket.socket) -> int:
+    """The port a bound socket holds."""
+    return int(sock.getsockname()[1])
+
+
 @asynccontextmanager
-async def serving_on_loopback(app: web.Application, port: int | None = None) -> AsyncIterator[str]:
-    """Serve `app` on a loopback port (a free one unless given) and yield its base URL."""
+async def serving_on_loopback(
+    app: web.Application, sock: socket.socket | None = None
+) -> AsyncIterator[str]:
+    """Serve `app` on a loopback socket (a fresh one on port 0 unless given); yield its URL."""
+    sock = sock or loopback_socket()
     runner = web.AppRunner(app)
     await runner.setup()
-    port = port or free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
+    await web.SockSite(runner, sock).start()
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{socket_port(sock)}"
     finally:
         await runner.cleanup()
+        sock.close()
 
 
 def run_service(main: Coroutine[Any, Any, None]) -> None:
@@ -51,6 +82,33 @@ def run_service(main: Coroutine[Any, Any, None]) -> None:
         asyncio.run(main)
     else:
         uvloop.run(main)
+
+
+EXIT_BAD_INPUT = 2
+"""A service or command that cannot start with what it was given exits with this status."""
+
+ServiceSettings = TypeVar("ServiceSettings", GatewaySettings, AgentSettings, PoolSettings)
+
+
+def service_main(
+    name: str,
+    read_settings: Callable[[], ServiceSettings],
+    serve: Callable[[ServiceSettings], Coroutine[Any, Any, None]],
+    config_errors: tuple[type[Exception], ...] = (),
+) -> int:
+    """Run a service from its environment; a setting it cannot run with is one line, exit 2."""
+    try:
+        settings = read_settings()
+    except ValidationError as err:
+        print(f"spotgate {name}: {describe_validation_error(err)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    configure_logging(settings.shared.log_level, settings.shared.log_format)
+    try:
+        run_service(serve(settings))
+    except config_errors as err:
+        print(f"spotgate {name}: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return 0
 
 
 def freeze_long_lived_objects() -> None:

@@ -8,8 +8,9 @@ Every value is validated at start-up so a bad deployment fails with one clear li
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Annotated, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import (
     BaseModel,
@@ -319,21 +320,57 @@ def emulator_settings(endpoint_url: str, region: str) -> SharedSettings:
     return SharedSettings().model_copy(update={"aws": aws})
 
 
-def shared_env(shared: SharedSettings) -> dict[str, str]:
-    """Environment variables that give a child process these shared settings' AWS and tables."""
-    aws = shared.aws
-    env = {
-        "SPOTGATE_AWS__REGION": aws.region,
-        "SPOTGATE_TABLES__AGENTS": shared.tables.agents,
-        "SPOTGATE_TABLES__KEYS": shared.tables.keys,
-        "SPOTGATE_TABLES__DEMAND": shared.tables.demand,
-    }
-    if aws.endpoint_url:
-        env["SPOTGATE_AWS__ENDPOINT_URL"] = aws.endpoint_url
-    if aws.access_key_id and aws.secret_access_key:
-        env["SPOTGATE_AWS__ACCESS_KEY_ID"] = aws.access_key_id
-        env["SPOTGATE_AWS__SECRET_ACCESS_KEY"] = aws.secret_access_key.get_secret_value()
+def settings_env(settings: BaseSettings) -> dict[str, str]:
+    """Environment variables that give a child process these settings.
+
+    Every field set explicitly (or read from this process's environment) is written, nested
+    sections with `__`, the shared settings under their own prefix; defaults are left to the
+    child. So a stack is described once, as typed settings, and a new setting needs no code
+    here. Secrets are written in clear: the child's environment is where they go.
+    """
+    config = settings.model_config
+    prefix = str(config.get("env_prefix", ""))
+    delimiter = str(config.get("env_nested_delimiter") or "__")
+    env: dict[str, str] = {}
+    for name in sorted(settings.model_fields_set):
+        value = getattr(settings, name)
+        if isinstance(value, BaseSettings):
+            env.update(settings_env(value))
+        else:
+            _section_env(f"{prefix}{name}".upper(), value, delimiter, env)
     return env
+
+
+def _section_env(variable: str, value: Any, delimiter: str, env: dict[str, str]) -> None:
+    if isinstance(value, BaseModel):
+        for name in sorted(value.model_fields_set):
+            _section_env(
+                f"{variable}{delimiter}{name.upper()}", getattr(value, name), delimiter, env
+            )
+    elif value is None:
+        return  # unset is the only None a field takes from the environment
+    elif isinstance(value, SecretStr):
+        env[variable] = value.get_secret_value()
+    elif isinstance(value, bool):
+        env[variable] = "true" if value else "false"
+    elif isinstance(value, str | int | float | Path):
+        env[variable] = str(value)
+    else:  # tuples, lists and dicts, possibly of sections: JSON, as pydantic-settings reads them
+        env[variable] = json.dumps(_plain(value))
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return {name: _plain(getattr(value, name)) for name in value.model_fields_set}
+    if isinstance(value, SecretStr):
+        return value.get_secret_value()
+    if isinstance(value, dict):
+        return {str(key): _plain(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(item) for item in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value
 
 
 def describe_validation_error(err: ValidationError) -> str:

@@ -6,9 +6,9 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from spotgate.emulator import AwsEmulator
 from spotgate.registry import Registry
-from tests.agents import (  # fixtures for every suite  # noqa: F401
+from stack.emulator import AwsEmulator
+from tests.support.agents import (  # fixtures for every suite  # noqa: F401
     imds,
     llama2_model_dir,
     reset_emulator,

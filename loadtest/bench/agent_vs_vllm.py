@@ -33,17 +33,18 @@ from loadtest.bench.harness import (
     Sample,
     Server,
     alternating_runs,
-    aws_env,
+    bench_shared,
     emulator_process,
     print_log_tails,
     spawn,
+    spawn_service,
     timed_run,
     wait_ready,
 )
 from loadtest.bench.report import machine_facts, median, percentile, write_section
 from spotgate.process import free_port
 from spotgate.registry import Registry
-from spotgate.settings import SharedSettings
+from spotgate.settings import AgentSettings, SharedSettings, VllmSettings
 from spotgate.tokens import KeyRing, SigningKey, issue
 
 ISSUER = "http://bench.local"
@@ -79,24 +80,25 @@ def _start_vllm_serve(model: Path, log: Path) -> Server:
 
 def _start_agent(model: Path, aws: SharedSettings, ring: KeyRing, log: Path) -> Server:
     port = free_port()
-    env = {
-        **aws_env(aws),
-        "SPOTGATE_AGENT_ENGINE": "vllm",
-        "SPOTGATE_AGENT_MODEL": str(model),
-        "SPOTGATE_AGENT_SERVED_MODEL_NAME": SERVED_NAME,
-        "SPOTGATE_AGENT_PORT": str(port),
-        "SPOTGATE_AGENT_PINNED_PUBLIC_KEY": ring.signing_key.verify_key.to_pem(),
-        "SPOTGATE_AGENT_TOKEN_ISSUER": ISSUER,
-        "SPOTGATE_AGENT_IMDS_URL": "http://127.0.0.1:9",
-        "SPOTGATE_AGENT_VLLM__DTYPE": ENGINE_DTYPE,
-        "SPOTGATE_AGENT_VLLM__MAX_MODEL_LEN": str(MAX_MODEL_LEN),
-        "SPOTGATE_AGENT_VLLM__MAX_NUM_SEQS": str(MAX_NUM_SEQS),
-        "SPOTGATE_AGENT_VLLM__ENFORCE_EAGER": "true",
-        "SPOTGATE_AGENT_VLLM__GPU_MEMORY_UTILIZATION": str(MEMORY_UTILIZATION),
-        "VLLM_CPU_KVCACHE_SPACE": KV_CACHE_GIB,
-    }
+    settings = AgentSettings(
+        shared=bench_shared(aws),
+        engine="vllm",
+        model=str(model),
+        served_model_name=SERVED_NAME,
+        port=port,
+        pinned_public_key=ring.signing_key.verify_key.to_pem(),
+        token_issuer=ISSUER,
+        imds_url="http://127.0.0.1:9",
+        vllm=VllmSettings(
+            dtype=ENGINE_DTYPE,
+            max_model_len=MAX_MODEL_LEN,
+            max_num_seqs=MAX_NUM_SEQS,
+            enforce_eager=True,
+            gpu_memory_utilization=MEMORY_UTILIZATION,
+        ),
+    )
     token = issue(ring, subject="bench", issuer=ISSUER, now=time.time(), ttl_seconds=900).token
-    process = spawn([sys.executable, "-m", "spotgate.cli", "agent"], log, env)
+    process = spawn_service(settings, log, env={"VLLM_CPU_KVCACHE_SPACE": KV_CACHE_GIB})
     headers = {"Authorization": f"Bearer {token}"}
     return Server("spotgate agent", f"http://127.0.0.1:{port}", headers, process, SERVED_NAME)
 

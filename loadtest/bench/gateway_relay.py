@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import os
 import secrets
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -26,16 +25,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
+from pydantic import SecretStr
 
 from loadtest.bench.harness import (
     Sample,
     Server,
     alternating_runs,
-    aws_env,
+    bench_shared,
     bucket_quantile,
     emulator_process,
     print_log_tails,
     spawn,
+    spawn_service,
     split_cpus,
     timed_run,
     wait_ready,
@@ -43,7 +44,14 @@ from loadtest.bench.harness import (
 from loadtest.bench.report import machine_facts, median, percentile, write_section
 from spotgate.process import free_port
 from spotgate.registry import Registry
-from spotgate.settings import SharedSettings
+from spotgate.settings import (
+    AgentSettings,
+    GatewaySettings,
+    SharedSettings,
+    SocketLimits,
+    SyntheticSettings,
+    TokenSettings,
+)
 from spotgate.tokens import GATEWAY_SUBJECT_PREFIX, KeyRing, SigningKey, issue
 
 MODEL = "synth"
@@ -94,37 +102,37 @@ def _servers(
     ).token
     servers: dict[str, Server] = {}
     try:
-        agent = spawn(
-            [sys.executable, "-m", "spotgate.cli", "agent"],
+        agent = spawn_service(
+            AgentSettings(
+                shared=bench_shared(aws),
+                engine="synthetic",
+                served_model_name=MODEL,
+                port=agent_port,
+                pinned_public_key=key.verify_key.to_pem(),
+                token_issuer=gateway_url,
+                imds_url="http://127.0.0.1:9",
+                synthetic=SyntheticSettings(
+                    tokens_per_second=TOKENS_PER_SECOND,
+                    ttft_seconds=TTFT_SECONDS,
+                    capacity=AGENT_CAPACITY,
+                ),
+            ),
             logs / "agent.log",
-            {
-                **aws_env(aws),
-                "SPOTGATE_AGENT_ENGINE": "synthetic",
-                "SPOTGATE_AGENT_SERVED_MODEL_NAME": MODEL,
-                "SPOTGATE_AGENT_PORT": str(agent_port),
-                "SPOTGATE_AGENT_PINNED_PUBLIC_KEY": key.verify_key.to_pem(),
-                "SPOTGATE_AGENT_TOKEN_ISSUER": gateway_url,
-                "SPOTGATE_AGENT_IMDS_URL": "http://127.0.0.1:9",
-                "SPOTGATE_AGENT_SYNTHETIC__TOKENS_PER_SECOND": str(TOKENS_PER_SECOND),
-                "SPOTGATE_AGENT_SYNTHETIC__TTFT_SECONDS": str(TTFT_SECONDS),
-                "SPOTGATE_AGENT_SYNTHETIC__CAPACITY": str(AGENT_CAPACITY),
-            },
             client_cpus,
         )
         agent_auth = {"Authorization": f"Bearer {agent_token}"}
         servers["direct"] = Server("direct", agent_url, agent_auth, agent, MODEL)
         servers["direct ws"] = Server("direct ws", agent_url, agent_auth, agent, MODEL, "ws")
-        gateway = spawn(
-            [sys.executable, "-m", "spotgate.cli", "gateway"],
+        gateway = spawn_service(
+            GatewaySettings(
+                shared=bench_shared(aws),
+                port=gateway_port,
+                public_url=gateway_url,
+                token=TokenSettings(signing_key_pem=SecretStr(key.to_pem())),
+                limits=SocketLimits(max_streams_per_connection=AGENT_CAPACITY),
+                max_streams_per_key=AGENT_CAPACITY,
+            ),
             logs / "gateway.log",
-            {
-                **aws_env(aws),
-                "SPOTGATE_GATEWAY_PORT": str(gateway_port),
-                "SPOTGATE_GATEWAY_PUBLIC_URL": gateway_url,
-                "SPOTGATE_GATEWAY_TOKEN__SIGNING_KEY_PEM": key.to_pem(),
-                "SPOTGATE_GATEWAY_LIMITS__MAX_STREAMS_PER_CONNECTION": str(AGENT_CAPACITY),
-                "SPOTGATE_GATEWAY_MAX_STREAMS_PER_KEY": str(AGENT_CAPACITY),
-            },
             relay_cpus,
         )
         gateway_auth = {"Authorization": f"Bearer {api_key}"}

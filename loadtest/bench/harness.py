@@ -22,9 +22,10 @@ from typing import Any, Literal
 
 import aiohttp
 
-from spotgate.emulator import EMULATOR_REGION
 from spotgate.process import free_port
 from spotgate.settings import SharedSettings, emulator_settings
+from stack.children import ServiceSettings, service_command
+from stack.emulator import EMULATOR_REGION
 
 STARTUP_TIMEOUT_SECONDS = 300.0
 CLOCK_TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK")
@@ -89,7 +90,7 @@ def emulator_process(log: Path, cpus: set[int] | None = None) -> Iterator[Shared
     being measured, so on the clients' CPUs it weighs on every path alike.
     """
     port = free_port()
-    command = [sys.executable, "-m", "spotgate.emulator", "--port", str(port)]
+    command = [sys.executable, "-m", "stack.emulator", "--port", str(port)]
     process = spawn(command, log, cpus=cpus)
     try:
         deadline = time.monotonic() + EMULATOR_START_SECONDS
@@ -109,16 +110,21 @@ def _accepts(port: int) -> bool:
     return False
 
 
-def aws_env(shared: SharedSettings) -> dict[str, str]:
-    """The environment for a spotgate service that reaches AWS at `shared`'s endpoint."""
-    return {
-        **os.environ,
-        "SPOTGATE_AWS__ENDPOINT_URL": shared.aws.endpoint_url or "",
-        "SPOTGATE_AWS__REGION": shared.aws.region,
-        "SPOTGATE_AWS__ACCESS_KEY_ID": "local",
-        "SPOTGATE_AWS__SECRET_ACCESS_KEY": "local",
-        "SPOTGATE_LOG_LEVEL": "warning",
-    }
+def bench_shared(shared: SharedSettings) -> SharedSettings:
+    """Shared settings for a service under test: the emulator at `shared`, quiet logs."""
+    return shared.model_copy(update={"log_level": "warning"})
+
+
+def spawn_service(
+    settings: ServiceSettings,
+    log: Path,
+    cpus: set[int] | None = None,
+    env: dict[str, str] | None = None,
+) -> Popen[bytes]:
+    """Start the service `settings` belong to, configured by them (and `env`), as `spawn` does."""
+    args, service_env = service_command(settings)
+    command = [sys.executable, "-m", *args]
+    return spawn(command, log, {**os.environ, **service_env, **(env or {})}, cpus)
 
 
 def split_cpus() -> tuple[set[int], set[int]]:

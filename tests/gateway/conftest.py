@@ -16,16 +16,25 @@ from pydantic import SecretStr
 
 from gateway.server import STATE, GatewayState, create_app
 from gpu_agent.engine import Engine
-from spotgate.emulator import AwsEmulator
-from spotgate.process import serving_on_loopback
+from spotgate.process import free_port, loopback_socket, serving_on_loopback, socket_port
 from spotgate.registry import AgentState, CreatedApiKey, Registry
 from spotgate.settings import (
+    AgentSettings,
     GatewaySettings,
     QueueSettings,
+    SyntheticSettings,
     TokenSettings,
 )
 from spotgate.tokens import SigningKey
-from tests.agents import AgentFactory, RunningAgent, free_port, synthetic, wait_for, wait_ready
+from stack.children import service_command
+from stack.emulator import AwsEmulator
+from tests.support.agents import (
+    AgentFactory,
+    RunningAgent,
+    synthetic,
+    wait_for,
+    wait_ready,
+)
 
 MODEL = "synth"
 
@@ -54,8 +63,9 @@ def gateway_key() -> SigningKey:
 async def running_gateway(
     aws: AwsEmulator, signing_key: SigningKey, **overrides: Any
 ) -> AsyncIterator[Gateway]:
-    """A gateway on a free loopback port with test settings (`overrides` replace them)."""
-    port = free_port()
+    """A gateway on a loopback port of its own with test settings (`overrides` replace them)."""
+    sock = loopback_socket()
+    port = socket_port(sock)
     url = f"http://127.0.0.1:{port}"
     fields: dict[str, Any] = {
         "shared": aws.settings(),
@@ -72,7 +82,7 @@ async def running_gateway(
     async with Registry.open(aws.settings()) as registry:
         await registry.create_tables()
     app = create_app(settings)
-    async with serving_on_loopback(app, port):
+    async with serving_on_loopback(app, sock):
         yield Gateway(url, app, signing_key)
 
 
@@ -141,26 +151,22 @@ def agent_processes(
         for _ in range(count):
             port = free_port()
             agent_id = f"proc-{port}"
-            env = {
-                **os.environ,
-                "SPOTGATE_AWS__ENDPOINT_URL": aws.url,
-                "SPOTGATE_AWS__ACCESS_KEY_ID": "local",
-                "SPOTGATE_AWS__SECRET_ACCESS_KEY": "local",
-                "SPOTGATE_LOG_LEVEL": "warning",
-                "SPOTGATE_AGENT_ENGINE": "synthetic",
-                "SPOTGATE_AGENT_SERVED_MODEL_NAME": MODEL,
-                "SPOTGATE_AGENT_AGENT_ID": agent_id,
-                "SPOTGATE_AGENT_PORT": str(port),
-                "SPOTGATE_AGENT_PINNED_PUBLIC_KEY": gateway.signing_key.verify_key.to_pem(),
-                "SPOTGATE_AGENT_TOKEN_ISSUER": gateway.url,
-                "SPOTGATE_AGENT_IMDS_URL": "http://127.0.0.1:9",
-                "SPOTGATE_AGENT_HEARTBEAT_SECONDS": "1",
-                "SPOTGATE_AGENT_SYNTHETIC__TOKENS_PER_SECOND": str(tokens_per_second),
-                "SPOTGATE_AGENT_SYNTHETIC__TTFT_SECONDS": "0.01",
-            }
+            settings = AgentSettings(
+                shared=aws.settings().model_copy(update={"log_level": "warning"}),
+                engine="synthetic",
+                served_model_name=MODEL,
+                agent_id=agent_id,
+                port=port,
+                pinned_public_key=gateway.signing_key.verify_key.to_pem(),
+                token_issuer=gateway.url,
+                imds_url="http://127.0.0.1:9",
+                heartbeat_seconds=1,
+                synthetic=SyntheticSettings(tokens_per_second=tokens_per_second, ttft_seconds=0.01),
+            )
+            args, env = service_command(settings)
             process = subprocess.Popen(
-                [sys.executable, "-m", "spotgate.cli", "agent"],
-                env=env,
+                [sys.executable, "-m", *args],
+                env={**os.environ, **env},
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )

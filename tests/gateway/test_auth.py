@@ -5,11 +5,11 @@ import asyncio
 import pytest
 
 from gateway.auth import KEY_CACHE_SECONDS, KEY_FRESH_SECONDS, Authenticator
-from spotgate.emulator import AwsEmulator
 from spotgate.protocol import ErrorCode
 from spotgate.registry import ApiKeyRecord, Registry
 from spotgate.tokens import KeyRing, SigningKey
 from spotgate.wsserver import AuthRefused, AuthUnavailable
+from stack.emulator import AwsEmulator
 from tests.conftest import FakeClock
 
 

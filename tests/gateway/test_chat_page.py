@@ -19,11 +19,10 @@ from playwright.async_api import Browser, Page, async_playwright, expect
 from pydantic import SecretStr
 
 from gpu_agent.synthetic_engine import SyntheticEngine
-from spotgate.emulator import AwsEmulator
 from spotgate.registry import Registry
 from spotgate.settings import AgentSettings, SyntheticSettings, TokenSettings
 from spotgate.tokens import SigningKey
-from tests.agents import AgentFactory, wait_for, wait_ready
+from stack.emulator import AwsEmulator
 from tests.gateway.conftest import (
     MODEL,
     AgentProcess,
@@ -31,6 +30,7 @@ from tests.gateway.conftest import (
     GatewayAgentFactory,
     running_gateway,
 )
+from tests.support.agents import AgentFactory, wait_for, wait_ready
 
 CHROMIUM = os.environ.get("SPOTGATE_CHROMIUM", "/usr/bin/chromium")
 OUTPUT_DIR = Path(os.environ.get("SPOTGATE_TEST_OUTPUT", "test-output")) / "chat"

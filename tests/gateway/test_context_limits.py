@@ -7,11 +7,11 @@ import time
 import aiohttp
 import openai
 
-from spotgate.emulator import AwsEmulator
 from spotgate.registry import CreatedApiKey, Registry
-from tests.agents import expected_text, synthetic
+from stack.emulator import AwsEmulator
 from tests.gateway.conftest import MODEL, Gateway, GatewayAgentFactory
-from tests.gpu_agent.wsclient import connect, generate, receive, send, text_of
+from tests.support.agents import expected_text, synthetic
+from tests.support.wsclient import connect, generate, receive, send, text_of
 
 STREAMS = 8
 STREAM_TOKENS = 60

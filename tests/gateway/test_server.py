@@ -12,12 +12,11 @@ import pytest
 import websockets
 
 from gateway.server import allowed_origins, origin_allowed
-from spotgate.emulator import AwsEmulator
 from spotgate.registry import AgentState, CreatedApiKey, Registry
 from spotgate.settings import MAX_REQUEST_BYTES, GatewaySettings
 from spotgate.tokens import KeyRing, SigningKey, issue, verify
 from spotgate.wsserver import receive_limit
-from tests.agents import Imds, expected_text, spot_notice, wait_for
+from stack.emulator import AwsEmulator
 from tests.gateway.conftest import (
     MODEL,
     AgentProcess,
@@ -25,7 +24,9 @@ from tests.gateway.conftest import (
     GatewayAgentFactory,
     running_gateway,
 )
-from tests.gpu_agent.wsclient import connect, generate, receive, run_streams, send, text_of
+from tests.support.agents import Imds, expected_text, spot_notice, wait_for
+from tests.support.metrics import metric_value, scrape
+from tests.support.wsclient import connect, generate, receive, run_streams, send, text_of
 
 
 async def test_api_key_buys_a_token_that_agents_can_verify(
@@ -390,26 +391,26 @@ async def test_metrics_count_what_happened(
         await run_streams(
             ws, generate("a", MODEL, max_tokens=7), generate("b", MODEL, max_tokens=5)
         )
-    async with aiohttp.ClientSession() as http:
-        async with http.post(f"{gateway.url}/v1/token", headers={"Authorization": "Bearer no"}):
-            pass
-        async with http.get(f"{gateway.url}/metrics") as response:
-            text = await response.text()
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(f"{gateway.url}/v1/token", headers={"Authorization": "Bearer no"}),
+    ):
+        pass
+    text = await scrape(f"{gateway.url}/metrics")
 
-    def value(line_start: str) -> float:
-        line = next(line for line in text.splitlines() if line.startswith(line_start))
-        return float(line.rsplit(" ", 1)[1])
+    def value(sample: str, **labels: str) -> float:
+        return metric_value(text, sample, **labels)
 
-    assert value("spotgate_gateway_relayed_tokens_total ") == 12
-    assert value('spotgate_gateway_rejections_total{reason="unauthorized"}') == 1
-    assert value('spotgate_gateway_agents{state="ready"}') == 1
-    assert value("spotgate_gateway_ttft_seconds_count ") == 2
+    assert value("spotgate_gateway_relayed_tokens_total") == 12
+    assert value("spotgate_gateway_rejections_total", reason="unauthorized") == 1
+    assert value("spotgate_gateway_agents", state="ready") == 1
+    assert value("spotgate_gateway_ttft_seconds_count") == 2
     # The agent's 10 ms to its first token is its own, not the gateway's.
-    assert value("spotgate_gateway_added_ttft_seconds_count ") == 2
-    added = value("spotgate_gateway_added_ttft_seconds_sum ")
-    assert 0 < added < value("spotgate_gateway_ttft_seconds_sum ") - 2 * 0.01
-    assert value("spotgate_gateway_active_streams ") == 0
-    assert value("spotgate_gateway_registry_up ") == 1
+    assert value("spotgate_gateway_added_ttft_seconds_count") == 2
+    added = value("spotgate_gateway_added_ttft_seconds_sum")
+    assert 0 < added < value("spotgate_gateway_ttft_seconds_sum") - 2 * 0.01
+    assert value("spotgate_gateway_active_streams") == 0
+    assert value("spotgate_gateway_registry_up") == 1
 
 
 async def test_shutdown_lets_streams_in_flight_finish_then_says_going_away(

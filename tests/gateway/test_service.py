@@ -7,15 +7,17 @@ from pathlib import Path
 
 import aiohttp
 import websockets
+from pydantic import SecretStr
 
-from spotgate.emulator import AwsEmulator
 from spotgate.process import ChildProcesses, free_port
 from spotgate.registry import CreatedApiKey
-from spotgate.settings import shared_env
+from spotgate.settings import GatewaySettings, TokenSettings
 from spotgate.tokens import SigningKey
-from tests.agents import AgentFactory, expected_text, synthetic, wait_for, wait_ready
+from stack.children import start_service
+from stack.emulator import AwsEmulator
 from tests.gateway.conftest import MODEL
-from tests.gpu_agent.wsclient import Frame, connect, generate, receive, send, text_of
+from tests.support.agents import AgentFactory, expected_text, synthetic, wait_for, wait_ready
+from tests.support.wsclient import Frame, connect, generate, receive, send, text_of
 
 
 async def test_sigterm_refuses_new_streams_and_lets_those_in_flight_finish(
@@ -25,13 +27,14 @@ async def test_sigterm_refuses_new_streams_and_lets_those_in_flight_finish(
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     processes = ChildProcesses(tmp_path)
-    gateway = processes.start("gateway", ["spotgate.cli", "gateway"], {
-        **shared_env(aws.settings()),
-        "SPOTGATE_GATEWAY_PORT": str(port),
-        "SPOTGATE_GATEWAY_PUBLIC_URL": url,
-        "SPOTGATE_GATEWAY_TOKEN__SIGNING_KEY_PEM": key.to_pem(),
-        "SPOTGATE_GATEWAY_SHUTDOWN_GRACE_SECONDS": "10",
-    })  # fmt: skip
+    settings = GatewaySettings(
+        shared=aws.settings(),
+        port=port,
+        public_url=url,
+        token=TokenSettings(signing_key_pem=SecretStr(key.to_pem())),
+        shutdown_grace_seconds=10,
+    )
+    gateway = start_service(processes, "gateway", settings)
     try:
         await wait_ready(
             await start_agent(

@@ -6,9 +6,9 @@ import pytest
 
 from gpu_agent.engine import Engine
 from spotgate.registry import CreatedApiKey
-from tests.agents import LLAMA2_MODEL, TINY_MODEL, Imds, spot_notice
 from tests.gateway.conftest import Gateway, GatewayAgentFactory
-from tests.gpu_agent.wsclient import connect, generate, ids_of, receive, run_streams, send, text_of
+from tests.support.agents import LLAMA2_MODEL, TINY_MODEL, Imds, spot_notice
+from tests.support.wsclient import connect, generate, ids_of, receive, run_streams, send, text_of
 
 pytestmark = pytest.mark.vllm
 

@@ -12,7 +12,7 @@ from gpu_agent.engine import NoChatTemplate
 from gpu_agent.tiny_model import save_tokenizer
 from gpu_agent.vllm_engine import VllmEngine
 from spotgate.protocol import ChatMessage
-from tests.tokenizers import tokenizer_dir
+from tests.support.tokenizers import tokenizer_dir
 
 CONVERSATION = [
     ChatMessage(role="system", content="You answer briefly."),

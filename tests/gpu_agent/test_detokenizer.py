@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpu_agent.detokenizer import Decode, IncrementalDetokenizer, ResumeMismatch
-from tests.tokenizers import FAMILIES, backend, held
+from tests.support.tokenizers import FAMILIES, backend, held
 
 # A byte-level vocabulary: token i is one or two raw bytes, as in byte-level BPE.
 VOCAB = [bytes([b]) for b in range(256)] + ["日".encode()[:2], "é".encode(), b" a", b"\xe6\x97"]

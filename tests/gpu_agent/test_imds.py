@@ -7,7 +7,7 @@ import aiohttp
 import pytest
 
 from gpu_agent.imds import ImdsClient, SpotNotice, parse_spot_action, watch_notices
-from tests.agents import Imds
+from tests.support.agents import Imds
 
 
 async def test_imds_v2_token_is_required(imds: Imds) -> None:

@@ -12,13 +12,13 @@ import websockets
 
 from gpu_agent.engine import Engine
 from gpu_agent.synthetic_engine import ECHO_ID_BASE, SyntheticEngine
-from spotgate.emulator import AwsEmulator
 from spotgate.protocol import max_gateway_frame_bytes
 from spotgate.registry import AgentState, Registry
 from spotgate.settings import MAX_REQUEST_BYTES, AgentSettings, SocketLimits
 from spotgate.tokens import GATEWAY_SUBJECT_PREFIX, KeyRing, SigningKey, issue
 from spotgate.wsserver import receive_limit
-from tests.agents import (
+from stack.emulator import AwsEmulator
+from tests.support.agents import (
     ISSUER,
     AgentFactory,
     Imds,
@@ -28,7 +28,8 @@ from tests.agents import (
     wait_for,
     wait_ready,
 )
-from tests.gpu_agent.wsclient import (
+from tests.support.metrics import metric_value, scrape
+from tests.support.wsclient import (
     connect,
     generate,
     ids_of,
@@ -409,18 +410,16 @@ async def test_agent_metrics_count_streams_and_tokens(
     async with connect(agent.ws_url, token) as ws:
         await run_streams(ws, generate("a", "synth", max_tokens=9))
         await run_streams(ws, generate("b", "nope"))
-    async with aiohttp.ClientSession() as http, http.get(f"{agent.url}/metrics") as response:
-        text = await response.text()
+    text = await scrape(f"{agent.url}/metrics")
 
-    def value(line_start: str) -> float:
-        line = next(line for line in text.splitlines() if line.startswith(line_start))
-        return float(line.rsplit(" ", 1)[1])
+    def value(sample: str, **labels: str) -> float:
+        return metric_value(text, sample, **labels)
 
-    assert value("spotgate_agent_generated_tokens_total ") == 9
-    assert value('spotgate_agent_streams_total{outcome="completed"}') == 1
-    assert value('spotgate_agent_streams_total{outcome="invalid_request"}') == 1
-    assert value("spotgate_agent_ttft_seconds_count ") == 1
-    assert value("spotgate_agent_ready ") == 1
+    assert value("spotgate_agent_generated_tokens_total") == 9
+    assert value("spotgate_agent_streams_total", outcome="completed") == 1
+    assert value("spotgate_agent_streams_total", outcome="invalid_request") == 1
+    assert value("spotgate_agent_ttft_seconds_count") == 1
+    assert value("spotgate_agent_ready") == 1
 
 
 class _EngineThatDies(SyntheticEngine):

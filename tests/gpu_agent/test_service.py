@@ -9,35 +9,34 @@ from pathlib import Path
 
 import pytest
 
-from spotgate.emulator import AwsEmulator
+from spotgate.process import free_port
 from spotgate.registry import AgentState, Registry
+from spotgate.settings import AgentSettings, SyntheticSettings, settings_env
 from spotgate.tokens import KeyRing
-from tests.agents import ISSUER, free_port, wait_for
-from tests.gpu_agent.wsclient import connect, generate, receive, send
+from stack.emulator import AwsEmulator
+from tests.support.agents import ISSUER, wait_for
+from tests.support.wsclient import connect, generate, receive, send
 
 
 @pytest.fixture
 def agent_process(aws: AwsEmulator, ring: KeyRing) -> Iterator[tuple[subprocess.Popen[str], int]]:
     port = free_port()
-    env = {
-        **os.environ,
-        "SPOTGATE_AWS__ENDPOINT_URL": aws.url,
-        "SPOTGATE_AWS__ACCESS_KEY_ID": "local",
-        "SPOTGATE_AWS__SECRET_ACCESS_KEY": "local",
-        "SPOTGATE_LOG_FORMAT": "json",
-        "SPOTGATE_AGENT_ENGINE": "synthetic",
-        "SPOTGATE_AGENT_SERVED_MODEL_NAME": "synth",
-        "SPOTGATE_AGENT_AGENT_ID": "local-cli",
-        "SPOTGATE_AGENT_PORT": str(port),
-        "SPOTGATE_AGENT_PINNED_PUBLIC_KEY": ring.signing_key.verify_key.to_pem(),
-        "SPOTGATE_AGENT_TOKEN_ISSUER": ISSUER,
-        "SPOTGATE_AGENT_IMDS_URL": "http://127.0.0.1:9",
-        "SPOTGATE_AGENT_HEARTBEAT_SECONDS": "0.5",
-        "SPOTGATE_AGENT_DRAIN_GRACE_SECONDS": "60",
-        "SPOTGATE_AGENT_SYNTHETIC__TOKENS_PER_SECOND": "40",
-    }
+    settings = AgentSettings(
+        shared=aws.settings().model_copy(update={"log_format": "json"}),
+        engine="synthetic",
+        served_model_name="synth",
+        agent_id="local-cli",
+        port=port,
+        pinned_public_key=ring.signing_key.verify_key.to_pem(),
+        token_issuer=ISSUER,
+        imds_url="http://127.0.0.1:9",
+        heartbeat_seconds=0.5,
+        drain_grace_seconds=60,
+        synthetic=SyntheticSettings(tokens_per_second=40),
+    )
+    env = {**os.environ, **settings_env(settings)}
     process = subprocess.Popen(
-        [sys.executable, "-m", "spotgate.cli", "agent"],
+        [sys.executable, "-m", "cli", "agent"],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -83,7 +82,7 @@ async def test_agent_process_drains_on_sigterm_and_leaves_gone(
 def test_model_tiny_command_writes_a_model(tmp_path: Path) -> None:
     out = tmp_path / "tiny"
     result = subprocess.run(
-        [sys.executable, "-m", "spotgate.cli", "model", "tiny", "--out", str(out)],
+        [sys.executable, "-m", "cli", "model", "tiny", "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -92,7 +91,7 @@ def test_model_tiny_command_writes_a_model(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert (out / "config.json").exists()
     again = subprocess.run(
-        [sys.executable, "-m", "spotgate.cli", "model", "tiny", "--out", str(out)],
+        [sys.executable, "-m", "cli", "model", "tiny", "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=300,

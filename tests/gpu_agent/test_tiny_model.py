@@ -7,7 +7,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from gpu_agent.tiny_model import HEAD_DIM, TOKENIZER_FILES, VOCAB_SIZE, resolve_tokenizer
-from tests.tokenizers import tokenizer_dir
+from tests.support.tokenizers import tokenizer_dir
 
 
 def test_tiny_model_is_a_complete_offline_llama(tiny_model_dir: Path) -> None:

@@ -18,9 +18,9 @@ import pytest
 
 from gpu_agent.engine import Engine
 from gpu_agent.vllm_engine import VllmEngine
-from spotgate.emulator import AwsEmulator
 from spotgate.registry import AgentState, Registry
-from tests.agents import (
+from stack.emulator import AwsEmulator
+from tests.support.agents import (
     LLAMA2_MODEL,
     TINY_MODEL,
     AgentFactory,
@@ -29,7 +29,7 @@ from tests.agents import (
     wait_for,
     wait_ready,
 )
-from tests.gpu_agent.wsclient import (
+from tests.support.wsclient import (
     Frame,
     connect,
     generate,

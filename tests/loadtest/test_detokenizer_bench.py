@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from loadtest.bench.detokenizer import measure, render
-from tests.tokenizers import backend
+from tests.support.tokenizers import backend
 
 
 def test_the_benchmark_streams_exact_text_and_reports_per_token_costs() -> None:

@@ -21,7 +21,7 @@ from loadtest.runner import (
     step_holds,
     sustained,
 )
-from spotgate.localstack import LocalStackInfo
+from stack.local import LocalStackInfo
 
 SYNTHETIC_CAPACITY = 8  # concurrent streams the one synthetic agent takes
 

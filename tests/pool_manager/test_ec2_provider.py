@@ -12,9 +12,9 @@ from botocore.exceptions import ClientError
 from pool_manager.ec2_provider import Ec2Provider
 from pool_manager.policy import Launch
 from pool_manager.provider import CapacityRefused, Instance, ProviderError
-from spotgate.emulator import AwsEmulator
 from spotgate.registry import aws_session
 from spotgate.settings import Ec2PoolSettings, PoolSettings, SharedSettings
+from stack.emulator import AwsEmulator
 from tests.conftest import FakeClock
 
 POOL = "test-pool"

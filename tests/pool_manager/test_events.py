@@ -16,8 +16,8 @@ from pool_manager.events import (
     interruption_warning,
     parse_event,
 )
-from spotgate.emulator import AwsEmulator
 from spotgate.registry import aws_session
+from stack.emulator import AwsEmulator
 
 # The sample events of the AWS documentation (EC2 user guide: spot interruption notices,
 # rebalance recommendations; EventBridge: EC2 state-change), with real values filled in.

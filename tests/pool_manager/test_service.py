@@ -17,13 +17,22 @@ import pytest
 from pool_manager.events import interruption_warning
 from pool_manager.metrics import PoolMetrics
 from pool_manager.service import create_app, run_pool
-from spotgate.emulator import AwsEmulator
+from spotgate.process import free_port
 from spotgate.registry import AgentState, CreatedApiKey, Registry, aws_session
-from spotgate.settings import LocalPoolSettings, PoolSettings, QueueSettings
+from spotgate.settings import (
+    AgentSettings,
+    LocalPoolSettings,
+    PoolSettings,
+    QueueSettings,
+    SyntheticSettings,
+    settings_env,
+)
 from spotgate.tokens import SigningKey
-from tests.agents import expected_text, free_port, wait_for
+from stack.emulator import AwsEmulator
 from tests.gateway.conftest import Gateway, running_gateway
-from tests.gpu_agent.wsclient import connect, generate, receive, send
+from tests.support.agents import expected_text, wait_for
+from tests.support.metrics import metric_value, scrape
+from tests.support.wsclient import connect, generate, receive, send
 
 MODEL = "synthetic"
 
@@ -66,11 +75,13 @@ def pool_settings(
             jwks_url=f"{gateway.url}/.well-known/jwks.json",
             drain_grace_seconds=15.0,
             log_dir=str(logs),
-            agent_env={
-                "SPOTGATE_AGENT_SYNTHETIC__TOKENS_PER_SECOND": "20",
-                "SPOTGATE_AGENT_HEARTBEAT_SECONDS": "1",
-                "SPOTGATE_AGENT_IMDS_POLL_SECONDS": "0.5",
-            },
+            agent_env=settings_env(
+                AgentSettings(
+                    synthetic=SyntheticSettings(tokens_per_second=20),
+                    heartbeat_seconds=1,
+                    imds_poll_seconds=0.5,
+                )
+            ),
         ),
     }
     return PoolSettings(**{**fields, **overrides})  # type: ignore[arg-type]
@@ -106,13 +117,14 @@ async def test_a_request_to_an_empty_pool_queues_an_agent_starts_and_it_complete
         )
         assert reply.choices[0].message.content == expected_text("wake up", 6)
         assert await ready_agents(aws) == ["local-1"]
-        async with aiohttp.ClientSession() as http:
-            async with http.get(f"http://127.0.0.1:{port}/metrics") as response:
-                exposition = await response.text()
-            async with http.get(f"http://127.0.0.1:{port}/healthz") as response:
-                assert response.status == 200
-        assert 'spotgate_pool_launches_total{lifecycle="spot"} 1.0' in exposition
-        assert 'spotgate_pool_target_agents{model="synthetic"} 1.0' in exposition
+        exposition = await scrape(f"http://127.0.0.1:{port}/metrics")
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(f"http://127.0.0.1:{port}/healthz") as response,
+        ):
+            assert response.status == 200
+        assert metric_value(exposition, "spotgate_pool_launches_total", lifecycle="spot") == 1
+        assert metric_value(exposition, "spotgate_pool_target_agents", model="synthetic") == 1
     async with Registry.open(aws.settings()) as registry:
         record = await registry.get_agent("local-1")
     assert record is not None

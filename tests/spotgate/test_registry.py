@@ -6,7 +6,6 @@ import hashlib
 import aioboto3
 import pytest
 
-from spotgate.emulator import AwsEmulator
 from spotgate.registry import (
     AgentGone,
     AgentNotFound,
@@ -19,6 +18,7 @@ from spotgate.registry import (
     InvalidTransition,
     Registry,
 )
+from stack.emulator import AwsEmulator
 from tests.conftest import FakeClock
 
 TTL = 30.0  # SharedSettings().registry.agent_ttl_seconds

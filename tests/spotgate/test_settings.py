@@ -1,14 +1,22 @@
 from __future__ import annotations
 
 import pytest
-from pydantic import ValidationError
+from pydantic import SecretStr, ValidationError
+from pydantic_settings import BaseSettings
 
 from spotgate.settings import (
     AgentSettings,
     GatewaySettings,
+    LocalPoolSettings,
+    Placement,
     PoolSettings,
     SharedSettings,
+    SocketLimits,
+    SyntheticSettings,
+    TokenSettings,
     describe_validation_error,
+    emulator_settings,
+    settings_env,
 )
 
 
@@ -92,3 +100,67 @@ def test_secret_settings_do_not_print(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "hunter2" not in repr(gateway)
     assert gateway.token.signing_key_pem is not None
     assert gateway.token.signing_key_pem.get_secret_value().endswith("xyz")
+
+
+SETTINGS_OF_A_STACK = [
+    pytest.param(
+        GatewaySettings(
+            shared=emulator_settings("http://127.0.0.1:5000", "eu-west-1"),
+            port=9001,
+            public_url="http://gw.example",
+            token=TokenSettings(signing_key_pem=SecretStr("-----PEM-----\nkey\n"), ttl_seconds=9),
+            limits=SocketLimits(max_frame_bytes=1024),
+            models=("a", "b"),
+            allowed_origins=("https://chat.example",),
+            compress=True,
+            chat_dev_api_key=SecretStr("sg-1-2"),
+        ),
+        id="gateway: secrets, nested sections, tuples, booleans",
+    ),
+    pytest.param(
+        AgentSettings(
+            shared=SharedSettings(log_level="debug", log_format="json"),
+            engine="synthetic",
+            port=0,
+            heartbeat_seconds=0.5,
+            synthetic=SyntheticSettings(tokens_per_second=40.5, echo=True),
+            jwks_url=None,
+        ),
+        id="agent: floats, a None left to the default",
+    ),
+    pytest.param(
+        PoolSettings(
+            min_agents=2,
+            placements=(Placement(instance_type="g5", zone="z", spot_price_per_hour=0.4,
+                                  on_demand_price_per_hour=1.0),),
+            local=LocalPoolSettings(agent_env={"SPOTGATE_AGENT_HEARTBEAT_SECONDS": "1"}),
+        ),
+        id="pool: a tuple of sections, a dict",
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("settings", SETTINGS_OF_A_STACK)
+def test_a_child_reads_back_exactly_the_settings_its_environment_was_derived_from(
+    settings: BaseSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for variable, value in settings_env(settings).items():
+        monkeypatch.setenv(variable, value)
+    read_back = type(settings)()
+    assert read_back.model_dump() == settings.model_dump()
+    secrets = (
+        [settings.token.signing_key_pem, settings.chat_dev_api_key]
+        if isinstance(settings, GatewaySettings)
+        else []
+    )
+    for secret in secrets:
+        assert secret is not None
+        assert secret.get_secret_value() in settings_env(settings).values()
+
+
+def test_only_what_was_set_is_written() -> None:
+    env = settings_env(GatewaySettings(port=9001, limits=SocketLimits(max_frame_bytes=1024)))
+    assert env == {
+        "SPOTGATE_GATEWAY_PORT": "9001",
+        "SPOTGATE_GATEWAY_LIMITS__MAX_FRAME_BYTES": "1024",
+    }

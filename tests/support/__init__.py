@@ -1,0 +1,1 @@
+"""What the suites share: agents and engines, tokenizers, a websocket client, metrics."""

@@ -1,0 +1,81 @@
+"""The layers import one way (DESIGN.md §1), and no two modules import each other."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parent.parent
+SERVICES = {"gateway", "gpu_agent", "pool_manager"}
+ALLOWED_IMPORTS = {
+    "spotgate": {"spotgate"},
+    **{service: {"spotgate", service} for service in SERVICES},
+    "stack": {"spotgate", *SERVICES, "stack"},
+    "loadtest": {"spotgate", *SERVICES, "stack", "loadtest"},
+    "cli": {"spotgate", *SERVICES, "stack", "loadtest", "cli"},
+}
+"""What each package may import of ours: the core nothing above it, the services only the
+core, whatever wires several services (`stack`, the load tests, the CLI) what is below it."""
+OURS = set(ALLOWED_IMPORTS)
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> Iterator[str]:
+    """Every module of ours that `path` imports, at its top or inside a function."""
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module]
+        else:
+            continue
+        yield from (name for name in names if name.split(".")[0] in OURS)
+
+
+MODULES = {_module_name(path): path for package in OURS for path in (ROOT / package).rglob("*.py")}
+
+
+@pytest.mark.parametrize("package", sorted(OURS))
+def test_a_package_imports_only_the_layers_below_it(package: str) -> None:
+    upward = sorted(
+        f"{module} imports {imported}"
+        for module, path in MODULES.items()
+        if module.split(".")[0] == package
+        for imported in _imports(path)
+        if imported.split(".")[0] not in ALLOWED_IMPORTS[package]
+    )
+    assert upward == []
+
+
+def _resolve(name: str) -> str | None:
+    """The module an import names (`from pkg.mod import thing` names `pkg.mod`)."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def test_no_modules_import_each_other() -> None:
+    graph = {
+        module: {target for name in _imports(path) if (target := _resolve(name)) != module}
+        for module, path in MODULES.items()
+    }
+    cycles = []
+    for start in graph:
+        # A path back to `start`, if there is one (the graph is small: a search per module).
+        stack, seen = [(start, [start])], set()
+        while stack:
+            module, trail = stack.pop()
+            for target in graph[module] - {None}:
+                if target == start:
+                    cycles.append(" → ".join([*trail, start]))
+                elif target not in seen and target is not None:
+                    seen.add(target)
+                    stack.append((target, [*trail, target]))
+    assert cycles == []
