@@ -21,6 +21,16 @@ from tests.support.agents import (  # fixtures for every suite  # noqa: F401
     vllm_llama2_engine,
 )
 
+VLLM_ENGINE_FIXTURES = frozenset({"vllm_engine", "vllm_llama2_engine"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests on a vLLM engine share one worker (`make test` runs two): each engine starts once."""
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if item.get_closest_marker("vllm") or fixtures & VLLM_ENGINE_FIXTURES:
+            item.add_marker(pytest.mark.xdist_group("vllm"))
+
 
 class FakeClock:
     """A clock the test moves by hand (epoch seconds)."""

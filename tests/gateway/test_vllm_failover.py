@@ -7,14 +7,21 @@ import pytest
 from gpu_agent.engine import Engine
 from spotgate.registry import CreatedApiKey
 from tests.gateway.conftest import Gateway, GatewayAgentFactory
-from tests.support.agents import LLAMA2_MODEL, TINY_MODEL, Imds, spot_notice
+from tests.support.agents import LLAMA2_MODEL, TINY_MODEL, Imds, RunningAgent, spot_notice
 from tests.support.wsclient import connect, generate, ids_of, receive, run_streams, send, text_of
 
 pytestmark = pytest.mark.vllm
 
 
+def cut_links(agent: RunningAgent) -> None:
+    """What a kill -9 does to the gateway's links to an agent: a reset, no close frame."""
+    for socket in list(agent.runtime.websockets):
+        socket._transport.abort()  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("fault", ["spot notice", "kill -9"])
 @pytest.mark.parametrize("model", [TINY_MODEL, LLAMA2_MODEL])
-async def test_drained_vllm_stream_resumes_byte_for_byte(
+async def test_a_vllm_stream_moved_mid_reply_resumes_byte_for_byte(
     gateway: Gateway,
     gateway_agent: GatewayAgentFactory,
     vllm_engine: Engine,
@@ -22,6 +29,7 @@ async def test_drained_vllm_stream_resumes_byte_for_byte(
     api_key: CreatedApiKey,
     imds: Imds,
     model: str,
+    fault: str,
 ) -> None:
     engine = vllm_engine if model == TINY_MODEL else vllm_llama2_engine
     request = generate(
@@ -39,8 +47,13 @@ async def test_drained_vllm_stream_resumes_byte_for_byte(
         assert frames[0]["agent"] == doomed.runtime.identity.agent_id  # type: ignore[union-attr]
         # The second agent shares the engine (identical weights); it gets no notice.
         await gateway_agent(model=model, engine=engine, imds_url="http://127.0.0.1:9")
-        # 16 s to the deadline, 15 s margin: the long stream is handed back at once.
-        await spot_notice(imds, in_seconds=16)
+        if fault == "spot notice":
+            # 16 s to the deadline, 15 s margin: the long stream is handed back at once.
+            await spot_notice(imds, in_seconds=16)
+        else:
+            while sum(f.get("n", 0) for f in frames) < 10:  # mid-reply
+                frames.append(await receive(ws))
+            cut_links(doomed)
         while frames[-1]["type"] not in ("done", "error"):
             frames.append(await receive(ws))
 
