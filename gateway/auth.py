@@ -21,6 +21,7 @@ from typing import Generic, TypeVar
 from botocore.exceptions import BotoCoreError, ClientError
 
 from gateway.ratelimit import Limits
+from spotgate.admission import Grant
 from spotgate.apikeys import looks_like_api_key
 from spotgate.logging import get_logger
 from spotgate.registry import ApiKeyDisabled, ApiKeyRecord, ApiKeyRejected, Registry
@@ -44,9 +45,10 @@ class Principal:
     max_tokens: int | None
     expires_at: float | None = None  # set when authenticated by a token
 
-    def allows_model(self, model: str) -> bool:
-        """Whether the key may use `model`."""
-        return not self.models or model in self.models
+    @property
+    def grant(self) -> Grant:
+        """What the key allows, for admission (`spotgate.admission`)."""
+        return Grant(self.models, self.max_tokens, self.expires_at)
 
 
 def principal_of(

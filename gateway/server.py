@@ -29,8 +29,8 @@ from gateway.metrics import GatewayMetrics
 from gateway.ratelimit import RateLimiter
 from gateway.relay import ClientFrame, RelayOutcome, relay_stream
 from gateway.signing import load_key_ring
+from spotgate.admission import GatewayConditions, Refusal, gateway_refusal
 from spotgate.apikeys import MalformedApiKey, looks_like_api_key, parse_api_key
-from spotgate.context import early_refusal
 from spotgate.logging import bound_context, get_logger
 from spotgate.openai_api import ChatCompletionRequest, CompletionRequest, completion_id
 from spotgate.openai_http import read_body, respond
@@ -125,38 +125,14 @@ class GatewayState:
 STATE = web.AppKey("state", GatewayState)
 
 
-def _refusal(
-    state: GatewayState, frame: GenerateFrame, principal: Principal
-) -> tuple[ErrorCode, str] | None:
-    if state.shutting_down:
-        return ErrorCode.NO_CAPACITY, "this gateway is shutting down; reconnect to retry"
-    if principal.expires_at is not None and principal.expires_at <= time.time():
-        return ErrorCode.UNAUTHORIZED, "token expired; send an 'auth' frame with a fresh one"
-    if not principal.allows_model(frame.model):
-        return ErrorCode.FORBIDDEN, f"this key may not use model '{frame.model}'"
-    if (
-        principal.max_tokens is not None
-        and frame.max_tokens is not None
-        and frame.max_tokens > principal.max_tokens
-    ):
-        return (
-            ErrorCode.INVALID_REQUEST,
-            f"max_tokens {frame.max_tokens} exceeds this key's limit of {principal.max_tokens}",
-        )
-    limits = state.settings.limits
-    if frame.prompt_chars() > limits.max_prompt_chars:
-        return (
-            ErrorCode.INVALID_REQUEST,
-            f"prompt of {frame.prompt_chars()} characters exceeds the limit of "
-            f"{limits.max_prompt_chars}",
-        )
-    if frame.resume is not None:
-        return ErrorCode.INVALID_REQUEST, "'resume' is set by the gateway, not by clients"
-    context = state.dispatcher.view.context_limits(frame.model)
-    too_long = early_refusal(frame, context) if context is not None else None
-    if too_long is not None:
-        return ErrorCode.CONTEXT_LENGTH_EXCEEDED, too_long
-    return None
+def _refusal(state: GatewayState, frame: GenerateFrame, principal: Principal) -> Refusal | None:
+    """Whether this gateway admits the stream now (`spotgate.admission.gateway_refusal`)."""
+    conditions = GatewayConditions(
+        shutting_down=state.shutting_down,
+        max_prompt_chars=state.settings.limits.max_prompt_chars,
+        context=state.dispatcher.view.context_limits(frame.model),
+    )
+    return gateway_refusal(frame, principal.grant, conditions, time.time())
 
 
 async def admitted_frames(
@@ -423,7 +399,7 @@ async def _openai(
     frame = body.to_generate_frame(cid, session=request.headers.get("X-Session-Id"))
     refusal = _refusal(state, frame, principal)
     if refusal is not None:
-        return json_error(*refusal)
+        return json_error(refusal.code, refusal.message)
     # The handler drives the relay itself (no task, no queue between them): if the client
     # goes away, the failed write ends the handler and `aclosing` cancels the agent's stream.
     async with aclosing(admitted_frames(state, frame, principal, RelayOutcome())) as frames:

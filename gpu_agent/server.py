@@ -23,6 +23,7 @@ from gpu_agent.engine_loader import load_engine
 from gpu_agent.imds import ImdsClient, watch_notices
 from gpu_agent.runtime import AgentRuntime, EngineLoader, StreamHandle
 from gpu_agent.streams import StreamProgress, StreamRefused, check_request, generate_frames
+from spotgate.admission import AgentConditions, Refusal, agent_refusal, agent_unavailable
 from spotgate.logging import bound_context, get_logger
 from spotgate.openai_api import (
     ChatCompletionRequest,
@@ -95,10 +96,14 @@ async def _authenticate(request: web.Request) -> Claims | web.Response:
         return json_error(ErrorCode.UNAUTHORIZED, f"token refused: {err.reason}")
 
 
-def _unavailable(runtime: AgentRuntime) -> tuple[ErrorCode, str] | None:
-    if runtime.accepting and runtime.engine is not None:
-        return None
-    return ErrorCode.NO_CAPACITY, f"this agent is {runtime.phase}; try another"
+def _conditions(runtime: AgentRuntime) -> AgentConditions:
+    """What admission needs to know about this agent now."""
+    return AgentConditions(
+        phase=runtime.phase,
+        accepting=runtime.accepting,
+        engine_loaded=runtime.engine is not None,
+        token_leeway_seconds=runtime.settings.token_leeway_seconds,
+    )
 
 
 # --- health -----------------------------------------------------------------------------------
@@ -258,10 +263,8 @@ def _stream_handlers(runtime: AgentRuntime, verifier: TokenVerifier) -> StreamHa
         except TokenError as err:
             raise AuthRefused(f"token refused: {err.reason}") from err
 
-    def refusal(frame: GenerateFrame, claims: Claims) -> tuple[ErrorCode, str] | None:
-        if claims.exp + runtime.settings.token_leeway_seconds <= time.time():
-            return ErrorCode.UNAUTHORIZED, "token expired; send an 'auth' frame with a fresh one"
-        return _unavailable(runtime)
+    def refusal(frame: GenerateFrame, claims: Claims) -> Refusal | None:
+        return agent_refusal(claims.grant, _conditions(runtime), time.time())
 
     def start(frame: GenerateFrame, claims: Claims, send: Send) -> StreamHandle:
         return _start_stream(runtime, (id(send), frame.id), frame, claims, send)
@@ -305,9 +308,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     )
     if isinstance(body, web.Response):
         return body
-    unavailable = _unavailable(runtime)
+    unavailable = agent_unavailable(_conditions(runtime))
     if unavailable is not None:
-        return json_error(*unavailable, retry_after=1)
+        return json_error(unavailable.code, unavailable.message, retry_after=1)
     cid = completion_id()
     queue: asyncio.Queue[AnyFrame] = asyncio.Queue()
     frame = body.to_generate_frame(cid)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from gpu_agent.detokenizer import IncrementalDetokenizer, ResumeMismatch
 from gpu_agent.engine import Engine, FinishReason, GenerationRequest
+from spotgate.admission import agent_stream_refusal
 from spotgate.context import ContextExceeded, completion_budget
 from spotgate.protocol import (
     DeltaFrame,
@@ -47,31 +48,17 @@ class StreamProgress:
 
 
 def check_request(
-    frame: GenerateFrame, engine: Engine, claims: Claims | None, max_prompt_chars: int
+    frame: GenerateFrame, engine: Engine, claims: Claims, max_prompt_chars: int
 ) -> None:
-    """Refuse what this agent must not or cannot serve, before touching the engine."""
-    if frame.model != engine.model:
-        raise StreamRefused(
-            ErrorCode.INVALID_REQUEST,
-            f"model '{frame.model}' is not served here; this agent serves '{engine.model}'",
-        )
-    if claims is not None and not claims.allows_model(frame.model):
-        raise StreamRefused(ErrorCode.FORBIDDEN, f"this key may not use model '{frame.model}'")
-    if (
-        claims is not None
-        and claims.mtk is not None
-        and frame.max_tokens is not None
-        and frame.max_tokens > claims.mtk
-    ):
-        raise StreamRefused(
-            ErrorCode.INVALID_REQUEST,
-            f"max_tokens {frame.max_tokens} exceeds this key's limit of {claims.mtk}",
-        )
-    if frame.prompt_chars() > max_prompt_chars:
-        raise StreamRefused(
-            ErrorCode.INVALID_REQUEST,
-            f"prompt of {frame.prompt_chars()} characters exceeds the limit of {max_prompt_chars}",
-        )
+    """Refuse what this agent must not or cannot serve, before touching the engine.
+
+    Raises `StreamRefused` with `spotgate.admission.agent_stream_refusal`'s answer.
+    """
+    refusal = agent_stream_refusal(
+        frame, claims.grant, served_model=engine.model, max_prompt_chars=max_prompt_chars
+    )
+    if refusal is not None:
+        raise StreamRefused(refusal.code, refusal.message)
 
 
 def _prompt_ids(frame: GenerateFrame, engine: Engine) -> list[int]:

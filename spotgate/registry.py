@@ -24,6 +24,7 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from spotgate import __version__
+from spotgate.admission import model_allowed
 from spotgate.apikeys import (
     MalformedApiKey,
     hash_secret,
@@ -137,7 +138,7 @@ class ApiKeyRecord:
 
     def allows_model(self, model: str) -> bool:
         """Whether this key may use `model` (an empty set means every model)."""
-        return not self.models or model in self.models
+        return model_allowed(self.models, model)
 
 
 @dataclass(frozen=True, slots=True)

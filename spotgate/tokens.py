@@ -21,6 +21,7 @@ from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from spotgate.admission import Grant, model_allowed
 from spotgate.settings import TOKEN_TTL_MAX_SECONDS, TokenSettings
 
 ALGORITHM = "EdDSA"
@@ -331,9 +332,16 @@ class Claims:
             payload["mtk"] = self.mtk
         return payload
 
+    @property
+    def grant(self) -> Grant:
+        """What the token allows, for admission (`spotgate.admission`)."""
+        return Grant(
+            models=frozenset(self.mdl or ()), max_tokens=self.mtk, expires_at=float(self.exp)
+        )
+
     def allows_model(self, model: str) -> bool:
         """Whether the token lets its holder use `model` (no `mdl` claim means any)."""
-        return self.mdl is None or model in self.mdl
+        return model_allowed(self.mdl or (), model)
 
 
 @dataclass(frozen=True, slots=True)
@@ -365,6 +373,9 @@ def issue(
         raise ValueError(f"ttl_seconds must be within 1..{TOKEN_TTL_MAX_SECONDS}")
     if max_tokens is not None and max_tokens < 1:
         raise ValueError("max_tokens must be positive")
+    mdl = tuple(models) if models is not None else None
+    if mdl == ():  # an empty claim would read as "every model"
+        raise ValueError("models must name at least one model (None: every model)")
     issued_at = int(now)
     claims = Claims(
         iss=issuer,
@@ -374,7 +385,7 @@ def issue(
         nbf=issued_at,
         exp=issued_at + ttl_seconds,
         jti=secrets.token_urlsafe(12),
-        mdl=tuple(models) if models is not None else None,
+        mdl=mdl,
         mtk=max_tokens,
     )
     key = ring.signing_key
@@ -490,9 +501,10 @@ def _typed_claims(payload: Mapping[str, Any]) -> Claims:
     """Claims with the right types, or `MalformedToken` naming what is missing or wrong."""
     models = payload.get("mdl")
     if models is not None and not (
-        isinstance(models, list) and all(isinstance(model, str) for model in models)
+        isinstance(models, list) and models and all(isinstance(model, str) for model in models)
     ):
-        raise MalformedToken("claim 'mdl' must be a list of model names")
+        # An empty list would read as "every model" (`spotgate.admission.model_allowed`).
+        raise MalformedToken("claim 'mdl' must be a non-empty list of model names")
     max_tokens = payload.get("mtk")
     if max_tokens is not None and (
         not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1

@@ -18,6 +18,7 @@ from typing import Generic, Literal, Protocol, TypeVar
 from aiohttp import WSCloseCode, WSMsgType, web
 from aiohttp.abc import AbstractStreamWriter
 
+from spotgate.admission import Refusal
 from spotgate.openai_api import ERROR_STATUS, error_body
 from spotgate.protocol import (
     AnyFrame,
@@ -130,7 +131,7 @@ class StreamHandlers(Generic[Principal]):
     """What a service plugs into the socket loop."""
 
     authenticate: Callable[[str], Awaitable[Principal]]
-    refusal: Callable[[GenerateFrame, Principal], tuple[ErrorCode, str] | None]
+    refusal: Callable[[GenerateFrame, Principal], Refusal | None]  # `spotgate.admission`
     start: Callable[[GenerateFrame, Principal, Send], StreamControl]
     # Streams one socket may run at once; None: the socket limit of the settings.
     max_streams: Callable[[Principal], int | None] = lambda _principal: None
@@ -280,7 +281,7 @@ async def _handle(
     else:
         refusal = _refusal(frame, principal, handlers, limits, streams)
         if refusal is not None:
-            await send(ErrorFrame(id=frame.id, code=refusal[0], message=refusal[1]))
+            await send(ErrorFrame(id=frame.id, code=refusal.code, message=refusal.message))
             return principal
         stream = handlers.start(frame, principal, send)
         streams[frame.id] = stream
@@ -300,10 +301,10 @@ def _refusal(
     handlers: StreamHandlers[Principal],
     limits: SocketLimits,
     streams: dict[str, StreamControl],
-) -> tuple[ErrorCode, str] | None:
+) -> Refusal | None:
     if frame.id in streams:
-        return ErrorCode.INVALID_REQUEST, f"stream id '{frame.id}' is already running"
+        return Refusal(ErrorCode.INVALID_REQUEST, f"stream id '{frame.id}' is already running")
     cap = handlers.max_streams(principal) or limits.max_streams_per_connection
     if len(streams) >= cap:
-        return ErrorCode.RATE_LIMITED, f"at most {cap} streams per connection"
+        return Refusal(ErrorCode.RATE_LIMITED, f"at most {cap} streams per connection")
     return handlers.refusal(frame, principal)

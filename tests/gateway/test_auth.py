@@ -4,7 +4,8 @@ import asyncio
 
 import pytest
 
-from gateway.auth import KEY_CACHE_SECONDS, KEY_FRESH_SECONDS, Authenticator
+from gateway.auth import KEY_CACHE_SECONDS, KEY_FRESH_SECONDS, Authenticator, principal_of
+from spotgate.admission import Grant
 from spotgate.protocol import ErrorCode
 from spotgate.registry import ApiKeyRecord, Registry
 from spotgate.tokens import KeyRing, SigningKey
@@ -123,3 +124,9 @@ async def test_close_cancels_a_background_refresh_before_the_registry_closes(
         await registry.stalled.wait()
         await auth.close()
         assert registry.cancelled.is_set()
+
+
+def test_a_principal_grants_its_keys_models_and_max_tokens_and_its_tokens_expiry() -> None:
+    record = ApiKeyRecord(key_id="k", name="ci", models=frozenset({"m"}), max_tokens=8)
+    assert principal_of(record, 4).grant == Grant(frozenset({"m"}), 8, None)
+    assert principal_of(record, 4, expires_at=1234.0).grant == Grant(frozenset({"m"}), 8, 1234.0)

@@ -11,6 +11,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from pydantic import SecretStr
 
+from spotgate.admission import Grant
 from spotgate.settings import TokenSettings
 from spotgate.tokens import (
     AGENT_AUDIENCE,
@@ -201,6 +202,25 @@ def test_missing_or_mistyped_claims_are_malformed(ring: KeyRing) -> None:
         token = jwt.encode(payload, key.private_key, algorithm="EdDSA", headers={"kid": key.kid})
         with pytest.raises(MalformedToken):
             check(ring, token)
+
+
+def test_an_empty_model_list_is_refused_not_read_as_every_model(ring: KeyRing) -> None:
+    # `spotgate.admission.model_allowed` reads no models as every model: a token must not
+    # say "no models" and be taken to allow them all.
+    with pytest.raises(ValueError, match="models"):
+        issue(ring, subject="k", issuer=ISSUER, now=NOW, models=[])
+    payload = {**issue(ring, subject="k", issuer=ISSUER, now=NOW).claims.to_payload(), "mdl": []}
+    key = ring.signing_key
+    token = jwt.encode(payload, key.private_key, algorithm="EdDSA", headers={"kid": key.kid})
+    with pytest.raises(MalformedToken, match="mdl"):
+        check(ring, token)
+
+
+def test_a_token_grants_its_models_max_tokens_and_expiry(ring: KeyRing) -> None:
+    limited = issue(ring, subject="k", issuer=ISSUER, now=NOW, models=["m"], max_tokens=64)
+    assert limited.claims.grant == Grant(frozenset({"m"}), 64, float(limited.expires_at))
+    unlimited = issue(ring, subject="k", issuer=ISSUER, now=NOW)
+    assert unlimited.claims.grant == Grant(frozenset(), None, float(unlimited.expires_at))
 
 
 def test_overlong_lifetime_signed_by_us_is_refused(ring: KeyRing) -> None:

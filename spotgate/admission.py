@@ -1,0 +1,142 @@
+"""Whether a stream is admitted: the rules of the gateway and of the agents, written once.
+
+Pure functions over plain data: no I/O, no clock (callers pass `now`). A credential's rights
+are a `Grant`, which both the gateway's `Principal` and the agent's token `Claims` produce;
+what the service knows about itself when the stream arrives is a `GatewayConditions` or an
+`AgentConditions`. Each check answers None (admitted) or the `Refusal` the client is sent.
+
+The gateway checks everything it can before a stream is queued (`gateway_refusal`). An agent
+checks twice: when a stream arrives on a socket (`agent_refusal`: a live token, an agent
+taking streams), then before its engine sees it (`agent_stream_refusal`: the model it
+serves, the key's limits, the prompt's size).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from spotgate.context import ContextLimits, early_refusal
+from spotgate.protocol import ErrorCode, GenerateFrame
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why a stream is not admitted: the `error` code and the message the client is sent."""
+
+    code: ErrorCode
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """What a credential allows: its models (empty: every one), a max_tokens cap, an expiry."""
+
+    models: frozenset[str] = frozenset()
+    max_tokens: int | None = None
+    expires_at: float | None = None  # epoch seconds; None: an API key, which does not expire
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayConditions:
+    """What the gateway knows when a stream arrives."""
+
+    shutting_down: bool
+    max_prompt_chars: int
+    context: ContextLimits | None  # the most the model's agents hold; None: none has said
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConditions:
+    """What an agent knows about itself when a stream arrives."""
+
+    phase: str
+    accepting: bool
+    engine_loaded: bool
+    token_leeway_seconds: float = 0.0
+
+
+def model_allowed(models: Collection[str], model: str) -> bool:
+    """Whether a credential limited to `models` may use `model` (no models: every one)."""
+    return not models or model in models
+
+
+def expiry_refusal(grant: Grant, now: float, leeway_seconds: float = 0.0) -> Refusal | None:
+    """Refused once the credential's expiry (plus `leeway_seconds`) is not after `now`."""
+    if grant.expires_at is not None and grant.expires_at + leeway_seconds <= now:
+        return Refusal(
+            ErrorCode.UNAUTHORIZED, "token expired; send an 'auth' frame with a fresh one"
+        )
+    return None
+
+
+def grant_refusal(frame: GenerateFrame, grant: Grant) -> Refusal | None:
+    """The key's own limits: the models it may use, the most max_tokens it may ask for."""
+    if not model_allowed(grant.models, frame.model):
+        return Refusal(ErrorCode.FORBIDDEN, f"this key may not use model '{frame.model}'")
+    if (
+        grant.max_tokens is not None
+        and frame.max_tokens is not None
+        and frame.max_tokens > grant.max_tokens
+    ):
+        return Refusal(
+            ErrorCode.INVALID_REQUEST,
+            f"max_tokens {frame.max_tokens} exceeds this key's limit of {grant.max_tokens}",
+        )
+    return None
+
+
+def prompt_refusal(frame: GenerateFrame, max_prompt_chars: int) -> Refusal | None:
+    """Refused when the prompt has more than `max_prompt_chars` characters."""
+    chars = frame.prompt_chars()
+    if chars > max_prompt_chars:
+        return Refusal(
+            ErrorCode.INVALID_REQUEST,
+            f"prompt of {chars} characters exceeds the limit of {max_prompt_chars}",
+        )
+    return None
+
+
+def gateway_refusal(
+    frame: GenerateFrame, grant: Grant, gateway: GatewayConditions, now: float
+) -> Refusal | None:
+    """The gateway's check of a client's stream, before it is queued for an agent."""
+    if gateway.shutting_down:
+        return Refusal(ErrorCode.NO_CAPACITY, "this gateway is shutting down; reconnect to retry")
+    refusal = (
+        expiry_refusal(grant, now)
+        or grant_refusal(frame, grant)
+        or prompt_refusal(frame, gateway.max_prompt_chars)
+    )
+    if refusal is not None:
+        return refusal
+    if frame.resume is not None:
+        return Refusal(ErrorCode.INVALID_REQUEST, "'resume' is set by the gateway, not by clients")
+    too_long = early_refusal(frame, gateway.context) if gateway.context is not None else None
+    if too_long is not None:
+        return Refusal(ErrorCode.CONTEXT_LENGTH_EXCEEDED, too_long)
+    return None
+
+
+def agent_unavailable(agent: AgentConditions) -> Refusal | None:
+    """Refused unless the agent takes new streams and has its engine loaded."""
+    if agent.accepting and agent.engine_loaded:
+        return None
+    return Refusal(ErrorCode.NO_CAPACITY, f"this agent is {agent.phase}; try another")
+
+
+def agent_refusal(grant: Grant, agent: AgentConditions, now: float) -> Refusal | None:
+    """The agent's check of a stream arriving on a socket: a live token, an agent taking it."""
+    return expiry_refusal(grant, now, agent.token_leeway_seconds) or agent_unavailable(agent)
+
+
+def agent_stream_refusal(
+    frame: GenerateFrame, grant: Grant, *, served_model: str, max_prompt_chars: int
+) -> Refusal | None:
+    """The agent's check before its engine sees a stream: its model, the key's, the prompt."""
+    if frame.model != served_model:
+        return Refusal(
+            ErrorCode.INVALID_REQUEST,
+            f"model '{frame.model}' is not served here; this agent serves '{served_model}'",
+        )
+    return grant_refusal(frame, grant) or prompt_refusal(frame, max_prompt_chars)
