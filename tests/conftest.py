@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from spotgate.registry import Registry
 from stack.emulator import AwsEmulator
@@ -20,6 +21,10 @@ from tests.support.agents import (  # fixtures for every suite  # noqa: F401
     vllm_engine,
     vllm_llama2_engine,
 )
+
+# Speed is for the benchmarks: a slow example on a busy machine is not a failure.
+hypothesis_settings.register_profile("suite", deadline=None)
+hypothesis_settings.load_profile("suite")
 
 VLLM_ENGINE_FIXTURES = frozenset({"vllm_engine", "vllm_llama2_engine"})
 
