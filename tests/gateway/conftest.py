@@ -14,7 +14,8 @@ import pytest
 from aiohttp import web
 from pydantic import SecretStr
 
-from gateway.server import STATE, GatewayState, create_app
+from gateway.server import create_app
+from gateway.state import STATE, GatewayState
 from gpu_agent.engine import Engine
 from spotgate.process import free_port, loopback_socket, serving_on_loopback, socket_port
 from spotgate.registry import AgentState, CreatedApiKey, Registry

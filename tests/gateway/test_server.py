@@ -11,7 +11,7 @@ import openai
 import pytest
 import websockets
 
-from gateway.server import allowed_origins, origin_allowed
+from gateway.routes.websocket import allowed_origins, origin_allowed
 from spotgate.registry import AgentState, CreatedApiKey, Registry
 from spotgate.settings import MAX_REQUEST_BYTES, GatewaySettings
 from spotgate.tokens import KeyRing, SigningKey, issue, verify

@@ -1,0 +1,1 @@
+"""The gateway's HTTP routes, one module per concern, each with a `setup_…(app)` adding them."""

@@ -1,0 +1,71 @@
+"""The OpenAI-compatible HTTP API: `/v1/models`, `/v1/chat/completions`, `/v1/completions`."""
+
+from __future__ import annotations
+
+from contextlib import aclosing
+
+from aiohttp import web
+
+from gateway.guard import request_principal
+from gateway.relay import RelayOutcome
+from gateway.state import STATE
+from gateway.streams import admitted_frames, stream_refusal
+from spotgate.openai_api import ChatCompletionRequest, CompletionRequest, completion_id
+from spotgate.openai_http import read_body, respond
+from spotgate.wsserver import json_error
+
+
+async def models(request: web.Request) -> web.Response:
+    """`GET /v1/models`: models with ready agents, and those that can scale from zero."""
+    state = request.app[STATE]
+    names = sorted(state.dispatcher.view.ready_models() | set(state.settings.models))
+    data = [{"id": name, "object": "model", "owned_by": "spotgate", "created": 0} for name in names]
+    return web.json_response({"object": "list", "data": data})
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    """`POST /v1/chat/completions` (SSE when `stream` is true)."""
+    return await _openai(request, ChatCompletionRequest, "chat")
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    """`POST /v1/completions` (SSE when `stream` is true)."""
+    return await _openai(request, CompletionRequest, "text")
+
+
+async def _openai(
+    request: web.Request,
+    model: type[ChatCompletionRequest] | type[CompletionRequest],
+    kind: str,
+) -> web.StreamResponse:
+    state = request.app[STATE]
+    principal = await request_principal(request)
+    if isinstance(principal, web.Response):
+        return principal
+    body = await read_body(request, model, state.settings.http_body_timeout_seconds)
+    if isinstance(body, web.Response):
+        return body
+    cid = completion_id("chat" if kind == "chat" else "text")
+    frame = body.to_generate_frame(cid, session=request.headers.get("X-Session-Id"))
+    refusal = stream_refusal(state, frame, principal)
+    if refusal is not None:
+        return json_error(refusal.code, refusal.message)
+    # The handler drives the relay itself (no task, no queue between them): if the client
+    # goes away, the failed write ends the handler and `aclosing` cancels the agent's stream.
+    async with aclosing(admitted_frames(state, frame, principal, RelayOutcome())) as frames:
+        return await respond(
+            request,
+            frames,
+            kind="chat" if kind == "chat" else "text",
+            cid=cid,
+            model=body.model,
+            stream=body.stream,
+            include_usage=body.include_usage,
+        )
+
+
+def setup_openai_compat(app: web.Application) -> None:
+    """Add the OpenAI-compatible routes."""
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/completions", completions)

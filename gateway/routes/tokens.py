@@ -1,0 +1,52 @@
+"""Tokens: `POST /v1/token` trades an API key for one, the JWKS lets agents verify them."""
+
+from __future__ import annotations
+
+import time
+
+from aiohttp import web
+
+from gateway.guard import guarded
+from gateway.state import STATE
+from spotgate.protocol import ErrorCode
+from spotgate.tokens import issue
+from spotgate.wsserver import AuthRefused, bearer_token, json_error
+
+
+async def token(request: web.Request) -> web.Response:
+    """`POST /v1/token`: trade an API key for a short-lived token."""
+    state = request.app[STATE]
+    credential = bearer_token(request)
+    if credential is None:
+        return json_error(ErrorCode.UNAUTHORIZED, "missing 'Authorization: Bearer sg-…'")
+    try:
+        record = await guarded(state, request, credential, state.authenticator.api_key)
+    except AuthRefused as err:
+        state.metrics.rejections.labels(reason=err.code.value).inc()
+        return json_error(err.code, str(err), err.retry_after)
+    issued = issue(
+        state.ring,
+        subject=record.key_id,
+        issuer=state.public_url,
+        now=time.time(),
+        ttl_seconds=state.settings.token.ttl_seconds,
+        models=sorted(record.models) or None,
+        max_tokens=record.max_tokens,
+    )
+    ws_url = state.public_url.replace("http", "ws", 1) + "/v1/ws"
+    return web.json_response(
+        {"token": issued.token, "expires_at": issued.expires_at, "ws_url": ws_url}
+    )
+
+
+async def jwks(request: web.Request) -> web.Response:
+    """`GET /.well-known/jwks.json`: the public keys agents verify tokens with."""
+    return web.json_response(
+        request.app[STATE].ring.jwks(), headers={"Cache-Control": "public, max-age=60"}
+    )
+
+
+def setup_tokens(app: web.Application) -> None:
+    """Add the token and JWKS routes."""
+    app.router.add_post("/v1/token", token)
+    app.router.add_get("/.well-known/jwks.json", jwks)

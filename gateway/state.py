@@ -1,0 +1,81 @@
+"""What the gateway's handlers share: `GatewayState`, under the `STATE` app key."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+from aiohttp import web
+
+from gateway.agent_link import AgentLink
+from gateway.auth import Authenticator
+from gateway.authlimit import FailedAuthLimiter
+from gateway.dispatch import Dispatcher
+from gateway.metrics import GatewayMetrics
+from gateway.ratelimit import RateLimiter
+from spotgate.registry import Registry
+from spotgate.settings import TOKEN_TTL_MAX_SECONDS, GatewaySettings
+from spotgate.tokens import GATEWAY_SUBJECT_PREFIX, KeyRing, issue
+from spotgate.wsserver import FrameSocket
+
+
+def public_url(settings: GatewaySettings) -> str:
+    """The gateway's own URL: the token issuer and the base of `ws_url`."""
+    return (settings.public_url or f"http://{settings.host}:{settings.port}").rstrip("/")
+
+
+@dataclass
+class GatewayState:
+    """What the gateway's handlers share."""
+
+    settings: GatewaySettings
+    registry: Registry
+    ring: KeyRing
+    authenticator: Authenticator
+    dispatcher: Dispatcher
+    session: aiohttp.ClientSession
+    gateway_id: str
+    public_url: str
+    failed_auth: FailedAuthLimiter
+    metrics: GatewayMetrics = field(default_factory=GatewayMetrics)
+    limiter: RateLimiter = field(default_factory=RateLimiter)
+    links: dict[str, AgentLink] = field(default_factory=dict)
+    sockets: set[FrameSocket] = field(default_factory=set)
+    active_streams: int = 0
+    shutting_down: bool = False
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def agent_token(self) -> tuple[str, float]:
+        """A token the gateway presents to agents (refreshed on the link before it expires)."""
+        issued = issue(
+            self.ring,
+            subject=f"{GATEWAY_SUBJECT_PREFIX}{self.gateway_id}",
+            issuer=self.public_url,
+            now=time.time(),
+            ttl_seconds=TOKEN_TTL_MAX_SECONDS,
+        )
+        return issued.token, float(issued.expires_at)
+
+    def link_for(self, agent_id: str) -> AgentLink | None:
+        """The link to an agent in the view, opened lazily."""
+        link = self.links.get(agent_id)
+        if link is not None and not link.closed:
+            return link
+        record = self.dispatcher.view.record(agent_id)
+        if record is None:
+            return None
+        link = AgentLink(agent_id, record.url, self.session, self.agent_token)
+        self.links[agent_id] = link
+        return link
+
+    async def prune_links(self) -> None:
+        """Close links to agents that left the registry view and carry no stream."""
+        for agent_id, link in list(self.links.items()):
+            if self.dispatcher.view.record(agent_id) is None and link.open_streams == 0:
+                del self.links[agent_id]
+                await link.close()
+
+
+STATE = web.AppKey("state", GatewayState)

@@ -1,0 +1,124 @@
+"""A client's stream through the gateway: admitted (`spotgate.admission`), then relayed.
+
+Shared by the websocket and the OpenAI HTTP routes: `stream_refusal` is the gateway's
+admission check, `admitted_frames` a stream's frames for its client (after the key's rate
+limits), `start_stream` the same frames sent from their own task, for a websocket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncGenerator
+from contextlib import aclosing, suppress
+from dataclasses import dataclass
+
+from gateway.auth import Principal
+from gateway.relay import ClientFrame, RelayOutcome, relay_stream
+from gateway.state import GatewayState
+from spotgate.admission import GatewayConditions, Refusal, gateway_refusal
+from spotgate.logging import bound_context
+from spotgate.protocol import DoneFrame, ErrorCode, ErrorFrame, GenerateFrame, Timings, Usage
+from spotgate.wsserver import Send
+
+
+@dataclass(eq=False)
+class RelayHandle:
+    """A client stream relayed by this gateway."""
+
+    task: asyncio.Task[None]
+
+    def end(self, reason: str) -> None:
+        """Stop relaying (the client cancelled or went away)."""
+        self.task.cancel()
+
+
+def stream_refusal(
+    state: GatewayState, frame: GenerateFrame, principal: Principal
+) -> Refusal | None:
+    """Whether this gateway admits the stream now (`spotgate.admission.gateway_refusal`)."""
+    conditions = GatewayConditions(
+        shutting_down=state.shutting_down,
+        max_prompt_chars=state.settings.limits.max_prompt_chars,
+        context=state.dispatcher.view.context_limits(frame.model),
+    )
+    return gateway_refusal(frame, principal.grant, conditions, time.time())
+
+
+async def admitted_frames(
+    state: GatewayState, frame: GenerateFrame, principal: Principal, outcome: RelayOutcome
+) -> AsyncGenerator[ClientFrame, None]:
+    """A stream's frames for its client: admitted against its key's limits, then relayed."""
+    if principal.max_tokens is not None:  # a reply with no max_tokens stops at the key's limit
+        frame = frame.model_copy(update={"max_tokens_cap": principal.max_tokens})
+    decision = state.limiter.admit(principal.key_id, principal.limits, time.time())
+    if not decision.admitted:
+        state.metrics.rejections.labels(reason="rate_limited").inc()
+        yield ErrorFrame(
+            id=frame.id,
+            code=ErrorCode.RATE_LIMITED,
+            message=decision.reason,
+            retry_after=decision.retry_after,
+        )
+        return
+    state.active_streams += 1
+    state.idle.clear()
+    state.metrics.active_streams.inc()
+    try:
+        with bound_context(stream_id=frame.id, key_id=principal.key_id):
+            frames = relay_stream(
+                frame,
+                dispatcher=state.dispatcher,
+                link_for=state.link_for,
+                deadline_seconds=state.settings.queue.deadline_seconds,
+                outcome=outcome,
+            )
+            async with aclosing(frames) as relayed:
+                async for out in relayed:
+                    yield out
+    finally:
+        state.active_streams -= 1
+        if state.active_streams == 0:
+            state.idle.set()
+        state.metrics.active_streams.dec()
+        used = outcome.prompt_tokens + outcome.completion_tokens
+        state.limiter.finish(principal.key_id, used, time.time())
+        state.metrics.record(outcome)
+
+
+def start_stream(
+    state: GatewayState, frame: GenerateFrame, principal: Principal, send: Send
+) -> RelayHandle:
+    """Relay a websocket stream in its own task; its frames go to `send`.
+
+    A stream cancelled by its client still ends with a `done` frame (`cancelled`, with the
+    tokens it got), so the client knows where it stopped.
+    """
+    outcome = RelayOutcome()
+    started = time.monotonic()
+
+    async def run() -> None:
+        try:
+            async with aclosing(admitted_frames(state, frame, principal, outcome)) as frames:
+                async for out in frames:
+                    await send(out)
+        except asyncio.CancelledError:
+            elapsed_ms = (time.monotonic() - started) * 1000
+            done = DoneFrame(
+                id=frame.id,
+                finish_reason="cancelled",
+                usage=Usage(
+                    prompt_tokens=outcome.prompt_tokens,
+                    completion_tokens=outcome.relayed_tokens,
+                ),
+                timings=Timings(
+                    queue_ms=outcome.queue_ms,
+                    ttft_ms=outcome.ttft_ms if outcome.ttft_ms is not None else elapsed_ms,
+                    total_ms=elapsed_ms,
+                ),
+            )
+            with suppress(Exception):  # the socket may be what went away
+                await send(done)
+            raise
+
+    return RelayHandle(asyncio.create_task(run(), name=f"relay {frame.id}"))
