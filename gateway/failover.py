@@ -1,0 +1,273 @@
+"""Failover of one client stream: a pure state machine over what the client already has.
+
+The relay (gateway/relay.py) does the I/O — waiting for an agent, opening the stream on its
+link, reading the agent's frames, cancelling — and tells a `Failover` what happened; the
+Failover says what the client sees and what happens next. No asyncio, no clock of its own:
+each event that needs the time is given it (`now`: wall clock, as the dispatcher's deadlines
+are; `monotonic`: for the stream's timings).
+
+The rules (DESIGN.md §4):
+
+- An agent that answers `interrupted` (it is draining) or `no_capacity`, or whose link is
+  lost, is excluded and the stream is placed again, with a fresh deadline, on another agent.
+  That agent's `generate` carries `resume`: the token ids and text the client already has,
+  so no token is lost and none repeated. Any other agent error goes to the client and ends
+  its stream.
+- An agent that cannot be reached is excluded too; the stream goes on waiting for another
+  within the same deadline.
+- When no agent can take the stream in time, or its model is unknown, or too many streams
+  wait for it, the client gets a clear error, telling a request never served from a stream
+  that could not be resumed.
+- `queued` frames reach the client only before its first token (a resume waits silently),
+  `start` only when the serving agent changes: each change after the first is a resume.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from spotgate.protocol import (
+    DeltaFrame,
+    DoneFrame,
+    ErrorCode,
+    ErrorFrame,
+    GenerateFrame,
+    QueuedFrame,
+    Resume,
+    StartFrame,
+    Timings,
+)
+
+RETRYABLE_AGENT_ERRORS = frozenset({ErrorCode.INTERRUPTED, ErrorCode.NO_CAPACITY})
+QUEUE_FULL_RETRY_AFTER_SECONDS = 1.0
+NO_CAPACITY_RETRY_AFTER_SECONDS = 5.0
+
+
+@dataclass
+class RelayOutcome:
+    """How a relayed stream went, for metrics and limits."""
+
+    agent_id: str | None = None
+    resumes: int = 0
+    completion_tokens: int = 0
+    prompt_tokens: int = 0
+    relayed_tokens: int = 0  # sent to the client so far
+    queue_ms: float = 0.0
+    ttft_ms: float | None = None
+    added_ttft_ms: float | None = None  # the gateway's own share of `ttft_ms`, if not queued
+    error: ErrorCode | None = None
+
+
+class Unplaced(Enum):
+    """Why the dispatcher found no agent for the stream."""
+
+    UNKNOWN_MODEL = "unknown_model"  # no agent serves it, nor can one be started for it
+    QUEUE_FULL = "queue_full"  # too many streams already wait for the model
+    NO_CAPACITY = "no_capacity"  # no agent had room before the deadline
+
+
+@dataclass(frozen=True, slots=True)
+class ResumeElsewhere:
+    """Place the stream again: `failed_agent` is excluded, the wait has a fresh deadline."""
+
+    failed_agent: str
+    tokens_so_far: int
+
+
+@dataclass(frozen=True, slots=True)
+class GiveUp:
+    """End the client's stream with `error`."""
+
+    error: ErrorFrame
+
+
+Decision = ResumeElsewhere | GiveUp
+
+
+@dataclass
+class Failover:
+    """One client stream across the agents that serve it, from request to `done` or `error`."""
+
+    request: GenerateFrame  # as the client sent it (its id is the client's stream id)
+    deadline_seconds: float  # how long each placement may wait for an agent
+    deadline: float  # wall clock: when the current placement stops waiting
+    started_at: float  # monotonic
+    outcome: RelayOutcome = field(default_factory=RelayOutcome)
+    ids: list[int] = field(default_factory=list)  # token ids the client has
+    text: list[str] = field(default_factory=list)  # and their text
+    excluded: set[str] = field(default_factory=set)  # agents this stream must not go to
+    queued: bool = False  # the stream ever waited in the dispatcher's queue
+    placements: int = 0  # agent streams opened
+    serving: str | None = None  # the agent whose stream is open, until it ends
+    announced_agent: str | None = None  # the agent the client's last `start` named
+
+    @classmethod
+    def begin(
+        cls,
+        request: GenerateFrame,
+        *,
+        deadline_seconds: float,
+        now: float,
+        monotonic: float,
+        outcome: RelayOutcome | None = None,
+    ) -> Failover:
+        """A stream that has just arrived."""
+        return cls(
+            request=request,
+            deadline_seconds=deadline_seconds,
+            deadline=now + deadline_seconds,
+            started_at=monotonic,
+            outcome=outcome if outcome is not None else RelayOutcome(),
+        )
+
+    @property
+    def has_tokens(self) -> bool:
+        """Whether the client already has tokens of this stream (a move is then a resume)."""
+        return bool(self.ids)
+
+    # Waiting for an agent.
+
+    def on_queued(self, position: int) -> QueuedFrame | None:
+        """The stream waits in the queue: the client hears it only before its first token."""
+        self.queued = True
+        if self.has_tokens:  # a resume waits silently: the client already has a stream
+            return None
+        return QueuedFrame(id=self.request.id, position=position)
+
+    def on_unplaced(self, why: Unplaced) -> ErrorFrame:
+        """No agent could take the stream: the error that ends the client's stream."""
+        model = self.request.model
+        if why is Unplaced.UNKNOWN_MODEL:
+            code = ErrorCode.INVALID_REQUEST
+            message = f"model '{model}' is not served here"
+            retry_after = None
+        elif why is Unplaced.QUEUE_FULL:
+            code = ErrorCode.RATE_LIMITED
+            message = f"too many requests wait for '{model}'; retry shortly"
+            retry_after = QUEUE_FULL_RETRY_AFTER_SECONDS
+        else:
+            code = ErrorCode.NO_CAPACITY
+            what = "resume the stream" if self.has_tokens else "serve the request"
+            message = f"no agent for '{model}' could {what} in time"
+            retry_after = NO_CAPACITY_RETRY_AFTER_SECONDS
+        self.outcome.error = code
+        return ErrorFrame(id=self.request.id, code=code, message=message, retry_after=retry_after)
+
+    def on_agent_chosen(self, *, monotonic: float) -> None:
+        """The dispatcher chose an agent: the first time, the stream's wait in the queue ends."""
+        if self.outcome.queue_ms == 0.0:
+            self.outcome.queue_ms = (monotonic - self.started_at) * 1000
+
+    def on_unavailable(self, agent_id: str) -> None:
+        """The chosen agent cannot be reached: wait for another (same deadline)."""
+        self.excluded.add(agent_id)
+
+    def agent_frame(self, agent_stream_id: str) -> GenerateFrame:
+        """The `generate` frame for the chosen agent, with `resume` once the client has tokens."""
+        resume = (
+            Resume(  # validation copies the ids: later tokens do not change this frame
+                token_ids=self.ids,
+                text="".join(self.text),
+                completion_tokens=len(self.ids),
+            )
+            if self.has_tokens
+            else None
+        )
+        return self.request.model_copy(
+            update={"id": agent_stream_id, "want_ids": True, "resume": resume}
+        )
+
+    def on_opened(self, agent_id: str) -> None:
+        """The agent's stream is open: its frames follow."""
+        self.placements += 1
+        self.serving = agent_id
+
+    # The agent's frames.
+
+    def on_start(self, start: StartFrame) -> StartFrame | None:
+        """The agent took the stream: the client hears of it when the agent is a new one."""
+        if start.agent == self.announced_agent:
+            return None
+        if self.announced_agent is not None:
+            self.outcome.resumes += 1
+        self.announced_agent = start.agent
+        self.outcome.agent_id = start.agent
+        return StartFrame(id=self.request.id, agent=start.agent, engine=start.engine)
+
+    def on_delta(
+        self,
+        delta: DeltaFrame,
+        *,
+        monotonic: float,
+        agent_sent_at: float,
+        agent_first_token_at: float | None,
+    ) -> DeltaFrame:
+        """More tokens: kept for a resume, and passed on in the client's stream id.
+
+        The first token fixes the stream's time to first token; the gateway's own share of
+        it is known only for a stream served by its first agent without waiting, from when
+        the agent's stream was sent (`agent_sent_at`) and its first token came in.
+        """
+        outcome = self.outcome
+        if outcome.ttft_ms is None:
+            outcome.ttft_ms = (monotonic - self.started_at) * 1000
+            first_try = self.placements == 1 and not self.queued
+            if first_try and agent_first_token_at is not None:
+                agent_ms = (agent_first_token_at - agent_sent_at) * 1000
+                outcome.added_ttft_ms = outcome.ttft_ms - agent_ms
+        self.ids.extend(delta.ids or ())
+        self.text.append(delta.text)
+        outcome.relayed_tokens += delta.n
+        return DeltaFrame(
+            id=self.request.id,
+            text=delta.text,
+            n=delta.n,
+            ids=delta.ids if self.request.want_ids else None,
+        )
+
+    def on_done(self, done: DoneFrame, *, monotonic: float) -> DoneFrame:
+        """The stream finished: its usage, and timings over all its placements."""
+        self.serving = None
+        outcome = self.outcome
+        outcome.completion_tokens = done.usage.completion_tokens
+        outcome.prompt_tokens = done.usage.prompt_tokens
+        total_ms = (monotonic - self.started_at) * 1000
+        return DoneFrame(
+            id=self.request.id,
+            finish_reason=done.finish_reason,
+            usage=done.usage,
+            timings=Timings(
+                queue_ms=outcome.queue_ms,
+                ttft_ms=outcome.ttft_ms if outcome.ttft_ms is not None else total_ms,
+                total_ms=total_ms,
+            ),
+        )
+
+    def on_agent_error(self, error: ErrorFrame, *, now: float) -> Decision:
+        """The agent ended the stream with an error: resume elsewhere, or tell the client."""
+        if error.code in RETRYABLE_AGENT_ERRORS:
+            return self._resume_elsewhere(now)
+        self.serving = None
+        self.outcome.error = error.code
+        return GiveUp(
+            ErrorFrame(
+                id=self.request.id,
+                code=error.code,
+                message=error.message,
+                retry_after=error.retry_after,
+            )
+        )
+
+    def on_link_lost(self, *, now: float) -> ResumeElsewhere:
+        """The agent's socket closed under the stream: resume it elsewhere."""
+        return self._resume_elsewhere(now)
+
+    def _resume_elsewhere(self, now: float) -> ResumeElsewhere:
+        failed = self.serving
+        if failed is None:
+            raise RuntimeError("an agent stream ended that was never opened")
+        self.serving = None
+        self.excluded.add(failed)
+        self.deadline = now + self.deadline_seconds  # each placement gets its own wait
+        return ResumeElsewhere(failed_agent=failed, tokens_so_far=len(self.ids))

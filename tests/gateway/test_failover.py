@@ -1,0 +1,445 @@
+"""The failover rules of one client stream, on plain data: no sockets, no event loop, no clock."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from gateway.failover import (
+    Decision,
+    Failover,
+    GiveUp,
+    ResumeElsewhere,
+    Unplaced,
+)
+from spotgate.protocol import (
+    DeltaFrame,
+    DoneFrame,
+    ErrorCode,
+    ErrorFrame,
+    GenerateFrame,
+    QueuedFrame,
+    Resume,
+    StartFrame,
+    Timings,
+    Usage,
+)
+
+MODEL = "synth"
+CLIENT_ID = "c1"
+REQUEST = GenerateFrame(id=CLIENT_ID, model=MODEL, prompt="hi", max_tokens=50, seed=7)
+DEADLINE_SECONDS = 30.0
+ARRIVED = 1_000.0  # wall clock when the stream arrived
+STARTED = 50.0  # monotonic, at the same moment
+LINK_LOST = "link lost"
+RESUMING_ENDINGS = [ErrorCode.INTERRUPTED, ErrorCode.NO_CAPACITY, LINK_LOST]
+Ending = ErrorCode | str  # an agent's error code, or LINK_LOST
+
+
+def arrive(request: GenerateFrame = REQUEST) -> Failover:
+    return Failover.begin(
+        request, deadline_seconds=DEADLINE_SECONDS, now=ARRIVED, monotonic=STARTED
+    )
+
+
+def place(stream: Failover, agent: str, *, at: float = STARTED + 0.001) -> GenerateFrame:
+    """The dispatcher chose `agent` and its stream opened: the frame the agent was sent."""
+    stream.on_agent_chosen(monotonic=at)
+    frame = stream.agent_frame(f"to-{agent}")
+    stream.on_opened(agent)
+    return frame
+
+
+def delta(ids: list[int], text: str) -> DeltaFrame:
+    return DeltaFrame(id="agent-stream", text=text, n=len(ids), ids=ids)
+
+
+def relay(stream: Failover, ids: list[int], text: str, *, at: float = STARTED + 1) -> DeltaFrame:
+    return stream.on_delta(
+        delta(ids, text), monotonic=at, agent_sent_at=STARTED, agent_first_token_at=None
+    )
+
+
+def start(agent: str) -> StartFrame:
+    return StartFrame(id=f"to-{agent}", agent=agent, engine="synthetic")
+
+
+def end(stream: Failover, how: Ending, *, now: float = ARRIVED + 1) -> Decision:
+    """The serving agent's stream ends early: with an error frame, or its link is lost."""
+    if how == LINK_LOST:
+        return stream.on_link_lost(now=now)
+    error = ErrorFrame(id="agent-stream", code=ErrorCode(how), message="agent says", retry_after=2)
+    return stream.on_agent_error(error, now=now)
+
+
+def done(completion_tokens: int) -> DoneFrame:
+    return DoneFrame(
+        id="agent-stream",
+        finish_reason="stop",
+        usage=Usage(prompt_tokens=4, completion_tokens=completion_tokens),
+        timings=Timings(queue_ms=0, ttft_ms=1, total_ms=2),
+    )
+
+
+RESUMES = {
+    ErrorCode.UNAUTHORIZED: False,
+    ErrorCode.FORBIDDEN: False,
+    ErrorCode.INVALID_REQUEST: False,
+    ErrorCode.CONTEXT_LENGTH_EXCEEDED: False,
+    ErrorCode.RATE_LIMITED: False,
+    ErrorCode.NO_CAPACITY: True,
+    ErrorCode.TIMEOUT: False,
+    ErrorCode.INTERRUPTED: True,
+    ErrorCode.INTERNAL: False,
+    LINK_LOST: True,
+}
+
+
+def test_every_error_code_is_classified() -> None:
+    assert set(RESUMES) == {*ErrorCode, LINK_LOST}
+
+
+@pytest.mark.parametrize(("ending", "resumes"), RESUMES.items())
+def test_which_agent_endings_resume_the_stream(ending: Ending, resumes: bool) -> None:
+    stream = arrive()
+    place(stream, "a")
+    relay(stream, [5, 6], "ab")
+
+    decision = end(stream, ending, now=ARRIVED + 9)
+
+    assert stream.serving is None  # the agent's stream is over either way: forgotten, not cancelled
+    if resumes:
+        assert decision == ResumeElsewhere(failed_agent="a", tokens_so_far=2)
+        assert stream.excluded == {"a"}
+        assert stream.deadline == ARRIVED + 9 + DEADLINE_SECONDS
+        assert stream.outcome.error is None
+    else:
+        assert decision == GiveUp(
+            ErrorFrame(id=CLIENT_ID, code=ending, message="agent says", retry_after=2)
+        )
+        assert stream.outcome.error == ending
+        assert stream.excluded == set()
+
+
+@pytest.mark.parametrize(
+    ("sent", "resume"),
+    [
+        ([], None),
+        ([([5], "a")], Resume(token_ids=[5], text="a", completion_tokens=1)),
+        (
+            [([5, 6], "ab"), ([7], " c"), ([8, 9, 10], "d€")],
+            Resume(token_ids=[5, 6, 7, 8, 9, 10], text="ab cd€", completion_tokens=6),
+        ),
+    ],
+    ids=["before-first-token", "one-token", "six-tokens-in-three-deltas"],
+)
+def test_the_next_agent_is_sent_what_the_client_already_has(
+    sent: list[tuple[list[int], str]], resume: Resume | None
+) -> None:
+    stream = arrive()
+    first = place(stream, "a")
+    for ids, text in sent:
+        relay(stream, ids, text)
+    end(stream, ErrorCode.INTERRUPTED)
+
+    second = place(stream, "b")
+
+    assert first == REQUEST.model_copy(update={"id": "to-a", "want_ids": True, "resume": None})
+    assert second == REQUEST.model_copy(update={"id": "to-b", "want_ids": True, "resume": resume})
+
+
+@pytest.mark.parametrize(
+    ("events", "excluded_after_each"),
+    [
+        ([("interrupted", "a"), ("interrupted", "b")], [{"a"}, {"a", "b"}]),
+        ([("no_capacity", "a"), (LINK_LOST, "b")], [{"a"}, {"a", "b"}]),
+        ([("unavailable", "a"), ("unavailable", "b")], [{"a"}, {"a", "b"}]),
+        (
+            [("unavailable", "a"), ("interrupted", "b"), (LINK_LOST, "c")],
+            [{"a"}, {"a", "b"}, {"a", "b", "c"}],
+        ),
+        ([("timeout", "a")], [set()]),  # given up, not moved: nothing to exclude from
+    ],
+)
+def test_failed_and_unreachable_agents_are_excluded_for_good(
+    events: list[tuple[str, str]], excluded_after_each: list[set[str]]
+) -> None:
+    stream = arrive()
+    for (event, agent), excluded in zip(events, excluded_after_each, strict=True):
+        if event == "unavailable":  # no link to it, or its link cannot connect
+            stream.on_agent_chosen(monotonic=STARTED + 1)
+            stream.on_unavailable(agent)
+        else:
+            place(stream, agent)
+            end(stream, event)
+        assert stream.excluded == excluded
+
+
+@pytest.mark.parametrize(
+    ("events", "deadline_after_each"),
+    [
+        ([("interrupted", 10.0)], [10.0 + DEADLINE_SECONDS]),
+        ([("no_capacity", 10.0)], [10.0 + DEADLINE_SECONDS]),
+        ([(LINK_LOST, 10.0)], [10.0 + DEADLINE_SECONDS]),
+        (
+            [("interrupted", 10.0), (LINK_LOST, 25.0)],
+            [10.0 + DEADLINE_SECONDS, 25.0 + DEADLINE_SECONDS],
+        ),
+        # An unreachable agent is no new placement: the stream goes on waiting to its deadline.
+        ([("unavailable", 10.0)], [DEADLINE_SECONDS]),
+        (
+            [("interrupted", 10.0), ("unavailable", 20.0)],
+            [10.0 + DEADLINE_SECONDS, 10.0 + DEADLINE_SECONDS],
+        ),
+    ],
+)
+def test_each_placement_gets_a_fresh_deadline(
+    events: list[tuple[str, float]], deadline_after_each: list[float]
+) -> None:
+    stream = arrive()
+    assert stream.deadline == ARRIVED + DEADLINE_SECONDS
+    for agent, ((event, after), deadline) in enumerate(
+        zip(events, deadline_after_each, strict=True)
+    ):
+        if event == "unavailable":
+            stream.on_unavailable(f"agent-{agent}")
+        else:
+            place(stream, f"agent-{agent}")
+            end(stream, event, now=ARRIVED + after)
+        assert stream.deadline == ARRIVED + deadline
+
+
+@pytest.mark.parametrize(
+    ("history", "why", "code", "message", "retry_after"),
+    [
+        (
+            "fresh",
+            Unplaced.UNKNOWN_MODEL,
+            "invalid_request",
+            "model 'synth' is not served here",
+            None,
+        ),
+        (
+            "fresh",
+            Unplaced.QUEUE_FULL,
+            "rate_limited",
+            "too many requests wait for 'synth'; retry shortly",
+            1.0,
+        ),
+        (
+            "fresh",
+            Unplaced.NO_CAPACITY,
+            "no_capacity",
+            "no agent for 'synth' could serve the request in time",
+            5.0,
+        ),
+        (
+            "interrupted before a token",
+            Unplaced.NO_CAPACITY,
+            "no_capacity",
+            "no agent for 'synth' could serve the request in time",
+            5.0,
+        ),
+        (
+            "interrupted after a token",
+            Unplaced.NO_CAPACITY,
+            "no_capacity",
+            "no agent for 'synth' could resume the stream in time",
+            5.0,
+        ),
+        (
+            "interrupted after a token",
+            Unplaced.QUEUE_FULL,
+            "rate_limited",
+            "too many requests wait for 'synth'; retry shortly",
+            1.0,
+        ),
+    ],
+)
+def test_a_stream_no_agent_can_take_ends_with_a_clear_error(
+    history: str, why: Unplaced, code: str, message: str, retry_after: float | None
+) -> None:
+    stream = arrive()
+    if history != "fresh":
+        place(stream, "a")
+        if history == "interrupted after a token":
+            relay(stream, [5], "a")
+        end(stream, ErrorCode.INTERRUPTED)
+
+    error = stream.on_unplaced(why)
+
+    assert error == ErrorFrame(
+        id=CLIENT_ID, code=ErrorCode(code), message=message, retry_after=retry_after
+    )
+    assert stream.outcome.error == code
+
+
+@pytest.mark.parametrize(
+    ("history", "forwarded"),
+    [
+        ("fresh", True),
+        ("started, no token yet", True),
+        ("interrupted before a token", True),
+        ("after a token", False),
+        ("interrupted after a token", False),
+    ],
+)
+def test_queue_positions_reach_the_client_only_before_its_first_token(
+    history: str, forwarded: bool
+) -> None:
+    stream = arrive()
+    if history != "fresh":
+        place(stream, "a")
+        stream.on_start(start("a"))
+        if "after a token" in history:
+            relay(stream, [5], "a")
+        if history.startswith("interrupted"):
+            end(stream, ErrorCode.INTERRUPTED)
+
+    queued = stream.on_queued(3)
+
+    assert queued == (QueuedFrame(id=CLIENT_ID, position=3) if forwarded else None)
+    assert stream.queued  # waited, forwarded or not: no share of TTFT is the gateway's own
+
+
+@pytest.mark.parametrize(
+    ("agents", "announced", "resumes"),
+    [
+        (["a"], ["a"], 0),
+        (["a", "a"], ["a"], 0),
+        (["a", "b"], ["a", "b"], 1),
+        (["a", "b", "b", "c"], ["a", "b", "c"], 2),
+        (["a", "b", "a"], ["a", "b", "a"], 2),
+    ],
+)
+def test_start_reaches_the_client_when_the_agent_changes_and_each_change_is_a_resume(
+    agents: list[str], announced: list[str], resumes: int
+) -> None:
+    stream = arrive()
+    forwarded = [stream.on_start(start(agent)) for agent in agents]
+
+    assert [f for f in forwarded if f is not None] == [
+        StartFrame(id=CLIENT_ID, agent=agent, engine="synthetic") for agent in announced
+    ]
+    assert stream.outcome.resumes == resumes
+    assert stream.outcome.agent_id == announced[-1]
+
+
+@pytest.mark.parametrize(
+    ("history", "agent_first_token_at", "added_ttft_ms"),
+    [
+        ("first agent", STARTED + 0.110, 12.0),  # 112 ms in all, 100 of them the agent's
+        ("first agent, after an unreachable one", STARTED + 0.110, 12.0),
+        ("first agent, its first token time unknown", None, None),
+        ("first agent, after waiting in the queue", STARTED + 0.110, None),
+        ("second agent", STARTED + 0.110, None),
+    ],
+)
+def test_time_to_first_token_and_the_gateways_own_share(
+    history: str, agent_first_token_at: float | None, added_ttft_ms: float | None
+) -> None:
+    stream = arrive()
+    if "queue" in history:
+        stream.on_queued(0)
+    if "unreachable" in history:
+        stream.on_unavailable("gone")
+    if history == "second agent":
+        place(stream, "a")
+        end(stream, ErrorCode.INTERRUPTED)
+    place(stream, "b")
+
+    for ids, at in (([5], STARTED + 0.112), ([6], STARTED + 0.5)):  # only the first one counts
+        stream.on_delta(
+            delta(ids, "x"),
+            monotonic=at,
+            agent_sent_at=STARTED + 0.010,
+            agent_first_token_at=agent_first_token_at,
+        )
+
+    assert stream.outcome.ttft_ms == pytest.approx(112.0)
+    if added_ttft_ms is None:
+        assert stream.outcome.added_ttft_ms is None
+    else:
+        assert stream.outcome.added_ttft_ms == pytest.approx(added_ttft_ms)
+
+
+@pytest.mark.parametrize(
+    ("tokens", "ttft_ms"),
+    [
+        ([], 3000.0),  # no token: time to first token is the whole stream's
+        ([[5], [6, 7]], 500.0),
+    ],
+)
+def test_done_carries_usage_and_timings_across_placements(
+    tokens: list[list[int]], ttft_ms: float
+) -> None:
+    completion_tokens = sum(len(ids) for ids in tokens)
+    stream = arrive()
+    place(stream, "a", at=STARTED + 0.020)  # the first choice ends the wait in the queue
+    end(stream, LINK_LOST)
+    place(stream, "b", at=STARTED + 0.400)
+    for n, ids in enumerate(tokens):
+        relay(stream, ids, "x", at=STARTED + 0.5 + n)
+
+    final = stream.on_done(done(completion_tokens), monotonic=STARTED + 3)
+
+    assert (final.id, final.finish_reason) == (CLIENT_ID, "stop")
+    assert final.usage == Usage(prompt_tokens=4, completion_tokens=completion_tokens)
+    assert final.timings.queue_ms == pytest.approx(20.0)  # not 400: only the first wait
+    assert final.timings.ttft_ms == pytest.approx(ttft_ms)
+    assert final.timings.total_ms == pytest.approx(3000.0)
+    assert stream.outcome.prompt_tokens == 4
+    assert stream.outcome.completion_tokens == completion_tokens
+    assert stream.serving is None
+
+
+@pytest.mark.parametrize(
+    ("want_ids", "ids_to_client"), [(True, [5, 6]), (False, None)], ids=["want-ids", "text-only"]
+)
+def test_tokens_reach_the_client_in_its_own_stream_id(
+    want_ids: bool, ids_to_client: list[int] | None
+) -> None:
+    stream = arrive(REQUEST.model_copy(update={"want_ids": want_ids}))
+    place(stream, "a")
+
+    forwarded = relay(stream, [5, 6], "ab")
+
+    assert forwarded == DeltaFrame(id=CLIENT_ID, text="ab", n=2, ids=ids_to_client)
+    assert stream.outcome.relayed_tokens == 2
+    assert stream.serving == "a"  # still open: a client going away now must cancel it
+
+
+@pytest.mark.parametrize(("first", "second"), list(itertools.product(RESUMING_ENDINGS, repeat=2)))
+def test_a_stream_interrupted_twice_reaches_the_client_whole(first: Ending, second: Ending) -> None:
+    stream = arrive(REQUEST.model_copy(update={"want_ids": True}))
+    to_client: list[object] = []
+
+    to_a = place(stream, "a")
+    to_client += [stream.on_start(start("a")), relay(stream, [1, 2], "ab")]
+    assert isinstance(end(stream, first), ResumeElsewhere)
+    assert stream.excluded == {"a"}
+
+    to_b = place(stream, "b")
+    to_client += [stream.on_start(start("b")), relay(stream, [3], " c")]
+    assert isinstance(end(stream, second), ResumeElsewhere)
+    assert stream.excluded == {"a", "b"}
+
+    to_c = place(stream, "c")
+    to_client += [stream.on_start(start("c")), relay(stream, [4], "d")]
+    to_client.append(stream.on_done(done(4), monotonic=STARTED + 2))
+
+    assert to_a.resume is None
+    assert to_b.resume == Resume(token_ids=[1, 2], text="ab", completion_tokens=2)
+    assert to_c.resume == Resume(token_ids=[1, 2, 3], text="ab c", completion_tokens=3)
+    deltas = [f for f in to_client if isinstance(f, DeltaFrame)]
+    assert [i for f in deltas for i in f.ids or ()] == [1, 2, 3, 4]  # each token once
+    assert "".join(f.text for f in deltas) == "ab cd"
+    assert [f.agent for f in to_client if isinstance(f, StartFrame)] == ["a", "b", "c"]
+    assert all(getattr(f, "id", None) == CLIENT_ID for f in to_client)
+    assert isinstance(to_client[-1], DoneFrame)
+    assert to_client[-1].usage.completion_tokens == 4
+    assert stream.outcome.resumes == 2
+    assert stream.outcome.relayed_tokens == 4
+    assert stream.outcome.agent_id == "c"
+    assert stream.outcome.error is None
