@@ -85,8 +85,10 @@ async def drain_sockets(app: web.Application) -> None:
     await _close_sockets(app[STATE])
 
 
-def create_app(settings: GatewaySettings) -> web.Application:
-    """The gateway application."""
+def create_app(
+    settings: GatewaySettings, *, clock: Callable[[], float] = time.time
+) -> web.Application:
+    """The gateway application; `clock` judges client credentials and per-key limits."""
     app = web.Application(client_max_size=MAX_REQUEST_BYTES)
 
     async def resources(app: web.Application) -> AsyncIterator[None]:
@@ -102,7 +104,12 @@ def create_app(settings: GatewaySettings) -> web.Application:
                 registry=registry,
                 ring=ring,
                 authenticator=Authenticator(
-                    registry, ring, url, settings.token.leeway_seconds, settings.max_streams_per_key
+                    registry,
+                    ring,
+                    url,
+                    settings.token.leeway_seconds,
+                    settings.max_streams_per_key,
+                    clock,
                 ),
                 dispatcher=Dispatcher(settings.queue, settings.models),
                 failed_auth=FailedAuthLimiter(
@@ -112,6 +119,7 @@ def create_app(settings: GatewaySettings) -> web.Application:
                 session=session,
                 gateway_id=settings.gateway_id or f"gw-{secrets.token_hex(4)}",
                 public_url=url,
+                clock=clock,
             )
             app[STATE] = state
             tasks = [

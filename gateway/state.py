@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -38,6 +39,8 @@ class GatewayState:
     session: aiohttp.ClientSession
     gateway_id: str
     public_url: str
+    # What client credentials and per-key limits are judged by (a test moves it ahead).
+    clock: Callable[[], float]
     failed_auth: FailedAuthLimiter
     metrics: GatewayMetrics = field(default_factory=GatewayMetrics)
     limiter: RateLimiter = field(default_factory=RateLimiter)

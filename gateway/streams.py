@@ -42,7 +42,7 @@ def stream_refusal(
         max_prompt_chars=state.settings.limits.max_prompt_chars,
         context=state.dispatcher.view.context_limits(frame.model),
     )
-    return gateway_refusal(frame, principal.grant, conditions, time.time())
+    return gateway_refusal(frame, principal.grant, conditions, state.clock())
 
 
 async def admitted_frames(
@@ -51,7 +51,7 @@ async def admitted_frames(
     """A stream's frames for its client: admitted against its key's limits, then relayed."""
     if principal.max_tokens is not None:  # a reply with no max_tokens stops at the key's limit
         frame = frame.model_copy(update={"max_tokens_cap": principal.max_tokens})
-    decision = state.limiter.admit(principal.key_id, principal.limits, time.time())
+    decision = state.limiter.admit(principal.key_id, principal.limits, state.clock())
     if not decision.admitted:
         state.metrics.rejections.labels(reason="rate_limited").inc()
         yield ErrorFrame(
@@ -82,7 +82,7 @@ async def admitted_frames(
             state.idle.set()
         state.metrics.active_streams.dec()
         used = outcome.prompt_tokens + outcome.completion_tokens
-        state.limiter.finish(principal.key_id, used, time.time())
+        state.limiter.finish(principal.key_id, used, state.clock())
         state.metrics.record(outcome)
 
 

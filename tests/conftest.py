@@ -21,6 +21,7 @@ from tests.support.agents import (  # fixtures for every suite  # noqa: F401
     vllm_engine,
     vllm_llama2_engine,
 )
+from tests.support.clocks import FakeClock
 
 # Speed is for the benchmarks: a slow example on a busy machine is not a failure.
 hypothesis_settings.register_profile("suite", deadline=None)
@@ -35,19 +36,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         fixtures = set(getattr(item, "fixturenames", ()))
         if item.get_closest_marker("vllm") or fixtures & VLLM_ENGINE_FIXTURES:
             item.add_marker(pytest.mark.xdist_group("vllm"))
-
-
-class FakeClock:
-    """A clock the test moves by hand (epoch seconds)."""
-
-    def __init__(self, now: float = 1_800_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 @pytest.fixture(scope="session")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 from aiohttp import web
 
 from gateway.guard import guarded
@@ -28,7 +26,7 @@ async def token(request: web.Request) -> web.Response:
         state.ring,
         subject=record.key_id,
         issuer=state.public_url,
-        now=time.time(),
+        now=state.clock(),
         ttl_seconds=state.settings.token.ttl_seconds,
         models=sorted(record.models) or None,
         max_tokens=record.max_tokens,

@@ -6,6 +6,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -62,7 +63,10 @@ def gateway_key() -> SigningKey:
 
 @contextlib.asynccontextmanager
 async def running_gateway(
-    aws: AwsEmulator, signing_key: SigningKey, **overrides: Any
+    aws: AwsEmulator,
+    signing_key: SigningKey,
+    clock: Callable[[], float] = time.time,
+    **overrides: Any,
 ) -> AsyncIterator[Gateway]:
     """A gateway on a loopback port of its own with test settings (`overrides` replace them)."""
     sock = loopback_socket()
@@ -82,7 +86,7 @@ async def running_gateway(
     settings = GatewaySettings(**{**fields, **overrides})
     async with Registry.open(aws.settings()) as registry:
         await registry.create_tables()
-    app = create_app(settings)
+    app = create_app(settings, clock=clock)
     async with serving_on_loopback(app, sock):
         yield Gateway(url, app, signing_key)
 

@@ -11,7 +11,7 @@ from spotgate.registry import ApiKeyRecord, Registry
 from spotgate.tokens import KeyRing, SigningKey
 from spotgate.wsserver import AuthRefused, AuthUnavailable
 from stack.emulator import AwsEmulator
-from tests.conftest import FakeClock
+from tests.support.clocks import FakeClock
 
 
 class CountingRegistry(Registry):

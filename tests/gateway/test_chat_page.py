@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
 import re
 import shutil
 import signal
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ from tests.gateway.conftest import (
     running_gateway,
 )
 from tests.support.agents import AgentFactory, wait_for, wait_ready
+from tests.support.clocks import ShiftedClock
 
 CHROMIUM = os.environ.get("SPOTGATE_CHROMIUM", "/usr/bin/chromium")
 OUTPUT_DIR = Path(os.environ.get("SPOTGATE_TEST_OUTPUT", "test-output")) / "chat"
@@ -48,14 +49,18 @@ async def browser() -> AsyncIterator[Browser]:
 
 @contextlib.asynccontextmanager
 async def local_gateway(
-    aws: AwsEmulator, gateway_key: SigningKey, rpm: int | None = None, **overrides: Any
+    aws: AwsEmulator,
+    gateway_key: SigningKey,
+    rpm: int | None = None,
+    clock: Callable[[], float] = time.time,
+    **overrides: Any,
 ) -> AsyncIterator[Gateway]:
     """A gateway in local mode: the page is offered a dev key (limited to `rpm` if given)."""
     async with Registry.open(aws.settings()) as registry:
         await registry.create_tables()
         dev_key = await registry.create_key("dev", rpm=rpm)
     async with running_gateway(
-        aws, gateway_key, chat_dev_api_key=SecretStr(dev_key.api_key), **overrides
+        aws, gateway_key, clock, chat_dev_api_key=SecretStr(dev_key.api_key), **overrides
     ) as running:
         yield running
 
@@ -72,10 +77,18 @@ def gateway(chat_gateway: Gateway) -> Gateway:
 
 
 async def open_page(
-    browser: Browser, url: str, width: int = 1280, height: int = 800, model: str = MODEL
+    browser: Browser,
+    url: str,
+    width: int = 1280,
+    height: int = 800,
+    model: str = MODEL,
+    *,
+    fake_timers: bool = False,
 ) -> Page:
     context = await browser.new_context(viewport={"width": width, "height": height})
     page = await context.new_page()
+    if fake_timers:  # the page's time flows, and the test can move it ahead
+        await page.clock.install()
     await page.goto(url)
     await expect(page.locator("#connection")).to_have_text("connected")
     await page.select_option("#model", model)
@@ -276,10 +289,16 @@ async def test_the_page_refreshes_its_token_and_reconnects_after_a_dropped_socke
     token = TokenSettings(
         signing_key_pem=SecretStr(gateway_key.to_pem()), ttl_seconds=3, leeway_seconds=0
     )
-    async with local_gateway(aws, gateway_key, token=token) as short_lived:
+    clock = ShiftedClock()
+    async with local_gateway(aws, gateway_key, clock=clock, token=token) as short_lived:
         await start_trusting_agent(start_agent, short_lived)
-        page = await open_page(browser, short_lived.url)
-        await asyncio.sleep(4)  # let the first token expire: the page must have refreshed it
+        page = await open_page(browser, short_lived.url, fake_timers=True)
+        # 4 s later for the page and the gateway: the first token has expired, and the page
+        # must have fetched a fresh one and sent it on its socket.
+        async with page.expect_request(lambda r: r.url.endswith("/v1/token")) as refreshed:
+            clock.advance(4)
+            await page.clock.fast_forward(4000)
+        assert (await refreshed.value).method == "POST"
         await page.fill("#prompt", "still here")
         await page.press("#prompt", "Enter")
         meta = page.locator(".message.assistant .meta")

@@ -9,7 +9,7 @@ from pool_manager.events import PoolEvent
 from pool_manager.policy import Launch, PlacementOption, PolicySettings, Terminate
 from pool_manager.provider import CapacityRefused, Instance
 from spotgate.registry import AgentRecord, AgentState, Registry
-from tests.conftest import FakeClock
+from tests.support.clocks import FakeClock
 
 MODEL = "m"
 A = PlacementOption("g5.xlarge", "zone-a", 0.4, 1.0)

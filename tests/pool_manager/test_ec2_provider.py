@@ -15,7 +15,7 @@ from pool_manager.provider import CapacityRefused, Instance, ProviderError
 from spotgate.registry import aws_session
 from spotgate.settings import Ec2PoolSettings, PoolSettings, SharedSettings
 from stack.emulator import AwsEmulator
-from tests.conftest import FakeClock
+from tests.support.clocks import FakeClock
 
 POOL = "test-pool"
 TEMPLATE = "spotgate-agent-test"

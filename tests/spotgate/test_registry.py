@@ -19,7 +19,7 @@ from spotgate.registry import (
     Registry,
 )
 from stack.emulator import AwsEmulator
-from tests.conftest import FakeClock
+from tests.support.clocks import FakeClock
 
 TTL = 30.0  # SharedSettings().registry.agent_ttl_seconds
 
