@@ -1,0 +1,87 @@
+"""The DynamoDB registry: agents, API keys and demand (DESIGN.md §2).
+
+Every read filters `expires_at > now`, because DynamoDB's TTL deletes lazily; how the agent
+life cycle holds with two writers racing is in `agents`.
+
+One `Registry` per process holds one aioboto3 session and one long-lived DynamoDB client.
+It is assembled here from one module per concern, over the state in `base`:
+
+- `records`: the records, `AgentState` and the errors; `codec`: items to records and back;
+- `schema`: the tables and the `by_model` index; `agents`, `keys`, `demand`: the operations
+  on each table; `aws`: the AWS session.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Self
+
+from botocore.config import Config
+
+from spotgate.registry.agents import AgentOperations
+from spotgate.registry.aws import aws_session
+from spotgate.registry.base import Clock
+from spotgate.registry.demand import POOL_TARGET_SOURCE, DemandOperations
+from spotgate.registry.keys import ApiKeyOperations
+from spotgate.registry.records import (
+    AgentGone,
+    AgentNotFound,
+    AgentRecord,
+    AgentState,
+    ApiKeyDisabled,
+    ApiKeyNotFound,
+    ApiKeyRecord,
+    ApiKeyRejected,
+    CreatedApiKey,
+    Demand,
+    DrainOutcome,
+    EngineKind,
+    InvalidTransition,
+    Lifecycle,
+    RegistryError,
+)
+from spotgate.registry.schema import BY_MODEL_INDEX, TABLE_ACTIVE_TIMEOUT_SECONDS, TableSetup
+from spotgate.settings import SharedSettings
+
+__all__ = [
+    "BY_MODEL_INDEX",
+    "POOL_TARGET_SOURCE",
+    "TABLE_ACTIVE_TIMEOUT_SECONDS",
+    "AgentGone",
+    "AgentNotFound",
+    "AgentRecord",
+    "AgentState",
+    "ApiKeyDisabled",
+    "ApiKeyNotFound",
+    "ApiKeyRecord",
+    "ApiKeyRejected",
+    "Clock",
+    "CreatedApiKey",
+    "Demand",
+    "DrainOutcome",
+    "EngineKind",
+    "InvalidTransition",
+    "Lifecycle",
+    "Registry",
+    "RegistryError",
+    "aws_session",
+]
+
+
+class Registry(AgentOperations, ApiKeyOperations, DemandOperations, TableSetup):
+    """Async access to the three spotgate tables through one long-lived client."""
+
+    @classmethod
+    @asynccontextmanager
+    async def open(cls, settings: SharedSettings, clock: Clock = time.time) -> AsyncIterator[Self]:
+        """Open the registry's client for the life of the `async with` block."""
+        aws = settings.aws
+        session = aws_session(aws)
+        config = Config(retries={"max_attempts": 3, "mode": "standard"}, connect_timeout=5)
+        async with AsyncExitStack() as stack:
+            client = await stack.enter_async_context(
+                session.client("dynamodb", endpoint_url=aws.endpoint_url, config=config)
+            )
+            yield cls(client, settings, clock)

@@ -1,0 +1,208 @@
+"""The `agents` table: registering, heartbeats, the life cycle, and reading the pool.
+
+Every rule of the life cycle is enforced by a conditional write, so two writers (the agent
+and the pool manager) can race without breaking it: `gone` is never resurrected, `draining`
+never goes back to `ready`, and the first `draining` wins. Every read filters
+`expires_at > now`, because DynamoDB's TTL deletes lazily.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import replace
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from spotgate.registry.base import RegistryBase, is_condition_failure
+from spotgate.registry.codec import (
+    AGENT_REQUIRED_FIELDS,
+    agent_from_item,
+    agent_to_item,
+    encode,
+)
+from spotgate.registry.records import (
+    AgentGone,
+    AgentNotFound,
+    AgentRecord,
+    AgentState,
+    DrainOutcome,
+    InvalidTransition,
+    RegistryError,
+)
+from spotgate.registry.schema import BY_MODEL_INDEX
+
+
+class AgentOperations(RegistryBase):
+    """The agents' entries: written by the agents and the pool manager, read by everyone."""
+
+    async def register(self, record: AgentRecord) -> AgentRecord:
+        """Create an agent's entry as `starting` or `ready` (a `starting` entry may turn ready)."""
+        if record.state not in (AgentState.STARTING, AgentState.READY):
+            raise InvalidTransition(f"an agent registers as starting or ready, not {record.state}")
+        now = self._clock()
+        stored = replace(
+            record,
+            heartbeat_at=now,
+            expires_at=now + self._timings.agent_ttl_seconds,
+            started_at=record.started_at or now,
+            ready_at=now if record.state is AgentState.READY else None,
+        )
+        try:
+            await self._client.put_item(
+                TableName=self._tables.agents,
+                Item=agent_to_item(stored),
+                ConditionExpression="attribute_not_exists(agent_id) OR #state = :starting",
+                ExpressionAttributeNames={"#state": "state"},
+                ExpressionAttributeValues={":starting": encode(AgentState.STARTING.value)},
+            )
+        except ClientError as err:
+            if not is_condition_failure(err):
+                raise
+            raise await self._refusal(record.agent_id, f"register as {record.state}") from err
+        return stored
+
+    async def heartbeat(self, agent_id: str, active: int) -> None:
+        """Record liveness and load; fails for an unknown or `gone` agent."""
+        now = self._clock()
+        try:
+            await self._client.update_item(
+                TableName=self._tables.agents,
+                Key={"agent_id": encode(agent_id)},
+                UpdateExpression="SET active = :active, heartbeat_at = :now, expires_at = :exp",
+                ConditionExpression="attribute_exists(agent_id) AND #state <> :gone",
+                ExpressionAttributeNames={"#state": "state"},
+                ExpressionAttributeValues={
+                    ":active": encode(active),
+                    ":now": encode(now),
+                    ":exp": encode(now + self._timings.agent_ttl_seconds),
+                    ":gone": encode(AgentState.GONE.value),
+                },
+            )
+        except ClientError as err:
+            if not is_condition_failure(err):
+                raise
+            raise await self._refusal(agent_id, "heartbeat") from err
+
+    async def set_draining(self, agent_id: str, deadline: float) -> DrainOutcome:
+        """Mark an agent `draining` until `deadline`; the first caller's deadline wins."""
+        try:
+            response = await self._client.update_item(
+                TableName=self._tables.agents,
+                Key={"agent_id": encode(agent_id)},
+                UpdateExpression="SET #state = :draining, drain_deadline = :deadline",
+                ConditionExpression="attribute_exists(agent_id) AND #state IN (:starting, :ready)",
+                ExpressionAttributeNames={"#state": "state"},
+                ExpressionAttributeValues={
+                    ":draining": encode(AgentState.DRAINING.value),
+                    ":deadline": encode(deadline),
+                    ":starting": encode(AgentState.STARTING.value),
+                    ":ready": encode(AgentState.READY.value),
+                },
+                ReturnValues="ALL_NEW",
+            )
+        except ClientError as err:
+            if not is_condition_failure(err):
+                raise
+            current = await self.get_agent(agent_id)
+            if current is not None and current.state is AgentState.DRAINING:
+                return DrainOutcome(first=False, record=current)
+            raise await self._refusal(agent_id, "drain", current) from err
+        return DrainOutcome(first=True, record=agent_from_item(response["Attributes"]))
+
+    async def record_rebalance(self, agent_id: str, at: float) -> None:
+        """Note AWS's rebalance recommendation (an early warning, not a drain); first one kept."""
+        try:
+            await self._client.update_item(
+                TableName=self._tables.agents,
+                Key={"agent_id": encode(agent_id)},
+                UpdateExpression="SET rebalance_at = if_not_exists(rebalance_at, :at)",
+                ConditionExpression="attribute_exists(agent_id) AND #state <> :gone",
+                ExpressionAttributeNames={"#state": "state"},
+                ExpressionAttributeValues={
+                    ":at": encode(at),
+                    ":gone": encode(AgentState.GONE.value),
+                },
+            )
+        except ClientError as err:
+            if not is_condition_failure(err):
+                raise
+            raise await self._refusal(agent_id, "record a rebalance for") from err
+
+    async def set_gone(self, agent_id: str) -> None:
+        """Mark an agent `gone` for good (idempotent); TTL removes the entry later."""
+        try:
+            await self._client.update_item(
+                TableName=self._tables.agents,
+                Key={"agent_id": encode(agent_id)},
+                UpdateExpression="SET #state = :gone, active = :zero, expires_at = :exp",
+                ConditionExpression="attribute_exists(agent_id)",
+                ExpressionAttributeNames={"#state": "state"},
+                ExpressionAttributeValues={
+                    ":gone": encode(AgentState.GONE.value),
+                    ":zero": encode(0),
+                    ":exp": encode(self._clock() + self._timings.gone_ttl_seconds),
+                },
+            )
+        except ClientError as err:
+            if not is_condition_failure(err):
+                raise
+            raise AgentNotFound(f"agent {agent_id} is not registered") from err
+
+    async def get_agent(self, agent_id: str) -> AgentRecord | None:
+        """The agent's entry (read consistently), or None if there is none."""
+        response = await self._client.get_item(
+            TableName=self._tables.agents, Key={"agent_id": encode(agent_id)}, ConsistentRead=True
+        )
+        item = response.get("Item")
+        return agent_from_item(item) if item else None
+
+    async def list_agents(
+        self,
+        model: str | None = None,
+        *,
+        include_expired: bool = False,
+        fields: Collection[str] | None = None,
+    ) -> list[AgentRecord]:
+        """Every unexpired agent, of one model (through the `by_model` index) or of all.
+
+        `include_expired` also returns entries whose heartbeat stopped and that TTL has not
+        deleted yet: the pool manager's reaper needs to see those. `fields` reads only those
+        attributes (the others keep their defaults): parsing a response costs the caller's
+        event loop time in proportion to the attributes in it.
+        """
+        now = self._clock()
+        request: dict[str, Any] = {"TableName": self._tables.agents}
+        if fields is not None:
+            wanted = sorted(set(fields) | AGENT_REQUIRED_FIELDS)
+            names = {f"#f{number}": name for number, name in enumerate(wanted)}
+            request["ProjectionExpression"] = ", ".join(names)
+            request["ExpressionAttributeNames"] = names
+        if not include_expired:
+            request["FilterExpression"] = "expires_at > :now"
+            request["ExpressionAttributeValues"] = {":now": encode(now)}
+        if model is None:
+            items = self._paginate(self._client.scan, request)
+        else:
+            request["IndexName"] = BY_MODEL_INDEX
+            request["KeyConditionExpression"] = "model = :model"
+            values = request.setdefault("ExpressionAttributeValues", {})
+            values[":model"] = encode(model)
+            items = self._paginate(self._client.query, request)
+        return [agent_from_item(item) async for item in items]
+
+    async def list_ready(self, model: str) -> list[AgentRecord]:
+        """Unexpired `ready` agents serving `model`."""
+        return [agent for agent in await self.list_agents(model) if agent.state is AgentState.READY]
+
+    async def _refusal(
+        self, agent_id: str, action: str, current: AgentRecord | None = None
+    ) -> RegistryError:
+        """Explain why a conditional write on an agent failed."""
+        if current is None:
+            current = await self.get_agent(agent_id)
+        if current is None:
+            return AgentNotFound(f"cannot {action} agent {agent_id}: it is not registered")
+        if current.state is AgentState.GONE:
+            return AgentGone(f"cannot {action} agent {agent_id}: it is gone")
+        return InvalidTransition(f"cannot {action} agent {agent_id}: it is {current.state}")

@@ -1,0 +1,123 @@
+"""What the registry stores and answers: agents, API keys, demand, and its errors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Literal
+
+from spotgate import __version__
+from spotgate.admission import model_allowed
+
+Lifecycle = Literal["spot", "on-demand", "local"]
+EngineKind = Literal["vllm", "synthetic"]
+
+
+class AgentState(StrEnum):
+    """Life cycle of an agent: starting → ready → draining → gone."""
+
+    STARTING = "starting"
+    READY = "ready"
+    DRAINING = "draining"
+    GONE = "gone"
+
+
+class RegistryError(Exception):
+    """A registry operation was refused."""
+
+
+class AgentNotFound(RegistryError):
+    """No such agent is registered."""
+
+
+class AgentGone(RegistryError):
+    """The agent is `gone`; it can never come back under this id."""
+
+
+class InvalidTransition(RegistryError):
+    """The write would break the life cycle (e.g. `draining` → `ready`)."""
+
+
+class ApiKeyRejected(RegistryError):
+    """The API key is malformed, unknown or does not match (one error: no oracle)."""
+
+
+class ApiKeyDisabled(RegistryError):
+    """The API key is valid but disabled."""
+
+
+class ApiKeyNotFound(RegistryError):
+    """No key with this id exists."""
+
+
+@dataclass(frozen=True, slots=True)
+class AgentRecord:
+    """One agent's registry item."""
+
+    agent_id: str
+    url: str
+    model: str
+    state: AgentState
+    capacity: int
+    active: int = 0
+    heartbeat_at: float = 0.0
+    expires_at: float = 0.0
+    drain_deadline: float | None = None
+    rebalance_at: float | None = None
+    lifecycle: Lifecycle = "local"
+    instance_type: str = "local"
+    zone: str = "local"
+    started_at: float = 0.0
+    ready_at: float | None = None
+    engine: EngineKind = "vllm"
+    version: str = __version__
+    # The model's context in tokens, and the most prompt characters one token stands for
+    # (`spotgate.context`): the gateway refuses prompts they prove too long. 0: not published.
+    max_model_len: int = 0
+    max_token_chars: int = 0
+
+    def is_live(self, now: float) -> bool:
+        """Whether the entry has not expired (heartbeats keep pushing `expires_at`)."""
+        return self.expires_at > now
+
+
+@dataclass(frozen=True, slots=True)
+class DrainOutcome:
+    """Result of `set_draining`: `first` is False when another writer had drained it already."""
+
+    first: bool
+    record: AgentRecord
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKeyRecord:
+    """An API key's settings (never its secret or hash)."""
+
+    key_id: str
+    name: str
+    rpm: int | None = None
+    tpm: int | None = None
+    max_tokens: int | None = None
+    models: frozenset[str] = field(default_factory=frozenset)
+    disabled: bool = False
+    created_at: float = 0.0
+
+    def allows_model(self, model: str) -> bool:
+        """Whether this key may use `model` (an empty set means every model)."""
+        return model_allowed(self.models, model)
+
+
+@dataclass(frozen=True, slots=True)
+class CreatedApiKey:
+    """A new key: `api_key` is the full text, shown to its owner once and never stored."""
+
+    record: ApiKeyRecord
+    api_key: str
+
+
+@dataclass(frozen=True, slots=True)
+class Demand:
+    """Streams waiting and running for one model, summed over live gateways."""
+
+    pending: int = 0
+    active: int = 0
