@@ -34,21 +34,17 @@ import aiohttp
 import psutil
 
 from loadtest.bench.report import machine_facts, write_section
-from loadtest.chaos import (
+from loadtest.chaos.faults import NOTICE_SECONDS, spot_notice
+from loadtest.chaos.report import REPORT_TITLE
+from loadtest.chaos.stack import (
     MODEL,
-    NOTICE_SECONDS,
     READY_TIMEOUT_SECONDS,
-    REPORT_TITLE,
-    STREAM_TIMEOUT_SECONDS,
     STREAM_TOKENS,
     TOKENS_PER_SECOND,
     ChaosStack,
-    Clients,
-    Tally,
-    Traffic,
     chaos_stack,
-    spot_notice,
 )
+from loadtest.chaos.traffic import STREAM_TIMEOUT_SECONDS, Clients, Tally, Traffic
 
 DEFAULT_MINUTES = 30.0
 SAMPLE_SECONDS = 5.0

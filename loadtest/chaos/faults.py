@@ -1,0 +1,138 @@
+"""The faults injected into running traffic, and the scenarios by name."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import Awaitable, Callable
+
+import psutil
+
+from loadtest.chaos.stack import (
+    AGENT_HEARTBEAT_SECONDS,
+    READY_TIMEOUT_SECONDS,
+    REGISTRY_POLL_SECONDS,
+    ChaosStack,
+)
+from loadtest.chaos.traffic import STREAM_TIMEOUT_SECONDS, Traffic
+from spotgate.registry import Registry
+
+NOTICE_SECONDS = 20.0
+# A fresh agent is killed this long after it is seen registered, or once it has a stream:
+# well within its first heartbeat interval, and long enough for the gateway to route to it.
+NEWCOMER_LIFETIME_SECONDS = 0.4 * AGENT_HEARTBEAT_SECONDS
+
+
+Fault = Callable[[ChaosStack, Traffic, dict[str, str]], Awaitable[set[str]]]
+"""Inject a fault into running traffic, given the ready agents (id → URL, busiest first);
+return the agents it took out."""
+
+
+async def kill_9(stack: ChaosStack, traffic: Traffic, ready: dict[str, str]) -> set[str]:
+    """SIGKILL one serving agent."""
+    victim, process = next(iter(stack.serving_processes(ready).items()))
+    process.send_signal(signal.SIGKILL)
+    return {victim}
+
+
+async def spot_notice(stack: ChaosStack, traffic: Traffic, ready: dict[str, str]) -> set[str]:
+    """A spot interruption with a 20-second deadline."""
+    victim = next(iter(stack.serving_processes(ready)))
+    await stack.interrupt(victim, NOTICE_SECONDS)
+    return {victim}
+
+
+async def two_interrupted(stack: ChaosStack, traffic: Traffic, ready: dict[str, str]) -> set[str]:
+    """Two agents interrupted at once (20-second deadline)."""
+    victims = set(list(stack.serving_processes(ready))[:2])
+    await asyncio.gather(*(stack.interrupt(v, NOTICE_SECONDS) for v in victims))
+    return victims
+
+
+async def hang(stack: ChaosStack, traffic: Traffic, ready: dict[str, str]) -> set[str]:
+    """An agent that stops answering but keeps its sockets open (SIGSTOP), killed later."""
+    victim, process = next(iter(stack.serving_processes(ready).items()))
+    process.suspend()
+    kill_in_seconds = stack.engine.recovery_timeout_seconds / 2
+    asyncio.get_running_loop().call_later(kill_in_seconds, _kill_quietly, process)
+    return {victim}
+
+
+def _kill_quietly(process: psutil.Process) -> None:
+    with contextlib.suppress(psutil.NoSuchProcess):
+        process.kill()
+
+
+def aws_down(seconds: float) -> Fault:
+    """The AWS emulator (DynamoDB, SQS) unreachable for `seconds`."""
+
+    async def fault(stack: ChaosStack, _traffic: Traffic, _ready: dict[str, str]) -> set[str]:
+        stack.emulator.stop()
+        await asyncio.sleep(seconds)
+        stack.emulator.start()
+        return set()
+
+    fault.__doc__ = f"the AWS emulator stopped for {seconds:.0f} s"
+    return fault
+
+
+async def gateway_restart(stack: ChaosStack, traffic: Traffic, _ready: dict[str, str]) -> set[str]:
+    """SIGTERM the gateway, start a new one on its port; done once the new one ends a stream."""
+    await stack.restart_gateway()
+    await stack.wait_gateway_ready(READY_TIMEOUT_SECONDS)
+    traffic.completed.clear()  # the old gateway is gone: the next exact stream is the new one's
+    async with asyncio.timeout(STREAM_TIMEOUT_SECONDS):
+        await traffic.completed.wait()
+    return set()
+
+
+async def dies_after_registering(
+    stack: ChaosStack, traffic: Traffic, ready: dict[str, str]
+) -> set[str]:
+    """SIGKILL a serving agent, then its replacement as soon as it registers ready.
+
+    The replacement dies before its first heartbeat, once it has a stream or shortly after
+    it registers, so its entry looks healthy to the gateway until it expires.
+    """
+    before = set(stack.agent_processes())
+    victims = await kill_9(stack, traffic, ready)
+    async with asyncio.timeout(stack.engine.ready_timeout_seconds):
+        while not (fresh := stack.agent_processes().keys() - before):  # noqa: ASYNC110 - polled
+            await asyncio.sleep(REGISTRY_POLL_SECONDS)
+        newcomer = fresh.pop()
+        process = stack.agent_processes()[newcomer]
+        async with Registry.open(stack.emulator.settings()) as registry:
+            record = None
+            while record is None or record.ready_at is None:
+                await asyncio.sleep(REGISTRY_POLL_SECONDS)
+                record = await registry.get_agent(newcomer)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(traffic.placed[newcomer].wait(), NEWCOMER_LIFETIME_SECONDS)
+            process.kill()
+            record = await registry.get_agent(newcomer)
+    if record is None or record.heartbeat_at != record.ready_at:
+        raise RuntimeError(f"{newcomer} sent a heartbeat before it was killed")
+    return victims | {newcomer}
+
+
+async def full_pool(stack: ChaosStack, traffic: Traffic, _ready: dict[str, str]) -> set[str]:
+    """As many streams again as the whole pool holds, at once: the surplus must queue."""
+    surplus = Traffic(
+        stack, stack.agents * stack.agent_capacity, name="surge", rounds=1, tally=traffic.tally
+    )
+    surplus.start()
+    await surplus.finished()
+    return set()
+
+
+SCENARIOS: dict[str, Callable[[float], Fault]] = {
+    "kill -9 of a serving agent": lambda _: kill_9,
+    "spot notice, 20 s deadline": lambda _: spot_notice,
+    "two agents interrupted at once": lambda _: two_interrupted,
+    "agent hangs (SIGSTOP), socket open": lambda _: hang,
+    "AWS (moto server) stopped": aws_down,
+    "gateway restarted (SIGTERM, new process)": lambda _: gateway_restart,
+    "replacement killed before its first heartbeat": lambda _: dies_after_registering,
+    "full pool: a surge of its whole capacity": lambda _: full_pool,
+}

@@ -1,0 +1,303 @@
+"""The local stack of the fault scenarios: emulator, gateway, pool manager and its agents."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import aiohttp
+import psutil
+import websockets
+from pydantic import SecretStr
+
+from gpu_agent.synthetic_engine import synthetic_reply
+from gpu_agent.tiny_model import write_tiny_model
+from pool_manager.events import interruption_warning
+from spotgate.process import Child, ChildProcesses, free_port
+from spotgate.registry import AgentRecord, Registry, aws_session
+from spotgate.settings import (
+    AgentSettings,
+    GatewaySettings,
+    LocalPoolSettings,
+    PoolSettings,
+    QueueSettings,
+    SyntheticSettings,
+    TokenSettings,
+    settings_env,
+)
+from spotgate.tokens import SigningKey
+from stack.children import start_service
+from stack.emulator import EMULATOR_REGION, AwsEmulator
+from stack.local import LOCAL_VLLM, TINY_SERVED_NAME
+
+MODEL = "synthetic"
+STREAM_TOKENS = 60
+TOKENS_PER_SECOND = 20.0  # 3-second streams: every fault lands on streams mid-reply
+VLLM_STREAM_TOKENS = 400  # seconds of decoding for the tiny model on a few CPU cores
+READY_TIMEOUT_SECONDS = 120.0
+RECOVERY_TIMEOUT_SECONDS = 120.0
+VLLM_START_TIMEOUT_SECONDS = 600.0  # an engine starting next to a busy one on a few cores
+# Several engines share this machine's few cores: vLLM would pin each one's OpenMP threads
+# to the same core; left to the scheduler, with one thread each, they spread out.
+VLLM_SHARED_CPU_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
+AGENT_HEARTBEAT_SECONDS = 1.0
+GATEWAY_GRACE_SECONDS = 10.0  # streams last 3 s: every one in flight finishes within it
+GATEWAY_STOP_TIMEOUT_SECONDS = GATEWAY_GRACE_SECONDS + 10.0
+REGISTRY_POLL_SECONDS = 0.1
+
+
+@dataclass(frozen=True)
+class StackEngine:
+    """What the agents of a stack run, and how long its clients and faults wait for them."""
+
+    kind: Literal["synthetic", "vllm"]
+    model: str
+    stream_tokens: int
+    ready_timeout_seconds: float
+    recovery_timeout_seconds: float
+
+    def prompt(self, client: str, number: int, sent: int) -> str:
+        """A client's chat message for its `sent`th stream.
+
+        Synthetic replies are known for any prompt; vLLM's are learnt first, one per client
+        number, so a vLLM client asks the same each time (and hits the prefix cache).
+        """
+        if self.kind == "synthetic":
+            return f"{client} {number} stream {sent}"
+        return f"Tell me about spot instance number {number}"
+
+
+SYNTHETIC = StackEngine(
+    "synthetic", MODEL, STREAM_TOKENS, READY_TIMEOUT_SECONDS, RECOVERY_TIMEOUT_SECONDS
+)
+VLLM = StackEngine(
+    "vllm",
+    TINY_SERVED_NAME,
+    VLLM_STREAM_TOKENS,
+    VLLM_START_TIMEOUT_SECONDS,
+    VLLM_START_TIMEOUT_SECONDS,
+)
+ENGINES = {engine.kind: engine for engine in (SYNTHETIC, VLLM)}
+
+
+class ChaosStack:
+    """The emulator, the gateway and the pool manager (local provider), for one run.
+
+    The pool is held at `agents` (its minimum and its maximum), each agent taking at most
+    `agent_capacity` streams at once.
+    """
+
+    def __init__(
+        self, directory: Path, agents: int, agent_capacity: int, engine: StackEngine = SYNTHETIC
+    ) -> None:
+        self.directory = directory
+        self.agents = agents
+        self.agent_capacity = agent_capacity
+        self.engine = engine
+        self.replies: dict[str, str] = {}  # vLLM: prompt → its uninterrupted greedy reply
+        self.emulator = AwsEmulator()
+        self.processes = ChildProcesses(directory / "logs")
+        self.gateway: Child | None = None
+        self.pool_manager: Child | None = None
+        self.gateway_url = ""
+        self.api_key = ""
+        self.queue_url = ""
+
+    async def __aenter__(self) -> ChaosStack:
+        self.emulator.start()
+        # moto's state belongs to the process: an earlier stack's agents (the same ids, some
+        # `gone`) would refuse this stack's registrations.
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(f"{self.emulator.url}/moto-api/reset") as response,
+        ):
+            response.raise_for_status()
+        settings = self.emulator.settings()
+        async with Registry.open(settings) as registry:
+            await registry.create_tables()
+            self.api_key = (await registry.create_key("chaos")).api_key
+        async with aws_session(settings.aws).client(
+            "sqs", endpoint_url=settings.aws.endpoint_url
+        ) as sqs:
+            self.queue_url = (await sqs.create_queue(QueueName="chaos-events"))["QueueUrl"]
+        port = free_port()
+        self.gateway_url = f"http://127.0.0.1:{port}"
+        shared = settings.model_copy(update={"log_format": "json"})
+        gateway = GatewaySettings(
+            shared=shared,
+            port=port,
+            public_url=self.gateway_url,
+            token=TokenSettings(signing_key_pem=SecretStr(SigningKey.generate().to_pem())),
+            models=(self.engine.model,),
+            queue=QueueSettings(deadline_seconds=60),
+            shutdown_grace_seconds=GATEWAY_GRACE_SECONDS,
+        )
+        self.gateway = start_service(self.processes, "gateway", gateway)
+        pool = PoolSettings(
+            shared=shared,
+            provider="local",
+            models=(self.engine.model,),
+            min_agents=self.agents,
+            max_agents=self.agents,
+            spot_overprovision=0,
+            on_demand_fallback=False,
+            loop_seconds=1,
+            event_wait_seconds=0,
+            port=0,
+            interruption_queue_url=self.queue_url,
+            local=self._local_pool(),
+        )
+        self.pool_manager = start_service(self.processes, "pool-manager", pool)
+        return self
+
+    def _local_pool(self) -> LocalPoolSettings:
+        """How the pool manager runs its agents, and their engine."""
+        local = LocalPoolSettings(
+            served_model_name=self.engine.model,
+            jwks_url=f"{self.gateway_url}/.well-known/jwks.json",
+            drain_grace_seconds=15,
+            log_dir=str(self.directory / "logs"),
+        )
+        agent = AgentSettings(heartbeat_seconds=AGENT_HEARTBEAT_SECONDS, imds_poll_seconds=1)
+        if self.engine.kind == "synthetic":
+            synthetic = SyntheticSettings(
+                tokens_per_second=TOKENS_PER_SECOND, capacity=self.agent_capacity
+            )
+            agent_env = settings_env(agent.model_copy(update={"synthetic": synthetic}))
+            return local.model_copy(update={"agent_env": agent_env})
+        vllm = LOCAL_VLLM.model_copy(update={"max_num_seqs": self.agent_capacity})
+        agent_env = {**settings_env(agent.model_copy(update={"vllm": vllm})), **VLLM_SHARED_CPU_ENV}
+        model = str(write_tiny_model(self.directory / "tiny"))
+        return local.model_copy(update={"engine": "vllm", "model": model, "agent_env": agent_env})
+
+    def expected_reply(self, prompt: str) -> str:
+        """The whole reply a stream of `prompt` must deliver."""
+        if self.engine.kind == "synthetic":
+            return synthetic_reply(prompt, self.engine.stream_tokens)
+        return self.replies[prompt]
+
+    async def learn_replies(self, clients: int) -> None:
+        """vLLM: take each client number's reply from an uninterrupted run, all at once."""
+        prompts = {f"learn-{n}": self.engine.prompt("learn", n, 1) for n in range(clients)}
+        url = self.gateway_url.replace("http", "ws", 1) + "/v1/ws"
+        headers = {"Authorization": f"Bearer {self.api_key}"}
+        texts: defaultdict[str, list[str]] = defaultdict(list)
+        async with websockets.connect(url, additional_headers=headers) as ws:
+            for stream_id, prompt in prompts.items():
+                await ws.send(json.dumps(self.generate_frame(stream_id, prompt, stream_id)))
+            pending = set(prompts)
+            async with asyncio.timeout(self.engine.ready_timeout_seconds):
+                while pending:
+                    frame = json.loads(await ws.recv())
+                    if frame["type"] == "delta":
+                        texts[frame["id"]].append(frame["text"])
+                    elif frame["type"] == "error":
+                        raise RuntimeError(f"learning a reply failed: {frame}")
+                    elif frame["type"] == "done":
+                        pending.discard(frame["id"])
+        self.replies = {prompt: "".join(texts[sid]) for sid, prompt in prompts.items()}
+
+    def generate_frame(self, stream_id: str, prompt: str, session: str) -> dict[str, Any]:
+        """A greedy `generate` frame for one stream of the engine's length."""
+        return {
+            "type": "generate", "id": stream_id, "model": self.engine.model,
+            "max_tokens": self.engine.stream_tokens, "temperature": 0, "session": session,
+            "messages": [{"role": "user", "content": prompt}],
+        }  # fmt: skip
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.processes.stop(lambda child: child.name == "pool-manager", 60)
+        await self.processes.stop(lambda child: True, 30)
+        self.processes.close()
+        self.emulator.stop()
+
+    async def ready_agents(self) -> dict[str, str]:
+        """Agent id → URL of the agents registered ready (empty while AWS is unreachable)."""
+        try:
+            async with Registry.open(self.emulator.settings()) as registry:
+                return {a.agent_id: a.url for a in await registry.list_ready(self.engine.model)}
+        except Exception:
+            return {}
+
+    async def agent(self, agent_id: str) -> AgentRecord | None:
+        """One agent's registry entry."""
+        async with Registry.open(self.emulator.settings()) as registry:
+            return await registry.get_agent(agent_id)
+
+    def agent_processes(self) -> dict[str, psutil.Process]:
+        """Agent id → process of each agent the pool manager runs now."""
+        if self.pool_manager is None:
+            return {}
+        found = {}
+        for child in psutil.Process(self.pool_manager.process.pid).children():
+            with contextlib.suppress(psutil.Error):
+                agent_id = child.environ().get("SPOTGATE_AGENT_AGENT_ID")
+                if agent_id is not None and child.is_running():
+                    found[agent_id] = child
+        return found
+
+    def serving_processes(self, ready: dict[str, str]) -> dict[str, psutil.Process]:
+        """Agent id → process of the `ready` agents still running, in `ready`'s order.
+
+        An agent that just exited can still look ready in the registry for a heartbeat or two.
+        """
+        running = self.agent_processes()
+        found = {agent_id: running[agent_id] for agent_id in ready if agent_id in running}
+        if not found:
+            raise LookupError("no ready agent has a live process")
+        return found
+
+    async def restart_gateway(self) -> None:
+        """SIGTERM the gateway (it drains), then start it again: same port, key and settings."""
+        if self.gateway is None:
+            raise RuntimeError("the stack is not running")
+        self.gateway = await self.processes.restart(self.gateway, GATEWAY_STOP_TIMEOUT_SECONDS)
+
+    async def wait_gateway_ready(self, within_seconds: float) -> None:
+        """Poll `/readyz` until it answers 200."""
+        deadline = time.monotonic() + within_seconds
+        async with aiohttp.ClientSession() as http:
+            while time.monotonic() < deadline:
+                with contextlib.suppress(aiohttp.ClientError):
+                    async with http.get(f"{self.gateway_url}/readyz") as response:
+                        if response.status == 200:
+                            return
+                await asyncio.sleep(REGISTRY_POLL_SECONDS)
+        raise TimeoutError(f"the gateway was not ready within {within_seconds:.0f} s")
+
+    async def wait_ready(self, exclude: set[str], within_seconds: float) -> float | None:
+        """Seconds until `agents` others than `exclude` are ready; None if not in time."""
+        started = time.monotonic()
+        while time.monotonic() - started < within_seconds:
+            ready = set(await self.ready_agents()) - exclude
+            if len(ready) >= self.agents:
+                return time.monotonic() - started
+            await asyncio.sleep(0.5)
+        return None
+
+    async def interrupt(self, agent_id: str, in_seconds: float) -> None:
+        """EC2's spot interruption warning for an agent, on the pool's queue."""
+        body = interruption_warning(agent_id, time.time() + in_seconds, EMULATOR_REGION)
+        settings = self.emulator.settings()
+        async with aws_session(settings.aws).client(
+            "sqs", endpoint_url=settings.aws.endpoint_url
+        ) as sqs:
+            await sqs.send_message(QueueUrl=self.queue_url, MessageBody=json.dumps(body))
+
+
+@contextlib.asynccontextmanager
+async def chaos_stack(
+    agents: int, agent_capacity: int, engine: StackEngine = SYNTHETIC
+) -> AsyncIterator[ChaosStack]:
+    """A stack in a scratch directory."""
+    with tempfile.TemporaryDirectory(prefix="spotgate-chaos-") as scratch:
+        async with ChaosStack(Path(scratch), agents, agent_capacity, engine) as stack:
+            yield stack

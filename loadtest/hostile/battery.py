@@ -1,0 +1,69 @@
+"""Every class of hostile input against one stack, one row each."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+from pathlib import Path
+
+from loadtest.hostile.client import ws_url
+from loadtest.hostile.http_requests import fuzz_bodies, fuzz_headers
+from loadtest.hostile.jwt_attacks import jwt_attacks, replay_after_rotation
+from loadtest.hostile.key_guessing import key_guessing
+from loadtest.hostile.logs import log_rows
+from loadtest.hostile.origins import origins
+from loadtest.hostile.report import Row
+from loadtest.hostile.slow_clients import never_reads, slowloris
+from loadtest.hostile.stack import HostileStack
+from loadtest.hostile.ws_frames import fuzz_websocket
+
+
+async def run_battery(
+    examples: int, slow_connections: int, guesses: int, keep_logs: Path | None = None
+) -> list[Row]:
+    """Every class of hostile input against one stack, then the logs (copied to `keep_logs`)."""
+    with tempfile.TemporaryDirectory(prefix="spotgate-hostile-") as scratch:
+        async with HostileStack(Path(scratch)) as stack:
+            gateway, agent = stack.gateway_url, stack.agent_url
+            fuzz_key = stack.keys["fuzz"].api_key
+            agent_token = await stack.token("fuzz")
+            rows = [
+                await asyncio.to_thread(
+                    fuzz_websocket, "gateway", ws_url(gateway), fuzz_key, examples
+                ),
+                await asyncio.to_thread(
+                    fuzz_websocket, "agent", ws_url(agent), agent_token, examples
+                ),
+                await asyncio.to_thread(
+                    fuzz_bodies,
+                    "gateway",
+                    gateway,
+                    ["/v1/chat/completions", "/v1/completions", "/v1/token"],
+                    fuzz_key,
+                    examples,
+                ),
+                await asyncio.to_thread(
+                    fuzz_bodies, "agent", agent, ["/v1/chat/completions"], agent_token, examples
+                ),
+                await asyncio.to_thread(
+                    fuzz_headers, "gateway", gateway, "/v1/chat/completions", fuzz_key, examples
+                ),
+                await asyncio.to_thread(
+                    fuzz_headers, "agent", agent, "/v1/chat/completions", agent_token, examples
+                ),
+            ]
+            rows += await jwt_attacks(stack)
+            rows += await key_guessing(stack, guesses)
+            rows.append(await origins(stack))
+            rows.append(await slowloris("gateway", gateway, fuzz_key, slow_connections))
+            rows.append(await slowloris("agent", agent, agent_token, slow_connections))
+            reader_key = stack.keys["reader"].api_key
+            rows.append(await never_reads("gateway", gateway, reader_key, stack.pid(stack.gateway)))
+            reader_token = await stack.token("reader")
+            rows.append(await never_reads("agent", agent, reader_token, stack.pid(stack.agent)))
+            rows.append(await replay_after_rotation(stack))
+            rows += log_rows(stack)
+        if keep_logs is not None:
+            shutil.copytree(stack.log_dir, keep_logs, dirs_exist_ok=True)
+    return rows

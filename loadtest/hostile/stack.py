@@ -1,0 +1,175 @@
+"""The stack under attack: the emulator, the gateway and one synthetic agent as processes."""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import suppress
+from pathlib import Path
+
+import aiohttp
+from pydantic import SecretStr
+
+from loadtest.hostile.client import MODEL, chat_body
+from spotgate.apikeys import parse_api_key
+from spotgate.process import Child, ChildProcesses, free_port
+from spotgate.registry import CreatedApiKey, Registry
+from spotgate.settings import (
+    AgentSettings,
+    GatewaySettings,
+    QueueSettings,
+    SharedSettings,
+    SyntheticSettings,
+    TokenSettings,
+)
+from spotgate.tokens import SigningKey
+from stack.children import start_service
+from stack.emulator import AwsEmulator
+
+FUZZ_KEY_MAX_TOKENS = 64  # keeps fuzzed requests that happen to be valid short
+TOKENS_PER_SECOND = 20_000.0  # fast enough that a client that never reads falls behind at once
+SLOW_SENDER_TIMEOUT_SECONDS = 3.0  # the stack's keep-alive (header) and body timeouts
+FLOOD_MAX_TOKENS = 1_000_000  # the longest reply the battery asks for (never read)
+ALLOWED_ORIGIN = "https://chat.example"
+
+
+class HostileStack:
+    """The emulator, the gateway and one synthetic agent as processes, logging JSON to files."""
+
+    def __init__(self, directory: Path) -> None:
+        self.emulator = AwsEmulator()
+        self.log_dir = directory / "logs"
+        self.processes = ChildProcesses(self.log_dir)
+        self.gateway_port = free_port()
+        self.gateway_url = f"http://127.0.0.1:{self.gateway_port}"
+        self.agent_url = f"http://127.0.0.1:{free_port()}"
+        self.signing_key = SigningKey.generate()
+        self.keys: dict[str, CreatedApiKey] = {}
+        self.secrets: set[str] = set()  # what no log line may contain
+        self.gateway: Child | None = None
+        self.agent: Child | None = None
+        self._http: aiohttp.ClientSession | None = None
+
+    @property
+    def http(self) -> aiohttp.ClientSession:
+        """A session for the battery's own well-behaved calls."""
+        if self._http is None:
+            raise RuntimeError("the stack is not started")
+        return self._http
+
+    async def __aenter__(self) -> HostileStack:
+        self.emulator.start()
+        self._http = aiohttp.ClientSession()
+        async with Registry.open(self.emulator.settings()) as registry:
+            await registry.create_tables()
+            for name in ("fuzz", "reader", "victim", "bystander"):
+                limit = FUZZ_KEY_MAX_TOKENS if name == "fuzz" else None
+                created = await registry.create_key(name, max_tokens=limit)
+                self.keys[name] = created
+                self.secrets.add(created.api_key)
+                self.secrets.add(parse_api_key(created.api_key).secret)
+        await self.start_gateway("gateway")
+        agent = AgentSettings(
+            shared=self._shared(),
+            engine="synthetic",
+            served_model_name=MODEL,
+            agent_id="hostile-agent",
+            port=int(self.agent_url.rsplit(":", 1)[1]),
+            jwks_url=f"{self.gateway_url}/.well-known/jwks.json",
+            imds_url="http://127.0.0.1:9",
+            heartbeat_seconds=1,
+            keepalive_seconds=SLOW_SENDER_TIMEOUT_SECONDS,
+            http_body_timeout_seconds=SLOW_SENDER_TIMEOUT_SECONDS,
+            synthetic=SyntheticSettings(
+                tokens_per_second=TOKENS_PER_SECOND,
+                ttft_seconds=0.01,
+                # Room for the flood's replies: a smaller context would refuse them outright.
+                max_model_len=2 * FLOOD_MAX_TOKENS,
+            ),
+        )
+        self.agent = start_service(self.processes, "agent", agent)
+        await self.wait_routable()
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.processes.stop(lambda _child: True, 30)
+        self.processes.close()
+        if self._http is not None:
+            await self._http.close()
+        self.emulator.stop()
+
+    def _shared(self) -> SharedSettings:
+        return self.emulator.settings().model_copy(
+            update={"log_format": "json", "log_level": "debug"}  # the most a log could say
+        )
+
+    async def start_gateway(self, name: str) -> None:
+        """Run the gateway with the current signing key; wait until it answers."""
+        pem = self.signing_key.to_pem()
+        self.secrets.update(line for line in pem.splitlines() if "-----" not in line)
+        gateway = GatewaySettings(
+            shared=self._shared(),
+            port=self.gateway_port,
+            public_url=self.gateway_url,
+            token=TokenSettings(signing_key_pem=SecretStr(pem), ttl_seconds=900),
+            models=(MODEL,),
+            queue=QueueSettings(deadline_seconds=5),
+            allowed_origins=(ALLOWED_ORIGIN,),
+            keepalive_seconds=SLOW_SENDER_TIMEOUT_SECONDS,
+            http_body_timeout_seconds=SLOW_SENDER_TIMEOUT_SECONDS,
+        )
+        self.gateway = start_service(self.processes, name, gateway)
+        async with asyncio.timeout(60):
+            while True:
+                self.processes.check()
+                with suppress(aiohttp.ClientError):
+                    async with self.http.get(f"{self.gateway_url}/healthz") as reply:
+                        if reply.status == 200:
+                            return
+                await asyncio.sleep(0.2)
+
+    async def rotate_signing_key(self) -> None:
+        """Restart the gateway with a new signing key and without the old one (retired)."""
+        gateway = self.gateway
+        if gateway is None:
+            raise RuntimeError("the gateway is not started")
+        await self.processes.stop(lambda child: child is gateway, 30)
+        self.processes.children.remove(gateway)  # its log stays, for the secrets search
+        self.signing_key = SigningKey.generate()
+        await self.start_gateway("gateway-rotated")
+        await self.wait_routable()
+
+    async def wait_routable(self) -> None:
+        """Until a short chat through the gateway completes (the agent is ready and linked)."""
+        headers = {"Authorization": f"Bearer {self.keys['bystander'].api_key}"}
+        async with asyncio.timeout(90):
+            while True:
+                self.processes.check()
+                with suppress(aiohttp.ClientError):
+                    async with self.http.post(
+                        f"{self.gateway_url}/v1/chat/completions", data=chat_body(), headers=headers
+                    ) as reply:
+                        if reply.status == 200:
+                            return
+                await asyncio.sleep(0.5)
+
+    async def token(self, key: str) -> str:
+        """A token for the named API key, from `POST /v1/token`."""
+        headers = {"Authorization": f"Bearer {self.keys[key].api_key}"}
+        async with self.http.post(f"{self.gateway_url}/v1/token", headers=headers) as reply:
+            token: str = (await reply.json())["token"]
+        self.secrets.add(token)
+        return token
+
+    def pid(self, child: Child | None) -> int:
+        """The process id of a running child."""
+        if child is None or not child.running:
+            raise RuntimeError("that process is not running")
+        return child.process.pid
+
+    def log_lines(self) -> list[tuple[str, str]]:
+        """(file name, line) of everything every process wrote."""
+        return [
+            (path.name, line)
+            for path in sorted(self.log_dir.glob("*.log"))
+            for line in path.read_text(errors="replace").splitlines()
+        ]
