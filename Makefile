@@ -34,12 +34,13 @@ lint: $(INSTALLED)
 typecheck: $(INSTALLED)
 	$(BIN)/mypy
 
-# Two workers: most of the suite waits on servers, processes and streams, not on a core. Tests
-# on a vLLM engine share a worker (tests/conftest.py), so each engine starts once.
+# Several workers: most of the suite waits on servers, processes and streams, not on a core.
+# Tests that share an expensive fixture share a worker (WORKER_GROUPS in tests/conftest.py):
+# each vLLM engine starts once.
 PYTEST_WORKERS ?= 2
 
 unit: $(INSTALLED) $(CHROMIUM) $(NODE) $(TOKENIZERS)
-	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadgroup
+	$(BIN)/pytest -n $(PYTEST_WORKERS)
 
 bench: $(INSTALLED) $(LITELLM) $(TOKENIZERS)
 	$(BIN)/python -m loadtest.bench.tokens --write docs/benchmarks.md

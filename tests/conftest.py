@@ -6,6 +6,8 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from hypothesis import settings as hypothesis_settings
+from xdist.remote import Producer
+from xdist.scheduler import LoadScopeScheduling
 
 from spotgate.registry import Registry
 from stack.emulator import AwsEmulator
@@ -27,15 +29,52 @@ from tests.support.clocks import FakeClock
 hypothesis_settings.register_profile("suite", deadline=None)
 hypothesis_settings.load_profile("suite")
 
+WORKER_GROUPS = {
+    # Each starts the session's vLLM engines (a minute or two on two cores): once, on one worker.
+    "tests/gpu_agent/test_vllm_agent.py": "vllm",
+    "tests/gateway/test_vllm_failover.py": "vllm",
+    # One synthesis serves every test of the CDK app.
+    "infra/cdk/tests/": "cdk",
+    # One `spotgate up` serves the module.
+    "tests/loadtest/test_runner.py": "local stack",
+}
+"""Tests that must share a worker when `make test` runs the suite on several (pytest-xdist);
+every other test goes to whichever worker is free."""
 VLLM_ENGINE_FIXTURES = frozenset({"vllm_engine", "vllm_llama2_engine"})
 
 
+def worker_group(nodeid: str) -> str:
+    """The unit of work a test belongs to: its group, or the test alone."""
+    return next((group for path, group in WORKER_GROUPS.items() if nodeid.startswith(path)), nodeid)
+
+
+class GroupedScheduling(LoadScopeScheduling):
+    """pytest-xdist's scheduling by scope, with `worker_group` as the scope.
+
+    xdist's own `loadgroup` marks a test's group in its node id, which pytest 9 no longer lets
+    a plugin change: grouping here needs only the node id.
+    """
+
+    def _split_scope(self, nodeid: str) -> str:
+        return worker_group(nodeid)
+
+
+@pytest.hookimpl(optionalhook=True)  # defined by pytest-xdist, absent without it
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Producer) -> GroupedScheduling:
+    """Run the suite's workers with `GroupedScheduling`."""
+    return GroupedScheduling(config, log)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests on a vLLM engine share one worker (`make test` runs two): each engine starts once."""
-    for item in items:
-        fixtures = set(getattr(item, "fixturenames", ()))
-        if item.get_closest_marker("vllm") or fixtures & VLLM_ENGINE_FIXTURES:
-            item.add_marker(pytest.mark.xdist_group("vllm"))
+    """Refuse a test on a vLLM engine outside the vLLM group: it would start engines again."""
+    strays = [
+        item.nodeid
+        for item in items
+        if VLLM_ENGINE_FIXTURES & set(getattr(item, "fixturenames", ()))
+        and worker_group(item.nodeid) != "vllm"
+    ]
+    if strays:
+        raise pytest.UsageError(f"add their files to WORKER_GROUPS as 'vllm': {strays}")
 
 
 @pytest.fixture(scope="session")

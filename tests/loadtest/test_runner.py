@@ -23,9 +23,6 @@ from loadtest.runner import (
 )
 from stack.local import LocalStackInfo
 
-# One `spotgate up` serves the module: its tests share a worker under `make test`.
-pytestmark = pytest.mark.xdist_group("local stack")
-
 SYNTHETIC_CAPACITY = 8  # concurrent streams the one synthetic agent takes
 
 

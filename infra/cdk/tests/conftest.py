@@ -81,14 +81,6 @@ def synthesize(outdir: Path, overrides: Mapping[str, Any] | None = None) -> Synt
     return Synthesized(stack, raw, Template.from_json(raw), outdir, validation_error)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The app's tests share a worker under `make test`: one synthesis serves them all."""
-    here = Path(__file__).parent
-    for item in items:
-        if item.path.is_relative_to(here):
-            item.add_marker(pytest.mark.xdist_group("cdk"))
-
-
 @pytest.fixture(scope="session")
 def synthesized(tmp_path_factory: pytest.TempPathFactory) -> Synthesized:
     """The app as `cdk deploy` would synthesize it with cdk.json's defaults (once a session)."""
