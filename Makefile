@@ -37,7 +37,7 @@ typecheck: $(INSTALLED)
 # Several workers: most of the suite waits on servers, processes and streams, not on a core.
 # Tests that share an expensive fixture share a worker (WORKER_GROUPS in tests/conftest.py):
 # each vLLM engine starts once.
-PYTEST_WORKERS ?= 2
+PYTEST_WORKERS ?= 3
 
 unit: $(INSTALLED) $(CHROMIUM) $(NODE) $(TOKENIZERS)
 	$(BIN)/pytest -n $(PYTEST_WORKERS)

@@ -58,6 +58,11 @@ class RelayOutcome:
     added_ttft_ms: float | None = None  # the gateway's own share of `ttft_ms`, if not queued
     error: ErrorCode | None = None
 
+    def timings(self, total_ms: float) -> Timings:
+        """The stream's timings once it ends `total_ms` after it arrived (TTFT: none yet, all)."""
+        ttft_ms = self.ttft_ms if self.ttft_ms is not None else total_ms
+        return Timings(queue_ms=self.queue_ms, ttft_ms=ttft_ms, total_ms=total_ms)
+
 
 class Unplaced(Enum):
     """Why the dispatcher found no agent for the stream."""
@@ -237,11 +242,7 @@ class Failover:
             id=self.request.id,
             finish_reason=done.finish_reason,
             usage=done.usage,
-            timings=Timings(
-                queue_ms=outcome.queue_ms,
-                ttft_ms=outcome.ttft_ms if outcome.ttft_ms is not None else total_ms,
-                total_ms=total_ms,
-            ),
+            timings=outcome.timings(total_ms),
         )
 
     def on_agent_error(self, error: ErrorFrame, *, now: float) -> Decision:

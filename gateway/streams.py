@@ -18,7 +18,7 @@ from gateway.relay import ClientFrame, RelayOutcome, relay_stream
 from gateway.state import GatewayState
 from spotgate.admission import GatewayConditions, Refusal, gateway_refusal
 from spotgate.logging import bound_context
-from spotgate.protocol import DoneFrame, ErrorCode, ErrorFrame, GenerateFrame, Timings, Usage
+from spotgate.protocol import DoneFrame, ErrorCode, ErrorFrame, GenerateFrame, Usage
 from spotgate.wsserver import Send
 
 
@@ -111,11 +111,7 @@ def start_stream(
                     prompt_tokens=outcome.prompt_tokens,
                     completion_tokens=outcome.relayed_tokens,
                 ),
-                timings=Timings(
-                    queue_ms=outcome.queue_ms,
-                    ttft_ms=outcome.ttft_ms if outcome.ttft_ms is not None else elapsed_ms,
-                    total_ms=elapsed_ms,
-                ),
+                timings=outcome.timings(elapsed_ms),
             )
             with suppress(Exception):  # the socket may be what went away
                 await send(done)

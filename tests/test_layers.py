@@ -29,11 +29,18 @@ def _module_name(path: Path) -> str:
 
 def _imports(path: Path) -> Iterator[str]:
     """Every module of ours that `path` imports, at its top or inside a function."""
+    package = _module_name(path).split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module]
+        elif isinstance(node, ast.ImportFrom):  # `from . import x` names the package's `x`
+            base = package[: len(package) - node.level + 1] if node.level else []
+            if node.module:
+                names = [".".join([*base, node.module])]
+            else:
+                names = [".".join([*base, alias.name]) for alias in node.names]
         else:
             continue
         yield from (name for name in names if name.split(".")[0] in OURS)
