@@ -9,7 +9,7 @@ from aiohttp import web
 
 from gateway.server import create_app, drain_sockets
 from spotgate.logging import get_logger
-from spotgate.process import freeze_long_lived_objects, service_main
+from spotgate.process import freeze_long_lived_objects, listening_site, service_main
 from spotgate.settings import GatewaySettings
 
 log = get_logger(__name__)
@@ -20,7 +20,7 @@ async def serve_gateway(settings: GatewaySettings) -> None:
     app = create_app(settings)
     runner = web.AppRunner(app, handle_signals=False, keepalive_timeout=settings.keepalive_seconds)
     await runner.setup()
-    site = web.TCPSite(runner, settings.host, settings.port)
+    site = listening_site(runner, settings.host, settings.port, settings.listen_fd)
     await site.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

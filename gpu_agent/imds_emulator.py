@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import secrets
+import socket
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -109,13 +110,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="IMDSv2 emulator")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=1338)
+    parser.add_argument("--listen-fd", type=int, help="serve on this inherited socket instead")
     parser.add_argument("--instance-id", default="i-local")
     parser.add_argument("--instance-type", default="local")
     parser.add_argument("--zone", default="local")
     parser.add_argument("--lifecycle", default="spot")
     args = parser.parse_args()
     identity = InstanceIdentity(args.instance_id, args.instance_type, args.zone, args.lifecycle)
-    web.run_app(create_app(identity), host=args.host, port=args.port, print=None)
+    app = create_app(identity)
+    if args.listen_fd is not None:
+        web.run_app(app, sock=socket.socket(fileno=args.listen_fd), print=None)
+    else:
+        web.run_app(app, host=args.host, port=args.port, print=None)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from aiohttp import web
 
 from gpu_agent.server import RUNTIME, AgentConfigError, create_app
 from spotgate.logging import get_logger
-from spotgate.process import freeze_long_lived_objects, service_main
+from spotgate.process import freeze_long_lived_objects, listening_site, service_main
 from spotgate.settings import AgentSettings
 
 log = get_logger(__name__)
@@ -21,7 +21,7 @@ async def serve_agent(settings: AgentSettings) -> None:
     app = create_app(settings)
     runner = web.AppRunner(app, handle_signals=False, keepalive_timeout=settings.keepalive_seconds)
     await runner.setup()
-    site = web.TCPSite(runner, settings.host, settings.port)
+    site = listening_site(runner, settings.host, settings.port, settings.listen_fd)
     await site.start()
     runtime = app[RUNTIME]
     loop = asyncio.get_running_loop()

@@ -23,7 +23,7 @@ import aiohttp
 from pool_manager.policy import Launch, PlacementOption
 from pool_manager.provider import Instance, ProviderError
 from spotgate.logging import get_logger
-from spotgate.process import Child, ChildProcesses, free_port
+from spotgate.process import Child, ChildProcesses, loopback_socket, socket_port
 from spotgate.settings import AgentSettings, LocalPoolSettings, SharedSettings, settings_env
 
 LOCAL_INSTANCE_TYPE = "local"
@@ -73,19 +73,24 @@ class LocalProvider:
             )
         self._launched += 1
         agent_id = f"local-{self._launched}"
-        imds_port, port = free_port(), free_port()
-        imds_url = f"http://127.0.0.1:{imds_port}"
+        # Bound here to port 0 and handed over: each port is known now and is the child's alone
+        # (closed here once it runs: when the child goes, its port refuses connections).
+        imds_socket, agent_socket = loopback_socket(), loopback_socket()
+        imds_url = f"http://127.0.0.1:{socket_port(imds_socket)}"
         imds = self._processes.start(
             f"imds-{agent_id}",
-            ["gpu_agent.imds_emulator", "--port", str(imds_port), "--instance-id", agent_id,
-             "--instance-type", launch.instance_type, "--zone", launch.zone,
-             "--lifecycle", launch.lifecycle],
+            ["gpu_agent.imds_emulator", "--listen-fd", str(imds_socket.fileno()),
+             "--instance-id", agent_id, "--instance-type", launch.instance_type,
+             "--zone", launch.zone, "--lifecycle", launch.lifecycle],
             {},
+            (imds_socket,),
         )  # fmt: skip
+        imds_socket.close()
         agent_settings = AgentSettings(
             shared=self._shared,
             agent_id=agent_id,
-            port=port,
+            port=socket_port(agent_socket),
+            listen_fd=agent_socket.fileno(),
             engine=self._settings.engine,
             model=self._settings.model,
             served_model_name=model,
@@ -95,7 +100,8 @@ class LocalProvider:
         )
         env = {**settings_env(agent_settings), **self._settings.agent_env}
         # `python -m gpu_agent`, as `spotgate agent` runs it on an instance
-        agent = self._processes.start(f"agent-{agent_id}", ["gpu_agent"], env)
+        agent = self._processes.start(f"agent-{agent_id}", ["gpu_agent"], env, (agent_socket,))
+        agent_socket.close()
         instance = Instance(
             instance_id=agent_id,
             agent_id=agent_id,

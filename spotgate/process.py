@@ -41,21 +41,37 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+LISTEN_BACKLOG = 128
+"""Connections a socket holds before its server accepts them (asyncio's default too)."""
+
+
 def loopback_socket() -> socket.socket:
-    """A TCP socket bound to port 0 on loopback: the port is the kernel's and stays ours.
+    """A listening TCP socket on loopback, port 0: the port is the kernel's and stays ours.
 
     Its port is known (`socket_port`) before the server on it starts, for the URLs a
-    server's settings name (a gateway's public URL, an agent's advertised one).
+    server's settings name (a gateway's public URL, an agent's advertised one). It listens
+    at once, so a client that connects before the server runs waits in the backlog instead
+    of being refused (an agent asking its IMDS emulator for its identity, say).
     """
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
+    sock.listen(LISTEN_BACKLOG)
     return sock
 
 
 def socket_port(sock: socket.socket) -> int:
     """The port a bound socket holds."""
     return int(sock.getsockname()[1])
+
+
+def listening_site(
+    runner: web.AppRunner, host: str, port: int, listen_fd: int | None
+) -> web.BaseSite:
+    """Where a service serves: a socket its parent bound and handed down, else `host:port`."""
+    if listen_fd is not None:
+        return web.SockSite(runner, socket.socket(fileno=listen_fd))
+    return web.TCPSite(runner, host, port)
 
 
 @asynccontextmanager
@@ -136,6 +152,7 @@ class Child:
     log: Path
     args: list[str]
     env: dict[str, str] = field(repr=False)  # may hold secrets (a signing key)
+    sockets: tuple[socket.socket, ...] = ()  # handed down: the child serves on them
 
     @property
     def running(self) -> bool:
@@ -164,18 +181,36 @@ class ChildProcesses:
         self._log_dir.mkdir(parents=True, exist_ok=True)
         self.children: list[Child] = []
 
-    def start(self, name: str, args: list[str], env: dict[str, str]) -> Child:
-        """Run `python -m ARGS` with `env` added to this process's environment."""
-        return self._spawn(name, args, env, log_mode="wb")
+    def start(
+        self,
+        name: str,
+        args: list[str],
+        env: dict[str, str],
+        sockets: tuple[socket.socket, ...] = (),
+    ) -> Child:
+        """Run `python -m ARGS` with `env` added to this process's environment.
+
+        `sockets` are handed down under the same descriptor numbers (the child's settings name
+        them): the parent bound them, to port 0, so their ports are known before the child
+        starts and no other process can take them. A parent that keeps its copy open restarts
+        the child on the same port (`restart` hands them down again); one that closes it
+        leaves the port to the child alone.
+        """
+        return self._spawn(name, args, env, sockets, log_mode="wb")
 
     async def restart(self, child: Child, timeout_seconds: float) -> Child:
         """Stop one child as `stop` does, then run it again as it was; its log goes on."""
         await self.stop(lambda running: running is child, timeout_seconds)
         self.children.remove(child)
-        return self._spawn(child.name, child.args, child.env, log_mode="ab")
+        return self._spawn(child.name, child.args, child.env, child.sockets, log_mode="ab")
 
     def _spawn(
-        self, name: str, args: list[str], env: dict[str, str], log_mode: Literal["wb", "ab"]
+        self,
+        name: str,
+        args: list[str],
+        env: dict[str, str],
+        sockets: tuple[socket.socket, ...],
+        log_mode: Literal["wb", "ab"],
     ) -> Child:
         log = self._log_dir / f"{name}.log"
         # The child writes through its own copy of the descriptor: a long-lived parent that
@@ -187,8 +222,9 @@ class ChildProcesses:
                 stdout=handle,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                pass_fds=[sock.fileno() for sock in sockets],
             )
-        child = Child(name, process, log, args, env)
+        child = Child(name, process, log, args, env, sockets)
         self.children.append(child)
         return child
 

@@ -136,6 +136,9 @@ class GatewaySettings(BaseSettings):
     shared: SharedSettings = Field(default_factory=SharedSettings)
     host: str = "127.0.0.1"
     port: Annotated[int, Field(ge=0, le=65535)] = 8080
+    # A listening socket the parent bound and handed down (socket activation): the gateway
+    # serves on it, and `port` names its port.
+    listen_fd: NonNegativeInt | None = None
     public_url: str | None = None
     gateway_id: str | None = None
     token: TokenSettings = TokenSettings()
@@ -204,6 +207,8 @@ class AgentSettings(BaseSettings):
     agent_id: str | None = None
     host: str = "127.0.0.1"
     port: Annotated[int, Field(ge=0, le=65535)] = 8000
+    # As the gateway's: a socket bound by the parent, on `port`.
+    listen_fd: NonNegativeInt | None = None
     advertise_url: str | None = None
     engine: EngineKind = "vllm"
     model: str = ""

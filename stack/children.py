@@ -8,7 +8,9 @@ is added in one place.
 
 from __future__ import annotations
 
-from spotgate.process import Child, ChildProcesses
+import socket
+
+from spotgate.process import Child, ChildProcesses, socket_port
 from spotgate.settings import AgentSettings, GatewaySettings, PoolSettings, settings_env
 
 ServiceSettings = GatewaySettings | AgentSettings | PoolSettings
@@ -26,7 +28,20 @@ def service_command(settings: ServiceSettings) -> tuple[list[str], dict[str, str
     return [SERVICE_MODULES[type(settings)]], settings_env(settings)
 
 
-def start_service(processes: ChildProcesses, name: str, settings: ServiceSettings) -> Child:
-    """Run the service `settings` belong to as a child named `name`, configured by them."""
+def start_service(
+    processes: ChildProcesses,
+    name: str,
+    settings: ServiceSettings,
+    sock: socket.socket | None = None,
+) -> Child:
+    """Run the service `settings` belong to as a child named `name`, configured by them.
+
+    A gateway or an agent given `sock` (bound, e.g. `loopback_socket()`) serves on it.
+    """
+    if sock is not None:
+        if isinstance(settings, PoolSettings):
+            raise TypeError("the pool manager takes no socket")
+        update = {"port": socket_port(sock), "listen_fd": sock.fileno()}
+        settings = settings.model_copy(update=update)
     args, env = service_command(settings)
-    return processes.start(name, args, env)
+    return processes.start(name, args, env, (sock,) if sock is not None else ())

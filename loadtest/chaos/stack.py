@@ -21,7 +21,7 @@ from pydantic import SecretStr
 from gpu_agent.synthetic_engine import synthetic_reply
 from gpu_agent.tiny_model import write_tiny_model
 from pool_manager.events import interruption_warning
-from spotgate.process import Child, ChildProcesses, free_port
+from spotgate.process import Child, ChildProcesses, loopback_socket, socket_port
 from spotgate.registry import AgentRecord, Registry, aws_session
 from spotgate.settings import (
     AgentSettings,
@@ -105,6 +105,9 @@ class ChaosStack:
         self.replies: dict[str, str] = {}  # vLLM: prompt → its uninterrupted greedy reply
         self.emulator = AwsEmulator()
         self.processes = ChildProcesses(directory / "logs")
+        # The gateway's socket, bound here: its port is known before the gateway starts and
+        # stays the gateway's across a restart (a new process on the same port).
+        self.gateway_socket = loopback_socket()
         self.gateway: Child | None = None
         self.pool_manager: Child | None = None
         self.gateway_url = ""
@@ -128,19 +131,17 @@ class ChaosStack:
             "sqs", endpoint_url=settings.aws.endpoint_url
         ) as sqs:
             self.queue_url = (await sqs.create_queue(QueueName="chaos-events"))["QueueUrl"]
-        port = free_port()
-        self.gateway_url = f"http://127.0.0.1:{port}"
+        self.gateway_url = f"http://127.0.0.1:{socket_port(self.gateway_socket)}"
         shared = settings.model_copy(update={"log_format": "json"})
         gateway = GatewaySettings(
             shared=shared,
-            port=port,
             public_url=self.gateway_url,
             token=TokenSettings(signing_key_pem=SecretStr(SigningKey.generate().to_pem())),
             models=(self.engine.model,),
             queue=QueueSettings(deadline_seconds=60),
             shutdown_grace_seconds=GATEWAY_GRACE_SECONDS,
         )
-        self.gateway = start_service(self.processes, "gateway", gateway)
+        self.gateway = start_service(self.processes, "gateway", gateway, self.gateway_socket)
         pool = PoolSettings(
             shared=shared,
             provider="local",
@@ -217,6 +218,7 @@ class ChaosStack:
         await self.processes.stop(lambda child: child.name == "pool-manager", 60)
         await self.processes.stop(lambda child: True, 30)
         self.processes.close()
+        self.gateway_socket.close()
         self.emulator.stop()
 
     async def ready_agents(self) -> dict[str, str]:

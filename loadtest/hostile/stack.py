@@ -11,7 +11,7 @@ from pydantic import SecretStr
 
 from loadtest.hostile.client import MODEL, chat_body
 from spotgate.apikeys import parse_api_key
-from spotgate.process import Child, ChildProcesses, free_port
+from spotgate.process import Child, ChildProcesses, loopback_socket, socket_port
 from spotgate.registry import CreatedApiKey, Registry
 from spotgate.settings import (
     AgentSettings,
@@ -39,9 +39,12 @@ class HostileStack:
         self.emulator = AwsEmulator()
         self.log_dir = directory / "logs"
         self.processes = ChildProcesses(self.log_dir)
-        self.gateway_port = free_port()
+        # Bound here and handed down: the URLs are known before the services start, and the
+        # gateway keeps its port when it restarts with a new signing key.
+        self.gateway_socket, self.agent_socket = loopback_socket(), loopback_socket()
+        self.gateway_port = socket_port(self.gateway_socket)
         self.gateway_url = f"http://127.0.0.1:{self.gateway_port}"
-        self.agent_url = f"http://127.0.0.1:{free_port()}"
+        self.agent_url = f"http://127.0.0.1:{socket_port(self.agent_socket)}"
         self.signing_key = SigningKey.generate()
         self.keys: dict[str, CreatedApiKey] = {}
         self.secrets: set[str] = set()  # what no log line may contain
@@ -73,7 +76,6 @@ class HostileStack:
             engine="synthetic",
             served_model_name=MODEL,
             agent_id="hostile-agent",
-            port=int(self.agent_url.rsplit(":", 1)[1]),
             jwks_url=f"{self.gateway_url}/.well-known/jwks.json",
             imds_url="http://127.0.0.1:9",
             heartbeat_seconds=1,
@@ -86,13 +88,15 @@ class HostileStack:
                 max_model_len=2 * FLOOD_MAX_TOKENS,
             ),
         )
-        self.agent = start_service(self.processes, "agent", agent)
+        self.agent = start_service(self.processes, "agent", agent, self.agent_socket)
         await self.wait_routable()
         return self
 
     async def __aexit__(self, *_exc: object) -> None:
         await self.processes.stop(lambda _child: True, 30)
         self.processes.close()
+        self.gateway_socket.close()
+        self.agent_socket.close()
         if self._http is not None:
             await self._http.close()
         self.emulator.stop()
@@ -108,7 +112,6 @@ class HostileStack:
         self.secrets.update(line for line in pem.splitlines() if "-----" not in line)
         gateway = GatewaySettings(
             shared=self._shared(),
-            port=self.gateway_port,
             public_url=self.gateway_url,
             token=TokenSettings(signing_key_pem=SecretStr(pem), ttl_seconds=900),
             models=(MODEL,),
@@ -117,7 +120,7 @@ class HostileStack:
             keepalive_seconds=SLOW_SENDER_TIMEOUT_SECONDS,
             http_body_timeout_seconds=SLOW_SENDER_TIMEOUT_SECONDS,
         )
-        self.gateway = start_service(self.processes, name, gateway)
+        self.gateway = start_service(self.processes, name, gateway, self.gateway_socket)
         async with asyncio.timeout(60):
             while True:
                 self.processes.check()

@@ -18,7 +18,7 @@ from pydantic import SecretStr
 from gateway.server import create_app
 from gateway.state import STATE, GatewayState
 from gpu_agent.engine import Engine
-from spotgate.process import free_port, loopback_socket, serving_on_loopback, socket_port
+from spotgate.process import loopback_socket, serving_on_loopback, socket_port
 from spotgate.registry import AgentState, CreatedApiKey, Registry
 from spotgate.settings import (
     AgentSettings,
@@ -154,7 +154,8 @@ def agent_processes(
     def start(count: int, tokens_per_second: float) -> list[AgentProcess]:
         batch = []
         for _ in range(count):
-            port = free_port()
+            sock = loopback_socket()  # handed over: the agent serves on it
+            port = socket_port(sock)
             agent_id = f"proc-{port}"
             settings = AgentSettings(
                 shared=aws.settings().model_copy(update={"log_level": "warning"}),
@@ -162,6 +163,7 @@ def agent_processes(
                 served_model_name=MODEL,
                 agent_id=agent_id,
                 port=port,
+                listen_fd=sock.fileno(),
                 pinned_public_key=gateway.signing_key.verify_key.to_pem(),
                 token_issuer=gateway.url,
                 imds_url="http://127.0.0.1:9",
@@ -174,7 +176,9 @@ def agent_processes(
                 env={**os.environ, **env},
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
+                pass_fds=[sock.fileno()],
             )
+            sock.close()  # the agent's alone: a killed agent's port refuses connections
             batch.append(AgentProcess(agent_id, process))
         started.extend(batch)
         return batch

@@ -9,7 +9,7 @@ import aiohttp
 import websockets
 from pydantic import SecretStr
 
-from spotgate.process import ChildProcesses, free_port
+from spotgate.process import ChildProcesses, loopback_socket, socket_port
 from spotgate.registry import CreatedApiKey
 from spotgate.settings import GatewaySettings, TokenSettings
 from spotgate.tokens import SigningKey
@@ -24,17 +24,17 @@ async def test_sigterm_refuses_new_streams_and_lets_those_in_flight_finish(
     aws: AwsEmulator, start_agent: AgentFactory, api_key: CreatedApiKey, tmp_path: Path
 ) -> None:
     key = SigningKey.generate()
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
+    sock = loopback_socket()
+    url = f"http://127.0.0.1:{socket_port(sock)}"
     processes = ChildProcesses(tmp_path)
     settings = GatewaySettings(
         shared=aws.settings(),
-        port=port,
         public_url=url,
         token=TokenSettings(signing_key_pem=SecretStr(key.to_pem())),
         shutdown_grace_seconds=10,
     )
-    gateway = start_service(processes, "gateway", settings)
+    gateway = start_service(processes, "gateway", settings, sock)
+    sock.close()  # the gateway's alone: once it stops listening, connections are refused
     try:
         await wait_ready(
             await start_agent(

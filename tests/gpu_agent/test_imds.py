@@ -2,11 +2,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 import aiohttp
 import pytest
 
 from gpu_agent.imds import ImdsClient, SpotNotice, parse_spot_action, watch_notices
+from spotgate.process import ChildProcesses, loopback_socket, socket_port
 from tests.support.agents import Imds
 
 
@@ -76,3 +78,26 @@ def test_spot_action_parsing() -> None:
     assert notice.deadline == 1795291200.0
     with pytest.raises(KeyError):
         parse_spot_action('{"action": "stop"}')
+
+
+async def test_the_emulator_answers_a_client_that_connected_before_it_started(
+    tmp_path: Path,
+) -> None:
+    """An agent may ask for its identity before its IMDS emulator runs: it waits, it is answered."""
+    sock = loopback_socket()  # listening: connections queue until the child accepts them
+    reader, writer = await asyncio.open_connection("127.0.0.1", socket_port(sock))
+    processes = ChildProcesses(tmp_path)
+    args = ["gpu_agent.imds_emulator", "--listen-fd", str(sock.fileno()), "--instance-id", "i-0"]
+    processes.start("imds", args, {}, (sock,))
+    sock.close()
+    try:
+        writer.write(
+            b"PUT /latest/api/token HTTP/1.0\r\nX-aws-ec2-metadata-token-ttl-seconds: 60\r\n\r\n"
+        )
+        await writer.drain()
+        async with asyncio.timeout(60):
+            status_line = await reader.readline()
+        assert status_line.split()[1] == b"200", status_line
+    finally:
+        writer.close()
+        processes.close()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from spotgate.process import free_port
+from spotgate.process import loopback_socket, socket_port
 from spotgate.registry import AgentState, Registry
 from spotgate.settings import AgentSettings, SyntheticSettings, settings_env
 from spotgate.tokens import KeyRing
@@ -20,13 +20,15 @@ from tests.support.wsclient import connect, generate, receive, send
 
 @pytest.fixture
 def agent_process(aws: AwsEmulator, ring: KeyRing) -> Iterator[tuple[subprocess.Popen[str], int]]:
-    port = free_port()
+    sock = loopback_socket()  # handed over: the agent serves on it
+    port = socket_port(sock)
     settings = AgentSettings(
         shared=aws.settings().model_copy(update={"log_format": "json"}),
         engine="synthetic",
         served_model_name="synth",
         agent_id="local-cli",
         port=port,
+        listen_fd=sock.fileno(),
         pinned_public_key=ring.signing_key.verify_key.to_pem(),
         token_issuer=ISSUER,
         imds_url="http://127.0.0.1:9",
@@ -41,7 +43,9 @@ def agent_process(aws: AwsEmulator, ring: KeyRing) -> Iterator[tuple[subprocess.
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        pass_fds=[sock.fileno()],
     )
+    sock.close()
     yield process, port
     if process.poll() is None:
         process.kill()
