@@ -151,9 +151,13 @@ def spotgate_up(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
     assert process.stdout is not None
     line = process.stdout.readline()
     yield process, line
-    if process.poll() is None:
-        process.kill()
-        process.wait()
+    if process.poll() is None:  # the test failed before stopping it
+        process.terminate()  # `up` stops what it started; a kill would leave its children running
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 async def test_up_runs_gateway_and_agents_and_stops_cleanly(

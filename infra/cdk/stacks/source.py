@@ -15,7 +15,9 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 DOCKERFILE = "infra/cdk/Dockerfile"
 """Relative to the repository root, which is the image's build context."""
 
-_PACKAGE_FILES = ("pyproject.toml", "README.md", "spotgate", "gateway", "gpu_agent", "pool_manager")
+PACKAGES = ("spotgate", "gateway", "gpu_agent", "pool_manager", "stack", "cli")
+"""What the `spotgate` command (`cli`) runs the services with; `loadtest` stays behind."""
+_PACKAGE_FILES = ("pyproject.toml", "README.md", *PACKAGES)
 
 # Docker-style patterns: leave everything out, then take back what `pip install .` needs, so
 # virtualenvs, caches, test output and cdk.out never reach an asset (or its hash).

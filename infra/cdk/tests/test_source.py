@@ -1,0 +1,44 @@
+"""What ships is enough: the image and the agents' bundle hold every package the services import."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from stacks.source import DOCKERFILE, PACKAGES, REPO_ROOT
+
+SERVICE_ENTRY_POINTS = ("cli.main", "gateway.service", "gpu_agent.service", "pool_manager.service")
+"""`spotgate gateway|agent|pool run` (the image's and the agents' commands) and what they run."""
+OURS = ("spotgate", "gateway", "gpu_agent", "pool_manager", "stack", "loadtest", "cli")
+
+
+def test_the_shipped_packages_hold_every_module_the_services_import(tmp_path: Path) -> None:
+    for package in PACKAGES:
+        (tmp_path / package).symlink_to(REPO_ROOT / package)
+    imports = "; ".join(f"import {module}" for module in SERVICE_ENTRY_POINTS)
+    report = (
+        "import json, sys; "
+        f"print(json.dumps(sorted(m.__file__ for n, m in list(sys.modules.items()) "
+        f"if n.split('.')[0] in {OURS!r} and getattr(m, '__file__', None))))"
+    )
+    # Shipped packages first on the path: a module found elsewhere is one the bundle lacks.
+    result = subprocess.run(
+        [sys.executable, "-c", f"{imports}; {report}"],
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    loaded = json.loads(result.stdout)
+    assert loaded
+    assert [path for path in loaded if not path.startswith(str(tmp_path))] == []
+
+
+def test_the_image_copies_exactly_the_shipped_packages() -> None:
+    lines = (REPO_ROOT / DOCKERFILE).read_text().splitlines()
+    copied = [line.split()[1] for line in lines if line.startswith("COPY ")]
+    assert copied == ["pyproject.toml", *PACKAGES]
