@@ -7,14 +7,16 @@ surface runs the same generation path.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from spotgate.protocol import (
+    MAX_SEED,
     MAX_STOP_SEQUENCES,
     ChatMessage,
     DoneFrame,
@@ -46,6 +48,49 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+MAX_SESSION_CHARS = 256
+"""The longest `user` used as the routing session as it is; a longer one is hashed."""
+
+
+class ContentPart(BaseModel):
+    """One part of a message's `content` array: text is read, other kinds are named in a 400."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Annotated[str, Field(max_length=64)]
+    text: str | None = None
+
+
+class RequestMessage(BaseModel):
+    """A chat turn as OpenAI's SDK sends it: text or an array of parts, any known role."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = Field(default=None, validate_default=True)
+    name: Annotated[str, Field(max_length=256)] | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _text_only(cls, content: str | list[ContentPart] | None) -> str | list[ContentPart]:
+        if content is None:
+            raise ValueError("a message needs content (tool calls are not supported yet)")
+        if isinstance(content, list):
+            for part in content:
+                if part.type != "text" or part.text is None:
+                    raise ValueError(
+                        f"'{part.type}' parts are not supported: the models here read text only"
+                    )
+        return content
+
+    def to_chat_message(self) -> ChatMessage:
+        """The turn on the wire: its parts' text joined; `developer` is OpenAI's new `system`."""
+        content = self.content
+        text = content if isinstance(content, str) else "".join(p.text or "" for p in content or ())
+        role = "system" if self.role == "developer" else self.role
+        return ChatMessage(role=role, content=text)
+
+
 class _SamplingRequest(BaseModel):
     """What chat and text completion requests share."""
 
@@ -55,11 +100,12 @@ class _SamplingRequest(BaseModel):
     temperature: Annotated[float, Field(ge=0, le=2)] = 1.0
     top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
     stop: str | Annotated[list[str], Field(max_length=MAX_STOP_SEQUENCES)] | None = None
-    seed: int | None = None
+    # Any 64-bit seed OpenAI's clients send (-1 included); the engine takes it modulo 2^63.
+    seed: Annotated[int, Field(ge=-(2**63), lt=2**64)] | None = None
     n: Literal[1] = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
-    user: str | None = None
+    user: Annotated[str, Field(max_length=65_536)] | None = None
 
     @property
     def include_usage(self) -> bool:
@@ -75,23 +121,31 @@ class _SamplingRequest(BaseModel):
             temperature=self.temperature,
             top_p=self.top_p,
             stop=stop,
-            seed=self.seed,
-            session=session or self.user,
+            seed=None if self.seed is None else self.seed % (MAX_SEED + 1),
+            session=_session(session or self.user),
             **prompt,
         )
+
+
+def _session(name: str | None) -> str | None:
+    """A routing session from a client's name for it: as it is, or hashed when too long."""
+    if name is None or len(name) <= MAX_SESSION_CHARS:
+        return name
+    return hashlib.sha256(name.encode()).hexdigest()
 
 
 class ChatCompletionRequest(_SamplingRequest):
     """`POST /v1/chat/completions`."""
 
-    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    messages: Annotated[list[RequestMessage], Field(min_length=1)]
     max_tokens: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
     max_completion_tokens: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
 
     def to_generate_frame(self, stream_id: str, *, session: str | None = None) -> GenerateFrame:
         """The same request as a `generate` frame (no limit given: the rest of the context)."""
         max_tokens = self.max_completion_tokens or self.max_tokens
-        return self._frame(stream_id, session, messages=self.messages, max_tokens=max_tokens)
+        messages = [message.to_chat_message() for message in self.messages]
+        return self._frame(stream_id, session, messages=messages, max_tokens=max_tokens)
 
 
 class CompletionRequest(_SamplingRequest):

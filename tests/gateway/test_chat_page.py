@@ -368,7 +368,8 @@ async def test_auto_scroll_follows_the_reply_until_the_user_scrolls_up(
     await expect(body).to_contain_text("paragraph 20")
     at_bottom = "(() => { const m = document.getElementById('messages');"
     at_bottom += " return m.scrollHeight - m.scrollTop - m.clientHeight < 40; })()"
-    assert await page.evaluate(at_bottom)
+    # The page scrolls on its next frame after the text grows: wait for it (5 s at most).
+    await page.wait_for_function(at_bottom, timeout=5_000)
 
     await page.locator("#messages").evaluate("m => m.scrollTo(0, 0)")
     await expect(page.locator(".message.assistant .meta")).to_contain_text("tokens/s")

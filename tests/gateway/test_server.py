@@ -93,6 +93,61 @@ async def test_openai_sdk_through_the_gateway(
         ).chat.completions.create(model=MODEL, messages=messages)  # type: ignore[arg-type]
 
 
+async def test_the_shapes_current_sdks_send_are_read_and_the_unsupported_named(
+    gateway: Gateway, gateway_agent: GatewayAgentFactory, api_key: CreatedApiKey
+) -> None:
+    await gateway_agent()
+    client = openai.AsyncOpenAI(
+        base_url=f"{gateway.url}/v1", api_key=api_key.api_key, max_retries=0
+    )
+    parts = await client.chat.completions.create(
+        model=MODEL,
+        messages=[
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "hel"}, {"type": "text", "text": "lo"}],
+            }
+        ],
+        max_completion_tokens=12,
+    )
+    assert parts.choices[0].message.content == expected_text("hello", 12)
+    everyday = await client.chat.completions.create(
+        model=MODEL,
+        messages=[
+            {"role": "developer", "content": "Answer briefly."},
+            {"role": "user", "name": "ada", "content": [{"type": "text", "text": "hi"}]},
+        ],
+        max_completion_tokens=5,
+        seed=-1,
+        user="u" * 1000,
+        metadata={"team": "search"},
+        store=False,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = [chunk async for chunk in everyday]
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == 5
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client.chat.completions.create(
+            model=MODEL,
+            messages=[
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "image_url", "image_url": {"url": "data:image/png;base64,"}}
+                    ],
+                }
+            ],
+        )
+    assert "'image_url' parts are not supported" in str(refused.value)
+    with pytest.raises(openai.BadRequestError) as two:
+        await client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], n=2
+        )
+    assert "n:" in str(two.value)
+
+
 async def test_websocket_through_the_gateway_with_key_or_token(
     gateway: Gateway, gateway_agent: GatewayAgentFactory, api_key: CreatedApiKey
 ) -> None:

@@ -1,0 +1,97 @@
+"""The chat request shapes OpenAI's SDK sends, as they map onto the wire protocol."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from spotgate.openai_api import ChatCompletionRequest
+from spotgate.protocol import MAX_SEED, ChatMessage
+
+
+def frame_of(**fields: Any) -> Any:
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], **fields}
+    return ChatCompletionRequest.model_validate(body).to_generate_frame("s")
+
+
+@pytest.mark.parametrize(
+    ("message", "on_the_wire"),
+    [
+        ({"role": "user", "content": "plain"}, ChatMessage(role="user", content="plain")),
+        (
+            {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},  # noqa: E501
+            ChatMessage(role="user", content="ab"),
+        ),
+        ({"role": "user", "content": []}, ChatMessage(role="user", content="")),
+        ({"role": "developer", "content": "rules"}, ChatMessage(role="system", content="rules")),
+        ({"role": "user", "name": "ada", "content": "hi"}, ChatMessage(role="user", content="hi")),
+        ({"role": "tool", "content": "4"}, ChatMessage(role="tool", content="4")),
+    ],
+)  # fmt: skip
+def test_a_message_reaches_the_wire_as_text(
+    message: dict[str, Any], on_the_wire: ChatMessage
+) -> None:
+    assert frame_of(messages=[message]).messages == [on_the_wire]
+
+
+@pytest.mark.parametrize(
+    ("fields", "where", "says"),
+    [
+        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+         ("messages", 0, "content"), "'image_url' parts are not supported"),
+        ({"messages": [{"role": "user", "content": [{"type": "input_audio"}]}]},
+         ("messages", 0, "content"), "'input_audio' parts are not supported"),
+        ({"messages": [{"role": "assistant", "content": None, "tool_calls": []}]},
+         ("messages", 0, "content"), "tool calls are not supported yet"),
+        ({"messages": [{"role": "assistant"}]}, ("messages", 0, "content"), "needs content"),
+        ({"n": 2}, ("n",), "Input should be 1"),
+        ({"seed": 2**64}, ("seed",), "less than"),
+    ],
+)  # fmt: skip
+def test_what_cannot_be_served_is_a_validation_error_naming_it(
+    fields: dict[str, Any], where: tuple[Any, ...], says: str
+) -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], **fields}
+    with pytest.raises(ValidationError) as refused:
+        ChatCompletionRequest.model_validate(body)
+    error = refused.value.errors()[0]
+    assert error["loc"][: len(where)] == where
+    assert says in error["msg"]
+
+
+@pytest.mark.parametrize(
+    ("seed", "on_the_wire"),
+    [(None, None), (0, 0), (7, 7), (-1, MAX_SEED), (-(2**63), 0), (2**64 - 1, MAX_SEED)],
+)
+def test_any_64_bit_seed_maps_into_the_engines_range(
+    seed: int | None, on_the_wire: int | None
+) -> None:
+    assert frame_of(seed=seed).seed == on_the_wire
+
+
+@pytest.mark.parametrize(
+    ("user", "session"),
+    [(None, None), ("ada", "ada"), ("u" * 256, "u" * 256)],
+)
+def test_a_user_up_to_256_characters_is_the_session_as_it_is(
+    user: str | None, session: str | None
+) -> None:
+    assert frame_of(user=user).session == session
+
+
+def test_a_longer_user_is_a_stable_hashed_session() -> None:
+    first, second = frame_of(user="u" * 1000).session, frame_of(user="u" * 1000).session
+    assert first == second
+    assert first is not None
+    assert len(first) == 64
+    assert frame_of(user="v" * 1000).session != first
+
+
+def test_fields_kept_for_later_are_accepted_and_max_completion_tokens_wins() -> None:
+    frame = frame_of(
+        metadata={"team": "search"}, store=False, parallel_tool_calls=True,
+        max_tokens=50, max_completion_tokens=7,
+    )  # fmt: skip
+    assert frame.max_tokens == 7
