@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from spotgate.openai_api import ChatCompletionRequest
@@ -95,3 +97,57 @@ def test_fields_kept_for_later_are_accepted_and_max_completion_tokens_wins() -> 
         max_tokens=50, max_completion_tokens=7,
     )  # fmt: skip
     assert frame.max_tokens == 7
+
+
+TOKEN_LIMITS = st.one_of(st.none(), st.integers(min_value=-5, max_value=2_000_000))
+FIELDS = {
+    "temperature": st.floats(min_value=0, max_value=2),
+    "top_p": st.floats(min_value=0.01, max_value=1),
+    "stop": st.one_of(st.none(), st.text(max_size=5), st.lists(st.text(max_size=5), max_size=4)),
+    "seed": st.one_of(st.none(), st.integers(min_value=-(2**64), max_value=2**65)),
+    "n": st.sampled_from([1, 1, 1, 0, 2]),
+    "stream": st.booleans(),
+    "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}),
+    "user": st.one_of(st.none(), st.text(max_size=400)),
+    "max_tokens": TOKEN_LIMITS,
+    "max_completion_tokens": TOKEN_LIMITS,
+    "metadata": st.dictionaries(st.text(max_size=5), st.text(max_size=5), max_size=3),
+    "store": st.booleans(),
+}
+"""Each field the SDK sends, over values it may take and some it may not."""
+PARTS = st.lists(
+    st.fixed_dictionaries(
+        {"type": st.sampled_from(["text", "text", "image_url", ""])},
+        optional={"text": st.one_of(st.none(), st.text(max_size=20))},
+    ),
+    max_size=4,
+)
+MESSAGES = st.lists(
+    st.fixed_dictionaries(
+        {
+            "role": st.sampled_from(["user", "user", "system", "developer", "assistant", "x"]),
+            "content": st.one_of(st.text(max_size=50), st.text(max_size=5), PARTS, st.none()),
+        },
+        optional={"name": st.text(max_size=300)},
+    ),
+    min_size=1,
+    max_size=4,
+)
+BODIES = st.fixed_dictionaries(
+    {"model": st.text(min_size=1, max_size=300), "messages": MESSAGES}, optional=FIELDS
+)
+
+
+@settings(max_examples=1000)
+@given(body=BODIES, session=st.one_of(st.none(), st.text(max_size=400)))
+def test_a_body_that_validates_always_becomes_a_frame(
+    body: dict[str, Any], session: str | None
+) -> None:
+    """A body is refused with a 400 or served: never valid here and refused on the wire (a 500)."""
+    try:
+        request = ChatCompletionRequest.model_validate(body)
+    except ValidationError:
+        return
+    frame = request.to_generate_frame("s", session=session)
+    assert frame.messages is not None
+    assert len(frame.messages) == len(body["messages"])
