@@ -75,14 +75,22 @@ async def guarded(
         raise
 
 
-async def request_principal(request: web.Request) -> Principal | web.Response:
-    """The caller of an HTTP route (API key or token), or the error response refusing it."""
+async def authenticated(
+    request: web.Request, check: Callable[[str], Awaitable[Result]], missing: str
+) -> Result | web.Response:
+    """What a `guarded` `check` makes of the request's bearer credential, or the refusal."""
     state = request.app[STATE]
     credential = bearer_token(request)
     if credential is None:
-        return json_error(ErrorCode.UNAUTHORIZED, "missing 'Authorization: Bearer <key>'")
+        return json_error(ErrorCode.UNAUTHORIZED, missing)
     try:
-        return await guarded(state, request, credential, state.authenticator.authenticate)
+        return await guarded(state, request, credential, check)
     except AuthRefused as err:
         state.metrics.rejections.labels(reason=err.code.value).inc()
         return json_error(err.code, str(err), err.retry_after)
+
+
+async def request_principal(request: web.Request) -> Principal | web.Response:
+    """The caller of an HTTP route (API key or token), or the error response refusing it."""
+    authenticate = request.app[STATE].authenticator.authenticate
+    return await authenticated(request, authenticate, "missing 'Authorization: Bearer <key>'")

@@ -352,16 +352,11 @@ def _section_env(variable: str, value: Any, delimiter: str, env: dict[str, str])
             _section_env(
                 f"{variable}{delimiter}{name.upper()}", getattr(value, name), delimiter, env
             )
-    elif value is None:
-        return  # unset is the only None a field takes from the environment
-    elif isinstance(value, SecretStr):
-        env[variable] = value.get_secret_value()
-    elif isinstance(value, bool):
-        env[variable] = "true" if value else "false"
-    elif isinstance(value, str | int | float | Path):
-        env[variable] = str(value)
-    else:  # tuples, lists and dicts, possibly of sections: JSON, as pydantic-settings reads them
-        env[variable] = json.dumps(_plain(value))
+    elif value is not None:  # unset is the only None a field takes from the environment
+        plain = _plain(value)
+        # Text as it is; numbers, booleans, tuples, lists and dicts as JSON, which
+        # pydantic-settings reads back.
+        env[variable] = plain if isinstance(plain, str) else json.dumps(plain)
 
 
 def _plain(value: Any) -> Any:

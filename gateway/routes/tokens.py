@@ -4,24 +4,18 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from gateway.guard import guarded
+from gateway.guard import authenticated
 from gateway.state import STATE
-from spotgate.protocol import ErrorCode
 from spotgate.tokens import issue
-from spotgate.wsserver import AuthRefused, bearer_token, json_error
 
 
 async def token(request: web.Request) -> web.Response:
     """`POST /v1/token`: trade an API key for a short-lived token."""
     state = request.app[STATE]
-    credential = bearer_token(request)
-    if credential is None:
-        return json_error(ErrorCode.UNAUTHORIZED, "missing 'Authorization: Bearer sg-…'")
-    try:
-        record = await guarded(state, request, credential, state.authenticator.api_key)
-    except AuthRefused as err:
-        state.metrics.rejections.labels(reason=err.code.value).inc()
-        return json_error(err.code, str(err), err.retry_after)
+    missing = "missing 'Authorization: Bearer sg-…'"
+    record = await authenticated(request, state.authenticator.api_key, missing)
+    if isinstance(record, web.Response):
+        return record
     issued = issue(
         state.ring,
         subject=record.key_id,
