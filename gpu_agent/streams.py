@@ -8,21 +8,25 @@ token ids here (see `gpu_agent.detokenizer`), stop strings are applied to that t
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
 from gpu_agent.detokenizer import IncrementalDetokenizer, ResumeMismatch
-from gpu_agent.engine import Engine, FinishReason, GenerationRequest
+from gpu_agent.engine import Engine, FinishReason, GenerationRequest, TokenLogprobs
+from gpu_agent.grammar import JSON_OBJECT_SCHEMA, schema_text
 from spotgate.admission import agent_stream_refusal
 from spotgate.context import ContextExceeded, completion_budget
 from spotgate.protocol import (
+    MIN_LOGPROB,
     DeltaFrame,
     DoneFrame,
     ErrorCode,
     GenerateFrame,
     StartFrame,
     Timings,
+    TokenLogprob,
+    TopLogprob,
     Usage,
 )
 from spotgate.tokens import Claims
@@ -65,6 +69,34 @@ def _prompt_ids(frame: GenerateFrame, engine: Engine) -> list[int]:
     if frame.messages is not None:
         return engine.chat_prompt_ids(frame.messages)
     return engine.text_prompt_ids(frame.prompt or "")
+
+
+def json_schema_of(frame: GenerateFrame) -> str | None:
+    """The JSON schema a reply must match, as text (None: any text)."""
+    response_format = frame.response_format
+    if response_format is None or response_format.type == "text":
+        return None
+    if response_format.json_schema is None:  # json_object
+        return JSON_OBJECT_SCHEMA
+    return schema_text(response_format.json_schema.schema_)
+
+
+def wire_logprobs(engine: Engine, found: Sequence[TokenLogprobs]) -> list[TokenLogprob]:
+    """Engine logprobs as OpenAI's: each token's text, its UTF-8 bytes, its alternatives."""
+
+    def candidate(token_id: int, logprob: float) -> TopLogprob:
+        text = engine.decode([token_id])
+        return TopLogprob(
+            token=text, logprob=min(0.0, max(MIN_LOGPROB, logprob)), bytes=list(text.encode())
+        )
+
+    return [
+        TokenLogprob(
+            **candidate(entry.token_id, entry.logprob).model_dump(),
+            top_logprobs=[candidate(token_id, logprob) for token_id, logprob in entry.top],
+        )
+        for entry in found
+    ]
 
 
 def _find_stop(text: str, stops: list[str]) -> int | None:
@@ -155,7 +187,13 @@ async def generate_frames(
     if remaining <= 0:  # moved after its last token: only text held back is left to send
         text = stop_filter.feed(detokenizer.flush(), final=True)
         if text:
-            yield DeltaFrame(id=frame.id, text=text, n=0, ids=[] if frame.want_ids else None)
+            yield DeltaFrame(
+                id=frame.id,
+                text=text,
+                n=0,
+                ids=[] if frame.want_ids else None,
+                logprobs=[] if frame.logprobs is not None else None,
+            )
         finish = "stop" if stop_filter.stopped else "length"
     else:
         request = GenerationRequest(
@@ -166,6 +204,11 @@ async def generate_frames(
             top_p=frame.top_p,
             seed=frame.seed,
             resume_ids=resumed_ids,
+            presence_penalty=frame.presence_penalty,
+            frequency_penalty=frame.frequency_penalty,
+            logit_bias=frame.logit_bias,
+            logprobs=frame.logprobs,
+            json_schema=json_schema_of(frame),
         )
         async with aclosing(engine.generate(request)) as steps:
             async for step in steps:
@@ -187,6 +230,11 @@ async def generate_frames(
                     text=text,
                     n=len(step.token_ids),
                     ids=list(step.token_ids) if frame.want_ids else None,
+                    logprobs=(
+                        wire_logprobs(engine, step.logprobs or ())
+                        if frame.logprobs is not None
+                        else None
+                    ),
                 )
                 if stop_filter.stopped or final:
                     break

@@ -11,7 +11,7 @@ import asyncio
 import hashlib
 from collections.abc import AsyncGenerator, Sequence
 
-from gpu_agent.engine import EngineStep, GenerationRequest
+from gpu_agent.engine import EngineRequestError, EngineStep, GenerationRequest
 from spotgate.protocol import ChatMessage
 from spotgate.settings import AgentSettings, EngineKind
 
@@ -140,7 +140,16 @@ class SyntheticEngine:
         return None
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[EngineStep, None]:
-        """Emit the reply's tokens on schedule: first after the TTFT, then at the set rate."""
+        """Emit the reply's tokens on schedule: first after the TTFT, then at the set rate.
+
+        What only a model can honour (logprobs, a schema, penalties, logit bias) is refused:
+        a synthetic reply must not pass for one that honoured it.
+        """
+        unsupported = synthetic_unsupported(request)
+        if unsupported:
+            raise EngineRequestError(
+                f"the synthetic engine (a capacity-test stand-in) cannot honour {unsupported}"
+            )
         loop = asyncio.get_running_loop()
         self._running += 1
         try:
@@ -175,3 +184,15 @@ class SyntheticEngine:
 
     async def close(self) -> None:
         """Nothing to release."""
+
+
+def synthetic_unsupported(request: GenerationRequest) -> str | None:
+    """The first field of a request that a synthetic reply cannot honour, by its name."""
+    fields = {
+        "logprobs": request.logprobs is not None,
+        "response_format": request.json_schema is not None,
+        "presence_penalty": request.presence_penalty != 0.0,
+        "frequency_penalty": request.frequency_penalty != 0.0,
+        "logit_bias": bool(request.logit_bias),
+    }
+    return next((name for name, asked in fields.items() if asked), None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
@@ -14,7 +15,11 @@ from gpu_agent.engine import (
     EngineStep,
     GenerationRequest,
     NoChatTemplate,
+    ReplyBroken,
+    TokenLogprobs,
 )
+from gpu_agent.grammar import GrammarError, Grammars
+from gpu_agent.vllm_logits import EXTRA_ARGS_KEY, StreamSpec
 from spotgate.context import UNICODE_COMPOSITION_FACTOR
 from spotgate.protocol import ChatMessage
 from spotgate.settings import AgentSettings, EngineKind
@@ -22,6 +27,8 @@ from spotgate.settings import AgentSettings, EngineKind
 CPU_KV_CACHE_GIB_DEFAULT = "1"
 """vLLM's CPU backend sizes its KV cache from this variable; enough for the tiny model."""
 ENGINE_DEAD_REASON = "the vLLM engine core died"
+STREAM_CONSTRAINTS = "gpu_agent.vllm_logits:StreamConstraints"
+BROKEN_SCHEMA_REASON = "the reply ended before it matched the JSON schema"
 
 
 class VllmEngine:
@@ -41,6 +48,7 @@ class VllmEngine:
         self.max_model_len = max_model_len
         self.max_token_chars = max_token_chars(self._backend)
         self.held_token_ids = held_token_ids(self._backend)
+        self._grammars: Grammars | None = None
 
     @classmethod
     async def start(cls, settings: AgentSettings) -> VllmEngine:
@@ -64,6 +72,7 @@ class VllmEngine:
             tensor_parallel_size=engine_settings.tensor_parallel_size,
             enforce_eager=engine_settings.enforce_eager,
             disable_log_stats=True,
+            logits_processors=[STREAM_CONSTRAINTS],
             **optional,
         )
         llm = AsyncLLM.from_engine_args(args)
@@ -103,21 +112,36 @@ class VllmEngine:
         """Set once the engine core process died or its output loop stopped."""
         return ENGINE_DEAD_REASON if self._llm.errored else None
 
+    async def _schema_matcher(self, request: GenerationRequest) -> Any:
+        """The request's grammar, advanced over its resumed tokens (None without a schema).
+
+        Compiled here first, off the event loop: a schema vLLM's engine core would fail on is
+        a 400 now, and a resume the schema cannot continue is refused, not generated.
+        """
+        if request.json_schema is None:
+            return None
+        if self._grammars is None:
+            vocab_size = int(self._llm.model_config.get_vocab_size())
+            self._grammars = Grammars(self._tokenizer, vocab_size)
+        try:
+            return await asyncio.to_thread(
+                self._grammars.matcher, request.json_schema, request.resume_ids
+            )
+        except GrammarError as err:
+            raise EngineRequestError(str(err)) from err
+
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[EngineStep, None]:
-        """Stream token ids; leaving the loop early aborts the vLLM request."""
-        from vllm import SamplingParams
+        """Stream token ids; leaving the loop early aborts the vLLM request.
+
+        With a schema, the agent's own matcher follows the tokens too: a reply the engine
+        ends before the schema is complete is an error, never malformed JSON as a success.
+        """
+        from vllm.exceptions import VLLMClientError
         from vllm.inputs import TokensPrompt
-        from vllm.sampling_params import RequestOutputKind
         from vllm.v1.engine.exceptions import EngineDeadError
 
-        params = SamplingParams(
-            max_tokens=request.max_tokens,
-            temperature=request.temperature,
-            top_p=request.top_p,
-            seed=request.seed,
-            detokenize=False,
-            output_kind=RequestOutputKind.DELTA,
-        )
+        matcher = await self._schema_matcher(request)
+        params = sampling_params(request)
         prompt = TokensPrompt(prompt_token_ids=[*request.prompt_ids, *request.resume_ids])
         try:
             outputs = self._llm.generate(prompt, params, request.request_id)
@@ -125,18 +149,78 @@ class VllmEngine:
                 async for output in outputs:
                     completion = output.outputs[0]
                     reason = completion.finish_reason if output.finished else None
+                    ids = list(completion.token_ids)
+                    if matcher is not None:
+                        for token in ids:
+                            matcher.accept_token(token)
+                        if reason == "stop" and not matcher.is_terminated():
+                            raise ReplyBroken(BROKEN_SCHEMA_REASON)
                     yield EngineStep(
-                        list(completion.token_ids),
+                        ids,
                         "length" if reason == "length" else ("stop" if reason else None),
+                        _logprobs(completion.logprobs, ids, request.logprobs),
                     )
         except EngineDeadError as err:
             raise EngineFailed(ENGINE_DEAD_REASON) from err
-        except ValueError as err:
+        except (ValueError, VLLMClientError) as err:
             raise EngineRequestError(str(err)) from err
 
     async def close(self) -> None:
         """Shut the engine's processes down."""
         self._llm.shutdown()
+
+
+def sampling_params(request: GenerationRequest) -> Any:
+    """The `SamplingParams` of a request; what spans a resume goes to `StreamConstraints`."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    spec: StreamSpec = {}
+    presence, frequency = request.presence_penalty, request.frequency_penalty
+    if request.resume_ids and (presence or frequency):
+        # vLLM's own would count only the tokens generated after the resume.
+        spec["presence_penalty"], spec["frequency_penalty"] = presence, frequency
+        presence = frequency = 0.0
+    if request.json_schema is not None:
+        spec["json_schema"] = request.json_schema
+    if spec:
+        spec["resumed"] = len(request.resume_ids)
+    return SamplingParams(
+        max_tokens=request.max_tokens,
+        temperature=request.temperature,
+        top_p=request.top_p,
+        seed=request.seed,
+        presence_penalty=presence,
+        frequency_penalty=frequency,
+        logit_bias=dict(request.logit_bias) if request.logit_bias else None,
+        logprobs=request.logprobs,
+        extra_args={EXTRA_ARGS_KEY: spec} if spec else None,
+        detokenize=False,
+        output_kind=RequestOutputKind.DELTA,
+    )
+
+
+def _logprobs(
+    found: Sequence[dict[int, Any]] | None, ids: Sequence[int], top: int | None
+) -> list[TokenLogprobs] | None:
+    """Each generated token's logprob and its `top` alternatives, from vLLM's output."""
+    if top is None or found is None:
+        return None
+    out = []
+    for token_id, candidates in zip(ids, found, strict=True):
+        ranked = sorted(
+            (entry.rank, candidate, entry.logprob)
+            for candidate, entry in candidates.items()
+            if entry.rank is not None and entry.rank <= top
+        )
+        out.append(
+            TokenLogprobs(
+                token_id=token_id,
+                logprob=candidates[token_id].logprob,
+                top=[(candidate, logprob) for _rank, candidate, logprob in ranked[:top]],
+            )
+        )
+    return out
 
 
 def max_token_chars(backend: Any) -> int:

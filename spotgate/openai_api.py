@@ -13,19 +13,28 @@ import time
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from spotgate.protocol import (
+    MAX_LOGIT_BIAS_ENTRIES,
     MAX_SEED,
     MAX_STOP_SEQUENCES,
+    MAX_TOKEN_ID,
+    MAX_TOP_LOGPROBS,
+    Bias,
     ChatMessage,
     DoneFrame,
     ErrorCode,
     GenerateFrame,
+    Penalty,
+    ResponseFormat,
+    TokenLogprob,
 )
 
 LEGACY_DEFAULT_MAX_TOKENS = 16
 """OpenAI's default for `/v1/completions`."""
+MAX_LEGACY_LOGPROBS = 5
+"""The most alternatives `/v1/completions` returns per token (OpenAI's limit)."""
 
 # HTTP status and OpenAI error type for each protocol error code.
 ERROR_STATUS: dict[ErrorCode, tuple[int, str]] = {
@@ -106,15 +115,28 @@ class _SamplingRequest(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: Annotated[str, Field(max_length=65_536)] | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    # Keys are token ids as strings, OpenAI's shape.
+    logit_bias: Annotated[dict[str, Bias], Field(max_length=MAX_LOGIT_BIAS_ENTRIES)] | None = None
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_id_keys(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
+        for key in bias or {}:
+            if not (key.isascii() and key.isdigit() and int(key) <= MAX_TOKEN_ID):
+                raise ValueError(f"keys are token ids; {json.dumps(key)[:40]} is not one")
+        return bias
 
     @property
     def include_usage(self) -> bool:
         """Whether a streamed reply ends with a usage chunk."""
         return self.stream_options is not None and self.stream_options.include_usage
 
-    def _frame(self, stream_id: str, session: str | None, **prompt: Any) -> GenerateFrame:
-        """A `generate` frame with the shared sampling fields and the given prompt fields."""
+    def _frame(self, stream_id: str, session: str | None, **fields: Any) -> GenerateFrame:
+        """A `generate` frame with the shared sampling fields and the given other fields."""
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        bias = {int(token): value for token, value in (self.logit_bias or {}).items()}
         return GenerateFrame(
             id=stream_id,
             model=self.model,
@@ -122,8 +144,11 @@ class _SamplingRequest(BaseModel):
             top_p=self.top_p,
             stop=stop,
             seed=None if self.seed is None else self.seed % (MAX_SEED + 1),
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            logit_bias=bias or None,
             session=_session(session or self.user),
-            **prompt,
+            **fields,
         )
 
 
@@ -140,12 +165,28 @@ class ChatCompletionRequest(_SamplingRequest):
     messages: Annotated[list[RequestMessage], Field(min_length=1)]
     max_tokens: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
     max_completion_tokens: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
+    logprobs: bool | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    response_format: ResponseFormat | None = None
+
+    @model_validator(mode="after")
+    def _top_logprobs_need_logprobs(self) -> ChatCompletionRequest:
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs: only with 'logprobs': true")
+        return self
 
     def to_generate_frame(self, stream_id: str, *, session: str | None = None) -> GenerateFrame:
         """The same request as a `generate` frame (no limit given: the rest of the context)."""
         max_tokens = self.max_completion_tokens or self.max_tokens
         messages = [message.to_chat_message() for message in self.messages]
-        return self._frame(stream_id, session, messages=messages, max_tokens=max_tokens)
+        return self._frame(
+            stream_id,
+            session,
+            messages=messages,
+            max_tokens=max_tokens,
+            logprobs=(self.top_logprobs or 0) if self.logprobs else None,
+            response_format=self.response_format,
+        )
 
 
 class CompletionRequest(_SamplingRequest):
@@ -153,10 +194,17 @@ class CompletionRequest(_SamplingRequest):
 
     prompt: str
     max_tokens: Annotated[int, Field(ge=1, le=1_000_000)] = LEGACY_DEFAULT_MAX_TOKENS
+    logprobs: Annotated[int, Field(ge=0, le=MAX_LEGACY_LOGPROBS)] | None = None
 
     def to_generate_frame(self, stream_id: str, *, session: str | None = None) -> GenerateFrame:
         """The same request as a `generate` frame."""
-        return self._frame(stream_id, session, prompt=self.prompt, max_tokens=self.max_tokens)
+        return self._frame(
+            stream_id,
+            session,
+            prompt=self.prompt,
+            max_tokens=self.max_tokens,
+            logprobs=self.logprobs,
+        )
 
 
 Kind = Literal["chat", "text"]
@@ -188,14 +236,43 @@ def openai_finish_reason(done: DoneFrame) -> str:
     return "stop" if done.finish_reason == "cancelled" else done.finish_reason
 
 
-def completion_body(kind: Kind, cid: str, model: str, text: str, done: DoneFrame) -> dict[str, Any]:
+def chat_logprobs(entries: list[TokenLogprob]) -> dict[str, Any]:
+    """A chat choice's `logprobs`."""
+    return {"content": [entry.model_dump() for entry in entries], "refusal": None}
+
+
+def text_logprobs(entries: list[TokenLogprob], offset: int = 0) -> dict[str, Any]:
+    """A text completion choice's `logprobs`; `offset`: characters of text before these."""
+    offsets = []
+    for entry in entries:
+        offsets.append(offset)
+        offset += len(entry.token)
+    return {
+        "tokens": [entry.token for entry in entries],
+        "token_logprobs": [entry.logprob for entry in entries],
+        "top_logprobs": [
+            {top.token: top.logprob for top in entry.top_logprobs} for entry in entries
+        ],
+        "text_offset": offsets,
+    }
+
+
+def completion_body(
+    kind: Kind,
+    cid: str,
+    model: str,
+    text: str,
+    done: DoneFrame,
+    logprobs: list[TokenLogprob] | None = None,
+) -> dict[str, Any]:
     """A whole (non-streamed) chat or text completion."""
     choice: dict[str, Any] = {"index": 0, "finish_reason": openai_finish_reason(done)}
     if kind == "chat":
         choice["message"] = {"role": "assistant", "content": text}
+        choice["logprobs"] = None if logprobs is None else chat_logprobs(logprobs)
     else:
         choice["text"] = text
-        choice["logprobs"] = None
+        choice["logprobs"] = None if logprobs is None else text_logprobs(logprobs)
     return {
         "id": cid,
         "object": "chat.completion" if kind == "chat" else "text_completion",
@@ -231,17 +308,24 @@ class ChunkEncoder:
             if kind == "chat"
             else b',"logprobs":null,"finish_reason":null}]}\n\n'
         )
+        self._text_offset = 0  # characters of text before the next token (text logprobs)
 
-    def first(self, text: str) -> bytes:
+    def first(self, text: str, logprobs: list[TokenLogprob] | None = None) -> bytes:
         """The opening chunk (the assistant's role, for chat) and the first text, if any."""
         if self.kind == "chat":
             role = self._choice({"delta": {"role": "assistant", "content": ""}})
-            return role + (self.content(text) if text else b"")
-        return self.content(text)
+            return role + (self.content(text, logprobs) if text or logprobs else b"")
+        return self.content(text, logprobs)
 
-    def content(self, text: str) -> bytes:
-        """A chunk carrying generated text."""
-        return self._head + self._content_open + json.dumps(text).encode() + self._content_close
+    def content(self, text: str, logprobs: list[TokenLogprob] | None = None) -> bytes:
+        """A chunk carrying generated text, and its tokens' logprobs when asked for."""
+        if logprobs is None:
+            return self._head + self._content_open + json.dumps(text).encode() + self._content_close
+        if self.kind == "chat":
+            return self._choice({"delta": {"content": text}, "logprobs": chat_logprobs(logprobs)})
+        fields = {"text": text, "logprobs": text_logprobs(logprobs, self._text_offset)}
+        self._text_offset += sum(len(entry.token) for entry in logprobs)
+        return self._choice(fields)
 
     def finish(self, finish_reason: str) -> bytes:
         """The chunk with the finish reason and no text."""

@@ -25,7 +25,7 @@ from spotgate.openai_api import (
     sse_event,
     usage_body,
 )
-from spotgate.protocol import AnyFrame, DeltaFrame, DoneFrame, ErrorCode, ErrorFrame
+from spotgate.protocol import AnyFrame, DeltaFrame, DoneFrame, ErrorCode, ErrorFrame, TokenLogprob
 from spotgate.wsserver import json_error
 
 RequestModel = TypeVar("RequestModel", bound=BaseModel)
@@ -91,12 +91,12 @@ async def respond(
             started = True
             await response.prepare(request)
             if isinstance(frame, DeltaFrame):  # the role and the first token in one write
-                await response.write(chunks.first(frame.text))
+                await response.write(chunks.first(frame.text, frame.logprobs))
                 continue
             await response.write(chunks.first(""))
         if isinstance(frame, DeltaFrame):
-            if frame.text:
-                await response.write(chunks.content(frame.text))
+            if frame.text or frame.logprobs:
+                await response.write(chunks.content(frame.text, frame.logprobs))
         elif isinstance(frame, ErrorFrame):
             await response.write(sse_event(error_body(frame.code, frame.message)))
         else:
@@ -114,11 +114,16 @@ async def _collect(
     frames: AsyncIterator[AnyFrame], *, kind: Kind, cid: str, model: str
 ) -> web.Response:
     text: list[str] = []
+    logprobs: list[TokenLogprob] | None = None
     async for frame in frames:
         if isinstance(frame, DeltaFrame):
             text.append(frame.text)
+            if frame.logprobs is not None:
+                logprobs = logprobs or []
+                logprobs.extend(frame.logprobs)
         elif isinstance(frame, ErrorFrame):
             return json_error(frame.code, frame.message, frame.retry_after)
         elif isinstance(frame, DoneFrame):
-            return web.json_response(completion_body(kind, cid, model, "".join(text), frame))
+            body = completion_body(kind, cid, model, "".join(text), frame, logprobs)
+            return web.json_response(body)
     return json_error(ErrorCode.INTERNAL, "stream ended without a result")

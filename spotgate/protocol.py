@@ -29,6 +29,11 @@ MAX_STREAM_ID_CHARS = 128
 MAX_TOKEN_ID = 2**31 - 1
 MAX_SEED = 2**63 - 1
 MAX_STOP_SEQUENCES = 16
+MAX_TOP_LOGPROBS = 20
+"""The most alternatives a token's logprobs carry (OpenAI's limit)."""
+MAX_LOGIT_BIAS_ENTRIES = 1024
+MIN_LOGPROB = -9999.0
+"""A logprob is never below this: an impossible token (-inf) is reported at it, as vLLM does."""
 
 
 class ErrorCode(StrEnum):
@@ -65,6 +70,35 @@ class ChatMessage(_Strict):
     content: str
 
 
+Penalty = Annotated[float, Field(ge=-2, le=2)]
+Bias = Annotated[float, Field(ge=-100, le=100)]
+
+
+class JsonSchemaFormat(_Strict):
+    """`response_format.json_schema`: the schema the reply must match."""
+
+    model_config = ConfigDict(serialize_by_alias=True, validate_by_name=True)
+
+    name: Annotated[str, StringConstraints(min_length=1, max_length=64)] = "response"
+    description: str | None = None
+    # `schema` would shadow pydantic's own attribute of that name
+    schema_: dict[str, Any] = Field(alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    """OpenAI's `response_format`: plain text, any JSON object, or JSON matching a schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_when_asked(self) -> Self:
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError("'json_schema' is given exactly when type is 'json_schema'")
+        return self
+
+
 class Resume(_Strict):
     """What a moved stream had produced: the new agent continues after these tokens."""
 
@@ -95,6 +129,14 @@ class GenerateFrame(_Strict):
     top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
     stop: Annotated[list[str], Field(max_length=MAX_STOP_SEQUENCES)] = []
     seed: Annotated[int, Field(ge=0, le=MAX_SEED)] | None = None
+    presence_penalty: Penalty = 0.0
+    frequency_penalty: Penalty = 0.0
+    logit_bias: Annotated[dict[TokenId, Bias], Field(max_length=MAX_LOGIT_BIAS_ENTRIES)] | None = (
+        None
+    )
+    # None: no logprobs; k: each token's logprob and its k most likely alternatives.
+    logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    response_format: ResponseFormat | None = None
     session: Annotated[str, StringConstraints(max_length=256)] | None = None
     want_ids: bool = False
     resume: Resume | None = None
@@ -149,19 +191,42 @@ class StartFrame(_Strict):
     engine: Literal["vllm", "synthetic"] | None = None
 
 
+Logprob = Annotated[float, Field(ge=MIN_LOGPROB, le=0)]
+
+
+class TopLogprob(_Strict):
+    """One candidate token: its text, the UTF-8 bytes of that text, its log probability."""
+
+    token: str
+    logprob: Logprob
+    bytes: list[Annotated[int, Field(ge=0, le=255)]] | None = None
+
+
+class TokenLogprob(TopLogprob):
+    """A generated token's logprob and the most likely alternatives at its position."""
+
+    top_logprobs: list[TopLogprob]
+
+
 class DeltaFrame(_Strict):
-    """`n` more tokens of text; `ids` only when the stream asked with `want_ids`."""
+    """`n` more tokens of text; `ids` only when the stream asked with `want_ids`.
+
+    `logprobs` (one per token, when the stream asked for them) are OpenAI's chat logprobs.
+    """
 
     type: Literal["delta"] = "delta"
     id: StreamId
     text: str
     n: Count
     ids: list[TokenId] | None = None
+    logprobs: list[TokenLogprob] | None = None
 
     @model_validator(mode="after")
     def _ids_match_count(self) -> Self:
         if self.ids is not None and len(self.ids) != self.n:
             raise ValueError("'ids' must hold exactly 'n' token ids")
+        if self.logprobs is not None and len(self.logprobs) != self.n:
+            raise ValueError("'logprobs' must hold exactly 'n' entries")
         return self
 
 

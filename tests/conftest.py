@@ -33,6 +33,7 @@ WORKER_GROUPS = {
     # Each starts the session's vLLM engines (a minute or two on two cores): once, on one worker.
     "tests/gpu_agent/test_vllm_agent.py": "vllm",
     "tests/gateway/test_vllm_failover.py": "vllm",
+    "tests/gateway/test_vllm_openai.py": "vllm",
     # One synthesis serves every test of the CDK app.
     "infra/cdk/tests/": "cdk",
     # One `spotgate up` serves the module.

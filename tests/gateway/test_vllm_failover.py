@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
+import jsonschema
 import pytest
 
 from gpu_agent.engine import Engine
@@ -62,3 +66,78 @@ async def test_a_vllm_stream_moved_mid_reply_resumes_byte_for_byte(
     assert ids_of(frames) == ids_of(reference)
     assert text_of(frames) == text_of(reference) == engine.decode(ids_of(reference))
     assert frames[-1]["usage"] == reference[-1]["usage"]
+
+
+WORDS_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "words": {
+            "type": "array",
+            "items": {"enum": ["alpha", "bravo", "charlie"]},
+            "minItems": 30,
+            "maxItems": 30,
+        }
+    },
+    "required": ["words"],
+    "additionalProperties": False,
+}
+"""Some 250 tokens of reply (the tiny model spells words byte by byte): a stream is cut well
+inside it."""
+STRUCTURED = {"type": "json_schema", "json_schema": {"name": "words", "schema": WORDS_SCHEMA}}
+FEATURES: dict[str, dict[str, Any]] = {
+    "json_schema": {"response_format": STRUCTURED, "temperature": 0},
+    "json_schema sampled": {"response_format": STRUCTURED, "temperature": 1.0, "seed": 7},
+    "penalties": {"frequency_penalty": 1.5, "presence_penalty": 0.5, "temperature": 0},
+    "logprobs": {"logprobs": 3, "temperature": 0},
+}
+
+
+def logprobs_of(frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [entry for frame in frames for entry in frame.get("logprobs") or ()]
+
+
+@pytest.mark.parametrize("feature", FEATURES)
+async def test_a_stream_moved_by_a_kill_keeps_each_feature(
+    gateway: Gateway,
+    gateway_agent: GatewayAgentFactory,
+    vllm_engine: Engine,
+    api_key: CreatedApiKey,
+    feature: str,
+) -> None:
+    request = generate(
+        "ref", TINY_MODEL, content="List words", max_tokens=600, want_ids=True, **FEATURES[feature]
+    )
+    agents = {
+        agent.runtime.identity.agent_id: agent  # type: ignore[union-attr]
+        for agent in [
+            await gateway_agent(model=TINY_MODEL, engine=vllm_engine),
+            await gateway_agent(
+                model=TINY_MODEL, engine=vllm_engine, imds_url="http://127.0.0.1:9"
+            ),
+        ]
+    }
+    async with connect(gateway.ws_url, api_key.api_key) as ws:
+        reference = (await run_streams(ws, request))["ref"]
+        await send(ws, {**request, "id": "moved"})
+        frames = [await receive(ws)]
+        while sum(f.get("n", 0) for f in frames) < 20:  # mid-reply
+            frames.append(await receive(ws))
+        cut_links(agents[frames[0]["agent"]])
+        while frames[-1]["type"] not in ("done", "error"):
+            frames.append(await receive(ws))
+
+    assert frames[-1]["type"] == "done", frames[-1]
+    assert len({f["agent"] for f in frames if f["type"] == "start"}) == 2
+    if "response_format" in request:
+        jsonschema.validate(json.loads(text_of(frames)), WORDS_SCHEMA)
+        assert frames[-1]["finish_reason"] == "stop"
+    if request.get("temperature") == 0:  # greedy: exactly the reply of an unmoved stream
+        assert ids_of(frames) == ids_of(reference)
+        assert text_of(frames) == text_of(reference)
+    if "logprobs" in request:
+        moved, unmoved = logprobs_of(frames), logprobs_of(reference)
+        assert len(moved) == len(ids_of(frames))  # no gap, no repeat
+        assert [e["token"] for e in moved] == [e["token"] for e in unmoved]
+        assert [e["logprob"] for e in moved] == pytest.approx(
+            [e["logprob"] for e in unmoved], abs=1e-3
+        )

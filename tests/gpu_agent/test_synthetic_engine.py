@@ -1,6 +1,8 @@
 from __future__ import annotations
 
-from gpu_agent.engine import GenerationRequest
+import pytest
+
+from gpu_agent.engine import EngineRequestError, GenerationRequest
 from gpu_agent.synthetic_engine import SyntheticEngine
 from spotgate.protocol import ChatMessage
 from spotgate.settings import AgentSettings, SyntheticSettings
@@ -44,3 +46,18 @@ async def test_echo_replies_with_the_last_user_message_exactly_and_resumes_mid_w
     assert head + tail == ids
     assert tail_finish == "stop"
     assert (await reply(engine, message, max_tokens=5))[1] == "length"
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "named"),
+    [("logprobs", 0, "logprobs"), ("json_schema", "{}", "response_format"),
+     ("presence_penalty", 0.5, "presence_penalty"),
+     ("frequency_penalty", -1.0, "frequency_penalty"), ("logit_bias", {3: 1.0}, "logit_bias")],
+)  # fmt: skip
+async def test_what_only_a_model_can_honour_is_refused_by_name(
+    field: str, value: object, named: str
+) -> None:
+    request = GenerationRequest("r", [1, 2], 4, **{field: value})  # type: ignore[arg-type]
+    with pytest.raises(EngineRequestError, match=named):
+        async for _step in echo_engine().generate(request):
+            pass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -9,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from spotgate.openai_api import ChatCompletionRequest
-from spotgate.protocol import MAX_SEED, ChatMessage
+from spotgate.openai_api import ChatCompletionRequest, ChunkEncoder, CompletionRequest
+from spotgate.protocol import MAX_SEED, ChatMessage, TokenLogprob, TopLogprob
 
 
 def frame_of(**fields: Any) -> Any:
@@ -113,6 +114,29 @@ FIELDS = {
     "max_completion_tokens": TOKEN_LIMITS,
     "metadata": st.dictionaries(st.text(max_size=5), st.text(max_size=5), max_size=3),
     "store": st.booleans(),
+    "presence_penalty": st.one_of(st.none(), st.floats(min_value=-3, max_value=3)),
+    "frequency_penalty": st.one_of(st.none(), st.floats(min_value=-3, max_value=3)),
+    "logit_bias": st.dictionaries(
+        st.one_of(st.integers(min_value=-1, max_value=2**32).map(str), st.text(max_size=3)),
+        st.floats(min_value=-150, max_value=150),
+        max_size=3,
+    ),
+    "logprobs": st.one_of(st.none(), st.booleans()),
+    "top_logprobs": st.one_of(st.none(), st.integers(min_value=-1, max_value=25)),
+    "response_format": st.one_of(
+        st.fixed_dictionaries(
+            {"type": st.sampled_from(["text", "json_object", "json_schema", "x"])}
+        ),
+        st.fixed_dictionaries(
+            {
+                "type": st.just("json_schema"),
+                "json_schema": st.fixed_dictionaries(
+                    {"name": st.text(max_size=70), "schema": st.just({"type": "object"})},
+                    optional={"strict": st.booleans()},
+                ),
+            }
+        ),
+    ),
 }
 """Each field the SDK sends, over values it may take and some it may not."""
 PARTS = st.lists(
@@ -151,3 +175,85 @@ def test_a_body_that_validates_always_becomes_a_frame(
     frame = request.to_generate_frame("s", session=session)
     assert frame.messages is not None
     assert len(frame.messages) == len(body["messages"])
+
+
+@pytest.mark.parametrize(
+    ("fields", "logprobs"),
+    [({}, None), ({"logprobs": False}, None), ({"logprobs": True}, 0),
+     ({"logprobs": True, "top_logprobs": 5}, 5), ({"logprobs": True, "top_logprobs": 0}, 0)],
+)  # fmt: skip
+def test_chat_logprobs_become_the_frames_count_of_alternatives(
+    fields: dict[str, Any], logprobs: int | None
+) -> None:
+    assert frame_of(**fields).logprobs == logprobs
+
+
+def test_sampling_fields_reach_the_frame() -> None:
+    schema = {"name": "w", "schema": {"type": "object"}}
+    frame = frame_of(
+        presence_penalty=0.5, frequency_penalty=-1, logit_bias={"7": -100, "12": 3.5},
+        response_format={"type": "json_schema", "json_schema": schema},
+    )  # fmt: skip
+    assert (frame.presence_penalty, frame.frequency_penalty) == (0.5, -1)
+    assert frame.logit_bias == {7: -100, 12: 3.5}
+    assert frame.response_format is not None
+    assert frame.response_format.json_schema is not None
+    assert frame.response_format.json_schema.schema_ == {"type": "object"}
+    assert (
+        CompletionRequest.model_validate({"model": "m", "prompt": "p", "logprobs": 3})
+        .to_generate_frame("s")
+        .logprobs
+        == 3
+    )
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({"top_logprobs": 2}, "top_logprobs"),
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ({"logit_bias": {"-1": 1}}, "logit_bias"),
+        ({"logit_bias": {"x": 1}}, "logit_bias"),
+        ({"logit_bias": {"1": 101}}, "logit_bias"),
+        ({"presence_penalty": 2.5}, "presence_penalty"),
+        ({"response_format": {"type": "json_schema"}}, "response_format"),
+        ({"response_format": {"type": "yaml"}}, "response_format"),
+    ],
+)
+def test_bad_sampling_fields_are_refused_by_name(fields: dict[str, Any], named: str) -> None:
+    with pytest.raises(ValidationError, match=named):
+        frame_of(**fields)
+
+
+LOGPROBS = [
+    TokenLogprob(token="Hi", logprob=-0.5, bytes=[72, 105], top_logprobs=[]),
+    TokenLogprob(
+        token=" you", logprob=-1.0, bytes=None,
+        top_logprobs=[TopLogprob(token=" you", logprob=-1.0), TopLogprob(token="!", logprob=-2.0)],
+    ),
+]  # fmt: skip
+
+
+def chunk_choice(event: bytes) -> Any:
+    return json.loads(event.removeprefix(b"data: "))["choices"][0]
+
+
+def test_chat_chunks_carry_openais_logprobs() -> None:
+    chunks = ChunkEncoder("chat", "c", "m")
+    choice = chunk_choice(chunks.content("Hi you", LOGPROBS))
+    assert choice["delta"] == {"content": "Hi you"}
+    assert [entry["token"] for entry in choice["logprobs"]["content"]] == ["Hi", " you"]
+    assert choice["logprobs"]["content"][1]["top_logprobs"][1] == {
+        "token": "!", "logprob": -2.0, "bytes": None,
+    }  # fmt: skip
+
+
+def test_text_chunks_carry_legacy_logprobs_with_offsets_across_chunks() -> None:
+    chunks = ChunkEncoder("text", "c", "m")
+    first = chunk_choice(chunks.content("Hi", LOGPROBS[:1]))["logprobs"]
+    second = chunk_choice(chunks.content(" you", LOGPROBS[1:]))["logprobs"]
+    assert first == {
+        "tokens": ["Hi"], "token_logprobs": [-0.5], "top_logprobs": [{}], "text_offset": [0],
+    }  # fmt: skip
+    assert second["text_offset"] == [2]
+    assert second["top_logprobs"] == [{" you": -1.0, "!": -2.0}]

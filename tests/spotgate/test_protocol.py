@@ -10,6 +10,8 @@ from spotgate.protocol import (
     MAX_SEED,
     MAX_STOP_SEQUENCES,
     MAX_TOKEN_ID,
+    MAX_TOP_LOGPROBS,
+    MIN_LOGPROB,
     AnyFrame,
     AuthFrame,
     CancelFrame,
@@ -20,12 +22,16 @@ from spotgate.protocol import (
     ErrorFrame,
     FrameError,
     GenerateFrame,
+    JsonSchemaFormat,
     PingFrame,
     PongFrame,
     QueuedFrame,
+    ResponseFormat,
     Resume,
     StartFrame,
     Timings,
+    TokenLogprob,
+    TopLogprob,
     Usage,
     encode_frame,
     parse_frame,
@@ -195,6 +201,42 @@ token_ids = st.lists(st.integers(min_value=0, max_value=MAX_TOKEN_ID), max_size=
 finite = {"allow_nan": False, "allow_infinity": False}
 
 
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+response_formats = st.one_of(
+    st.builds(ResponseFormat, type=st.sampled_from(["text", "json_object"])),
+    st.builds(
+        ResponseFormat,
+        type=st.just("json_schema"),
+        json_schema=st.builds(
+            JsonSchemaFormat,
+            name=st.text(min_size=1, max_size=64),
+            schema=st.dictionaries(st.text(max_size=8), json_values, max_size=4),
+            strict=st.none() | st.booleans(),
+        ),
+    ),
+)
+logprob_values = st.floats(min_value=MIN_LOGPROB, max_value=0, **finite)
+top_logprobs = st.builds(
+    TopLogprob,
+    token=texts,
+    logprob=logprob_values,
+    bytes=st.none() | st.lists(st.integers(min_value=0, max_value=255), max_size=4),
+)
+token_logprobs = st.builds(
+    TokenLogprob,
+    token=texts,
+    logprob=logprob_values,
+    bytes=st.none() | st.lists(st.integers(min_value=0, max_value=255), max_size=4),
+    top_logprobs=st.lists(top_logprobs, max_size=3),
+)
+
+
 @st.composite
 def generate_frames(draw: st.DrawFn) -> GenerateFrame:
     use_messages = draw(st.booleans())
@@ -221,6 +263,18 @@ def generate_frames(draw: st.DrawFn) -> GenerateFrame:
         top_p=draw(st.floats(min_value=0, max_value=1, exclude_min=True, **finite)),
         stop=draw(st.lists(texts, max_size=MAX_STOP_SEQUENCES)),
         seed=draw(st.none() | st.integers(min_value=0, max_value=MAX_SEED)),
+        presence_penalty=draw(st.floats(min_value=-2, max_value=2, **finite)),
+        frequency_penalty=draw(st.floats(min_value=-2, max_value=2, **finite)),
+        logit_bias=draw(
+            st.none()
+            | st.dictionaries(
+                st.integers(min_value=0, max_value=MAX_TOKEN_ID),
+                st.floats(min_value=-100, max_value=100, **finite),
+                max_size=5,
+            )
+        ),
+        logprobs=draw(st.none() | st.integers(min_value=0, max_value=MAX_TOP_LOGPROBS)),
+        response_format=draw(st.none() | response_formats),
         session=draw(st.none() | st.text(max_size=50)),
         want_ids=draw(st.booleans()),
         resume=None
@@ -232,8 +286,14 @@ def generate_frames(draw: st.DrawFn) -> GenerateFrame:
 @st.composite
 def delta_frames(draw: st.DrawFn) -> DeltaFrame:
     ids = draw(st.none() | token_ids)
-    n = len(ids) if ids is not None else draw(counts)
-    return DeltaFrame(id=draw(stream_ids), text=draw(texts), n=n, ids=ids)
+    logprobs = draw(
+        st.none()
+        | st.lists(token_logprobs, min_size=len(ids or ()), max_size=max(4, len(ids or ())))
+    )
+    if ids is not None and logprobs is not None:
+        logprobs = logprobs[: len(ids)]
+    n = len(ids) if ids is not None else len(logprobs) if logprobs is not None else draw(counts)
+    return DeltaFrame(id=draw(stream_ids), text=draw(texts), n=n, ids=ids, logprobs=logprobs)
 
 
 milliseconds = st.floats(min_value=0, max_value=1e9, **finite)

@@ -1,0 +1,259 @@
+"""OpenAI's output-shaping fields on real vLLM through the gateway, asked by the official SDK."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Any, Literal
+
+import openai
+import pytest
+from langchain_openai import ChatOpenAI
+from pydantic import BaseModel, ConfigDict, Field
+
+from gpu_agent.engine import Engine
+from spotgate.registry import CreatedApiKey
+from tests.gateway.conftest import Gateway, GatewayAgentFactory
+from tests.support.agents import TINY_MODEL
+from tests.support.wsclient import connect, generate, ids_of, run_streams
+
+pytestmark = pytest.mark.vllm
+
+MESSAGES: Any = [{"role": "user", "content": "Describe the weather as JSON"}]
+
+
+class Weather(BaseModel):
+    """What the SDK's `parse` asks for: its JSON schema goes out as a strict `json_schema`."""
+
+    model_config = ConfigDict(extra="forbid")
+    sky: Literal["clear", "cloudy", "rain"]
+    windy: bool
+    celsius: int = Field(ge=-40, le=50)
+
+
+@pytest.fixture
+async def client(
+    gateway: Gateway,
+    gateway_agent: GatewayAgentFactory,
+    vllm_engine: Engine,
+    api_key: CreatedApiKey,
+) -> openai.AsyncOpenAI:
+    await gateway_agent(model=TINY_MODEL, engine=vllm_engine)
+    return openai.AsyncOpenAI(base_url=f"{gateway.url}/v1", api_key=api_key.api_key, max_retries=0)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+async def test_the_sdks_parse_gets_a_reply_of_its_schema(
+    client: openai.AsyncOpenAI, seed: int
+) -> None:
+    # Sampled, not greedy: whatever a random-weight model picks, the grammar keeps it valid.
+    reply = await client.chat.completions.parse(
+        model=TINY_MODEL,
+        messages=MESSAGES,
+        response_format=Weather,
+        max_completion_tokens=64,
+        temperature=1.0,
+        seed=seed,
+    )
+
+    message = reply.choices[0].message
+    assert reply.choices[0].finish_reason == "stop"
+    assert isinstance(message.parsed, Weather)
+    assert message.content == message.parsed.model_dump_json()  # compact, nothing else
+
+
+async def test_json_object_replies_are_json_objects(client: openai.AsyncOpenAI) -> None:
+    chunks = [
+        chunk.choices[0].delta.content or ""
+        async for chunk in await client.chat.completions.create(
+            model=TINY_MODEL,
+            messages=MESSAGES,
+            response_format={"type": "json_object"},
+            max_tokens=400,
+            temperature=0,
+            stream=True,
+        )
+        if chunk.choices
+    ]
+
+    assert isinstance(json.loads("".join(chunks)), dict)
+
+
+async def test_chat_logprobs_cover_every_token_streamed_or_not(client: openai.AsyncOpenAI) -> None:
+    asked: Any = {
+        "model": TINY_MODEL,
+        "messages": MESSAGES,
+        "max_tokens": 12,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 3,
+    }
+    whole = await client.chat.completions.create(**asked)
+    streamed = [
+        entry
+        async for chunk in await client.chat.completions.create(**asked, stream=True)
+        if chunk.choices and chunk.choices[0].logprobs
+        for entry in chunk.choices[0].logprobs.content or ()
+    ]
+
+    entries = whole.choices[0].logprobs.content  # type: ignore[union-attr]
+    assert entries is not None
+    assert len(entries) == len(streamed) == 12
+    for entry in entries:
+        assert len(entry.top_logprobs) == 3
+        # Greedy: the chosen token is the most likely one.
+        assert entry.top_logprobs[0].token == entry.token
+        assert entry.logprob == pytest.approx(entry.top_logprobs[0].logprob)
+        assert entry.bytes == list(entry.token.encode())
+    assert [e.token for e in streamed] == [e.token for e in entries]
+    assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in entries], abs=1e-4)
+
+
+async def test_text_completion_logprobs_in_openais_legacy_shape(
+    client: openai.AsyncOpenAI,
+) -> None:
+    reply = await client.completions.create(
+        model=TINY_MODEL, prompt="The weather", max_tokens=8, temperature=0, logprobs=2
+    )
+
+    logprobs = reply.choices[0].logprobs
+    assert logprobs is not None
+    assert logprobs.tokens is not None
+    assert len(logprobs.tokens) == 8
+    assert logprobs.top_logprobs is not None
+    assert all(len(top) <= 2 for top in logprobs.top_logprobs)
+    offsets = [0]
+    for token in logprobs.tokens[:-1]:
+        offsets.append(offsets[-1] + len(token))
+    assert logprobs.text_offset == offsets
+
+
+async def test_penalties_and_logit_bias_reach_the_engine(
+    gateway: Gateway, client: openai.AsyncOpenAI, api_key: CreatedApiKey
+) -> None:
+    greedy = generate("plain", TINY_MODEL, max_tokens=64, temperature=0, want_ids=True)
+    async with connect(gateway.ws_url, api_key.api_key) as ws:
+        plain = ids_of((await run_streams(ws, greedy))["plain"])
+        penalised = ids_of(
+            (await run_streams(ws, {**greedy, "id": "p", "frequency_penalty": 2.0}))["p"]
+        )
+        banned = plain[0]
+        biased = ids_of(
+            (await run_streams(ws, {**greedy, "id": "b", "logit_bias": {str(banned): -100}}))["b"]
+        )
+
+    assert max(Counter(penalised).values()) < max(Counter(plain).values())
+    assert banned not in biased
+    # The SDK sends the same fields; the gateway accepts them.
+    reply = await client.chat.completions.create(
+        model=TINY_MODEL,
+        messages=MESSAGES,
+        max_tokens=4,
+        presence_penalty=0.5,
+        frequency_penalty=0.5,
+        logit_bias={str(banned): -100},
+    )
+    assert reply.usage is not None
+    assert reply.usage.completion_tokens == 4
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"type": "nonsense"}},
+                }
+            },
+            "schema",
+        ),
+        ({"top_logprobs": 2}, "top_logprobs"),
+        ({"logit_bias": {"ten": 1}}, "logit_bias"),
+        ({"logit_bias": {"999999": 1}}, "logit_bias"),
+        ({"presence_penalty": 3}, "presence_penalty"),
+        ({"response_format": {"type": "xml"}}, "response_format"),
+    ],
+)
+async def test_bad_fields_are_400s_that_name_them(
+    client: openai.AsyncOpenAI, fields: dict[str, Any], named: str
+) -> None:
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client.chat.completions.create(
+            model=TINY_MODEL, messages=MESSAGES, max_tokens=4, extra_body=fields
+        )
+
+    assert named in refused.value.message
+
+
+async def test_langchain_chat_openai_invokes_streams_and_structures(
+    gateway: Gateway, client: openai.AsyncOpenAI, api_key: CreatedApiKey
+) -> None:
+    llm = ChatOpenAI(
+        model=TINY_MODEL,
+        base_url=f"{gateway.url}/v1",
+        api_key=api_key.api_key,  # type: ignore[arg-type]
+        max_retries=0,
+        temperature=0,
+        max_completion_tokens=64,
+    )
+    whole = await llm.ainvoke("Describe the weather")
+    streamed = "".join([str(chunk.content) async for chunk in llm.astream("Describe the weather")])
+    weather = await llm.with_structured_output(Weather, method="json_schema").ainvoke(
+        "Describe the weather"
+    )
+    with_logprobs = await llm.bind(logprobs=True).ainvoke("Describe the weather")
+
+    assert whole.content
+    assert streamed == whole.content
+    assert isinstance(weather, Weather)
+    assert len(with_logprobs.response_metadata["logprobs"]["content"]) == 64
+
+
+LITELLM_PYTHON = Path(__file__).parents[2] / ".bench/litellm/bin/python"
+LITELLM_CLIENT = Path(__file__).parents[1] / "support/litellm_client.py"
+
+
+async def litellm_reply(**request: Any) -> Any:
+    """What LiteLLM's SDK (its own virtualenv, run by `make`) got for one request."""
+    assert LITELLM_PYTHON.exists(), "LiteLLM's virtualenv is missing: run `make test`"
+    process = await asyncio.create_subprocess_exec(
+        str(LITELLM_PYTHON),
+        str(LITELLM_CLIENT),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
+    )
+    out, err = await process.communicate(json.dumps(request).encode())
+    assert process.returncode == 0, err.decode()[-3000:]
+    return json.loads(out)
+
+
+async def test_litellms_sdk_as_a_client(
+    gateway: Gateway, client: openai.AsyncOpenAI, api_key: CreatedApiKey
+) -> None:
+    through = {
+        "model": f"openai/{TINY_MODEL}",
+        "api_base": f"{gateway.url}/v1",
+        "api_key": api_key.api_key,
+        "messages": MESSAGES,
+        "temperature": 0,
+        "max_tokens": 48,
+    }
+    schema = {"name": "weather", "schema": Weather.model_json_schema(), "strict": True}
+    whole, streamed, structured = await asyncio.gather(
+        litellm_reply(**through, logprobs=True, top_logprobs=2),
+        litellm_reply(**through, stream=True),
+        litellm_reply(**through, response_format={"type": "json_schema", "json_schema": schema}),
+    )
+
+    content = whole["choices"][0]["message"]["content"]
+    assert content
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in streamed) == content
+    assert len(whole["choices"][0]["logprobs"]["content"]) == 48
+    Weather.model_validate_json(structured["choices"][0]["message"]["content"])
