@@ -159,6 +159,10 @@ class Dispatcher:
             self.candidates(model), now=self.view.refreshed_at, session=session, exclude=exclude
         )
 
+    def knows(self, model: str) -> bool:
+        """Whether the model is served: an agent has it, or the pool can start one for it."""
+        return model in self.view.agents or model in self._scalable
+
     async def acquire(
         self,
         model: str,
@@ -172,7 +176,7 @@ class Dispatcher:
         if chosen is not None:
             yield chosen
             return
-        if model not in self.view.agents and model not in self._scalable:
+        if not self.knows(model):
             raise UnknownModel(model)
         waiters = self._waiting.setdefault(model, [])
         if len(waiters) >= self._queue.max_pending_per_model:

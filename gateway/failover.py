@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+from spotgate.admission import unknown_model
 from spotgate.protocol import (
     DeltaFrame,
     DoneFrame,
@@ -143,11 +144,13 @@ class Failover:
     def on_unplaced(self, why: Unplaced) -> ErrorFrame:
         """No agent could take the stream: the error that ends the client's stream."""
         model = self.request.model
-        if why is Unplaced.UNKNOWN_MODEL:
-            code = ErrorCode.INVALID_REQUEST
-            message = f"model '{model}' is not served here"
-            retry_after = None
-        elif why is Unplaced.QUEUE_FULL:
+        if why is Unplaced.UNKNOWN_MODEL:  # it was known when admitted: its agents all left
+            refusal = unknown_model(self.request)
+            self.outcome.error = refusal.code
+            return ErrorFrame(
+                id=self.request.id, code=refusal.code, message=refusal.message, param=refusal.param
+            )
+        if why is Unplaced.QUEUE_FULL:
             code = ErrorCode.RATE_LIMITED
             message = f"too many requests wait for '{model}'; retry shortly"
             retry_after = QUEUE_FULL_RETRY_AFTER_SECONDS
@@ -252,14 +255,7 @@ class Failover:
             return self._resume_elsewhere(now)
         self.serving = None
         self.outcome.error = error.code
-        return GiveUp(
-            ErrorFrame(
-                id=self.request.id,
-                code=error.code,
-                message=error.message,
-                retry_after=error.retry_after,
-            )
-        )
+        return GiveUp(error.model_copy(update={"id": self.request.id}))
 
     def on_link_lost(self, *, now: float) -> ResumeElsewhere:
         """The agent's socket closed under the stream: resume it elsewhere."""

@@ -37,10 +37,12 @@ def stream_refusal(
     state: GatewayState, frame: GenerateFrame, principal: Principal
 ) -> Refusal | None:
     """Whether this gateway admits the stream now (`spotgate.admission.gateway_refusal`)."""
+    dispatcher = state.dispatcher
     conditions = GatewayConditions(
         shutting_down=state.shutting_down,
         max_prompt_chars=state.settings.limits.max_prompt_chars,
-        context=state.dispatcher.view.context_limits(frame.model),
+        context=dispatcher.view.context_limits(frame.model),
+        model_known=dispatcher.knows(frame.model),
     )
     return gateway_refusal(frame, principal.grant, conditions, state.clock())
 

@@ -18,7 +18,11 @@ FinishReason = Literal["stop", "length"]
 
 
 class EngineRequestError(ValueError):
-    """The engine refused a request as invalid (e.g. prompt plus max_tokens too long)."""
+    """The engine refused a request as invalid; `param` names the field at fault, if one is."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class NoChatTemplate(EngineRequestError):

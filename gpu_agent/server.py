@@ -180,7 +180,11 @@ async def _serve_stream(
         await send(ErrorFrame(id=frame.id, code=err.code, message=err.message))
     except EngineRequestError as err:
         outcome = "invalid_request"
-        await send(ErrorFrame(id=frame.id, code=ErrorCode.INVALID_REQUEST, message=str(err)))
+        await send(
+            ErrorFrame(
+                id=frame.id, code=ErrorCode.INVALID_REQUEST, message=str(err), param=err.param
+            )
+        )
     except ReplyBroken as err:
         outcome = "internal"
         log.warning("reply broken", stream_id=frame.id, reason=str(err))

@@ -148,7 +148,8 @@ class SyntheticEngine:
         unsupported = synthetic_unsupported(request)
         if unsupported:
             raise EngineRequestError(
-                f"the synthetic engine (a capacity-test stand-in) cannot honour {unsupported}"
+                f"the synthetic engine (a capacity-test stand-in) cannot honour {unsupported}",
+                param=unsupported,
             )
         loop = asyncio.get_running_loop()
         self._running += 1

@@ -128,7 +128,7 @@ class VllmEngine:
                 self._grammars.matcher, request.json_schema, request.resume_ids
             )
         except GrammarError as err:
-            raise EngineRequestError(str(err)) from err
+            raise EngineRequestError(str(err), param="response_format") from err
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[EngineStep, None]:
         """Stream token ids; leaving the loop early aborts the vLLM request.
@@ -163,7 +163,7 @@ class VllmEngine:
         except EngineDeadError as err:
             raise EngineFailed(ENGINE_DEAD_REASON) from err
         except (ValueError, VLLMClientError) as err:
-            raise EngineRequestError(str(err)) from err
+            raise EngineRequestError(str(err), param=getattr(err, "parameter", None)) from err
 
     async def close(self) -> None:
         """Shut the engine's processes down."""

@@ -22,10 +22,11 @@ from spotgate.protocol import ErrorCode, GenerateFrame
 
 @dataclass(frozen=True, slots=True)
 class Refusal:
-    """Why a stream is not admitted: the `error` code and the message the client is sent."""
+    """Why a stream is not admitted: the `error` code and message, and the field at fault."""
 
     code: ErrorCode
     message: str
+    param: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +45,7 @@ class GatewayConditions:
     shutting_down: bool
     max_prompt_chars: int
     context: ContextLimits | None  # the most the model's agents hold; None: none has said
+    model_known: bool = True  # configured, or served by an agent in the registry
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,10 +114,21 @@ def gateway_refusal(
         return refusal
     if frame.resume is not None:
         return Refusal(ErrorCode.INVALID_REQUEST, "'resume' is set by the gateway, not by clients")
+    if not gateway.model_known:
+        return unknown_model(frame)
     too_long = early_refusal(frame, gateway.context) if gateway.context is not None else None
     if too_long is not None:
         return Refusal(ErrorCode.CONTEXT_LENGTH_EXCEEDED, too_long)
     return None
+
+
+def unknown_model(frame: GenerateFrame) -> Refusal:
+    """OpenAI's 404 for a model no agent serves and none is configured to."""
+    return Refusal(
+        ErrorCode.MODEL_NOT_FOUND,
+        f"model '{frame.model}' is not served here; GET /v1/models lists those that are",
+        param="model",
+    )
 
 
 def agent_unavailable(agent: AgentConditions) -> Refusal | None:

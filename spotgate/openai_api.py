@@ -42,6 +42,7 @@ ERROR_STATUS: dict[ErrorCode, tuple[int, str]] = {
     ErrorCode.FORBIDDEN: (403, "permission_error"),
     ErrorCode.INVALID_REQUEST: (400, "invalid_request_error"),
     ErrorCode.CONTEXT_LENGTH_EXCEEDED: (400, "invalid_request_error"),
+    ErrorCode.MODEL_NOT_FOUND: (404, "invalid_request_error"),
     ErrorCode.RATE_LIMITED: (429, "rate_limit_error"),
     ErrorCode.NO_CAPACITY: (503, "service_unavailable"),
     ErrorCode.TIMEOUT: (504, "timeout"),
@@ -215,10 +216,10 @@ def completion_id(kind: Kind = "chat") -> str:
     return f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
 
 
-def error_body(code: ErrorCode, message: str) -> dict[str, Any]:
-    """OpenAI's error object for a protocol error code."""
+def error_body(code: ErrorCode, message: str, param: str | None = None) -> dict[str, Any]:
+    """OpenAI's error object for a protocol error code; `param`: the field at fault."""
     _status, error_type = ERROR_STATUS[code]
-    return {"error": {"message": message, "type": error_type, "code": code.value}}
+    return {"error": {"message": message, "type": error_type, "param": param, "code": code.value}}
 
 
 def usage_body(done: DoneFrame) -> dict[str, int]:

@@ -25,7 +25,15 @@ from spotgate.openai_api import (
     sse_event,
     usage_body,
 )
-from spotgate.protocol import AnyFrame, DeltaFrame, DoneFrame, ErrorCode, ErrorFrame, TokenLogprob
+from spotgate.protocol import (
+    AnyFrame,
+    DeltaFrame,
+    DoneFrame,
+    ErrorCode,
+    ErrorFrame,
+    TokenLogprob,
+    error_param,
+)
 from spotgate.wsserver import json_error
 
 RequestModel = TypeVar("RequestModel", bound=BaseModel)
@@ -50,9 +58,9 @@ async def read_body(
         return model.model_validate_json(raw)
     except ValidationError as err:
         first = err.errors(include_url=False)[0]
-        where = ".".join(str(part) for part in first["loc"])
+        where = error_param(first["loc"])
         message = f"{where}: {first['msg']}" if where else str(first["msg"])
-        return json_error(ErrorCode.INVALID_REQUEST, message)
+        return json_error(ErrorCode.INVALID_REQUEST, message, param=where)
 
 
 async def queued_frames(queue: asyncio.Queue[AnyFrame]) -> AsyncIterator[AnyFrame]:
@@ -84,7 +92,7 @@ async def respond(
     started = False
     async for frame in frames:
         if isinstance(frame, ErrorFrame) and not started:
-            return json_error(frame.code, frame.message, frame.retry_after)
+            return json_error(frame.code, frame.message, frame.retry_after, frame.param)
         if not isinstance(frame, DeltaFrame | DoneFrame | ErrorFrame):
             continue  # queued / start: nothing to show an OpenAI client
         if not started:
@@ -98,7 +106,7 @@ async def respond(
             if frame.text or frame.logprobs:
                 await response.write(chunks.content(frame.text, frame.logprobs))
         elif isinstance(frame, ErrorFrame):
-            await response.write(sse_event(error_body(frame.code, frame.message)))
+            await response.write(sse_event(error_body(frame.code, frame.message, frame.param)))
         else:
             await response.write(chunks.finish(openai_finish_reason(frame)))
             if include_usage:
@@ -122,7 +130,7 @@ async def _collect(
                 logprobs = logprobs or []
                 logprobs.extend(frame.logprobs)
         elif isinstance(frame, ErrorFrame):
-            return json_error(frame.code, frame.message, frame.retry_after)
+            return json_error(frame.code, frame.message, frame.retry_after, frame.param)
         elif isinstance(frame, DoneFrame):
             body = completion_body(kind, cid, model, "".join(text), frame, logprobs)
             return web.json_response(body)

@@ -43,6 +43,7 @@ class ErrorCode(StrEnum):
     FORBIDDEN = "forbidden"
     INVALID_REQUEST = "invalid_request"
     CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+    MODEL_NOT_FOUND = "model_not_found"
     RATE_LIMITED = "rate_limited"
     NO_CAPACITY = "no_capacity"
     TIMEOUT = "timeout"
@@ -256,13 +257,17 @@ class DoneFrame(_Strict):
 
 
 class ErrorFrame(_Strict):
-    """A stream (`id`) or the connection (no `id`) failed; `retry_after` in seconds."""
+    """A stream (`id`) or the connection (no `id`) failed; `retry_after` in seconds.
+
+    `param` names the request field at fault, when one is (OpenAI's `param`).
+    """
 
     type: Literal["error"] = "error"
     id: StreamId | None = None
     code: ErrorCode
     message: str
     retry_after: Annotated[float, Field(ge=0)] | None = None
+    param: Annotated[str, StringConstraints(max_length=256)] | None = None
 
 
 class PongFrame(_Strict):
@@ -303,16 +308,22 @@ class FrameError(ValueError):
     """A received frame was refused; `frame()` is the `error` frame to answer with."""
 
     def __init__(
-        self, message: str, *, code: ErrorCode = ErrorCode.INVALID_REQUEST, id: str | None = None
+        self,
+        message: str,
+        *,
+        code: ErrorCode = ErrorCode.INVALID_REQUEST,
+        id: str | None = None,
+        param: str | None = None,
     ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.id = id
+        self.param = param
 
     def frame(self) -> ErrorFrame:
         """The `error` frame that tells the sender what was wrong."""
-        return ErrorFrame(id=self.id, code=self.code, message=self.message)
+        return ErrorFrame(id=self.id, code=self.code, message=self.message, param=self.param)
 
 
 @overload
@@ -407,9 +418,14 @@ def _explain(raw: bytes, err: ValidationError, origin: Origin) -> FrameError:
             id=stream_id,
         )
     first = err.errors(include_url=False, include_input=False)[0]
-    where = ".".join(str(part) for part in first["loc"][1:])
+    where = error_param(first["loc"][1:])
     detail = f"{where}: {first['msg']}" if where else first["msg"]
-    return FrameError(f"invalid '{frame_type}' frame — {detail}", id=stream_id)
+    return FrameError(f"invalid '{frame_type}' frame — {detail}", id=stream_id, param=where)
+
+
+def error_param(location: tuple[int | str, ...]) -> str | None:
+    """The field a validation error points at, dotted (`messages.0.content`); None: the whole."""
+    return ".".join(str(part) for part in location)[:256] or None
 
 
 def _is_utf8(text: str) -> bool:

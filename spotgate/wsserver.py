@@ -155,11 +155,16 @@ def bearer_token(request: web.Request) -> str | None:
     return credential.strip() if scheme.lower() == "bearer" and credential.strip() else None
 
 
-def json_error(code: ErrorCode, message: str, retry_after: float | None = None) -> web.Response:
+def json_error(
+    code: ErrorCode,
+    message: str,
+    retry_after: float | None = None,
+    param: str | None = None,
+) -> web.Response:
     """An OpenAI-style error response, with `Retry-After` when there is a wait."""
     status, _type = ERROR_STATUS[code]
     headers = {"Retry-After": str(max(1, round(retry_after)))} if retry_after is not None else None
-    return web.json_response(error_body(code, message), status=status, headers=headers)
+    return web.json_response(error_body(code, message, param), status=status, headers=headers)
 
 
 async def serve_websocket(
@@ -281,7 +286,11 @@ async def _handle(
     else:
         refusal = _refusal(frame, principal, handlers, limits, streams)
         if refusal is not None:
-            await send(ErrorFrame(id=frame.id, code=refusal.code, message=refusal.message))
+            await send(
+                ErrorFrame(
+                    id=frame.id, code=refusal.code, message=refusal.message, param=refusal.param
+                )
+            )
             return principal
         stream = handlers.start(frame, principal, send)
         streams[frame.id] = stream

@@ -49,7 +49,7 @@ async def _openai(
     frame = body.to_generate_frame(cid, session=request.headers.get("X-Session-Id"))
     refusal = stream_refusal(state, frame, principal)
     if refusal is not None:
-        return json_error(refusal.code, refusal.message)
+        return json_error(refusal.code, refusal.message, param=refusal.param)
     # The handler drives the relay itself (no task, no queue between them): if the client
     # goes away, the failed write ends the handler and `aclosing` cancels the agent's stream.
     async with aclosing(admitted_frames(state, frame, principal, RelayOutcome())) as frames:

@@ -87,6 +87,7 @@ RESUMES = {
     ErrorCode.FORBIDDEN: False,
     ErrorCode.INVALID_REQUEST: False,
     ErrorCode.CONTEXT_LENGTH_EXCEEDED: False,
+    ErrorCode.MODEL_NOT_FOUND: False,
     ErrorCode.RATE_LIMITED: False,
     ErrorCode.NO_CAPACITY: True,
     ErrorCode.TIMEOUT: False,
@@ -216,8 +217,8 @@ def test_each_placement_gets_a_fresh_deadline(
         (
             "fresh",
             Unplaced.UNKNOWN_MODEL,
-            "invalid_request",
-            "model 'synth' is not served here",
+            "model_not_found",
+            "model 'synth' is not served here; GET /v1/models lists those that are",
             None,
         ),
         (
@@ -269,8 +270,9 @@ def test_a_stream_no_agent_can_take_ends_with_a_clear_error(
 
     error = stream.on_unplaced(why)
 
+    param = "model" if why is Unplaced.UNKNOWN_MODEL else None
     assert error == ErrorFrame(
-        id=CLIENT_ID, code=ErrorCode(code), message=message, retry_after=retry_after
+        id=CLIENT_ID, code=ErrorCode(code), message=message, retry_after=retry_after, param=param
     )
     assert stream.outcome.error == code
 

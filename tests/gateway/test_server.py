@@ -146,6 +146,7 @@ async def test_the_shapes_current_sdks_send_are_read_and_the_unsupported_named(
             model=MODEL, messages=[{"role": "user", "content": "hi"}], n=2
         )
     assert "n:" in str(two.value)
+    assert two.value.param == "n"
 
 
 async def test_websocket_through_the_gateway_with_key_or_token(
@@ -291,7 +292,7 @@ async def test_no_capacity_unknown_models_and_full_queues_are_clear_errors(
 ) -> None:
     async with connect(gateway.ws_url, api_key.api_key) as ws:
         unknown = (await run_streams(ws, generate("u", "no-such-model")))["u"][-1]
-        assert unknown["code"] == "invalid_request"
+        assert (unknown["code"], unknown["param"]) == ("model_not_found", "model")
         frames = (await run_streams(ws, generate("n", "scalable")))["n"]
         assert frames[0]["type"] == "queued"
         assert frames[-1]["code"] == "no_capacity"  # nothing came within the 5 s deadline
@@ -304,7 +305,13 @@ async def test_no_capacity_unknown_models_and_full_queues_are_clear_errors(
             json={"model": "no-such-model", "messages": [{"role": "user", "content": "x"}]},
         ) as response,
     ):
-        assert response.status == 400
+        assert response.status == 404  # OpenAI's answer, with its code and the field at fault
+        error = (await response.json())["error"]
+        assert (error["code"], error["param"], error["type"]) == (
+            "model_not_found",
+            "model",
+            "invalid_request_error",
+        )
 
 
 async def test_rate_limits_answer_429_with_retry_after(

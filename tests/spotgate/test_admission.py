@@ -22,6 +22,12 @@ NOW = 1_800_000_000.0
 MAX_PROMPT_CHARS = 100
 CONTEXT = ContextLimits(max_model_len=64, max_token_chars=4)
 GATEWAY = GatewayConditions(shutting_down=False, max_prompt_chars=MAX_PROMPT_CHARS, context=None)
+UNKNOWN_MODEL = GatewayConditions(False, MAX_PROMPT_CHARS, None, model_known=False)
+NOT_FOUND = Refusal(
+    ErrorCode.MODEL_NOT_FOUND,
+    "model 'x' is not served here; GET /v1/models lists those that are",
+    param="model",
+)
 KEY = Grant(models=frozenset({"m"}), max_tokens=32)
 ANY_KEY = Grant()
 TOKEN = Grant(models=frozenset({"m"}), max_tokens=32, expires_at=NOW + 60)
@@ -172,6 +178,17 @@ def test_model_allowed_empty_means_every_model(
             NOW,
             over_cap(33, 32),
             id="cap-before-prompt",
+        ),
+        # a model nobody serves or is configured to: OpenAI's 404, after the request's own checks
+        pytest.param(frame("x"), ANY_KEY, UNKNOWN_MODEL, NOW, NOT_FOUND, id="unknown-model"),
+        pytest.param(frame("n"), KEY, UNKNOWN_MODEL, NOW, forbidden("n"), id="key-before-model"),
+        pytest.param(
+            frame("x", prompt="x" * 101),
+            ANY_KEY,
+            UNKNOWN_MODEL,
+            NOW,
+            too_long(101),
+            id="prompt-before-model",
         ),
         pytest.param(
             frame(prompt="x" * 101, resume=Resume(token_ids=[], text="", completion_tokens=0)),
