@@ -11,7 +11,7 @@ from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from spotgate.protocol import ChatMessage
+from spotgate.protocol import ChatMessage, Tool
 from spotgate.settings import EngineKind
 
 FinishReason = Literal["stop", "length"]
@@ -93,8 +93,10 @@ class Engine(Protocol):
     held_token_ids: frozenset[int]
     """Ids whose text waits for the ids after them (`gpu_agent.detokenizer.held_token_ids`)."""
 
-    def chat_prompt_ids(self, messages: Sequence[ChatMessage]) -> list[int]:
-        """Token ids of the model's chat template applied to `messages`, ready for the reply.
+    def chat_prompt_ids(
+        self, messages: Sequence[ChatMessage], tools: Sequence[Tool] = ()
+    ) -> list[int]:
+        """Token ids of the chat template applied to `messages` and tools, ready for the reply.
 
         Raises `NoChatTemplate` for a model that has none.
         """

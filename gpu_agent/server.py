@@ -27,6 +27,7 @@ from spotgate.admission import AgentConditions, Refusal, agent_refusal, agent_un
 from spotgate.logging import bound_context, get_logger
 from spotgate.openai_api import (
     ChatCompletionRequest,
+    ForcedTools,
     completion_id,
 )
 from spotgate.openai_http import queued_frames, read_body, respond
@@ -177,7 +178,7 @@ async def _serve_stream(
                 await send(out)
     except StreamRefused as err:
         outcome = err.code.value
-        await send(ErrorFrame(id=frame.id, code=err.code, message=err.message))
+        await send(ErrorFrame(id=frame.id, code=err.code, message=err.message, param=err.param))
     except EngineRequestError as err:
         outcome = "invalid_request"
         await send(
@@ -332,6 +333,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             model=body.model,
             stream=body.stream,
             include_usage=body.include_usage,
+            forced=ForcedTools.of(frame),
         )
     finally:
         handle.end("cancelled")

@@ -26,6 +26,7 @@ from spotgate.protocol import (
     StartFrame,
     Timings,
     TokenLogprob,
+    Tool,
     TopLogprob,
     Usage,
 )
@@ -35,10 +36,11 @@ from spotgate.tokens import Claims
 class StreamRefused(Exception):
     """The request cannot be served as asked; carries the `error` code and message to send."""
 
-    def __init__(self, code: ErrorCode, message: str) -> None:
+    def __init__(self, code: ErrorCode, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.param = param
 
 
 @dataclass(slots=True)
@@ -62,23 +64,51 @@ def check_request(
         frame, claims.grant, served_model=engine.model, max_prompt_chars=max_prompt_chars
     )
     if refusal is not None:
-        raise StreamRefused(refusal.code, refusal.message)
+        raise StreamRefused(refusal.code, refusal.message, refusal.param)
 
 
 def _prompt_ids(frame: GenerateFrame, engine: Engine) -> list[int]:
     if frame.messages is not None:
-        return engine.chat_prompt_ids(frame.messages)
+        return engine.chat_prompt_ids(frame.messages, frame.tools or ())
     return engine.text_prompt_ids(frame.prompt or "")
 
 
 def json_schema_of(frame: GenerateFrame) -> str | None:
-    """The JSON schema a reply must match, as text (None: any text)."""
+    """The JSON schema a reply must match, as text (None: any text).
+
+    A named tool choice: the function's arguments. `required`: OpenAI's tool calls as vLLM
+    writes them, `[{"name": …, "parameters": {…}}, …]` (one call only without parallel calls).
+    """
+    forced = frame.forced_tools()
+    if forced is not None:
+        if frame.tool_choice != "required":
+            return schema_text(forced[0].function.parameters or {"type": "object"})
+        calls = {
+            "type": "array",
+            "minItems": 1,
+            "items": {"anyOf": [tool_call_schema(tool) for tool in forced]},
+        }
+        if not frame.parallel_tool_calls:
+            calls["maxItems"] = 1
+        return schema_text(calls)
     response_format = frame.response_format
     if response_format is None or response_format.type == "text":
         return None
     if response_format.json_schema is None:  # json_object
         return JSON_OBJECT_SCHEMA
     return schema_text(response_format.json_schema.schema_)
+
+
+def tool_call_schema(tool: Tool) -> dict[str, object]:
+    """One call of `tool` in a `required` reply."""
+    return {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "enum": [tool.function.name]},
+            "parameters": tool.function.parameters or {"type": "object"},
+        },
+        "required": ["name", "parameters"],
+    }
 
 
 def wire_logprobs(engine: Engine, found: Sequence[TokenLogprobs]) -> list[TokenLogprob]:

@@ -12,7 +12,7 @@ import hashlib
 from collections.abc import AsyncGenerator, Sequence
 
 from gpu_agent.engine import EngineRequestError, EngineStep, GenerationRequest
-from spotgate.protocol import ChatMessage
+from spotgate.protocol import ChatMessage, Tool
 from spotgate.settings import AgentSettings, EngineKind
 
 SYNTHETIC_WORDS = (
@@ -107,8 +107,10 @@ class SyntheticEngine:
         self._echo = settings.synthetic.echo
         self._running = 0
 
-    def chat_prompt_ids(self, messages: Sequence[ChatMessage]) -> list[int]:
-        """Bytes of a simple transcript, one id per byte."""
+    def chat_prompt_ids(
+        self, messages: Sequence[ChatMessage], tools: Sequence[Tool] = ()
+    ) -> list[int]:
+        """Bytes of a simple transcript, one id per byte (tools are not shown to it)."""
         transcript = "".join(f"<{m.role}>{m.content}" for m in messages) + "<assistant>"
         return list(transcript.encode())
 

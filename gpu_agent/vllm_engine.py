@@ -21,7 +21,7 @@ from gpu_agent.engine import (
 from gpu_agent.grammar import GrammarError, Grammars
 from gpu_agent.vllm_logits import EXTRA_ARGS_KEY, StreamSpec
 from spotgate.context import UNICODE_COMPOSITION_FACTOR
-from spotgate.protocol import ChatMessage
+from spotgate.protocol import ChatMessage, Tool
 from spotgate.settings import AgentSettings, EngineKind
 
 CPU_KV_CACHE_GIB_DEFAULT = "1"
@@ -80,15 +80,21 @@ class VllmEngine:
         max_model_len = int(llm.model_config.max_model_len)
         return cls(llm, tokenizer, served, engine_settings.max_num_seqs, max_model_len)
 
-    def chat_prompt_ids(self, messages: Sequence[ChatMessage]) -> list[int]:
-        """The model's own chat template (its `tokenizer_config.json`), assistant turn opened."""
+    def chat_prompt_ids(
+        self, messages: Sequence[ChatMessage], tools: Sequence[Tool] = ()
+    ) -> list[int]:
+        """The model's own chat template (its `tokenizer_config.json`), assistant turn opened.
+
+        Tools and tool calls go to the template in OpenAI's shapes, as vLLM passes them.
+        """
         if not self._tokenizer.chat_template:
             raise NoChatTemplate(
                 f"model '{self.model}' has no chat template; send a raw prompt "
                 "(POST /v1/completions, or 'prompt' in a generate frame)"
             )
         ids = self._tokenizer.apply_chat_template(
-            [message.model_dump() for message in messages],
+            [message.model_dump(exclude_none=True) for message in messages],
+            tools=[tool.model_dump(exclude_none=True) for tool in tools] or None,
             add_generation_prompt=True,
             tokenize=True,
             return_dict=False,

@@ -11,6 +11,7 @@ import hashlib
 import json
 import time
 import uuid
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -20,6 +21,7 @@ from spotgate.protocol import (
     MAX_SEED,
     MAX_STOP_SEQUENCES,
     MAX_TOKEN_ID,
+    MAX_TOOLS,
     MAX_TOP_LOGPROBS,
     Bias,
     ChatMessage,
@@ -29,6 +31,11 @@ from spotgate.protocol import (
     Penalty,
     ResponseFormat,
     TokenLogprob,
+    Tool,
+    ToolCall,
+    ToolCallId,
+    ToolChoice,
+    tool_choice_problem,
 )
 
 LEGACY_DEFAULT_MAX_TOKENS = 16
@@ -72,36 +79,48 @@ class ContentPart(BaseModel):
 
 
 class RequestMessage(BaseModel):
-    """A chat turn as OpenAI's SDK sends it: text or an array of parts, any known role."""
+    """A chat turn as OpenAI's SDK sends it: text or parts, any role, tool calls and answers."""
 
     model_config = ConfigDict(extra="ignore")
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[ContentPart] | None = Field(default=None, validate_default=True)
+    content: str | list[ContentPart] | None = None
     name: Annotated[str, Field(max_length=256)] | None = None
+    tool_calls: Annotated[list[ToolCall], Field(max_length=MAX_TOOLS)] | None = None
+    tool_call_id: ToolCallId | None = None
 
     @field_validator("content")
     @classmethod
-    def _text_only(cls, content: str | list[ContentPart] | None) -> str | list[ContentPart]:
-        if content is None:
-            raise ValueError("a message needs content (tool calls are not supported yet)")
-        if isinstance(content, list):
-            for part in content:
-                if part.type != "text" or part.text is None:
-                    raise ValueError(
-                        f"'{part.type}' parts are not supported: the models here read text only"
-                    )
+    def _text_only(cls, content: str | list[ContentPart] | None) -> str | list[ContentPart] | None:
+        for part in content if isinstance(content, list) else ():
+            if part.type != "text" or part.text is None:
+                raise ValueError(
+                    f"'{part.type}' parts are not supported: the models here read text only"
+                )
         return content
+
+    @model_validator(mode="after")
+    def _content_or_tool_calls(self) -> RequestMessage:
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError(
+                "content: a message needs content (or, from the assistant, tool_calls)"
+            )
+        return self
 
     def to_chat_message(self) -> ChatMessage:
         """The turn on the wire: its parts' text joined; `developer` is OpenAI's new `system`."""
         content = self.content
         text = content if isinstance(content, str) else "".join(p.text or "" for p in content or ())
         role = "system" if self.role == "developer" else self.role
-        return ChatMessage(role=role, content=text)
+        return ChatMessage(
+            role=role,
+            content=text,
+            tool_calls=(self.tool_calls or None) if role == "assistant" else None,
+            tool_call_id=self.tool_call_id if role == "tool" else None,
+        )
 
 
-class _SamplingRequest(BaseModel):
+class SamplingRequest(BaseModel):
     """What chat and text completion requests share."""
 
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
@@ -160,7 +179,7 @@ def _session(name: str | None) -> str | None:
     return hashlib.sha256(name.encode()).hexdigest()
 
 
-class ChatCompletionRequest(_SamplingRequest):
+class ChatCompletionRequest(SamplingRequest):
     """`POST /v1/chat/completions`."""
 
     messages: Annotated[list[RequestMessage], Field(min_length=1)]
@@ -169,11 +188,21 @@ class ChatCompletionRequest(_SamplingRequest):
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
     response_format: ResponseFormat | None = None
+    tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
     @model_validator(mode="after")
     def _top_logprobs_need_logprobs(self) -> ChatCompletionRequest:
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs: only with 'logprobs': true")
+        return self
+
+    @model_validator(mode="after")
+    def _tool_choice_fits_tools(self) -> ChatCompletionRequest:
+        problem = tool_choice_problem(self.tools, self.tool_choice, self.response_format)
+        if problem is not None:
+            raise ValueError(problem)
         return self
 
     def to_generate_frame(self, stream_id: str, *, session: str | None = None) -> GenerateFrame:
@@ -187,10 +216,13 @@ class ChatCompletionRequest(_SamplingRequest):
             max_tokens=max_tokens,
             logprobs=(self.top_logprobs or 0) if self.logprobs else None,
             response_format=self.response_format,
+            tools=self.tools or None,
+            tool_choice=self.tool_choice,
+            parallel_tool_calls=self.parallel_tool_calls is not False,
         )
 
 
-class CompletionRequest(_SamplingRequest):
+class CompletionRequest(SamplingRequest):
     """`POST /v1/completions` (a raw prompt)."""
 
     prompt: str
@@ -265,10 +297,16 @@ def completion_body(
     text: str,
     done: DoneFrame,
     logprobs: list[TokenLogprob] | None = None,
+    forced: ForcedTools | None = None,
 ) -> dict[str, Any]:
     """A whole (non-streamed) chat or text completion."""
     choice: dict[str, Any] = {"index": 0, "finish_reason": openai_finish_reason(done)}
-    if kind == "chat":
+    calls = forced.calls(text) if forced is not None else None
+    if calls is not None and forced is not None:
+        choice["message"] = {"role": "assistant", "content": None, "tool_calls": calls}
+        choice["finish_reason"] = forced.finish_reason(done, text)
+        choice["logprobs"] = None if logprobs is None else chat_logprobs(logprobs)
+    elif kind == "chat":
         choice["message"] = {"role": "assistant", "content": text}
         choice["logprobs"] = None if logprobs is None else chat_logprobs(logprobs)
     else:
@@ -328,6 +366,16 @@ class ChunkEncoder:
         self._text_offset += sum(len(entry.token) for entry in logprobs)
         return self._choice(fields)
 
+    def tool_calls(self, calls: list[dict[str, Any]]) -> bytes:
+        """A chunk with whole tool calls (or, named in the first, the opening of a streamed one)."""
+        indexed = [{"index": index, **call} for index, call in enumerate(calls)]
+        return self._choice({"delta": {"tool_calls": indexed}})
+
+    def tool_arguments(self, text: str) -> bytes:
+        """A chunk with more of the one tool call's arguments."""
+        delta = {"tool_calls": [{"index": 0, "function": {"arguments": text}}]}
+        return self._choice({"delta": delta})
+
     def finish(self, finish_reason: str) -> bytes:
         """The chunk with the finish reason and no text."""
         if self.kind == "chat":
@@ -342,6 +390,62 @@ class ChunkEncoder:
         choice = {"index": 0, **fields}
         choice.setdefault("finish_reason", None)
         return self._head + _compact_json(choice).encode() + b"]}\n\n"
+
+
+def tool_call_id() -> str:
+    """A fresh `call_…` id for a tool call."""
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+@dataclass
+class ForcedTools:
+    """How a reply that must call tools reads in OpenAI's shapes.
+
+    The model's text is the named function's arguments, or (`required`, no name) the calls as
+    vLLM writes them: `[{"name": …, "parameters": {…}}, …]`. A grammar holds it to that shape.
+    """
+
+    name: str | None
+    call_id: str = field(default_factory=tool_call_id)
+
+    @classmethod
+    def of(cls, frame: GenerateFrame) -> ForcedTools | None:
+        """The forced tool calls of a request, if it forces any."""
+        forced = frame.forced_tools()
+        if forced is None:
+            return None
+        return cls(forced[0].function.name if frame.tool_choice != "required" else None)
+
+    def calls(self, text: str) -> list[dict[str, Any]] | None:
+        """The tool calls in a whole reply; None if it is not whole (cut by `length`)."""
+        if self.name is not None:
+            return [self._call(self.call_id, self.name, text)]
+        try:
+            written = json.loads(text)
+        except ValueError:
+            return None
+        return [
+            self._call(
+                f"{self.call_id}_{index}" if index else self.call_id,
+                call["name"],
+                json.dumps(call["parameters"], ensure_ascii=False),
+            )
+            for index, call in enumerate(written)
+        ]
+
+    @staticmethod
+    def _call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
+        return {
+            "id": call_id,
+            "type": "function",
+            "function": {"name": name, "arguments": arguments},
+        }
+
+    def finish_reason(self, done: DoneFrame, text: str) -> str:
+        """`tool_calls` once the calls are whole; otherwise what ended the reply."""
+        if done.finish_reason == "stop" and self.calls(text) is not None:
+            return "tool_calls"
+        return openai_finish_reason(done)
 
 
 def _compact_json(value: Any) -> str:

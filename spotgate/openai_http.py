@@ -18,6 +18,7 @@ from pydantic import BaseModel, ValidationError
 from spotgate.openai_api import (
     SSE_DONE,
     ChunkEncoder,
+    ForcedTools,
     Kind,
     completion_body,
     error_body,
@@ -81,15 +82,17 @@ async def respond(
     model: str,
     stream: bool,
     include_usage: bool,
+    forced: ForcedTools | None = None,
 ) -> web.StreamResponse:
-    """The OpenAI response for a stream's frames."""
+    """The OpenAI response for a stream's frames (`forced`: a reply that must call tools)."""
     if not stream:
-        return await _collect(frames, kind=kind, cid=cid, model=model)
+        return await _collect(frames, kind=kind, cid=cid, model=model, forced=forced)
     response = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
     chunks = ChunkEncoder(kind, cid, model)
     started = False
+    calls_text: list[str] = []  # a forced reply's text: its tool calls
     async for frame in frames:
         if isinstance(frame, ErrorFrame) and not started:
             return json_error(frame.code, frame.message, frame.retry_after, frame.param)
@@ -98,17 +101,28 @@ async def respond(
         if not started:
             started = True
             await response.prepare(request)
-            if isinstance(frame, DeltaFrame):  # the role and the first token in one write
+            if forced is not None and forced.name is not None:  # a named call streams its args
+                await response.write(chunks.first("") + chunks.tool_calls(forced.calls("") or []))
+            elif isinstance(frame, DeltaFrame) and forced is None:
                 await response.write(chunks.first(frame.text, frame.logprobs))
-                continue
-            await response.write(chunks.first(""))
+                continue  # the role and the first token in one write
+            else:
+                await response.write(chunks.first(""))
         if isinstance(frame, DeltaFrame):
-            if frame.text or frame.logprobs:
+            if forced is not None:
+                calls_text.append(frame.text)
+                if forced.name is not None and frame.text:
+                    await response.write(chunks.tool_arguments(frame.text))
+            elif frame.text or frame.logprobs:
                 await response.write(chunks.content(frame.text, frame.logprobs))
         elif isinstance(frame, ErrorFrame):
             await response.write(sse_event(error_body(frame.code, frame.message, frame.param)))
         else:
-            await response.write(chunks.finish(openai_finish_reason(frame)))
+            finish_reason = openai_finish_reason(frame)
+            if forced is not None:
+                await response.write(_forced_ending(chunks, forced, "".join(calls_text)))
+                finish_reason = forced.finish_reason(frame, "".join(calls_text))
+            await response.write(chunks.finish(finish_reason))
             if include_usage:
                 await response.write(chunks.usage(usage_body(frame)))
     if not started:
@@ -118,8 +132,21 @@ async def respond(
     return response
 
 
+def _forced_ending(chunks: ChunkEncoder, forced: ForcedTools, text: str) -> bytes:
+    """What a forced reply still owes at its end: `required` calls, whole, or its text if cut."""
+    if forced.name is not None:
+        return b""  # streamed as it came
+    calls = forced.calls(text)
+    return chunks.tool_calls(calls) if calls is not None else chunks.content(text)
+
+
 async def _collect(
-    frames: AsyncIterator[AnyFrame], *, kind: Kind, cid: str, model: str
+    frames: AsyncIterator[AnyFrame],
+    *,
+    kind: Kind,
+    cid: str,
+    model: str,
+    forced: ForcedTools | None = None,
 ) -> web.Response:
     text: list[str] = []
     logprobs: list[TokenLogprob] | None = None
@@ -132,6 +159,6 @@ async def _collect(
         elif isinstance(frame, ErrorFrame):
             return json_error(frame.code, frame.message, frame.retry_after, frame.param)
         elif isinstance(frame, DoneFrame):
-            body = completion_body(kind, cid, model, "".join(text), frame, logprobs)
+            body = completion_body(kind, cid, model, "".join(text), frame, logprobs, forced)
             return web.json_response(body)
     return json_error(ErrorCode.INTERNAL, "stream ended without a result")

@@ -64,11 +64,65 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
+MAX_TOOLS = 128
+FunctionName = Annotated[str, StringConstraints(min_length=1, max_length=64)]
+ToolCallId = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+
+
+class FunctionCall(_Strict):
+    """A function the model called: its name and its arguments as JSON text."""
+
+    name: FunctionName
+    arguments: str
+
+
+class ToolCall(_Strict):
+    """One tool call of an assistant turn (OpenAI's shape)."""
+
+    id: ToolCallId
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Strict):
-    """One chat turn."""
+    """One chat turn: an assistant's may carry its tool calls, a tool's the call it answers."""
 
     role: Literal["system", "user", "assistant", "tool"]
     content: str
+    tool_calls: Annotated[list[ToolCall], Field(min_length=1, max_length=MAX_TOOLS)] | None = None
+    tool_call_id: ToolCallId | None = None
+
+
+class FunctionDefinition(_Strict):
+    """A function the model may call; `parameters` is the JSON schema of its arguments."""
+
+    name: FunctionName
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Strict):
+    """A tool offered to the model (OpenAI's shape; functions only)."""
+
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class NamedFunction(_Strict):
+    """The function `tool_choice` names."""
+
+    name: FunctionName
+
+
+class NamedToolChoice(_Strict):
+    """`tool_choice` naming the one function the model must call."""
+
+    type: Literal["function"] = "function"
+    function: NamedFunction
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 
 
 Penalty = Annotated[float, Field(ge=-2, le=2)]
@@ -98,6 +152,21 @@ class ResponseFormat(_Strict):
         if (self.type == "json_schema") != (self.json_schema is not None):
             raise ValueError("'json_schema' is given exactly when type is 'json_schema'")
         return self
+
+
+def tool_choice_problem(
+    tools: list[Tool] | None, choice: ToolChoice | None, response_format: ResponseFormat | None
+) -> str | None:
+    """What is wrong with a request's `tool_choice`, given its tools and `response_format`."""
+    names = {tool.function.name for tool in tools or ()}
+    if choice not in (None, "none") and not names:
+        return "tool_choice: only with tools"
+    if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+        return f"tool_choice names '{choice.function.name}', which is not in tools"
+    forced = choice == "required" or isinstance(choice, NamedToolChoice)
+    if forced and response_format is not None and response_format.type != "text":
+        return "tool_choice: a forced tool call and response_format cannot both shape a reply"
+    return None
 
 
 class Resume(_Strict):
@@ -138,6 +207,10 @@ class GenerateFrame(_Strict):
     # None: no logprobs; k: each token's logprob and its k most likely alternatives.
     logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
     response_format: ResponseFormat | None = None
+    tools: Annotated[list[Tool], Field(min_length=1, max_length=MAX_TOOLS)] | None = None
+    # None: "auto" with tools, "none" without (OpenAI's defaults).
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool = True
     session: Annotated[str, StringConstraints(max_length=256)] | None = None
     want_ids: bool = False
     resume: Resume | None = None
@@ -147,6 +220,22 @@ class GenerateFrame(_Strict):
         if (self.messages is None) == (self.prompt is None):
             raise ValueError("give exactly one of 'messages' or 'prompt'")
         return self
+
+    @model_validator(mode="after")
+    def _tool_choice_fits_tools(self) -> Self:
+        problem = tool_choice_problem(self.tools, self.tool_choice, self.response_format)
+        if problem is not None:
+            raise ValueError(problem)
+        return self
+
+    def forced_tools(self) -> list[Tool] | None:
+        """The tools a reply must call (a named one, or any with `required`); None: free text."""
+        choice = self.tool_choice
+        if isinstance(choice, NamedToolChoice):
+            return [t for t in self.tools or () if t.function.name == choice.function.name]
+        if choice == "required":
+            return list(self.tools or ())
+        return None
 
     def prompt_chars(self) -> int:
         """Characters of prompt text, for the max prompt length limit."""

@@ -10,7 +10,12 @@ from gateway.guard import request_principal
 from gateway.relay import RelayOutcome
 from gateway.state import STATE
 from gateway.streams import admitted_frames, stream_refusal
-from spotgate.openai_api import ChatCompletionRequest, CompletionRequest, completion_id
+from spotgate.openai_api import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ForcedTools,
+    completion_id,
+)
 from spotgate.openai_http import read_body, respond
 from spotgate.wsserver import json_error
 
@@ -61,6 +66,7 @@ async def _openai(
             model=body.model,
             stream=body.stream,
             include_usage=body.include_usage,
+            forced=ForcedTools.of(frame),
         )
 
 

@@ -84,8 +84,15 @@ WORDS_SCHEMA: dict[str, Any] = {
 """Some 250 tokens of reply (the tiny model spells words byte by byte): a stream is cut well
 inside it."""
 STRUCTURED = {"type": "json_schema", "json_schema": {"name": "words", "schema": WORDS_SCHEMA}}
+LIST_WORDS = {"type": "function", "function": {"name": "list_words", "parameters": WORDS_SCHEMA}}
 FEATURES: dict[str, dict[str, Any]] = {
     "json_schema": {"response_format": STRUCTURED, "temperature": 0},
+    "tool call": {
+        "tools": [LIST_WORDS],
+        "tool_choice": {"type": "function", "function": {"name": "list_words"}},
+        "temperature": 1.0,
+        "seed": 11,
+    },
     "json_schema sampled": {"response_format": STRUCTURED, "temperature": 1.0, "seed": 7},
     "penalties": {"frequency_penalty": 1.5, "presence_penalty": 0.5, "temperature": 0},
     "logprobs": {"logprobs": 3, "temperature": 0},
@@ -128,7 +135,7 @@ async def test_a_stream_moved_by_a_kill_keeps_each_feature(
 
     assert frames[-1]["type"] == "done", frames[-1]
     assert len({f["agent"] for f in frames if f["type"] == "start"}) == 2
-    if "response_format" in request:
+    if "response_format" in request or "tools" in request:  # the reply, or the call's arguments
         jsonschema.validate(json.loads(text_of(frames)), WORDS_SCHEMA)
         assert frames[-1]["finish_reason"] == "stop"
     if request.get("temperature") == 0:  # greedy: exactly the reply of an unmoved stream

@@ -9,6 +9,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Literal
 
+import jsonschema
 import openai
 import pytest
 from langchain_openai import ChatOpenAI
@@ -257,3 +258,127 @@ async def test_litellms_sdk_as_a_client(
     assert "".join(c["choices"][0]["delta"].get("content") or "" for c in streamed) == content
     assert len(whole["choices"][0]["logprobs"]["content"]) == 48
     Weather.model_validate_json(structured["choices"][0]["message"]["content"])
+
+
+WEATHER_PARAMETERS = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "enum": ["Paris", "Oslo", "Lima"]},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+    },
+    "required": ["city", "unit"],
+    "additionalProperties": False,
+}
+TIME_PARAMETERS = {
+    "type": "object",
+    "properties": {"utc": {"type": "boolean"}},
+    "required": ["utc"],
+    "additionalProperties": False,
+}
+TOOLS: Any = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER_PARAMETERS}},
+    {"type": "function", "function": {"name": "get_time", "parameters": TIME_PARAMETERS}},
+]
+ASKED_TOOLS: Any = {
+    "model": TINY_MODEL,
+    "messages": [{"role": "user", "content": "Weather in Oslo?"}],
+    "tools": TOOLS,
+    "max_tokens": 200,
+    "temperature": 0,
+}
+
+
+async def test_a_named_tool_choice_is_a_call_of_that_tool_streamed_or_not(
+    client: openai.AsyncOpenAI,
+) -> None:
+    named: Any = {"type": "function", "function": {"name": "get_weather"}}
+    whole = await client.chat.completions.create(**ASKED_TOOLS, tool_choice=named)
+    chunks = [
+        chunk
+        async for chunk in await client.chat.completions.create(
+            **ASKED_TOOLS, tool_choice=named, stream=True
+        )
+    ]
+
+    choice = whole.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content is None
+    (call,) = choice.message.tool_calls or ()
+    assert call.function.name == "get_weather"  # type: ignore[union-attr]
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER_PARAMETERS)  # type: ignore[union-attr]
+    deltas = [c.choices[0].delta for c in chunks if c.choices and c.choices[0].delta.tool_calls]
+    opening = deltas[0].tool_calls[0]  # type: ignore[index]
+    assert opening.id
+    assert opening.function.name == "get_weather"  # type: ignore[union-attr]
+    streamed = "".join(
+        d.tool_calls[0].function.arguments or ""
+        for d in deltas  # type: ignore[index,union-attr]
+    )
+    assert streamed == call.function.arguments  # type: ignore[union-attr]
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_required_tool_choice_calls_one_of_the_tools(
+    client: openai.AsyncOpenAI, stream: bool
+) -> None:
+    asked = {**ASKED_TOOLS, "tool_choice": "required", "parallel_tool_calls": False}
+    if stream:
+        calls = [
+            call
+            async for chunk in await client.chat.completions.create(**asked, stream=True)
+            if chunk.choices and chunk.choices[0].delta.tool_calls
+            for call in chunk.choices[0].delta.tool_calls
+        ]
+    else:
+        reply = await client.chat.completions.create(**asked)
+        assert reply.choices[0].finish_reason == "tool_calls"
+        calls = list(reply.choices[0].message.tool_calls or ())  # type: ignore[arg-type]
+
+    (call,) = calls
+    parameters = {"get_weather": WEATHER_PARAMETERS, "get_time": TIME_PARAMETERS}
+    jsonschema.validate(json.loads(call.function.arguments), parameters[call.function.name])  # type: ignore[union-attr]
+
+
+async def test_a_tool_result_goes_back_to_the_model_and_auto_is_refused_by_name(
+    client: openai.AsyncOpenAI,
+) -> None:
+    call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city":"Oslo","unit":"celsius"}'},
+    }
+    history: Any = [
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"celsius": 4}'},
+    ]
+    answer = await client.chat.completions.create(
+        model=TINY_MODEL, messages=history, tools=TOOLS, tool_choice="none", max_tokens=8
+    )
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client.chat.completions.create(
+            model=TINY_MODEL, messages=history, tools=TOOLS, max_tokens=8
+        )
+
+    assert answer.choices[0].message.content
+    assert answer.choices[0].message.tool_calls is None
+    assert refused.value.param == "tool_choice"
+
+
+async def test_langchain_binds_a_tool_and_gets_its_call(
+    gateway: Gateway, client: openai.AsyncOpenAI, api_key: CreatedApiKey
+) -> None:
+    llm = ChatOpenAI(
+        model=TINY_MODEL,
+        base_url=f"{gateway.url}/v1",
+        api_key=api_key.api_key,  # type: ignore[arg-type]
+        max_retries=0,
+        temperature=0,
+        max_completion_tokens=200,
+    )
+    reply = await llm.bind_tools(TOOLS, tool_choice="get_weather").ainvoke("Weather in Oslo?")
+
+    (call,) = reply.tool_calls  # type: ignore[attr-defined]
+    assert call["name"] == "get_weather"
+    jsonschema.validate(call["args"], WEATHER_PARAMETERS)

@@ -10,8 +10,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from spotgate.openai_api import ChatCompletionRequest, ChunkEncoder, CompletionRequest
-from spotgate.protocol import MAX_SEED, ChatMessage, TokenLogprob, TopLogprob
+from spotgate.openai_api import (
+    ChatCompletionRequest,
+    ChunkEncoder,
+    CompletionRequest,
+    ForcedTools,
+)
+from spotgate.protocol import (
+    MAX_SEED,
+    ChatMessage,
+    DoneFrame,
+    Timings,
+    TokenLogprob,
+    TopLogprob,
+    Usage,
+)
 
 
 def frame_of(**fields: Any) -> Any:
@@ -39,6 +52,9 @@ def test_a_message_reaches_the_wire_as_text(
     assert frame_of(messages=[message]).messages == [on_the_wire]
 
 
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+
+
 @pytest.mark.parametrize(
     ("fields", "where", "says"),
     [
@@ -47,8 +63,14 @@ def test_a_message_reaches_the_wire_as_text(
         ({"messages": [{"role": "user", "content": [{"type": "input_audio"}]}]},
          ("messages", 0, "content"), "'input_audio' parts are not supported"),
         ({"messages": [{"role": "assistant", "content": None, "tool_calls": []}]},
-         ("messages", 0, "content"), "tool calls are not supported yet"),
-        ({"messages": [{"role": "assistant"}]}, ("messages", 0, "content"), "needs content"),
+         ("messages", 0), "needs content"),
+        ({"messages": [{"role": "assistant"}]}, ("messages", 0), "needs content"),
+        ({"messages": [{"role": "tool", "tool_call_id": "c"}]}, ("messages", 0), "needs content"),
+        ({"tool_choice": "required"}, (), "only with tools"),
+        ({"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "other"}}},
+         (), "'other', which is not in tools"),
+        ({"tools": [TOOL], "tool_choice": "required", "response_format": {"type": "json_object"}},
+         (), "cannot both shape a reply"),
         ({"n": 2}, ("n",), "Input should be 1"),
         ({"seed": 2**64}, ("seed",), "less than"),
     ],
@@ -122,6 +144,17 @@ FIELDS = {
         max_size=3,
     ),
     "logprobs": st.one_of(st.none(), st.booleans()),
+    "tools": st.lists(st.sampled_from([TOOL, {"type": "function", "function": {"name": "g"}}])),
+    "tool_choice": st.one_of(
+        st.sampled_from(["none", "auto", "required", "other"]),
+        st.fixed_dictionaries(
+            {
+                "type": st.just("function"),
+                "function": st.fixed_dictionaries({"name": st.sampled_from(["f", "g", "h"])}),
+            }
+        ),
+    ),
+    "parallel_tool_calls": st.booleans(),
     "top_logprobs": st.one_of(st.none(), st.integers(min_value=-1, max_value=25)),
     "response_format": st.one_of(
         st.fixed_dictionaries(
@@ -152,7 +185,22 @@ MESSAGES = st.lists(
             "role": st.sampled_from(["user", "user", "system", "developer", "assistant", "x"]),
             "content": st.one_of(st.text(max_size=50), st.text(max_size=5), PARTS, st.none()),
         },
-        optional={"name": st.text(max_size=300)},
+        optional={
+            "name": st.text(max_size=300),
+            "tool_calls": st.lists(
+                st.fixed_dictionaries(
+                    {
+                        "id": st.text(max_size=5),
+                        "type": st.just("function"),
+                        "function": st.fixed_dictionaries(
+                            {"name": st.text(max_size=5), "arguments": st.text(max_size=10)}
+                        ),
+                    }
+                ),
+                max_size=2,
+            ),
+            "tool_call_id": st.text(max_size=5),
+        },
     ),
     min_size=1,
     max_size=4,
@@ -257,3 +305,29 @@ def test_text_chunks_carry_legacy_logprobs_with_offsets_across_chunks() -> None:
     }  # fmt: skip
     assert second["text_offset"] == [2]
     assert second["top_logprobs"] == [{" you": -1.0, "!": -2.0}]
+
+
+def test_forced_tool_replies_read_as_openais_tool_calls() -> None:
+    named = ForcedTools("get_weather", call_id="call_a")
+    required = ForcedTools(None, call_id="call_b")
+    done = DoneFrame(
+        id="s",
+        finish_reason="stop",
+        usage=Usage(prompt_tokens=1, completion_tokens=2),
+        timings=Timings(queue_ms=0, ttft_ms=0, total_ms=0),
+    )
+    cut = done.model_copy(update={"finish_reason": "length"})
+
+    assert named.calls('{"city":"Oslo"}') == [
+        {"id": "call_a", "type": "function",
+         "function": {"name": "get_weather", "arguments": '{"city":"Oslo"}'}},
+    ]  # fmt: skip
+    two = required.calls('[{"name":"f","parameters":{"a":1}},{"name":"g","parameters":{}}]')
+    assert [(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in two or ()] == [
+        ("call_b", "f", '{"a": 1}'),
+        ("call_b_1", "g", "{}"),
+    ]
+    assert required.calls('[{"name":"f","para') is None
+    assert required.finish_reason(done, "[]") == "tool_calls"
+    assert required.finish_reason(cut, '[{"name":"f","para') == "length"
+    assert named.finish_reason(cut, '{"ci') == "length"

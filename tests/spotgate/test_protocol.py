@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -21,8 +22,12 @@ from spotgate.protocol import (
     ErrorCode,
     ErrorFrame,
     FrameError,
+    FunctionCall,
+    FunctionDefinition,
     GenerateFrame,
     JsonSchemaFormat,
+    NamedFunction,
+    NamedToolChoice,
     PingFrame,
     PongFrame,
     QueuedFrame,
@@ -31,6 +36,8 @@ from spotgate.protocol import (
     StartFrame,
     Timings,
     TokenLogprob,
+    Tool,
+    ToolCall,
     TopLogprob,
     Usage,
     encode_frame,
@@ -237,26 +244,54 @@ token_logprobs = st.builds(
 )
 
 
+function_names = st.text(min_size=1, max_size=64)
+tools = st.builds(
+    Tool,
+    function=st.builds(
+        FunctionDefinition,
+        name=function_names,
+        description=st.none() | texts,
+        parameters=st.none() | st.dictionaries(st.text(max_size=8), json_values, max_size=3),
+        strict=st.none() | st.booleans(),
+    ),
+)
+tool_calls = st.builds(
+    ToolCall,
+    id=st.text(min_size=1, max_size=20),
+    function=st.builds(FunctionCall, name=function_names, arguments=texts),
+)
+chat_messages = st.builds(
+    ChatMessage,
+    role=st.sampled_from(["system", "user", "assistant", "tool"]),
+    content=texts,
+    tool_calls=st.none() | st.lists(tool_calls, min_size=1, max_size=2),
+    tool_call_id=st.none() | st.text(min_size=1, max_size=20),
+)
+
+
+@st.composite
+def tool_fields(draw: st.DrawFn) -> dict[str, Any]:
+    offered = draw(st.none() | st.lists(tools, min_size=1, max_size=3))
+    if offered is None:
+        return {"tools": None, "tool_choice": draw(st.sampled_from([None, "none"]))}
+    named = NamedToolChoice(function=NamedFunction(name=offered[0].function.name))
+    picked = draw(st.sampled_from(["unset", "none", "auto", "required", "named"]))
+    choice = {"unset": None, "named": named}.get(picked, picked)
+    return {"tools": offered, "tool_choice": choice, "parallel_tool_calls": draw(st.booleans())}
+
+
 @st.composite
 def generate_frames(draw: st.DrawFn) -> GenerateFrame:
     use_messages = draw(st.booleans())
     resume_ids = draw(st.none() | token_ids)
+    tooling = draw(tool_fields())
+    shaping = tooling["tool_choice"] == "required" or isinstance(
+        tooling["tool_choice"], NamedToolChoice
+    )
     return GenerateFrame(
         id=draw(stream_ids),
         model=draw(st.text(min_size=1, max_size=40)),
-        messages=draw(
-            st.lists(
-                st.builds(
-                    ChatMessage,
-                    role=st.sampled_from(["system", "user", "assistant", "tool"]),
-                    content=texts,
-                ),
-                min_size=1,
-                max_size=4,
-            )
-        )
-        if use_messages
-        else None,
+        messages=draw(st.lists(chat_messages, min_size=1, max_size=4)) if use_messages else None,
         prompt=None if use_messages else draw(texts),
         max_tokens=draw(st.integers(min_value=1, max_value=1_000_000)),
         temperature=draw(st.floats(min_value=0, max_value=2, **finite)),
@@ -274,7 +309,8 @@ def generate_frames(draw: st.DrawFn) -> GenerateFrame:
             )
         ),
         logprobs=draw(st.none() | st.integers(min_value=0, max_value=MAX_TOP_LOGPROBS)),
-        response_format=draw(st.none() | response_formats),
+        response_format=None if shaping else draw(st.none() | response_formats),
+        **tooling,
         session=draw(st.none() | st.text(max_size=50)),
         want_ids=draw(st.booleans()),
         resume=None
