@@ -26,6 +26,7 @@ from spotgate.openai_api import (
     sse_event,
     usage_body,
 )
+from spotgate.openai_responses import ResponseWriter
 from spotgate.protocol import (
     AnyFrame,
     DeltaFrame,
@@ -162,3 +163,41 @@ async def _collect(
             body = completion_body(kind, cid, model, "".join(text), frame, logprobs, forced)
             return web.json_response(body)
     return json_error(ErrorCode.INTERNAL, "stream ended without a result")
+
+
+async def respond_response(
+    request: web.Request,
+    frames: AsyncIterator[AnyFrame],
+    writer: ResponseWriter,
+    *,
+    stream: bool,
+) -> web.StreamResponse:
+    """The Responses API's answer to a stream's frames: one `response` object, or its events."""
+    response: web.StreamResponse | None = None
+    async for frame in frames:
+        if isinstance(frame, ErrorFrame) and response is None:
+            return json_error(frame.code, frame.message, frame.retry_after, frame.param)
+        if not isinstance(frame, DeltaFrame | DoneFrame | ErrorFrame):
+            continue  # queued / start: nothing to show an OpenAI client
+        if not stream:
+            if isinstance(frame, DeltaFrame):
+                writer.delta(frame.text)
+                continue
+            if isinstance(frame, DoneFrame):
+                return web.json_response(writer.body("completed", frame))
+        if response is None:
+            response = web.StreamResponse(
+                headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+            )
+            await response.prepare(request)
+            await response.write(writer.opening())
+        if isinstance(frame, DeltaFrame):
+            await response.write(writer.delta(frame.text))
+        elif isinstance(frame, ErrorFrame):
+            await response.write(writer.error(frame.code, frame.message, frame.param))
+        else:
+            await response.write(writer.closing(frame))
+    if response is None:
+        return json_error(ErrorCode.INTERNAL, "stream ended without a result")
+    await response.write_eof()
+    return response

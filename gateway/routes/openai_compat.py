@@ -16,7 +16,8 @@ from spotgate.openai_api import (
     ForcedTools,
     completion_id,
 )
-from spotgate.openai_http import read_body, respond
+from spotgate.openai_http import read_body, respond, respond_response
+from spotgate.openai_responses import ResponsesRequest, ResponseWriter, response_id
 from spotgate.wsserver import json_error
 
 
@@ -70,8 +71,28 @@ async def _openai(
         )
 
 
+async def responses(request: web.Request) -> web.StreamResponse:
+    """`POST /v1/responses`: the Responses API, stateless (events when `stream` is true)."""
+    state = request.app[STATE]
+    principal = await request_principal(request)
+    if isinstance(principal, web.Response):
+        return principal
+    body = await read_body(request, ResponsesRequest, state.settings.http_body_timeout_seconds)
+    if isinstance(body, web.Response):
+        return body
+    rid = response_id()
+    frame = body.to_generate_frame(rid, session=request.headers.get("X-Session-Id"))
+    refusal = stream_refusal(state, frame, principal)
+    if refusal is not None:
+        return json_error(refusal.code, refusal.message, param=refusal.param)
+    writer = ResponseWriter(body, rid, ForcedTools.of(frame))
+    async with aclosing(admitted_frames(state, frame, principal, RelayOutcome())) as frames:
+        return await respond_response(request, frames, writer, stream=body.stream)
+
+
 def setup_openai_compat(app: web.Application) -> None:
     """Add the OpenAI-compatible routes."""
     app.router.add_get("/v1/models", models)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/responses", responses)

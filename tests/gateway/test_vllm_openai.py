@@ -382,3 +382,80 @@ async def test_langchain_binds_a_tool_and_gets_its_call(
     (call,) = reply.tool_calls  # type: ignore[attr-defined]
     assert call["name"] == "get_weather"
     jsonschema.validate(call["args"], WEATHER_PARAMETERS)
+
+
+async def test_the_responses_api_text_streamed_and_whole(client: openai.AsyncOpenAI) -> None:
+    asked: Any = {
+        "model": TINY_MODEL,
+        "instructions": "Answer briefly.",
+        "input": "Describe the weather",
+        "max_output_tokens": 24,
+        "temperature": 0,
+    }
+    whole = await client.responses.create(**asked)
+    events = [event async for event in await client.responses.create(**asked, stream=True)]
+    async with client.responses.stream(**asked) as streaming:
+        final = await streaming.get_final_response()
+
+    assert whole.status == "incomplete"  # cut by max_output_tokens, as OpenAI reports it
+    assert whole.usage is not None
+    assert whole.usage.output_tokens == 24
+    assert whole.output_text
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas == whole.output_text == final.output_text
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert events[0].type == "response.created"
+    assert events[-1].type == "response.completed"
+    assert events[-1].response.status == final.status == "incomplete"  # type: ignore[union-attr]
+
+
+async def test_the_responses_api_calls_a_function_and_takes_its_output(
+    client: openai.AsyncOpenAI,
+) -> None:
+    tool: Any = {"type": "function", "name": "get_weather", "parameters": WEATHER_PARAMETERS}
+    called = await client.responses.create(
+        model=TINY_MODEL,
+        input="Weather in Oslo?",
+        tools=[tool],
+        tool_choice={"type": "function", "name": "get_weather"},
+        max_output_tokens=200,
+    )
+    (call,) = called.output
+    assert call.type == "function_call"
+    jsonschema.validate(json.loads(call.arguments), WEATHER_PARAMETERS)
+    answered = await client.responses.create(
+        model=TINY_MODEL,
+        input=[
+            {"role": "user", "content": "Weather in Oslo?"},
+            {
+                "type": "function_call",
+                "call_id": call.call_id,
+                "name": call.name,
+                "arguments": call.arguments,
+            },
+            {"type": "function_call_output", "call_id": call.call_id, "output": "4 C"},
+        ],
+        tools=[tool],
+        tool_choice="none",
+        max_output_tokens=8,
+    )
+    assert answered.output_text
+
+
+async def test_the_responses_api_parses_into_a_schema(client: openai.AsyncOpenAI) -> None:
+    parsed = await client.responses.parse(
+        model=TINY_MODEL,
+        input="Describe the weather",
+        text_format=Weather,
+        max_output_tokens=64,
+        temperature=1.0,
+    )
+
+    assert isinstance(parsed.output_parsed, Weather)
+
+
+async def test_the_responses_api_is_stateless_and_says_so(client: openai.AsyncOpenAI) -> None:
+    with pytest.raises(openai.BadRequestError, match="not stored"):
+        await client.responses.create(
+            model=TINY_MODEL, input="Hi", previous_response_id="resp_123", max_output_tokens=4
+        )
