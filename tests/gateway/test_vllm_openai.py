@@ -191,17 +191,22 @@ async def test_bad_fields_are_400s_that_name_them(
     assert named in refused.value.message
 
 
-async def test_langchain_chat_openai_invokes_streams_and_structures(
-    gateway: Gateway, client: openai.AsyncOpenAI, api_key: CreatedApiKey
-) -> None:
-    llm = ChatOpenAI(
+def langchain_llm(gateway: Gateway, api_key: CreatedApiKey, **settings: Any) -> ChatOpenAI:
+    """LangChain's `ChatOpenAI` pointed at the gateway, greedy."""
+    return ChatOpenAI(
         model=TINY_MODEL,
         base_url=f"{gateway.url}/v1",
         api_key=api_key.api_key,  # type: ignore[arg-type]
         max_retries=0,
         temperature=0,
-        max_completion_tokens=64,
+        **settings,
     )
+
+
+async def test_langchain_chat_openai_invokes_streams_and_structures(
+    gateway: Gateway, client: openai.AsyncOpenAI, api_key: CreatedApiKey
+) -> None:
+    llm = langchain_llm(gateway, api_key, max_completion_tokens=64)
     whole = await llm.ainvoke("Describe the weather")
     streamed = "".join([str(chunk.content) async for chunk in llm.astream("Describe the weather")])
     weather = await llm.with_structured_output(Weather, method="json_schema").ainvoke(
@@ -369,14 +374,7 @@ async def test_a_tool_result_goes_back_to_the_model_and_auto_is_refused_by_name(
 async def test_langchain_binds_a_tool_and_gets_its_call(
     gateway: Gateway, client: openai.AsyncOpenAI, api_key: CreatedApiKey
 ) -> None:
-    llm = ChatOpenAI(
-        model=TINY_MODEL,
-        base_url=f"{gateway.url}/v1",
-        api_key=api_key.api_key,  # type: ignore[arg-type]
-        max_retries=0,
-        temperature=0,
-        max_completion_tokens=200,
-    )
+    llm = langchain_llm(gateway, api_key, max_completion_tokens=200)
     reply = await llm.bind_tools(TOOLS, tool_choice="get_weather").ainvoke("Weather in Oslo?")
 
     (call,) = reply.tool_calls  # type: ignore[attr-defined]
