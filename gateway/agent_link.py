@@ -67,6 +67,8 @@ class _PendingDelta:
         self.texts = [first.text]
         self.ids: list[int] | None = list(first.ids) if first.ids is not None else None
         self.logprobs = list(first.logprobs) if first.logprobs is not None else None
+        # A stream read for tool calls gives every delta a `content`; any other, none.
+        self.contents = [first.content] if first.content is not None else None
         self.n = first.n
 
     def add(self, frame: DeltaFrame) -> None:
@@ -80,11 +82,18 @@ class _PendingDelta:
             self.logprobs.extend(frame.logprobs)
         else:
             self.logprobs = None
+        if self.contents is not None and frame.content is not None:
+            self.contents.append(frame.content)
 
     def frame(self) -> DeltaFrame:
         # Its parts were validated as they arrived; no need to validate the merge again.
         return DeltaFrame.model_construct(
-            id=self.id, text="".join(self.texts), n=self.n, ids=self.ids, logprobs=self.logprobs
+            id=self.id,
+            text="".join(self.texts),
+            n=self.n,
+            ids=self.ids,
+            logprobs=self.logprobs,
+            content="".join(self.contents) if self.contents is not None else None,
         )
 
 

@@ -233,6 +233,7 @@ class Failover:
             n=delta.n,
             ids=delta.ids if self.request.want_ids else None,
             logprobs=delta.logprobs,
+            content=delta.content,
         )
 
     def on_done(self, done: DoneFrame, *, monotonic: float) -> DoneFrame:
@@ -247,6 +248,7 @@ class Failover:
             finish_reason=done.finish_reason,
             usage=done.usage,
             timings=outcome.timings(total_ms),
+            tool_calls=done.tool_calls,
         )
 
     def on_agent_error(self, error: ErrorFrame, *, now: float) -> Decision:

@@ -11,6 +11,7 @@ from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from gpu_agent.tool_calls import ToolCallReader
 from spotgate.protocol import ChatMessage, Tool
 from spotgate.settings import EngineKind
 
@@ -104,6 +105,10 @@ class Engine(Protocol):
 
     def text_prompt_ids(self, prompt: str) -> list[int]:
         """Token ids of a raw prompt."""
+        ...
+
+    def tool_calls(self, tools: Sequence[Tool]) -> ToolCallReader | None:
+        """A reader of the calls the model makes of its own accord; None: it has no parser."""
         ...
 
     def decode(self, token_ids: Sequence[int]) -> str:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from gpu_agent.detokenizer import IncrementalDetokenizer, ResumeMismatch
 from gpu_agent.engine import Engine, FinishReason, GenerationRequest, TokenLogprobs
 from gpu_agent.grammar import JSON_OBJECT_SCHEMA, schema_text
+from gpu_agent.tool_calls import ReplyContent, ToolCallReader
 from spotgate.admission import agent_stream_refusal
 from spotgate.context import ContextExceeded, completion_budget
 from spotgate.protocol import (
@@ -109,6 +110,26 @@ def tool_call_schema(tool: Tool) -> dict[str, object]:
         },
         "required": ["name", "parameters"],
     }
+
+
+AUTO_TOOL_CHOICE_REFUSAL = (
+    "tool_choice 'auto' (the default with tools) needs a tool-call parser for this model, and "
+    "its agents have none (SPOTGATE_AGENT_VLLM__TOOL_CALL_PARSER); send 'required', a named "
+    "function, or 'none'"
+)
+
+
+def tool_call_reader(frame: GenerateFrame, engine: Engine) -> ToolCallReader | None:
+    """The reader of calls a reply may make of its own accord (tools offered, `auto`).
+
+    Raises `StreamRefused` when the request needs one and the engine has none.
+    """
+    if not frame.tools or frame.tool_choice not in (None, "auto"):
+        return None
+    reader = engine.tool_calls(frame.tools)
+    if reader is None:
+        raise StreamRefused(ErrorCode.INVALID_REQUEST, AUTO_TOOL_CHOICE_REFUSAL, "tool_choice")
+    return reader
 
 
 def wire_logprobs(engine: Engine, found: Sequence[TokenLogprobs]) -> list[TokenLogprob]:
@@ -210,6 +231,8 @@ async def generate_frames(
     remaining = budget - len(resumed_ids)
     progress.completion_tokens = len(resumed_ids)
     stop_filter = _StopFilter(frame.stop, sent_text)
+    reader = tool_call_reader(frame, engine)
+    content = ReplyContent(reader.markers, sent_text) if reader is not None else None
     first_token_ms: float | None = None
 
     yield StartFrame(id=frame.id, agent=agent_id, engine=engine.kind)
@@ -223,6 +246,7 @@ async def generate_frames(
                 n=0,
                 ids=[] if frame.want_ids else None,
                 logprobs=[] if frame.logprobs is not None else None,
+                content=content.feed(text) if content is not None else None,
             )
         finish = "stop" if stop_filter.stopped else "length"
     else:
@@ -265,9 +289,24 @@ async def generate_frames(
                         if frame.logprobs is not None
                         else None
                     ),
+                    content=content.feed(text) if content is not None else None,
                 )
                 if stop_filter.stopped or final:
                     break
+    calls = None
+    if reader is not None and content is not None:
+        parsed = reader.read(content.text)
+        calls = parsed.calls or None
+        rest = content.finish(parsed.content)
+        if rest:  # the content held back in case it opened a call, when none was made
+            yield DeltaFrame(
+                id=frame.id,
+                text="",
+                n=0,
+                ids=[] if frame.want_ids else None,
+                logprobs=[] if frame.logprobs is not None else None,
+                content=rest,
+            )
     total_ms = (time.monotonic() - started) * 1000
     yield DoneFrame(
         id=frame.id,
@@ -278,4 +317,5 @@ async def generate_frames(
             ttft_ms=first_token_ms if first_token_ms is not None else total_ms,
             total_ms=total_ms,
         ),
+        tool_calls=calls,
     )

@@ -12,6 +12,7 @@ import hashlib
 from collections.abc import AsyncGenerator, Sequence
 
 from gpu_agent.engine import EngineRequestError, EngineStep, GenerationRequest
+from gpu_agent.tool_calls import ToolCallReader
 from spotgate.protocol import ChatMessage, Tool
 from spotgate.settings import AgentSettings, EngineKind
 
@@ -117,6 +118,10 @@ class SyntheticEngine:
     def text_prompt_ids(self, prompt: str) -> list[int]:
         """Bytes of the prompt, one id per byte."""
         return list(prompt.encode())
+
+    def tool_calls(self, tools: Sequence[Tool]) -> ToolCallReader | None:
+        """None: synthetic text never holds a tool call."""
+        return None
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """One word and a space per word token; echoed bytes as UTF-8."""

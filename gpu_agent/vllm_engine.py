@@ -19,6 +19,7 @@ from gpu_agent.engine import (
     TokenLogprobs,
 )
 from gpu_agent.grammar import GrammarError, Grammars
+from gpu_agent.tool_calls import ToolCallReader
 from gpu_agent.vllm_logits import EXTRA_ARGS_KEY, StreamSpec
 from spotgate.context import UNICODE_COMPOSITION_FACTOR
 from spotgate.protocol import ChatMessage, Tool
@@ -37,7 +38,13 @@ class VllmEngine:
     kind: EngineKind = "vllm"
 
     def __init__(
-        self, llm: Any, tokenizer: Any, model: str, capacity: int, max_model_len: int
+        self,
+        llm: Any,
+        tokenizer: Any,
+        model: str,
+        capacity: int,
+        max_model_len: int,
+        tool_call_parser: str | None = None,
     ) -> None:
         self._llm = llm
         self._tokenizer = tokenizer
@@ -49,6 +56,9 @@ class VllmEngine:
         self.max_token_chars = max_token_chars(self._backend)
         self.held_token_ids = held_token_ids(self._backend)
         self._grammars: Grammars | None = None
+        self._tool_call_parser = tool_call_parser
+        if tool_call_parser is not None:
+            self.tool_calls(())  # an unknown or unusable parser fails the start, not a request
 
     @classmethod
     async def start(cls, settings: AgentSettings) -> VllmEngine:
@@ -78,7 +88,14 @@ class VllmEngine:
         llm = AsyncLLM.from_engine_args(args)
         tokenizer = AutoTokenizer.from_pretrained(settings.model)
         max_model_len = int(llm.model_config.max_model_len)
-        return cls(llm, tokenizer, served, engine_settings.max_num_seqs, max_model_len)
+        return cls(
+            llm,
+            tokenizer,
+            served,
+            engine_settings.max_num_seqs,
+            max_model_len,
+            engine_settings.tool_call_parser,
+        )
 
     def chat_prompt_ids(
         self, messages: Sequence[ChatMessage], tools: Sequence[Tool] = ()
@@ -104,6 +121,12 @@ class VllmEngine:
     def text_prompt_ids(self, prompt: str) -> list[int]:
         """The prompt tokenized as vLLM's completions endpoint does (special tokens added)."""
         return [int(token) for token in self._tokenizer.encode(prompt)]
+
+    def tool_calls(self, tools: Sequence[Tool]) -> ToolCallReader | None:
+        """The tool-call parser (vLLM's) named in the settings, for a request offering `tools`."""
+        if self._tool_call_parser is None:
+            return None
+        return ToolCallReader(self._tool_call_parser, self._tokenizer, tools)
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """Text of the ids, special tokens left out, no clean-up of spaces."""

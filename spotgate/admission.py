@@ -152,21 +152,4 @@ def agent_stream_refusal(
             ErrorCode.INVALID_REQUEST,
             f"model '{frame.model}' is not served here; this agent serves '{served_model}'",
         )
-    return (
-        grant_refusal(frame, grant)
-        or prompt_refusal(frame, max_prompt_chars)
-        or tool_choice_refusal(frame)
-    )
-
-
-AUTO_TOOL_CHOICE_REFUSAL = (
-    "tool_choice 'auto' (the default with tools) is not served yet: send 'required', a named "
-    "function, or 'none'"
-)
-
-
-def tool_choice_refusal(frame: GenerateFrame) -> Refusal | None:
-    """Tools the model may call or not (`auto`) need a tool-call parser, which agents lack."""
-    if frame.tools and frame.tool_choice in (None, "auto"):
-        return Refusal(ErrorCode.INVALID_REQUEST, AUTO_TOOL_CHOICE_REFUSAL, param="tool_choice")
-    return None
+    return grant_refusal(frame, grant) or prompt_refusal(frame, max_prompt_chars)

@@ -25,6 +25,7 @@ from spotgate.protocol import (
     MAX_TOP_LOGPROBS,
     Bias,
     ChatMessage,
+    DeltaFrame,
     DoneFrame,
     ErrorCode,
     GenerateFrame,
@@ -306,6 +307,10 @@ def completion_body(
         choice["message"] = {"role": "assistant", "content": None, "tool_calls": calls}
         choice["finish_reason"] = forced.finish_reason(done, text)
         choice["logprobs"] = None if logprobs is None else chat_logprobs(logprobs)
+    elif (own := own_tool_calls(done)) is not None:
+        choice["message"] = {"role": "assistant", "content": text or None, "tool_calls": own}
+        choice["finish_reason"] = "tool_calls"
+        choice["logprobs"] = None if logprobs is None else chat_logprobs(logprobs)
     elif kind == "chat":
         choice["message"] = {"role": "assistant", "content": text}
         choice["logprobs"] = None if logprobs is None else chat_logprobs(logprobs)
@@ -390,6 +395,16 @@ class ChunkEncoder:
         choice = {"index": 0, **fields}
         choice.setdefault("finish_reason", None)
         return self._head + _compact_json(choice).encode() + b"]}\n\n"
+
+
+def shown_text(delta: DeltaFrame) -> str:
+    """What a delta adds to the reply's content (its text, less any tool-call markup)."""
+    return delta.text if delta.content is None else delta.content
+
+
+def own_tool_calls(done: DoneFrame) -> list[dict[str, Any]] | None:
+    """The calls a model made of its own accord (`tool_choice: auto`), in OpenAI's shape."""
+    return [call.model_dump() for call in done.tool_calls] if done.tool_calls else None
 
 
 def tool_call_id() -> str:

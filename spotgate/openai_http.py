@@ -23,6 +23,8 @@ from spotgate.openai_api import (
     completion_body,
     error_body,
     openai_finish_reason,
+    own_tool_calls,
+    shown_text,
     sse_event,
     usage_body,
 )
@@ -105,7 +107,7 @@ async def respond(
             if forced is not None and forced.name is not None:  # a named call streams its args
                 await response.write(chunks.first("") + chunks.tool_calls(forced.calls("") or []))
             elif isinstance(frame, DeltaFrame) and forced is None:
-                await response.write(chunks.first(frame.text, frame.logprobs))
+                await response.write(chunks.first(shown_text(frame), frame.logprobs))
                 continue  # the role and the first token in one write
             else:
                 await response.write(chunks.first(""))
@@ -114,8 +116,8 @@ async def respond(
                 calls_text.append(frame.text)
                 if forced.name is not None and frame.text:
                     await response.write(chunks.tool_arguments(frame.text))
-            elif frame.text or frame.logprobs:
-                await response.write(chunks.content(frame.text, frame.logprobs))
+            elif (text := shown_text(frame)) or frame.logprobs:
+                await response.write(chunks.content(text, frame.logprobs))
         elif isinstance(frame, ErrorFrame):
             await response.write(sse_event(error_body(frame.code, frame.message, frame.param)))
         else:
@@ -123,6 +125,9 @@ async def respond(
             if forced is not None:
                 await response.write(_forced_ending(chunks, forced, "".join(calls_text)))
                 finish_reason = forced.finish_reason(frame, "".join(calls_text))
+            elif (own := own_tool_calls(frame)) is not None:
+                await response.write(chunks.tool_calls(own))
+                finish_reason = "tool_calls"
             await response.write(chunks.finish(finish_reason))
             if include_usage:
                 await response.write(chunks.usage(usage_body(frame)))
@@ -153,7 +158,7 @@ async def _collect(
     logprobs: list[TokenLogprob] | None = None
     async for frame in frames:
         if isinstance(frame, DeltaFrame):
-            text.append(frame.text)
+            text.append(shown_text(frame))
             if frame.logprobs is not None:
                 logprobs = logprobs or []
                 logprobs.extend(frame.logprobs)
@@ -181,7 +186,7 @@ async def respond_response(
             continue  # queued / start: nothing to show an OpenAI client
         if not stream:
             if isinstance(frame, DeltaFrame):
-                writer.delta(frame.text)
+                writer.delta(shown_text(frame))
                 continue
             if isinstance(frame, DoneFrame):
                 return web.json_response(writer.body("completed", frame))
@@ -192,7 +197,7 @@ async def respond_response(
             await response.prepare(request)
             await response.write(writer.opening())
         if isinstance(frame, DeltaFrame):
-            await response.write(writer.delta(frame.text))
+            await response.write(writer.delta(shown_text(frame)))
         elif isinstance(frame, ErrorFrame):
             await response.write(writer.error(frame.code, frame.message, frame.param))
         else:

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from spotgate.openai_api import ForcedTools, SamplingRequest
+from spotgate.openai_api import ForcedTools, SamplingRequest, own_tool_calls
 from spotgate.protocol import (
     MAX_TOOLS,
     ChatMessage,
@@ -286,7 +286,10 @@ class ResponseWriter:
         status = "completed" if done is None or done.finish_reason != "length" else "incomplete"
         calls = self.forced.calls(text) if self.forced is not None else None
         if calls is None:
-            return [self._message(text, status)]
+            own = own_tool_calls(done) if done is not None else None
+            return [self._message(text, status)] + [
+                self._function_call(call, status, None) for call in own or ()
+            ]
         return [
             self._function_call(call, status, self._item_id if index == 0 else None)
             for index, call in enumerate(calls)
@@ -305,7 +308,7 @@ class ResponseWriter:
     def _function_call(call: dict[str, Any], status: str, item_id: str | None) -> dict[str, Any]:
         return {
             "type": "function_call",
-            "id": item_id or f"fc_{uuid.uuid4().hex}",
+            "id": item_id or f"fc_{call['id']}",  # the same item in every event
             "call_id": call["id"],
             "name": call["function"]["name"],
             "arguments": call["function"]["arguments"],

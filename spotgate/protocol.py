@@ -302,6 +302,9 @@ class DeltaFrame(_Strict):
     """`n` more tokens of text; `ids` only when the stream asked with `want_ids`.
 
     `logprobs` (one per token, when the stream asked for them) are OpenAI's chat logprobs.
+    `content`: set when the model may call tools of its own accord (`tool_choice: auto`), the
+    reply content this frame adds; the rest of the reply's `text` is tool-call markup, which
+    the `done` frame's `tool_calls` carry as OpenAI's calls.
     """
 
     type: Literal["delta"] = "delta"
@@ -310,6 +313,7 @@ class DeltaFrame(_Strict):
     n: Count
     ids: list[TokenId] | None = None
     logprobs: list[TokenLogprob] | None = None
+    content: str | None = None
 
     @model_validator(mode="after")
     def _ids_match_count(self) -> Self:
@@ -336,13 +340,14 @@ class Timings(_Strict):
 
 
 class DoneFrame(_Strict):
-    """The stream finished."""
+    """The stream finished; `tool_calls`: those the model made of its own accord, if any."""
 
     type: Literal["done"] = "done"
     id: StreamId
     finish_reason: Literal["stop", "length", "cancelled"]
     usage: Usage
     timings: Timings
+    tool_calls: Annotated[list[ToolCall], Field(min_length=1, max_length=MAX_TOOLS)] | None = None
 
 
 class ErrorFrame(_Strict):

@@ -181,6 +181,10 @@ class VllmSettings(_Section):
     gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.9
     tensor_parallel_size: PositiveInt = 1
     enforce_eager: bool = False
+    # vLLM's `--tool-call-parser` for this model (`hermes` for Qwen2.5/Qwen3 and Hermes, …):
+    # how the calls a model makes of its own accord (`tool_choice: auto`) are read from its
+    # text. None: such requests are refused with a 400 naming `tool_choice`.
+    tool_call_parser: str | None = None
 
 
 class SyntheticSettings(_Section):

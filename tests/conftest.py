@@ -20,8 +20,10 @@ from tests.support.agents import (  # fixtures for every suite  # noqa: F401
     synthetic_engine,
     tiny_model_dir,
     token,
+    tool_model_dir,
     vllm_engine,
     vllm_llama2_engine,
+    vllm_tool_engine,
 )
 from tests.support.clocks import FakeClock
 
@@ -41,7 +43,7 @@ WORKER_GROUPS = {
 }
 """Tests that must share a worker when `make test` runs the suite on several (pytest-xdist);
 every other test goes to whichever worker is free."""
-VLLM_ENGINE_FIXTURES = frozenset({"vllm_engine", "vllm_llama2_engine"})
+VLLM_ENGINE_FIXTURES = frozenset({"vllm_engine", "vllm_llama2_engine", "vllm_tool_engine"})
 
 
 def worker_group(nodeid: str) -> str:

@@ -55,6 +55,10 @@ def one_line(text: str) -> str:
         (["sim", "--traces", "/no/such/dir"], "no such directory of spot traces"),
         (["sim", "--traces", ".", "--policy", "magic"], "unknown policy"),
         (["sim", "--traces", ".", "--tick", "0"], "must be more than zero"),
+        (
+            ["model", "tiny", "--out", "/no/such/out", "--tokenizer", "llama2", "--reply", "Hi"],
+            "no chat template",
+        ),
     ],
 )
 def test_bad_input_exits_2_with_one_line(args: list[str], reason: str) -> None:

@@ -11,7 +11,16 @@ import pytest
 from gpu_agent.engine import Engine
 from spotgate.registry import CreatedApiKey
 from tests.gateway.conftest import Gateway, GatewayAgentFactory
-from tests.support.agents import LLAMA2_MODEL, TINY_MODEL, Imds, RunningAgent, spot_notice
+from tests.support.agents import (
+    LLAMA2_MODEL,
+    TINY_MODEL,
+    TOOL_CALL_ARGUMENTS,
+    TOOL_CALL_CONTENT,
+    TOOL_MODEL,
+    Imds,
+    RunningAgent,
+    spot_notice,
+)
 from tests.support.wsclient import connect, generate, ids_of, receive, run_streams, send, text_of
 
 pytestmark = pytest.mark.vllm
@@ -103,6 +112,38 @@ def logprobs_of(frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [entry for frame in frames for entry in frame.get("logprobs") or ()]
 
 
+async def moved_by_a_kill(
+    gateway: Gateway,
+    gateway_agent: GatewayAgentFactory,
+    engine: Engine,
+    api_key: CreatedApiKey,
+    request: dict[str, Any],
+    after_tokens: int,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """An unmoved stream's frames, and those of the same request whose agent is killed (links
+    reset) once `after_tokens` tokens have come; two agents share `engine`."""
+    model = request["model"]
+    agents = {
+        agent.runtime.identity.agent_id: agent  # type: ignore[union-attr]
+        for agent in [
+            await gateway_agent(model=model, engine=engine),
+            await gateway_agent(model=model, engine=engine, imds_url="http://127.0.0.1:9"),
+        ]
+    }
+    async with connect(gateway.ws_url, api_key.api_key) as ws:
+        reference = (await run_streams(ws, request))["ref"]
+        await send(ws, {**request, "id": "moved"})
+        frames = [await receive(ws)]
+        while sum(f.get("n", 0) for f in frames) < after_tokens:
+            frames.append(await receive(ws))
+        cut_links(agents[frames[0]["agent"]])
+        while frames[-1]["type"] not in ("done", "error"):
+            frames.append(await receive(ws))
+    assert frames[-1]["type"] == "done", frames[-1]
+    assert len({f["agent"] for f in frames if f["type"] == "start"}) == 2
+    return reference, frames
+
+
 @pytest.mark.parametrize("feature", FEATURES)
 async def test_a_stream_moved_by_a_kill_keeps_each_feature(
     gateway: Gateway,
@@ -114,27 +155,15 @@ async def test_a_stream_moved_by_a_kill_keeps_each_feature(
     request = generate(
         "ref", TINY_MODEL, content="List words", max_tokens=600, want_ids=True, **FEATURES[feature]
     )
-    agents = {
-        agent.runtime.identity.agent_id: agent  # type: ignore[union-attr]
-        for agent in [
-            await gateway_agent(model=TINY_MODEL, engine=vllm_engine),
-            await gateway_agent(
-                model=TINY_MODEL, engine=vllm_engine, imds_url="http://127.0.0.1:9"
-            ),
-        ]
-    }
-    async with connect(gateway.ws_url, api_key.api_key) as ws:
-        reference = (await run_streams(ws, request))["ref"]
-        await send(ws, {**request, "id": "moved"})
-        frames = [await receive(ws)]
-        while sum(f.get("n", 0) for f in frames) < 20:  # mid-reply
-            frames.append(await receive(ws))
-        cut_links(agents[frames[0]["agent"]])
-        while frames[-1]["type"] not in ("done", "error"):
-            frames.append(await receive(ws))
+    reference, frames = await moved_by_a_kill(
+        gateway,
+        gateway_agent,
+        vllm_engine,
+        api_key,
+        request,
+        after_tokens=20,  # mid-reply
+    )
 
-    assert frames[-1]["type"] == "done", frames[-1]
-    assert len({f["agent"] for f in frames if f["type"] == "start"}) == 2
     if "response_format" in request or "tools" in request:  # the reply, or the call's arguments
         jsonschema.validate(json.loads(text_of(frames)), WORDS_SCHEMA)
         assert frames[-1]["finish_reason"] == "stop"
@@ -148,3 +177,34 @@ async def test_a_stream_moved_by_a_kill_keeps_each_feature(
         assert [e["logprob"] for e in moved] == pytest.approx(
             [e["logprob"] for e in unmoved], abs=1e-3
         )
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+async def test_a_call_the_model_makes_of_its_own_accord_survives_a_kill_mid_call(
+    gateway: Gateway,
+    gateway_agent: GatewayAgentFactory,
+    vllm_tool_engine: Engine,
+    api_key: CreatedApiKey,
+    temperature: float,
+) -> None:
+    weather: Any = {"type": "function", "function": {"name": "get_weather"}}
+    request = generate(
+        "ref",
+        TOOL_MODEL,
+        content="Umbrella in Oslo?",
+        max_tokens=200,
+        want_ids=True,
+        tools=[weather],
+        temperature=temperature,
+        seed=3,
+    )
+    reference, frames = await moved_by_a_kill(
+        gateway, gateway_agent, vllm_tool_engine, api_key, request, after_tokens=30
+    )  # inside the call's markup
+
+    for stream in (frames, reference):
+        assert "".join(f["content"] for f in stream if f["type"] == "delta") == TOOL_CALL_CONTENT
+        (call,) = stream[-1]["tool_calls"]
+        assert call["function"]["name"] == "get_weather"
+        assert json.loads(call["function"]["arguments"]) == TOOL_CALL_ARGUMENTS
+    assert text_of(frames) == text_of(reference) == vllm_tool_engine.decode(ids_of(reference))

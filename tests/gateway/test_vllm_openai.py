@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -18,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from gpu_agent.engine import Engine
 from spotgate.registry import CreatedApiKey
 from tests.gateway.conftest import Gateway, GatewayAgentFactory
-from tests.support.agents import TINY_MODEL
+from tests.support.agents import TINY_MODEL, TOOL_CALL_ARGUMENTS, TOOL_CALL_CONTENT, TOOL_MODEL
 from tests.support.wsclient import connect, generate, ids_of, run_streams
 
 pytestmark = pytest.mark.vllm
@@ -35,15 +36,27 @@ class Weather(BaseModel):
     celsius: int = Field(ge=-40, le=50)
 
 
+SdkClient = Callable[[str, Engine], Awaitable[openai.AsyncOpenAI]]
+
+
 @pytest.fixture
-async def client(
-    gateway: Gateway,
-    gateway_agent: GatewayAgentFactory,
-    vllm_engine: Engine,
-    api_key: CreatedApiKey,
-) -> openai.AsyncOpenAI:
-    await gateway_agent(model=TINY_MODEL, engine=vllm_engine)
-    return openai.AsyncOpenAI(base_url=f"{gateway.url}/v1", api_key=api_key.api_key, max_retries=0)
+def sdk_client(
+    gateway: Gateway, gateway_agent: GatewayAgentFactory, api_key: CreatedApiKey
+) -> SdkClient:
+    """The official SDK's client of the gateway, once an agent serves `model` on `engine`."""
+
+    async def start(model: str, engine: Engine) -> openai.AsyncOpenAI:
+        await gateway_agent(model=model, engine=engine)
+        return openai.AsyncOpenAI(
+            base_url=f"{gateway.url}/v1", api_key=api_key.api_key, max_retries=0
+        )
+
+    return start
+
+
+@pytest.fixture
+async def client(sdk_client: SdkClient, vllm_engine: Engine) -> openai.AsyncOpenAI:
+    return await sdk_client(TINY_MODEL, vllm_engine)
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -191,10 +204,12 @@ async def test_bad_fields_are_400s_that_name_them(
     assert named in refused.value.message
 
 
-def langchain_llm(gateway: Gateway, api_key: CreatedApiKey, **settings: Any) -> ChatOpenAI:
+def langchain_llm(
+    gateway: Gateway, api_key: CreatedApiKey, model: str = TINY_MODEL, **settings: Any
+) -> ChatOpenAI:
     """LangChain's `ChatOpenAI` pointed at the gateway, greedy."""
     return ChatOpenAI(
-        model=TINY_MODEL,
+        model=model,
         base_url=f"{gateway.url}/v1",
         api_key=api_key.api_key,  # type: ignore[arg-type]
         max_retries=0,
@@ -345,9 +360,7 @@ async def test_required_tool_choice_calls_one_of_the_tools(
     jsonschema.validate(json.loads(call.function.arguments), parameters[call.function.name])  # type: ignore[union-attr]
 
 
-async def test_a_tool_result_goes_back_to_the_model_and_auto_is_refused_by_name(
-    client: openai.AsyncOpenAI,
-) -> None:
+async def test_a_tool_result_goes_back_to_the_model(client: openai.AsyncOpenAI) -> None:
     call = {
         "id": "call_1",
         "type": "function",
@@ -361,14 +374,114 @@ async def test_a_tool_result_goes_back_to_the_model_and_auto_is_refused_by_name(
     answer = await client.chat.completions.create(
         model=TINY_MODEL, messages=history, tools=TOOLS, tool_choice="none", max_tokens=8
     )
-    with pytest.raises(openai.BadRequestError) as refused:
-        await client.chat.completions.create(
-            model=TINY_MODEL, messages=history, tools=TOOLS, max_tokens=8
-        )
 
     assert answer.choices[0].message.content
     assert answer.choices[0].message.tool_calls is None
+
+
+async def test_auto_on_a_model_served_without_a_tool_call_parser_is_refused_by_name(
+    client: openai.AsyncOpenAI,
+) -> None:
+    with pytest.raises(openai.BadRequestError, match="TOOL_CALL_PARSER") as refused:
+        await client.chat.completions.create(**ASKED_TOOLS)
+
     assert refused.value.param == "tool_choice"
+
+
+TAUGHT_TOOL: Any = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather forecast for a city",
+        "parameters": {
+            **WEATHER_PARAMETERS,
+            "properties": {**WEATHER_PARAMETERS["properties"], "note": {"type": "string"}},
+        },
+    },
+}
+"""The tool the tool model calls of its own accord (see `TOOL_CALL_REPLY`)."""
+ASKED_AUTO: Any = {
+    "model": TOOL_MODEL,
+    "messages": [{"role": "user", "content": "Should I take an umbrella in Oslo?"}],
+    "tools": [TAUGHT_TOOL, TOOLS[1]],
+    "max_tokens": 200,
+}
+
+
+@pytest.fixture
+async def tool_client(sdk_client: SdkClient, vllm_tool_engine: Engine) -> openai.AsyncOpenAI:
+    return await sdk_client(TOOL_MODEL, vllm_tool_engine)
+
+
+def assert_the_taught_call(call: Any) -> None:
+    assert call.type == "function"
+    assert call.id
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == TOOL_CALL_ARGUMENTS
+    jsonschema.validate(json.loads(call.function.arguments), TAUGHT_TOOL["function"]["parameters"])
+
+
+async def test_a_tool_the_model_calls_of_its_own_accord_whole(
+    tool_client: openai.AsyncOpenAI,
+) -> None:
+    # Sampled at the SDK's default temperature, as a client that sets none gets it.
+    reply = await tool_client.chat.completions.create(**ASKED_AUTO)
+
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content == TOOL_CALL_CONTENT  # the markup is not content
+    (call,) = choice.message.tool_calls or ()
+    assert_the_taught_call(call)
+
+
+async def test_a_tool_the_model_calls_of_its_own_accord_streamed(
+    tool_client: openai.AsyncOpenAI,
+) -> None:
+    chunks = [
+        chunk
+        async for chunk in await tool_client.chat.completions.create(
+            **ASKED_AUTO, tool_choice="auto", temperature=0, stream=True
+        )
+        if chunk.choices
+    ]
+
+    content = [chunk.choices[0].delta.content or "" for chunk in chunks]
+    assert "".join(content) == TOOL_CALL_CONTENT
+    assert len([text for text in content if text]) > 1  # content streams as it comes
+    (call,) = [c for chunk in chunks for c in chunk.choices[0].delta.tool_calls or ()]
+    assert call.index == 0
+    assert_the_taught_call(call)
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+async def test_langchain_binds_tools_and_the_model_picks_one(
+    gateway: Gateway, tool_client: openai.AsyncOpenAI, api_key: CreatedApiKey
+) -> None:
+    llm = langchain_llm(gateway, api_key, model=TOOL_MODEL, max_completion_tokens=200)
+    reply = await llm.bind_tools([TAUGHT_TOOL, TOOLS[1]]).ainvoke("Umbrella in Oslo?")
+
+    (call,) = reply.tool_calls  # type: ignore[attr-defined]
+    assert call["name"] == "get_weather"
+    assert call["args"] == TOOL_CALL_ARGUMENTS
+    assert reply.content == TOOL_CALL_CONTENT
+
+
+async def test_the_responses_api_reports_a_call_the_model_chose(
+    tool_client: openai.AsyncOpenAI,
+) -> None:
+    tool: Any = {"type": "function", **TAUGHT_TOOL["function"]}
+    asked: Any = {"model": TOOL_MODEL, "input": "Umbrella?", "tools": [tool], "temperature": 0}
+    whole = await tool_client.responses.create(**asked)
+    async with tool_client.responses.stream(**asked) as streaming:
+        final = await streaming.get_final_response()
+
+    for response in (whole, final):
+        message, call = response.output
+        assert message.type == "message"
+        assert response.output_text == TOOL_CALL_CONTENT
+        assert call.type == "function_call"
+        assert call.name == "get_weather"
+        assert json.loads(call.arguments) == TOOL_CALL_ARGUMENTS
 
 
 async def test_langchain_binds_a_tool_and_gets_its_call(

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import typing
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from openai.types.chat import completion_create_params as chat_params
+from openai.types.responses import response_create_params as responses_params
 from pydantic import ValidationError
 
 from spotgate.openai_api import (
@@ -16,10 +20,12 @@ from spotgate.openai_api import (
     CompletionRequest,
     ForcedTools,
 )
+from spotgate.openai_responses import ResponsesRequest
 from spotgate.protocol import (
     MAX_SEED,
     ChatMessage,
     DoneFrame,
+    GenerateFrame,
     Timings,
     TokenLogprob,
     TopLogprob,
@@ -331,3 +337,52 @@ def test_forced_tool_replies_read_as_openais_tool_calls() -> None:
     assert required.finish_reason(done, "[]") == "tool_calls"
     assert required.finish_reason(cut, '[{"name":"f","para') == "length"
     assert named.finish_reason(cut, '{"ci') == "length"
+
+
+def jsonable(value: Any) -> Any:
+    """What the SDK would send for a value its types allow: iterables as arrays, the rest text."""
+    if isinstance(value, dict):
+        return {str(key): jsonable(item) for key, item in value.items()}
+    if isinstance(value, str | int | float | bool) or value is None:
+        return value
+    if isinstance(value, list | tuple | set | frozenset | Iterator):  # not `range(10**18)`
+        return [jsonable(item) for item in value]
+    return str(value)
+
+
+def sdk_bodies(params: type, required: tuple[str, ...]) -> st.SearchStrategy[dict[str, Any]]:
+    """Request bodies as the `openai` SDK's TypedDict for them allows, field by field.
+
+    `st.from_type` on the whole request is far too slow; one strategy per field is not.
+    """
+    hints = typing.get_type_hints(params)
+    fields = {name: st.from_type(hints[name]).map(jsonable) for name in hints}
+    return st.fixed_dictionaries(
+        {name: fields.pop(name) for name in required}, optional=fields
+    ).map(lambda body: json.loads(json.dumps(body)))
+
+
+@pytest.mark.parametrize(
+    ("params", "required", "request_model"),
+    [
+        (chat_params.CompletionCreateParamsBase, ("model", "messages"), ChatCompletionRequest),
+        (responses_params.ResponseCreateParamsBase, ("model", "input"), ResponsesRequest),
+    ],
+)
+def test_any_body_the_sdks_types_allow_is_a_frame_or_a_validation_error(
+    params: type, required: tuple[str, ...], request_model: Any
+) -> None:
+    """No client input reaches a 500: what the SDK may send is served or refused by name."""
+
+    @settings(max_examples=300)
+    @given(body=sdk_bodies(params, required))
+    def served_or_refused(body: dict[str, Any]) -> None:
+        try:
+            request = request_model.model_validate_json(json.dumps(body))
+        except ValidationError as refused:
+            assert refused.errors()  # a 400 naming where
+            return
+        frame = request.to_generate_frame("s")
+        assert GenerateFrame.model_validate_json(frame.model_dump_json(exclude_none=True))
+
+    served_or_refused()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -35,6 +36,23 @@ ISSUER = "http://gateway.test"
 TINY_MODEL = "tiny"
 LLAMA2_MODEL = "tiny-llama2"
 """The tiny Llama on Llama-2's published tokenizer: SentencePiece, byte fallback, no template."""
+TOOL_MODEL = "tiny-qwen3-tools"
+"""A tiny Llama on Qwen3's published tokenizer and chat template, taught `TOOL_CALL_REPLY`,
+served with vLLM's `hermes` tool-call parser (what Qwen3 is served with)."""
+TOOL_CALL_CONTENT = "Let me look that up.\n"
+TOOL_CALL_ARGUMENTS = {
+    "city": "Oslo",
+    "unit": "celsius",
+    "note": "Pack a light raincoat; showers seem likely near the harbour by evening, with "
+    "strong gusts along its waterfront and cold mornings before sunrise.",
+}
+TOOL_CALL_REPLY = (
+    f"{TOOL_CALL_CONTENT}<tool_call>\n"
+    + json.dumps({"name": "get_weather", "arguments": TOOL_CALL_ARGUMENTS})
+    + "\n</tool_call>"
+)
+"""Some content, then a call in Qwen3's markup: what the tool model answers every chat with.
+No word repeats in it: a model this small tells its place in the reply by the last tokens."""
 
 
 def reset_emulator(emulator: AwsEmulator) -> None:
@@ -71,7 +89,15 @@ def llama2_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_model(tmp_path_factory.mktemp("models") / "llama2", tokenizer_dir("llama2"))
 
 
-def vllm_settings(model_dir: Path, served_model_name: str = TINY_MODEL) -> AgentSettings:
+@pytest.fixture(scope="session")
+def tool_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("models") / "tools"
+    return write_tiny_model(out, tokenizer_dir("qwen3"), reply=TOOL_CALL_REPLY)
+
+
+def vllm_settings(
+    model_dir: Path, served_model_name: str = TINY_MODEL, tool_call_parser: str | None = None
+) -> AgentSettings:
     return AgentSettings(
         engine="vllm",
         model=str(model_dir),
@@ -83,6 +109,7 @@ def vllm_settings(model_dir: Path, served_model_name: str = TINY_MODEL) -> Agent
             enforce_eager=True,
             # On the CPU backend: the share of the NUMA node's memory taken at start.
             gpu_memory_utilization=0.3,
+            tool_call_parser=tool_call_parser,
         ),
     )
 
@@ -101,6 +128,15 @@ async def vllm_llama2_engine(llama2_model_dir: Path) -> AsyncIterator[Engine]:
     from gpu_agent.vllm_engine import VllmEngine
 
     engine = await VllmEngine.start(vllm_settings(llama2_model_dir, LLAMA2_MODEL))
+    yield engine
+    await engine.close()
+
+
+@pytest.fixture(scope="session")
+async def vllm_tool_engine(tool_model_dir: Path) -> AsyncIterator[Engine]:
+    from gpu_agent.vllm_engine import VllmEngine
+
+    engine = await VllmEngine.start(vllm_settings(tool_model_dir, TOOL_MODEL, "hermes"))
     yield engine
     await engine.close()
 
