@@ -22,12 +22,17 @@ from spotgate.registry import AgentRecord, AgentState, Registry
 from spotgate.settings import QueueSettings
 
 STALE_AFTER_REFRESHES = 3
+AGENT_FULL_SECONDS = 1.0
+"""How long an agent that refused a stream for capacity gets no new one from this gateway
+(unless one of this gateway's streams on it ends first): its other streams come from other
+gateways, whose ends this one does not see."""
 # What routing reads of each agent's entry: the view is refreshed every second on the event
 # loop, and the rest of the entry would only add parsing time there.
 ROUTING_FIELDS = (  # and the entry's keys
     "url",
     "state",
     "capacity",
+    "active",
     "expires_at",
     "max_model_len",
     "max_token_chars",
@@ -119,6 +124,7 @@ class Dispatcher:
         self._clock = clock
         self._waiting: dict[str, list[object]] = {}
         self._changed = asyncio.Event()
+        self._full_until: dict[str, float] = {}
 
     def pending(self) -> dict[str, int]:
         """Streams waiting per model."""
@@ -138,7 +144,22 @@ class Dispatcher:
         self.outstanding[agent_id] -= 1
         if self.outstanding[agent_id] <= 0:
             del self.outstanding[agent_id]
+        self._full_until.pop(agent_id, None)  # that stream's place is free now
         self.notify()
+
+    def refused_for_capacity(self, agent_id: str) -> None:
+        """The agent is full of other gateways' streams: none of ours goes there for a while."""
+        self._full_until[agent_id] = self._clock() + AGENT_FULL_SECONDS
+        asyncio.get_running_loop().call_later(AGENT_FULL_SECONDS, self.notify)
+
+    def _full(self, agent_id: str) -> bool:
+        until = self._full_until.get(agent_id)
+        if until is None:
+            return False
+        if until > self._clock():
+            return True
+        del self._full_until[agent_id]
+        return False
 
     def candidates(self, model: str) -> list[Candidate]:
         """The model's agents with the gateway's own count of streams on them."""
@@ -149,6 +170,8 @@ class Dispatcher:
                 capacity=record.capacity,
                 outstanding=max(self.outstanding[record.agent_id], 0),
                 expires_at=record.expires_at,
+                reported=record.active,
+                full=self._full(record.agent_id),
             )
             for record in self.view.agents.get(model, [])
         ]

@@ -8,11 +8,14 @@ are; `monotonic`: for the stream's timings).
 
 The rules (DESIGN.md §4):
 
-- An agent that answers `interrupted` (it is draining) or `no_capacity`, or whose link is
-  lost, is excluded and the stream is placed again, with a fresh deadline, on another agent.
+- An agent that answers `interrupted` (it is draining), or whose link is lost, is excluded
+  and the stream is placed again, with a fresh deadline, on another agent.
   That agent's `generate` carries `resume`: the token ids and text the client already has,
   so no token is lost and none repeated. Any other agent error goes to the client and ends
   its stream.
+- An agent that answers `no_capacity` is full (of other gateways' streams: each agent is
+  the authority on its own capacity): the stream waits for room again, hearing its queue
+  position, within the same deadline, on that agent or any other.
 - An agent that cannot be reached is excluded too; the stream goes on waiting for another
   within the same deadline.
 - When no agent can take the stream in time, or its model is unknown, or too many streams
@@ -41,6 +44,7 @@ from spotgate.protocol import (
 )
 
 RETRYABLE_AGENT_ERRORS = frozenset({ErrorCode.INTERRUPTED, ErrorCode.NO_CAPACITY})
+"""Agent errors after which the stream is placed again rather than ended."""
 QUEUE_FULL_RETRY_AFTER_SECONDS = 1.0
 NO_CAPACITY_RETRY_AFTER_SECONDS = 5.0
 
@@ -82,13 +86,20 @@ class ResumeElsewhere:
 
 
 @dataclass(frozen=True, slots=True)
+class WaitForRoom:
+    """`full_agent` refused the stream for capacity: place it again within the same deadline."""
+
+    full_agent: str
+
+
+@dataclass(frozen=True, slots=True)
 class GiveUp:
     """End the client's stream with `error`."""
 
     error: ErrorFrame
 
 
-Decision = ResumeElsewhere | GiveUp
+Decision = ResumeElsewhere | WaitForRoom | GiveUp
 
 
 @dataclass
@@ -253,6 +264,8 @@ class Failover:
 
     def on_agent_error(self, error: ErrorFrame, *, now: float) -> Decision:
         """The agent ended the stream with an error: resume elsewhere, or tell the client."""
+        if error.code is ErrorCode.NO_CAPACITY:
+            return WaitForRoom(full_agent=self._leave_agent())
         if error.code in RETRYABLE_AGENT_ERRORS:
             return self._resume_elsewhere(now)
         self.serving = None
@@ -263,11 +276,16 @@ class Failover:
         """The agent's socket closed under the stream: resume it elsewhere."""
         return self._resume_elsewhere(now)
 
-    def _resume_elsewhere(self, now: float) -> ResumeElsewhere:
-        failed = self.serving
-        if failed is None:
+    def _leave_agent(self) -> str:
+        """The serving agent's stream is over: which agent it was."""
+        agent = self.serving
+        if agent is None:
             raise RuntimeError("an agent stream ended that was never opened")
         self.serving = None
+        return agent
+
+    def _resume_elsewhere(self, now: float) -> ResumeElsewhere:
+        failed = self._leave_agent()
         self.excluded.add(failed)
         self.deadline = now + self.deadline_seconds  # each placement gets its own wait
         return ResumeElsewhere(failed_agent=failed, tokens_so_far=len(self.ids))

@@ -19,7 +19,7 @@ from collections.abc import AsyncGenerator, Callable
 
 from gateway.agent_link import AgentLink, LinkLost, LinkUnavailable
 from gateway.dispatch import Dispatcher, NoCapacity, Queued, QueueFull, UnknownModel
-from gateway.failover import Failover, GiveUp, RelayOutcome, Unplaced
+from gateway.failover import Failover, GiveUp, RelayOutcome, Unplaced, WaitForRoom
 from gateway.router import Candidate
 from spotgate.logging import get_logger
 from spotgate.protocol import (
@@ -101,6 +101,7 @@ async def relay_stream(
             dispatcher.finished(agent_id)
             raise
         stream.on_opened(agent_id)
+        full = False  # the agent refused the stream for capacity
         try:
             async for item in channel.items():
                 if isinstance(item, DeltaFrame):
@@ -126,12 +127,15 @@ async def relay_stream(
                     if isinstance(decision, GiveUp):
                         yield decision.error
                         return
-                    log.info(
-                        "resuming stream",
-                        stream_id=frame.id,
-                        failed_agent=decision.failed_agent,
-                        tokens_so_far=decision.tokens_so_far,
-                    )
+                    if isinstance(decision, WaitForRoom):
+                        full = True
+                    else:
+                        log.info(
+                            "resuming stream",
+                            stream_id=frame.id,
+                            failed_agent=decision.failed_agent,
+                            tokens_so_far=decision.tokens_so_far,
+                        )
                     break
         finally:
             dispatcher.finished(agent_id)
@@ -139,3 +143,5 @@ async def relay_stream(
                 await link.cancel(agent_frame.id)
             else:
                 link.forget(agent_frame.id)
+        if full:  # after `finished`, which takes the mark off: this stream never ran there
+            dispatcher.refused_for_capacity(agent_id)

@@ -1,8 +1,10 @@
 """Which agent gets a stream: a pure function over the gateway's view of the pool.
 
-Least outstanding streams relative to capacity; never a `draining`, expired or excluded
-agent; a `session` sticks to one agent by rendezvous hashing (so vLLM's prefix cache hits)
-while that agent is healthy, and spills to the next in its ranking when it is full.
+Least loaded relative to capacity, where load is the larger of this gateway's own streams on
+an agent and the agent's own count at its last heartbeat (other gateways' streams included);
+never a `draining`, expired or excluded agent, nor one that just said it is full. A `session`
+sticks to one agent by rendezvous hashing (so vLLM's prefix cache hits) while that agent is
+healthy, and spills to the next in its ranking when it is full.
 """
 
 from __future__ import annotations
@@ -23,19 +25,28 @@ class Candidate:
     capacity: int
     outstanding: int
     expires_at: float
+    reported: int = 0
+    """Streams the agent said it served at its last heartbeat, over every gateway."""
+    full: bool = False
+    """The agent just refused a stream for capacity (other gateways' streams fill it)."""
 
     def routable(self, now: float) -> bool:
         """Ready and not expired."""
         return self.state is AgentState.READY and self.expires_at > now
 
     def has_room(self) -> bool:
-        """Fewer streams than its capacity."""
-        return self.outstanding < self.capacity
+        """Fewer of this gateway's streams than its capacity, and not just refused for it.
+
+        The reported count is not trusted for this: it is a heartbeat old, and the agent itself
+        refuses what it has no room for.
+        """
+        return not self.full and self.outstanding < self.capacity
 
     @property
     def load(self) -> float:
-        """Outstanding streams as a share of capacity."""
-        return self.outstanding / self.capacity if self.capacity > 0 else 1.0
+        """Streams on it as a share of capacity (this gateway's, or all at the last heartbeat)."""
+        busy = max(self.outstanding, self.reported)
+        return busy / self.capacity if self.capacity > 0 else 1.0
 
 
 def rendezvous_score(session: str, agent_id: str) -> int:

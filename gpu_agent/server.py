@@ -99,11 +99,14 @@ async def _authenticate(request: web.Request) -> Claims | web.Response:
 
 def _conditions(runtime: AgentRuntime) -> AgentConditions:
     """What admission needs to know about this agent now."""
+    engine = runtime.engine
     return AgentConditions(
         phase=runtime.phase,
         accepting=runtime.accepting,
-        engine_loaded=runtime.engine is not None,
+        engine_loaded=engine is not None,
         token_leeway_seconds=runtime.settings.token_leeway_seconds,
+        streams=len(runtime.streams),
+        capacity=engine.capacity if engine is not None else None,
     )
 
 

@@ -56,6 +56,10 @@ class AgentConditions:
     accepting: bool
     engine_loaded: bool
     token_leeway_seconds: float = 0.0
+    streams: int = 0
+    """Streams the agent serves now, over every gateway link and client."""
+    capacity: int | None = None
+    """The most it serves at once (its engine's `max_num_seqs`); None: no engine yet."""
 
 
 def model_allowed(models: Collection[str], model: str) -> bool:
@@ -132,10 +136,19 @@ def unknown_model(frame: GenerateFrame) -> Refusal:
 
 
 def agent_unavailable(agent: AgentConditions) -> Refusal | None:
-    """Refused unless the agent takes new streams and has its engine loaded."""
-    if agent.accepting and agent.engine_loaded:
-        return None
-    return Refusal(ErrorCode.NO_CAPACITY, f"this agent is {agent.phase}; try another")
+    """Refused unless the agent takes new streams, has its engine loaded and has room.
+
+    The agent is the authority on its capacity: several gateways route to it, and none of
+    them knows what the others have sent.
+    """
+    if not (agent.accepting and agent.engine_loaded):
+        return Refusal(ErrorCode.NO_CAPACITY, f"this agent is {agent.phase}; try another")
+    if agent.capacity is not None and agent.streams >= agent.capacity:
+        return Refusal(
+            ErrorCode.NO_CAPACITY,
+            f"this agent serves its capacity of {agent.capacity} streams; try another",
+        )
+    return None
 
 
 def agent_refusal(grant: Grant, agent: AgentConditions, now: float) -> Refusal | None:

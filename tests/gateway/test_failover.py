@@ -12,6 +12,7 @@ from gateway.failover import (
     GiveUp,
     ResumeElsewhere,
     Unplaced,
+    WaitForRoom,
 )
 from spotgate.protocol import (
     DeltaFrame,
@@ -110,7 +111,12 @@ def test_which_agent_endings_resume_the_stream(ending: Ending, resumes: bool) ->
     decision = end(stream, ending, now=ARRIVED + 9)
 
     assert stream.serving is None  # the agent's stream is over either way: forgotten, not cancelled
-    if resumes:
+    if ending == ErrorCode.NO_CAPACITY:  # full of other gateways' streams: wait for room there
+        assert decision == WaitForRoom(full_agent="a")
+        assert stream.excluded == set()
+        assert stream.deadline == ARRIVED + DEADLINE_SECONDS  # the same wait, not a fresh one
+        assert stream.outcome.error is None
+    elif resumes:
         assert decision == ResumeElsewhere(failed_agent="a", tokens_so_far=2)
         assert stream.excluded == {"a"}
         assert stream.deadline == ARRIVED + 9 + DEADLINE_SECONDS
@@ -154,7 +160,7 @@ def test_the_next_agent_is_sent_what_the_client_already_has(
     ("events", "excluded_after_each"),
     [
         ([("interrupted", "a"), ("interrupted", "b")], [{"a"}, {"a", "b"}]),
-        ([("no_capacity", "a"), (LINK_LOST, "b")], [{"a"}, {"a", "b"}]),
+        ([("no_capacity", "a"), (LINK_LOST, "b")], [set(), {"b"}]),  # full is not failed
         ([("unavailable", "a"), ("unavailable", "b")], [{"a"}, {"a", "b"}]),
         (
             [("unavailable", "a"), ("interrupted", "b"), (LINK_LOST, "c")],
@@ -181,7 +187,7 @@ def test_failed_and_unreachable_agents_are_excluded_for_good(
     ("events", "deadline_after_each"),
     [
         ([("interrupted", 10.0)], [10.0 + DEADLINE_SECONDS]),
-        ([("no_capacity", 10.0)], [10.0 + DEADLINE_SECONDS]),
+        ([("no_capacity", 10.0)], [DEADLINE_SECONDS]),  # waiting for room: the same wait
         ([(LINK_LOST, 10.0)], [10.0 + DEADLINE_SECONDS]),
         (
             [("interrupted", 10.0), (LINK_LOST, 25.0)],
@@ -417,15 +423,18 @@ def test_a_stream_interrupted_twice_reaches_the_client_whole(first: Ending, seco
     stream = arrive(REQUEST.model_copy(update={"want_ids": True}))
     to_client: list[object] = []
 
+    def failed(endings: dict[str, Ending]) -> set[str]:  # a full agent is waited for, not failed
+        return {agent for agent, ending in endings.items() if ending != ErrorCode.NO_CAPACITY}
+
     to_a = place(stream, "a")
     to_client += [stream.on_start(start("a")), relay(stream, [1, 2], "ab")]
-    assert isinstance(end(stream, first), ResumeElsewhere)
-    assert stream.excluded == {"a"}
+    assert isinstance(end(stream, first), ResumeElsewhere | WaitForRoom)
+    assert stream.excluded == failed({"a": first})
 
     to_b = place(stream, "b")
     to_client += [stream.on_start(start("b")), relay(stream, [3], " c")]
-    assert isinstance(end(stream, second), ResumeElsewhere)
-    assert stream.excluded == {"a", "b"}
+    assert isinstance(end(stream, second), ResumeElsewhere | WaitForRoom)
+    assert stream.excluded == failed({"a": first, "b": second})
 
     to_c = place(stream, "c")
     to_client += [stream.on_start(start("c")), relay(stream, [4], "d")]

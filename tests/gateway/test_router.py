@@ -16,8 +16,10 @@ def agent(
     capacity: int = 10,
     state: AgentState = AgentState.READY,
     expires_at: float = NOW + 30,
+    reported: int = 0,
+    full: bool = False,
 ) -> Candidate:
-    return Candidate(agent_id, state, capacity, outstanding, expires_at)
+    return Candidate(agent_id, state, capacity, outstanding, expires_at, reported, full)
 
 
 def chosen(candidates: list[Candidate], **kwargs: object) -> str | None:
@@ -37,6 +39,7 @@ def test_least_loaded_relative_to_capacity() -> None:
         agent("x", state=AgentState.GONE),
         agent("x", expires_at=NOW),  # stale: heartbeat stopped
         agent("x", outstanding=10),  # full
+        agent("x", full=True),  # it refused a stream for capacity: other gateways fill it
     ],
 )
 def test_never_routes_to_draining_stale_or_full_agents(unroutable: Candidate) -> None:
@@ -80,3 +83,10 @@ def test_adding_an_agent_moves_few_sessions() -> None:
         chosen(before, session=f"s{n}") != chosen(after, session=f"s{n}") for n in range(400)
     )
     assert moved < 400 * 0.35  # about 1/5 move; a modulo hash would move about 4/5
+
+
+def test_what_an_agent_reports_orders_agents_but_only_its_refusal_fills_it() -> None:
+    # `b` reported 9 of 10 busy (other gateways' streams): `a`, with more of ours, is lighter.
+    assert chosen([agent("a", outstanding=4), agent("b", outstanding=1, reported=9)]) == "a"
+    # A report a heartbeat old does not stop routing: the agent itself refuses when full.
+    assert chosen([agent("b", outstanding=1, reported=10)]) == "b"

@@ -260,6 +260,22 @@ def test_gateway_refusal(
             EXPIRED,
             id="expiry-before-availability",
         ),
+        pytest.param(
+            TOKEN,
+            AgentConditions("ready", True, True, 5.0, streams=3, capacity=4),
+            NOW,
+            None,
+            id="room-for-one-more",
+        ),
+        pytest.param(
+            TOKEN,
+            AgentConditions("ready", True, True, 5.0, streams=4, capacity=4),
+            NOW,
+            Refusal(
+                ErrorCode.NO_CAPACITY, "this agent serves its capacity of 4 streams; try another"
+            ),
+            id="at-capacity-over-all-gateways",
+        ),
     ],
 )
 def test_agent_refusal(
