@@ -194,6 +194,18 @@ class _StopFilter:
         return out
 
 
+def _tokenless_delta(frame: GenerateFrame, text: str, content: str | None) -> DeltaFrame:
+    """Text that was held back, sent with no token of its own."""
+    return DeltaFrame(
+        id=frame.id,
+        text=text,
+        n=0,
+        ids=[] if frame.want_ids else None,
+        logprobs=[] if frame.logprobs is not None else None,
+        content=content,
+    )
+
+
 async def generate_frames(
     frame: GenerateFrame,
     engine: Engine,
@@ -240,14 +252,7 @@ async def generate_frames(
     if remaining <= 0:  # moved after its last token: only text held back is left to send
         text = stop_filter.feed(detokenizer.flush(), final=True)
         if text:
-            yield DeltaFrame(
-                id=frame.id,
-                text=text,
-                n=0,
-                ids=[] if frame.want_ids else None,
-                logprobs=[] if frame.logprobs is not None else None,
-                content=content.feed(text) if content is not None else None,
-            )
+            yield _tokenless_delta(frame, text, content.feed(text) if content is not None else None)
         finish = "stop" if stop_filter.stopped else "length"
     else:
         request = GenerationRequest(
@@ -299,14 +304,7 @@ async def generate_frames(
         calls = parsed.calls or None
         rest = content.finish(parsed.content)
         if rest:  # the content held back in case it opened a call, when none was made
-            yield DeltaFrame(
-                id=frame.id,
-                text="",
-                n=0,
-                ids=[] if frame.want_ids else None,
-                logprobs=[] if frame.logprobs is not None else None,
-                content=rest,
-            )
+            yield _tokenless_delta(frame, "", rest)
     total_ms = (time.monotonic() - started) * 1000
     yield DoneFrame(
         id=frame.id,

@@ -101,10 +101,17 @@ class ParsedReply:
 class ToolCallReader:
     """One of vLLM's tool-call parsers, for the replies of one request's tools.
 
-    `markers`: the texts that open call markup, as they appear in the agent's decoded text.
+    `markers`: the texts that open call markup, as they appear in the agent's decoded text;
+    they depend on the parser and tokenizer alone, so an engine passes those it found once.
     """
 
-    def __init__(self, parser_name: str, tokenizer: Any, tools: Sequence[Tool]) -> None:
+    def __init__(
+        self,
+        parser_name: str,
+        tokenizer: Any,
+        tools: Sequence[Tool],
+        markers: Sequence[str] | None = None,
+    ) -> None:
         from vllm.entrypoints.openai.chat_completion.protocol import (
             ChatCompletionRequest,
             ChatCompletionToolsParam,
@@ -127,6 +134,9 @@ class ToolCallReader:
         self._request = ChatCompletionRequest(
             model="spotgate", messages=[{"role": "user", "content": ""}], tools=offered or None
         )
+        if markers is not None:
+            self.markers = list(markers)
+            return
         declared = {
             marker
             for attribute in MARKER_ATTRIBUTES

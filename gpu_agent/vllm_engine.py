@@ -57,8 +57,12 @@ class VllmEngine:
         self.held_token_ids = held_token_ids(self._backend)
         self._grammars: Grammars | None = None
         self._tool_call_parser = tool_call_parser
-        if tool_call_parser is not None:
-            self.tool_calls(())  # an unknown or unusable parser fails the start, not a request
+        # Found once: an unknown or unusable parser fails the start, not a request.
+        self._tool_markers = (
+            ToolCallReader(tool_call_parser, tokenizer, ()).markers
+            if tool_call_parser is not None
+            else []
+        )
 
     @classmethod
     async def start(cls, settings: AgentSettings) -> VllmEngine:
@@ -126,7 +130,7 @@ class VllmEngine:
         """The tool-call parser (vLLM's) named in the settings, for a request offering `tools`."""
         if self._tool_call_parser is None:
             return None
-        return ToolCallReader(self._tool_call_parser, self._tokenizer, tools)
+        return ToolCallReader(self._tool_call_parser, self._tokenizer, tools, self._tool_markers)
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """Text of the ids, special tokens left out, no clean-up of spaces."""

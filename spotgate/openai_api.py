@@ -302,21 +302,20 @@ def completion_body(
 ) -> dict[str, Any]:
     """A whole (non-streamed) chat or text completion."""
     choice: dict[str, Any] = {"index": 0, "finish_reason": openai_finish_reason(done)}
-    calls = forced.calls(text) if forced is not None else None
-    if calls is not None and forced is not None:
-        choice["message"] = {"role": "assistant", "content": None, "tool_calls": calls}
-        choice["finish_reason"] = forced.finish_reason(done, text)
-        choice["logprobs"] = None if logprobs is None else chat_logprobs(logprobs)
-    elif (own := own_tool_calls(done)) is not None:
-        choice["message"] = {"role": "assistant", "content": text or None, "tool_calls": own}
-        choice["finish_reason"] = "tool_calls"
-        choice["logprobs"] = None if logprobs is None else chat_logprobs(logprobs)
-    elif kind == "chat":
-        choice["message"] = {"role": "assistant", "content": text}
-        choice["logprobs"] = None if logprobs is None else chat_logprobs(logprobs)
-    else:
+    if kind == "text":
         choice["text"] = text
         choice["logprobs"] = None if logprobs is None else text_logprobs(logprobs)
+    else:
+        choice["logprobs"] = None if logprobs is None else chat_logprobs(logprobs)
+        calls = forced.calls(text) if forced is not None else None
+        if calls is not None and forced is not None:
+            choice["message"] = {"role": "assistant", "content": None, "tool_calls": calls}
+            choice["finish_reason"] = forced.finish_reason(done, text)
+        elif (own := own_tool_calls(done)) is not None:
+            choice["message"] = {"role": "assistant", "content": text or None, "tool_calls": own}
+            choice["finish_reason"] = "tool_calls"
+        else:
+            choice["message"] = {"role": "assistant", "content": text}
     return {
         "id": cid,
         "object": "chat.completion" if kind == "chat" else "text_completion",
