@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
+from urllib.parse import urlsplit
 
 import aiohttp
 import pytest
@@ -386,8 +388,15 @@ async def test_a_client_that_never_reads_pauses_its_stream(
     agent = await wait_ready(await start_agent(flood))
     max_tokens = 1_000_000  # one second of work at this rate, about 7 MB of text
     headers = {"Authorization": f"Bearer {token}"}
+    # A fixed receive buffer: Linux autotunes it up to tcp_rmem's maximum (32 MB on some
+    # hosts), room for the whole reply, which would hide a missing pause.
+    reader = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+    reader.setblocking(False)
+    parts = urlsplit(agent.ws_url)
+    await asyncio.get_running_loop().sock_connect(reader, (parts.hostname, parts.port))
     async with websockets.connect(
-        agent.ws_url, additional_headers=headers, max_queue=1, close_timeout=1
+        agent.ws_url, sock=reader, additional_headers=headers, max_queue=1, close_timeout=1
     ) as ws:
         await send(ws, generate("flood", "synth", max_tokens=max_tokens))
         assert (await receive(ws))["type"] == "start"  # then it reads nothing more
@@ -397,7 +406,7 @@ async def test_a_client_that_never_reads_pauses_its_stream(
             while len(produced) < 3 or produced[-1] != produced[-3]:
                 await asyncio.sleep(0.25)  # sampling a rate, not synchronising
                 produced.append(handle.progress.completion_tokens)
-        # Stalled once the sockets' kernel buffers filled (a few MB on loopback), short of the
+        # Stalled once the sockets' kernel buffers filled (a few MB at most), short of the
         # end: the agent waits for the reader instead of buffering the reply.
         assert 0 < produced[-1] < max_tokens
         assert not handle.task.done()
