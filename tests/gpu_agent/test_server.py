@@ -388,15 +388,22 @@ async def test_a_client_that_never_reads_pauses_its_stream(
     agent = await wait_ready(await start_agent(flood))
     max_tokens = 1_000_000  # one second of work at this rate, about 7 MB of text
     headers = {"Authorization": f"Bearer {token}"}
-    # A fixed receive buffer: Linux autotunes it up to tcp_rmem's maximum (32 MB on some
-    # hosts), room for the whole reply, which would hide a missing pause.
+    # A fixed receive buffer, and no compression: Linux autotunes a buffer up to tcp_rmem's
+    # maximum (32 MB on some hosts) and deflate shrinks this repetitive text; either leaves
+    # room for the whole reply, which would hide a missing pause. The agent's send buffer
+    # (tcp_wmem's maximum, 4 MB) then holds about 600k tokens.
     reader = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
     reader.setblocking(False)
     parts = urlsplit(agent.ws_url)
     await asyncio.get_running_loop().sock_connect(reader, (parts.hostname, parts.port))
     async with websockets.connect(
-        agent.ws_url, sock=reader, additional_headers=headers, max_queue=1, close_timeout=1
+        agent.ws_url,
+        sock=reader,
+        additional_headers=headers,
+        compression=None,
+        max_queue=1,
+        close_timeout=1,
     ) as ws:
         await send(ws, generate("flood", "synth", max_tokens=max_tokens))
         assert (await receive(ws))["type"] == "start"  # then it reads nothing more
