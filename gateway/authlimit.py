@@ -7,10 +7,11 @@ is looked at (no registry read, no hash). The address limit stops one client fro
 the key id limit stops many addresses guessing one key's secret, at the price that the key's
 owner is refused too while the attack lasts (tokens already issued keep working).
 
-Each gateway replica keeps its own buckets, so with N replicas a guesser gets up to N times
-the budget; secrets are 256 bits, so the limits protect the registry and the logs, not the
-secrets. Buckets that refilled are forgotten, and at most `MAX_TRACKED_BUCKETS` are kept,
-so a flood of fresh addresses or key ids cannot grow memory without bound.
+These buckets are one replica's own: the gateway keeps them in the shared store
+(`gateway.sharedlimits`) and uses these while it is unreachable or when none is configured
+(`gateway.limits`). Secrets are 256 bits, so the limits protect the registry and the logs,
+not the secrets. Buckets that refilled are forgotten, and at most `MAX_TRACKED_BUCKETS` are
+kept, so a flood of fresh addresses or key ids cannot grow memory without bound.
 """
 
 from __future__ import annotations
@@ -48,6 +49,15 @@ def _wait(buckets: dict[str, TokenBucket], name: str | None, now: float) -> floa
     return 0.0 if bucket is None else bucket.wait_for(1.0, now)
 
 
+def auth_decision(client_wait: float, key_wait: float) -> Decision:
+    """Refused while the client's or the key's bucket has less than one attempt left."""
+    if client_wait > 0:
+        return Decision(False, "too many failed authentications from this client", client_wait)
+    if key_wait > 0:
+        return Decision(False, "too many failed authentications for this API key", key_wait)
+    return Decision(True)
+
+
 @dataclass
 class FailedAuthLimiter:
     """Token buckets of failed authentications per client address and per key id."""
@@ -59,13 +69,7 @@ class FailedAuthLimiter:
 
     def check(self, client: str, key_id: str | None, now: float) -> Decision:
         """Whether a credential from `client` (for `key_id`, if an API key) may be checked."""
-        client_wait = _wait(self._clients, client, now)
-        if client_wait > 0:
-            return Decision(False, "too many failed authentications from this client", client_wait)
-        key_wait = _wait(self._keys, key_id, now)
-        if key_wait > 0:
-            return Decision(False, "too many failed authentications for this API key", key_wait)
-        return Decision(True)
+        return auth_decision(_wait(self._clients, client, now), _wait(self._keys, key_id, now))
 
     def failed(self, client: str, key_id: str | None, now: float) -> None:
         """Charge one refused credential to its client and key id."""

@@ -63,7 +63,7 @@ async def guarded(
     """Run a credential `check` unless this client or key failed too often; count failures."""
     client = client_address(request, state.settings.trusted_proxy_hops)
     key_id = _key_id(credential)
-    decision = state.failed_auth.check(client, key_id, state.clock())
+    decision = await state.limits.auth_check(client, key_id, state.clock())
     if not decision.admitted:
         raise AuthThrottled(decision.reason, decision.retry_after)
     try:
@@ -71,7 +71,7 @@ async def guarded(
     except AuthUnavailable:
         raise  # the registry could not answer: not the caller's failure
     except AuthRefused:
-        state.failed_auth.failed(client, key_id, state.clock())
+        await state.limits.auth_failed(client, key_id, state.clock())
         raise
 
 

@@ -69,6 +69,23 @@ class GatewayMetrics:
         self.registry_up = Gauge(
             "spotgate_gateway_registry_up", "1 while the registry answers", registry=r
         )
+        self.limits_shared = Gauge(
+            "spotgate_gateway_limits_shared",
+            "1 while per-key limits are decided in the limit store shared by every replica; "
+            "0 while this replica decides alone (no store configured, or it does not answer)",
+            registry=r,
+        )
+        self.limit_store_errors = Counter(
+            "spotgate_gateway_limit_store_errors_total",
+            "calls to the limit store that failed (refused, or too slow)",
+            registry=r,
+        )
+        self.local_limit_decisions = Counter(
+            "spotgate_gateway_local_limit_decisions_total",
+            "admissions decided by this replica's own buckets "
+            "(no limit store, or it did not answer)",
+            registry=r,
+        )
 
     def record(self, outcome: RelayOutcome) -> None:
         """Account for a finished stream."""

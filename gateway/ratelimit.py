@@ -2,8 +2,9 @@
 
 Pure over plain data and an explicit clock. Requests are charged on admission; tokens are
 charged when a stream ends (its real usage), so a key may overdraw once and then waits until
-the bucket refills. Each gateway replica keeps its own buckets: with N replicas behind a load
-balancer a key can reach up to N times its limits (documented in README).
+the bucket refills. These buckets are one replica's own: the gateway keeps them in the shared
+store (`gateway.sharedlimits`, the same arithmetic) and uses these while the store is
+unreachable or when none is configured (`gateway.limits`).
 """
 
 from __future__ import annotations
@@ -58,6 +59,21 @@ class Decision:
     retry_after: float = 0.0
 
 
+def streams_refusal(limits: Limits) -> Decision:
+    """A key at its concurrent streams limit."""
+    return Decision(False, f"at most {limits.max_concurrent} concurrent streams", 1.0)
+
+
+def tpm_refusal(limits: Limits, wait: float) -> Decision:
+    """A key that overdrew its tokens per minute, for `wait` seconds more."""
+    return Decision(False, f"over {limits.tpm} tokens per minute", wait)
+
+
+def rpm_refusal(limits: Limits, wait: float) -> Decision:
+    """A key out of requests per minute, for `wait` seconds more."""
+    return Decision(False, f"over {limits.rpm} requests per minute", wait)
+
+
 @dataclass(slots=True)
 class _KeyState:
     requests: TokenBucket | None
@@ -85,13 +101,13 @@ class RateLimiter:
         """Take one request and one stream slot, or say why not and for how long."""
         state = self._state(key_id, limits, now)
         if state.streams >= limits.max_concurrent:
-            return Decision(False, f"at most {limits.max_concurrent} concurrent streams", 1.0)
+            return streams_refusal(limits)
         if state.tokens is not None and (wait := state.tokens.wait_for(0.0, now)) > 0:
-            return Decision(False, f"over {limits.tpm} tokens per minute", wait)
+            return tpm_refusal(limits, wait)
         if state.requests is not None:
             wait = state.requests.wait_for(1.0, now)
             if wait > 0:
-                return Decision(False, f"over {limits.rpm} requests per minute", wait)
+                return rpm_refusal(limits, wait)
             state.requests.level -= 1.0
         state.streams += 1
         return Decision(True)

@@ -9,6 +9,7 @@ here by `ROUTES`, one ordered list.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable
@@ -18,14 +19,16 @@ import aiohttp
 from aiohttp import WSCloseCode, web
 
 from gateway.auth import Authenticator
-from gateway.authlimit import FailedAuthLimiter
 from gateway.demand import Published, current_demand, rows_due
 from gateway.dispatch import Dispatcher
+from gateway.limits import LimitStore
+from gateway.metrics import GatewayMetrics
 from gateway.routes.chat_page import setup_chat_page
 from gateway.routes.health import setup_health
 from gateway.routes.openai_compat import setup_openai_compat
 from gateway.routes.tokens import setup_tokens
 from gateway.routes.websocket import setup_websocket
+from gateway.sharedlimits import SharedBuckets
 from gateway.signing import load_key_ring
 from gateway.state import STATE, GatewayState, public_url
 from spotgate.logging import get_logger
@@ -93,12 +96,19 @@ def create_app(
 
     async def resources(app: web.Application) -> AsyncIterator[None]:
         connector = aiohttp.TCPConnector(limit=settings.agent_connection_limit)
-        async with (
-            aiohttp.ClientSession(connector=connector) as session,
-            Registry.open(settings.shared) as registry,
-        ):
+        async with contextlib.AsyncExitStack() as resources:
+            session = await resources.enter_async_context(
+                aiohttp.ClientSession(connector=connector)
+            )
+            registry = await resources.enter_async_context(Registry.open(settings.shared))
+            shared = None
+            if settings.limit_store.url is not None:
+                shared = await resources.enter_async_context(
+                    SharedBuckets.open(settings.limit_store)
+                )
             ring = await load_key_ring(settings)
             url = public_url(settings)
+            metrics = GatewayMetrics()
             state = GatewayState(
                 settings=settings,
                 registry=registry,
@@ -112,14 +122,12 @@ def create_app(
                     clock,
                 ),
                 dispatcher=Dispatcher(settings.queue, settings.models),
-                failed_auth=FailedAuthLimiter(
-                    settings.failed_auth_per_client_per_minute,
-                    settings.failed_auth_per_key_per_minute,
-                ),
                 session=session,
                 gateway_id=settings.gateway_id or f"gw-{secrets.token_hex(4)}",
                 public_url=url,
                 clock=clock,
+                metrics=metrics,
+                limits=LimitStore(settings, metrics, shared),
             )
             app[STATE] = state
             tasks = [
@@ -128,6 +136,7 @@ def create_app(
                     name="registry-view",
                 ),
                 asyncio.create_task(_publish_demand(state), name="demand"),
+                asyncio.create_task(state.limits.maintain_forever(), name="limit-store"),
             ]
             try:
                 yield

@@ -12,10 +12,9 @@ from aiohttp import web
 
 from gateway.agent_link import AgentLink
 from gateway.auth import Authenticator
-from gateway.authlimit import FailedAuthLimiter
 from gateway.dispatch import Dispatcher
+from gateway.limits import LimitStore
 from gateway.metrics import GatewayMetrics
-from gateway.ratelimit import RateLimiter
 from spotgate.registry import Registry
 from spotgate.settings import TOKEN_TTL_MAX_SECONDS, GatewaySettings
 from spotgate.tokens import GATEWAY_SUBJECT_PREFIX, KeyRing, issue
@@ -41,9 +40,9 @@ class GatewayState:
     public_url: str
     # What client credentials and per-key limits are judged by (a test moves it ahead).
     clock: Callable[[], float]
-    failed_auth: FailedAuthLimiter
-    metrics: GatewayMetrics = field(default_factory=GatewayMetrics)
-    limiter: RateLimiter = field(default_factory=RateLimiter)
+    metrics: GatewayMetrics
+    # Per-key limits and failed-auth budgets, shared by every replica when a store is set.
+    limits: LimitStore
     links: dict[str, AgentLink] = field(default_factory=dict)
     sockets: set[FrameSocket] = field(default_factory=set)
     active_streams: int = 0

@@ -53,7 +53,8 @@ async def admitted_frames(
     """A stream's frames for its client: admitted against its key's limits, then relayed."""
     if principal.max_tokens is not None:  # a reply with no max_tokens stops at the key's limit
         frame = frame.model_copy(update={"max_tokens_cap": principal.max_tokens})
-    decision = state.limiter.admit(principal.key_id, principal.limits, state.clock())
+    admission = await state.limits.admit(principal.key_id, principal.limits, state.clock())
+    decision = admission.decision
     if not decision.admitted:
         state.metrics.rejections.labels(reason="rate_limited").inc()
         yield ErrorFrame(
@@ -84,7 +85,7 @@ async def admitted_frames(
             state.idle.set()
         state.metrics.active_streams.dec()
         used = outcome.prompt_tokens + outcome.completion_tokens
-        state.limiter.finish(principal.key_id, used, state.clock())
+        await state.limits.finish(admission, used, state.clock())
         state.metrics.record(outcome)
 
 

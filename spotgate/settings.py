@@ -126,6 +126,23 @@ class QueueSettings(_Section):
     deadline_seconds: PositiveFloat = 120.0
 
 
+class LimitStoreSettings(_Section):
+    """Where every gateway replica keeps per-key limits and failed-auth budgets (Redis, Valkey).
+
+    Unset, each replica keeps its own, and a key's limits multiply with the replicas.
+    """
+
+    # `redis://host:port/0`, or `rediss://` for TLS (ElastiCache Serverless); a password in
+    # the URL stays out of logs.
+    url: SecretStr | None = None
+    # A cluster-mode endpoint (ElastiCache Serverless is one).
+    cluster: bool = False
+    # A call that has not answered by then counts as the store being unreachable.
+    timeout_seconds: Annotated[float, Field(gt=0, le=5.0)] = 0.25
+    # While unreachable, each replica uses its own buckets; it checks the store this often.
+    retry_seconds: PositiveFloat = 2.0
+
+
 class GatewaySettings(BaseSettings):
     """The edge gateway (`SPOTGATE_GATEWAY_…`)."""
 
@@ -159,6 +176,7 @@ class GatewaySettings(BaseSettings):
     demand_publish_seconds: PositiveFloat = 2.0
     agent_connection_limit: PositiveInt = 1024
     max_streams_per_key: PositiveInt = 64
+    limit_store: LimitStoreSettings = LimitStoreSettings()
     # On SIGTERM streams in flight get this long to finish before sockets close (GOING_AWAY);
     # a load balancer's deregistration delay should match it.
     shutdown_grace_seconds: Annotated[float, Field(ge=0)] = 30.0

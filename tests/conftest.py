@@ -1,4 +1,4 @@
-"""Fixtures shared by every suite: a real AWS emulator on loopback and a controllable clock."""
+"""Fixtures shared by every suite: AWS emulator and Redis on loopback, a controllable clock."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ from xdist.remote import Producer
 from xdist.scheduler import LoadScopeScheduling
 
 from spotgate.registry import Registry
+from spotgate.settings import LimitStoreSettings
 from stack.emulator import AwsEmulator
+from stack.redis_server import RedisServer
 from tests.support.agents import (  # fixtures for every suite  # noqa: F401
     imds,
     llama2_model_dir,
@@ -94,6 +96,22 @@ def aws(aws_emulator: AwsEmulator) -> AwsEmulator:
     """The emulator, emptied of whatever an earlier test left."""
     reset_emulator(aws_emulator)
     return aws_emulator
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """One Debian `redis-server` for the session: the gateways' limit store."""
+    server = RedisServer()
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def limit_store(redis_server: RedisServer) -> LimitStoreSettings:
+    """Settings of the session's limit store, emptied of whatever an earlier test left."""
+    redis_server.flush()
+    return redis_server.settings()
 
 
 @pytest.fixture

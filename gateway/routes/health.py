@@ -28,6 +28,9 @@ async def readyz(request: web.Request) -> web.Response:
         "models": sorted(dispatcher.view.ready_models()),
         "active_streams": state.active_streams,
         "pending": dispatcher.pending(),
+        # `shared` across replicas; `local` while the limit store does not answer.
+        "limits": state.limits.status,
+        "limit_store_error": state.limits.health.error,
     }
     never_refreshed = dispatcher.view.refreshed_at == 0.0
     return web.json_response(body, status=503 if never_refreshed else 200)

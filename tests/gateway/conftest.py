@@ -23,6 +23,7 @@ from spotgate.registry import AgentState, CreatedApiKey, Registry
 from spotgate.settings import (
     AgentSettings,
     GatewaySettings,
+    LimitStoreSettings,
     QueueSettings,
     SyntheticSettings,
     TokenSettings,
@@ -92,8 +93,11 @@ async def running_gateway(
 
 
 @pytest.fixture
-async def gateway(aws: AwsEmulator, gateway_key: SigningKey) -> AsyncIterator[Gateway]:
-    async with running_gateway(aws, gateway_key) as running:
+async def gateway(
+    aws: AwsEmulator, gateway_key: SigningKey, limit_store: LimitStoreSettings
+) -> AsyncIterator[Gateway]:
+    """A gateway keeping its limits in the session's Redis, as every replica in AWS does."""
+    async with running_gateway(aws, gateway_key, limit_store=limit_store) as running:
         yield running
 
 

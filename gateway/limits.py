@@ -1,0 +1,210 @@
+"""Per-key limits and failed-auth budgets as the handlers see them: shared, or this replica's own.
+
+With a limit store configured (`LimitStoreSettings.url`) every decision is taken in it
+(`gateway.sharedlimits`), so a key's limits hold however its traffic is spread over the
+replicas. When a call fails (refused, too slow), this replica decides alone with its own
+buckets (`gateway.ratelimit`, `gateway.authlimit`) for `retry_seconds`, says so in
+`/readyz` and in `spotgate_gateway_limits_shared`, and goes back to the store by itself once
+it answers again. Without a store every replica keeps its own buckets, as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import secrets
+import time
+from collections import defaultdict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from redis.exceptions import RedisError
+
+from gateway.authlimit import FailedAuthLimiter
+from gateway.metrics import GatewayMetrics
+from gateway.ratelimit import Decision, Limits, RateLimiter
+from gateway.sharedlimits import LEASE_RENEW_SECONDS, SharedBuckets
+from spotgate.logging import get_logger
+from spotgate.settings import GatewaySettings
+
+log = get_logger(__name__)
+
+STORE_ERRORS = (RedisError, OSError, TimeoutError)
+"""What a call to the store raises when it cannot answer: this replica decides alone."""
+
+Answer = TypeVar("Answer")
+
+
+class _Unanswered(enum.Enum):
+    UNANSWERED = enum.auto()
+
+
+UNANSWERED = _Unanswered.UNANSWERED
+"""What `LimitStore` takes from the store when there is none, or it is failing."""
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """A stream's admission, and where its slot is held until it finishes."""
+
+    decision: Decision
+    key_id: str
+    limits: Limits
+    # The stream's lease in the store; None when this replica's own buckets admitted it.
+    lease: str | None = None
+
+    @property
+    def admitted(self) -> bool:
+        """Whether the stream may start."""
+        return self.decision.admitted
+
+
+@dataclass(slots=True)
+class StoreHealth:
+    """Whether to ask the store now: not for `retry_seconds` after it last failed."""
+
+    retry_seconds: float
+    failed_at: float | None = None
+    error: str | None = None
+
+    def usable(self, now: float) -> bool:
+        """True unless the store failed less than `retry_seconds` ago."""
+        return self.failed_at is None or now - self.failed_at >= self.retry_seconds
+
+    def failed(self, error: str, now: float) -> bool:
+        """Record a failure; True when the store was answering until now."""
+        was_answering = self.error is None
+        self.failed_at, self.error = now, error
+        return was_answering
+
+    def answered(self) -> bool:
+        """Record an answer; True when the store was failing until now."""
+        was_failing = self.error is not None
+        self.failed_at, self.error = None, None
+        return was_failing
+
+
+@dataclass
+class LimitStore:
+    """Per-key limits and failed-auth budgets: in the shared store, or this replica's own."""
+
+    settings: GatewaySettings
+    metrics: GatewayMetrics
+    shared: SharedBuckets | None = None
+    monotonic: Callable[[], float] = time.monotonic
+    local: RateLimiter = field(default_factory=RateLimiter)
+    failed_auth: FailedAuthLimiter = field(init=False)
+    health: StoreHealth = field(init=False)
+    _leases: defaultdict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
+
+    def __post_init__(self) -> None:
+        self.failed_auth = FailedAuthLimiter(
+            self.settings.failed_auth_per_client_per_minute,
+            self.settings.failed_auth_per_key_per_minute,
+        )
+        self.health = StoreHealth(self.settings.limit_store.retry_seconds)
+        self.metrics.limits_shared.set(1 if self.shared is not None else 0)
+
+    @property
+    def status(self) -> str:
+        """`shared`; `local` while the store does not answer; `per-replica` without one."""
+        if self.shared is None:
+            return "per-replica"
+        return "local" if self.health.error is not None else "shared"
+
+    async def _ask(
+        self, question: Callable[[SharedBuckets], Awaitable[Answer]]
+    ) -> Answer | _Unanswered:
+        """The store's answer; `UNANSWERED` without a store, or while or when it fails."""
+        if self.shared is None or not self.health.usable(self.monotonic()):
+            return UNANSWERED
+        try:
+            answer = await question(self.shared)
+        except STORE_ERRORS as err:
+            self.metrics.limit_store_errors.inc()
+            if self.health.failed(f"{type(err).__name__}: {err}", self.monotonic()):
+                self.metrics.limits_shared.set(0)
+                log.warning(
+                    "limit store unreachable: this replica's own limits until it answers",
+                    error=self.health.error,
+                )
+            return UNANSWERED
+        if self.health.answered():
+            self.metrics.limits_shared.set(1)
+            log.info("limit store answers again: limits shared by every replica")
+        return answer
+
+    async def admit(self, key_id: str, limits: Limits, now: float) -> Admission:
+        """Take one request and one stream slot for `key_id`, or say why not."""
+        lease = secrets.token_hex(8)
+        decision = await self._ask(lambda store: store.admit(key_id, limits, now, lease))
+        if decision is UNANSWERED:
+            self.metrics.local_limit_decisions.inc()
+            return Admission(self.local.admit(key_id, limits, now), key_id, limits)
+        if not decision.admitted:
+            return Admission(decision, key_id, limits)
+        self._leases[key_id].add(lease)
+        return Admission(decision, key_id, limits, lease)
+
+    async def finish(self, admission: Admission, tokens_used: int, now: float) -> None:
+        """Release the stream's slot and charge the tokens it used where it was admitted.
+
+        If the store fails now, the slot frees when its lease lapses and the tokens go
+        uncharged: the stream is over either way.
+        """
+        key_id, lease = admission.key_id, admission.lease
+        if lease is None:
+            self.local.finish(key_id, tokens_used, now)
+            return
+        held = self._leases[key_id]
+        held.discard(lease)
+        if not held:
+            del self._leases[key_id]
+        await self._ask(
+            lambda store: store.finish(key_id, admission.limits, tokens_used, now, lease)
+        )
+
+    async def auth_check(self, client: str, key_id: str | None, now: float) -> Decision:
+        """Whether a credential from `client` (for `key_id`, if an API key) may be checked."""
+        per_client, per_key = self._auth_budgets()
+        decision = await self._ask(
+            lambda store: store.auth_check(client, key_id, now, per_client, per_key)
+        )
+        if decision is UNANSWERED:
+            return self.failed_auth.check(client, key_id, now)
+        return decision
+
+    async def auth_failed(self, client: str, key_id: str | None, now: float) -> None:
+        """Charge one refused credential to its client and key id."""
+        per_client, per_key = self._auth_budgets()
+        answered = await self._ask(
+            lambda store: store.auth_failed(client, key_id, now, per_client, per_key)
+        )
+        if answered is UNANSWERED:
+            self.failed_auth.failed(client, key_id, now)
+
+    def _auth_budgets(self) -> tuple[int, int]:
+        return (
+            self.settings.failed_auth_per_client_per_minute,
+            self.settings.failed_auth_per_key_per_minute,
+        )
+
+    async def _renew_leases(self) -> None:
+        held = {key_id: sorted(leases) for key_id, leases in self._leases.items()}
+        if held:
+            await self._ask(lambda store: store.renew(held))
+
+    async def maintain_forever(self) -> None:
+        """Renew the leases of the streams in flight, and ask a failing store again."""
+        if self.shared is None:
+            return
+        interval = min(LEASE_RENEW_SECONDS, self.settings.limit_store.retry_seconds)
+        renewed_at = self.monotonic()
+        while True:
+            await asyncio.sleep(interval)
+            if self.health.error is not None:
+                await self._ask(lambda store: store.ping())
+            if self.monotonic() - renewed_at >= LEASE_RENEW_SECONDS:
+                await self._renew_leases()
+                renewed_at = self.monotonic()

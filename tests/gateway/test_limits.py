@@ -1,0 +1,274 @@
+"""Limits shared through the store, and each replica's own while the store does not answer."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import aiohttp
+import pytest
+from prometheus_client import generate_latest
+
+from gateway.limits import LimitStore, StoreHealth
+from gateway.metrics import GatewayMetrics
+from gateway.ratelimit import Limits
+from gateway.sharedlimits import SharedBuckets
+from spotgate.registry import AgentState, CreatedApiKey, Registry
+from spotgate.settings import GatewaySettings, LimitStoreSettings
+from spotgate.tokens import SigningKey
+from stack.emulator import AwsEmulator
+from stack.redis_server import RedisServer
+from tests.gateway.conftest import MODEL, Gateway, running_gateway
+from tests.support.agents import AgentFactory, synthetic, wait_for, wait_ready
+from tests.support.clocks import FakeClock
+from tests.support.metrics import metric_value
+from tests.support.wsclient import connect, generate, receive, run_streams, send
+
+NOW = 1_800_000_000.0
+ONE_RPM = Limits(rpm=1)
+
+
+@pytest.mark.parametrize(
+    ("failed_at", "now", "usable"),
+    [
+        (None, 0.0, True),  # never failed
+        (10.0, 10.0, False),  # just failed
+        (10.0, 11.9, False),  # inside the retry interval
+        (10.0, 12.0, True),  # the interval is over: ask again
+    ],
+)
+def test_a_failed_store_is_asked_again_after_the_retry_interval(
+    failed_at: float | None, now: float, usable: bool
+) -> None:
+    assert StoreHealth(2.0, failed_at).usable(now) is usable
+
+
+def test_health_reports_transitions_once() -> None:
+    health = StoreHealth(2.0)
+    assert health.failed("ConnectionError", 1.0)
+    assert not health.failed("ConnectionError", 4.0)  # still failing: no new transition
+    assert health.answered()
+    assert not health.answered()
+
+
+@pytest.fixture
+def own_server() -> Iterator[RedisServer]:
+    """A store of this test's own, to stop and pause."""
+    server = RedisServer()
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def monotonic() -> FakeClock:
+    return FakeClock(0.0)
+
+
+@pytest.fixture
+async def store(own_server: RedisServer, monotonic: FakeClock) -> AsyncIterator[LimitStore]:
+    settings = GatewaySettings(limit_store=own_server.settings(timeout_seconds=0.2))
+    async with SharedBuckets.open(settings.limit_store) as shared:
+        yield LimitStore(settings, GatewayMetrics(), shared, monotonic)
+
+
+def metric(store: LimitStore, sample: str) -> float:
+    return metric_value(generate_latest(store.metrics.registry).decode(), sample)
+
+
+def shared_gauge(store: LimitStore) -> float:
+    return metric(store, "spotgate_gateway_limits_shared")
+
+
+def store_errors(store: LimitStore) -> float:
+    return metric(store, "spotgate_gateway_limit_store_errors_total")
+
+
+async def test_without_a_store_each_replica_keeps_its_own_buckets() -> None:
+    own = LimitStore(GatewaySettings(), GatewayMetrics())
+    assert own.status == "per-replica"
+    assert shared_gauge(own) == 0
+    assert (await own.admit("k", ONE_RPM, NOW)).admitted
+    assert not (await own.admit("k", ONE_RPM, NOW)).admitted
+
+
+async def test_two_replicas_share_one_budget(store: LimitStore) -> None:
+    other = LimitStore(store.settings, GatewayMetrics(), store.shared)
+    first = await store.admit("k", ONE_RPM, NOW)
+    assert first.admitted
+    assert first.lease is not None
+    refused = await other.admit("k", ONE_RPM, NOW)
+    assert not refused.decision.admitted
+    assert refused.decision.reason == "over 1 requests per minute"
+    assert store.status == "shared"
+    assert shared_gauge(store) == 1
+
+
+async def test_an_unreachable_store_falls_back_and_recovers_by_itself(
+    store: LimitStore, own_server: RedisServer, monotonic: FakeClock
+) -> None:
+    assert (await store.admit("k", ONE_RPM, NOW)).admitted  # the shared budget is spent
+    own_server.stop()
+
+    local = await store.admit("k", ONE_RPM, NOW)
+    assert local.admitted  # this replica's own bucket, still full
+    assert local.lease is None
+    assert store.status == "local"
+    assert store.health.error is not None
+    assert shared_gauge(store) == 0
+    assert not (await store.admit("k", ONE_RPM, NOW)).admitted  # its own bucket is a bucket
+    assert store_errors(store) == 1  # inside the retry interval the store is not asked
+
+    own_server.start()  # same port, empty
+    await store.finish(local, 0, NOW)  # released where it was admitted: locally
+    monotonic.advance(store.settings.limit_store.retry_seconds)
+    assert (await store.admit("k", ONE_RPM, NOW)).admitted  # the store's new bucket
+    assert store.status == "shared"
+    assert shared_gauge(store) == 1
+
+
+async def test_a_store_that_hangs_costs_one_timeout_then_is_not_waited_on(
+    store: LimitStore, own_server: RedisServer
+) -> None:
+    own_server.pause()
+    try:
+        assert (await store.auth_check("10.0.0.1", "key", NOW)).admitted
+        assert "Timeout" in (store.health.error or "")
+        for _ in range(store.settings.failed_auth_per_client_per_minute):
+            await store.auth_failed("10.0.0.1", None, NOW)
+            assert (await store.admit("k", ONE_RPM, NOW)).lease is None
+        assert store_errors(store) == 1  # the rest were decided here, without asking
+        assert store.failed_auth.tracked == 1
+        assert not (await store.auth_check("10.0.0.1", None, NOW)).admitted
+    finally:
+        own_server.resume()
+
+
+@contextlib.asynccontextmanager
+async def replicas(
+    aws: AwsEmulator,
+    gateway_key: SigningKey,
+    count: int,
+    start_agent: AgentFactory,
+    **settings: Any,
+) -> AsyncIterator[list[Gateway]]:
+    """`count` gateway replicas (one signing key, one registry) and one synthetic agent."""
+    async with contextlib.AsyncExitStack() as stack:
+        first = await stack.enter_async_context(running_gateway(aws, gateway_key, **settings))
+        gateways = [first]
+        for _ in range(count - 1):
+            gateways.append(
+                await stack.enter_async_context(
+                    running_gateway(aws, gateway_key, public_url=first.url, **settings)
+                )
+            )
+        engine = synthetic(20.0, model=MODEL, ttft_seconds=0.01)
+        agent = await wait_ready(
+            await start_agent(
+                engine, pinned_public_key=gateway_key.verify_key.to_pem(), token_issuer=first.url
+            )
+        )
+        agent_id = agent.runtime.identity.agent_id  # type: ignore[union-attr]
+
+        async def routable_everywhere() -> bool:
+            records = [gateway.state.dispatcher.view.record(agent_id) for gateway in gateways]
+            return all(r is not None and r.state is AgentState.READY for r in records)
+
+        await wait_for(routable_everywhere, within=10)
+        yield gateways
+
+
+async def statuses(
+    http: aiohttp.ClientSession, gateways: list[Gateway], api_key: str, requests: int
+) -> list[int]:
+    """Send `requests` one-token completions, one after another, round robin over `gateways`."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 1}
+    headers = {"Authorization": f"Bearer {api_key}"}
+    seen = []
+    for index in range(requests):
+        url = f"{gateways[index % len(gateways)].url}/v1/chat/completions"
+        async with http.post(url, json=body, headers=headers) as response:
+            seen.append(response.status)
+    return seen
+
+
+RPM = 12
+
+
+@pytest.mark.parametrize(
+    ("count", "shared", "admitted"),
+    [
+        (1, True, (RPM, RPM // 2)),
+        (3, True, (RPM, RPM // 2)),  # the same: one budget, whichever replica is asked
+        (3, False, (3 * RPM, 3 * RPM // 2)),  # what each replica's own buckets would allow
+    ],
+)
+async def test_a_key_at_its_rpm_limit_is_refused_at_the_same_rate_through_any_replicas(
+    aws: AwsEmulator,
+    gateway_key: SigningKey,
+    start_agent: AgentFactory,
+    limit_store: LimitStoreSettings,
+    clock: FakeClock,
+    count: int,
+    shared: bool,
+    admitted: tuple[int, int],
+) -> None:
+    store = limit_store if shared else LimitStoreSettings()
+    async with Registry.open(aws.settings()) as registry:
+        key = await registry.create_key("busy", rpm=RPM)
+    async with (
+        replicas(
+            aws, gateway_key, count, start_agent, clock=clock, models=(MODEL,), limit_store=store
+        ) as gateways,
+        aiohttp.ClientSession() as http,
+    ):
+        burst = await statuses(http, gateways, key.api_key, 4 * RPM)
+        clock.advance(30)  # half a minute: half the budget back
+        later = await statuses(http, gateways, key.api_key, 4 * RPM)
+    assert set(burst + later) == {200, 429}
+    assert (burst.count(200), later.count(200)) == admitted
+
+
+async def test_concurrent_streams_and_failed_auth_budgets_hold_across_replicas(
+    aws: AwsEmulator,
+    gateway_key: SigningKey,
+    start_agent: AgentFactory,
+    limit_store: LimitStoreSettings,
+    api_key: CreatedApiKey,
+) -> None:
+    async with replicas(
+        aws,
+        gateway_key,
+        3,
+        start_agent,
+        models=(MODEL,),
+        limit_store=limit_store,
+        max_streams_per_key=2,
+    ) as gateways:
+        first, second, third = gateways
+        long = {"max_tokens": 1_000}  # 50 s at this agent's pace: still running at the end
+        async with (
+            connect(first.ws_url, api_key.api_key) as one,
+            connect(second.ws_url, api_key.api_key) as two,
+            connect(third.ws_url, api_key.api_key) as three,
+        ):
+            await send(one, generate("a", MODEL, **long))
+            await send(two, generate("b", MODEL, **long))
+            for ws in (one, two):
+                assert (await receive(ws))["type"] == "start"
+            refused = (await run_streams(three, generate("c", MODEL, **long)))["c"][-1]
+        assert refused["code"] == "rate_limited"
+        assert refused["message"] == "at most 2 concurrent streams"
+
+        per_client = first.state.settings.failed_auth_per_client_per_minute
+        async with aiohttp.ClientSession() as http:
+            wrong = {"Authorization": "Bearer not-a-key"}
+            answers = []
+            for index in range(per_client + 1):
+                url = f"{gateways[index % 3].url}/v1/chat/completions"
+                async with http.post(url, headers=wrong, json={}) as response:
+                    answers.append(response.status)
+        assert answers == [401] * per_client + [429]  # one budget over the three replicas
+        for gateway in gateways:
+            assert gateway.state.limits.status == "shared"
