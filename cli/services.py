@@ -11,7 +11,13 @@ from stack.local import UpFailed, UpOptions, run_up
 
 
 def _up(args: argparse.Namespace) -> int:
-    options = UpOptions(port=args.port, agents=args.agents, engine=args.engine, model=args.model)
+    options = UpOptions(
+        port=args.port,
+        agents=args.agents,
+        engine=args.engine,
+        model=args.model,
+        gateways=args.gateways,
+    )
     try:
         return asyncio.run(
             run_up(Path.cwd(), options, announce=lambda line: print(line, flush=True))
@@ -37,6 +43,12 @@ def setup_services(commands: Commands) -> None:
     up = commands.add_parser("up", help="run the whole system locally")
     up.add_argument("--port", type=int, default=8080, help="gateway port (default 8080)")
     up.add_argument("--agents", type=positive_int, default=1, help="GPU agents to start")
+    up.add_argument(
+        "--gateways",
+        type=positive_int,
+        default=1,
+        help="gateway replicas, on consecutive ports from --port (default 1)",
+    )
     up.add_argument("--engine", choices=["vllm", "synthetic"], default="vllm")
     up.add_argument("--model", type=Path, help="model directory (default: the tiny model)")
     up.set_defaults(handler=_up)

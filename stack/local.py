@@ -1,11 +1,13 @@
 """`spotgate up`: the whole system on one machine (DESIGN.md §7), and how commands find it.
 
 It starts an embedded AWS emulator (moto server, real HTTP) with spotgate's tables and a dev
-API key, then the gateway and N agents as processes of their own (each agent with its own
-IMDS emulator, so interruptions can be injected), waits until every agent is registered
-ready, prints one `spotgate ready:` line and writes the same to `.spotgate/up.json`, so that
-`spotgate keys …` run from the same directory act on this stack. Ctrl-C drains the agents,
-stops the gateway and the emulator. Process logs go to `.spotgate/logs/`.
+API key, Debian's `redis-server` as the limit store, then the gateway replicas (on
+consecutive ports, sharing a signing key, the store and the registry) and N agents as
+processes of their own (each agent with its own IMDS emulator, so interruptions can be
+injected), waits until every agent is registered ready, prints one `spotgate ready:` line and
+writes the same to `.spotgate/up.json`, so that `spotgate keys …` run from the same directory
+act on this stack. Ctrl-C drains the agents, stops the gateways, the store and the emulator.
+Process logs go to `.spotgate/logs/`.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from spotgate.settings import (
 )
 from spotgate.tokens import SigningKey
 from stack.children import start_service
+from stack.redis_server import RedisServer
 
 UP_DIR = Path(".spotgate")
 UP_FILE = UP_DIR / "up.json"
@@ -68,6 +71,7 @@ class UpOptions:
     agents: int = 1
     engine: str = "vllm"
     model: Path | None = None
+    gateways: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,10 +86,15 @@ class LocalStackInfo:
     model: str | None = None
     agents: list[dict[str, str]] = field(default_factory=list)
     interruption_queue_url: str | None = None
+    # Every gateway replica, `gateway_url` first; clients may use any of them.
+    gateways: list[str] = field(default_factory=list)
+    limit_store_url: str | None = None
 
     def ready_line(self) -> str:
         """The one line `spotgate up` prints once everything answers."""
-        return f"spotgate ready: gateway={self.gateway_url} chat={self.chat_url} key={self.api_key}"
+        line = f"spotgate ready: gateway={self.gateway_url} chat={self.chat_url} key={self.api_key}"
+        more = self.gateways[1:]
+        return f"{line} replicas={','.join(more)}" if more else line
 
     def shared_settings(self) -> SharedSettings:
         """Shared settings that reach this stack's AWS emulator."""
@@ -201,23 +210,37 @@ async def run_up(directory: Path, options: UpOptions, *, announce: Callable[[str
     emulator = AwsEmulator()
     emulator.start()
     processes = ChildProcesses(directory / LOG_DIR)
+    store = RedisServer(log=directory / LOG_DIR / "redis.log")
     up_file = directory / UP_FILE
     try:
+        try:
+            store.start()
+        except RuntimeError as err:
+            raise UpFailed(f"the limit store did not start: {err}") from err
         async with Registry.open(emulator.settings()) as registry:
             await registry.create_tables()
             created = await registry.create_key("dev")
-            gateway_url = f"http://127.0.0.1:{options.port}"
+            gateway_urls = [
+                f"http://127.0.0.1:{options.port + index}" for index in range(options.gateways)
+            ]
+            gateway_url = gateway_urls[0]
             shared = emulator.settings().model_copy(update={"log_format": "json"})
-            gateway = GatewaySettings(
-                shared=shared,
-                port=options.port,
-                public_url=gateway_url,
-                token=TokenSettings(signing_key_pem=SecretStr(SigningKey.generate().to_pem())),
-                models=(served,),
-                chat_dev_api_key=SecretStr(created.api_key),
-            )
-            start_service(processes, "gateway", gateway)
-            await _wait_http_ok(f"{gateway_url}/readyz", processes, "the gateway")
+            signing_key = SecretStr(SigningKey.generate().to_pem())
+            for index in range(options.gateways):
+                # Replicas as behind a load balancer: one issuer and signing key, one store.
+                gateway = GatewaySettings(
+                    shared=shared,
+                    port=options.port + index,
+                    public_url=gateway_url,
+                    token=TokenSettings(signing_key_pem=signing_key),
+                    models=(served,),
+                    chat_dev_api_key=SecretStr(created.api_key),
+                    limit_store=store.settings(),
+                )
+                name = "gateway" if index == 0 else f"gateway-{index + 1}"
+                start_service(processes, name, gateway)
+            for url in gateway_urls:
+                await _wait_http_ok(f"{url}/readyz", processes, f"the gateway at {url}")
             queue_url = await _create_interruption_queue(emulator.settings())
             pool = PoolSettings(
                 shared=shared,
@@ -254,6 +277,8 @@ async def run_up(directory: Path, options: UpOptions, *, announce: Callable[[str
             model=served,
             agents=[{"agent_id": agent.agent_id, "url": agent.url} for agent in ready],
             interruption_queue_url=queue_url,
+            gateways=gateway_urls,
+            limit_store_url=store.url,
         )
         _write_up_file(directory, info)
         announce(info.ready_line())
@@ -264,6 +289,7 @@ async def run_up(directory: Path, options: UpOptions, *, announce: Callable[[str
     finally:
         up_file.unlink(missing_ok=True)
         processes.close()
+        store.stop()
         emulator.stop()
     return 0
 

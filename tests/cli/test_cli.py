@@ -8,6 +8,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import aiohttp
 import openai
 import pytest
 
@@ -145,8 +146,9 @@ def test_unreachable_aws_is_one_line(tmp_path: Path) -> None:
 @pytest.fixture
 def spotgate_up(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
     port = free_port()
+    up = ["up", "--engine", "synthetic", "--agents", "2", "--gateways", "2", "--port", str(port)]
     process = subprocess.Popen(
-        [*SPOTGATE, "up", "--engine", "synthetic", "--agents", "2", "--port", str(port)],
+        [*SPOTGATE, *up],
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -164,7 +166,7 @@ def spotgate_up(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
             process.wait()
 
 
-async def test_up_runs_gateway_and_agents_and_stops_cleanly(
+async def test_up_runs_gateways_and_agents_and_stops_cleanly(
     spotgate_up: tuple[subprocess.Popen[str], str], tmp_path: Path
 ) -> None:
     process, line = spotgate_up
@@ -174,8 +176,12 @@ async def test_up_runs_gateway_and_agents_and_stops_cleanly(
     )
     info = json.loads(up_file.read_text())
     assert up_file.stat().st_mode & 0o777 == 0o600
-    assert line.strip().endswith(f"key={info['api_key']}")
+    assert f"key={info['api_key']}" in line
     assert len(info["agents"]) == 2
+    first, second = info["gateways"]
+    assert first == info["gateway_url"]
+    assert int(second.rsplit(":", 1)[1]) == int(first.rsplit(":", 1)[1]) + 1
+    assert line.strip().endswith(f"replicas={second}")
 
     client = openai.AsyncOpenAI(
         base_url=f"{info['gateway_url']}/v1", api_key=info["api_key"], max_retries=0
@@ -186,8 +192,26 @@ async def test_up_runs_gateway_and_agents_and_stops_cleanly(
     assert len((reply.choices[0].message.content or "").split()) == 4
 
     # `spotgate keys …` run from the same directory act on this stack.
-    created = run("keys", "create", "--name", "second", cwd=tmp_path)
+    created = run("keys", "create", "--name", "second", "--rpm", "1", cwd=tmp_path)
     assert created.returncode == 0, created.stderr
+    # The replicas share one limit store: the key's one request a minute, whichever is asked.
+    limited_key = next(word for word in created.stdout.split() if word.startswith("sg-"))
+    statuses = []
+    async with aiohttp.ClientSession() as http:
+        for url in (first, second):
+            async with http.get(f"{url}/readyz") as ready:
+                assert (await ready.json())["limits"] == "shared"
+            async with http.post(
+                f"{url}/v1/chat/completions",
+                headers={"Authorization": f"Bearer {limited_key}"},
+                json={
+                    "model": info["model"],
+                    "messages": [{"role": "user", "content": "x"}],
+                    "max_tokens": 1,
+                },
+            ) as response:
+                statuses.append(response.status)
+    assert statuses == [200, 429]
     listed = run("keys", "list", cwd=tmp_path).stdout
     assert "  dev  " in listed
     assert "  second  " in listed

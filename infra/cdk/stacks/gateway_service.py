@@ -20,6 +20,7 @@ from stacks.common import (
     log_group,
 )
 from stacks.config import DeployConfig
+from stacks.limit_store import LimitStore
 from stacks.registry import Registry
 from stacks.signing_key import SigningKey
 
@@ -54,6 +55,7 @@ class GatewayService(Construct):
         image: ecs.ContainerImage,
         registry: Registry,
         signing_key: SigningKey,
+        limit_store: LimitStore,
     ) -> None:
         super().__init__(scope, construct_id)
         self.log_group = log_group(self, "Logs", config.log_retention_days)
@@ -107,6 +109,9 @@ class GatewayService(Construct):
         )
         self.environment: dict[str, str] = {
             **registry.environment(config.region),
+            # Every replica admits against the same counters: a key's limits do not multiply
+            # with the tasks autoscaling adds.
+            **limit_store.environment(),
             "SPOTGATE_LOG_FORMAT": "json",
             "SPOTGATE_GATEWAY_HOST": "0.0.0.0",  # noqa: S104 — the ALB reaches the task's IP
             "SPOTGATE_GATEWAY_PORT": str(GATEWAY_PORT),

@@ -1,4 +1,4 @@
-"""The one stack: network, registry, events, GPU pool, gateway, pool manager, alarms."""
+"""The one stack: network, tables, limit store, events, GPU pool, gateway, pool manager, alarms."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from constructs import Construct
 from stacks.config import DeployConfig
 from stacks.gateway_service import GatewayService
 from stacks.gpu_pool import GpuPool
+from stacks.limit_store import LimitStore
 from stacks.monitoring import Monitoring
 from stacks.network import Network
 from stacks.pool_manager_service import PoolManagerService
@@ -32,6 +33,7 @@ class SpotgateStack(Stack):
         self.network = Network(self, "Network", config=config)
         vpc = self.network.vpc
         self.registry = Registry(self, "Registry", config=config)
+        self.limit_store = LimitStore(self, "LimitStore", config=config, vpc=vpc)
         self.spot_events = SpotEvents(self, "SpotEvents")
         self.signing_key = SigningKey(
             self, "SigningKey", log_retention_days=config.log_retention_days
@@ -49,7 +51,10 @@ class SpotgateStack(Stack):
             image=image,
             registry=self.registry,
             signing_key=self.signing_key,
+            limit_store=self.limit_store,
         )
+        # Only the gateways use the store: the pool manager and the agents cannot reach it.
+        self.limit_store.allow_from(self.gateway.security_group)
         self.gpu_pool = GpuPool(
             self,
             "GpuPool",

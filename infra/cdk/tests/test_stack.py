@@ -105,6 +105,9 @@ def test_services_accept_every_setting_the_stack_gives_them(
     assert gateway.shared.tables.keys == _ref(_table_id(synthesized, "Keys"))
     assert gateway.shared.tables.demand == _ref(_table_id(synthesized, "Demand"))
     assert gateway.shared.aws.region == DEFAULTS.region
+    assert gateway.limit_store.url is not None
+    assert gateway.limit_store.url.get_secret_value().startswith("rediss://")
+    assert gateway.limit_store.cluster is True
 
     for name, value in pool_env.items():
         monkeypatch.setenv(name, value)
