@@ -25,11 +25,16 @@ def _loadtest(args: argparse.Namespace) -> int:
 
     out = args.out or Path("loadtest-results") / time.strftime("%Y%m%d-%H%M%S")
     with contextlib.ExitStack() as stack:
-        url, key, model = args.url, args.api_key, args.model
+        url, key, model, replicas = args.url, args.api_key, args.model, args.replica
         if url is None:
-            info = stack.enter_context(local_stack(out / "stack", args.agents))
+            info = stack.enter_context(local_stack(out / "stack", args.agents, args.gateways))
             url, key, model = info.gateway_url, info.api_key, model or info.model or ""
-            print(f"local stack (synthetic engine, {args.agents} agents) at {url}", flush=True)
+            replicas = info.gateways[1:]
+            print(
+                f"local stack (synthetic engine, {args.agents} agents) at {url}"
+                + (f" and {', '.join(replicas)}" if replicas else ""),
+                flush=True,
+            )
         if not key:
             raise CommandError("--api-key (or SPOTGATE_API_KEY) is needed with --url")
         spec = RunSpec(
@@ -37,6 +42,7 @@ def _loadtest(args: argparse.Namespace) -> int:
             spawn_rate=args.spawn_rate, duration_seconds=args.duration,
             user_class=args.user_class, model=model or "", workload=args.workload,
             cancel_share=args.cancel_share, streams_per_user=args.streams_per_user,
+            replicas=tuple(replicas),
         )  # fmt: skip
         try:
             if args.capacity_search:
@@ -78,6 +84,16 @@ def setup_loadtest(commands: Commands) -> None:
     loadtest.add_argument("--cancel-share", type=share, default=0.0)
     loadtest.add_argument("--streams-per-user", type=positive_int, default=1)
     loadtest.add_argument("--agents", type=positive_int, default=1, help="for the local stack")
+    loadtest.add_argument(
+        "--gateways", type=positive_int, default=1, help="gateway replicas of the local stack"
+    )
+    loadtest.add_argument(
+        "--replica",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="another gateway of the --url deployment (repeat); users are spread over them",
+    )
     loadtest.add_argument("--out", type=Path, help="default: loadtest-results/<time>")
     loadtest.add_argument("--capacity-search", action="store_true")
     loadtest.add_argument("--start-users", type=positive_int, default=4)

@@ -82,6 +82,11 @@ class RefreshAheadCache(Generic[Record]):
         self._entries: dict[str, tuple[float, Record]] = {}
         self._loading: dict[str, asyncio.Future[Record]] = {}
 
+    def holds(self, key: str) -> bool:
+        """Whether a record for `key` was read lately enough to be served without a read."""
+        entry = self._entries.get(key)
+        return entry is not None and self._clock() - entry[0] < KEY_CACHE_SECONDS
+
     async def get(self, key: str, load: Callable[[], Awaitable[Record]]) -> Record:
         """The record for `key`, from the cache when it is recent enough."""
         entry = self._entries.get(key)
@@ -130,6 +135,10 @@ class RefreshAheadCache(Generic[Record]):
             self._entries.pop(key, None)  # refused now: no longer served from the cache
 
 
+def _digest(api_key: str) -> str:
+    return hashlib.sha256(api_key.encode()).hexdigest()
+
+
 class Authenticator:
     """Checks API keys against the registry and tokens against the gateway's own keys."""
 
@@ -151,9 +160,13 @@ class Authenticator:
         self._by_key = RefreshAheadCache[ApiKeyRecord](clock)
         self._by_id = RefreshAheadCache[ApiKeyRecord](clock)
 
+    def recognises(self, credential: str) -> bool:
+        """Whether `credential` is an API key this gateway found valid moments ago: no guess."""
+        return looks_like_api_key(credential) and self._by_key.holds(_digest(credential))
+
     async def api_key(self, api_key: str) -> ApiKeyRecord:
         """The record of a valid, enabled API key; `AuthRefused` otherwise."""
-        digest = hashlib.sha256(api_key.encode()).hexdigest()
+        digest = _digest(api_key)
 
         async def load() -> ApiKeyRecord:
             try:

@@ -60,12 +60,18 @@ async def guarded(
     credential: str,
     check: Callable[[str], Awaitable[Result]],
 ) -> Result:
-    """Run a credential `check` unless this client or key failed too often; count failures."""
+    """Run a credential `check` unless this client or key failed too often; count failures.
+
+    An API key this gateway found valid moments ago is no guess: it skips the budgets (and
+    the limit store's round trip), so a busy key pays nothing for them, and its owner keeps
+    working while someone else guesses at its id.
+    """
     client = client_address(request, state.settings.trusted_proxy_hops)
     key_id = _key_id(credential)
-    decision = await state.limits.auth_check(client, key_id, state.clock())
-    if not decision.admitted:
-        raise AuthThrottled(decision.reason, decision.retry_after)
+    if not state.authenticator.recognises(credential):
+        decision = await state.limits.auth_check(client, key_id, state.clock())
+        if not decision.admitted:
+            raise AuthThrottled(decision.reason, decision.retry_after)
     try:
         return await check(credential)
     except AuthUnavailable:

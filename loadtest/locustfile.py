@@ -2,7 +2,10 @@ r"""Locust users for spotgate: websocket streams, OpenAI SSE streams, token issu
 
     locust -f loadtest/locustfile.py --host http://127.0.0.1:8080 --api-key sg-… \
         [--model NAME] [--workload prompts.jsonl] [--cancel-share 0.1] \
-        [--streams-per-user 1] [--metrics-out llm.json]
+        [--streams-per-user 1] [--metrics-out llm.json] [--replicas URL,URL]
+
+`--replicas` names more gateways of the same deployment (`spotgate up --gateways N` lists
+them in `up.json`): users are spread over `--host` and them in turn, each keeping its own.
 
 Besides locust's own request stats (one `generate` entry per stream, its response time the
 whole stream), every stream feeds LLM metrics: `ttft` entries (time to first token, ms), a
@@ -14,6 +17,7 @@ resumed, failures by code) as JSON when the test stops. `spotgate loadtest` runs
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
@@ -47,6 +51,7 @@ def _arguments(parser: Any) -> None:
     parser.add_argument("--cancel-share", type=float, default=0.0, help="streams to cancel")
     parser.add_argument("--streams-per-user", type=int, default=1, help="concurrent, per socket")
     parser.add_argument("--metrics-out", default="", help="where to write the LLM summary")
+    parser.add_argument("--replicas", default="", help="more gateways, comma-separated")
 
 
 _WORKLOAD: list[Workload] = []
@@ -107,6 +112,18 @@ def _model(user: HttpUser) -> str:
     return str(data[0]["id"])
 
 
+_USERS_STARTED = itertools.count()
+
+
+def _spread(user: HttpUser) -> None:
+    """Point this user at the next gateway in turn: `--host`, then each of `--replicas`."""
+    replicas = [url for url in _option(user, "replicas").split(",") if url]
+    if replicas:
+        hosts = [str(user.host), *replicas]
+        user.host = hosts[next(_USERS_STARTED) % len(hosts)]
+        user.client.base_url = user.host
+
+
 def _auth(user: HttpUser) -> dict[str, str]:
     return {"Authorization": f"Bearer {_option(user, 'api_key')}"}
 
@@ -121,6 +138,10 @@ class TokenUser(HttpUser):
     wait_time = constant(0)
     weight = 0  # opt in with `--class-picker` or by naming it
 
+    def on_start(self) -> None:
+        """Pick a gateway."""
+        _spread(self)
+
     @task
     def issue(self) -> None:
         """One `POST /v1/token`."""
@@ -134,7 +155,8 @@ class OpenAISseUser(HttpUser):
     weight = 1
 
     def on_start(self) -> None:
-        """Find the model once."""
+        """Pick a gateway, find the model once."""
+        _spread(self)
         self.model = _model(self)
 
     @task
@@ -196,7 +218,8 @@ class WebsocketUser(HttpUser):
     weight = 1
 
     def on_start(self) -> None:
-        """Get a token, open the socket, start the frame reader."""
+        """Pick a gateway, get a token, open the socket, start the frame reader."""
+        _spread(self)
         self.model = _model(self)
         self.inboxes: dict[str, Queue[dict[str, Any]]] = {}
         self.ws: websocket.WebSocket | None = None
@@ -215,8 +238,11 @@ class WebsocketUser(HttpUser):
         response.raise_for_status()
         issued = response.json()
         self.token_expires = float(issued["expires_at"])
+        # Replicas share one public URL (the token names it): this user's socket goes to the
+        # gateway it was given.
+        ws_url = str(self.host).replace("http", "ws", 1) + "/v1/ws"
         self.ws = websocket.create_connection(
-            issued["ws_url"],
+            ws_url,
             header=[f"Authorization: Bearer {issued['token']}"],
             timeout=WS_TIMEOUT_SECONDS,
             enable_multithread=True,

@@ -54,6 +54,8 @@ class RunSpec:
     workload: Path | None = None
     cancel_share: float = 0.0
     streams_per_user: int = 1
+    # More gateways of the same deployment: users are spread over `host` and these.
+    replicas: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,8 @@ def locust_command(spec: RunSpec) -> list[str]:
         command += ["--model", spec.model]
     if spec.workload is not None:
         command += ["--workload", str(spec.workload)]
+    if spec.replicas:
+        command += ["--replicas", ",".join(spec.replicas)]
     return command + USER_CLASSES[spec.user_class]
 
 
@@ -243,11 +247,12 @@ def plot_search(steps: Sequence[RunResult], out_dir: Path) -> Path | None:
 
 
 @contextmanager
-def local_stack(directory: Path, agents: int) -> Iterator[LocalStackInfo]:
+def local_stack(directory: Path, agents: int, gateways: int = 1) -> Iterator[LocalStackInfo]:
     """`spotgate up --engine synthetic` in `directory`, stopped (drained) when the block ends."""
     directory.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "cli", "up", "--engine", "synthetic",
-               "--agents", str(agents), "--port", str(free_port())]  # fmt: skip
+               "--agents", str(agents), "--gateways", str(gateways),
+               "--port", str(free_port())]  # fmt: skip
     process = subprocess.Popen(  # noqa: S603 - our own CLI
         command, cwd=directory, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )

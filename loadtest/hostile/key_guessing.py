@@ -68,13 +68,18 @@ async def key_guessing(stack: HostileStack, tries: int) -> list[Row]:
     await guess(
         same_id, stack, lambda: wrong_key(fuzz_id), lambda: one, tries, FAILED_AUTH_PER_CLIENT
     )
-    locked = await token_attempt(stack, stack.keys["fuzz"].api_key, one)
-    elsewhere = await token_attempt(stack, stack.keys["fuzz"].api_key, fresh_address())
+    locked = await token_attempt(stack, wrong_key(fuzz_id), one)
+    elsewhere = await token_attempt(stack, wrong_key(fuzz_id), fresh_address())
+    in_use = await token_attempt(stack, stack.keys["fuzz"].api_key, fresh_address())
+    known = await token_attempt(stack, stack.keys["fuzz"].api_key, one)
     same_id.notes.append(
-        f"the right key from that address: {locked.outcome()}, from another: {elsewhere.outcome()}"
+        f"a guess from that address: {locked.outcome()}, from another: {elsewhere.outcome()}; "
+        f"the right key, in use, from that address: {known.outcome()} (no guess)"
     )
-    if locked.status != 429 or elsewhere.status != 200:
+    if locked.status != 429 or elsewhere.status != 401:
         same_id.problems.append("the lockout is not per address")
+    if in_use.status != 200 or known.status != 200:
+        same_id.problems.append("a key in use is refused with its guessers")
 
     two = fresh_address()
     random_ids = Row("gateway", "API key: random key ids and secrets, one address")
@@ -104,7 +109,8 @@ async def key_guessing(stack: HostileStack, tries: int) -> list[Row]:
     owner = await token_attempt(stack, victim.api_key, fresh_address())
     other = await token_attempt(stack, stack.keys["bystander"].api_key, fresh_address())
     many.notes.append(
-        f"the key's owner meanwhile: {owner.outcome()} (documented); another key: {other.outcome()}"
+        f"the key's owner meanwhile, not in use just before: {owner.outcome()} (documented); "
+        f"another key: {other.outcome()}"
     )
     if owner.status != 429 or other.status != 200:
         many.problems.append("the lockout is not per key id")

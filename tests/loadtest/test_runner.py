@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import json
 from collections.abc import Iterator
@@ -22,6 +23,7 @@ from loadtest.runner import (
     sustained,
 )
 from stack.local import LocalStackInfo
+from tests.support.metrics import metric_value, scrape
 
 SYNTHETIC_CAPACITY = 8  # concurrent streams the one synthetic agent takes
 
@@ -68,20 +70,24 @@ def test_locust_command_names_the_user_classes_and_outputs(tmp_path: Path) -> No
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStackInfo]:
-    """`spotgate up` (synthetic) with one agent of a known capacity, for both runs below."""
+    """`spotgate up` (synthetic): two gateways, one agent of a known capacity, for both runs."""
     directory = tmp_path_factory.mktemp("stack")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("SPOTGATE_AGENT_SYNTHETIC__CAPACITY", str(SYNTHETIC_CAPACITY))
-        with local_stack(directory, agents=1) as info:
+        with local_stack(directory, agents=1, gateways=2) as info:
             yield info
 
 
-def test_a_20_second_run_has_throughput_no_failures_and_llm_metrics(
+async def test_a_20_second_run_over_both_gateways_has_throughput_no_failures_and_llm_metrics(
     stack: LocalStackInfo, tmp_path: Path
 ) -> None:
-    spec = RunSpec(str(stack.gateway_url), stack.api_key, tmp_path, users=6, spawn_rate=6,
-                   duration_seconds=20, user_class="mix")  # fmt: skip
-    result = run_locust(spec)
+    first, second = stack.gateways
+    spec = RunSpec(first, stack.api_key, tmp_path, users=6, spawn_rate=6, duration_seconds=20,
+                   user_class="mix", replicas=(second,))  # fmt: skip
+    result = await asyncio.to_thread(run_locust, spec)
+    for gateway in (first, second):  # the users were spread over both
+        exposition = await scrape(f"{gateway}/metrics")
+        assert metric_value(exposition, "spotgate_gateway_relayed_tokens_total") > 0
     assert result.llm["completed"] > 20
     assert result.llm["output_tokens_per_second"] > 0
     assert result.llm["failures_by_code"] == {}
