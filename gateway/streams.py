@@ -80,13 +80,15 @@ async def admitted_frames(
                 async for out in relayed:
                     yield out
     finally:
-        state.active_streams -= 1
-        if state.active_streams == 0:
-            state.idle.set()
         state.metrics.active_streams.dec()
-        used = outcome.prompt_tokens + outcome.completion_tokens
-        await state.limits.finish(admission, used, state.clock())
         state.metrics.record(outcome)
+        used = outcome.prompt_tokens + outcome.completion_tokens
+        try:
+            await state.limits.finish(admission, used, state.clock())
+        finally:  # a drain waits for this: the store's client must outlive the call
+            state.active_streams -= 1
+            if state.active_streams == 0:
+                state.idle.set()
 
 
 def start_stream(
