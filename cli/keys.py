@@ -1,9 +1,10 @@
-"""`spotgate keys`: create, list and disable API keys."""
+"""`spotgate keys`: create, list and disable API keys, and read what they used."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 from cli.args import (
     CommandError,
@@ -13,7 +14,10 @@ from cli.args import (
     run_async,
     shared_settings,
 )
-from spotgate.registry import ApiKeyNotFound, ApiKeyRecord, Registry
+from spotgate.registry import ApiKeyNotFound, ApiKeyRecord, Registry, UsageCounts
+
+SINCE_UNIT_SECONDS = {"m": 60, "h": 3600, "d": 86400}
+USAGE_COLUMNS = ("key_id", "name", "model", "streams", "prompt_tokens", "completion_tokens")
 
 
 def _describe_key(record: ApiKeyRecord) -> str:
@@ -67,8 +71,38 @@ async def _keys_disable(args: argparse.Namespace) -> int:
     return 0
 
 
+def duration(text: str) -> float:
+    """Seconds in `90m`, `24h` or `7d`."""
+    unit = SINCE_UNIT_SECONDS.get(text[-1:])
+    try:
+        amount = float(text[:-1])
+    except ValueError:
+        amount = 0.0
+    if unit is None or not amount > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 90m, 24h or 7d")
+    return amount * unit
+
+
+async def _keys_usage(args: argparse.Namespace) -> int:
+    async with Registry.open(shared_settings()) as registry:
+        rows = await registry.read_usage(args.key_id, time.time() - args.since)
+        names = {record.key_id: record.name for record in await registry.list_keys()}
+    totals: dict[tuple[str, str], UsageCounts] = {}
+    for row in rows:
+        totals[(row.key_id, row.model)] = totals.get((row.key_id, row.model), UsageCounts()) + (
+            row.counts
+        )
+    print("  ".join(USAGE_COLUMNS))
+    for (key_id, model), counts in sorted(totals.items()):
+        print(
+            f"{key_id}  {names.get(key_id, '?')}  {model}  {counts.streams}  "
+            f"{counts.prompt_tokens}  {counts.completion_tokens}"
+        )
+    return 0
+
+
 def setup_keys(commands: Commands) -> None:
-    """Add `keys create|list|disable`."""
+    """Add `keys create|list|disable|usage`."""
     keys = commands.add_parser("keys", help="manage API keys")
     key_commands = keys.add_subparsers(
         dest="keys_command", required=True, parser_class=OneLineParser
@@ -84,3 +118,11 @@ def setup_keys(commands: Commands) -> None:
     disable = key_commands.add_parser("disable", help="disable a key at once")
     disable.add_argument("key_id")
     disable.set_defaults(handler=run_async(_keys_disable))
+    usage = key_commands.add_parser(
+        "usage", help="streams and tokens per key and model (every key, or one)"
+    )
+    usage.add_argument("key_id", nargs="?")
+    usage.add_argument(
+        "--since", type=duration, default=duration("24h"), help="how far back: 90m, 24h, 7d"
+    )
+    usage.set_defaults(handler=run_async(_keys_usage))

@@ -69,6 +69,19 @@ class GatewayMetrics:
         self.registry_up = Gauge(
             "spotgate_gateway_registry_up", "1 while the registry answers", registry=r
         )
+        self.usage_tokens = Counter(
+            "spotgate_gateway_usage_tokens_total",
+            "tokens of finished streams by model and kind (prompt, completion); per API key: "
+            "`spotgate keys usage`",
+            ["model", "kind"],
+            registry=r,
+        )
+        self.usage_streams = Counter(
+            "spotgate_gateway_usage_streams_total",
+            "finished streams by model",
+            ["model"],
+            registry=r,
+        )
         self.limits_shared = Gauge(
             "spotgate_gateway_limits_shared",
             "1 while per-key limits are decided in the limit store shared by every replica; "

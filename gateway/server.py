@@ -31,6 +31,7 @@ from gateway.routes.websocket import setup_websocket
 from gateway.sharedlimits import SharedBuckets
 from gateway.signing import load_key_ring
 from gateway.state import STATE, GatewayState, public_url
+from gateway.usage import USAGE_FLUSH_SECONDS, UsageMeter
 from spotgate.logging import get_logger
 from spotgate.registry import Registry
 from spotgate.settings import MAX_REQUEST_BYTES, GatewaySettings
@@ -67,6 +68,12 @@ async def _publish_demand(state: GatewayState) -> None:
             else:
                 published[model] = Published(demand, now)
         await state.prune_links()
+
+
+async def _flush_usage(state: GatewayState) -> None:
+    while True:
+        await asyncio.sleep(USAGE_FLUSH_SECONDS)
+        await state.usage.flush(state.registry)
 
 
 async def _close_sockets(state: GatewayState) -> None:
@@ -128,6 +135,7 @@ def create_app(
                 clock=clock,
                 metrics=metrics,
                 limits=LimitStore(settings, metrics, shared),
+                usage=UsageMeter(metrics),
             )
             app[STATE] = state
             tasks = [
@@ -137,6 +145,7 @@ def create_app(
                 ),
                 asyncio.create_task(_publish_demand(state), name="demand"),
                 asyncio.create_task(state.limits.maintain_forever(), name="limit-store"),
+                asyncio.create_task(_flush_usage(state), name="usage"),
             ]
             try:
                 yield
@@ -148,6 +157,7 @@ def create_app(
                         await task
                 for link in list(state.links.values()):
                     await link.close()
+                await state.usage.flush(registry)  # what the last streams used
                 await state.authenticator.close()
 
     app.cleanup_ctx.append(resources)

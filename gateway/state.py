@@ -15,6 +15,7 @@ from gateway.auth import Authenticator
 from gateway.dispatch import Dispatcher
 from gateway.limits import LimitStore
 from gateway.metrics import GatewayMetrics
+from gateway.usage import UsageMeter
 from spotgate.registry import Registry
 from spotgate.settings import TOKEN_TTL_MAX_SECONDS, GatewaySettings
 from spotgate.tokens import GATEWAY_SUBJECT_PREFIX, KeyRing, issue
@@ -43,6 +44,8 @@ class GatewayState:
     metrics: GatewayMetrics
     # Per-key limits and failed-auth budgets, shared by every replica when a store is set.
     limits: LimitStore
+    # Tokens and streams per key, model and minute, not yet added to the `usage` table.
+    usage: UsageMeter
     links: dict[str, AgentLink] = field(default_factory=dict)
     sockets: set[FrameSocket] = field(default_factory=set)
     active_streams: int = 0

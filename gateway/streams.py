@@ -82,7 +82,12 @@ async def admitted_frames(
     finally:
         state.metrics.active_streams.dec()
         state.metrics.record(outcome)
-        used = outcome.prompt_tokens + outcome.completion_tokens
+        # What the client received, at least: a stream cut short may end without a count.
+        completion_tokens = max(outcome.completion_tokens, outcome.relayed_tokens)
+        used = outcome.prompt_tokens + completion_tokens
+        state.usage.record(
+            principal.key_id, frame.model, outcome.prompt_tokens, completion_tokens, state.clock()
+        )
         try:
             await state.limits.finish(admission, used, state.clock())
         finally:  # a drain waits for this: the store's client must outlive the call

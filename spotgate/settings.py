@@ -63,6 +63,7 @@ class TableNames(_Section):
     agents: str = "spotgate-agents"
     keys: str = "spotgate-keys"
     demand: str = "spotgate-demand"
+    usage: str = "spotgate-usage"
 
 
 class RegistryTimings(_Section):
@@ -71,6 +72,8 @@ class RegistryTimings(_Section):
     agent_ttl_seconds: PositiveFloat = 30.0
     demand_ttl_seconds: PositiveFloat = 30.0
     gone_ttl_seconds: PositiveFloat = 3600.0
+    # Per-minute usage rows of API keys: kept 400 days, then removed by TTL.
+    usage_ttl_seconds: PositiveFloat = 400 * 24 * 3600.0
 
 
 class SharedSettings(BaseSettings):

@@ -1,4 +1,4 @@
-"""The DynamoDB registry: agents, API keys and demand (DESIGN.md §2).
+"""The DynamoDB registry: agents, API keys, demand and usage (DESIGN.md §2).
 
 Every read filters `expires_at > now`, because DynamoDB's TTL deletes lazily; how the agent
 life cycle holds with two writers racing is in `agents`.
@@ -7,8 +7,8 @@ One `Registry` per process holds one aioboto3 session and one long-lived DynamoD
 It is assembled here from one module per concern, over the state in `base`:
 
 - `records`: the records, `AgentState` and the errors; `codec`: items to records and back;
-- `schema`: the tables and the `by_model` index; `agents`, `keys`, `demand`: the operations
-  on each table; `aws`: the AWS session.
+- `schema`: the tables and the `by_model` index; `agents`, `keys`, `demand`, `usage`: the
+  operations on each table; `aws`: the AWS session.
 """
 
 from __future__ import annotations
@@ -41,8 +41,11 @@ from spotgate.registry.records import (
     InvalidTransition,
     Lifecycle,
     RegistryError,
+    UsageCounts,
+    UsageRow,
 )
 from spotgate.registry.schema import BY_MODEL_INDEX, TABLE_ACTIVE_TIMEOUT_SECONDS, TableSetup
+from spotgate.registry.usage import UsageOperations, minute_of
 from spotgate.settings import SharedSettings
 
 __all__ = [
@@ -66,12 +69,15 @@ __all__ = [
     "Lifecycle",
     "Registry",
     "RegistryError",
+    "UsageCounts",
+    "UsageRow",
     "aws_session",
+    "minute_of",
 ]
 
 
-class Registry(AgentOperations, ApiKeyOperations, DemandOperations, TableSetup):
-    """Async access to the three spotgate tables through one long-lived client."""
+class Registry(AgentOperations, ApiKeyOperations, DemandOperations, UsageOperations, TableSetup):
+    """Async access to the spotgate tables through one long-lived client."""
 
     @classmethod
     @asynccontextmanager

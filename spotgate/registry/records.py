@@ -116,6 +116,32 @@ class CreatedApiKey:
 
 
 @dataclass(frozen=True, slots=True)
+class UsageCounts:
+    """Tokens and streams: one stream's, or a sum."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    streams: int = 0
+
+    def __add__(self, other: UsageCounts) -> UsageCounts:
+        return UsageCounts(
+            self.prompt_tokens + other.prompt_tokens,
+            self.completion_tokens + other.completion_tokens,
+            self.streams + other.streams,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class UsageRow:
+    """An API key's usage of one model in one minute (`minute`: its start, epoch seconds)."""
+
+    key_id: str
+    model: str
+    minute: int
+    counts: UsageCounts
+
+
+@dataclass(frozen=True, slots=True)
 class Demand:
     """Streams waiting and running for one model, summed over live gateways."""
 

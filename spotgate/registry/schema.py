@@ -1,4 +1,4 @@
-"""The three tables (DESIGN.md §2): their keys, the `by_model` index, TTL, and creating them."""
+"""The tables (DESIGN.md §2): their keys, the `by_model` index, TTL, and creating them."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ class TableSetup(RegistryBase):
     """Creating the tables in the emulator (local stack, tests); in AWS the CDK stack does."""
 
     async def create_tables(self) -> None:
-        """Create the three tables (GSI, TTL) if missing; wait until they are active."""
+        """Create the four tables (GSI, TTL) if missing; wait until they are active."""
         tables = self._tables
         await self._create_table(
             tables.agents,
@@ -33,7 +33,12 @@ class TableSetup(RegistryBase):
             key=[("model", "HASH"), ("gateway_id", "RANGE")],
             attributes={"model": "S", "gateway_id": "S"},
         )
-        for name in (tables.agents, tables.demand):
+        await self._create_table(
+            tables.usage,
+            key=[("key_id", "HASH"), ("period", "RANGE")],
+            attributes={"key_id": "S", "period": "S"},
+        )
+        for name in (tables.agents, tables.demand, tables.usage):
             await self._client.update_time_to_live(
                 TableName=name,
                 TimeToLiveSpecification={"Enabled": True, "AttributeName": "expires_at"},

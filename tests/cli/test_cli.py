@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import openai
 import pytest
 
 from spotgate.process import free_port
-from spotgate.registry import Registry
+from spotgate.registry import Registry, UsageCounts, minute_of
 from spotgate.settings import emulator_settings, settings_env
 from stack.emulator import AwsEmulator
 from stack.local import UP_FILE
@@ -129,6 +130,34 @@ async def test_keys_create_list_disable_from_the_environment(
     missing = run("keys", "disable", "000000000000", cwd=tmp_path, env=env)
     assert missing.returncode == 2
     assert "no API key" in one_line(missing.stderr)
+
+
+async def test_keys_usage_sums_each_key_and_model_over_the_window(
+    tables: AwsEmulator, tmp_path: Path
+) -> None:
+    env = emulator_env(tables)
+    async with Registry.open(tables.settings()) as registry:
+        busy = (await registry.create_key("busy")).record.key_id
+        idle = (await registry.create_key("idle")).record.key_id
+        now = minute_of(time.time())
+        for minute, counts in ((now, UsageCounts(10, 20, 1)), (now - 600, UsageCounts(1, 2, 1))):
+            await registry.add_usage(busy, "tiny", minute, counts)
+        await registry.add_usage(busy, "tiny", now - 2 * 86400, UsageCounts(99, 99, 9))
+        await registry.add_usage(idle, "other", now, UsageCounts(5, 0, 1))
+
+    every = run("keys", "usage", cwd=tmp_path, env=env)
+    assert every.returncode == 0, every.stderr
+    header, *rows = every.stdout.splitlines()
+    assert header.split() == ["key_id", "name", "model", "streams", "prompt_tokens",
+                              "completion_tokens"]  # fmt: skip
+    assert sorted(row.split() for row in rows) == sorted(
+        [[busy, "busy", "tiny", "2", "11", "22"], [idle, "idle", "other", "1", "5", "0"]]
+    )
+    one = run("keys", "usage", busy, "--since", "7d", cwd=tmp_path, env=env)
+    assert one.stdout.splitlines()[1:] == [f"{busy}  busy  tiny  11  110  121"]
+    bad = run("keys", "usage", "--since", "yesterday", cwd=tmp_path, env=env)
+    assert bad.returncode == 2
+    assert "not a duration like 90m, 24h or 7d" in one_line(bad.stderr)
 
 
 def test_unreachable_aws_is_one_line(tmp_path: Path) -> None:

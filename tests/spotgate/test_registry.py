@@ -17,6 +17,9 @@ from spotgate.registry import (
     Demand,
     InvalidTransition,
     Registry,
+    UsageCounts,
+    UsageRow,
+    minute_of,
 )
 from stack.emulator import AwsEmulator
 from tests.support.clocks import FakeClock
@@ -289,3 +292,29 @@ async def test_demand_is_replaced_not_accumulated_per_gateway(registry: Registry
     await registry.publish_demand("m", "gw-1", pending=1, active=2)
 
     assert await registry.read_demand() == {"m": Demand(pending=1, active=2)}
+
+
+async def test_usage_from_several_gateways_adds_up_per_key_model_and_minute(
+    registry: Registry, clock: FakeClock
+) -> None:
+    minute = minute_of(clock.now)
+    one = UsageCounts(prompt_tokens=10, completion_tokens=20, streams=1)
+    await registry.add_usage("key-a", "m1", minute, one)  # one gateway
+    await registry.add_usage("key-a", "m1", minute, one + one)  # another, the same minute
+    await registry.add_usage("key-a", "m2", minute, one)
+    await registry.add_usage("key-a", "m1", minute - 3600, one)  # an hour before
+    await registry.add_usage("key-b", "m1", minute, one)
+
+    recent = await registry.read_usage("key-a", since=clock.now - 60)
+    assert recent == [
+        UsageRow("key-a", "m1", minute, UsageCounts(30, 60, 3)),
+        UsageRow("key-a", "m2", minute, UsageCounts(10, 20, 1)),
+    ]
+    day = await registry.read_usage("key-a", since=clock.now - 86400)
+    assert [(row.model, row.minute) for row in day] == [
+        ("m1", minute - 3600),
+        ("m1", minute),
+        ("m2", minute),
+    ]
+    every_key = await registry.read_usage(None, since=clock.now - 60)
+    assert {row.key_id for row in every_key} == {"key-a", "key-b"}

@@ -257,3 +257,10 @@ class GatewayService(Construct):
                 resources=[registry.demand.table_arn],
             )
         )
+        role.add_to_principal_policy(
+            iam.PolicyStatement(
+                sid="AddUsage",
+                actions=["dynamodb:UpdateItem"],
+                resources=[registry.usage.table_arn],
+            )
+        )

@@ -1,6 +1,8 @@
-"""The three DynamoDB tables of DESIGN.md §2: `agents`, `keys` and `demand`."""
+"""The DynamoDB tables of DESIGN.md §2: `agents`, `keys`, `demand` and `usage`."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from aws_cdk import RemovalPolicy
 from aws_cdk import aws_dynamodb as dynamodb
@@ -19,7 +21,7 @@ def _string_key(name: str) -> dynamodb.Attribute:
 
 
 class Registry(Construct):
-    """Agents (GSI `by_model`, TTL), API keys (point-in-time recovery) and demand (TTL)."""
+    """Agents (GSI `by_model`, TTL), API keys (point-in-time recovery), demand (TTL), usage."""
 
     def __init__(self, scope: Construct, construct_id: str, *, config: DeployConfig) -> None:
         super().__init__(scope, construct_id)
@@ -41,17 +43,7 @@ class Registry(Construct):
         )
         # API keys are the one thing here people cannot recreate by waiting: keep them when
         # the stack goes, and keep 35 days of history.
-        self.keys = dynamodb.Table(
-            self,
-            "Keys",
-            table_name=f"{pool}-keys",
-            partition_key=_string_key("key_id"),
-            billing_mode=dynamodb.BillingMode.PAY_PER_REQUEST,
-            point_in_time_recovery_specification=dynamodb.PointInTimeRecoverySpecification(
-                point_in_time_recovery_enabled=True
-            ),
-            removal_policy=RemovalPolicy.RETAIN,
-        )
+        self.keys = self._kept_table("Keys", f"{pool}-keys", partition_key=_string_key("key_id"))
         self.demand = dynamodb.Table(
             self,
             "Demand",
@@ -62,12 +54,35 @@ class Registry(Construct):
             time_to_live_attribute=TTL_ATTRIBUTE,
             removal_policy=RemovalPolicy.DESTROY,
         )
+        # What each key used, per model and minute: billing records, kept like the keys
+        # (and removed by TTL after `usage_ttl_seconds`, 400 days by default).
+        self.usage = self._kept_table(
+            "Usage",
+            f"{pool}-usage",
+            partition_key=_string_key("key_id"),
+            sort_key=_string_key("period"),
+            time_to_live_attribute=TTL_ATTRIBUTE,
+        )
         for table in (self.agents, self.demand):
             acknowledge(
                 table,
                 "AwsSolutions-DDB3",
                 "Heartbeat state rewritten every few seconds, expired by TTL: nothing to restore.",
             )
+
+    def _kept_table(self, construct_id: str, name: str, **keys: Any) -> dynamodb.Table:
+        """A table kept when the stack goes, with point-in-time recovery (35 days)."""
+        return dynamodb.Table(
+            self,
+            construct_id,
+            table_name=name,
+            billing_mode=dynamodb.BillingMode.PAY_PER_REQUEST,
+            point_in_time_recovery_specification=dynamodb.PointInTimeRecoverySpecification(
+                point_in_time_recovery_enabled=True
+            ),
+            removal_policy=RemovalPolicy.RETAIN,
+            **keys,
+        )
 
     def environment(self, region: str) -> dict[str, str]:
         """The shared `SPOTGATE_…` settings that point a service at these tables."""
@@ -76,4 +91,5 @@ class Registry(Construct):
             "SPOTGATE_TABLES__AGENTS": self.agents.table_name,
             "SPOTGATE_TABLES__KEYS": self.keys.table_name,
             "SPOTGATE_TABLES__DEMAND": self.demand.table_name,
+            "SPOTGATE_TABLES__USAGE": self.usage.table_name,
         }

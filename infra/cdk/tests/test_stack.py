@@ -196,6 +196,17 @@ def test_tables_match_the_registry_design(synthesized: Synthesized) -> None:
         {"AttributeName": "gateway_id", "KeyType": "RANGE"},
     ]
     assert demand["TimeToLiveSpecification"] == {"AttributeName": "expires_at", "Enabled": True}
+
+    usage = tables[_table_id(synthesized, "Usage")]
+    assert usage["Properties"]["KeySchema"] == [
+        {"AttributeName": "key_id", "KeyType": "HASH"},
+        {"AttributeName": "period", "KeyType": "RANGE"},
+    ]
+    assert usage["Properties"]["TimeToLiveSpecification"] == {
+        "AttributeName": "expires_at",
+        "Enabled": True,
+    }
+    assert usage["DeletionPolicy"] == "Retain"  # billing records outlive the stack
     for table in tables.values():
         assert table["Properties"]["BillingMode"] == "PAY_PER_REQUEST"
 
@@ -387,7 +398,9 @@ def test_pool_manager_may_only_launch_and_end_its_own_pool(synthesized: Synthesi
     }
 
 
-def test_gateway_reads_keys_and_agents_and_writes_only_demand(synthesized: Synthesized) -> None:
+def test_gateway_reads_keys_and_agents_and_writes_only_demand_and_usage(
+    synthesized: Synthesized,
+) -> None:
     found = _policy_statements_of_role(synthesized, _task_role(synthesized, "gateway"))
     writes = {
         action
@@ -395,9 +408,11 @@ def test_gateway_reads_keys_and_agents_and_writes_only_demand(synthesized: Synth
         for action in as_list(statement["Action"])
         if action.split(":")[1].startswith(("Put", "Update", "Delete", "BatchWrite"))
     }
-    assert writes == {"dynamodb:PutItem"}
+    assert writes == {"dynamodb:PutItem", "dynamodb:UpdateItem"}
     (publish,) = [s for s in found if s["Action"] == "dynamodb:PutItem"]
     assert render(publish["Resource"]) == f"<{_table_id(synthesized, 'Demand')}.Arn>"
+    (adds,) = [s for s in found if s["Action"] == "dynamodb:UpdateItem"]
+    assert render(adds["Resource"]) == f"<{_table_id(synthesized, 'Usage')}.Arn>"
 
 
 # --- gateway -------------------------------------------------------------------------------

@@ -1,0 +1,90 @@
+"""Usage per API key and model: counted by each gateway, summed in the `usage` table."""
+
+from __future__ import annotations
+
+import asyncio
+
+from prometheus_client import generate_latest
+
+from gateway.metrics import GatewayMetrics
+from gateway.usage import UsageMeter
+from spotgate.registry import CreatedApiKey, Registry, UsageCounts, minute_of
+from spotgate.settings import emulator_settings
+from spotgate.tokens import SigningKey
+from stack.emulator import AwsEmulator
+from tests.gateway.test_limits import replicas
+from tests.support.agents import AgentFactory
+from tests.support.metrics import metric_value
+from tests.support.wsclient import connect, generate, run_streams
+
+NOW = 1_800_000_000.0
+MODEL = "synth"
+
+
+def test_streams_are_summed_per_key_model_and_minute_and_exported_per_model_only() -> None:
+    meter = UsageMeter(GatewayMetrics())
+    meter.record("key-a", "m", 5, 7, NOW)
+    meter.record("key-a", "m", 1, 2, NOW + 1)  # the same minute
+    meter.record("key-a", "m", 1, 1, NOW + 60)  # the next one
+    meter.record("key-b", "m", 3, 3, NOW)
+
+    minute = minute_of(NOW)
+    assert dict(meter.pending) == {
+        ("key-a", "m", minute): UsageCounts(6, 9, 2),
+        ("key-a", "m", minute + 60): UsageCounts(1, 1, 1),
+        ("key-b", "m", minute): UsageCounts(3, 3, 1),
+    }
+    exposition = generate_latest(meter.metrics.registry).decode()
+
+    def value(sample: str, **labels: str) -> float:
+        return metric_value(exposition, f"spotgate_gateway_usage_{sample}", **labels)
+
+    assert value("tokens_total", model="m", kind="prompt") == 10
+    assert value("tokens_total", model="m", kind="completion") == 13
+    assert value("streams_total", model="m") == 4
+    assert "key-a" not in exposition  # no label per key
+
+
+async def test_counts_a_failed_write_leaves_wait_for_the_next_flush(
+    registry: Registry, aws: AwsEmulator
+) -> None:
+    meter = UsageMeter(GatewayMetrics())
+    meter.record("key-a", "m", 5, 7, NOW)
+    nowhere = emulator_settings("http://127.0.0.1:9", "us-east-1")  # nothing listens there
+    async with Registry.open(nowhere) as unreachable:
+        await meter.flush(unreachable)
+    assert meter.pending
+
+    await meter.flush(registry)
+    assert not meter.pending
+    assert [row.counts for row in await registry.read_usage("key-a", NOW - 60)] == [
+        UsageCounts(5, 7, 1)
+    ]
+
+
+async def test_two_gateways_streams_are_summed_in_the_table(
+    aws: AwsEmulator,
+    gateway_key: SigningKey,
+    start_agent: AgentFactory,
+    api_key: CreatedApiKey,
+) -> None:
+    async with replicas(aws, gateway_key, 2, start_agent, models=(MODEL,)) as gateways:
+
+        async def streams(index: int) -> None:
+            async with connect(gateways[index].ws_url, api_key.api_key) as ws:
+                requests = [generate(f"{index}-{n}", MODEL, max_tokens=3 + n) for n in range(3)]
+                done = await run_streams(ws, *requests)
+            assert all(frames[-1]["type"] == "done" for frames in done.values())
+
+        await asyncio.gather(streams(0), streams(1))
+        for gateway in gateways:
+            await gateway.state.usage.flush(gateway.state.registry)
+        rows = await gateways[0].state.registry.read_usage(api_key.record.key_id, 0.0)
+
+    total = UsageCounts()
+    for row in rows:
+        assert row.model == MODEL
+        total += row.counts
+    assert total.streams == 6
+    assert total.completion_tokens == 2 * (3 + 4 + 5)
+    assert total.prompt_tokens > 0
