@@ -23,6 +23,9 @@ The rules (DESIGN.md §4):
   that could not be resumed.
 - `queued` frames reach the client only before its first token (a resume waits silently),
   `start` only when the serving agent changes: each change after the first is a resume.
+- A client may send `resume` itself, to continue through this gateway a stream it holds part
+  of (its gateway went away): the stream starts as one that has those tokens, and its first
+  agent continues after them, as after a move.
 """
 
 from __future__ import annotations
@@ -129,13 +132,16 @@ class Failover:
         monotonic: float,
         outcome: RelayOutcome | None = None,
     ) -> Failover:
-        """A stream that has just arrived."""
+        """A stream that has just arrived (with `resume`: one the client holds part of)."""
+        held = request.resume
         return cls(
             request=request,
             deadline_seconds=deadline_seconds,
             deadline=now + deadline_seconds,
             started_at=monotonic,
             outcome=outcome if outcome is not None else RelayOutcome(),
+            ids=list(held.token_ids) if held is not None else [],
+            text=[held.text] if held is not None else [],
         )
 
     @property

@@ -94,6 +94,10 @@ class Engine(Protocol):
     held_token_ids: frozenset[int]
     """Ids whose text waits for the ids after them (`gpu_agent.detokenizer.held_token_ids`)."""
 
+    def known_token(self, token_id: int) -> bool:
+        """Whether the model has this token id (a resume's ids come from clients too)."""
+        ...
+
     def chat_prompt_ids(
         self, messages: Sequence[ChatMessage], tools: Sequence[Tool] = ()
     ) -> list[int]:

@@ -24,6 +24,7 @@ from spotgate.protocol import (
     DoneFrame,
     ErrorCode,
     GenerateFrame,
+    Resume,
     StartFrame,
     Timings,
     TokenLogprob,
@@ -206,6 +207,22 @@ def _tokenless_delta(frame: GenerateFrame, text: str, content: str | None) -> De
     )
 
 
+def _check_resume(resume: Resume, engine: Engine, budget: int) -> None:
+    """Refuse a resume this stream could not have produced (a client may send one)."""
+    unknown = next((i for i in resume.token_ids if not engine.known_token(i)), None)
+    if unknown is not None:
+        raise StreamRefused(
+            ErrorCode.INVALID_REQUEST, f"{unknown} is not a token id of this model", "resume"
+        )
+    if len(resume.token_ids) > budget:
+        raise StreamRefused(
+            ErrorCode.INVALID_REQUEST,
+            f"resume holds {len(resume.token_ids)} tokens, more than the {budget} "
+            "this stream may have",
+            "resume",
+        )
+
+
 async def generate_frames(
     frame: GenerateFrame,
     engine: Engine,
@@ -232,6 +249,8 @@ async def generate_frames(
     progress = progress or StreamProgress()
     progress.max_tokens = budget
     resume = frame.resume
+    if resume is not None:
+        _check_resume(resume, engine, budget)
     resumed_ids = resume.token_ids if resume else []
     sent_text = resume.text if resume else ""
     try:

@@ -123,6 +123,10 @@ class SyntheticEngine:
         """None: synthetic text never holds a tool call."""
         return None
 
+    def known_token(self, token_id: int) -> bool:
+        """A word's id, or an echoed byte's."""
+        return 0 <= token_id < len(SYNTHETIC_WORDS) or 0 <= token_id - ECHO_ID_BASE < 256
+
     def decode(self, token_ids: Sequence[int]) -> str:
         """One word and a space per word token; echoed bytes as UTF-8."""
         if token_ids and token_ids[0] >= ECHO_ID_BASE:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
@@ -137,6 +138,15 @@ class VllmEngine:
         text: str = self._backend.decode(list(token_ids), skip_special_tokens=True)
         return text
 
+    @functools.cached_property
+    def _vocab_size(self) -> int:
+        # The model's embedding rows: an id past them would fail the engine, not one request.
+        return int(self._llm.model_config.get_vocab_size())
+
+    def known_token(self, token_id: int) -> bool:
+        """An id within the model's vocabulary."""
+        return 0 <= token_id < self._vocab_size
+
     def running(self) -> int:
         """Unfinished requests in the engine."""
         return int(self._llm.get_num_unfinished_requests())
@@ -154,8 +164,7 @@ class VllmEngine:
         if request.json_schema is None:
             return None
         if self._grammars is None:
-            vocab_size = int(self._llm.model_config.get_vocab_size())
-            self._grammars = Grammars(self._tokenizer, vocab_size)
+            self._grammars = Grammars(self._tokenizer, self._vocab_size)
         try:
             return await asyncio.to_thread(
                 self._grammars.matcher, request.json_schema, request.resume_ids

@@ -116,8 +116,6 @@ def gateway_refusal(
     )
     if refusal is not None:
         return refusal
-    if frame.resume is not None:
-        return Refusal(ErrorCode.INVALID_REQUEST, "'resume' is set by the gateway, not by clients")
     if not gateway.model_known:
         return unknown_model(frame)
     too_long = early_refusal(frame, gateway.context) if gateway.context is not None else None

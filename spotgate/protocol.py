@@ -170,7 +170,7 @@ def tool_choice_problem(
 
 
 class Resume(_Strict):
-    """What a moved stream had produced: the new agent continues after these tokens."""
+    """What a stream had produced when it moved: the next agent continues after these tokens."""
 
     token_ids: list[TokenId]
     text: str
@@ -213,6 +213,8 @@ class GenerateFrame(_Strict):
     parallel_tool_calls: bool = True
     session: Annotated[str, StringConstraints(max_length=256)] | None = None
     want_ids: bool = False
+    # What the stream already produced: set by a gateway moving it to another agent, or by a
+    # client continuing it through another gateway (the ids and text it received).
     resume: Resume | None = None
 
     @model_validator(mode="after")

@@ -192,3 +192,37 @@ def agent_processes(
         if agent.process.poll() is None:
             agent.process.kill()
         agent.process.wait()
+
+
+@contextlib.asynccontextmanager
+async def replicas(
+    aws: AwsEmulator,
+    gateway_key: SigningKey,
+    count: int,
+    start_agent: AgentFactory,
+    **settings: Any,
+) -> AsyncIterator[list[Gateway]]:
+    """`count` gateway replicas (one signing key, one registry) and one synthetic agent."""
+    async with contextlib.AsyncExitStack() as stack:
+        first = await stack.enter_async_context(running_gateway(aws, gateway_key, **settings))
+        gateways = [first]
+        for _ in range(count - 1):
+            gateways.append(
+                await stack.enter_async_context(
+                    running_gateway(aws, gateway_key, public_url=first.url, **settings)
+                )
+            )
+        engine = synthetic(20.0, model=MODEL, ttft_seconds=0.01)
+        agent = await wait_ready(
+            await start_agent(
+                engine, pinned_public_key=gateway_key.verify_key.to_pem(), token_issuer=first.url
+            )
+        )
+        agent_id = agent.runtime.identity.agent_id  # type: ignore[union-attr]
+
+        async def routable_everywhere() -> bool:
+            records = [gateway.state.dispatcher.view.record(agent_id) for gateway in gateways]
+            return all(r is not None and r.state is AgentState.READY for r in records)
+
+        await wait_for(routable_everywhere, within=10)
+        yield gateways

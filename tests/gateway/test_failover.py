@@ -454,3 +454,16 @@ def test_a_stream_interrupted_twice_reaches_the_client_whole(first: Ending, seco
     assert stream.outcome.relayed_tokens == 4
     assert stream.outcome.agent_id == "c"
     assert stream.outcome.error is None
+
+
+def test_a_stream_a_client_resumes_starts_as_one_that_has_its_tokens() -> None:
+    held = Resume(token_ids=[5, 6], text="ab", completion_tokens=2)
+    stream = arrive(REQUEST.model_copy(update={"resume": held}))
+    assert stream.has_tokens
+    assert stream.on_queued(3) is None  # it waits silently, as any resume
+    first = place(stream, "a")
+    assert first.resume == held  # the first agent continues after what the client holds
+    assert stream.on_start(start("a")) is not None  # a new gateway: the client hears `start`
+    relay(stream, [7], "c")
+    moved = place(stream, "b")
+    assert moved.resume == Resume(token_ids=[5, 6, 7], text="abc", completion_tokens=3)

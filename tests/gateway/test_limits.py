@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
 
 import aiohttp
 import pytest
@@ -14,13 +12,13 @@ from gateway.limits import LimitStore, StoreHealth
 from gateway.metrics import GatewayMetrics
 from gateway.ratelimit import Limits
 from gateway.sharedlimits import SharedBuckets
-from spotgate.registry import AgentState, CreatedApiKey, Registry
+from spotgate.registry import CreatedApiKey, Registry
 from spotgate.settings import GatewaySettings, LimitStoreSettings
 from spotgate.tokens import SigningKey
 from stack.emulator import AwsEmulator
 from stack.redis_server import RedisServer
-from tests.gateway.conftest import MODEL, Gateway, running_gateway
-from tests.support.agents import AgentFactory, synthetic, wait_for, wait_ready
+from tests.gateway.conftest import MODEL, Gateway, replicas
+from tests.support.agents import AgentFactory
 from tests.support.clocks import FakeClock
 from tests.support.metrics import metric_value
 from tests.support.wsclient import connect, generate, receive, run_streams, send
@@ -143,40 +141,6 @@ async def test_a_store_that_hangs_costs_one_timeout_then_is_not_waited_on(
         assert not (await store.auth_check("10.0.0.1", None, NOW)).admitted
     finally:
         own_server.resume()
-
-
-@contextlib.asynccontextmanager
-async def replicas(
-    aws: AwsEmulator,
-    gateway_key: SigningKey,
-    count: int,
-    start_agent: AgentFactory,
-    **settings: Any,
-) -> AsyncIterator[list[Gateway]]:
-    """`count` gateway replicas (one signing key, one registry) and one synthetic agent."""
-    async with contextlib.AsyncExitStack() as stack:
-        first = await stack.enter_async_context(running_gateway(aws, gateway_key, **settings))
-        gateways = [first]
-        for _ in range(count - 1):
-            gateways.append(
-                await stack.enter_async_context(
-                    running_gateway(aws, gateway_key, public_url=first.url, **settings)
-                )
-            )
-        engine = synthetic(20.0, model=MODEL, ttft_seconds=0.01)
-        agent = await wait_ready(
-            await start_agent(
-                engine, pinned_public_key=gateway_key.verify_key.to_pem(), token_issuer=first.url
-            )
-        )
-        agent_id = agent.runtime.identity.agent_id  # type: ignore[union-attr]
-
-        async def routable_everywhere() -> bool:
-            records = [gateway.state.dispatcher.view.record(agent_id) for gateway in gateways]
-            return all(r is not None and r.state is AgentState.READY for r in records)
-
-        await wait_for(routable_everywhere, within=10)
-        yield gateways
 
 
 async def statuses(

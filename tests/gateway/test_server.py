@@ -22,9 +22,10 @@ from tests.gateway.conftest import (
     AgentProcess,
     Gateway,
     GatewayAgentFactory,
+    replicas,
     running_gateway,
 )
-from tests.support.agents import Imds, expected_text, spot_notice, wait_for
+from tests.support.agents import AgentFactory, Imds, expected_text, spot_notice, wait_for
 from tests.support.metrics import metric_value, scrape
 from tests.support.wsclient import connect, generate, receive, run_streams, send, text_of
 
@@ -618,3 +619,45 @@ async def test_slow_and_oversized_bodies_get_json_errors(
             ) as response:
                 assert response.status == 413
                 assert (await response.json())["error"]["code"] == "invalid_request"
+
+
+async def test_a_client_continues_a_stream_it_holds_part_of_through_another_replica(
+    aws: AwsEmulator,
+    gateway_key: SigningKey,
+    start_agent: AgentFactory,
+    api_key: CreatedApiKey,
+) -> None:
+    """Its first gateway went away: the ids and text it holds continue through another."""
+    content, max_tokens = "carry on", 30
+    async with replicas(aws, gateway_key, 2, start_agent, models=(MODEL,)) as (first, second):
+        request = generate("s", MODEL, content=content, max_tokens=max_tokens, want_ids=True)
+        held_ids: list[int] = []
+        held_text = ""
+        async with connect(first.ws_url, api_key.api_key) as ws:
+            await send(ws, request)
+            while len(held_ids) < 8:
+                frame = await receive(ws)
+                if frame["type"] == "delta":
+                    held_ids += frame["ids"]
+                    held_text += frame["text"]
+        # The socket is gone mid-stream; what the client holds goes to the other gateway.
+        resume = {"token_ids": held_ids, "text": held_text, "completion_tokens": len(held_ids)}
+        async with connect(second.ws_url, api_key.api_key) as ws:
+            frames = (await run_streams(ws, {**request, "resume": resume}))["s"]
+            refusals = await run_streams(
+                ws,
+                {**request, "id": "unknown-id", "resume": {**resume, "token_ids": [10**6] * 8}},
+                {**request, "id": "wrong-text", "resume": {**resume, "text": "not what it said"}},
+                {**request, "id": "too-many", "max_tokens": 4, "resume": resume},
+            )
+    assert frames[0]["type"] == "start"
+    done = frames[-1]
+    assert done["type"] == "done"
+    assert done["usage"]["completion_tokens"] == max_tokens
+    rest = "".join(frame["text"] for frame in frames if frame["type"] == "delta")
+    assert held_text + rest == expected_text(content, max_tokens)  # nothing lost or repeated
+    for stream, seen in refusals.items():
+        error = seen[-1]
+        assert (error["type"], error["code"]) == ("error", "invalid_request"), stream
+    assert "not a token id of this model" in refusals["unknown-id"][-1]["message"]
+    assert "more than the 4 this stream may have" in refusals["too-many"][-1]["message"]

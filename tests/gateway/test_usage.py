@@ -12,7 +12,7 @@ from spotgate.registry import CreatedApiKey, Registry, UsageCounts, minute_of
 from spotgate.settings import emulator_settings
 from spotgate.tokens import SigningKey
 from stack.emulator import AwsEmulator
-from tests.gateway.test_limits import replicas
+from tests.gateway.conftest import replicas
 from tests.support.agents import AgentFactory
 from tests.support.metrics import metric_value
 from tests.support.wsclient import connect, generate, run_streams

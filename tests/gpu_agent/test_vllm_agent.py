@@ -193,6 +193,28 @@ async def test_resumed_greedy_generation_continues_exactly(
     assert rest[-1]["usage"]["completion_tokens"] == 64
 
 
+async def test_a_resume_with_ids_the_model_lacks_is_refused_and_harms_no_other_stream(
+    served: Served, token: str
+) -> None:
+    """A client may send `resume`: an id past the embedding table must not reach the engine."""
+    missing = 1_000_000  # the tiny models have some tens of thousands of tokens
+    assert not served.engine.known_token(missing)
+    assert served.engine.known_token(0)
+    request = served.ask("ok", max_tokens=8, **GREEDY)
+    bad = {
+        **request,
+        "id": "bad",
+        "resume": {"token_ids": [missing], "text": "", "completion_tokens": 1},
+    }
+    async with connect(served.agent.ws_url, token) as ws:
+        seen = await run_streams(ws, bad, request)
+    assert seen["bad"][-1]["type"] == "error"
+    assert seen["bad"][-1]["code"] == "invalid_request"
+    assert seen["bad"][-1]["message"] == f"{missing} is not a token id of this model"
+    assert seen["ok"][-1]["type"] == "done"  # the engine never saw it
+    assert served.engine.failure() is None
+
+
 async def test_openai_sdk_against_the_agent(agent: RunningAgent, token: str) -> None:
     client = openai.AsyncOpenAI(base_url=f"{agent.url}/v1", api_key=token, max_retries=0)
     messages = [{"role": "user", "content": "Hello there"}]

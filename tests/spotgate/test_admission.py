@@ -35,7 +35,6 @@ READY = AgentConditions(phase="ready", accepting=True, engine_loaded=True, token
 
 EXPIRED = Refusal(ErrorCode.UNAUTHORIZED, "token expired; send an 'auth' frame with a fresh one")
 SHUTTING_DOWN = Refusal(ErrorCode.NO_CAPACITY, "this gateway is shutting down; reconnect to retry")
-RESUME = Refusal(ErrorCode.INVALID_REQUEST, "'resume' is set by the gateway, not by clients")
 
 
 def frame(model: str = "m", prompt: str = "hi", **fields: Any) -> GenerateFrame:
@@ -125,14 +124,14 @@ def test_model_allowed_empty_means_every_model(
             too_long(101),
             id="chat-prompt-over",
         ),
-        # resume belongs to the gateway
+        # a client may continue a stream it holds part of (the agent checks the ids)
         pytest.param(
-            frame(resume=Resume(token_ids=[], text="", completion_tokens=0)),
+            frame(resume=Resume(token_ids=[7], text="a", completion_tokens=1)),
             KEY,
             GATEWAY,
             NOW,
-            RESUME,
-            id="resume-set-by-client",
+            None,
+            id="resume-from-a-client",
         ),
         # token expiry: refused at exactly `now`
         pytest.param(frame(), TOKEN, GATEWAY, NOW + 59.999, None, id="token-before-expiry"),
@@ -207,8 +206,8 @@ def test_model_allowed_empty_means_every_model(
             ANY_KEY,
             GatewayConditions(False, MAX_PROMPT_CHARS, CONTEXT),
             NOW,
-            RESUME,
-            id="resume-before-context",
+            context_exceeded(10, 55),
+            id="a-resumed-stream-is-checked-like-any-other",
         ),
     ],
 )
