@@ -108,7 +108,7 @@ class SseTraffic(Clients):
             await asyncio.sleep(FAILED_REQUEST_PAUSE_SECONDS)
             return
         # SSE does not say which agents served a stream: resumed ones count as exact only.
-        self.tally.reply_ended(self._stack.expected_reply(content), "".join(text), agents=1)
+        self.tally.reply_ended(self._stack.expected_reply(content), "".join(text), moved=False)
 
 
 @dataclass
@@ -164,7 +164,7 @@ class Samples:
 def stack_processes(stack: ChaosStack) -> dict[str, psutil.Process]:
     """Name → process of everything the soak watches."""
     named = {SELF_NAME: psutil.Process()}
-    for child in (stack.gateway, stack.pool_manager):
+    for child in (*stack.gateways, stack.pool_manager):
         if child is not None:
             named[child.name] = psutil.Process(child.process.pid)
     named.update({f"agent {a}": p for a, p in stack.agent_processes().items()})

@@ -87,6 +87,23 @@ async def gateway_restart(stack: ChaosStack, traffic: Traffic, _ready: dict[str,
     return set()
 
 
+async def gateway_kill_9(stack: ChaosStack, traffic: Traffic, _ready: dict[str, str]) -> set[str]:
+    """SIGKILL one of the two gateways mid-stream; its clients resume through the other.
+
+    Done once a stream resumed that way has ended exact; then the gateway is started again.
+    """
+    traffic.completed.clear()
+    resumed_before = traffic.tally.resumed
+    stack.kill_gateway(1)  # the first serves the agents' JWKS: the second is the one to lose
+    async with asyncio.timeout(STREAM_TIMEOUT_SECONDS):
+        while traffic.tally.resumed == resumed_before:
+            traffic.completed.clear()
+            await traffic.completed.wait()
+    await stack.restart_gateway(1)
+    await stack.wait_gateway_ready(READY_TIMEOUT_SECONDS, index=1)
+    return set()
+
+
 async def dies_after_registering(
     stack: ChaosStack, traffic: Traffic, ready: dict[str, str]
 ) -> set[str]:
@@ -133,6 +150,7 @@ SCENARIOS: dict[str, Callable[[float], Fault]] = {
     "agent hangs (SIGSTOP), socket open": lambda _: hang,
     "AWS (moto server) stopped": aws_down,
     "gateway restarted (SIGTERM, new process)": lambda _: gateway_restart,
+    "kill -9 of one of two gateways": lambda _: gateway_kill_9,
     "replacement killed before its first heartbeat": lambda _: dies_after_registering,
     "full pool: a surge of its whole capacity": lambda _: full_pool,
 }

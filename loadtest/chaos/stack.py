@@ -37,6 +37,7 @@ from spotgate.tokens import SigningKey
 from stack.children import start_service
 from stack.emulator import EMULATOR_REGION, AwsEmulator
 from stack.local import LOCAL_VLLM, TINY_SERVED_NAME
+from stack.redis_server import RedisServer
 
 MODEL = "synthetic"
 STREAM_TOKENS = 60
@@ -49,6 +50,7 @@ VLLM_START_TIMEOUT_SECONDS = 600.0  # an engine starting next to a busy one on a
 # to the same core; left to the scheduler, with one thread each, they spread out.
 VLLM_SHARED_CPU_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
 AGENT_HEARTBEAT_SECONDS = 1.0
+GATEWAYS = 2  # replicas sharing one pool, as behind a load balancer
 GATEWAY_GRACE_SECONDS = 10.0  # streams last 3 s: every one in flight finishes within it
 GATEWAY_STOP_TIMEOUT_SECONDS = GATEWAY_GRACE_SECONDS + 10.0
 REGISTRY_POLL_SECONDS = 0.1
@@ -105,12 +107,14 @@ class ChaosStack:
         self.replies: dict[str, str] = {}  # vLLM: prompt → its uninterrupted greedy reply
         self.emulator = AwsEmulator()
         self.processes = ChildProcesses(directory / "logs")
-        # The gateway's socket, bound here: its port is known before the gateway starts and
-        # stays the gateway's across a restart (a new process on the same port).
-        self.gateway_socket = loopback_socket()
-        self.gateway: Child | None = None
+        self.limit_store = RedisServer(log=directory / "logs" / "redis.log")
+        # The gateways' sockets, bound here: their ports are known before the gateways start,
+        # and each stays its gateway's across a restart (a new process on the same port).
+        self.gateway_sockets = [loopback_socket() for _ in range(GATEWAYS)]
+        self.gateways: list[Child] = []
         self.pool_manager: Child | None = None
-        self.gateway_url = ""
+        self.gateway_urls = [f"http://127.0.0.1:{socket_port(s)}" for s in self.gateway_sockets]
+        self.gateway_url = self.gateway_urls[0]
         self.api_key = ""
         self.queue_url = ""
 
@@ -131,8 +135,9 @@ class ChaosStack:
             "sqs", endpoint_url=settings.aws.endpoint_url
         ) as sqs:
             self.queue_url = (await sqs.create_queue(QueueName="chaos-events"))["QueueUrl"]
-        self.gateway_url = f"http://127.0.0.1:{socket_port(self.gateway_socket)}"
         shared = settings.model_copy(update={"log_format": "json"})
+        self.limit_store.start()
+        # Replicas as behind a load balancer: one issuer and signing key, one limit store.
         gateway = GatewaySettings(
             shared=shared,
             public_url=self.gateway_url,
@@ -140,8 +145,14 @@ class ChaosStack:
             models=(self.engine.model,),
             queue=QueueSettings(deadline_seconds=60),
             shutdown_grace_seconds=GATEWAY_GRACE_SECONDS,
+            limit_store=self.limit_store.settings(),
         )
-        self.gateway = start_service(self.processes, "gateway", gateway, self.gateway_socket)
+        self.gateways = [
+            start_service(
+                self.processes, "gateway" if n == 0 else f"gateway-{n + 1}", gateway, sock
+            )
+            for n, sock in enumerate(self.gateway_sockets)
+        ]
         pool = PoolSettings(
             shared=shared,
             provider="local",
@@ -212,13 +223,16 @@ class ChaosStack:
             "type": "generate", "id": stream_id, "model": self.engine.model,
             "max_tokens": self.engine.stream_tokens, "temperature": 0, "session": session,
             "messages": [{"role": "user", "content": prompt}],
+            "want_ids": True,  # what a client needs to resume through another gateway
         }  # fmt: skip
 
     async def __aexit__(self, *_exc: object) -> None:
         await self.processes.stop(lambda child: child.name == "pool-manager", 60)
         await self.processes.stop(lambda child: True, 30)
         self.processes.close()
-        self.gateway_socket.close()
+        for sock in self.gateway_sockets:
+            sock.close()
+        self.limit_store.stop()
         self.emulator.stop()
 
     async def ready_agents(self) -> dict[str, str]:
@@ -257,19 +271,25 @@ class ChaosStack:
             raise LookupError("no ready agent has a live process")
         return found
 
-    async def restart_gateway(self) -> None:
-        """SIGTERM the gateway (it drains), then start it again: same port, key and settings."""
-        if self.gateway is None:
+    async def restart_gateway(self, index: int = 0) -> None:
+        """SIGTERM a gateway (it drains), then start it again: same port, key and settings."""
+        if not self.gateways:
             raise RuntimeError("the stack is not running")
-        self.gateway = await self.processes.restart(self.gateway, GATEWAY_STOP_TIMEOUT_SECONDS)
+        self.gateways[index] = await self.processes.restart(
+            self.gateways[index], GATEWAY_STOP_TIMEOUT_SECONDS
+        )
 
-    async def wait_gateway_ready(self, within_seconds: float) -> None:
-        """Poll `/readyz` until it answers 200."""
+    def kill_gateway(self, index: int) -> None:
+        """SIGKILL a gateway: its sockets drop with no word to anyone."""
+        self.processes.kill(self.gateways[index])
+
+    async def wait_gateway_ready(self, within_seconds: float, index: int = 0) -> None:
+        """Poll a gateway's `/readyz` until it answers 200."""
         deadline = time.monotonic() + within_seconds
         async with aiohttp.ClientSession() as http:
             while time.monotonic() < deadline:
                 with contextlib.suppress(aiohttp.ClientError):
-                    async with http.get(f"{self.gateway_url}/readyz") as response:
+                    async with http.get(f"{self.gateway_urls[index]}/readyz") as response:
                         if response.status == 200:
                             return
                 await asyncio.sleep(REGISTRY_POLL_SECONDS)

@@ -1,4 +1,9 @@
-"""Steady traffic: websocket clients streaming known replies, each stream's outcome tallied."""
+"""Steady traffic: websocket clients streaming known replies, each stream's outcome tallied.
+
+Each client keeps the ids and text of its stream (`want_ids`), and when its socket drops
+(its gateway stopped or was killed) it sends the stream again through the next gateway with
+`resume`, as a client of the websocket protocol can: no stream ends with its gateway.
+"""
 
 from __future__ import annotations
 
@@ -15,7 +20,6 @@ from loadtest.chaos.stack import ChaosStack
 STREAM_TIMEOUT_SECONDS = 90.0
 RECONNECT_PAUSE_SECONDS = 0.5
 FAILED_STREAM_PAUSE_SECONDS = 1.0  # after an error without `retry_after`, as a client would
-GOING_AWAY = 1001  # the websocket close code of a server shutting down
 
 
 @dataclass
@@ -29,13 +33,13 @@ class Tally:
     failed: Counter[str] = field(default_factory=Counter)
     lost: int = 0
 
-    def reply_ended(self, expected: str, text: str, agents: int) -> bool:
+    def reply_ended(self, expected: str, text: str, moved: bool) -> bool:
         """Count a reply that ended normally (exact or lost); whether it was exact."""
         if text != expected:
             self.lost += 1
             return False
         self.exact += 1
-        self.resumed += agents > 1
+        self.resumed += moved
         return True
 
     def failed_text(self) -> str:
@@ -109,62 +113,96 @@ class Traffic(Clients):
         return not self._stop.is_set() and (self._rounds is None or sent < self._rounds)
 
     async def _client(self, number: int) -> None:
-        url = self._stack.gateway_url.replace("http", "ws", 1) + "/v1/ws"
         headers = {"Authorization": f"Bearer {self._stack.api_key}"}
+        urls = [url.replace("http", "ws", 1) + "/v1/ws" for url in self._stack.gateway_urls]
         session = f"{self._name}-{number}"
+        gateway = number % len(urls)  # clients spread over the gateways, as a balancer would
         sent = 0
-        while self._goes_on(sent):
+        stream: _Stream | None = None  # one the socket dropped under: resumed on the next
+        while stream is not None or self._goes_on(sent):
             try:
-                async with websockets.connect(url, additional_headers=headers) as ws:
-                    while self._goes_on(sent):
-                        sent += 1
-                        prompt = self._stack.engine.prompt(self._name, number, sent)
-                        await self._one_stream(ws, f"{session}-{sent}", prompt, session)
+                async with websockets.connect(urls[gateway], additional_headers=headers) as ws:
+                    while stream is not None or self._goes_on(sent):
+                        if stream is None:
+                            sent += 1
+                            prompt = self._stack.engine.prompt(self._name, number, sent)
+                            stream = _Stream(f"{session}-{sent}", prompt, session)
+                            self.tally.started += 1
+                        await self._one_stream(ws, stream)
+                        stream = None
             except (OSError, websockets.WebSocketException):
-                await asyncio.sleep(RECONNECT_PAUSE_SECONDS)  # the gateway went away
+                # The gateway went away (stopped, killed): the next one continues the stream.
+                gateway = (gateway + 1) % len(urls)
+                await asyncio.sleep(RECONNECT_PAUSE_SECONDS)
+            except _StreamEnded:
+                stream = None
 
-    async def _one_stream(self, ws: Any, stream_id: str, prompt: str, session: str) -> None:
-        await ws.send(json.dumps(self._stack.generate_frame(stream_id, prompt, session)))
-        self.tally.started += 1
-        text: list[str] = []
-        agents: set[str] = set()
+    async def _one_stream(self, ws: Any, stream: _Stream) -> None:
+        frame = self._stack.generate_frame(stream.stream_id, stream.prompt, stream.session)
+        if stream.ids:  # what it holds, for the gateway to continue after
+            frame["resume"] = {
+                "token_ids": stream.ids,
+                "text": "".join(stream.text),
+                "completion_tokens": len(stream.ids),
+            }
+        await ws.send(json.dumps(frame))
         serving = ""
-        queued = False
         try:
             async with asyncio.timeout(STREAM_TIMEOUT_SECONDS):
                 while True:
-                    frame = json.loads(await ws.recv())
-                    if frame.get("id") != stream_id:
+                    received = json.loads(await ws.recv())
+                    if received.get("id") != stream.stream_id:
                         continue
-                    if frame["type"] == "queued":
-                        queued = True
-                    elif frame["type"] == "start":
-                        self.serving.subtract(agents & {serving})
-                        serving = frame["agent"]
-                        agents.add(serving)
+                    if received["type"] == "queued":
+                        stream.queued = True
+                    elif received["type"] == "start":
+                        self.serving.subtract(stream.agents & {serving})
+                        serving = received["agent"]
+                        stream.agents.add(serving)
                         self.serving[serving] += 1
                         self.placed[serving].set()
-                    elif frame["type"] == "delta":
-                        text.append(frame["text"])
+                    elif received["type"] == "delta":
+                        stream.ids.extend(received["ids"])
+                        stream.text.append(received["text"])
                         self.replying.set()
-                    elif frame["type"] == "error":
-                        self.tally.failed[frame["code"]] += 1
-                        await asyncio.sleep(frame.get("retry_after") or FAILED_STREAM_PAUSE_SECONDS)
+                    elif received["type"] == "error":
+                        self.tally.failed[received["code"]] += 1
+                        self.tally.queued += stream.queued
+                        await asyncio.sleep(
+                            received.get("retry_after") or FAILED_STREAM_PAUSE_SECONDS
+                        )
                         return
-                    elif frame["type"] == "done":
+                    elif received["type"] == "done":
                         break
-        except websockets.ConnectionClosed as closed:
-            if closed.rcvd is None or closed.rcvd.code != GOING_AWAY:
-                self.tally.lost += 1
-            else:  # the gateway said it is going away: a clear end, the client reconnects
-                self.tally.failed["going_away"] += 1
+        except websockets.ConnectionClosed:
+            stream.resumes += 1  # the client continues it through another gateway
             raise
-        except (TimeoutError, websockets.WebSocketException):
+        except TimeoutError:
             self.tally.lost += 1  # no end at all: the one outcome that must never happen
-            raise websockets.ConnectionClosed(None, None) from None
+            self.tally.queued += stream.queued
+            raise _StreamEnded from None
         finally:
-            self.serving.subtract(agents & {serving})
-            self.tally.queued += queued
-        expected = self._stack.expected_reply(prompt)
-        if self.tally.reply_ended(expected, "".join(text), len(agents)):
+            self.serving.subtract(stream.agents & {serving})
+        self.tally.queued += stream.queued
+        expected = self._stack.expected_reply(stream.prompt)
+        moved = len(stream.agents) > 1 or stream.resumes > 0
+        if self.tally.reply_ended(expected, "".join(stream.text), moved):
             self.completed.set()
+
+
+class _StreamEnded(Exception):
+    """A stream that ended without an answer, counted; its socket is no longer trusted."""
+
+
+@dataclass
+class _Stream:
+    """One stream of a client, and what it holds: a dropped socket does not end it."""
+
+    stream_id: str
+    prompt: str
+    session: str
+    ids: list[int] = field(default_factory=list)
+    text: list[str] = field(default_factory=list)
+    agents: set[str] = field(default_factory=set)
+    queued: bool = False
+    resumes: int = 0  # times the client sent it again through another gateway

@@ -24,6 +24,9 @@ async def test_no_stream_is_lost_and_the_pool_recovers_from_every_fault() -> Non
     # Streams in flight finish within the grace; new ones are refused until clients reconnect.
     assert set(restart.failed) <= {"no_capacity", "going_away"}
     assert restart.exact > 0
+    killed = by_name["kill -9 of one of two gateways"].tally
+    assert killed.failed.total() == 0  # its clients resumed their streams through the other
+    assert killed.resumed > 0
     assert by_name["replacement killed before its first heartbeat"].tally.failed.total() == 0
     full = by_name["full pool: a surge of its whole capacity"].tally
     assert full.queued > 0
