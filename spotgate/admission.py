@@ -108,7 +108,7 @@ def gateway_refusal(
 ) -> Refusal | None:
     """The gateway's check of a client's stream, before it is queued for an agent."""
     if gateway.shutting_down:
-        return Refusal(ErrorCode.NO_CAPACITY, "this gateway is shutting down; reconnect to retry")
+        return Refusal(ErrorCode.GOING_AWAY, "this gateway is shutting down; reconnect to retry")
     refusal = (
         expiry_refusal(grant, now)
         or grant_refusal(frame, grant)

@@ -55,6 +55,7 @@ ERROR_STATUS: dict[ErrorCode, tuple[int, str]] = {
     ErrorCode.NO_CAPACITY: (503, "service_unavailable"),
     ErrorCode.TIMEOUT: (504, "timeout"),
     ErrorCode.INTERRUPTED: (503, "service_unavailable"),
+    ErrorCode.GOING_AWAY: (503, "service_unavailable"),
     ErrorCode.INTERNAL: (500, "internal_error"),
 }
 

@@ -48,6 +48,8 @@ class ErrorCode(StrEnum):
     NO_CAPACITY = "no_capacity"
     TIMEOUT = "timeout"
     INTERRUPTED = "interrupted"
+    # This gateway is stopping: send the stream again through another (or after reconnecting).
+    GOING_AWAY = "going_away"
     INTERNAL = "internal"
 
 

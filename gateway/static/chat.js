@@ -87,18 +87,40 @@ async function connect() {
     setConnection("connected");
     hideNotice();
     scheduleTokenRefresh(issued.expires_at);
+    if (state.streaming?.interrupted) resumeStream(ws);
   };
   ws.onmessage = (event) => onFrame(JSON.parse(event.data));
   ws.onclose = (event) => {
     if (state.ws !== ws) return;
     state.ws = null;
-    if (state.streaming) failStream("The connection dropped; the reply stopped here.");
     if (event.code === 1008) {
+      if (state.streaming) failStream("The connection dropped; the reply stopped here.");
       setConnection("offline");
       return; // refused credentials: reconnecting would be refused again
     }
+    if (state.streaming) {
+      // The reply goes on after reconnecting, from what the page already has.
+      state.streaming.interrupted = true;
+      state.streaming.view.meta.textContent = "connection lost; the reply resumes on reconnect…";
+    }
     scheduleReconnect(`connection closed (${event.code})`);
   };
+}
+
+function resumeStream(ws) {
+  const stream = state.streaming;
+  stream.interrupted = false;
+  const resume = {
+    token_ids: stream.ids,
+    text: stream.message.content,
+    completion_tokens: stream.ids.length,
+  };
+  ws.send(JSON.stringify(stream.ids.length ? { ...stream.request, resume } : stream.request));
+  const note = document.createElement("div");
+  note.className = "moved";
+  note.textContent = "the connection dropped mid-reply and it resumed; nothing was lost";
+  stream.view.root.insertBefore(note, stream.view.meta);
+  stream.message.moved = note.textContent;
 }
 
 function scheduleReconnect(reason) {
@@ -151,11 +173,15 @@ function onFrame(frame) {
   } else if (frame.type === "delta") {
     stream.firstAt ??= performance.now();
     stream.tokens += frame.n;
+    stream.ids.push(...frame.ids);
     stream.message.content += frame.text;
     renderMarkdown(stream.view.body, stream.message.content);
     scrollIfFollowing();
   } else if (frame.type === "done") {
     finishStream(frame);
+  } else if (frame.type === "error" && frame.code === "going_away") {
+    // This gateway is stopping: reconnecting reaches another, which takes the reply on.
+    state.ws?.close();
   } else if (frame.type === "error") {
     failStream(describeError(frame));
   }
@@ -219,12 +245,8 @@ function send(text) {
   renderChats();
   renderMessages();
   const id = crypto.randomUUID();
-  state.streaming = {
-    id, chat, message: reply, view: reply.view, started: performance.now(), tokens: 0, agent: null,
-  };
-  $("stop").hidden = false;
-  $("send").hidden = true;
-  state.ws.send(JSON.stringify({
+  // Token ids come with the text (`want_ids`): what the page holds resumes a dropped stream.
+  const request = {
     type: "generate",
     id,
     model: $("model").value,
@@ -232,10 +254,22 @@ function send(text) {
     max_tokens: Number($("max-tokens").value) || 256,
     temperature: Number($("temperature").value),
     session: chat.session,
-  }));
+    want_ids: true,
+  };
+  state.streaming = {
+    id, chat, request, message: reply, view: reply.view, started: performance.now(), tokens: 0,
+    agent: null, ids: [], interrupted: false,
+  };
+  $("stop").hidden = false;
+  $("send").hidden = true;
+  state.ws.send(JSON.stringify(request));
 }
 
 function stop() {
+  if (state.streaming?.interrupted) {
+    endStream(); // nothing runs anywhere until the page resumes it: keep what came
+    return;
+  }
   if (state.streaming && state.ws) {
     state.ws.send(JSON.stringify({ type: "cancel", id: state.streaming.id }));
   }

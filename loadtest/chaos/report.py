@@ -40,14 +40,17 @@ def render(outcomes: list[Outcome], agents: int, streams: int, engine: StackEngi
         f"Command: `{command(engine, agents, streams)}`.",
         f"The pool manager (local provider) holds the pool at {agents} agents (its minimum and "
         f"maximum), each taking {streams} streams at once; {streams} websocket clients, each in "
-        f"a session of its own, {replies} through the gateway. The full pool's "
+        f"a session of its own, {replies} through one of two gateways (half the clients each), "
+        "which share the pool and a limit store. A client whose socket drops, or whose stream "
+        "its gateway refuses as `going_away`, sends the stream again through the other gateway "
+        "with `resume` (the ids and text it holds). The full pool's "
         f"surge adds {agents * streams} clients sending one stream each. *exact*: the whole "
-        "reply, byte for byte; *resumed*: exact and served by two agents or more; *queued*: "
-        "waited in the gateway's queue for an agent with room; *failed*: ended with an error "
-        "frame (its code), or `going_away`: the gateway closed the socket mid-stream with 1001; "
-        "*lost*: ended wrong or not at all. *Recovery*: fault to the pool back at its target "
-        "with no faulted agent; for the gateway restart, SIGTERM to the new gateway ready and "
-        "done with a stream; for the full pool, the surge's start to its last stream's end."
+        "reply, byte for byte; *resumed*: exact and served by two agents or gateways or more; "
+        "*queued*: waited in the gateway's queue for an agent with room; *failed*: ended with "
+        "an error frame (its code); *lost*: ended wrong or not at all. *Recovery*: fault to "
+        "the pool back at its target with no faulted agent; for a gateway restart or kill, "
+        "the fault to that gateway ready again after its clients' streams went on elsewhere; "
+        "for the full pool, the surge's start to its last stream's end."
         + ("" if engine.kind == "synthetic" else VLLM_RECOVERY_NOTE),
         f"Machine: {machine_facts()}.",
         "",

@@ -1,8 +1,9 @@
 """Steady traffic: websocket clients streaming known replies, each stream's outcome tallied.
 
 Each client keeps the ids and text of its stream (`want_ids`), and when its socket drops
-(its gateway stopped or was killed) it sends the stream again through the next gateway with
-`resume`, as a client of the websocket protocol can: no stream ends with its gateway.
+(its gateway stopped or was killed), or its gateway refuses a stream as `going_away`, it
+sends the stream again through the next gateway, with `resume` once it holds part of it, as a
+client of the websocket protocol can: no stream ends with its gateway.
 """
 
 from __future__ import annotations
@@ -166,6 +167,8 @@ class Traffic(Clients):
                         stream.text.append(received["text"])
                         self.replying.set()
                     elif received["type"] == "error":
+                        if received["code"] == "going_away":  # its gateway is stopping
+                            raise websockets.ConnectionClosed(None, None)
                         self.tally.failed[received["code"]] += 1
                         self.tally.queued += stream.queued
                         await asyncio.sleep(

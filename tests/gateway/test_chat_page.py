@@ -314,6 +314,30 @@ async def test_the_page_refreshes_its_token_and_reconnects_after_a_dropped_socke
         assert await page.locator(".message .error").count() == 0
 
 
+async def test_a_reply_cut_by_a_dropped_socket_resumes_after_reconnecting(
+    browser: Browser, gateway: Gateway, gateway_agent: GatewayAgentFactory
+) -> None:
+    await gateway_agent(engine=echo(tokens_per_second=40))
+    page = await open_page(browser, gateway.url)
+    prompt = "A gateway may go away mid-reply; the page holds what it got and carries on."
+    await page.fill("#prompt", prompt)
+    await page.press("#prompt", "Enter")
+    reply = page.locator(".message.assistant .body")
+    await expect(reply).to_have_text(re.compile(r".{15,}"))  # a few tokens in
+
+    for socket in list(gateway.state.sockets):  # as if its gateway had died
+        await socket.close(code=WSCloseCode.INTERNAL_ERROR, message=b"gone")
+
+    await expect(page.locator(".message.assistant .moved")).to_contain_text(
+        "resumed; nothing was lost", timeout=15_000
+    )
+    meta = page.locator(".message.assistant .meta")
+    await expect(meta).to_contain_text("tokens/s", timeout=15_000)
+    assert await reply.inner_text() == prompt  # exact: nothing lost, nothing twice
+    assert f"{len(prompt.encode())} tokens" in await meta.inner_text()
+    assert await page.locator(".message .error").count() == 0
+
+
 async def start_trusting_agent(start_agent: AgentFactory, gateway: Gateway) -> None:
     """An echo agent that trusts `gateway`, routable from it."""
     agent = await wait_ready(

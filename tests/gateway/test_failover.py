@@ -93,6 +93,7 @@ RESUMES = {
     ErrorCode.NO_CAPACITY: True,
     ErrorCode.TIMEOUT: False,
     ErrorCode.INTERRUPTED: True,
+    ErrorCode.GOING_AWAY: False,  # a gateway's word to its clients, never an agent's
     ErrorCode.INTERNAL: False,
     LINK_LOST: True,
 }

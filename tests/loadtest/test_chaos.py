@@ -21,8 +21,8 @@ async def test_no_stream_is_lost_and_the_pool_recovers_from_every_fault() -> Non
     by_name = {o.name: o for o in outcomes}
     assert by_name["kill -9 of a serving agent"].tally.resumed > 0  # moved, not restarted
     restart = by_name["gateway restarted (SIGTERM, new process)"].tally
-    # Streams in flight finish within the grace; new ones are refused until clients reconnect.
-    assert set(restart.failed) <= {"no_capacity", "going_away"}
+    # Streams in flight finish within the grace; new ones go through the other gateway.
+    assert restart.failed.total() == 0
     assert restart.exact > 0
     killed = by_name["kill -9 of one of two gateways"].tally
     assert killed.failed.total() == 0  # its clients resumed their streams through the other

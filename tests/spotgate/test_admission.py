@@ -34,7 +34,7 @@ TOKEN = Grant(models=frozenset({"m"}), max_tokens=32, expires_at=NOW + 60)
 READY = AgentConditions(phase="ready", accepting=True, engine_loaded=True, token_leeway_seconds=5.0)
 
 EXPIRED = Refusal(ErrorCode.UNAUTHORIZED, "token expired; send an 'auth' frame with a fresh one")
-SHUTTING_DOWN = Refusal(ErrorCode.NO_CAPACITY, "this gateway is shutting down; reconnect to retry")
+SHUTTING_DOWN = Refusal(ErrorCode.GOING_AWAY, "this gateway is shutting down; reconnect to retry")
 
 
 def frame(model: str = "m", prompt: str = "hi", **fields: Any) -> GenerateFrame:
