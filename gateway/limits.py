@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 
 from gateway.authlimit import FailedAuthLimiter
 from gateway.metrics import GatewayMetrics
@@ -30,8 +30,11 @@ from spotgate.settings import GatewaySettings
 
 log = get_logger(__name__)
 
-STORE_ERRORS = (RedisError, OSError, TimeoutError)
-"""What a call to the store raises when it cannot answer: this replica decides alone."""
+STORE_ERRORS = (RedisError, RedisClusterException, OSError, TimeoutError)
+"""What a call to the store raises when it cannot answer: this replica decides alone.
+
+`RedisClusterException` (no node of a cluster-mode endpoint reachable) is not a `RedisError`.
+"""
 
 Answer = TypeVar("Answer")
 
@@ -114,20 +117,27 @@ class LimitStore:
         return "local" if self.health.error is not None else "shared"
 
     async def _ask(
-        self, question: Callable[[SharedBuckets], Awaitable[Answer]]
+        self, question: Callable[[SharedBuckets], Awaitable[Answer]], *, always: bool = False
     ) -> Answer | _Unanswered:
-        """The store's answer; `UNANSWERED` without a store, or while or when it fails."""
-        if self.shared is None or not self.health.usable(self.monotonic()):
+        """The store's answer; `UNANSWERED` without a store, or while or when it fails.
+
+        `always`: ask even inside the retry interval (what the store already holds: a slot
+        to give back, a lease to renew).
+        """
+        if self.shared is None:
+            return UNANSWERED
+        if not always and not self.health.usable(self.monotonic()):
             return UNANSWERED
         try:
             answer = await question(self.shared)
         except STORE_ERRORS as err:
             self.metrics.limit_store_errors.inc()
-            if self.health.failed(f"{type(err).__name__}: {err}", self.monotonic()):
+            # The class only: `/readyz` shows it, and the message names internal hosts.
+            if self.health.failed(type(err).__name__, self.monotonic()):
                 self.metrics.limits_shared.set(0)
                 log.warning(
                     "limit store unreachable: this replica's own limits until it answers",
-                    error=self.health.error,
+                    error=f"{type(err).__name__}: {err}",
                 )
             return UNANSWERED
         if self.health.answered():
@@ -150,8 +160,8 @@ class LimitStore:
     async def finish(self, admission: Admission, tokens_used: int, now: float) -> None:
         """Release the stream's slot and charge the tokens it used where it was admitted.
 
-        If the store fails now, the slot frees when its lease lapses and the tokens go
-        uncharged: the stream is over either way.
+        Asked even while the store was failing lately; if it fails now, the slot frees when
+        its lease lapses and the tokens go uncharged: the stream is over either way.
         """
         key_id, lease = admission.key_id, admission.lease
         if lease is None:
@@ -162,7 +172,8 @@ class LimitStore:
         if not held:
             del self._leases[key_id]
         await self._ask(
-            lambda store: store.finish(key_id, admission.limits, tokens_used, now, lease)
+            lambda store: store.finish(key_id, admission.limits, tokens_used, now, lease),
+            always=True,
         )
 
     async def auth_check(self, client: str, key_id: str | None, now: float) -> Decision:
@@ -193,7 +204,7 @@ class LimitStore:
     async def _renew_leases(self) -> None:
         held = {key_id: sorted(leases) for key_id, leases in self._leases.items()}
         if held:
-            await self._ask(lambda store: store.renew(held))
+            await self._ask(lambda store: store.renew(held), always=True)
 
     async def maintain_forever(self) -> None:
         """Renew the leases of the streams in flight, and ask a failing store again."""

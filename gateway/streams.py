@@ -82,8 +82,11 @@ async def admitted_frames(
     finally:
         state.metrics.active_streams.dec()
         state.metrics.record(outcome)
-        # What the client received, at least: a stream cut short may end without a count.
-        completion_tokens = max(outcome.completion_tokens, outcome.relayed_tokens)
+        # What the client received, at least: a stream cut short may end without a count. A
+        # stream the client resumed here counts the tokens it brought: they were charged
+        # where it got them.
+        brought = len(frame.resume.token_ids) if frame.resume is not None else 0
+        completion_tokens = max(outcome.completion_tokens - brought, outcome.relayed_tokens)
         used = outcome.prompt_tokens + completion_tokens
         state.usage.record(
             principal.key_id, frame.model, outcome.prompt_tokens, completion_tokens, state.clock()

@@ -79,7 +79,9 @@ async function connect() {
     return scheduleReconnect(error.message);
   }
   await loadModels();
-  const ws = new WebSocket(issued.ws_url);
+  // The gateway that served this page: behind a load balancer its public URL, and locally
+  // the very replica (every replica's token names the first one's URL).
+  const ws = new WebSocket(new URL("/v1/ws", location.href.replace(/^http/, "ws")));
   state.ws = ws;
   ws.onopen = () => {
     ws.send(JSON.stringify({ type: "auth", token: issued.token }));
@@ -116,6 +118,11 @@ function resumeStream(ws) {
     completion_tokens: stream.ids.length,
   };
   ws.send(JSON.stringify(stream.ids.length ? { ...stream.request, resume } : stream.request));
+  stream.resuming = stream.ids.length > 0; // said once the reply goes on (it may be refused)
+}
+
+function sayResumed(stream) {
+  stream.resuming = false;
   const note = document.createElement("div");
   note.className = "moved";
   note.textContent = "the connection dropped mid-reply and it resumed; nothing was lost";
@@ -171,6 +178,7 @@ function onFrame(frame) {
     stream.engine = frame.engine;
     stream.view.meta.textContent = `on ${frame.agent}…`;
   } else if (frame.type === "delta") {
+    if (stream.resuming) sayResumed(stream);
     stream.firstAt ??= performance.now();
     stream.tokens += frame.n;
     stream.ids.push(...frame.ids);
@@ -178,6 +186,7 @@ function onFrame(frame) {
     renderMarkdown(stream.view.body, stream.message.content);
     scrollIfFollowing();
   } else if (frame.type === "done") {
+    if (stream.resuming) sayResumed(stream);
     finishStream(frame);
   } else if (frame.type === "error" && frame.code === "going_away") {
     // This gateway is stopping: reconnecting reaches another, which takes the reply on.

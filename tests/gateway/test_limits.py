@@ -7,11 +7,13 @@ from collections.abc import AsyncIterator, Iterator
 import aiohttp
 import pytest
 from prometheus_client import generate_latest
+from pydantic import SecretStr
 
 from gateway.limits import LimitStore, StoreHealth
 from gateway.metrics import GatewayMetrics
 from gateway.ratelimit import Limits
 from gateway.sharedlimits import SharedBuckets
+from spotgate.process import free_port
 from spotgate.registry import CreatedApiKey, Registry
 from spotgate.settings import GatewaySettings, LimitStoreSettings
 from spotgate.tokens import SigningKey
@@ -236,3 +238,27 @@ async def test_concurrent_streams_and_failed_auth_budgets_hold_across_replicas(
         assert answers == [401] * per_client + [429]  # one budget over the three replicas
         for gateway in gateways:
             assert gateway.state.limits.status == "shared"
+
+
+async def test_a_cluster_endpoint_nobody_answers_falls_back_too() -> None:
+    """No node of a cluster-mode endpoint reachable is not a `RedisError`: still a fallback."""
+    nowhere = LimitStoreSettings(url=SecretStr(f"redis://127.0.0.1:{free_port()}"), cluster=True)
+    settings = GatewaySettings(limit_store=nowhere)
+    async with SharedBuckets.open(settings.limit_store) as shared:
+        store = LimitStore(settings, GatewayMetrics(), shared)
+        assert (await store.auth_check("10.0.0.1", "k", NOW)).admitted
+        assert (await store.admit("k", ONE_RPM, NOW)).admitted
+    assert store.status == "local"
+    assert store.health.error == "RedisClusterException"  # the class only, no host names
+
+
+async def test_a_slot_goes_back_to_the_store_even_inside_the_retry_interval(
+    store: LimitStore,
+) -> None:
+    one = Limits(max_concurrent=1)
+    held = await store.admit("k", one, NOW)
+    assert held.lease is not None
+    store.health.failed("TimeoutError", store.monotonic())  # a blip, just now
+    await store.finish(held, 0, NOW)  # asked all the same: the store holds the slot
+    assert store.status == "shared"
+    assert (await store.admit("k", one, NOW)).lease is not None  # the slot is free again

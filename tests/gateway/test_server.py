@@ -626,8 +626,10 @@ async def test_a_client_continues_a_stream_it_holds_part_of_through_another_repl
     gateway_key: SigningKey,
     start_agent: AgentFactory,
     api_key: CreatedApiKey,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Its first gateway went away: the ids and text it holds continue through another."""
+    monkeypatch.setattr("gateway.server.USAGE_FLUSH_SECONDS", 3600)  # its counts stay here
     content, max_tokens = "carry on", 30
     async with replicas(aws, gateway_key, 2, start_agent, models=(MODEL,)) as (first, second):
         request = generate("s", MODEL, content=content, max_tokens=max_tokens, want_ids=True)
@@ -650,6 +652,9 @@ async def test_a_client_continues_a_stream_it_holds_part_of_through_another_repl
                 {**request, "id": "wrong-text", "resume": {**resume, "text": "not what it said"}},
                 {**request, "id": "too-many", "max_tokens": 4, "resume": resume},
             )
+        # The tokens it brought were charged where it got them: here, only the rest.
+        charged = sum(c.completion_tokens for c in second.state.usage.pending.values())
+        assert charged == max_tokens - len(held_ids)
     assert frames[0]["type"] == "start"
     done = frames[-1]
     assert done["type"] == "done"
