@@ -81,6 +81,6 @@ async def test_sigterm_refuses_new_streams_and_lets_those_in_flight_finish(
     late = [frame for frame in frames if frame.get("id") == "late"]
 
     # aiohttp's cleanup drops what arrives on open sockets: the drain must come before it.
-    assert [frame["code"] for frame in late] == ["no_capacity"]
+    assert [frame["code"] for frame in late] == ["going_away"]
     assert text_of([f for f in frames if f.get("id") == "s"]) == expected_text("finish me", 40)
     assert close_code == 1001
