@@ -24,6 +24,7 @@ REDIS_SERVER = "redis-server"
 START_TIMEOUT_SECONDS = 20.0
 STOP_TIMEOUT_SECONDS = 10.0
 CLUSTER_SLOTS = 16384
+LOCAL_TIMEOUT_SECONDS = 2.0
 
 
 class RedisServer:
@@ -120,6 +121,14 @@ class RedisServer:
             self._directory = None
 
     def settings(self, **overrides: object) -> LimitStoreSettings:
-        """Limit store settings that reach this server."""
-        fields: dict[str, object] = {"url": SecretStr(self.url), "cluster": self._cluster}
+        """Limit store settings that reach this server.
+
+        A call may take up to `LOCAL_TIMEOUT_SECONDS`: on one machine that also runs the
+        agents and the tests, a busy moment is no outage.
+        """
+        fields: dict[str, object] = {
+            "url": SecretStr(self.url),
+            "cluster": self._cluster,
+            "timeout_seconds": LOCAL_TIMEOUT_SECONDS,
+        }
         return LimitStoreSettings.model_validate({**fields, **overrides})

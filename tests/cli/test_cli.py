@@ -241,6 +241,10 @@ async def test_up_runs_gateways_and_agents_and_stops_cleanly(
             ) as response:
                 statuses.append(response.status)
     assert statuses == [200, 429]
+    async with aiohttp.ClientSession() as http:
+        for url in (first, second):  # decided in the store, not by a replica alone
+            async with http.get(f"{url}/readyz") as ready:
+                assert (await ready.json())["limits"] == "shared"
     listed = run("keys", "list", cwd=tmp_path).stdout
     assert "  dev  " in listed
     assert "  second  " in listed
