@@ -48,6 +48,7 @@ unit: $(INSTALLED) $(CHROMIUM) $(NODE) $(REDIS_SERVER) $(TOKENIZERS) $(LITELLM)
 bench: $(INSTALLED) $(REDIS_SERVER) $(LITELLM) $(TOKENIZERS)
 	$(BIN)/python -m loadtest.bench.tokens --write docs/benchmarks.md
 	$(BIN)/python -m loadtest.bench.limits --write docs/benchmarks.md
+	$(BIN)/python -m loadtest.bench.registry_reads --write docs/benchmarks.md
 	$(BIN)/python -m loadtest.bench.detokenizer --cache $(TOKENIZER_CACHE) --write docs/benchmarks.md
 	$(BIN)/python -m loadtest.bench.agent_vs_vllm --write docs/benchmarks.md
 	$(BIN)/python -m loadtest.bench.gateway_relay --litellm $(LITELLM) --write docs/benchmarks.md

@@ -1,10 +1,11 @@
 """The gateway's view of the pool, and the per-model queue streams wait in for an agent.
 
-The view is refreshed from the registry in the background (at most every second, so a
-`draining` agent stops getting work within one); if DynamoDB is unreachable the gateway
-keeps routing on its last view and says so in `/readyz`. A stream that finds no agent with
-room waits in a bounded per-model queue, hearing its position, until an agent frees up or
-appears (scale-up, scale from zero) or its deadline passes.
+The view is refreshed from the registry's change feed in the background (at most every
+second, so a `draining` agent stops getting work within one), reading only what changed; if
+DynamoDB is unreachable the gateway keeps routing on its last view and says so in `/readyz`.
+A stream that finds no agent with room waits in a bounded per-model queue, hearing its
+position, until an agent frees up or appears (scale-up, scale from zero) or its deadline
+passes.
 """
 
 from __future__ import annotations
@@ -26,17 +27,12 @@ AGENT_FULL_SECONDS = 1.0
 """How long an agent that refused a stream for capacity gets no new one from this gateway
 (unless one of this gateway's streams on it ends first): its other streams come from other
 gateways, whose ends this one does not see."""
-# What routing reads of each agent's entry: the view is refreshed every second on the event
-# loop, and the rest of the entry would only add parsing time there.
-ROUTING_FIELDS = (  # and the entry's keys
-    "url",
-    "state",
-    "capacity",
-    "active",
-    "expires_at",
-    "max_model_len",
-    "max_token_chars",
-)
+FEED_OVERLAP_SECONDS = 1.0
+"""How far before the newest change it has seen a gateway reads the feed again: the feed's
+index lags the table (typically well under a second) and writers' clocks differ a little."""
+WHOLE_READ_SECONDS = 30.0
+"""How often a gateway reads the whole feed anyway: it learns of deletions (TTL), and of a
+change the overlap missed, within this."""
 
 log = get_logger(__name__)
 
@@ -62,16 +58,44 @@ class Queued:
 
 @dataclass
 class PoolView:
-    """Agents per model as last read from the registry."""
+    """Agents per model as last read from the registry's change feed.
+
+    The first read, and one every `WHOLE_READ_SECONDS`, takes the whole feed; the reads
+    between take only entries changed since a little before the newest change seen.
+    """
 
     agents: dict[str, list[AgentRecord]] = field(default_factory=dict)
     refreshed_at: float = 0.0
     last_error: str | None = None
+    entries: dict[str, AgentRecord] = field(default_factory=dict)
+    newest_change: float = 0.0
+    whole_read_at: float | None = None
+
+    def next_read_since(self, now: float) -> float | None:
+        """Where the next read of the feed starts (None: the whole feed)."""
+        if self.whole_read_at is None or now - self.whole_read_at >= WHOLE_READ_SECONDS:
+            return None
+        return self.newest_change - FEED_OVERLAP_SECONDS
 
     def replace(self, records: list[AgentRecord], now: float) -> None:
-        """Install a fresh read of the registry."""
+        """Install a read of the whole feed: entries it lacks were deleted (TTL)."""
+        present = {record.agent_id for record in records}
+        self.entries = {key: entry for key, entry in self.entries.items() if key in present}
+        self.update(records, now)
+        self.whole_read_at = now
+
+    def update(self, changes: list[AgentRecord], now: float) -> None:
+        """Install entries changed since the last read; a late copy of an older write loses."""
+        for record in changes:
+            known = self.entries.get(record.agent_id)
+            if known is None or record.changed_at >= known.changed_at:
+                self.entries[record.agent_id] = record
+            self.newest_change = max(self.newest_change, record.changed_at)
+        # Expired entries go (their agent stopped heartbeating); a `gone` one stays until it
+        # expires, so a late copy of its last `ready` write cannot bring it back.
+        self.entries = {key: e for key, e in self.entries.items() if e.expires_at > now}
         by_model: dict[str, list[AgentRecord]] = {}
-        for record in records:
+        for record in self.entries.values():
             by_model.setdefault(record.model, []).append(record)
         self.agents = by_model
         self.refreshed_at = now
@@ -233,8 +257,12 @@ class Dispatcher:
         """Keep the view current; on registry errors keep the last view and record why."""
         while True:
             try:
-                records = await registry.list_agents(fields=ROUTING_FIELDS)
-                self.view.replace(records, self._clock())
+                since = self.view.next_read_since(self._clock())
+                changes = await registry.changed_since(since)
+                if since is None:
+                    self.view.replace(changes, self._clock())
+                else:
+                    self.view.update(changes, self._clock())
                 self.notify()
             except Exception as err:  # an outage must not stop routing on the last view
                 if self.view.last_error is None:

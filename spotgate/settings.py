@@ -175,6 +175,8 @@ class GatewaySettings(BaseSettings):
     # A request body not received in full within this long is answered 408 (slow senders).
     http_body_timeout_seconds: PositiveFloat = 30.0
     compress: bool = False
+    # How often the pool view reads the registry's change feed (what changed, not the whole
+    # table): at most 1 s, so a `draining` agent gets no new stream a second after the change.
     registry_refresh_seconds: Annotated[float, Field(gt=0, le=1.0)] = 0.5
     demand_publish_seconds: PositiveFloat = 2.0
     agent_connection_limit: PositiveInt = 1024

@@ -44,12 +44,20 @@ from spotgate.registry.records import (
     UsageCounts,
     UsageRow,
 )
-from spotgate.registry.schema import BY_MODEL_INDEX, TABLE_ACTIVE_TIMEOUT_SECONDS, TableSetup
+from spotgate.registry.schema import (
+    BY_CHANGE_INDEX,
+    BY_MODEL_INDEX,
+    FEED_FIELDS,
+    TABLE_ACTIVE_TIMEOUT_SECONDS,
+    TableSetup,
+)
 from spotgate.registry.usage import UsageOperations, minute_of
 from spotgate.settings import SharedSettings
 
 __all__ = [
+    "BY_CHANGE_INDEX",
     "BY_MODEL_INDEX",
+    "FEED_FIELDS",
     "POOL_TARGET_SOURCE",
     "TABLE_ACTIVE_TIMEOUT_SECONDS",
     "AgentGone",

@@ -8,19 +8,14 @@ never goes back to `ready`, and the first `draining` wins. Every read filters
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import asyncio
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import ClientError
 
 from spotgate.registry.base import RegistryBase, is_condition_failure
-from spotgate.registry.codec import (
-    AGENT_REQUIRED_FIELDS,
-    agent_from_item,
-    agent_to_item,
-    encode,
-)
+from spotgate.registry.codec import agent_from_item, agent_to_item, encode
 from spotgate.registry.records import (
     AgentGone,
     AgentNotFound,
@@ -30,7 +25,14 @@ from spotgate.registry.records import (
     InvalidTransition,
     RegistryError,
 )
-from spotgate.registry.schema import BY_MODEL_INDEX
+from spotgate.registry.schema import BY_CHANGE_INDEX, BY_MODEL_INDEX, FEED_SHARDS, feed_shard
+
+if TYPE_CHECKING:
+    from types_aiobotocore_dynamodb.type_defs import AttributeValueTypeDef
+
+FEED_SET = "feed = :feed, changed_at = :changed"
+"""Part of every update routing must hear of (`_feed_values` gives its values); setting
+`feed` too puts an entry written before the feed existed into it."""
 
 
 class AgentOperations(RegistryBase):
@@ -47,6 +49,7 @@ class AgentOperations(RegistryBase):
             expires_at=now + self._timings.agent_ttl_seconds,
             started_at=record.started_at or now,
             ready_at=now if record.state is AgentState.READY else None,
+            changed_at=now,
         )
         try:
             await self._client.put_item(
@@ -69,7 +72,9 @@ class AgentOperations(RegistryBase):
             await self._client.update_item(
                 TableName=self._tables.agents,
                 Key={"agent_id": encode(agent_id)},
-                UpdateExpression="SET active = :active, heartbeat_at = :now, expires_at = :exp",
+                UpdateExpression=(
+                    "SET active = :active, heartbeat_at = :now, expires_at = :exp, " + FEED_SET
+                ),
                 ConditionExpression="attribute_exists(agent_id) AND #state <> :gone",
                 ExpressionAttributeNames={"#state": "state"},
                 ExpressionAttributeValues={
@@ -77,6 +82,7 @@ class AgentOperations(RegistryBase):
                     ":now": encode(now),
                     ":exp": encode(now + self._timings.agent_ttl_seconds),
                     ":gone": encode(AgentState.GONE.value),
+                    **self._feed_values(agent_id, now),
                 },
             )
         except ClientError as err:
@@ -90,7 +96,9 @@ class AgentOperations(RegistryBase):
             response = await self._client.update_item(
                 TableName=self._tables.agents,
                 Key={"agent_id": encode(agent_id)},
-                UpdateExpression="SET #state = :draining, drain_deadline = :deadline",
+                UpdateExpression=(
+                    "SET #state = :draining, drain_deadline = :deadline, " + FEED_SET
+                ),
                 ConditionExpression="attribute_exists(agent_id) AND #state IN (:starting, :ready)",
                 ExpressionAttributeNames={"#state": "state"},
                 ExpressionAttributeValues={
@@ -98,6 +106,7 @@ class AgentOperations(RegistryBase):
                     ":deadline": encode(deadline),
                     ":starting": encode(AgentState.STARTING.value),
                     ":ready": encode(AgentState.READY.value),
+                    **self._feed_values(agent_id, self._clock()),
                 },
                 ReturnValues="ALL_NEW",
             )
@@ -131,17 +140,21 @@ class AgentOperations(RegistryBase):
 
     async def set_gone(self, agent_id: str) -> None:
         """Mark an agent `gone` for good (idempotent); TTL removes the entry later."""
+        now = self._clock()
         try:
             await self._client.update_item(
                 TableName=self._tables.agents,
                 Key={"agent_id": encode(agent_id)},
-                UpdateExpression="SET #state = :gone, active = :zero, expires_at = :exp",
+                UpdateExpression=(
+                    "SET #state = :gone, active = :zero, expires_at = :exp, " + FEED_SET
+                ),
                 ConditionExpression="attribute_exists(agent_id)",
                 ExpressionAttributeNames={"#state": "state"},
                 ExpressionAttributeValues={
                     ":gone": encode(AgentState.GONE.value),
                     ":zero": encode(0),
-                    ":exp": encode(self._clock() + self._timings.gone_ttl_seconds),
+                    ":exp": encode(now + self._timings.gone_ttl_seconds),
+                    **self._feed_values(agent_id, now),
                 },
             )
         except ClientError as err:
@@ -158,26 +171,15 @@ class AgentOperations(RegistryBase):
         return agent_from_item(item) if item else None
 
     async def list_agents(
-        self,
-        model: str | None = None,
-        *,
-        include_expired: bool = False,
-        fields: Collection[str] | None = None,
+        self, model: str | None = None, *, include_expired: bool = False
     ) -> list[AgentRecord]:
         """Every unexpired agent, of one model (through the `by_model` index) or of all.
 
         `include_expired` also returns entries whose heartbeat stopped and that TTL has not
-        deleted yet: the pool manager's reaper needs to see those. `fields` reads only those
-        attributes (the others keep their defaults): parsing a response costs the caller's
-        event loop time in proportion to the attributes in it.
+        deleted yet: the pool manager's reaper needs to see those.
         """
         now = self._clock()
         request: dict[str, Any] = {"TableName": self._tables.agents}
-        if fields is not None:
-            wanted = sorted(set(fields) | AGENT_REQUIRED_FIELDS)
-            names = {f"#f{number}": name for number, name in enumerate(wanted)}
-            request["ProjectionExpression"] = ", ".join(names)
-            request["ExpressionAttributeNames"] = names
         if not include_expired:
             request["FilterExpression"] = "expires_at > :now"
             request["ExpressionAttributeValues"] = {":now": encode(now)}
@@ -190,6 +192,35 @@ class AgentOperations(RegistryBase):
             values[":model"] = encode(model)
             items = self._paginate(self._client.query, request)
         return [agent_from_item(item) async for item in items]
+
+    async def changed_since(self, since: float | None) -> list[AgentRecord]:
+        """Entries whose `changed_at` is after `since` (None: all), expired and gone included.
+
+        Read from the change feed, which holds only what routing reads (`FEED_FIELDS`): the
+        cost is the size of what changed, not of the table. The feed is eventually
+        consistent, so a reader asks again a little before its last change.
+        """
+        pages = await asyncio.gather(
+            *(self._changed_in(shard, since) for shard in map(str, range(FEED_SHARDS)))
+        )
+        return [record for page in pages for record in page]
+
+    async def _changed_in(self, shard: str, since: float | None) -> list[AgentRecord]:
+        request: dict[str, Any] = {
+            "TableName": self._tables.agents,
+            "IndexName": BY_CHANGE_INDEX,
+            "KeyConditionExpression": "feed = :feed",
+            "ExpressionAttributeValues": {":feed": encode(shard)},
+        }
+        if since is not None:
+            request["KeyConditionExpression"] += " AND changed_at > :since"
+            request["ExpressionAttributeValues"][":since"] = encode(since)
+        return [agent_from_item(item) async for item in self._paginate(self._client.query, request)]
+
+    @staticmethod
+    def _feed_values(agent_id: str, now: float) -> dict[str, AttributeValueTypeDef]:
+        """The values `FEED_SET` writes: the entry moves to the head of its feed partition."""
+        return {":feed": encode(feed_shard(agent_id)), ":changed": encode(now)}
 
     async def list_ready(self, model: str) -> list[AgentRecord]:
         """Unexpired `ready` agents serving `model`."""

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import MISSING
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from spotgate.registry.records import AgentRecord, AgentState, ApiKeyRecord
+from spotgate.registry.schema import feed_shard
 
 if TYPE_CHECKING:
     from types_aiobotocore_dynamodb.type_defs import AttributeValueTypeDef
@@ -54,27 +54,20 @@ def decode_item(item: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     return {name: decode(attribute) for name, attribute in item.items()}
 
 
-AGENT_REQUIRED_FIELDS = frozenset(
-    name
-    for name, spec in AgentRecord.__dataclass_fields__.items()
-    if spec.default is MISSING and spec.default_factory is MISSING
-)
-"""The attributes an item needs to become an `AgentRecord` (the others have defaults)."""
-
-
 def agent_from_item(item: Mapping[str, Mapping[str, Any]]) -> AgentRecord:
     """An `agents` item as a record; attributes the record does not know are ignored."""
     values = decode_item(item)
     values["state"] = AgentState(values["state"])
-    for name in ("heartbeat_at", "expires_at", "started_at"):
+    for name in ("heartbeat_at", "expires_at", "started_at", "changed_at"):
         values[name] = float(values.get(name, 0.0))
     known = AgentRecord.__dataclass_fields__
     return AgentRecord(**{name: value for name, value in values.items() if name in known})
 
 
 def agent_to_item(record: AgentRecord) -> dict[str, AttributeValueTypeDef]:
-    """A record as an `agents` item."""
-    return encode_item({name: getattr(record, name) for name in AgentRecord.__dataclass_fields__})
+    """A record as an `agents` item, in its change-feed partition."""
+    values = {name: getattr(record, name) for name in AgentRecord.__dataclass_fields__}
+    return encode_item({**values, "feed": feed_shard(record.agent_id)})
 
 
 def key_from_item(item: Mapping[str, Mapping[str, Any]]) -> ApiKeyRecord:

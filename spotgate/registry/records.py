@@ -75,6 +75,9 @@ class AgentRecord:
     # (`spotgate.context`): the gateway refuses prompts they prove too long. 0: not published.
     max_model_len: int = 0
     max_token_chars: int = 0
+    # When a write routing cares about last touched the entry (the writer's clock): the key
+    # of the change feed gateways read (`BY_CHANGE_INDEX`).
+    changed_at: float = 0.0
 
     def is_live(self, now: float) -> bool:
         """Whether the entry has not expired (heartbeats keep pushing `expires_at`)."""

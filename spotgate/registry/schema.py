@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from botocore.exceptions import ClientError
@@ -12,7 +15,41 @@ from spotgate.registry.base import RegistryBase
 from spotgate.registry.records import RegistryError
 
 BY_MODEL_INDEX = "by_model"
+BY_CHANGE_INDEX = "by_change"
+"""The agents' change feed: every write that routing cares about stamps `changed_at`, so a
+gateway reads only what changed since its last read instead of the whole table."""
+FEED_SHARDS = 2
+"""Partitions of the change feed (`feed` is "0" or "1" by agent id). Every heartbeat writes
+the index, and one index partition takes about 1,000 writes/s (its sort key only grows, so
+DynamoDB cannot split it), so two keep 10,000 agents heartbeating every 5 s within the limit.
+Each read is one query per partition, and each query is charged at least half a read unit:
+more partitions would cost every gateway that much more on every refresh."""
+FEED_FIELDS = (
+    "model",
+    "url",
+    "state",
+    "capacity",
+    "active",
+    "expires_at",
+    "max_model_len",
+    "max_token_chars",
+)
+"""What the change feed projects besides its keys: what routing reads of an agent."""
 TABLE_ACTIVE_TIMEOUT_SECONDS = 60.0
+
+
+def feed_shard(agent_id: str) -> str:
+    """The change-feed partition an agent's entry is written to."""
+    return str(zlib.crc32(agent_id.encode()) % FEED_SHARDS)
+
+
+@dataclass(frozen=True, slots=True)
+class Index:
+    """A global secondary index: its key, and the attributes it projects (None: all)."""
+
+    name: str
+    key: list[tuple[str, Literal["HASH", "RANGE"]]]
+    projected: tuple[str, ...] | None = None
 
 
 class TableSetup(RegistryBase):
@@ -24,8 +61,15 @@ class TableSetup(RegistryBase):
         await self._create_table(
             tables.agents,
             key=[("agent_id", "HASH")],
-            attributes={"agent_id": "S", "model": "S"},
-            index=(BY_MODEL_INDEX, [("model", "HASH"), ("agent_id", "RANGE")]),
+            attributes={"agent_id": "S", "model": "S", "feed": "S", "changed_at": "N"},
+            indexes=[
+                Index(BY_MODEL_INDEX, [("model", "HASH"), ("agent_id", "RANGE")]),
+                Index(
+                    BY_CHANGE_INDEX,
+                    [("feed", "HASH"), ("changed_at", "RANGE")],
+                    projected=FEED_FIELDS,
+                ),
+            ],
         )
         await self._create_table(tables.keys, key=[("key_id", "HASH")], attributes={"key_id": "S"})
         await self._create_table(
@@ -50,7 +94,7 @@ class TableSetup(RegistryBase):
         *,
         key: list[tuple[str, Literal["HASH", "RANGE"]]],
         attributes: dict[str, Literal["S", "N"]],
-        index: tuple[str, list[tuple[str, Literal["HASH", "RANGE"]]]] | None = None,
+        indexes: Sequence[Index] = (),
     ) -> None:
         request: dict[str, Any] = {
             "TableName": name,
@@ -60,16 +104,23 @@ class TableSetup(RegistryBase):
                 {"AttributeName": attr, "AttributeType": kind} for attr, kind in attributes.items()
             ],
         }
-        if index is not None:
-            index_name, index_key = index
+        if indexes:
             request["GlobalSecondaryIndexes"] = [
                 {
-                    "IndexName": index_name,
+                    "IndexName": index.name,
                     "KeySchema": [
-                        {"AttributeName": attr, "KeyType": kind} for attr, kind in index_key
+                        {"AttributeName": attr, "KeyType": kind} for attr, kind in index.key
                     ],
-                    "Projection": {"ProjectionType": "ALL"},
+                    "Projection": (
+                        {"ProjectionType": "ALL"}
+                        if index.projected is None
+                        else {
+                            "ProjectionType": "INCLUDE",
+                            "NonKeyAttributes": list(index.projected),
+                        }
+                    ),
                 }
+                for index in indexes
             ]
         try:
             await self._client.create_table(**request)

@@ -10,7 +10,14 @@ TTL_SECONDS = 30.0  # keep-alive after a third of it: 10 s
 def view_of(*agents: tuple[str, str]) -> PoolView:
     view = PoolView()
     records = [
-        AgentRecord(agent_id=a, url=f"http://{a}", model=m, state=AgentState.READY, capacity=8)
+        AgentRecord(
+            agent_id=a,
+            url=f"http://{a}",
+            model=m,
+            state=AgentState.READY,
+            capacity=8,
+            expires_at=TTL_SECONDS,
+        )
         for a, m in agents
     ]
     view.replace(records, now=0.0)

@@ -6,8 +6,11 @@ import asyncio
 from collections.abc import Hashable
 from typing import Any
 
+import pytest
+
+from gateway.dispatch import FEED_OVERLAP_SECONDS, WHOLE_READ_SECONDS, PoolView
 from gpu_agent.runtime import StreamHandle
-from spotgate.registry import AgentState, CreatedApiKey
+from spotgate.registry import AgentRecord, AgentState, CreatedApiKey
 from spotgate.settings import QueueSettings
 from spotgate.tokens import SigningKey
 from stack.emulator import AwsEmulator
@@ -70,3 +73,69 @@ async def test_two_gateways_never_put_more_than_its_capacity_on_an_agent_and_que
     assert streams.most == CAPACITY  # full, and never more
     waited = [stream for stream, seen in frames.items() if seen[0]["type"] == "queued"]
     assert len(waited) >= 10 - 2 * CAPACITY  # each gateway alone would send it `CAPACITY`
+
+
+# --- the view, from the registry's change feed -------------------------------------------
+
+
+def entry(
+    agent_id: str,
+    changed_at: float,
+    state: AgentState = AgentState.READY,
+    expires_at: float = 1_000.0,
+) -> AgentRecord:
+    return AgentRecord(
+        agent_id=agent_id,
+        url=f"http://{agent_id}",
+        model=MODEL,
+        state=state,
+        capacity=CAPACITY,
+        expires_at=expires_at,
+        changed_at=changed_at,
+    )
+
+
+def test_the_view_reads_the_whole_feed_then_what_changed_then_the_whole_feed_again() -> None:
+    view = PoolView()
+    assert view.next_read_since(now=5.0) is None  # nothing read yet
+
+    view.replace([entry("a", changed_at=9.0)], now=10.0)
+    assert view.next_read_since(now=10.5) == 9.0 - FEED_OVERLAP_SECONDS
+    view.update([entry("b", changed_at=12.0)], now=12.5)
+    assert view.next_read_since(now=13.0) == 12.0 - FEED_OVERLAP_SECONDS
+    view.update([], now=13.0)  # nothing changed: the same window again
+    assert view.next_read_since(now=13.5) == 12.0 - FEED_OVERLAP_SECONDS
+
+    assert view.next_read_since(now=10.0 + WHOLE_READ_SECONDS) is None
+
+
+@pytest.mark.parametrize(
+    ("known", "read", "state"),
+    [
+        (entry("a", 5.0), entry("a", 6.0, AgentState.DRAINING), AgentState.DRAINING),
+        # The feed lags: an older copy read after a newer one changes nothing.
+        (entry("a", 6.0, AgentState.DRAINING), entry("a", 5.0), AgentState.DRAINING),
+        (entry("a", 6.0, AgentState.GONE), entry("a", 5.0), AgentState.GONE),
+        (entry("a", 5.0, AgentState.DRAINING), entry("a", 5.0, AgentState.DRAINING), "same"),
+    ],
+)
+def test_the_newest_write_of_an_entry_wins_whatever_order_reads_bring_it(
+    known: AgentRecord, read: AgentRecord, state: AgentState | str
+) -> None:
+    view = PoolView()
+    view.replace([known], now=1.0)
+    view.update([read], now=2.0)
+    record = view.record("a")
+    assert record is not None
+    assert record.state is (known.state if state == "same" else state)
+    assert view.newest_change == max(known.changed_at, read.changed_at)
+
+
+def test_expired_entries_leave_the_view_and_a_whole_read_forgets_deleted_ones() -> None:
+    view = PoolView()
+    view.replace([entry("a", 1.0, expires_at=20.0), entry("b", 1.0), entry("c", 1.0)], now=1.0)
+
+    view.update([], now=20.0)  # a's heartbeats stopped: it expires in every reader's view
+    assert view.record("a") is None
+    view.replace([entry("b", 1.0)], now=21.0)  # c was deleted from the table (TTL)
+    assert [record.agent_id for record in view.agents[MODEL]] == ["b"]

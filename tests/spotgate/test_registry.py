@@ -66,15 +66,47 @@ async def test_list_ready_only_returns_agents_of_that_model(registry: Registry) 
     assert {record.agent_id for record in await registry.list_agents()} == {"a", "b"}
 
 
-async def test_listing_only_some_fields_leaves_the_others_at_their_defaults(
-    registry: Registry,
+async def test_the_change_feed_holds_what_routing_reads_and_only_what_changed(
+    registry: Registry, clock: FakeClock
 ) -> None:
-    stored = await registry.register(agent("a"))
+    stored = {name: await registry.register(agent(name)) for name in ("a", "b", "c", "d")}
+    before = clock.now
+    clock.advance(1)
+    await registry.heartbeat("a", active=5)
+    await registry.set_draining("b", deadline=clock.now + 60)
+    await registry.set_gone("c")
+    await registry.record_rebalance("d", at=clock.now)  # routing does not care
 
-    [listed] = await registry.list_agents(fields=("url",))  # and the required fields
+    changed = {record.agent_id: record for record in await registry.changed_since(before)}
 
-    assert (listed.agent_id, listed.state, listed.url) == ("a", AgentState.READY, stored.url)
-    assert (listed.zone, listed.expires_at) == ("local", 0.0)  # not read: defaults
+    assert set(changed) == {"a", "b", "c"}
+    assert (changed["a"].active, changed["a"].changed_at) == (5, clock.now)
+    assert changed["b"].state is AgentState.DRAINING
+    assert changed["c"].state is AgentState.GONE  # readers must hear of it
+    everything = await registry.changed_since(None)
+    assert {record.agent_id for record in everything} == {"a", "b", "c", "d"}
+    [d] = [record for record in everything if record.agent_id == "d"]
+    # Only the feed's fields come back; the rest keeps its defaults.
+    assert (d.url, d.capacity, d.changed_at) == (stored["d"].url, 64, before)
+    assert (d.zone, d.lifecycle, d.rebalance_at) == ("local", "local", None)
+
+
+async def test_an_entry_written_before_the_feed_existed_joins_it_on_its_next_heartbeat(
+    registry: Registry, clock: FakeClock
+) -> None:
+    """A rolling upgrade: agents registered by an older version are routed to after one beat."""
+    await registry.register(agent("old"))
+    await registry._client.update_item(  # what an older agent's entry looks like
+        TableName=registry._tables.agents,
+        Key={"agent_id": {"S": "old"}},
+        UpdateExpression="REMOVE feed, changed_at",
+    )
+    assert await registry.changed_since(None) == []
+
+    clock.advance(1)
+    await registry.heartbeat("old", active=0)
+
+    assert [record.agent_id for record in await registry.changed_since(None)] == ["old"]
 
 
 async def test_starting_agent_may_become_ready_but_is_not_listed_before(

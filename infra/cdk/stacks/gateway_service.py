@@ -12,7 +12,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
-from spotgate.registry import BY_MODEL_INDEX
+from spotgate.registry import BY_CHANGE_INDEX
 from stacks.common import (
     ECR_AUTH_REASON,
     acknowledge,
@@ -241,8 +241,8 @@ class GatewayService(Construct):
         role.add_to_principal_policy(
             iam.PolicyStatement(
                 sid="ReadAgents",
-                actions=["dynamodb:Scan", "dynamodb:Query", "dynamodb:GetItem"],
-                resources=[agents, f"{agents}/index/{BY_MODEL_INDEX}"],
+                actions=["dynamodb:Query"],
+                resources=[f"{agents}/index/{BY_CHANGE_INDEX}"],
             )
         )
         role.add_to_principal_policy(

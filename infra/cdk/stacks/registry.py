@@ -8,7 +8,7 @@ from aws_cdk import RemovalPolicy
 from aws_cdk import aws_dynamodb as dynamodb
 from constructs import Construct
 
-from spotgate.registry import BY_MODEL_INDEX
+from spotgate.registry import BY_CHANGE_INDEX, BY_MODEL_INDEX, FEED_FIELDS
 from stacks.common import acknowledge
 from stacks.config import DeployConfig
 
@@ -21,7 +21,7 @@ def _string_key(name: str) -> dynamodb.Attribute:
 
 
 class Registry(Construct):
-    """Agents (GSI `by_model`, TTL), API keys (point-in-time recovery), demand (TTL), usage."""
+    """Agents (GSIs `by_model`, `by_change`; TTL), keys (point-in-time recovery), demand, usage."""
 
     def __init__(self, scope: Construct, construct_id: str, *, config: DeployConfig) -> None:
         super().__init__(scope, construct_id)
@@ -40,6 +40,14 @@ class Registry(Construct):
             partition_key=_string_key("model"),
             sort_key=_string_key("agent_id"),
             projection_type=dynamodb.ProjectionType.ALL,
+        )
+        # The change feed gateways route from: only what routing reads, ordered by change.
+        self.agents.add_global_secondary_index(
+            index_name=BY_CHANGE_INDEX,
+            partition_key=_string_key("feed"),
+            sort_key=dynamodb.Attribute(name="changed_at", type=dynamodb.AttributeType.NUMBER),
+            projection_type=dynamodb.ProjectionType.INCLUDE,
+            non_key_attributes=list(FEED_FIELDS),
         )
         # API keys are the one thing here people cannot recreate by waiting: keep them when
         # the stack goes, and keep 35 days of history.

@@ -18,7 +18,7 @@ from pool_manager.events import (
     REBALANCE_DETAIL_TYPE,
     STATE_CHANGE_DETAIL_TYPE,
 )
-from spotgate.registry import BY_MODEL_INDEX
+from spotgate.registry import BY_CHANGE_INDEX, BY_MODEL_INDEX, FEED_FIELDS
 from spotgate.settings import GatewaySettings, PoolSettings
 from spotgate.tokens import SigningKey
 
@@ -174,13 +174,24 @@ def test_tables_match_the_registry_design(synthesized: Synthesized) -> None:
     agents = tables[_table_id(synthesized, "Agents")]["Properties"]
     assert agents["TableName"] == f"{DEFAULTS.pool_name}-agents"
     assert agents["KeySchema"] == [{"AttributeName": "agent_id", "KeyType": "HASH"}]
-    (index,) = agents["GlobalSecondaryIndexes"]
-    assert index["IndexName"] == BY_MODEL_INDEX
-    assert index["KeySchema"] == [
+    by_model, by_change = agents["GlobalSecondaryIndexes"]
+    assert by_model["IndexName"] == BY_MODEL_INDEX
+    assert by_model["KeySchema"] == [
         {"AttributeName": "model", "KeyType": "HASH"},
         {"AttributeName": "agent_id", "KeyType": "RANGE"},
     ]
-    assert index["Projection"] == {"ProjectionType": "ALL"}
+    assert by_model["Projection"] == {"ProjectionType": "ALL"}
+    # The change feed: what routing reads, ordered by change, nothing else.
+    assert by_change["IndexName"] == BY_CHANGE_INDEX
+    assert by_change["KeySchema"] == [
+        {"AttributeName": "feed", "KeyType": "HASH"},
+        {"AttributeName": "changed_at", "KeyType": "RANGE"},
+    ]
+    assert by_change["Projection"] == {
+        "ProjectionType": "INCLUDE",
+        "NonKeyAttributes": list(FEED_FIELDS),
+    }
+    assert {"AttributeName": "changed_at", "AttributeType": "N"} in agents["AttributeDefinitions"]
     assert agents["TimeToLiveSpecification"] == {"AttributeName": "expires_at", "Enabled": True}
 
     keys = tables[_table_id(synthesized, "Keys")]
@@ -413,6 +424,12 @@ def test_gateway_reads_keys_and_agents_and_writes_only_demand_and_usage(
     assert render(publish["Resource"]) == f"<{_table_id(synthesized, 'Demand')}.Arn>"
     (adds,) = [s for s in found if s["Action"] == "dynamodb:UpdateItem"]
     assert render(adds["Resource"]) == f"<{_table_id(synthesized, 'Usage')}.Arn>"
+    # Agents are read through the change feed only: no scan of the table, whatever its size.
+    (reads,) = [s for s in found if s.get("Sid") == "ReadAgents"]
+    assert reads["Action"] == "dynamodb:Query"
+    assert render(reads["Resource"]) == (
+        f"<{_table_id(synthesized, 'Agents')}.Arn>/index/{BY_CHANGE_INDEX}"
+    )
 
 
 # --- gateway -------------------------------------------------------------------------------
