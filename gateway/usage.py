@@ -3,13 +3,15 @@
 Each finished stream adds its prompt and completion tokens to the counts of its key, model
 and minute here; every `USAGE_FLUSH_SECONDS` (and when the gateway stops) the counts are
 added to the registry's `usage` table with atomic adds, so the replicas' counts of a minute
-sum there; counts whose write fails are kept for the next flush. A gateway killed outright
-loses at most its last `USAGE_FLUSH_SECONDS` of counts. Prometheus gets the same tokens and
-streams per model only (`spotgate_gateway_usage_*`): keys are for the table, not for labels.
+sum there; a write whose outcome is unknown is sent again, and the table takes it once. A
+gateway killed outright loses at most its last `USAGE_FLUSH_SECONDS` of counts. Prometheus
+gets the same tokens and streams per model only (`spotgate_gateway_usage_*`): keys are for
+the table, not for labels.
 """
 
 from __future__ import annotations
 
+import secrets
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -35,6 +37,8 @@ class UsageMeter:
     pending: defaultdict[Bucket, UsageCounts] = field(
         default_factory=lambda: defaultdict(UsageCounts)
     )
+    unsent: dict[str, tuple[Bucket, UsageCounts]] = field(default_factory=dict)
+    """Writes made and not known to be in the table, by write id."""
 
     def record(
         self, key_id: str, model: str, prompt_tokens: int, completion_tokens: int, at: float
@@ -48,20 +52,18 @@ class UsageMeter:
         self.metrics.usage_streams.labels(model=model).inc()
 
     async def flush(self, registry: Registry) -> None:
-        """Add the counts to the `usage` table; what a failure leaves unwritten waits for next time.
+        """Add the counts to the `usage` table; what is not known written waits for next time.
 
-        Cancelled (the gateway stopping), the counts not yet written go back too, for the
-        last flush.
+        Each bucket's counts become a write with an id of its own, sent until the table
+        has it: resent after a failure, a timeout or a cancellation (the gateway stopping),
+        the table takes it once.
         """
-        taken, self.pending = self.pending, defaultdict(UsageCounts)
-        unwritten = list(taken.items())
+        for bucket, counts in self.pending.items():
+            self.unsent[secrets.token_hex(8)] = (bucket, counts)
+        self.pending.clear()
         try:
-            while unwritten:
-                (key_id, model, minute), counts = unwritten[0]
-                await registry.add_usage(key_id, model, minute, counts)
-                unwritten.pop(0)
+            for write_id, ((key_id, model, minute), counts) in list(self.unsent.items()):
+                await registry.add_usage(key_id, model, minute, counts, write_id)
+                del self.unsent[write_id]
         except REGISTRY_FAILURES as err:
             log.warning("usage not written; kept for the next flush", error=str(err))
-        finally:
-            for bucket, counts in unwritten:
-                self.pending[bucket] += counts

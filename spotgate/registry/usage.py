@@ -1,9 +1,9 @@
 """The `usage` table: tokens and streams per API key, model and minute, added by every gateway.
 
 Each gateway adds what it counted (`gateway.usage`) with DynamoDB's atomic `ADD`, so the
-replicas' counts of one minute sum in one item. An item's sort key, `period`, is the minute
-(epoch seconds, zero-padded) then the model: a key's items sort by time, and a range of
-minutes is one query.
+replicas' counts of one minute sum in one item, each write at most once. An item's sort key,
+`period`, is the minute (epoch seconds, zero-padded) then the model: a key's items sort by
+time, and a range of minutes is one query.
 """
 
 from __future__ import annotations
@@ -11,7 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from spotgate.registry.base import RegistryBase
+from botocore.exceptions import ClientError
+
+from spotgate.registry.base import RegistryBase, is_condition_failure
 from spotgate.registry.codec import decode_item, encode
 from spotgate.registry.records import UsageCounts, UsageRow
 
@@ -32,26 +34,41 @@ def minute_of(at: float) -> int:
 class UsageOperations(RegistryBase):
     """Usage: the gateways add to it, `spotgate keys usage` reads it."""
 
-    async def add_usage(self, key_id: str, model: str, minute: int, counts: UsageCounts) -> None:
-        """Add `counts` to a key's usage of `model` in the minute starting at `minute`."""
-        await self._client.update_item(
-            TableName=self._tables.usage,
-            Key={"key_id": encode(key_id), "period": encode(period(minute, model))},
-            UpdateExpression=(
-                "ADD prompt_tokens :prompt, completion_tokens :completion, streams :streams "
-                "SET #model = :model, #minute = :minute, expires_at = :expires"
-            ),
-            # MINUTE is one of DynamoDB's reserved words; the names keep them all out of reach.
-            ExpressionAttributeNames={"#model": "model", "#minute": "minute"},
-            ExpressionAttributeValues={
-                ":prompt": encode(counts.prompt_tokens),
-                ":completion": encode(counts.completion_tokens),
-                ":streams": encode(counts.streams),
-                ":model": encode(model),
-                ":minute": encode(minute),
-                ":expires": encode(minute + self._timings.usage_ttl_seconds),
-            },
-        )
+    async def add_usage(
+        self, key_id: str, model: str, minute: int, counts: UsageCounts, write_id: str
+    ) -> None:
+        """Add `counts` to a key's usage of `model` in the minute starting at `minute`, once.
+
+        The item keeps the ids of the writes it took, and a write whose id it holds changes
+        nothing: a gateway may send the same write again (its answer was lost, the client
+        retried, the gateway stopped while waiting) without counting it twice.
+        """
+        try:
+            await self._client.update_item(
+                TableName=self._tables.usage,
+                Key={"key_id": encode(key_id), "period": encode(period(minute, model))},
+                UpdateExpression=(
+                    "ADD prompt_tokens :prompt, completion_tokens :completion, "
+                    "streams :streams, writes :writes "
+                    "SET #model = :model, #minute = :minute, expires_at = :expires"
+                ),
+                ConditionExpression="NOT contains(writes, :write)",
+                # MINUTE is one of DynamoDB's reserved words; the names keep them all out of reach.
+                ExpressionAttributeNames={"#model": "model", "#minute": "minute"},
+                ExpressionAttributeValues={
+                    ":prompt": encode(counts.prompt_tokens),
+                    ":completion": encode(counts.completion_tokens),
+                    ":streams": encode(counts.streams),
+                    ":writes": encode({write_id}),
+                    ":write": encode(write_id),
+                    ":model": encode(model),
+                    ":minute": encode(minute),
+                    ":expires": encode(minute + self._timings.usage_ttl_seconds),
+                },
+            )
+        except ClientError as err:
+            if not is_condition_failure(err):
+                raise
 
     async def read_usage(self, key_id: str | None, since: float) -> list[UsageRow]:
         """Usage per key, model and minute from the minute of `since` on (every key if None)."""

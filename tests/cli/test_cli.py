@@ -141,9 +141,9 @@ async def test_keys_usage_sums_each_key_and_model_over_the_window(
         idle = (await registry.create_key("idle")).record.key_id
         now = minute_of(time.time())
         for minute, counts in ((now, UsageCounts(10, 20, 1)), (now - 600, UsageCounts(1, 2, 1))):
-            await registry.add_usage(busy, "tiny", minute, counts)
-        await registry.add_usage(busy, "tiny", now - 2 * 86400, UsageCounts(99, 99, 9))
-        await registry.add_usage(idle, "other", now, UsageCounts(5, 0, 1))
+            await registry.add_usage(busy, "tiny", minute, counts, f"w{minute}")
+        await registry.add_usage(busy, "tiny", now - 2 * 86400, UsageCounts(99, 99, 9), "old")
+        await registry.add_usage(idle, "other", now, UsageCounts(5, 0, 1), "idle")
 
     every = run("keys", "usage", cwd=tmp_path, env=env)
     assert every.returncode == 0, every.stderr

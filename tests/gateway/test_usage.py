@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from prometheus_client import generate_latest
 
@@ -53,12 +54,40 @@ async def test_counts_a_failed_write_leaves_wait_for_the_next_flush(
     nowhere = emulator_settings("http://127.0.0.1:9", "us-east-1")  # nothing listens there
     async with Registry.open(nowhere) as unreachable:
         await meter.flush(unreachable)
-    assert meter.pending
+    assert list(meter.unsent.values()) == [(("key-a", "m", minute_of(NOW)), UsageCounts(5, 7, 1))]
 
     await meter.flush(registry)
-    assert not meter.pending
+    assert not meter.unsent
     assert [row.counts for row in await registry.read_usage("key-a", NOW - 60)] == [
         UsageCounts(5, 7, 1)
+    ]
+
+
+class AnswerLost:
+    """A registry whose usage writes reach the table but whose answers never come back."""
+
+    def __init__(self, registry: Registry) -> None:
+        self._registry = registry
+
+    async def add_usage(self, *args: Any) -> None:
+        await self._registry.add_usage(*args)
+        raise TimeoutError("read timeout")
+
+
+async def test_a_write_whose_answer_was_lost_is_sent_again_and_counted_once(
+    registry: Registry,
+) -> None:
+    meter = UsageMeter(GatewayMetrics())
+    meter.record("key-a", "m", 5, 7, NOW)
+    lossy: Any = AnswerLost(registry)
+    await meter.flush(lossy)
+    meter.record("key-a", "m", 1, 1, NOW)  # meanwhile, the same minute: a write of its own
+    assert len(meter.unsent) == 1
+
+    await meter.flush(registry)
+    assert not meter.unsent
+    assert [row.counts for row in await registry.read_usage("key-a", NOW - 60)] == [
+        UsageCounts(6, 8, 2)
     ]
 
 

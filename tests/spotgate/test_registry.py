@@ -331,11 +331,12 @@ async def test_usage_from_several_gateways_adds_up_per_key_model_and_minute(
 ) -> None:
     minute = minute_of(clock.now)
     one = UsageCounts(prompt_tokens=10, completion_tokens=20, streams=1)
-    await registry.add_usage("key-a", "m1", minute, one)  # one gateway
-    await registry.add_usage("key-a", "m1", minute, one + one)  # another, the same minute
-    await registry.add_usage("key-a", "m2", minute, one)
-    await registry.add_usage("key-a", "m1", minute - 3600, one)  # an hour before
-    await registry.add_usage("key-b", "m1", minute, one)
+    await registry.add_usage("key-a", "m1", minute, one, "w1")  # one gateway
+    await registry.add_usage("key-a", "m1", minute, one + one, "w2")  # another, the same minute
+    await registry.add_usage("key-a", "m1", minute, one + one, "w2")  # sent again: taken once
+    await registry.add_usage("key-a", "m2", minute, one, "w3")
+    await registry.add_usage("key-a", "m1", minute - 3600, one, "w4")  # an hour before
+    await registry.add_usage("key-b", "m1", minute, one, "w5")
 
     recent = await registry.read_usage("key-a", since=clock.now - 60)
     assert recent == [
