@@ -87,6 +87,10 @@ class RefreshAheadCache(Generic[Record]):
         entry = self._entries.get(key)
         return entry is not None and self._clock() - entry[0] < KEY_CACHE_SECONDS
 
+    def put(self, key: str, record: Record) -> None:
+        """Hold a record just read another way (the same key found through another cache)."""
+        self._entries[key] = (self._clock(), record)
+
     async def get(self, key: str, load: Callable[[], Awaitable[Record]]) -> Record:
         """The record for `key`, from the cache when it is recent enough."""
         entry = self._entries.get(key)
@@ -176,7 +180,25 @@ class Authenticator:
             except ApiKeyDisabled as err:
                 raise AuthRefused("this API key is disabled") from err
 
-        return await self._by_key.get(digest, load)
+        record = await self._by_key.get(digest, load)
+        self._by_id.put(record.key_id, record)  # what `revoked` reads, fresh now
+        return record
+
+    async def revoked(self, principal: Principal) -> str | None:
+        """Why the key behind an authenticated caller no longer works, or None if it does.
+
+        A socket authenticates once; this is asked again for each stream on it, from the
+        cache (refreshed ahead), so a key disabled or deleted stops within `KEY_CACHE_SECONDS`
+        on sockets already open too. While the registry cannot answer, a socket keeps the
+        key it was opened with: an outage of the registry stops no stream.
+        """
+        try:
+            await self._key_by_id(principal.key_id)
+        except AuthUnavailable:
+            return None
+        except AuthRefused:
+            return "this API key was disabled or deleted"
+        return None
 
     async def settled(self) -> None:
         """Wait for key reads in flight, background refreshes included."""

@@ -53,6 +53,11 @@ async def admitted_frames(
     """A stream's frames for its client: admitted against its key's limits, then relayed."""
     if principal.max_tokens is not None:  # a reply with no max_tokens stops at the key's limit
         frame = frame.model_copy(update={"max_tokens_cap": principal.max_tokens})
+    revoked = await state.authenticator.revoked(principal)
+    if revoked is not None:
+        state.metrics.rejections.labels(reason="unauthorized").inc()
+        yield ErrorFrame(id=frame.id, code=ErrorCode.UNAUTHORIZED, message=revoked)
+        return
     admission = await state.limits.admit(principal.key_id, principal.limits, state.clock())
     decision = admission.decision
     if not decision.admitted:

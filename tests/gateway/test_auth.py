@@ -4,11 +4,17 @@ import asyncio
 
 import pytest
 
-from gateway.auth import KEY_CACHE_SECONDS, KEY_FRESH_SECONDS, Authenticator, principal_of
+from gateway.auth import (
+    KEY_CACHE_SECONDS,
+    KEY_FRESH_SECONDS,
+    KEY_STALE_MAX_SECONDS,
+    Authenticator,
+    principal_of,
+)
 from spotgate.admission import Grant
 from spotgate.protocol import ErrorCode
 from spotgate.registry import ApiKeyRecord, Registry
-from spotgate.tokens import KeyRing, SigningKey
+from spotgate.tokens import KeyRing, SigningKey, issue
 from spotgate.wsserver import AuthRefused, AuthUnavailable
 from stack.emulator import AwsEmulator
 from tests.support.clocks import FakeClock
@@ -87,6 +93,46 @@ async def test_registry_outage_serves_recent_keys_and_answers_503_for_unchecked_
     assert principal.key_id == known.record.key_id
     assert refused.value.code == ErrorCode.NO_CAPACITY
     assert refused.value.retry_after is not None
+
+
+async def test_a_socket_open_before_its_key_was_disabled_loses_it_within_the_cache_time(
+    aws: AwsEmulator,
+) -> None:
+    clock = FakeClock()
+    ring = KeyRing([SigningKey.generate()])
+    async with Registry.open(aws.settings()) as registry:
+        await registry.create_tables()
+        created = await registry.create_key("socket")
+        auth = Authenticator(registry, ring, "http://gw", 5.0, 64, clock=clock)
+        token = issue(ring, subject=created.record.key_id, issuer="http://gw", now=clock.now)
+        by_key = await auth.authenticate(created.api_key)
+        by_token = await auth.authenticate(token.token)
+        assert await auth.revoked(by_key) is None
+        await registry.disable_key(created.record.key_id)
+
+        assert await auth.revoked(by_key) is None  # within the cache time
+        clock.advance(KEY_CACHE_SECONDS + 1)
+        for principal in (by_key, by_token):
+            assert await auth.revoked(principal) == "this API key was disabled or deleted"
+
+
+async def test_while_the_registry_cannot_answer_an_open_socket_keeps_its_key(
+    aws: AwsEmulator,
+) -> None:
+    clock = FakeClock()
+    async with Registry.open(aws.settings()) as registry:
+        await registry.create_tables()
+        created = await registry.create_key("socket")
+        auth = Authenticator(
+            registry, KeyRing([SigningKey.generate()]), "http://gw", 5.0, 64, clock=clock
+        )
+        principal = await auth.authenticate(created.api_key)
+        aws.stop()
+        try:
+            clock.advance(KEY_STALE_MAX_SECONDS + 1)  # nothing cached is usable any more
+            assert await auth.revoked(principal) is None
+        finally:
+            aws.start()
 
 
 class StallingRegistry(Registry):

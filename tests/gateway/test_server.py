@@ -11,6 +11,7 @@ import openai
 import pytest
 import websockets
 
+from gateway import auth as gateway_auth
 from gateway.routes.websocket import allowed_origins, origin_allowed
 from spotgate.registry import AgentState, CreatedApiKey, Registry
 from spotgate.settings import MAX_REQUEST_BYTES, GatewaySettings
@@ -210,6 +211,26 @@ async def test_draining_agents_get_nothing_and_sessions_stick(
         ]
     assert drained not in after
     assert {first.runtime.identity.agent_id, second.runtime.identity.agent_id} >= set(after)  # type: ignore[union-attr]
+
+
+async def test_a_key_disabled_while_its_socket_is_open_gets_no_more_streams_there(
+    gateway: Gateway,
+    gateway_agent: GatewayAgentFactory,
+    api_key: CreatedApiKey,
+    aws: AwsEmulator,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    await gateway_agent()
+    async with connect(gateway.ws_url, api_key.api_key) as ws:
+        served = await run_streams(ws, generate("before", MODEL, max_tokens=2))
+        async with Registry.open(aws.settings()) as registry:
+            await registry.disable_key(api_key.record.key_id)
+        monkeypatch.setattr(gateway_auth, "KEY_CACHE_SECONDS", 0.0)  # the cache time is over
+        refused = await run_streams(ws, generate("after", MODEL, max_tokens=2))
+    assert served["before"][-1]["type"] == "done"
+    [error] = refused["after"]
+    assert (error["type"], error["code"]) == ("error", "unauthorized")
+    assert error["message"] == "this API key was disabled or deleted"
 
 
 async def test_kill_9_of_the_serving_agent_loses_nothing(
