@@ -211,7 +211,13 @@ class Failover:
     # The agent's frames.
 
     def on_start(self, start: StartFrame) -> StartFrame | None:
-        """The agent took the stream: the client hears of it when the agent is a new one."""
+        """The agent took the stream: the client hears of it when the agent is a new one.
+
+        The prompt is charged from here on, whatever ends the stream (once: an agent taking
+        the stream over reads the same prompt again, at no cost to the key).
+        """
+        if not self.outcome.prompt_tokens and start.prompt_tokens is not None:
+            self.outcome.prompt_tokens = start.prompt_tokens
         if start.agent == self.announced_agent:
             return None
         if self.announced_agent is not None:

@@ -266,7 +266,7 @@ async def generate_frames(
     content = ReplyContent(reader.markers, sent_text) if reader is not None else None
     first_token_ms: float | None = None
 
-    yield StartFrame(id=frame.id, agent=agent_id, engine=engine.kind)
+    yield StartFrame(id=frame.id, agent=agent_id, engine=engine.kind, prompt_tokens=len(prompt_ids))
     finish: FinishReason = "length"
     if remaining <= 0:  # moved after its last token: only text held back is left to send
         text = stop_filter.feed(detokenizer.flush(), final=True)

@@ -283,6 +283,9 @@ class StartFrame(_Strict):
     id: StreamId
     agent: str
     engine: Literal["vllm", "synthetic"] | None = None
+    # The prompt's tokens as the agent counted them, before it generates: a stream cancelled
+    # or cut off before its `done` is charged them all the same (agent → gateway only).
+    prompt_tokens: Count | None = None
 
 
 Logprob = Annotated[float, Field(ge=MIN_LOGPROB, le=0)]

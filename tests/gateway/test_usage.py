@@ -13,10 +13,11 @@ from spotgate.registry import CreatedApiKey, Registry, UsageCounts, minute_of
 from spotgate.settings import emulator_settings
 from spotgate.tokens import SigningKey
 from stack.emulator import AwsEmulator
-from tests.gateway.conftest import replicas
+from tests.gateway.conftest import MODEL as GATEWAY_MODEL
+from tests.gateway.conftest import Gateway, GatewayAgentFactory, replicas
 from tests.support.agents import AgentFactory
 from tests.support.metrics import metric_value
-from tests.support.wsclient import connect, generate, run_streams
+from tests.support.wsclient import connect, generate, receive, run_streams, send
 
 NOW = 1_800_000_000.0
 MODEL = "synth"
@@ -117,3 +118,27 @@ async def test_two_gateways_streams_are_summed_in_the_table(
     assert total.streams == 6
     assert total.completion_tokens == 2 * (3 + 4 + 5)
     assert total.prompt_tokens > 0
+
+
+async def test_a_stream_cancelled_midway_is_charged_its_prompt_and_what_it_got(
+    gateway: Gateway, gateway_agent: GatewayAgentFactory, api_key: CreatedApiKey
+) -> None:
+    """Cancelling one token before the end must not make a stream free (the agent sends no done)."""
+    await gateway_agent(tokens_per_second=20.0)
+    prompt = "a long question " * 50
+    async with connect(gateway.ws_url, api_key.api_key) as ws:
+        await send(ws, generate("c", GATEWAY_MODEL, content=prompt, max_tokens=1000))
+        got = 0
+        while got < 3:
+            frame = await receive(ws)
+            got += frame.get("n", 0) if frame["type"] == "delta" else 0
+        await send(ws, {"type": "cancel", "id": "c"})
+        while (frame := await receive(ws))["type"] != "done":
+            got += frame.get("n", 0) if frame["type"] == "delta" else 0
+    assert frame["finish_reason"] == "cancelled"
+    assert frame["usage"]["prompt_tokens"] >= len(prompt) // 4
+
+    await gateway.state.usage.flush(gateway.state.registry)
+    [row] = await gateway.state.registry.read_usage(api_key.record.key_id, 0.0)
+    assert row.counts.prompt_tokens == frame["usage"]["prompt_tokens"]
+    assert row.counts.completion_tokens == got
