@@ -267,7 +267,8 @@ class Dispatcher:
             except Exception as err:  # an outage must not stop routing on the last view
                 if self.view.last_error is None:
                     log.warning("registry unreachable; routing on the last view", error=str(err))
-                self.view.last_error = str(err)
+                # The class only: `/readyz` shows it, and the message names accounts and hosts.
+                self.view.last_error = type(err).__name__
             await asyncio.sleep(interval_seconds)
 
     def view_is_stale(self, interval_seconds: float) -> bool:

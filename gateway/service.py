@@ -8,6 +8,7 @@ import signal
 from aiohttp import web
 
 from gateway.server import create_app, drain_sockets
+from gateway.signing import SigningKeyMissing
 from spotgate.logging import get_logger
 from spotgate.process import freeze_long_lived_objects, listening_site, service_main
 from spotgate.settings import GatewaySettings
@@ -40,4 +41,4 @@ async def serve_gateway(settings: GatewaySettings) -> None:
 
 def main() -> int:
     """Run the gateway with the settings in the environment (`python -m gateway`)."""
-    return service_main("gateway", GatewaySettings, serve_gateway)
+    return service_main("gateway", GatewaySettings, serve_gateway, (SigningKeyMissing,))

@@ -1,7 +1,8 @@
 """Where the gateway's signing keys come from: a PEM file, PEM text, or Secrets Manager.
 
-With none configured (local mode) a key is generated at start; tokens then do not survive a
-restart and several gateway replicas would not share keys, so production sets one.
+With none configured a key is generated at start, in local mode only (the AWS emulator):
+tokens then do not survive a restart and replicas would refuse each other's tokens, so a
+gateway on real AWS without a key refuses to start.
 """
 
 from __future__ import annotations
@@ -21,9 +22,19 @@ async def load_key_ring(settings: GatewaySettings) -> KeyRing:
     if keys is None and token.signing_key_secret_id is not None:
         keys = load_signing_keys_pem(await _read_secret(settings, token.signing_key_secret_id))
     if keys is None:
-        log.warning("no signing key configured; generated one for this process only")
+        if settings.shared.aws.endpoint_url is None:
+            raise SigningKeyMissing(
+                "no token signing key: set SPOTGATE_GATEWAY_TOKEN__SIGNING_KEY_SECRET_ID (or "
+                "…_SIGNING_KEY_FILE, …_SIGNING_KEY_PEM); a key made for this process alone "
+                "would make replicas refuse each other's tokens and every restart revoke them"
+            )
+        log.warning("no signing key configured; generated one for this process (local mode)")
         keys = [SigningKey.generate()]
     return KeyRing(keys)
+
+
+class SigningKeyMissing(Exception):
+    """A gateway on real AWS has no signing key configured."""
 
 
 async def _read_secret(settings: GatewaySettings, secret_id: str) -> str:

@@ -22,9 +22,17 @@ from spotgate.wsserver import json_error
 
 
 async def models(request: web.Request) -> web.Response:
-    """`GET /v1/models`: models with ready agents, and those that can scale from zero."""
+    """`GET /v1/models`: what the caller's key may use of the models served here.
+
+    Served: models with ready agents, and those that can scale from zero. A key is needed,
+    as with OpenAI's: which models run here is nobody else's business.
+    """
+    principal = await request_principal(request)
+    if isinstance(principal, web.Response):
+        return principal
     state = request.app[STATE]
-    names = sorted(state.dispatcher.view.ready_models() | set(state.settings.models))
+    served = state.dispatcher.view.ready_models() | set(state.settings.models)
+    names = sorted(served & principal.models if principal.models else served)
     data = [{"id": name, "object": "model", "owned_by": "spotgate", "created": 0} for name in names]
     return web.json_response({"object": "list", "data": data})
 

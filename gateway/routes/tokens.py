@@ -27,7 +27,8 @@ async def token(request: web.Request) -> web.Response:
     )
     ws_url = state.public_url.replace("http", "ws", 1) + "/v1/ws"
     return web.json_response(
-        {"token": issued.token, "expires_at": issued.expires_at, "ws_url": ws_url}
+        {"token": issued.token, "expires_at": issued.expires_at, "ws_url": ws_url},
+        headers={"Cache-Control": "no-store"},  # a credential: no cache along the way keeps it
     )
 
 

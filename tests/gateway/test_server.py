@@ -39,6 +39,7 @@ async def test_api_key_buys_a_token_that_agents_can_verify(
             f"{gateway.url}/v1/token", headers={"Authorization": f"Bearer {api_key.api_key}"}
         ) as response:
             assert response.status == 200
+            assert response.headers["Cache-Control"] == "no-store"
             body = await response.json()
         async with http.get(f"{gateway.url}/.well-known/jwks.json") as response:
             published = KeyRing.from_jwks(await response.json())
@@ -55,7 +56,7 @@ async def test_api_key_buys_a_token_that_agents_can_verify(
 
 
 async def test_openai_sdk_through_the_gateway(
-    gateway: Gateway, gateway_agent: GatewayAgentFactory, api_key: CreatedApiKey
+    gateway: Gateway, gateway_agent: GatewayAgentFactory, api_key: CreatedApiKey, aws: AwsEmulator
 ) -> None:
     await gateway_agent()
     client = openai.AsyncOpenAI(
@@ -87,6 +88,14 @@ async def test_openai_sdk_through_the_gateway(
     assert chunks[-1].usage.completion_tokens == 12
     assert len((text.choices[0].text or "").split()) == 5
     assert {model.id for model in listed.data} == {MODEL, "scalable"}
+    async with Registry.open(aws.settings()) as registry:
+        narrow = await registry.create_key("narrow", models=[MODEL, "elsewhere"])
+    narrow_client = openai.AsyncOpenAI(
+        base_url=f"{gateway.url}/v1", api_key=narrow.api_key, max_retries=0
+    )
+    assert [model.id for model in (await narrow_client.models.list()).data] == [MODEL]
+    async with aiohttp.ClientSession() as http, http.get(f"{gateway.url}/v1/models") as r:
+        assert r.status == 401  # as OpenAI's: no key, no list
     with pytest.raises(openai.AuthenticationError):
         await openai.AsyncOpenAI(
             base_url=f"{gateway.url}/v1",
@@ -386,6 +395,8 @@ async def test_registry_outage_keeps_streams_flowing_on_the_cached_view(
             aws.start()
     assert text_of(frames) == expected_text("hi", 8)
     assert ready["registry"] == "unreachable"
+    # Which failure, not its message: that names the endpoint (in AWS: accounts and hosts).
+    assert ready["registry_error"] == "EndpointConnectionError"
     await asyncio.sleep(0)
 
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import aiohttp
@@ -84,3 +87,22 @@ async def test_sigterm_refuses_new_streams_and_lets_those_in_flight_finish(
     assert [frame["code"] for frame in late] == ["going_away"]
     assert text_of([f for f in frames if f.get("id") == "s"]) == expected_text("finish me", 40)
     assert close_code == 1001
+
+
+def test_a_gateway_on_real_aws_without_a_signing_key_refuses_to_start() -> None:
+    """Each replica would sign with a key of its own, and refuse the others' tokens."""
+    env = {
+        key: value for key, value in os.environ.items() if not key.startswith(("SPOTGATE_", "AWS_"))
+    }
+    env |= {"SPOTGATE_GATEWAY_PORT": "0", "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x"}
+    result = subprocess.run(
+        [sys.executable, "-m", "gateway"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "no token signing key" in result.stderr
+    assert "SIGNING_KEY_SECRET_ID" in result.stderr

@@ -26,6 +26,7 @@ from stacks.signing_key import SigningKey
 
 GATEWAY_PORT = 8080
 HEALTH_PATH = "/healthz"
+PRIVATE_PATHS = ("/readyz", "/metrics")
 """Liveness, not `/readyz`: a registry outage must not take every gateway out of the ALB."""
 HEALTH_CHECK_INTERVAL_SECONDS = 15
 HEALTH_CHECK_GRACE_SECONDS = 60
@@ -218,22 +219,34 @@ class GatewayService(Construct):
 
     def _listen(self, config: DeployConfig) -> None:
         if not config.https:
-            self.load_balancer.add_listener(
+            listener = self.load_balancer.add_listener(
                 "Http",
                 port=80,
                 protocol=elbv2.ApplicationProtocol.HTTP,
                 default_target_groups=[self.target_group],
             )
-            return
-        self.load_balancer.add_listener(
-            "Https",
-            port=443,
-            protocol=elbv2.ApplicationProtocol.HTTPS,
-            certificates=[elbv2.ListenerCertificate.from_arn(config.certificate_arn)],
-            ssl_policy=elbv2.SslPolicy.RECOMMENDED_TLS,
-            default_target_groups=[self.target_group],
+        else:
+            listener = self.load_balancer.add_listener(
+                "Https",
+                port=443,
+                protocol=elbv2.ApplicationProtocol.HTTPS,
+                certificates=[elbv2.ListenerCertificate.from_arn(config.certificate_arn)],
+                ssl_policy=elbv2.SslPolicy.RECOMMENDED_TLS,
+                default_target_groups=[self.target_group],
+            )
+            self.load_balancer.add_redirect(source_port=80, target_port=443)
+        # Readiness and metrics name internal hosts and counts: scraped inside the VPC, from
+        # the tasks' own addresses, never answered to the internet.
+        listener.add_action(
+            "OperationsPrivate",
+            priority=1,
+            conditions=[elbv2.ListenerCondition.path_patterns(list(PRIVATE_PATHS))],
+            action=elbv2.ListenerAction.fixed_response(
+                404,
+                content_type="application/json",
+                message_body='{"error": {"message": "not found", "type": "not_found"}}',
+            ),
         )
-        self.load_balancer.add_redirect(source_port=80, target_port=443)
 
     @staticmethod
     def _grant_registry(role: iam.IRole, registry: Registry) -> None:

@@ -435,6 +435,20 @@ def test_gateway_reads_keys_and_agents_and_writes_only_demand_and_usage(
 # --- gateway -------------------------------------------------------------------------------
 
 
+def test_readiness_and_metrics_are_not_answered_through_the_load_balancer(
+    synthesized: Synthesized,
+) -> None:
+    rules = synthesized.resources("AWS::ElasticLoadBalancingV2::ListenerRule")
+    [rule] = rules.values()
+    [condition] = rule["Properties"]["Conditions"]
+    assert condition["Field"] == "path-pattern"
+    assert sorted(condition["PathPatternConfig"]["Values"]) == ["/metrics", "/readyz"]
+    [action] = rule["Properties"]["Actions"]
+    assert action["Type"] == "fixed-response"
+    assert action["FixedResponseConfig"]["StatusCode"] == "404"
+    assert rule["Properties"]["Priority"] == 1  # before anything is forwarded
+
+
 def test_load_balancer_keeps_websockets_open_and_drains_like_the_gateway(
     synthesized: Synthesized,
 ) -> None:
