@@ -1,14 +1,16 @@
 """Token verification on the agent: local checks against the gateway's JWKS or a pinned key.
 
-No call per request: the JWKS is fetched at start and again only when a token names a `kid`
-the agent does not know (at most once per `JWKS_REFRESH_MIN_SECONDS`), so a gateway key
-rotation reaches agents at once and a flood of forged kids cannot hammer the gateway. A
-fetched JWKS replaces the one before it (a pinned key stays): a key the gateway retired is
-no longer trusted once a token signed by its successor has been seen.
+No call per request: the JWKS is fetched at start, every `JWKS_REFRESH_SECONDS`, and when a
+token names a `kid` the agent does not know (at most once per `JWKS_REFRESH_MIN_SECONDS`), so
+a gateway key rotation reaches agents at once and a flood of forged kids cannot hammer the
+gateway. A fetched JWKS replaces the one before it (a pinned key stays): a key the gateway
+retired is no longer trusted once a token signed by its successor has been seen, or at the
+next periodic read at the latest.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 
@@ -26,6 +28,7 @@ from spotgate.tokens import (
 )
 
 JWKS_REFRESH_MIN_SECONDS = 10.0
+JWKS_REFRESH_SECONDS = 300.0
 JWKS_FETCH_TIMEOUT_SECONDS = 5.0
 
 log = get_logger(__name__)
@@ -73,6 +76,14 @@ class TokenVerifier:
             log.warning("jwks fetch failed", url=self._jwks_url, error=str(err))
             return False
         return True
+
+    async def refresh_forever(self, interval_seconds: float = JWKS_REFRESH_SECONDS) -> None:
+        """Read the JWKS again every `interval_seconds`; a failed read keeps the keys held."""
+        if self._jwks_url is None:
+            return
+        while True:
+            await asyncio.sleep(interval_seconds)
+            await self.refresh()
 
     async def verify(self, token: str) -> Claims:
         """Claims of a valid token; a `TokenError` subclass says why one is refused."""

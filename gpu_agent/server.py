@@ -380,6 +380,7 @@ def create_app(
                 settings=settings, registry=registry, url=advertised_url(settings)
             )
             app[RUNTIME] = runtime
+            runtime.spawn(verifier.refresh_forever(), "jwks-refresh")
             imds = ImdsClient(session, settings.imds_url)
             runtime.spawn(runtime.bring_up(engine_loader, imds), "bring-up")
             runtime.spawn(

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 
@@ -14,14 +15,26 @@ from spotgate.tokens import KeyRing, SigningKey, UnknownKid, issue
 ISSUER = "http://gw.test"
 
 
+class Fetches(list[int]):
+    """The JWKS fetches so far; `made` is set at each one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.made = asyncio.Event()
+
+    def count(self) -> None:  # type: ignore[override]
+        self.append(1)
+        self.made.set()
+
+
 @pytest.fixture
-async def jwks_server() -> AsyncIterator[tuple[str, KeyRing, list[int]]]:
+async def jwks_server() -> AsyncIterator[tuple[str, KeyRing, Fetches]]:
     """A gateway stand-in that publishes its JWKS and counts the fetches."""
     ring = KeyRing([SigningKey.generate()])
-    fetches: list[int] = []
+    fetches = Fetches()
 
     async def jwks(_request: web.Request) -> web.Response:
-        fetches.append(1)
+        fetches.count()
         return web.json_response(ring.jwks())
 
     app = web.Application()
@@ -31,7 +44,7 @@ async def jwks_server() -> AsyncIterator[tuple[str, KeyRing, list[int]]]:
 
 
 async def test_rotated_gateway_key_is_picked_up_on_first_unknown_kid(
-    jwks_server: tuple[str, KeyRing, list[int]],
+    jwks_server: tuple[str, KeyRing, Fetches],
 ) -> None:
     url, ring, fetches = jwks_server
     async with aiohttp.ClientSession() as http:
@@ -51,7 +64,7 @@ async def test_rotated_gateway_key_is_picked_up_on_first_unknown_kid(
 
 
 async def test_unknown_kids_cannot_hammer_the_jwks(
-    jwks_server: tuple[str, KeyRing, list[int]],
+    jwks_server: tuple[str, KeyRing, Fetches],
 ) -> None:
     url, _ring, fetches = jwks_server
     stranger = KeyRing([SigningKey.generate()])
@@ -66,7 +79,7 @@ async def test_unknown_kids_cannot_hammer_the_jwks(
 
 
 async def test_a_key_retired_from_the_jwks_is_no_longer_trusted_once_refreshed(
-    jwks_server: tuple[str, KeyRing, list[int]],
+    jwks_server: tuple[str, KeyRing, Fetches],
 ) -> None:
     url, ring, _fetches = jwks_server
     pinned = SigningKey.generate()
@@ -93,3 +106,26 @@ async def test_a_key_retired_from_the_jwks_is_no_longer_trusted_once_refreshed(
             await verifier.verify(old)
         by_pin = issue(KeyRing([pinned]), subject="p", issuer=ISSUER, now=time.time()).token
         assert (await verifier.verify(by_pin)).sub == "p"  # the pinned key stays trusted
+
+
+async def test_a_retired_key_is_dropped_by_the_periodic_read_with_no_successor_token_seen(
+    jwks_server: tuple[str, KeyRing, Fetches],
+) -> None:
+    url, ring, fetches = jwks_server
+    async with aiohttp.ClientSession() as http:
+        verifier = TokenVerifier(issuer=ISSUER, leeway_seconds=5, jwks_url=url, session=http)
+        await verifier.refresh()
+        retired = ring.signing_key
+        old = issue(ring, subject="k", issuer=ISSUER, now=time.time()).token
+        ring.rotate(SigningKey.generate())
+        ring.remove(retired.kid)  # the gateway retired it; nobody sends the new key's tokens
+        reading = asyncio.create_task(verifier.refresh_forever(interval_seconds=0.01))
+        try:  # a periodic read is done once the next one has begun
+            async with asyncio.timeout(10):
+                while len(fetches) < 3:
+                    fetches.made.clear()
+                    await fetches.made.wait()
+        finally:
+            reading.cancel()
+        with pytest.raises(UnknownKid):
+            await verifier.verify(old)
