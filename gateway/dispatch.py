@@ -27,7 +27,7 @@ AGENT_FULL_SECONDS = 1.0
 """How long an agent that refused a stream for capacity gets no new one from this gateway
 (unless one of this gateway's streams on it ends first): its other streams come from other
 gateways, whose ends this one does not see."""
-FEED_OVERLAP_SECONDS = 1.0
+FEED_OVERLAP_SECONDS = 0.5
 """How far before the newest change it has seen a gateway reads the feed again: the feed's
 index lags the table (typically well under a second) and writers' clocks differ a little."""
 WHOLE_READ_SECONDS = 30.0
@@ -256,20 +256,24 @@ class Dispatcher:
     async def refresh_forever(self, registry: Registry, interval_seconds: float) -> None:
         """Keep the view current; on registry errors keep the last view and record why."""
         while True:
-            try:
-                since = self.view.next_read_since(self._clock())
-                changes = await registry.changed_since(since)
-                if since is None:
-                    self.view.replace(changes, self._clock())
-                else:
-                    self.view.update(changes, self._clock())
-                self.notify()
-            except Exception as err:  # an outage must not stop routing on the last view
-                if self.view.last_error is None:
-                    log.warning("registry unreachable; routing on the last view", error=str(err))
-                # The class only: `/readyz` shows it, and the message names accounts and hosts.
-                self.view.last_error = type(err).__name__
+            await self.refresh(registry)
             await asyncio.sleep(interval_seconds)
+
+    async def refresh(self, registry: Registry) -> None:
+        """Read the registry's change feed once into the view (an outage keeps the last one)."""
+        try:
+            since = self.view.next_read_since(self._clock())
+            changes = await registry.changed_since(since)
+            if since is None:
+                self.view.replace(changes, self._clock())
+            else:
+                self.view.update(changes, self._clock())
+            self.notify()
+        except Exception as err:  # an outage must not stop routing on the last view
+            if self.view.last_error is None:
+                log.warning("registry unreachable; routing on the last view", error=str(err))
+            # The class only: `/readyz` shows it, and the message names accounts and hosts.
+            self.view.last_error = type(err).__name__
 
     def view_is_stale(self, interval_seconds: float) -> bool:
         """Whether the last successful refresh is several intervals old."""
