@@ -15,6 +15,8 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Collection
 from dataclasses import dataclass, field
+from ipaddress import IPv4Network, IPv6Network, ip_address
+from urllib.parse import urlsplit
 
 from gateway.router import Candidate, choose_agent
 from spotgate.context import ContextLimits
@@ -132,6 +134,21 @@ class PoolView:
         return None
 
 
+def agent_url_allowed(url: str, networks: Collection[IPv4Network | IPv6Network]) -> bool:
+    """Whether the gateway may connect to an agent at `url`: an address in one of `networks`.
+
+    With no networks every URL is allowed (local mode). A host name is refused when there
+    are some: what it resolves to is not the registry's to decide.
+    """
+    if not networks:
+        return True
+    try:
+        address = ip_address(urlsplit(url).hostname or "")
+    except ValueError:
+        return False
+    return any(address in network for network in networks)
+
+
 class Dispatcher:
     """Chooses agents for streams and queues the streams that must wait."""
 
@@ -140,8 +157,11 @@ class Dispatcher:
         queue: QueueSettings,
         scale_from_zero_models: Collection[str] = (),
         clock: Callable[[], float] = time.time,
+        agent_networks: Collection[IPv4Network | IPv6Network] = (),
     ) -> None:
         self.view = PoolView()
+        self._agent_networks = agent_networks
+        self._refused_urls: set[str] = set()
         self.outstanding: Counter[str] = Counter()
         self._queue = queue
         self._scalable = frozenset(scale_from_zero_models)
@@ -263,7 +283,11 @@ class Dispatcher:
         """Read the registry's change feed once into the view (an outage keeps the last one)."""
         try:
             since = self.view.next_read_since(self._clock())
-            changes = await registry.changed_since(since)
+            changes = [
+                record
+                for record in await registry.changed_since(since)
+                if self._may_connect(record)
+            ]
             if since is None:
                 self.view.replace(changes, self._clock())
             else:
@@ -274,6 +298,18 @@ class Dispatcher:
                 log.warning("registry unreachable; routing on the last view", error=str(err))
             # The class only: `/readyz` shows it, and the message names accounts and hosts.
             self.view.last_error = type(err).__name__
+
+    def _may_connect(self, record: AgentRecord) -> bool:
+        if agent_url_allowed(record.url, self._agent_networks):
+            return True
+        if record.url not in self._refused_urls:  # once: the entry comes back every heartbeat
+            self._refused_urls.add(record.url)
+            log.warning(
+                "agent entry ignored: its URL is outside agent_networks",
+                agent_id=record.agent_id,
+                url=record.url,
+            )
+        return False
 
     def view_is_stale(self, interval_seconds: float) -> bool:
         """Whether the last successful refresh is several intervals old."""

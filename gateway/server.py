@@ -128,7 +128,9 @@ def create_app(
                     settings.max_streams_per_key,
                     clock,
                 ),
-                dispatcher=Dispatcher(settings.queue, settings.models),
+                dispatcher=Dispatcher(
+                    settings.queue, settings.models, agent_networks=settings.agent_networks
+                ),
                 session=session,
                 gateway_id=settings.gateway_id or f"gw-{secrets.token_hex(4)}",
                 public_url=url,

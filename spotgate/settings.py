@@ -16,6 +16,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    IPvAnyNetwork,
     NonNegativeFloat,
     PositiveFloat,
     PositiveInt,
@@ -167,6 +168,10 @@ class GatewaySettings(BaseSettings):
     # Browsers (an `Origin` header) may open /v1/ws from the gateway's own origin (its public
     # URL, or the host they asked for) and from these, e.g. `https://chat.example`.
     allowed_origins: tuple[str, ...] = ()
+    # Where agents may be (CIDRs, e.g. the VPC's): an agent entry whose URL is not an address
+    # inside one is never connected to, so a forged registry row cannot draw the gateway's
+    # tokens elsewhere. Empty: anywhere (local mode; the CDK app sets the VPC's range).
+    agent_networks: tuple[IPvAnyNetwork, ...] = ()
     # Proxies in front of the gateway that append to `X-Forwarded-For` (1 behind an ALB): the
     # client address that failed authentications are counted by is the entry they added.
     trusted_proxy_hops: NonNegativeInt = 0

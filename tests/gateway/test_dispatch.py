@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Hashable
+from dataclasses import replace
+from ipaddress import ip_network
 from typing import Any
 
 import pytest
 
-from gateway.dispatch import FEED_OVERLAP_SECONDS, WHOLE_READ_SECONDS, PoolView
+from gateway.dispatch import (
+    FEED_OVERLAP_SECONDS,
+    WHOLE_READ_SECONDS,
+    Dispatcher,
+    PoolView,
+    agent_url_allowed,
+)
 from gpu_agent.runtime import StreamHandle
 from spotgate.registry import AgentRecord, AgentState, CreatedApiKey
 from spotgate.settings import QueueSettings
@@ -139,3 +147,49 @@ def test_expired_entries_leave_the_view_and_a_whole_read_forgets_deleted_ones() 
     assert view.record("a") is None
     view.replace([entry("b", 1.0)], now=21.0)  # c was deleted from the table (TTL)
     assert [record.agent_id for record in view.agents[MODEL]] == ["b"]
+
+
+VPC = [ip_network("10.0.0.0/16"), ip_network("fd00::/8")]
+
+
+@pytest.mark.parametrize(
+    ("url", "networks", "allowed"),
+    [
+        ("ws://10.0.3.7:8000/v1/ws", VPC, True),
+        ("ws://[fd00::7]:8000/v1/ws", VPC, True),
+        ("ws://10.1.0.1:8000/v1/ws", VPC, False),  # another network
+        ("ws://203.0.113.9:8000/v1/ws", VPC, False),  # the internet
+        ("ws://agent.internal:8000/v1/ws", VPC, False),  # a name resolves anywhere
+        ("ws://169.254.169.254/latest", VPC, False),  # instance metadata
+        ("not a url", VPC, False),
+        ("ws://203.0.113.9:8000/v1/ws", [], True),  # none configured: local mode
+    ],
+)
+def test_agent_urls_must_be_addresses_inside_the_configured_networks(
+    url: str, networks: list[Any], allowed: bool
+) -> None:
+    assert agent_url_allowed(url, networks) is allowed
+
+
+class FeedOf:
+    """A registry whose change feed holds these entries."""
+
+    def __init__(self, *records: AgentRecord) -> None:
+        self.records = list(records)
+
+    async def changed_since(self, _since: float | None) -> list[AgentRecord]:
+        return self.records
+
+
+async def test_a_registry_row_pointing_outside_the_networks_never_reaches_routing() -> None:
+    dispatcher = Dispatcher(QueueSettings(), clock=lambda: 1.0, agent_networks=VPC)
+    feed: Any = FeedOf(replace(entry("a", 1.0), url="ws://10.0.0.5:8000"))
+    await dispatcher.refresh(feed)
+    assert dispatcher.view.record("a") is not None
+
+    hijack = replace(entry("a", 2.0), url="ws://203.0.113.9:8000")
+    feed.records = [hijack]  # a newer write, from a stolen agent role
+    await dispatcher.refresh(feed)
+    record = dispatcher.view.record("a")
+    assert record is not None
+    assert record.url == "ws://10.0.0.5:8000"

@@ -119,6 +119,8 @@ class GatewayService(Construct):
             "SPOTGATE_GATEWAY_PUBLIC_URL": self.public_url,
             "SPOTGATE_GATEWAY_MODELS": json.dumps([config.served_model]),
             "SPOTGATE_GATEWAY_SHUTDOWN_GRACE_SECONDS": str(config.gateway_drain_seconds),
+            # Agents live in this VPC: a registry row naming any other address is ignored.
+            "SPOTGATE_GATEWAY_AGENT_NETWORKS": f'["{vpc.vpc_cidr_block}"]',
             # The ALB appends the client's address: failed logins are counted per client.
             "SPOTGATE_GATEWAY_TRUSTED_PROXY_HOPS": "1",
             # The ALB must be the side that closes idle connections.

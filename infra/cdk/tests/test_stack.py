@@ -435,6 +435,12 @@ def test_gateway_reads_keys_and_agents_and_writes_only_demand_and_usage(
 # --- gateway -------------------------------------------------------------------------------
 
 
+def test_the_gateway_connects_only_to_agents_inside_the_vpc(synthesized: Synthesized) -> None:
+    networks = synthesized.container_env("gateway")["SPOTGATE_GATEWAY_AGENT_NETWORKS"]
+    [vpc_id] = synthesized.resources("AWS::EC2::VPC")
+    assert render(networks) == f'["<{vpc_id}.CidrBlock>"]'
+
+
 def test_readiness_and_metrics_are_not_answered_through_the_load_balancer(
     synthesized: Synthesized,
 ) -> None:
