@@ -384,14 +384,19 @@ async def test_heartbeats_report_load_and_rebalance_is_only_recorded(
 async def test_a_client_that_never_reads_pauses_its_stream(
     start_agent: AgentFactory, token: str
 ) -> None:
-    flood = synthetic(tokens_per_second=1_000_000.0, max_model_len=2_000_000)
+    # The synthetic engine keeps to a wall-clock schedule: a step hands out every token due
+    # since the last one. Once the schedule's end has passed, the next step is the whole rest
+    # of the reply, however the socket is doing. So the reply must still be far from due when
+    # the sockets' buffers fill: 4 s of schedule here, where they fill in well under 1 s.
+    flood = synthetic(tokens_per_second=250_000.0, max_model_len=2_000_000)
     agent = await wait_ready(await start_agent(flood))
-    max_tokens = 1_000_000  # one second of work at this rate, about 7 MB of text
+    max_tokens = 1_000_000  # about 6 MB of text
     headers = {"Authorization": f"Bearer {token}"}
-    # A fixed receive buffer, and no compression: Linux autotunes a buffer up to tcp_rmem's
-    # maximum (32 MB on some hosts) and deflate shrinks this repetitive text; either leaves
-    # room for the whole reply, which would hide a missing pause. The agent's send buffer
-    # (tcp_wmem's maximum, 4 MB) then holds about 600k tokens.
+    # Fixed kernel buffers at both ends, and no compression: Linux autotunes a receive buffer
+    # up to tcp_rmem's maximum (32 MB on some hosts) and a send buffer up to tcp_wmem's
+    # (4 MB or more), and deflate shrinks this repetitive text; any of them can leave room
+    # for the whole reply, which would hide a missing pause. Both ends then hold a few
+    # hundred kB, some 50k tokens.
     reader = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
     reader.setblocking(False)
@@ -405,6 +410,13 @@ async def test_a_client_that_never_reads_pauses_its_stream(
         max_queue=1,
         close_timeout=1,
     ) as ws:
+
+        async def registered() -> bool:
+            return bool(agent.runtime.websockets)
+
+        await wait_for(registered, within=5)
+        [link] = agent.runtime.websockets
+        link.ws.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)
         await send(ws, generate("flood", "synth", max_tokens=max_tokens))
         assert (await receive(ws))["type"] == "start"  # then it reads nothing more
         [handle] = agent.runtime.streams.values()
@@ -413,9 +425,9 @@ async def test_a_client_that_never_reads_pauses_its_stream(
             while len(produced) < 3 or produced[-1] != produced[-3]:
                 await asyncio.sleep(0.25)  # sampling a rate, not synchronising
                 produced.append(handle.progress.completion_tokens)
-        # Stalled once the sockets' kernel buffers filled (a few MB at most), short of the
-        # end: the agent waits for the reader instead of buffering the reply.
-        assert 0 < produced[-1] < max_tokens
+        # Stalled once the sockets' buffers filled, short of the end: the agent waits for the
+        # reader instead of buffering the reply.
+        assert 0 < produced[-1] < max_tokens // 2, produced
         assert not handle.task.done()
 
 
