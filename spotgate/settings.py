@@ -147,6 +147,9 @@ class LimitStoreSettings(_Section):
     retry_seconds: PositiveFloat = 2.0
 
 
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
+
+
 class GatewaySettings(BaseSettings):
     """The edge gateway (`SPOTGATE_GATEWAY_…`)."""
 
@@ -196,8 +199,17 @@ class GatewaySettings(BaseSettings):
     keepalive_seconds: PositiveFloat = 75.0
     models: tuple[str, ...] = ()
     # Local mode only (`spotgate up` sets it): the chat page offers this key so it works at
-    # once. Anyone who can load the page can read it; never set it on a shared gateway.
+    # once. Anyone who can load the page can read it, so it needs a loopback `host`.
     chat_dev_api_key: SecretStr | None = None
+
+    @model_validator(mode="after")
+    def _dev_key_on_loopback_only(self) -> Self:
+        if self.chat_dev_api_key is not None and self.host not in LOOPBACK_HOSTS:
+            raise ValueError(
+                f"chat_dev_api_key is for a gateway on loopback only, not host {self.host!r}: "
+                "anyone who can reach the chat page can read it"
+            )
+        return self
 
 
 class VllmSettings(_Section):

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from aiohttp import web
 
 from gateway.state import STATE
+from spotgate.protocol import ErrorCode
+from spotgate.wsserver import json_error
 
 STATIC_DIR = Path(__file__).parent.parent / "static"
 CHAT_PAGE_HEADERS = {
@@ -26,9 +29,27 @@ async def chat_page(_request: web.Request) -> web.FileResponse:
     return web.FileResponse(STATIC_DIR / "index.html", headers=CHAT_PAGE_HEADERS)
 
 
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def names_this_gateway(host: str | None, public_url: str) -> bool:
+    """Whether a request's `Host` names this gateway: loopback, or its public URL's host.
+
+    A page on another name that resolves here (DNS rebinding) is same-origin to itself, and
+    the browser lets it read what the gateway answers; its `Host` is its own name.
+    """
+    name = urlsplit(f"//{host}").hostname if host else None
+    return name is not None and (name in LOOPBACK_NAMES or name == urlsplit(public_url).hostname)
+
+
 async def chat_config(request: web.Request) -> web.Response:
-    """`GET /chat/config.json`: in local mode, the dev key the page offers."""
-    key = request.app[STATE].settings.chat_dev_api_key
+    """`GET /chat/config.json`: in local mode, the dev key the page offers (to own names only)."""
+    state = request.app[STATE]
+    if not names_this_gateway(request.host, state.public_url):
+        return json_error(
+            ErrorCode.FORBIDDEN, "the chat page's config is served under the gateway's own names"
+        )
+    key = state.settings.chat_dev_api_key
     return web.json_response(
         {"dev_api_key": key.get_secret_value() if key else None},
         headers={"Cache-Control": "no-store"},

@@ -12,7 +12,9 @@ import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
+import aiohttp
 import pytest
 from aiohttp import WSCloseCode
 from playwright.async_api import Browser, Page, async_playwright, expect
@@ -398,3 +400,28 @@ async def test_auto_scroll_follows_the_reply_until_the_user_scrolls_up(
     await page.locator("#messages").evaluate("m => m.scrollTo(0, 0)")
     await expect(page.locator(".message.assistant .meta")).to_contain_text("tokens/s")
     assert await page.locator("#messages").evaluate("m => m.scrollTop") == 0
+
+
+@pytest.mark.parametrize(
+    ("host", "offered"),
+    [
+        ("127.0.0.1", True),
+        ("localhost", True),
+        ("rebound.evil.example", False),  # DNS rebinding: a foreign name that resolves here
+    ],
+)
+async def test_the_dev_key_is_given_only_under_the_gateways_own_names(
+    chat_gateway: Gateway, host: str, offered: bool
+) -> None:
+    port = urlsplit(chat_gateway.url).port
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(f"{chat_gateway.url}/chat/config.json", headers={"Host": f"{host}:{port}"}) as r,
+    ):
+        body = await r.json()
+    if offered:
+        assert r.status == 200
+        assert body["dev_api_key"].startswith("sg-")
+    else:
+        assert r.status == 403
+        assert "dev_api_key" not in body

@@ -92,6 +92,13 @@ def test_only_one_signing_key_source() -> None:
         )
 
 
+@pytest.mark.parametrize("host", ["0.0.0.0", "10.0.0.5", "gateway.example"])  # noqa: S104
+def test_the_chat_dev_key_is_refused_on_any_bind_but_loopback(host: str) -> None:
+    with pytest.raises(ValidationError, match="loopback only"):
+        GatewaySettings(host=host, chat_dev_api_key="sg-abc-def")  # type: ignore[arg-type]
+    assert GatewaySettings(host="127.0.0.1", chat_dev_api_key="sg-abc-def")  # type: ignore[arg-type]
+
+
 def test_secret_settings_do_not_print(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SPOTGATE_GATEWAY_TOKEN__SIGNING_KEY_PEM", "-----BEGIN PRIVATE KEY-----xyz")
     monkeypatch.setenv("SPOTGATE_AWS__SECRET_ACCESS_KEY", "hunter2")
