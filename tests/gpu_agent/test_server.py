@@ -55,9 +55,11 @@ async def test_stream_over_ws_is_labelled_synthetic_everywhere(
         "id": "s1",
         "agent": agent.runtime.identity.agent_id,
         "engine": "synthetic",
+        "prompt_tokens": frames[-1]["usage"]["prompt_tokens"],  # known before the first token
     }
     done = frames[-1]
     assert done["type"] == "done"
+    assert done["usage"]["prompt_tokens"] > 0
     assert done["finish_reason"] == "length"
     assert done["usage"]["completion_tokens"] == 12 == sum(f["n"] for f in frames[1:-1])
     assert len(text_of(frames).split()) == 12
@@ -331,8 +333,9 @@ async def test_spot_notice_drains_hands_back_long_streams_and_leaves_gone(
                 frame = await receive(ws)
                 frames.setdefault(frame.get("id"), []).append(frame)
 
-            # One 0.2 s poll plus a registry write; the margin is for a loaded CI machine.
-            assert marked_after < 1.5
+            # One 0.2 s poll plus a registry write; the margin is for a 2-core machine that
+            # runs vLLM tests beside this one (2.3 s seen), still well short of a 5 s poll.
+            assert marked_after < 3.0
             assert frames["new"] == [frames["new"][0]]
             assert frames["new"][0]["code"] == "no_capacity"
             assert frames["short"][-1]["type"] == "done", frames["short"][-1]

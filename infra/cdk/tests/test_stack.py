@@ -92,6 +92,8 @@ def test_services_accept_every_setting_the_stack_gives_them(
     }
     for name in [*gateway_env, *pool_env]:
         monkeypatch.delenv(name, raising=False)
+    # The VPC's range is known at deploy only; its rendering is checked on its own below.
+    gateway_env["SPOTGATE_GATEWAY_AGENT_NETWORKS"] = '["10.0.0.0/16"]'
     for name, value in gateway_env.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("SPOTGATE_GATEWAY_TOKEN__SIGNING_KEY_PEM", SigningKey.generate().to_pem())
