@@ -61,6 +61,7 @@ class DeployConfig:
     container_image: str = ""
     gateway_domain: str = ""
     certificate_arn: str = ""
+    allow_plain_http: bool = False
     gateway_min_tasks: int = 2
     gateway_max_tasks: int = 6
     gateway_cpu: int = 1024
@@ -106,6 +107,12 @@ class DeployConfig:
                 raise ConfigError(f"{key}: must be at least 1")
         if not self.model:
             raise ConfigError("model: must name a model (a Hugging Face id or a path)")
+        if not self.certificate_arn and not self.allow_plain_http:
+            raise ConfigError(
+                "certificateArn: the gateway serves HTTPS only; give an ACM certificate for "
+                "gatewayDomain (API keys, tokens and prompts cross the internet), or set "
+                "allowPlainHttp to true for a throwaway test stack"
+            )
         if not self.instance_types:
             raise ConfigError("instanceTypes: give at least one GPU instance type")
         if self.max_agents < max(self.min_agents, 1):
@@ -157,6 +164,7 @@ _CONTEXT_KEYS: dict[str, str] = {
     "containerImage": "container_image",
     "gatewayDomain": "gateway_domain",
     "certificateArn": "certificate_arn",
+    "allowPlainHttp": "allow_plain_http",
     "gatewayMinTasks": "gateway_min_tasks",
     "gatewayMaxTasks": "gateway_max_tasks",
     "gatewayCpu": "gateway_cpu",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from aws_cdk import Duration, RemovalPolicy
+from aws_cdk import Annotations, Duration, RemovalPolicy
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_ecs as ecs
 from aws_cdk import aws_elasticloadbalancingv2 as elbv2
@@ -220,7 +220,12 @@ class GatewayService(Construct):
         return f"{self.public_url}/.well-known/jwks.json"
 
     def _listen(self, config: DeployConfig) -> None:
-        if not config.https:
+        if not config.https:  # `allowPlainHttp`: said at every synthesis
+            Annotations.of(self).add_warning_v2(
+                "spotgate:plain-http",
+                "allowPlainHttp: the gateway listens on plain HTTP; API keys, tokens and "
+                "prompts cross the internet in clear. Give certificateArn for real use.",
+            )
             listener = self.load_balancer.add_listener(
                 "Http",
                 port=80,

@@ -14,8 +14,17 @@ def _config(context: dict[str, Any]) -> DeployConfig:
     return config_from_context(cdk.App(context=context).node)
 
 
-def test_no_context_gives_the_defaults() -> None:
-    assert _config({}) == DeployConfig()
+def _plain(context: dict[str, Any]) -> DeployConfig:
+    """`_config` for a stack that may listen on plain HTTP: the other checks' turn."""
+    return _config({"allowPlainHttp": True, **context})
+
+
+def test_no_context_gives_the_defaults_which_need_a_certificate() -> None:
+    with pytest.raises(ConfigError, match=r"^certificateArn: the gateway serves HTTPS only"):
+        _config({})
+    assert _config({"allowPlainHttp": True}) == DeployConfig(allow_plain_http=True)
+    certificate = "arn:aws:acm:us-east-1:123456789012:certificate/0"
+    assert _config({"certificateArn": certificate}).https
 
 
 @pytest.mark.parametrize(
@@ -39,7 +48,7 @@ def test_no_context_gives_the_defaults() -> None:
 )
 def test_bad_values_name_their_key(context: dict[str, Any], key: str) -> None:
     with pytest.raises(ConfigError, match=rf"^{key}: "):
-        _config(context)
+        _plain(context)
 
 
 def test_log_retention_must_be_a_cloudwatch_period() -> None:

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 import pytest
-from aws_cdk.assertions import Match
+from aws_cdk.assertions import Annotations, Match
 from conftest import CDK_DIR, Synthesized, as_list, cdk_json_context, render, statements
 from stacks.config import CONTEXT_KEYS, DeployConfig, config_as_context
 
@@ -441,6 +441,15 @@ def test_the_gateway_connects_only_to_agents_inside_the_vpc(synthesized: Synthes
     networks = synthesized.container_env("gateway")["SPOTGATE_GATEWAY_AGENT_NETWORKS"]
     [vpc_id] = synthesized.resources("AWS::EC2::VPC")
     assert render(networks) == f'["<{vpc_id}.CidrBlock>"]'
+
+
+def test_plain_http_is_synthesized_only_when_asked_and_then_with_a_warning(
+    synthesized: Synthesized,
+) -> None:
+    warnings = Annotations.from_stack(synthesized.stack).find_warning(
+        "*", Match.string_like_regexp("allowPlainHttp: the gateway listens on plain HTTP")
+    )
+    assert len(warnings) == 1
 
 
 def test_readiness_and_metrics_are_not_answered_through_the_load_balancer(
