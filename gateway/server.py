@@ -29,7 +29,7 @@ from gateway.routes.openai_compat import setup_openai_compat
 from gateway.routes.tokens import setup_tokens
 from gateway.routes.websocket import setup_websocket
 from gateway.sharedlimits import SharedBuckets
-from gateway.signing import load_key_ring
+from gateway.signing import load_key_ring, publish_jwks
 from gateway.state import STATE, GatewayState, public_url
 from gateway.usage import USAGE_FLUSH_SECONDS, UsageMeter
 from spotgate.logging import get_logger
@@ -114,6 +114,7 @@ def create_app(
                     SharedBuckets.open(settings.limit_store)
                 )
             ring = await load_key_ring(settings)
+            await publish_jwks(settings, ring)
             url = public_url(settings)
             metrics = GatewayMetrics()
             state = GatewayState(

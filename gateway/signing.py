@@ -7,6 +7,8 @@ gateway on real AWS without a key refuses to start.
 
 from __future__ import annotations
 
+import json
+
 from spotgate.logging import get_logger
 from spotgate.registry import aws_session
 from spotgate.settings import GatewaySettings
@@ -42,3 +44,20 @@ async def _read_secret(settings: GatewaySettings, secret_id: str) -> str:
     async with aws_session(aws).client("secretsmanager", endpoint_url=aws.endpoint_url) as client:
         response = await client.get_secret_value(SecretId=secret_id)
     return str(response["SecretString"])
+
+
+async def publish_jwks(settings: GatewaySettings, ring: KeyRing) -> None:
+    """Put the public keys in the SSM parameter agents read them from, if one is configured.
+
+    Agents read it with their IAM role, not through the internet, where a key could be added
+    on the way; every replica writes the same keys, and a rotation's restart writes the new.
+    """
+    name = settings.jwks_parameter
+    if name is None:
+        return
+    aws = settings.shared.aws
+    async with aws_session(aws).client("ssm", endpoint_url=aws.endpoint_url) as ssm:
+        await ssm.put_parameter(
+            Name=name, Value=json.dumps(ring.jwks()), Type="String", Overwrite=True
+        )
+    log.info("jwks published", parameter=name, keys=len(ring.jwks()["keys"]))

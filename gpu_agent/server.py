@@ -17,7 +17,7 @@ import aiohttp
 from aiohttp import WSCloseCode, web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from gpu_agent.auth import TokenVerifier
+from gpu_agent.auth import HttpJwks, JwksSource, SsmJwks, TokenVerifier
 from gpu_agent.engine import EngineFailed, EngineRequestError, ReplyBroken
 from gpu_agent.engine_loader import load_engine
 from gpu_agent.imds import ImdsClient, watch_notices
@@ -75,8 +75,18 @@ def token_issuer(settings: AgentSettings) -> str:
         parts = urlsplit(settings.jwks_url)
         return f"{parts.scheme}://{parts.netloc}"
     raise AgentConfigError(
-        "set SPOTGATE_AGENT_TOKEN_ISSUER (with a pinned key) or SPOTGATE_AGENT_JWKS_URL"
+        "set SPOTGATE_AGENT_TOKEN_ISSUER (with a pinned key or a JWKS parameter) or "
+        "SPOTGATE_AGENT_JWKS_URL"
     )
+
+
+def jwks_source(settings: AgentSettings, session: aiohttp.ClientSession) -> JwksSource | None:
+    """Where the gateway's public keys are read: its SSM parameter, or its JWKS URL."""
+    if settings.jwks_parameter:
+        return SsmJwks(settings.jwks_parameter, settings.shared.aws)
+    if settings.jwks_url:
+        return HttpJwks(settings.jwks_url, session)
+    return None
 
 
 def advertised_url(settings: AgentSettings) -> str:
@@ -353,8 +363,11 @@ def create_app(
 ) -> web.Application:
     """The agent application; `engine_loader` may hand in an engine shared across apps."""
     issuer = token_issuer(settings)
-    if not (settings.jwks_url or settings.pinned_public_key):
-        raise AgentConfigError("set SPOTGATE_AGENT_JWKS_URL or SPOTGATE_AGENT_PINNED_PUBLIC_KEY")
+    if not (settings.jwks_parameter or settings.jwks_url or settings.pinned_public_key):
+        raise AgentConfigError(
+            "set SPOTGATE_AGENT_JWKS_PARAMETER, SPOTGATE_AGENT_JWKS_URL or "
+            "SPOTGATE_AGENT_PINNED_PUBLIC_KEY"
+        )
     app = web.Application(client_max_size=MAX_REQUEST_BYTES)
     app[SETTINGS] = settings
 
@@ -370,8 +383,7 @@ def create_app(
             issuer=issuer,
             leeway_seconds=settings.token_leeway_seconds,
             pinned_public_key=settings.pinned_public_key,
-            jwks_url=settings.jwks_url,
-            session=session,
+            jwks=jwks_source(settings, session),
         )
         await verifier.refresh()
         app[VERIFIER] = verifier

@@ -166,6 +166,9 @@ class GatewaySettings(BaseSettings):
     public_url: str | None = None
     gateway_id: str | None = None
     token: TokenSettings = TokenSettings()
+    # An SSM parameter the gateway puts its JWKS in at start, for agents to read with their
+    # IAM role rather than through the load balancer (the CDK app sets it).
+    jwks_parameter: str | None = None
     limits: SocketLimits = SocketLimits()
     queue: QueueSettings = QueueSettings()
     # Browsers (an `Origin` header) may open /v1/ws from the gateway's own origin (its public
@@ -260,6 +263,9 @@ class AgentSettings(BaseSettings):
     vllm: VllmSettings = VllmSettings()
     synthetic: SyntheticSettings = SyntheticSettings()
     limits: SocketLimits = SocketLimits()
+    # Where the gateway's public keys are: an SSM parameter the gateways publish to (read
+    # with the instance role: what the CDK app sets), or the gateway's JWKS URL.
+    jwks_parameter: str | None = None
     jwks_url: str | None = None
     pinned_public_key: str | None = None
     token_issuer: str | None = None

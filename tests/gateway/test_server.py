@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import time
 
@@ -13,7 +14,7 @@ import websockets
 
 from gateway import auth as gateway_auth
 from gateway.routes.websocket import allowed_origins, origin_allowed
-from spotgate.registry import AgentState, CreatedApiKey, Registry
+from spotgate.registry import AgentState, CreatedApiKey, Registry, aws_session
 from spotgate.settings import MAX_REQUEST_BYTES, GatewaySettings
 from spotgate.tokens import KeyRing, SigningKey, issue, verify
 from spotgate.wsserver import receive_limit
@@ -53,6 +54,23 @@ async def test_api_key_buys_a_token_that_agents_can_verify(
     assert claims.sub == api_key.record.key_id
     assert body["ws_url"] == gateway.ws_url
     assert body["expires_at"] == claims.exp
+
+
+async def test_the_gateway_publishes_its_public_keys_for_agents_in_ssm(
+    aws: AwsEmulator, gateway_key: SigningKey
+) -> None:
+    async with (
+        running_gateway(aws, gateway_key, jwks_parameter="/pool/gateway-jwks") as gw,
+        aiohttp.ClientSession() as http,
+        http.get(f"{gw.url}/.well-known/jwks.json") as response,
+    ):
+        served = await response.json()
+    aws_settings = aws.settings().aws
+    session = aws_session(aws_settings)
+    async with session.client("ssm", endpoint_url=aws_settings.endpoint_url) as ssm:
+        parameter = await ssm.get_parameter(Name="/pool/gateway-jwks")
+    assert json.loads(parameter["Parameter"]["Value"]) == served
+    assert served["keys"][0]["kid"] == gateway_key.kid
 
 
 async def test_openai_sdk_through_the_gateway(

@@ -8,9 +8,12 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from gpu_agent.auth import TokenVerifier
+from gateway.signing import publish_jwks
+from gpu_agent.auth import HttpJwks, SsmJwks, TokenVerifier
 from spotgate.process import serving_on_loopback
+from spotgate.settings import GatewaySettings
 from spotgate.tokens import KeyRing, SigningKey, UnknownKid, issue
+from stack.emulator import AwsEmulator
 
 ISSUER = "http://gw.test"
 
@@ -49,7 +52,7 @@ async def test_rotated_gateway_key_is_picked_up_on_first_unknown_kid(
     url, ring, fetches = jwks_server
     async with aiohttp.ClientSession() as http:
         verifier = TokenVerifier(
-            issuer=ISSUER, leeway_seconds=5, jwks_url=url, session=http, refresh_min_seconds=0
+            issuer=ISSUER, leeway_seconds=5, jwks=HttpJwks(url, http), refresh_min_seconds=0
         )
         assert await verifier.refresh()
         first = issue(ring, subject="k", issuer=ISSUER, now=time.time()).token
@@ -69,7 +72,7 @@ async def test_unknown_kids_cannot_hammer_the_jwks(
     url, _ring, fetches = jwks_server
     stranger = KeyRing([SigningKey.generate()])
     async with aiohttp.ClientSession() as http:
-        verifier = TokenVerifier(issuer=ISSUER, leeway_seconds=5, jwks_url=url, session=http)
+        verifier = TokenVerifier(issuer=ISSUER, leeway_seconds=5, jwks=HttpJwks(url, http))
         await verifier.refresh()
         for _ in range(20):
             forged = issue(stranger, subject="x", issuer=ISSUER, now=time.time()).token
@@ -87,8 +90,7 @@ async def test_a_key_retired_from_the_jwks_is_no_longer_trusted_once_refreshed(
         verifier = TokenVerifier(
             issuer=ISSUER,
             leeway_seconds=5,
-            jwks_url=url,
-            session=http,
+            jwks=HttpJwks(url, http),
             refresh_min_seconds=0,
             pinned_public_key=pinned.verify_key.to_pem(),
         )
@@ -113,7 +115,7 @@ async def test_a_retired_key_is_dropped_by_the_periodic_read_with_no_successor_t
 ) -> None:
     url, ring, fetches = jwks_server
     async with aiohttp.ClientSession() as http:
-        verifier = TokenVerifier(issuer=ISSUER, leeway_seconds=5, jwks_url=url, session=http)
+        verifier = TokenVerifier(issuer=ISSUER, leeway_seconds=5, jwks=HttpJwks(url, http))
         await verifier.refresh()
         retired = ring.signing_key
         old = issue(ring, subject="k", issuer=ISSUER, now=time.time()).token
@@ -129,3 +131,41 @@ async def test_a_retired_key_is_dropped_by_the_periodic_read_with_no_successor_t
             reading.cancel()
         with pytest.raises(UnknownKid):
             await verifier.verify(old)
+
+
+async def test_agents_read_the_keys_the_gateways_publish_in_ssm(aws: AwsEmulator) -> None:
+    """In AWS the public keys do not cross the internet: an IAM-guarded parameter holds them."""
+    ring = KeyRing([SigningKey.generate()])
+    settings = GatewaySettings(shared=aws.settings(), jwks_parameter="/spotgate/gateway-jwks")
+    await publish_jwks(settings, ring)
+    verifier = TokenVerifier(
+        issuer=ISSUER,
+        leeway_seconds=5,
+        jwks=SsmJwks("/spotgate/gateway-jwks", aws.settings().aws),
+        refresh_min_seconds=0,
+    )
+    assert await verifier.refresh()
+    old = issue(ring, subject="k", issuer=ISSUER, now=time.time()).token
+    assert (await verifier.verify(old)).sub == "k"
+
+    retired = ring.signing_key
+    ring.rotate(SigningKey.generate())
+    ring.remove(retired.kid)
+    await publish_jwks(settings, ring)  # the gateways restarted with the new key only
+    new = issue(ring, subject="k2", issuer=ISSUER, now=time.time()).token
+    assert (await verifier.verify(new)).sub == "k2"
+    with pytest.raises(UnknownKid):
+        await verifier.verify(old)
+
+
+async def test_an_unreadable_parameter_keeps_the_keys_held(aws: AwsEmulator) -> None:
+    ring = KeyRing([SigningKey.generate()])
+    verifier = TokenVerifier(
+        issuer=ISSUER,
+        leeway_seconds=5,
+        jwks=SsmJwks("/spotgate/never-published", aws.settings().aws),
+        pinned_public_key=ring.signing_key.verify_key.to_pem(),
+    )
+    assert not await verifier.refresh()  # logged, not raised
+    token = issue(ring, subject="p", issuer=ISSUER, now=time.time()).token
+    assert (await verifier.verify(token)).sub == "p"

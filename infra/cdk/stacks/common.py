@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from aws_cdk import Acknowledgment, RemovalPolicy, Validations
+from aws_cdk import Acknowledgment, RemovalPolicy, Stack, Validations
 from aws_cdk import aws_logs as logs
 from constructs import Construct, IConstruct
 
@@ -67,3 +67,10 @@ def acknowledge(construct: IConstruct, rule: str, reason: str) -> None:
 def acknowledge_wildcard_resource(construct: IConstruct, resource: str, reason: str) -> None:
     """Acknowledge cdk-nag's IAM5 finding for one wildcard `resource` (as cdk-nag prints it)."""
     acknowledge(construct, f"AwsSolutions-IAM5[Resource::{resource}]", reason)
+
+
+def parameter_arn(scope: Construct, name: str) -> str:
+    """The ARN of the SSM parameter `name` (a path from `/`) in the stack's account and region."""
+    return Stack.of(scope).format_arn(
+        service="ssm", resource="parameter", resource_name=name.removeprefix("/")
+    )

@@ -80,6 +80,11 @@ class DeployConfig:
         return self.served_model_name or self.model
 
     @property
+    def jwks_parameter(self) -> str:
+        """The SSM parameter the gateways publish their public keys to, for the agents."""
+        return f"/{self.pool_name}/gateway-jwks"
+
+    @property
     def https(self) -> bool:
         """Whether the gateway listens on HTTPS (a certificate was given)."""
         return bool(self.certificate_arn)

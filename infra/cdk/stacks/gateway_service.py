@@ -18,6 +18,7 @@ from stacks.common import (
     acknowledge,
     acknowledge_wildcard_resource,
     log_group,
+    parameter_arn,
 )
 from stacks.config import DeployConfig
 from stacks.limit_store import LimitStore
@@ -117,6 +118,8 @@ class GatewayService(Construct):
             "SPOTGATE_GATEWAY_HOST": "0.0.0.0",  # noqa: S104 — the ALB reaches the task's IP
             "SPOTGATE_GATEWAY_PORT": str(GATEWAY_PORT),
             "SPOTGATE_GATEWAY_PUBLIC_URL": self.public_url,
+            # Agents read the public keys there with their role, never through the internet.
+            "SPOTGATE_GATEWAY_JWKS_PARAMETER": config.jwks_parameter,
             "SPOTGATE_GATEWAY_MODELS": json.dumps([config.served_model]),
             "SPOTGATE_GATEWAY_SHUTDOWN_GRACE_SECONDS": str(config.gateway_drain_seconds),
             # Agents live in this VPC: a registry row naming any other address is ignored.
@@ -147,6 +150,13 @@ class GatewayService(Construct):
             ),
         )
         self._grant_registry(task.task_role, registry)
+        task.task_role.add_to_principal_policy(
+            iam.PolicyStatement(
+                sid="PublishPublicKeys",
+                actions=["ssm:PutParameter"],
+                resources=[parameter_arn(self, config.jwks_parameter)],
+            )
+        )
         acknowledge(
             task,
             "AwsSolutions-ECS2",
@@ -213,11 +223,6 @@ class GatewayService(Construct):
     def security_group(self) -> ec2.ISecurityGroup:
         """The gateway tasks' security group (the agents admit it)."""
         return self.service.connections.security_groups[0]
-
-    @property
-    def jwks_url(self) -> str:
-        """Where agents read the public keys; its origin is also the tokens' issuer."""
-        return f"{self.public_url}/.well-known/jwks.json"
 
     def _listen(self, config: DeployConfig) -> None:
         if not config.https:  # `allowPlainHttp`: said at every synthesis

@@ -12,7 +12,7 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
 from constructs import Construct
 
-from stacks.common import log_group
+from stacks.common import log_group, parameter_arn
 from stacks.config import DeployConfig
 from stacks.source import agent_source
 
@@ -51,7 +51,7 @@ class GpuPool(Construct):
         vpc: ec2.IVpc,
         agents_table: dynamodb.ITable,
         shared_environment: Mapping[str, str],
-        jwks_url: str,
+        token_issuer: str,
     ) -> None:
         super().__init__(scope, construct_id)
         self.log_group = log_group(self, "Logs", config.log_retention_days)
@@ -68,6 +68,13 @@ class GpuPool(Construct):
                 sid="OwnRegistryEntry",
                 actions=list(AGENT_REGISTRY_ACTIONS),
                 resources=[agents_table.table_arn],
+            )
+        )
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                sid="GatewayPublicKeys",
+                actions=["ssm:GetParameter"],
+                resources=[parameter_arn(self, config.jwks_parameter)],
             )
         )
         self.role.add_to_policy(
@@ -94,7 +101,7 @@ class GpuPool(Construct):
             "SecurityGroup",
             vpc=vpc,
             description="spotgate GPU agents: reached by the gateways only",
-            # Model weights, Python packages and the gateway's JWKS come from the internet.
+            # Model weights and Python packages come from the internet.
             allow_all_outbound=True,
         )
 
@@ -106,7 +113,9 @@ class GpuPool(Construct):
             "SPOTGATE_AGENT_SERVED_MODEL_NAME": config.served_model,
             "SPOTGATE_AGENT_HOST": "0.0.0.0",  # noqa: S104 — reached by the gateways' tasks
             "SPOTGATE_AGENT_PORT": str(AGENT_PORT),
-            "SPOTGATE_AGENT_JWKS_URL": jwks_url,
+            # The gateways' public keys, read with this role: no path through the internet.
+            "SPOTGATE_AGENT_JWKS_PARAMETER": config.jwks_parameter,
+            "SPOTGATE_AGENT_TOKEN_ISSUER": token_issuer,
             "SPOTGATE_AGENT_DRAIN_GRACE_SECONDS": str(AGENT_DRAIN_GRACE_SECONDS),
             **dict(config.agent_settings),
         }

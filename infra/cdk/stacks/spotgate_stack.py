@@ -62,7 +62,7 @@ class SpotgateStack(Stack):
             vpc=vpc,
             agents_table=self.registry.agents,
             shared_environment=self.registry.environment(config.region),
-            jwks_url=self.gateway.jwks_url,
+            token_issuer=self.gateway.public_url,
         )
         self.gpu_pool.allow_from(self.gateway.security_group)
         self.pool_manager = PoolManagerService(

@@ -319,6 +319,7 @@ def test_agents_role_writes_only_the_agents_table(synthesized: Synthesized) -> N
         "logs:CreateLogStream",
         "logs:PutLogEvents",
         "logs:DescribeLogStreams",
+        "ssm:GetParameter",  # the gateways' public keys, and only those (a test of its own)
     }
 
 
@@ -421,7 +422,7 @@ def test_gateway_reads_keys_and_agents_and_writes_only_demand_and_usage(
         for action in as_list(statement["Action"])
         if action.split(":")[1].startswith(("Put", "Update", "Delete", "BatchWrite"))
     }
-    assert writes == {"dynamodb:PutItem", "dynamodb:UpdateItem"}
+    assert writes == {"dynamodb:PutItem", "dynamodb:UpdateItem", "ssm:PutParameter"}
     (publish,) = [s for s in found if s["Action"] == "dynamodb:PutItem"]
     assert render(publish["Resource"]) == f"<{_table_id(synthesized, 'Demand')}.Arn>"
     (adds,) = [s for s in found if s["Action"] == "dynamodb:UpdateItem"]
@@ -450,6 +451,27 @@ def test_plain_http_is_synthesized_only_when_asked_and_then_with_a_warning(
         "*", Match.string_like_regexp("allowPlainHttp: the gateway listens on plain HTTP")
     )
     assert len(warnings) == 1
+
+
+def test_only_the_gateways_write_the_public_keys_and_the_agents_read_them_with_iam(
+    synthesized: Synthesized,
+) -> None:
+    parameter = "arn:<Ref:AWS::Partition>:ssm:us-east-1:<Ref:AWS::AccountId>:parameter/"
+    parameter += "spotgate/gateway-jwks"
+    gateway = _policy_statements_of_role(synthesized, _task_role(synthesized, "gateway"))
+    [publish] = [s for s in gateway if s.get("Sid") == "PublishPublicKeys"]
+    assert (publish["Action"], render(publish["Resource"])) == ("ssm:PutParameter", parameter)
+    env = synthesized.container_env("gateway")
+    assert env["SPOTGATE_GATEWAY_JWKS_PARAMETER"] == "/spotgate/gateway-jwks"
+
+    _profile_id, profile = synthesized.one("AWS::IAM::InstanceProfile")
+    (role,) = profile["Properties"]["Roles"]
+    [agent] = [
+        s
+        for s in _policy_statements_of_role(synthesized, role["Ref"])
+        if s.get("Sid") == "GatewayPublicKeys"
+    ]
+    assert (agent["Action"], render(agent["Resource"])) == ("ssm:GetParameter", parameter)
 
 
 def test_readiness_and_metrics_are_not_answered_through_the_load_balancer(

@@ -149,9 +149,10 @@ def test_agent_accepts_the_settings_file(booted: Path, monkeypatch: pytest.Monke
     assert agent.model == "Qwen/Qwen2.5-1.5B-Instruct"
     assert agent.host == "0.0.0.0"  # noqa: S104 — what the agent must bind
     assert advertised_url(agent) == f"http://{PRIVATE_IP}:8000"
-    assert agent.jwks_url is not None
-    assert re.fullmatch(r"http://<Gateway\w+\.DNSName>/\.well-known/jwks\.json", agent.jwks_url)
-    # Tokens are checked against the gateway's own URL, the issuer the gateway signs with.
-    assert token_issuer(agent) == agent.jwks_url.removesuffix("/.well-known/jwks.json")
+    # The gateway's public keys come from its SSM parameter, never over the internet; tokens
+    # are checked against the gateway's own URL, the issuer the gateway signs with.
+    assert agent.jwks_url is None
+    assert agent.jwks_parameter == "/spotgate/gateway-jwks"
+    assert re.fullmatch(r"http://<Gateway\w+\.DNSName>", token_issuer(agent))
     assert agent.shared.tables.agents.startswith("<Ref:RegistryAgents")
     assert "SECRET" not in " ".join(settings)

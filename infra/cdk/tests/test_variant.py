@@ -52,7 +52,7 @@ def test_gateway_and_agents_use_the_https_domain(variant: Synthesized) -> None:
     assert env["SPOTGATE_GATEWAY_PUBLIC_URL"] == f"https://{DOMAIN}"
     _id, template = variant.one("AWS::EC2::LaunchTemplate")
     script = render(template["Properties"]["LaunchTemplateData"]["UserData"])
-    assert f"SPOTGATE_AGENT_JWKS_URL=https://{DOMAIN}/.well-known/jwks.json\n" in script
+    assert f"SPOTGATE_AGENT_TOKEN_ISSUER=https://{DOMAIN}\n" in script
     assert "SPOTGATE_AGENT_VLLM__MAX_MODEL_LEN=8192\n" in script
     assert render(variant.raw["Outputs"]["ChatUrl"]["Value"]) == f"https://{DOMAIN}/"
 
