@@ -163,11 +163,21 @@ class PoolManagerService(Construct):
             )
 
         statements = [
+            # An instance of the pool, from the agents' launch template, of a configured type:
+            # the role cannot start anything else (another AMI, another size).
             iam.PolicyStatement(
                 sid="LaunchPoolInstances",
                 actions=list(LAUNCH_ACTIONS),
                 resources=[ec2_arn("instance")],
-                conditions={"StringEquals": {f"aws:RequestTag/{POOL_TAG}": config.pool_name}},
+                conditions={
+                    "StringEquals": {
+                        f"aws:RequestTag/{POOL_TAG}": config.pool_name,
+                        "ec2:InstanceType": [
+                            option.instance_type for option in config.instance_types
+                        ],
+                    },
+                    "ArnLike": {"ec2:LaunchTemplate": gpu_pool.launch_template_arn},
+                },
             ),
             iam.PolicyStatement(
                 sid="LaunchFromAgentTemplate",
@@ -176,9 +186,15 @@ class PoolManagerService(Construct):
                     gpu_pool.launch_template_arn,
                     ec2_arn("security-group", gpu_pool.security_group.security_group_id),
                     *(ec2_arn("subnet", subnet.subnet_id) for subnet in subnets),
-                    ec2_arn("image", account=""),
                     *(ec2_arn(resource) for resource in LAUNCH_SIDE_RESOURCES),
                 ],
+            ),
+            # The AMI the template names, never one passed with the call.
+            iam.PolicyStatement(
+                sid="TemplateImageOnly",
+                actions=list(LAUNCH_ACTIONS),
+                resources=[ec2_arn("image", account="")],
+                conditions={"Bool": {"ec2:IsLaunchTemplateResource": "true"}},
             ),
             iam.PolicyStatement(
                 sid="TagAtLaunchOnly",

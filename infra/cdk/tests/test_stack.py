@@ -370,7 +370,15 @@ def test_pool_manager_may_only_launch_and_end_its_own_pool(synthesized: Synthesi
     }
     pool = DEFAULTS.pool_name
     launch = by_sid["LaunchPoolInstances"]
-    assert launch["Condition"] == {"StringEquals": {f"aws:RequestTag/{POOL_TAG}": pool}}
+    template_id, _template = synthesized.one("AWS::EC2::LaunchTemplate")
+    assert launch["Condition"]["StringEquals"] == {
+        f"aws:RequestTag/{POOL_TAG}": pool,
+        "ec2:InstanceType": [option.instance_type for option in DEFAULTS.instance_types],
+    }
+    assert template_id in render(launch["Condition"]["ArnLike"]["ec2:LaunchTemplate"])
+    image = by_sid["TemplateImageOnly"]
+    assert render(image["Resource"]).endswith(":image/*")
+    assert image["Condition"] == {"Bool": {"ec2:IsLaunchTemplateResource": "true"}}
     assert [render(resource) for resource in as_list(launch["Resource"])] == [
         f"arn:<Ref:AWS::Partition>:ec2:{DEFAULTS.region}:<Ref:AWS::AccountId>:instance/*"
     ]
@@ -383,7 +391,6 @@ def test_pool_manager_may_only_launch_and_end_its_own_pool(synthesized: Synthesi
     everywhere = [s for s in found if "*" in as_list(s["Resource"])]
     assert [s["Action"] for s in everywhere] == ["ec2:DescribeInstances"]
 
-    template_id, _template = synthesized.one("AWS::EC2::LaunchTemplate")
     from_template = [render(r) for r in as_list(by_sid["LaunchFromAgentTemplate"]["Resource"])]
     assert any(template_id in arn for arn in from_template)
     assert all("subnet/" not in arn or "private" in arn for arn in from_template)
