@@ -6,6 +6,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
@@ -25,6 +26,19 @@ from spotgate.wsserver import FrameSocket
 def public_url(settings: GatewaySettings) -> str:
     """The gateway's own URL: the token issuer and the base of `ws_url`."""
     return (settings.public_url or f"http://{settings.host}:{settings.port}").rstrip("/")
+
+
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def names_this_gateway(host: str | None, public_url: str) -> bool:
+    """Whether a request's `Host` names this gateway: loopback, or its public URL's host.
+
+    A page on another name that resolves here (DNS rebinding) is same-origin to itself, and
+    the browser lets it read what the gateway answers; its `Host` is its own name.
+    """
+    name = urlsplit(f"//{host}").hostname if host else None
+    return name is not None and (name in LOOPBACK_NAMES or name == urlsplit(public_url).hostname)
 
 
 @dataclass

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from aiohttp import web
 
-from gateway.state import STATE
+from gateway.state import STATE, names_this_gateway
 from spotgate.protocol import ErrorCode
 from spotgate.wsserver import json_error
 
@@ -27,19 +26,6 @@ CHAT_PAGE_HEADERS = {
 async def chat_page(_request: web.Request) -> web.FileResponse:
     """`GET /`: the browser chat page."""
     return web.FileResponse(STATIC_DIR / "index.html", headers=CHAT_PAGE_HEADERS)
-
-
-LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
-
-
-def names_this_gateway(host: str | None, public_url: str) -> bool:
-    """Whether a request's `Host` names this gateway: loopback, or its public URL's host.
-
-    A page on another name that resolves here (DNS rebinding) is same-origin to itself, and
-    the browser lets it read what the gateway answers; its `Host` is its own name.
-    """
-    name = urlsplit(f"//{host}").hostname if host else None
-    return name is not None and (name in LOOPBACK_NAMES or name == urlsplit(public_url).hostname)
 
 
 async def chat_config(request: web.Request) -> web.Response:

@@ -14,6 +14,7 @@ import websockets
 
 from gateway import auth as gateway_auth
 from gateway.routes.websocket import allowed_origins, origin_allowed
+from gateway.state import public_url
 from spotgate.registry import AgentState, CreatedApiKey, Registry, aws_session
 from spotgate.settings import MAX_REQUEST_BYTES, GatewaySettings
 from spotgate.tokens import KeyRing, SigningKey, issue, verify
@@ -563,6 +564,8 @@ async def test_shutdown_lets_streams_in_flight_finish_then_says_going_away(
         ("ftp://gw.example", "gw.example", False),
         ("https://gw.example", None, True),
         ("https://other.example", None, False),
+        # DNS rebinding: a foreign name pointed at the gateway is its own page's origin.
+        ("http://rebound.evil.example:8080", "rebound.evil.example:8080", False),
     ],
 )
 def test_browser_origins_allowed_are_its_own_and_the_configured_ones(
@@ -571,7 +574,8 @@ def test_browser_origins_allowed_are_its_own_and_the_configured_ones(
     settings = GatewaySettings(
         public_url="https://gw.example", allowed_origins=("https://chat.example",)
     )
-    assert origin_allowed(origin, host, allowed_origins(settings)) is allowed
+    own_url = public_url(settings)
+    assert origin_allowed(origin, host, allowed_origins(settings), own_url) is allowed
 
 
 async def upgrade(url: str, headers: dict[str, str]) -> aiohttp.ClientResponse:
