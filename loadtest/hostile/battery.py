@@ -12,7 +12,7 @@ from loadtest.hostile.http_requests import fuzz_bodies, fuzz_headers
 from loadtest.hostile.jwt_attacks import jwt_attacks, replay_after_rotation
 from loadtest.hostile.key_guessing import key_guessing
 from loadtest.hostile.logs import log_rows
-from loadtest.hostile.origins import origins
+from loadtest.hostile.origins import dns_rebinding, origins
 from loadtest.hostile.report import Row
 from loadtest.hostile.slow_clients import never_reads, slowloris
 from loadtest.hostile.stack import HostileStack
@@ -56,6 +56,7 @@ async def run_battery(
             rows += await jwt_attacks(stack)
             rows += await key_guessing(stack, guesses)
             rows.append(await origins(stack))
+            rows.append(await dns_rebinding(stack))
             rows.append(await slowloris("gateway", gateway, fuzz_key, slow_connections))
             rows.append(await slowloris("agent", agent, agent_token, slow_connections))
             reader_key = stack.keys["reader"].api_key
