@@ -119,7 +119,11 @@ class IncrementalDetokenizer:
             end -= 1
             decoded = self._decode(ids[:end])
         if not decoded.startswith(client_text):
-            raise ResumeMismatch("resume.text is not the text of resume.token_ids")
+            # Or the client has every delta of a stream that ended, unfinished bytes flushed
+            # as they were (only its `done` went missing): nothing is owed, nothing follows.
+            end, decoded = len(ids), self._decode(ids)
+            if decoded != client_text:
+                raise ResumeMismatch("resume.text is not the text of resume.token_ids")
         self._owed = decoded[len(client_text) :]
         self._read = end
         # Context for the next step: back far enough to hold some text of its own.

@@ -54,6 +54,20 @@ def test_a_resumed_stream_continues_exactly_where_the_client_is(
     assert sent + rest == decode(ids)
 
 
+@given(ids=token_lists, sizes=st.lists(st.integers(min_value=1, max_value=3), max_size=20))
+def test_a_client_holding_the_whole_flushed_reply_resumes_to_nothing_more(
+    ids: list[int], sizes: list[int]
+) -> None:
+    """Every delta came, the `done` did not: the text ends as the final flush left it."""
+    whole = stream(ids, sizes, IncrementalDetokenizer(decode))
+
+    resumed = IncrementalDetokenizer(decode, token_ids=ids, text=whole)
+
+    assert resumed.flush() == ""
+    with pytest.raises(ResumeMismatch):
+        IncrementalDetokenizer(decode, token_ids=ids, text=whole + "x")
+
+
 def test_unfinished_characters_are_held_back_until_complete() -> None:
     detok = IncrementalDetokenizer(decode)
     assert detok.push([0xE6]) == ""  # first byte of 日

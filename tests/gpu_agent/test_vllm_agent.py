@@ -164,7 +164,7 @@ async def test_disconnect_aborts_the_request_in_the_engine(
     assert vllm_engine.running() == 0
 
 
-@pytest.mark.parametrize("k", [1, 5, 17, 40, 63])
+@pytest.mark.parametrize("k", [1, 5, 17, 40, 63, 64])  # 64: all but the done
 async def test_resumed_greedy_generation_continues_exactly(
     served: Served, token: str, k: int
 ) -> None:
