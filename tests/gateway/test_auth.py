@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 
 import pytest
 
@@ -19,6 +21,16 @@ from spotgate.wsserver import AuthRefused, AuthUnavailable
 from stack.emulator import AwsEmulator
 from tests.support.clocks import FakeClock
 
+ISSUER = "http://gw"
+
+
+def authenticator(
+    registry: Registry, clock: Callable[[], float], ring: KeyRing | None = None
+) -> Authenticator:
+    """An authenticator as a gateway makes one (5 s leeway, 64 streams per key), on `clock`."""
+    ring = ring if ring is not None else KeyRing([SigningKey.generate()])
+    return Authenticator(registry, ring, ISSUER, 5.0, 64, clock=clock)
+
 
 class CountingRegistry(Registry):
     """The real registry, counting key reads."""
@@ -34,7 +46,7 @@ async def test_a_burst_of_new_connections_shares_one_key_read(aws: AwsEmulator) 
     async with CountingRegistry.open(aws.settings()) as registry:
         await registry.create_tables()
         created = await registry.create_key("burst")
-        auth = Authenticator(registry, KeyRing([SigningKey.generate()]), "http://gw", 5.0, 64)
+        auth = authenticator(registry, time.time)
 
         principals = await asyncio.gather(*(auth.authenticate(created.api_key) for _ in range(50)))
 
@@ -52,9 +64,7 @@ async def test_a_busy_key_is_refreshed_ahead_and_a_disabled_key_stops_within_the
     async with CountingRegistry.open(aws.settings()) as registry:
         await registry.create_tables()
         created = await registry.create_key("busy")
-        auth = Authenticator(
-            registry, KeyRing([SigningKey.generate()]), "http://gw", 5.0, 64, clock=clock
-        )
+        auth = authenticator(registry, clock)
         await auth.authenticate(created.api_key)
         assert registry.reads == 1
 
@@ -78,9 +88,7 @@ async def test_registry_outage_serves_recent_keys_and_answers_503_for_unchecked_
         await registry.create_tables()
         known = await registry.create_key("known")
         unchecked = await registry.create_key("unchecked")
-        auth = Authenticator(
-            registry, KeyRing([SigningKey.generate()]), "http://gw", 5.0, 64, clock=clock
-        )
+        auth = authenticator(registry, clock)
         await auth.authenticate(known.api_key)
         aws.stop()
         try:
@@ -103,8 +111,8 @@ async def test_a_socket_open_before_its_key_was_disabled_loses_it_within_the_cac
     async with Registry.open(aws.settings()) as registry:
         await registry.create_tables()
         created = await registry.create_key("socket")
-        auth = Authenticator(registry, ring, "http://gw", 5.0, 64, clock=clock)
-        token = issue(ring, subject=created.record.key_id, issuer="http://gw", now=clock.now)
+        auth = authenticator(registry, clock, ring)
+        token = issue(ring, subject=created.record.key_id, issuer=ISSUER, now=clock.now)
         by_key = await auth.authenticate(created.api_key)
         by_token = await auth.authenticate(token.token)
         assert await auth.revoked(by_key) is None
@@ -123,9 +131,7 @@ async def test_while_the_registry_cannot_answer_an_open_socket_keeps_its_key(
     async with Registry.open(aws.settings()) as registry:
         await registry.create_tables()
         created = await registry.create_key("socket")
-        auth = Authenticator(
-            registry, KeyRing([SigningKey.generate()]), "http://gw", 5.0, 64, clock=clock
-        )
+        auth = authenticator(registry, clock)
         principal = await auth.authenticate(created.api_key)
         aws.stop()
         try:
@@ -160,9 +166,7 @@ async def test_close_cancels_a_background_refresh_before_the_registry_closes(
     async with StallingRegistry.open(aws.settings()) as registry:
         await registry.create_tables()
         created = await registry.create_key("refreshing")
-        auth = Authenticator(
-            registry, KeyRing([SigningKey.generate()]), "http://gw", 5.0, 64, clock
-        )
+        auth = authenticator(registry, clock)
         await auth.api_key(created.api_key)
         registry.stall = True
         clock.advance(KEY_FRESH_SECONDS)  # the next use refreshes ahead, in the background
