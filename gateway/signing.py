@@ -55,9 +55,7 @@ async def publish_jwks(settings: GatewaySettings, ring: KeyRing) -> None:
     name = settings.jwks_parameter
     if name is None:
         return
-    aws = settings.shared.aws
+    aws, jwks = settings.shared.aws, ring.jwks()
     async with aws_session(aws).client("ssm", endpoint_url=aws.endpoint_url) as ssm:
-        await ssm.put_parameter(
-            Name=name, Value=json.dumps(ring.jwks()), Type="String", Overwrite=True
-        )
-    log.info("jwks published", parameter=name, keys=len(ring.jwks()["keys"]))
+        await ssm.put_parameter(Name=name, Value=json.dumps(jwks), Type="String", Overwrite=True)
+    log.info("jwks published", parameter=name, keys=len(jwks["keys"]))
