@@ -25,7 +25,12 @@ from spotgate.registry.records import (
     InvalidTransition,
     RegistryError,
 )
-from spotgate.registry.schema import BY_CHANGE_INDEX, BY_MODEL_INDEX, FEED_SHARDS, feed_shard
+from spotgate.registry.schema import (
+    BY_CHANGE_INDEX,
+    BY_MODEL_INDEX,
+    FEED_PARTITIONS,
+    feed_shard,
+)
 
 if TYPE_CHECKING:
     from types_aiobotocore_dynamodb.type_defs import AttributeValueTypeDef
@@ -201,7 +206,7 @@ class AgentOperations(RegistryBase):
         consistent, so a reader asks again a little before its last change.
         """
         pages = await asyncio.gather(
-            *(self._changed_in(shard, since) for shard in map(str, range(FEED_SHARDS)))
+            *(self._changed_in(partition, since) for partition in FEED_PARTITIONS)
         )
         return [record for page in pages for record in page]
 

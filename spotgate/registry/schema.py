@@ -38,9 +38,13 @@ FEED_FIELDS = (
 TABLE_ACTIVE_TIMEOUT_SECONDS = 60.0
 
 
+FEED_PARTITIONS = tuple(str(number) for number in range(FEED_SHARDS))
+"""The values of `feed`: a full read of the change feed is one query for each."""
+
+
 def feed_shard(agent_id: str) -> str:
     """The change-feed partition an agent's entry is written to."""
-    return str(zlib.crc32(agent_id.encode()) % FEED_SHARDS)
+    return FEED_PARTITIONS[zlib.crc32(agent_id.encode()) % FEED_SHARDS]
 
 
 @dataclass(frozen=True, slots=True)
