@@ -43,7 +43,8 @@ class GenerationRequest:
     """One generation: the prompt's ids plus any already generated ids to continue after.
 
     Whatever depends on the generated tokens spans the resume: penalties count `resume_ids`
-    as generated, and a `json_schema` grammar starts where they left it.
+    as generated, a `json_schema` grammar starts where they left it, and `min_tokens` is what
+    is left of the client's after them.
     """
 
     request_id: str
@@ -56,6 +57,12 @@ class GenerationRequest:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: Mapping[int, float] | None = None
+    top_k: int | None = None
+    """None: every token."""
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    min_tokens: int = 0
+    ignore_eos: bool = False
     logprobs: int | None = None
     """None: no logprobs; k: each token's logprob and its k most likely alternatives."""
     json_schema: str | None = None

@@ -285,6 +285,12 @@ async def generate_frames(
             presence_penalty=frame.presence_penalty,
             frequency_penalty=frame.frequency_penalty,
             logit_bias=frame.logit_bias,
+            top_k=frame.top_k,
+            min_p=frame.min_p,
+            # vLLM's counts the prompt's tokens too, so the resumed ones count as they did.
+            repetition_penalty=frame.repetition_penalty,
+            min_tokens=max(0, frame.min_tokens - len(resumed_ids)),
+            ignore_eos=frame.ignore_eos,
             logprobs=frame.logprobs,
             json_schema=json_schema_of(frame),
         )

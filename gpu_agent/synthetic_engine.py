@@ -206,5 +206,6 @@ def synthetic_unsupported(request: GenerationRequest) -> str | None:
         "presence_penalty": request.presence_penalty != 0.0,
         "frequency_penalty": request.frequency_penalty != 0.0,
         "logit_bias": bool(request.logit_bias),
+        "repetition_penalty": request.repetition_penalty != 1.0,
     }
     return next((name for name, asked in fields.items() if asked), None)

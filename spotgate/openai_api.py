@@ -1,8 +1,9 @@
 """OpenAI-compatible request and response models, shared by the gateway and the agents.
 
-Requests accept the fields OpenAI's SDK sends and ignore ones spotgate has no use for (as
-vLLM's server does); `to_generate_frame` maps a request onto the wire protocol, so every
-surface runs the same generation path.
+Requests take every field OpenAI's SDK sends: each is honoured, accepted as bookkeeping that
+changes no reply (`metadata`, `store`…), or refused by name with a 400 (OpenAI itself refuses
+an unknown field the same way), so no setting is silently ignored. `to_generate_frame` maps a
+request onto the wire protocol, so every surface runs the same generation path.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import ErrorDetails
 
 from spotgate.protocol import (
     MAX_LOGIT_BIAS_ENTRIES,
@@ -30,12 +32,14 @@ from spotgate.protocol import (
     ErrorCode,
     GenerateFrame,
     Penalty,
+    RepetitionPenalty,
     ResponseFormat,
     TokenLogprob,
     Tool,
     ToolCall,
     ToolCallId,
     ToolChoice,
+    error_param,
     tool_choice_problem,
 )
 
@@ -69,6 +73,68 @@ class StreamOptions(BaseModel):
 
 MAX_SESSION_CHARS = 256
 """The longest `user` used as the routing session as it is; a longer one is hashed."""
+
+NO_EFFECT_VALUES: dict[str, tuple[object, ...]] = {
+    "audio": (None,),
+    "functions": (None, []),
+    "function_call": (None, "none"),
+    "modalities": (None, ["text"]),
+    "prediction": (None,),
+    "reasoning_effort": (None,),
+    "reasoning": (None,),
+    "verbosity": (None, "medium"),
+    "web_search_options": (None,),
+    "moderation": (None,),
+    "echo": (None, False),
+    "best_of": (None, 1),
+    "suffix": (None, ""),
+    "background": (None, False),
+    "background_options": (None,),
+    "conversation": (None,),
+    "context_management": (None,),
+    "include": (None, []),
+    "max_tool_calls": (None,),
+    "prompt": (None,),
+    "prompt_cache_options": (None,),
+    "top_logprobs": (None, 0),
+    "truncation": (None, "disabled"),
+    "image": (None,),
+    "access_programs": (None,),
+}
+"""Fields of OpenAI's requests spotgate does not serve, with the values that ask for nothing:
+those are taken; any other value is a 400 naming the field."""
+REFUSAL_REASONS: dict[str, str] = {
+    "audio": "the models here read and write text only",
+    "modalities": "the models here write text only",
+    "image": "the models here read text only",
+    "functions": "the legacy function-calling fields are not supported: send 'tools'",
+    "function_call": "the legacy function-calling fields are not supported: send 'tool_choice'",
+    "reasoning_effort": "reasoning settings are not supported by the models here",
+    "reasoning": "reasoning settings are not supported by the models here",
+    "web_search_options": "there is no built-in web search here",
+    "background": "responses are not stored here, so none runs in the background",
+    "conversation": "responses are not stored here: send the whole conversation in 'input'",
+    "prompt": "stored prompts are not supported: send the instructions and input",
+    "include": "no extra output items are available here",
+    "top_logprobs": "not supported by the Responses API here: use chat completions' logprobs",
+    "truncation": "the input is never truncated here: a request too long is refused instead",
+}
+
+
+def unsupported_field_message(field: str) -> str:
+    """Why a field the request models refuse is not served (OpenAI's words for an unknown one)."""
+    reason = REFUSAL_REASONS.get(field)
+    if reason is None and field in NO_EFFECT_VALUES:
+        reason = "not supported here"
+    return f"{field}: {reason}" if reason else f"Unrecognized request argument supplied: {field}"
+
+
+def validation_message(error: ErrorDetails) -> tuple[str, str | None]:
+    """A 400's message and `param` for the first problem pydantic found in a request body."""
+    where = error_param(error["loc"])
+    if error["type"] == "extra_forbidden" and where is not None and "." not in where:
+        return unsupported_field_message(where), where
+    return (f"{where}: {error['msg']}" if where else str(error["msg"])), where
 
 
 class ContentPart(BaseModel):
@@ -125,7 +191,7 @@ class RequestMessage(BaseModel):
 class SamplingRequest(BaseModel):
     """What chat and text completion requests share."""
 
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     model: Annotated[str, Field(min_length=1, max_length=256)]
     temperature: Annotated[float, Field(ge=0, le=2)] = 1.0
@@ -141,6 +207,35 @@ class SamplingRequest(BaseModel):
     frequency_penalty: Penalty | None = None
     # Keys are token ids as strings, OpenAI's shape.
     logit_bias: Annotated[dict[str, Bias], Field(max_length=MAX_LOGIT_BIAS_ENTRIES)] | None = None
+    # vLLM's sampling fields, as its server takes them (`vllm bench serve` sends `ignore_eos`);
+    # top_k -1 or 0: every token.
+    top_k: Annotated[int, Field(ge=-1, le=MAX_TOKEN_ID)] | None = None
+    min_p: Annotated[float, Field(ge=0, le=1)] = 0.0
+    repetition_penalty: RepetitionPenalty = 1.0
+    min_tokens: Annotated[int, Field(ge=0, le=1_000_000)] = 0
+    ignore_eos: bool = False
+    # OpenAI's bookkeeping, taken and not acted on: no reply depends on it. A prompt cache key
+    # is a routing session, as `user` is: the same key goes where its prefix is cached.
+    metadata: Annotated[dict[str, str], Field(max_length=16)] | None = None
+    store: bool | None = None
+    service_tier: Annotated[str, Field(max_length=64)] | None = None
+    safety_identifier: Annotated[str, Field(max_length=256)] | None = None
+    prompt_cache_key: Annotated[str, Field(max_length=65_536)] | None = None
+    prompt_cache_retention: Annotated[str, Field(max_length=64)] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_fields_that_ask_for_nothing(cls, body: Any) -> Any:
+        """An unserved field sent with its no-effect value (`"audio": null`) is no request."""
+        if not isinstance(body, dict):
+            return body
+        return {
+            name: value
+            for name, value in body.items()
+            if name in cls.model_fields
+            or name not in NO_EFFECT_VALUES
+            or value not in NO_EFFECT_VALUES[name]
+        }
 
     @field_validator("logit_bias")
     @classmethod
@@ -169,7 +264,12 @@ class SamplingRequest(BaseModel):
             presence_penalty=self.presence_penalty or 0.0,
             frequency_penalty=self.frequency_penalty or 0.0,
             logit_bias=bias or None,
-            session=_session(session or self.user),
+            top_k=self.top_k if self.top_k is not None and self.top_k > 0 else None,
+            min_p=self.min_p,
+            repetition_penalty=self.repetition_penalty,
+            min_tokens=self.min_tokens,
+            ignore_eos=self.ignore_eos,
+            session=_session(session or self.prompt_cache_key or self.user),
             **fields,
         )
 

@@ -27,6 +27,7 @@ from spotgate.openai_api import (
     shown_text,
     sse_event,
     usage_body,
+    validation_message,
 )
 from spotgate.openai_responses import ResponseWriter
 from spotgate.protocol import (
@@ -36,7 +37,6 @@ from spotgate.protocol import (
     ErrorCode,
     ErrorFrame,
     TokenLogprob,
-    error_param,
 )
 from spotgate.wsserver import json_error
 
@@ -61,9 +61,7 @@ async def read_body(
     try:
         return model.model_validate_json(raw)
     except ValidationError as err:
-        first = err.errors(include_url=False)[0]
-        where = error_param(first["loc"])
-        message = f"{where}: {first['msg']}" if where else str(first["msg"])
+        message, where = validation_message(err.errors(include_url=False)[0])
         return json_error(ErrorCode.INVALID_REQUEST, message, param=where)
 
 

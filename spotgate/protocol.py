@@ -129,6 +129,8 @@ ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 
 Penalty = Annotated[float, Field(ge=-2, le=2)]
 Bias = Annotated[float, Field(ge=-100, le=100)]
+RepetitionPenalty = Annotated[float, Field(gt=0, le=2)]
+"""vLLM's: logits of tokens already in the prompt or the reply divided (or multiplied) by it."""
 
 
 class JsonSchemaFormat(_Strict):
@@ -206,6 +208,14 @@ class GenerateFrame(_Strict):
     logit_bias: Annotated[dict[TokenId, Bias], Field(max_length=MAX_LOGIT_BIAS_ENTRIES)] | None = (
         None
     )
+    # vLLM's own sampling fields. top_k None: every token; min_tokens: no end of sequence before
+    # that many tokens (a stop string still ends it); ignore_eos: only max_tokens or a stop
+    # string ends it.
+    top_k: Annotated[int, Field(ge=1, le=MAX_TOKEN_ID)] | None = None
+    min_p: Annotated[float, Field(ge=0, le=1)] = 0.0
+    repetition_penalty: RepetitionPenalty = 1.0
+    min_tokens: Annotated[int, Field(ge=0, le=1_000_000)] = 0
+    ignore_eos: bool = False
     # None: no logprobs; k: each token's logprob and its k most likely alternatives.
     logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
     response_format: ResponseFormat | None = None
@@ -223,6 +233,12 @@ class GenerateFrame(_Strict):
     def _messages_or_prompt(self) -> Self:
         if (self.messages is None) == (self.prompt is None):
             raise ValueError("give exactly one of 'messages' or 'prompt'")
+        return self
+
+    @model_validator(mode="after")
+    def _min_tokens_within_max(self) -> Self:
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError("min_tokens: at most max_tokens")
         return self
 
     @model_validator(mode="after")

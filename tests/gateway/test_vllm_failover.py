@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 import jsonschema
+import openai
 import pytest
 
 from gpu_agent.engine import Engine
@@ -104,6 +105,7 @@ FEATURES: dict[str, dict[str, Any]] = {
     },
     "json_schema sampled": {"response_format": STRUCTURED, "temperature": 1.0, "seed": 7},
     "penalties": {"frequency_penalty": 1.5, "presence_penalty": 0.5, "temperature": 0},
+    "repetition_penalty": {"repetition_penalty": 1.5, "temperature": 0},
     "logprobs": {"logprobs": 3, "temperature": 0},
 }
 
@@ -208,3 +210,72 @@ async def test_a_call_the_model_makes_of_its_own_accord_survives_a_kill_mid_call
         assert call["function"]["name"] == "get_weather"
         assert json.loads(call["function"]["arguments"]) == TOOL_CALL_ARGUMENTS
     assert text_of(frames) == text_of(reference) == vllm_tool_engine.decode(ids_of(reference))
+
+
+async def kill_the_serving_one(agents: list[RunningAgent]) -> None:
+    """Cut the links of the agent generating a stream now (kill -9, as the gateway sees it)."""
+    (serving,) = [agent for agent in agents if agent.runtime.streams]
+    cut_links(serving)
+
+
+@pytest.mark.parametrize("surface", ["chat completions", "responses"])
+async def test_an_sdk_stream_moved_by_a_kill_reads_as_one_unbroken_reply(
+    gateway: Gateway,
+    gateway_agent: GatewayAgentFactory,
+    vllm_engine: Engine,
+    api_key: CreatedApiKey,
+    surface: str,
+) -> None:
+    """The official SDK's streams (SSE) through a kill mid-reply: the same JSON as an unmoved
+    reply, every event once and in order, and the SDK's own stream reader satisfied."""
+    agents = [
+        await gateway_agent(model=TINY_MODEL, engine=vllm_engine),
+        await gateway_agent(model=TINY_MODEL, engine=vllm_engine, imds_url="http://127.0.0.1:9"),
+    ]
+    client = openai.AsyncOpenAI(
+        base_url=f"{gateway.url}/v1", api_key=api_key.api_key, max_retries=0
+    )
+    deltas: list[str] = []
+    if surface == "chat completions":
+        asked: Any = {
+            "model": TINY_MODEL,
+            "messages": [{"role": "user", "content": "List words"}],
+            "max_tokens": 600,
+            "temperature": 0,
+            "response_format": STRUCTURED,
+        }
+        unmoved = (await client.chat.completions.create(**asked)).choices[0].message.content
+        finishes = []
+        async for chunk in await client.chat.completions.create(**asked, stream=True):
+            deltas.append(chunk.choices[0].delta.content or "")
+            finishes.append(chunk.choices[0].finish_reason)
+            if len(deltas) == 20:
+                await kill_the_serving_one(agents)
+        assert [reason for reason in finishes if reason] == ["stop"]
+        moved = "".join(deltas)
+    else:
+        asked = {
+            "model": TINY_MODEL,
+            "input": "List words",
+            "max_output_tokens": 600,
+            "temperature": 0,
+            "text": {"format": {"type": "json_schema", "name": "words", "schema": WORDS_SCHEMA}},
+        }
+        unmoved = (await client.responses.create(**asked)).output_text
+        async with client.responses.stream(**asked) as events:
+            sequence = []
+            async for event in events:
+                sequence.append(event.sequence_number)
+                if event.type == "response.output_text.delta":
+                    deltas.append(event.delta)
+                    if len(deltas) == 20:
+                        await kill_the_serving_one(agents)
+            final = await events.get_final_response()
+        assert sequence == list(range(len(sequence)))  # none lost, none repeated
+        assert final.status == "completed"
+        assert final.output_text == "".join(deltas)
+        moved = final.output_text
+
+    assert moved == unmoved
+    jsonschema.validate(json.loads(moved), WORDS_SCHEMA)
+    assert all(agent.runtime.streams == {} for agent in agents)

@@ -19,7 +19,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from gpu_agent.engine import Engine
 from spotgate.registry import CreatedApiKey
 from tests.gateway.conftest import Gateway, GatewayAgentFactory
-from tests.support.agents import TINY_MODEL, TOOL_CALL_ARGUMENTS, TOOL_CALL_CONTENT, TOOL_MODEL
+from tests.support.agents import (
+    TINY_MODEL,
+    TOOL_CALL_ARGUMENTS,
+    TOOL_CALL_CONTENT,
+    TOOL_CALL_REPLY,
+    TOOL_MODEL,
+)
 from tests.support.wsclient import connect, generate, ids_of, run_streams
 
 pytestmark = pytest.mark.vllm
@@ -570,3 +576,69 @@ async def test_the_responses_api_is_stateless_and_says_so(client: openai.AsyncOp
         await client.responses.create(
             model=TINY_MODEL, input="Hi", previous_response_id="resp_123", max_output_tokens=4
         )
+
+
+async def test_vllms_own_sampling_fields_reach_the_engine(tool_client: openai.AsyncOpenAI) -> None:
+    """The tool model ends its one taught reply with end-of-sequence, greedy or not."""
+    asked: Any = {
+        "model": TOOL_MODEL,
+        "messages": [{"role": "user", "content": "Umbrella?"}],
+        "max_tokens": 200,
+    }
+    taught = await tool_client.chat.completions.create(**asked, temperature=0)
+    assert (taught.choices[0].message.content, taught.choices[0].finish_reason) == (
+        TOOL_CALL_REPLY,
+        "stop",
+    )
+    assert taught.usage is not None
+    length = taught.usage.completion_tokens
+
+    async def reply(**extra: Any) -> Any:
+        return await tool_client.chat.completions.create(**asked, extra_body=extra)
+
+    past_eos = await reply(ignore_eos=True, temperature=0)
+    assert (past_eos.usage.completion_tokens, past_eos.choices[0].finish_reason) == (200, "length")
+    assert past_eos.choices[0].message.content.startswith(TOOL_CALL_REPLY)
+    at_least = await reply(min_tokens=length + 5, temperature=0)
+    assert at_least.usage.completion_tokens >= length + 5
+    only_likeliest = await reply(top_k=1, temperature=1.5)  # top_k 1: greedy at any temperature
+    assert only_likeliest.choices[0].message.content == TOOL_CALL_REPLY
+    penalised = await reply(repetition_penalty=2.0, temperature=0)
+    assert penalised.choices[0].message.content != TOOL_CALL_REPLY
+    with pytest.raises(openai.BadRequestError) as refused:
+        await reply(best_of=3)
+    assert refused.value.body["param"] == "best_of"  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    ("backend", "endpoint"),
+    [("openai-chat", "/v1/chat/completions"), ("openai", "/v1/completions")],
+)
+async def test_vllms_own_benchmark_client_gets_every_request_served(
+    gateway: Gateway,
+    tool_client: openai.AsyncOpenAI,
+    api_key: CreatedApiKey,
+    tool_model_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    backend: str,
+    endpoint: str,
+) -> None:
+    """`vllm bench serve` as its users run it: its random prompts on a real tokenizer (Qwen3's),
+    its request shapes (chat content as an array of parts, `ignore_eos`), its SSE parser."""
+    from vllm.benchmarks.serve import add_cli_args, main_async
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    monkeypatch.setenv("OPENAI_API_KEY", api_key.api_key)  # how it sends a bearer key
+    parser = FlexibleArgumentParser()
+    add_cli_args(parser)
+    args = parser.parse_args(
+        ["--backend", backend, "--base-url", gateway.url, "--endpoint", endpoint,
+         "--model", TOOL_MODEL, "--tokenizer", str(tool_model_dir),
+         "--dataset-name", "random", "--random-input-len", "48", "--random-output-len", "16",
+         "--num-prompts", "40", "--max-concurrency", "8", "--seed", "0", "--disable-tqdm"]
+    )  # fmt: skip
+
+    result = await main_async(args)
+
+    assert (result["completed"], result["failed"]) == (40, 0), set(result["errors"])
+    assert result["total_output_tokens"] == 40 * 16  # every stream whole, to its last token

@@ -10,15 +10,19 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from openai.types import completion_create_params as text_params
 from openai.types.chat import completion_create_params as chat_params
 from openai.types.responses import response_create_params as responses_params
 from pydantic import ValidationError
 
 from spotgate.openai_api import (
+    NO_EFFECT_VALUES,
     ChatCompletionRequest,
     ChunkEncoder,
     CompletionRequest,
     ForcedTools,
+    SamplingRequest,
+    validation_message,
 )
 from spotgate.openai_responses import ResponsesRequest
 from spotgate.protocol import (
@@ -110,6 +114,71 @@ def test_a_user_up_to_256_characters_is_the_session_as_it_is(
     user: str | None, session: str | None
 ) -> None:
     assert frame_of(user=user).session == session
+
+
+def test_a_prompt_cache_key_is_the_session_before_the_user() -> None:
+    assert frame_of(prompt_cache_key="chat-7", user="ada").session == "chat-7"
+
+
+def test_vllms_sampling_fields_reach_the_wire() -> None:
+    frame = frame_of(top_k=5, min_p=0.1, repetition_penalty=1.3, min_tokens=3, ignore_eos=True)
+    assert (frame.top_k, frame.min_p, frame.repetition_penalty) == (5, 0.1, 1.3)
+    assert (frame.min_tokens, frame.ignore_eos) == (3, True)
+    assert frame_of(top_k=-1).top_k is None  # vLLM's "every token"
+    assert frame_of(top_k=0).top_k is None
+    with pytest.raises(ValidationError, match="min_tokens: at most max_tokens"):
+        frame_of(min_tokens=9, max_tokens=8)
+
+
+SDK_REQUESTS: list[tuple[type, type[SamplingRequest], dict[str, Any]]] = [
+    (chat_params.CompletionCreateParamsBase, ChatCompletionRequest,
+     {"model": "m", "messages": [{"role": "user", "content": "hi"}]}),
+    (text_params.CompletionCreateParamsBase, CompletionRequest, {"model": "m", "prompt": "hi"}),
+    (responses_params.ResponseCreateParamsBase, ResponsesRequest, {"model": "m", "input": "hi"}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("params", "request_model", "body"), SDK_REQUESTS)
+def test_every_field_of_the_sdk_is_served_taken_or_refused_by_name(
+    params: type, request_model: type[SamplingRequest], body: dict[str, Any]
+) -> None:
+    """None silently ignored: a field the model does not declare asks for nothing or is a 400."""
+    unserved = set(typing.get_type_hints(params)) - set(request_model.model_fields)
+    assert unserved <= set(NO_EFFECT_VALUES), "an SDK field with no rule; give it one"
+    for name in unserved:
+        for value in NO_EFFECT_VALUES[name]:  # asks for nothing: taken
+            request_model.model_validate({**body, name: value})
+        with pytest.raises(ValidationError) as refused:
+            request_model.model_validate({**body, name: {"asks": "for something"}})
+        message, param = validation_message(refused.value.errors()[0])
+        assert param == name
+        assert message.startswith(f"{name}: ")
+
+
+@pytest.mark.parametrize(
+    ("field", "message"),
+    [
+        ("audio", "audio: the models here read and write text only"),
+        (
+            "functions",
+            "functions: the legacy function-calling fields are not supported: send 'tools'",
+        ),
+        ("prediction", "prediction: not supported here"),
+        ("max_token", "Unrecognized request argument supplied: max_token"),  # a typo is no default
+    ],
+)
+def test_a_refused_field_is_named_with_why(field: str, message: str) -> None:
+    with pytest.raises(ValidationError) as refused:
+        frame_of(**{field: [{"x": 1}]})
+    assert validation_message(refused.value.errors()[0]) == (message, field)
+
+
+def test_bookkeeping_fields_are_taken_and_change_nothing() -> None:
+    taken = frame_of(
+        metadata={"team": "a"}, store=True, service_tier="auto", safety_identifier="u1",
+        modalities=["text"], verbosity="medium", function_call="none", audio=None,
+    )  # fmt: skip
+    assert taken == frame_of()
 
 
 def test_a_longer_user_is_a_stable_hashed_session() -> None:
