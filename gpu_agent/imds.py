@@ -15,10 +15,13 @@ from datetime import datetime
 import aiohttp
 
 from spotgate.logging import get_logger
+from spotgate.registry import instance_agent_id
 
 TOKEN_TTL_SECONDS = 21600
 TOKEN_REFRESH_MARGIN_SECONDS = 60
 REQUEST_TIMEOUT_SECONDS = 2.0
+IDENTITY_DOCUMENT_PATH = "/latest/dynamic/instance-identity/document"
+PARTITION_PATH = "/latest/meta-data/services/partition"
 SPOT_ACTION_PATH = "/latest/meta-data/spot/instance-action"
 REBALANCE_PATH = "/latest/meta-data/events/recommendations/rebalance"
 
@@ -37,6 +40,14 @@ class InstanceIdentity:
     instance_type: str
     zone: str
     lifecycle: str  # "spot" or "on-demand"
+    region: str = "us-east-1"
+    account: str = "123456789012"
+    partition: str = "aws"
+
+    @property
+    def agent_id(self) -> str:
+        """The id the agent registers under: the instance's ARN."""
+        return instance_agent_id(self.partition, self.region, self.account, self.instance_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,19 +116,27 @@ class ImdsClient:
             raise ImdsUnavailable(f"IMDS {path}: {err}") from err
 
     async def identity(self) -> InstanceIdentity:
-        """Instance id, type, zone and lifecycle."""
+        """Instance id, type, zone, lifecycle, and the account, region and partition of its ARN."""
 
         async def read(path: str) -> str:
-            value = await self.get(f"/latest/meta-data/{path}")
+            value = await self.get(path)
             if value is None:
                 raise ImdsUnavailable(f"IMDS has no {path}")
             return value.strip()
 
+        try:
+            document = json.loads(await read(IDENTITY_DOCUMENT_PATH))
+            account, region = str(document["accountId"]), str(document["region"])
+        except (ValueError, KeyError, TypeError) as err:
+            raise ImdsUnavailable(f"IMDS identity document unreadable: {err}") from err
         return InstanceIdentity(
-            instance_id=await read("instance-id"),
-            instance_type=await read("instance-type"),
-            zone=await read("placement/availability-zone"),
-            lifecycle=await read("instance-life-cycle"),
+            instance_id=await read("/latest/meta-data/instance-id"),
+            instance_type=await read("/latest/meta-data/instance-type"),
+            zone=await read("/latest/meta-data/placement/availability-zone"),
+            lifecycle=await read("/latest/meta-data/instance-life-cycle"),
+            region=region,
+            account=account,
+            partition=await read(PARTITION_PATH),
         )
 
     async def spot_notice(self) -> SpotNotice | None:

@@ -19,7 +19,13 @@ from datetime import UTC, datetime
 
 from aiohttp import web
 
-from gpu_agent.imds import REBALANCE_PATH, SPOT_ACTION_PATH, InstanceIdentity
+from gpu_agent.imds import (
+    IDENTITY_DOCUMENT_PATH,
+    PARTITION_PATH,
+    REBALANCE_PATH,
+    SPOT_ACTION_PATH,
+    InstanceIdentity,
+)
 
 MAX_TOKEN_TTL_SECONDS = 21600
 
@@ -61,9 +67,20 @@ async def _get_metadata(request: web.Request) -> web.Response:
         "/latest/meta-data/instance-type": identity.instance_type,
         "/latest/meta-data/placement/availability-zone": identity.zone,
         "/latest/meta-data/instance-life-cycle": identity.lifecycle,
+        PARTITION_PATH: identity.partition,
     }
     if path in values:
         return web.Response(text=values[path])
+    if path == IDENTITY_DOCUMENT_PATH:  # the fields read of EC2's document
+        return web.json_response(
+            {
+                "accountId": identity.account,
+                "region": identity.region,
+                "instanceId": identity.instance_id,
+                "instanceType": identity.instance_type,
+                "availabilityZone": identity.zone,
+            }
+        )
     if path == SPOT_ACTION_PATH and instance.spot_action is not None:
         action, deadline = instance.spot_action
         return web.json_response({"action": action, "time": _iso(deadline)})

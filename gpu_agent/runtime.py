@@ -158,7 +158,7 @@ class AgentRuntime:
                 "spot" if found.lifecycle == "spot" else "on-demand"
             )
             return AgentIdentity(
-                settings.agent_id or found.instance_id, lifecycle, found.instance_type, found.zone
+                settings.agent_id or found.agent_id, lifecycle, found.instance_type, found.zone
             )
         return AgentIdentity(
             settings.agent_id or f"local-{secrets.token_hex(4)}",

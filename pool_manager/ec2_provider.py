@@ -24,7 +24,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from pool_manager.policy import Launch, LaunchLifecycle
 from pool_manager.provider import CapacityRefused, Instance, ProviderError
 from spotgate.logging import get_logger
-from spotgate.registry import aws_session
+from spotgate.registry import aws_session, instance_agent_id
 from spotgate.settings import PoolSettings, SharedSettings
 
 log = get_logger(__name__)
@@ -102,10 +102,12 @@ class Ec2Provider:
         self,
         client: Ec2Client,
         settings: PoolSettings,
+        account: str,
         clock: Clock = time.time,
     ) -> None:
         self._client = client
         self._ec2 = settings.ec2
+        self._account = account
         self._clock = clock
 
     @classmethod
@@ -123,12 +125,17 @@ class Ec2Provider:
             retries={"max_attempts": CLIENT_MAX_ATTEMPTS, "mode": "standard"},
             connect_timeout=CLIENT_CONNECT_TIMEOUT_SECONDS,
         )
+        session = aws_session(aws)
         async with AsyncExitStack() as stack:
             client = await stack.enter_async_context(
-                aws_session(aws).client("ec2", endpoint_url=aws.endpoint_url, config=config)
+                session.client("ec2", endpoint_url=aws.endpoint_url, config=config)
             )
+            async with session.client("sts", endpoint_url=aws.endpoint_url, config=config) as sts:
+                # The account the instances run in: their ARNs are their agents' ids. No IAM
+                # permission is needed to ask.
+                account = str((await sts.get_caller_identity())["Account"])
             # Tests wrap the real client to inject answers AWS gives but an emulator cannot.
-            yield cls(wrap_client(client) if wrap_client else client, settings, clock)
+            yield cls(wrap_client(client) if wrap_client else client, settings, account, clock)
 
     # -- launch --
 
@@ -227,13 +234,17 @@ class Ec2Provider:
         # eventually consistent and may not know the instance yet.
         return Instance(
             instance_id=instance_id,
-            agent_id=instance_id,
+            agent_id=self._agent_id(instance_id),
             model=model,
             lifecycle=launch.lifecycle,
             instance_type=launch.instance_type,
             zone=launch.zone,
             launched_at=self._clock(),
         )
+
+    def _agent_id(self, instance_id: str) -> str:
+        meta = self._client.meta
+        return instance_agent_id(meta.partition, meta.region_name, self._account, instance_id)
 
     def _template_spec(self) -> dict[str, str]:
         template = self._ec2.launch_template
@@ -268,7 +279,7 @@ class Ec2Provider:
             ):
                 for reservation in page.get("Reservations", []):
                     found.extend(
-                        _instance_from_description(item)
+                        _instance_from_description(item, self._agent_id(item["InstanceId"]))
                         for item in reservation.get("Instances", [])
                     )
         except (ClientError, BotoCoreError) as err:
@@ -323,7 +334,7 @@ def _fleet_refusal(launch: Launch, errors: Sequence[Mapping[str, Any]]) -> Provi
     return ProviderError(_launch_failure(launch, "create_fleet", reasons))
 
 
-def _instance_from_description(item: Mapping[str, Any]) -> Instance:
+def _instance_from_description(item: Mapping[str, Any], agent_id: str) -> Instance:
     tags = {str(tag["Key"]): str(tag["Value"]) for tag in item.get("Tags", [])}
     lifecycle: LaunchLifecycle
     # EC2's own field is the truth for spot; the tag covers emulators that do not record it.
@@ -333,10 +344,9 @@ def _instance_from_description(item: Mapping[str, Any]) -> Instance:
         lifecycle = "on-demand"
     launch_time = item.get("LaunchTime")
     launched_at = launch_time.timestamp() if isinstance(launch_time, datetime) else 0.0
-    instance_id = str(item["InstanceId"])
     return Instance(
-        instance_id=instance_id,
-        agent_id=instance_id,
+        instance_id=str(item["InstanceId"]),
+        agent_id=agent_id,
         # An instance of the pool without a model tag is still listed (model ""), so the
         # reaper can see and stop it instead of it running unnoticed.
         model=tags.get(MODEL_TAG, ""),

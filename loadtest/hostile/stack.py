@@ -30,6 +30,8 @@ TOKENS_PER_SECOND = 20_000.0  # fast enough that a client that never reads falls
 SLOW_SENDER_TIMEOUT_SECONDS = 3.0  # the stack's keep-alive (header) and body timeouts
 FLOOD_MAX_TOKENS = 1_000_000  # the longest reply the battery asks for (never read)
 ALLOWED_ORIGIN = "https://chat.example"
+ENDED_EARLY_TPM = 1000
+"""The tokens per minute of the key whose streams end early (`revocation`)."""
 
 
 class HostileStack:
@@ -64,9 +66,10 @@ class HostileStack:
         self._http = aiohttp.ClientSession()
         async with Registry.open(self.emulator.settings()) as registry:
             await registry.create_tables()
-            for name in ("fuzz", "reader", "victim", "bystander"):
+            for name in ("fuzz", "reader", "victim", "bystander", "revoked", "early"):
                 limit = FUZZ_KEY_MAX_TOKENS if name == "fuzz" else None
-                created = await registry.create_key(name, max_tokens=limit)
+                tpm = ENDED_EARLY_TPM if name == "early" else None
+                created = await registry.create_key(name, max_tokens=limit, tpm=tpm)
                 self.keys[name] = created
                 self.secrets.add(created.api_key)
                 self.secrets.add(parse_api_key(created.api_key).secret)

@@ -20,7 +20,7 @@ from typing import Self
 
 from botocore.config import Config
 
-from spotgate.registry.agents import AgentOperations
+from spotgate.registry.agents import AgentOperations, instance_agent_id
 from spotgate.registry.aws import aws_session
 from spotgate.registry.base import Clock
 from spotgate.registry.demand import POOL_TARGET_SOURCE, DemandOperations
@@ -80,6 +80,7 @@ __all__ = [
     "UsageCounts",
     "UsageRow",
     "aws_session",
+    "instance_agent_id",
     "minute_of",
 ]
 

@@ -35,6 +35,17 @@ from spotgate.registry.schema import (
 if TYPE_CHECKING:
     from types_aiobotocore_dynamodb.type_defs import AttributeValueTypeDef
 
+
+def instance_agent_id(partition: str, region: str, account: str, instance_id: str) -> str:
+    """The id the agent on an EC2 instance registers under: the instance's ARN.
+
+    IAM names the instance a request comes from by that ARN (`${ec2:SourceInstanceARN}`), so
+    the agents' role can be held to its own row (`dynamodb:LeadingKeys`) and the pool manager,
+    which knows its instances' ARNs, finds the row of each.
+    """
+    return f"arn:{partition}:ec2:{region}:{account}:instance/{instance_id}"
+
+
 FEED_SET = "feed = :feed, changed_at = :changed"
 """Part of every update routing must hear of (`_feed_values` gives its values); setting
 `feed` too puts an entry written before the feed existed into it."""

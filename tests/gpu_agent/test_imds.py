@@ -25,6 +25,8 @@ async def test_identity_and_notices_through_the_client(imds: Imds) -> None:
         client = ImdsClient(http, imds.url)
         identity = await client.identity()
         assert (identity.instance_id, identity.lifecycle) == ("i-0test", "spot")
+        # The ARN IAM names this instance by: the agent's registry row may be only that one.
+        assert identity.agent_id == "arn:aws:ec2:us-east-1:123456789012:instance/i-0test"
         assert await client.spot_notice() is None
         assert await client.rebalance_recommendation() is None
 

@@ -307,8 +307,9 @@ async def test_spot_notice_drains_hands_back_long_streams_and_leaves_gone(
     start_agent: AgentFactory, imds: Imds, aws: AwsEmulator, token: str
 ) -> None:
     slow = synthetic(tokens_per_second=20.0, max_model_len=200_000)  # streams that outlive it
-    agent = await wait_ready(await start_agent(slow))
+    agent = await wait_ready(await start_agent(slow, agent_id=None))  # named by IMDS
     agent_id = agent.runtime.identity.agent_id
+    assert agent_id == "arn:aws:ec2:us-east-1:123456789012:instance/i-0test"  # its ARN, as IAM's
     async with connect(agent.ws_url, token) as ws:
         await send(ws, generate("long", "synth", max_tokens=100_000))
         await send(ws, generate("short", "synth", max_tokens=30))

@@ -96,9 +96,14 @@ async def provider(
         yield opened
 
 
-async def describe(shared: SharedSettings, instance_id: str) -> dict[str, Any]:
+async def describe_reservation(shared: SharedSettings, instance_id: str) -> dict[str, Any]:
     answer = await _ec2_call(shared, "describe_instances", InstanceIds=[instance_id])
-    instance: dict[str, Any] = answer["Reservations"][0]["Instances"][0]
+    reservation: dict[str, Any] = answer["Reservations"][0]
+    return reservation
+
+
+async def describe(shared: SharedSettings, instance_id: str) -> dict[str, Any]:
+    instance: dict[str, Any] = (await describe_reservation(shared, instance_id))["Instances"][0]
     return instance
 
 
@@ -112,7 +117,12 @@ async def test_spot_launch_is_tagged_in_requested_subnet(
     instance = await provider.launch("llama", Launch(GPU_TYPE, ZONE_B, "spot"))
 
     assert instance.instance_id.startswith("i-")
-    assert instance.agent_id == instance.instance_id
+    # The instance's ARN, as its agent names itself from IMDS and IAM names it in the policy
+    # variable its row is held to (${ec2:SourceInstanceARN}): the account from STS, as EC2's.
+    shared = aws.settings()
+    owner = (await describe_reservation(shared, instance.instance_id))["OwnerId"]
+    arn = f"arn:aws:ec2:{shared.aws.region}:{owner}:instance/{instance.instance_id}"
+    assert instance.agent_id == arn
     assert (instance.model, instance.lifecycle) == ("llama", "spot")
     assert instance.placement == (GPU_TYPE, ZONE_B)
     assert instance.launched_at == clock.now
@@ -172,7 +182,7 @@ async def test_instances_lists_only_the_pool(
     listed_spot = listed[spot.instance_id]
     assert listed_spot == Instance(
         instance_id=spot.instance_id,
-        agent_id=spot.instance_id,
+        agent_id=spot.agent_id,
         model="llama",
         lifecycle="spot",
         instance_type=GPU_TYPE,

@@ -26,6 +26,9 @@ IMDS_HOP_LIMIT = 2
 """Two hops: a container on the instance can still reach IMDSv2 for the spot notice."""
 AGENT_REGISTRY_ACTIONS = ("dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:GetItem")
 """Register, heartbeat, drain, gone (conditional writes) and the read that explains a refusal."""
+OWN_ROW_ONLY = {"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": ["${ec2:SourceInstanceARN}"]}}
+"""An agent registers under its instance's ARN (`spotgate.registry.instance_agent_id`), which
+IAM names the instance a request comes from by: its role reaches that one row, no other."""
 
 
 def render_boot_script(values: Mapping[str, str]) -> str:
@@ -68,6 +71,7 @@ class GpuPool(Construct):
                 sid="OwnRegistryEntry",
                 actions=list(AGENT_REGISTRY_ACTIONS),
                 resources=[agents_table.table_arn],
+                conditions=OWN_ROW_ONLY,
             )
         )
         self.role.add_to_policy(

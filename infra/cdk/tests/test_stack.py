@@ -307,6 +307,10 @@ def test_agents_role_writes_only_the_agents_table(synthesized: Synthesized) -> N
         "dynamodb:GetItem",
     }
     assert as_list(dynamodb[0]["Resource"]) == [agents_arn]
+    # Its own row only: the key it registers under is its instance's ARN.
+    assert dynamodb[0]["Condition"] == {
+        "ForAllValues:StringEquals": {"dynamodb:LeadingKeys": ["${ec2:SourceInstanceARN}"]}
+    }
     actions = {action for statement in found for action in as_list(statement["Action"])}
     assert not any(
         action.startswith(("secretsmanager:", "kms:", "ec2:", "iam:")) for action in actions
