@@ -78,6 +78,9 @@ class VllmEngine:
         optional: dict[str, Any] = {}
         if engine_settings.max_model_len is not None:
             optional["max_model_len"] = engine_settings.max_model_len
+        revision = engine_settings.revision
+        if revision is not None:
+            optional["revision"] = optional["tokenizer_revision"] = revision
         args = AsyncEngineArgs(
             model=settings.model,
             served_model_name=[served],
@@ -91,7 +94,7 @@ class VllmEngine:
             **optional,
         )
         llm = AsyncLLM.from_engine_args(args)
-        tokenizer = AutoTokenizer.from_pretrained(settings.model)
+        tokenizer = AutoTokenizer.from_pretrained(settings.model, revision=revision)
         max_model_len = int(llm.model_config.max_model_len)
         return cls(
             llm,

@@ -228,6 +228,9 @@ class VllmSettings(_Section):
     # how the calls a model makes of its own accord (`tool_choice: auto`) are read from its
     # text. None: such requests are refused with a 400 naming `tool_choice`.
     tool_call_parser: str | None = None
+    # The model's revision on the Hugging Face Hub (a commit hash pins it): weights, tokenizer
+    # and chat template of exactly that commit. None: the newest of the default branch.
+    revision: str | None = None
 
 
 class SyntheticSettings(_Section):

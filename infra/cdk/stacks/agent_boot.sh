@@ -1,6 +1,8 @@
 #!/bin/bash
 # Boot script of a spotgate GPU agent: installs spotgate with the `gpu` extra, writes the
 # agent's settings to an environment file and runs `spotgate agent` under systemd.
+# Every download is pinned: Python packages to the hashes of requirements/*.lock, the
+# CloudWatch agent to a version and its SHA-256, so a replacement runs what was deployed.
 # The CDK app fills in the placeholders (names between double at-signs) at deploy time.
 set -euo pipefail
 
@@ -37,7 +39,8 @@ ship_logs() {
 ]}}}}
 JSON
   curl -fsSL -o "${deb}" \
-    "https://amazoncloudwatch-agent-@@REGION@@.s3.@@REGION@@.amazonaws.com/ubuntu/amd64/latest/amazon-cloudwatch-agent.deb" \
+    "https://amazoncloudwatch-agent.s3.amazonaws.com/ubuntu/amd64/@@CLOUDWATCH_AGENT_VERSION@@/amazon-cloudwatch-agent.deb" \
+    && echo "@@CLOUDWATCH_AGENT_SHA256@@  ${deb}" | sha256sum -c --quiet - \
     && dpkg -i -E "${deb}" \
     && /opt/aws/amazon-cloudwatch-agent/bin/amazon-cloudwatch-agent-ctl \
       -a fetch-config -m ec2 -s -c "file:${config}"
@@ -53,7 +56,11 @@ id spotgate >/dev/null 2>&1 \
 mkdir -p "${ROOT}${PREFIX}/home" "${ROOT}${LOG_DIR}" "${ROOT}/etc/spotgate" \
   "${ROOT}/etc/systemd/system"
 python3 -m venv "${ROOT}${PREFIX}/venv"
-"${ROOT}${PREFIX}/venv/bin/pip" install --quiet --upgrade pip boto3
+# boto3 fetches the source, which carries the lock of everything else.
+cat > "${ROOT}${PREFIX}/boot.lock" <<'LOCK'
+@@BOOT_LOCK@@
+LOCK
+"${ROOT}${PREFIX}/venv/bin/pip" install --quiet --require-hashes -r "${ROOT}${PREFIX}/boot.lock"
 "${ROOT}${PREFIX}/venv/bin/python" - "${ROOT}${PREFIX}" <<'PY'
 import sys
 import zipfile
@@ -66,7 +73,11 @@ boto3.client("s3", region_name="@@REGION@@").download_file(
 )
 zipfile.ZipFile(f"{prefix}/source.zip").extractall(f"{prefix}/src")
 PY
-"${ROOT}${PREFIX}/venv/bin/pip" install --quiet "${ROOT}${PREFIX}/src[gpu]"
+"${ROOT}${PREFIX}/venv/bin/pip" install --quiet --require-hashes \
+  -r "${ROOT}${PREFIX}/src/requirements/agent-gpu.lock"
+# spotgate itself, with no dependency left to resolve (its build backend is in the lock).
+"${ROOT}${PREFIX}/venv/bin/pip" install --quiet --no-deps --no-build-isolation \
+  "${ROOT}${PREFIX}/src[gpu]"
 chown -R spotgate: "${ROOT}${PREFIX}/home" "${ROOT}${LOG_DIR}"
 
 # The agent's settings. Nothing secret: tokens are checked against the gateway's public JWKS.

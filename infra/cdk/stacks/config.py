@@ -39,6 +39,7 @@ class DeployConfig:
     region: str = "us-east-1"
     pool_name: str = "spotgate"
     model: str = "Qwen/Qwen2.5-1.5B-Instruct"
+    model_revision: str = ""
     served_model_name: str = ""
     instance_types: tuple[InstanceOption, ...] = (
         InstanceOption("g5.xlarge", 0.45, 1.006),
@@ -144,14 +145,15 @@ class DeployConfig:
             # Each setting is one line of the agents' environment file.
             if "\n" in setting or "\n" in name:
                 raise ConfigError(f"agentSettings: {name!r} spans more than one line")
-        if "\n" in self.model or "\n" in self.served_model:
-            raise ConfigError("model/servedModelName: one line each")
+        if "\n" in self.model or "\n" in self.served_model or "\n" in self.model_revision:
+            raise ConfigError("model/modelRevision/servedModelName: one line each")
 
 
 _CONTEXT_KEYS: dict[str, str] = {
     "region": "region",
     "poolName": "pool_name",
     "model": "model",
+    "modelRevision": "model_revision",
     "servedModelName": "served_model_name",
     "instanceTypes": "instance_types",
     "availabilityZones": "availability_zones",

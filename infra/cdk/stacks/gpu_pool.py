@@ -6,7 +6,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from aws_cdk import Stack, Tags
+from aws_cdk import Annotations, Stack, Tags
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
@@ -14,7 +14,7 @@ from constructs import Construct
 
 from stacks.common import log_group, parameter_arn
 from stacks.config import DeployConfig
-from stacks.source import agent_source
+from stacks.source import LOCKS, REPO_ROOT, agent_source
 
 BOOT_SCRIPT = Path(__file__).with_name("agent_boot.sh")
 PLACEHOLDER = re.compile(r"@@([A-Z_]+)@@")
@@ -24,6 +24,11 @@ AGENT_DRAIN_GRACE_SECONDS = 90
 SYSTEMD_STOP_MARGIN_SECONDS = 30
 IMDS_HOP_LIMIT = 2
 """Two hops: a container on the instance can still reach IMDSv2 for the spot notice."""
+CLOUDWATCH_AGENT_VERSION = "1.300072.0b1766"
+CLOUDWATCH_AGENT_SHA256 = "05baeadca96c4bb8e43906ed09cf0bebd0f321ff6d41987bdc46ce681de0978d"
+"""The CloudWatch agent the boot script installs (Ubuntu amd64 .deb), checked against this."""
+BOOT_LOCK = REPO_ROOT / LOCKS / "boot.lock"
+"""boto3, hash-pinned: what the boot script needs before it has the source and its locks."""
 AGENT_REGISTRY_ACTIONS = ("dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:GetItem")
 """Register, heartbeat, drain, gone (conditional writes) and the read that explains a refusal."""
 OWN_ROW_ONLY = {"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": ["${ec2:SourceInstanceARN}"]}}
@@ -121,8 +126,20 @@ class GpuPool(Construct):
             "SPOTGATE_AGENT_JWKS_PARAMETER": config.jwks_parameter,
             "SPOTGATE_AGENT_TOKEN_ISSUER": token_issuer,
             "SPOTGATE_AGENT_DRAIN_GRACE_SECONDS": str(AGENT_DRAIN_GRACE_SECONDS),
+            **(
+                {"SPOTGATE_AGENT_VLLM__REVISION": config.model_revision}
+                if config.model_revision
+                else {}
+            ),
             **dict(config.agent_settings),
         }
+        if not config.model_revision and not config.model.startswith("/"):
+            Annotations.of(self).add_warning_v2(
+                "spotgate:unpinned-model",
+                f"model {config.model} has no modelRevision: each new agent downloads the "
+                "newest commit of its default branch, which may not be what was tested. Set "
+                "modelRevision to the commit hash.",
+            )
         self.agent_settings = settings
         self.boot_script = render_boot_script(
             {
@@ -135,6 +152,9 @@ class GpuPool(Construct):
                 "STOP_TIMEOUT_SECONDS": str(
                     AGENT_DRAIN_GRACE_SECONDS + SYSTEMD_STOP_MARGIN_SECONDS
                 ),
+                "CLOUDWATCH_AGENT_VERSION": CLOUDWATCH_AGENT_VERSION,
+                "CLOUDWATCH_AGENT_SHA256": CLOUDWATCH_AGENT_SHA256,
+                "BOOT_LOCK": BOOT_LOCK.read_text().strip(),
             }
         )
 

@@ -17,7 +17,9 @@ DOCKERFILE = "infra/cdk/Dockerfile"
 
 PACKAGES = ("spotgate", "gateway", "gpu_agent", "pool_manager", "stack", "cli")
 """What the `spotgate` command (`cli`) runs the services with; `loadtest` stays behind."""
-_PACKAGE_FILES = ("pyproject.toml", "README.md", *PACKAGES)
+LOCKS = "requirements"
+"""The hash-pinned locks the agents (agent-gpu.lock) and the image (service.lock) install."""
+_PACKAGE_FILES = ("pyproject.toml", "README.md", LOCKS, *PACKAGES)
 
 # Docker-style patterns: leave everything out, then take back what `pip install .` needs, so
 # virtualenvs, caches, test output and cdk.out never reach an asset (or its hash).

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from stacks.source import DOCKERFILE, PACKAGES, REPO_ROOT
+from stacks.source import DOCKERFILE, LOCKS, PACKAGES, REPO_ROOT
 
 SERVICE_ENTRY_POINTS = ("cli.main", "gateway.service", "gpu_agent.service", "pool_manager.service")
 """`spotgate gateway|agent|pool run` (the image's and the agents' commands) and what they run."""
@@ -41,4 +41,4 @@ def test_the_shipped_packages_hold_every_module_the_services_import(tmp_path: Pa
 def test_the_image_copies_exactly_the_shipped_packages() -> None:
     lines = (REPO_ROOT / DOCKERFILE).read_text().splitlines()
     copied = [line.split()[1] for line in lines if line.startswith("COPY ")]
-    assert copied == ["pyproject.toml", *PACKAGES]
+    assert copied == ["pyproject.toml", f"{LOCKS}/service.lock", *PACKAGES]

@@ -4,11 +4,22 @@ expects: the settings' names, DESIGN.md's tables, EC2's event names, least privi
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
 from aws_cdk.assertions import Annotations, Match
-from conftest import CDK_DIR, Synthesized, as_list, cdk_json_context, render, statements
+from conftest import (
+    CDK_DIR,
+    PLAIN_HTTP,
+    Synthesized,
+    as_list,
+    cdk_json_context,
+    render,
+    statements,
+    synthesize,
+)
 from stacks.config import CONTEXT_KEYS, DeployConfig, config_as_context
 
 from pool_manager.ec2_provider import POOL_TAG
@@ -455,6 +466,23 @@ def test_the_gateway_connects_only_to_agents_inside_the_vpc(synthesized: Synthes
     assert render(networks) == f'["<{vpc_id}.CidrBlock>"]'
 
 
+def test_an_unpinned_model_is_a_warning_and_a_revision_reaches_the_agents(
+    synthesized: Synthesized, tmp_path: Path
+) -> None:
+    warnings = Annotations.from_stack(synthesized.stack).find_warning(
+        "*", Match.string_like_regexp("has no modelRevision")
+    )
+    assert len(warnings) == 1
+    revision = "a" * 40
+    pinned = synthesize(tmp_path, {**PLAIN_HTTP, "modelRevision": revision})
+    assert not Annotations.from_stack(pinned.stack).find_warning(
+        "*", Match.string_like_regexp("has no modelRevision")
+    )
+    _id, template = pinned.one("AWS::EC2::LaunchTemplate")
+    boot = render(template["Properties"]["LaunchTemplateData"]["UserData"])
+    assert f"SPOTGATE_AGENT_VLLM__REVISION={revision}\n" in boot
+
+
 def test_plain_http_is_synthesized_only_when_asked_and_then_with_a_warning(
     synthesized: Synthesized,
 ) -> None:
@@ -570,7 +598,9 @@ def test_services_run_the_spotgate_commands(synthesized: Synthesized) -> None:
     (image,) = assets["dockerImages"].values()
     assert image["source"]["dockerFile"] == "infra/cdk/Dockerfile"
     dockerfile = (CDK_DIR / "Dockerfile").read_text()
-    assert "FROM python:3.11-slim" in dockerfile
+    assert re.search(r"^FROM python:3\.11-slim@sha256:[0-9a-f]{64}$", dockerfile, re.M)
+    assert "pip install --require-hashes -r requirements/service.lock" in dockerfile
+    assert "pip install --no-deps --no-build-isolation ." in dockerfile
     assert 'ENTRYPOINT ["spotgate"]' in dockerfile
 
 

