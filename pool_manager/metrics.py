@@ -6,11 +6,15 @@ from collections import Counter as Tally
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from pool_manager.controller import PassReport
 from pool_manager.events import PoolEvent
 from pool_manager.policy import Drain, Launch, PoolAgent, Terminate
+from spotgate.settings import Placement
+
+COLD_START_BUCKETS_SECONDS = (30, 60, 90, 120, 180, 240, 300, 450, 600, 900, 1200, 1800)
+"""Launch to ready: a CPU agent in seconds, a GPU instance pulling a model in minutes."""
 
 
 @dataclass
@@ -18,7 +22,9 @@ class PoolMetrics:
     """Counters of what the pool did, and gauges of what it holds."""
 
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+    placements: Sequence[Placement] = ()  # for the hourly prices of the pool's instances
     last_pass_at: float = 0.0  # epoch seconds; 0 before the first pass
+    _cold_starts_seen: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         r = self.registry
@@ -52,6 +58,24 @@ class PoolMetrics:
             "when the last reconcile pass finished",
             registry=r,
         )
+        self.cost = Gauge(
+            "spotgate_pool_cost_dollars_per_hour",
+            "what the pool's instances cost an hour at their placements' listed prices",
+            ["lifecycle"],
+            registry=r,
+        )
+        self.cold_start = Histogram(
+            "spotgate_pool_cold_start_seconds",
+            "from an instance's launch to its agent's first ready",
+            ["instance_type", "zone"],
+            buckets=COLD_START_BUCKETS_SECONDS,
+            registry=r,
+        )
+        self._prices = {
+            (p.instance_type, p.zone): {"spot": p.spot_price_per_hour,
+                                        "on-demand": p.on_demand_price_per_hour}
+            for p in self.placements
+        }  # fmt: skip
 
     def record_pass(self, report: PassReport, now: float) -> None:
         """Count a pass's actions and set the gauges from what it saw."""
@@ -71,11 +95,26 @@ class PoolMetrics:
         self.last_pass_at = now
 
     def observe_agents(self, agents: Sequence[tuple[str, PoolAgent]]) -> None:
-        """Replace the agent gauge with the pool as the last pass saw it."""
+        """Set the agent and cost gauges to the pool the last pass saw; time new cold starts.
+
+        An agent's cold start (launch to ready) is observed once, when it is first seen ready.
+        """
         self.agents.clear()
         counts = Tally((model, agent.phase, agent.lifecycle) for model, agent in agents)
         for (model, phase, lifecycle), count in counts.items():
             self.agents.labels(model=model, phase=phase, lifecycle=lifecycle).set(count)
+        cost = {"spot": 0.0, "on-demand": 0.0}
+        for _model, agent in agents:
+            prices = self._prices.get((agent.instance_type, agent.zone))
+            if prices is not None:
+                cost[agent.lifecycle] += prices[agent.lifecycle]
+            if agent.ready_at is not None and agent.agent_id not in self._cold_starts_seen:
+                self._cold_starts_seen.add(agent.agent_id)
+                self.cold_start.labels(instance_type=agent.instance_type, zone=agent.zone).observe(
+                    max(0.0, agent.ready_at - agent.launched_at)
+                )
+        for kind, dollars in cost.items():
+            self.cost.labels(lifecycle=kind).set(dollars)
 
     def record_event(self, event: PoolEvent) -> None:
         """Count one EC2 event."""

@@ -114,7 +114,7 @@ async def run_pool(
     settings: PoolSettings, stop: asyncio.Event, metrics: PoolMetrics | None = None
 ) -> None:
     """Reconcile until `stop` is set."""
-    metrics = metrics or PoolMetrics()
+    metrics = metrics or PoolMetrics(placements=settings.placements)
     async with AsyncExitStack() as stack:
         await stack.enter_async_context(serving(settings, metrics))
         registry = await stack.enter_async_context(Registry.open(settings.shared))

@@ -1,11 +1,14 @@
 from __future__ import annotations
 
+from dataclasses import replace
+
 from prometheus_client import generate_latest
 
 from pool_manager.controller import PassReport
 from pool_manager.events import PoolEvent
 from pool_manager.metrics import PoolMetrics
 from pool_manager.policy import Drain, Launch, PoolAgent, Terminate
+from spotgate.settings import Placement
 
 
 def agent(agent_id: str, phase: str, lifecycle: str = "spot") -> PoolAgent:
@@ -48,3 +51,23 @@ def test_a_pass_counts_its_actions_and_sets_the_gauges() -> None:
     # the next pass replaces the agent gauge: gone agents leave no stale series
     metrics.record_pass(PassReport({"m": 0}, [], [], []), now=124.0)
     assert "spotgate_pool_agents{" not in generate_latest(metrics.registry).decode()
+
+
+def test_cost_per_hour_and_each_agents_cold_start_once() -> None:
+    prices = Placement(
+        instance_type="g5", zone="a", spot_price_per_hour=0.45, on_demand_price_per_hour=1.0
+    )
+    metrics = PoolMetrics(placements=(prices,))
+    ready = replace(agent("1", "ready"), launched_at=100.0, ready_at=190.0)
+    booting = agent("2", "starting", lifecycle="on-demand")
+    for now in (200.0, 210.0):  # seen ready twice: one cold start
+        metrics.record_pass(PassReport({"m": 2}, [], [], [("m", ready), ("m", booting)]), now)
+    text = generate_latest(metrics.registry).decode()
+    for line in (
+        'spotgate_pool_cost_dollars_per_hour{lifecycle="spot"} 0.45',
+        'spotgate_pool_cost_dollars_per_hour{lifecycle="on-demand"} 1.0',
+        'spotgate_pool_cold_start_seconds_count{instance_type="g5",zone="a"} 1.0',
+        'spotgate_pool_cold_start_seconds_sum{instance_type="g5",zone="a"} 90.0',
+        'spotgate_pool_cold_start_seconds_bucket{instance_type="g5",le="90.0",zone="a"} 1.0',
+    ):
+        assert line in text, line

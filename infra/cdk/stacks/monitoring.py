@@ -1,4 +1,6 @@
-"""Alarms: no ready agents, high queue time, spot interruption rate, stalled EC2 events.
+"""Alarms and a CloudWatch dashboard: ready agents, queue time, interruptions, EC2 events.
+
+The services' own metrics are for Prometheus and Grafana (ops/).
 
 Sources, by alarm: the registry (ready agents, queued streams) through a small function that
 publishes it to CloudWatch every minute; the pool manager's log (one JSON line per spot
@@ -155,6 +157,37 @@ class Monitoring(Construct):
             comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
             evaluation_periods=1,
             treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+        )
+
+        self.dashboard = cloudwatch.Dashboard(
+            self,
+            "Dashboard",
+            dashboard_name=f"{config.pool_name}-pool",
+            widgets=[
+                [
+                    cloudwatch.AlarmStatusWidget(title="Alarms", alarms=self.alarms, width=24),
+                ],
+                [
+                    cloudwatch.GraphWidget(
+                        title=f"Ready agents and queued streams ({model})",
+                        left=[ready.with_(statistic="Average"), queued.with_(statistic="Maximum")],
+                        width=12,
+                    ),
+                    cloudwatch.GraphWidget(
+                        title="Spot interruptions acted on (per hour)",
+                        left=[interruptions.metric(statistic="Sum", period=Duration.hours(1))],
+                        width=12,
+                    ),
+                ],
+                [
+                    cloudwatch.GraphWidget(
+                        title="EC2 events: oldest waiting (s) and failed (dead letters)",
+                        left=[events_queue.metric_approximate_age_of_oldest_message()],
+                        right=[dead_letters.metric_approximate_number_of_messages_visible()],
+                        width=24,
+                    ),
+                ],
+            ],
         )
 
         if config.alarm_topic_arn:

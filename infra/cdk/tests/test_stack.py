@@ -635,6 +635,18 @@ def test_every_log_group_has_a_retention(synthesized: Synthesized) -> None:
         assert options["awslogs-group"]["Ref"] in groups
 
 
+def test_a_cloudwatch_dashboard_shows_the_alarms_and_their_metrics(
+    synthesized: Synthesized,
+) -> None:
+    _id, dashboard = synthesized.one("AWS::CloudWatch::Dashboard")
+    assert dashboard["Properties"]["DashboardName"] == "spotgate-pool"
+    body = render(dashboard["Properties"]["DashboardBody"])
+    for shown in ("ReadyAgents", "QueuedStreams", "SpotInterruptions",
+                  "ApproximateAgeOfOldestMessage", "ApproximateNumberOfMessagesVisible",
+                  '"type":"alarm"'):  # fmt: skip
+        assert shown in body, shown
+
+
 def test_alarms_on_ready_agents_queue_time_and_interruptions(synthesized: Synthesized) -> None:
     alarms = {
         logical_id.removeprefix("Monitoring"): alarm["Properties"]
