@@ -56,7 +56,14 @@ class LinkLost:
     reason: str
 
 
-ChannelItem = ServerFrame | LinkLost
+@dataclass(frozen=True, slots=True)
+class StreamStalled:
+    """The agent sent nothing for this stream for `seconds` (its engine may be wedged)."""
+
+    seconds: float
+
+
+ChannelItem = ServerFrame | LinkLost | StreamStalled
 
 
 class _PendingDelta:
@@ -138,10 +145,15 @@ class StreamChannel:
             self.closed = isinstance(item, DoneFrame | ErrorFrame | LinkLost)
         self._ready.set()
 
-    async def items(self) -> AsyncIterator[ChannelItem]:
-        """Everything pushed, until the stream ends."""
+    async def items(self, stall_seconds: float | None = None) -> AsyncIterator[ChannelItem]:
+        """Everything pushed until the stream ends, or `StreamStalled` after a silent stall."""
         while True:
-            await self._ready.wait()
+            try:
+                async with asyncio.timeout(stall_seconds):
+                    await self._ready.wait()
+            except TimeoutError:
+                yield StreamStalled(stall_seconds or 0.0)
+                return
             batch, self._items = self._items, []
             self._backlog_tokens = 0
             self._ready.clear()

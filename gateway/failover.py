@@ -8,8 +8,9 @@ are; `monotonic`: for the stream's timings).
 
 The rules (DESIGN.md §4):
 
-- An agent that answers `interrupted` (it is draining), or whose link is lost, is excluded
-  and the stream is placed again, with a fresh deadline, on another agent.
+- An agent that answers `interrupted` (it is draining), whose link is lost, or that sends
+  nothing for the stream past the stall limit (a wedged engine behind a live agent), is
+  excluded and the stream is placed again, with a fresh deadline, on another agent.
   That agent's `generate` carries `resume`: the token ids and text the client already has,
   so no token is lost and none repeated. Any other agent error goes to the client and ends
   its stream.
@@ -286,6 +287,10 @@ class Failover:
 
     def on_link_lost(self, *, now: float) -> ResumeElsewhere:
         """The agent's socket closed under the stream: resume it elsewhere."""
+        return self._resume_elsewhere(now)
+
+    def on_stalled(self, *, now: float) -> ResumeElsewhere:
+        """The agent sent nothing past the stall limit: resume elsewhere (it is told to stop)."""
         return self._resume_elsewhere(now)
 
     def _leave_agent(self) -> str:

@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import AsyncGenerator, Callable
 
-from gateway.agent_link import AgentLink, LinkLost, LinkUnavailable
+from gateway.agent_link import AgentLink, LinkLost, LinkUnavailable, StreamStalled
 from gateway.dispatch import Dispatcher, NoCapacity, Queued, QueueFull, UnknownModel
 from gateway.failover import Failover, GiveUp, RelayOutcome, Unplaced, WaitForRoom
 from gateway.router import Candidate
@@ -44,6 +44,7 @@ async def relay_stream(
     dispatcher: Dispatcher,
     link_for: Callable[[str], AgentLink | None],
     deadline_seconds: float,
+    stall_seconds: float,
     outcome: RelayOutcome,
 ) -> AsyncGenerator[ClientFrame, None]:
     """Frames for the client, in its own stream id, from whichever agents serve it."""
@@ -103,7 +104,7 @@ async def relay_stream(
         stream.on_opened(agent_id)
         full = False  # the agent refused the stream for capacity
         try:
-            async for item in channel.items():
+            async for item in channel.items(stall_seconds):
                 if isinstance(item, DeltaFrame):
                     yield stream.on_delta(
                         item,
@@ -118,6 +119,17 @@ async def relay_stream(
                 elif isinstance(item, DoneFrame):
                     yield stream.on_done(item, monotonic=time.monotonic())
                     return
+                elif isinstance(item, StreamStalled):  # nothing for too long: stop it there
+                    stalled = stream.on_stalled(now=time.time())
+                    await link.cancel(agent_frame.id)
+                    log.warning(
+                        "agent stream stalled; resuming elsewhere",
+                        stream_id=frame.id,
+                        failed_agent=stalled.failed_agent,
+                        stalled_seconds=item.seconds,
+                        tokens_so_far=stalled.tokens_so_far,
+                    )
+                    break
                 elif isinstance(item, ErrorFrame | LinkLost):  # the agent's stream ended early
                     decision = (
                         stream.on_agent_error(item, now=time.time())

@@ -79,6 +79,7 @@ async def admitted_frames(
                 dispatcher=state.dispatcher,
                 link_for=state.link_for,
                 deadline_seconds=state.settings.queue.deadline_seconds,
+                stall_seconds=state.settings.queue.stall_seconds,
                 outcome=outcome,
             )
             async with aclosing(frames) as relayed:

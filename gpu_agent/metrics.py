@@ -38,6 +38,11 @@ class AgentMetrics:
         self.interruptions = Counter(
             "spotgate_agent_interruptions_total", "spot interruption notices", registry=r
         )
+        self.engine_stalls = Counter(
+            "spotgate_agent_engine_stalls_total",
+            "times the engine made no token within the stall limit (the agent then left)",
+            registry=r,
+        )
         self.registration_failures = Counter(
             "spotgate_agent_registration_failures_total",
             "attempts to register that the registry did not take (tried again)",

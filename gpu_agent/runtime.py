@@ -19,6 +19,7 @@ from typing import Literal
 
 from gpu_agent.drain import StreamLoad, streams_to_hand_back
 from gpu_agent.engine import Engine, GenerationRequest
+from gpu_agent.health import EngineCheck, engine_check
 from gpu_agent.imds import ImdsClient, ImdsUnavailable, InstanceIdentity, SpotNotice
 from gpu_agent.metrics import AgentMetrics
 from gpu_agent.streams import StreamProgress
@@ -144,6 +145,7 @@ class AgentRuntime:
         self.metrics.ready.set(1)
         log.info("agent ready", agent_id=self.identity.agent_id, url=self.url)
         self.spawn(self._heartbeat_forever(self.identity.agent_id), "heartbeat")
+        self.spawn(self._check_engine_forever(self.engine), "engine-check")
 
     async def _resolve_identity(self, imds: ImdsClient | None) -> AgentIdentity:
         settings = self.settings
@@ -168,12 +170,12 @@ class AgentRuntime:
         )
 
     @staticmethod
-    async def _warm_up(engine: Engine) -> None:
+    async def _warm_up(engine: Engine, tokens: int = WARMUP_TOKENS) -> None:
         """One real generation; raises if the engine produced nothing."""
         request = GenerationRequest(
             request_id=f"warm-up-{secrets.token_hex(4)}",
             prompt_ids=engine.text_prompt_ids(WARMUP_PROMPT),
-            max_tokens=WARMUP_TOKENS,
+            max_tokens=tokens,
             temperature=0.0,
         )
         produced = 0
@@ -240,6 +242,27 @@ class AgentRuntime:
                 return
             except Exception as err:  # a registry outage must not stop serving
                 log.warning("heartbeat failed", error=str(err))
+
+    async def _check_engine_forever(self, engine: Engine) -> None:
+        """While ready or draining: fail the agent once its engine stops producing tokens."""
+        stall = self.settings.engine_stall_seconds
+        while self.phase in ("ready", "draining"):
+            await asyncio.sleep(self.settings.engine_check_seconds)
+            progress = [handle.progress.last_progress for handle in self.streams.values()]
+            check = engine_check(time.monotonic(), progress, stall)
+            if check is EngineCheck.PROBE:
+                try:
+                    async with asyncio.timeout(stall):
+                        await self._warm_up(engine, tokens=1)
+                except TimeoutError:
+                    check = EngineCheck.STALLED
+                except Exception as err:  # the engine refused or broke: as good as wedged
+                    await self.engine_failed(f"engine probe failed: {err}")
+                    return
+            if check is EngineCheck.STALLED and self.phase in ("ready", "draining"):
+                self.metrics.engine_stalls.inc()
+                await self.engine_failed(f"engine produced no token for {stall:g} s (wedged)")
+                return
 
     # -- failure --
 

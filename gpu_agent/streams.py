@@ -53,6 +53,12 @@ class StreamProgress:
     completion_tokens: int = 0
     started_at: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
+    last_token_at: float | None = None
+
+    @property
+    def last_progress(self) -> float:
+        """When the engine last produced for this stream (its start, before any token)."""
+        return self.last_token_at if self.last_token_at is not None else self.started_at
 
 
 def check_request(
@@ -309,6 +315,7 @@ async def generate_frames(
                 elif step.finish_reason is not None:
                     finish = step.finish_reason
                 progress.completion_tokens += len(step.token_ids)
+                progress.last_token_at = time.monotonic()
                 yield DeltaFrame(
                     id=frame.id,
                     text=text,

@@ -128,6 +128,11 @@ class QueueSettings(_Section):
 
     max_pending_per_model: PositiveInt = 256
     deadline_seconds: PositiveFloat = 120.0
+    # How long an agent's stream may send nothing (before its first token, or between two)
+    # before the gateway moves it to another agent: an engine that stopped producing while its
+    # agent still answers (a wedged GPU) must not hold a client. Well above the slowest
+    # legitimate gap: a long prompt's prefill on a busy agent.
+    stall_seconds: PositiveFloat = 30.0
 
 
 class LimitStoreSettings(_Section):
@@ -276,6 +281,11 @@ class AgentSettings(BaseSettings):
     imds_url: str = "http://169.254.169.254"
     imds_poll_seconds: PositiveFloat = 5.0
     heartbeat_seconds: PositiveFloat = 5.0
+    # How often the agent checks its engine still produces (tokens of running streams, else a
+    # one-token probe), and how long without a token counts as wedged: the agent then hands
+    # its streams back and leaves (`gone`), and the pool manager replaces it.
+    engine_check_seconds: PositiveFloat = 15.0
+    engine_stall_seconds: PositiveFloat = 60.0
     # On SIGTERM the agent drains for this long; systemd's TimeoutStopSec must be longer.
     drain_grace_seconds: PositiveFloat = 90.0
     # Idle HTTP keep-alive; also how long a connection may take to send its request headers.

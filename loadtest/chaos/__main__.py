@@ -23,10 +23,22 @@ def main() -> None:
     parser.add_argument("--aws-down-seconds", type=float, default=30.0)
     parser.add_argument("--settle-seconds", type=float, default=5.0)
     parser.add_argument("--write", type=Path)
+    parser.add_argument(
+        "--scenario", action="append", default=[], help="run only this one (repeatable)"
+    )
     args = parser.parse_args()
     engine = ENGINES[args.engine]
+    if args.write and args.scenario:
+        parser.error("--write records every scenario: leave out --scenario")
     outcomes = asyncio.run(
-        run_all(args.agents, args.streams, args.aws_down_seconds, args.settle_seconds, engine)
+        run_all(
+            args.agents,
+            args.streams,
+            args.aws_down_seconds,
+            args.settle_seconds,
+            engine,
+            args.scenario,
+        )
     )
     section = render(outcomes, args.agents, args.streams, engine)
     print(section)

@@ -19,6 +19,8 @@ from loadtest.chaos.traffic import STREAM_TIMEOUT_SECONDS, Traffic
 from spotgate.registry import Registry
 
 NOTICE_SECONDS = 20.0
+ENGINE_CORE_PROCESS_NAME = "VLLM::EngineCor"
+"""What vLLM's engine core process calls itself (`VLLM::EngineCore`, cut to 15 characters)."""
 # A fresh agent is killed this long after it is seen registered, or once it has a stream:
 # well within its first heartbeat interval, and long enough for the gateway to route to it.
 NEWCOMER_LIFETIME_SECONDS = 0.4 * AGENT_HEARTBEAT_SECONDS
@@ -56,6 +58,27 @@ async def hang(stack: ChaosStack, traffic: Traffic, ready: dict[str, str]) -> se
     process.suspend()
     kill_in_seconds = stack.engine.recovery_timeout_seconds / 2
     asyncio.get_running_loop().call_later(kill_in_seconds, _kill_quietly, process)
+    return {victim}
+
+
+async def engine_core_stopped(
+    stack: ChaosStack, traffic: Traffic, ready: dict[str, str]
+) -> set[str]:
+    """vLLM: SIGSTOP only the engine core of a serving agent (and its workers).
+
+    The agent's own process answers on, `/healthz` green, heartbeats going: a wedged GPU.
+    """
+    victim, process = next(iter(stack.serving_processes(ready).items()))
+    cores = [
+        child
+        for child in process.children(recursive=True)
+        if child.name().startswith(ENGINE_CORE_PROCESS_NAME)
+    ]
+    if not cores:
+        raise RuntimeError(f"{victim} runs no {ENGINE_CORE_PROCESS_NAME} process")
+    for core in cores:
+        for stopped in (core, *core.children(recursive=True)):
+            stopped.suspend()
     return {victim}
 
 
@@ -154,3 +177,12 @@ SCENARIOS: dict[str, Callable[[float], Fault]] = {
     "replacement killed before its first heartbeat": lambda _: dies_after_registering,
     "full pool: a surge of its whole capacity": lambda _: full_pool,
 }
+VLLM_SCENARIOS: dict[str, Callable[[float], Fault]] = {
+    "engine core stopped (SIGSTOP), agent alive": lambda _: engine_core_stopped,
+}
+"""Faults only a vLLM agent can suffer: the synthetic engine runs in the agent's process."""
+
+
+def scenarios_for(kind: str) -> dict[str, Callable[[float], Fault]]:
+    """The scenarios that apply to agents of an engine kind, by name."""
+    return {**SCENARIOS, **VLLM_SCENARIOS} if kind == "vllm" else SCENARIOS

@@ -7,7 +7,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from loadtest.chaos.faults import SCENARIOS, Fault, aws_down
+from loadtest.chaos.faults import Fault, aws_down, scenarios_for
 from loadtest.chaos.stack import SYNTHETIC, ChaosStack, StackEngine, chaos_stack
 from loadtest.chaos.traffic import Tally, Traffic
 
@@ -50,9 +50,9 @@ async def run_all(
     aws_down_seconds: float,
     settle_seconds: float,
     engine: StackEngine = SYNTHETIC,
-    scenarios: Sequence[str] = tuple(SCENARIOS),
+    scenarios: Sequence[str] = (),
 ) -> list[Outcome]:
-    """The `scenarios` (all by default), one after another, on one stack.
+    """The `scenarios` (those that apply to the engine by default), in turn, on one stack.
 
     Each agent takes `streams` streams at once: one agent alone can carry the whole steady
     traffic while the others are faulted, and the full pool needs a surge beyond it.
@@ -63,8 +63,9 @@ async def run_all(
             if await stack.wait_ready(set(), engine.ready_timeout_seconds) is None:
                 raise RuntimeError("the pool did not reach its target")
             await stack.learn_replies(agents * streams)  # the surge's clients too
-        for name in scenarios:
-            make = SCENARIOS[name]
+        applicable = scenarios_for(engine.kind)
+        for name in scenarios or tuple(applicable):
+            make = applicable[name]
             fault = make(aws_down_seconds)
             label = f"{name} ({aws_down_seconds:.0f} s)" if make is aws_down else name
             outcomes.append(await run_scenario(stack, label, fault, streams, settle_seconds))

@@ -54,6 +54,11 @@ GATEWAYS = 2  # replicas sharing one pool, as behind a load balancer
 GATEWAY_GRACE_SECONDS = 10.0  # streams last 3 s: every one in flight finishes within it
 GATEWAY_STOP_TIMEOUT_SECONDS = GATEWAY_GRACE_SECONDS + 10.0
 REGISTRY_POLL_SECONDS = 0.1
+# A wedged engine, at this scale: its streams move after 10 s without a token (vLLM on these
+# CPUs gaps by well under a second), its agent leaves after 20 s.
+STREAM_STALL_SECONDS = 10.0
+ENGINE_CHECK_SECONDS = 2.0
+ENGINE_STALL_SECONDS = 20.0
 
 
 @dataclass(frozen=True)
@@ -143,7 +148,7 @@ class ChaosStack:
             public_url=self.gateway_url,
             token=TokenSettings(signing_key_pem=SecretStr(SigningKey.generate().to_pem())),
             models=(self.engine.model,),
-            queue=QueueSettings(deadline_seconds=60),
+            queue=QueueSettings(deadline_seconds=60, stall_seconds=STREAM_STALL_SECONDS),
             shutdown_grace_seconds=GATEWAY_GRACE_SECONDS,
             limit_store=self.limit_store.settings(),
         )
@@ -178,7 +183,12 @@ class ChaosStack:
             drain_grace_seconds=15,
             log_dir=str(self.directory / "logs"),
         )
-        agent = AgentSettings(heartbeat_seconds=AGENT_HEARTBEAT_SECONDS, imds_poll_seconds=1)
+        agent = AgentSettings(
+            heartbeat_seconds=AGENT_HEARTBEAT_SECONDS,
+            imds_poll_seconds=1,
+            engine_check_seconds=ENGINE_CHECK_SECONDS,
+            engine_stall_seconds=ENGINE_STALL_SECONDS,
+        )
         if self.engine.kind == "synthetic":
             synthetic = SyntheticSettings(
                 tokens_per_second=TOKENS_PER_SECOND, capacity=self.agent_capacity

@@ -113,6 +113,11 @@ GatewayAgentFactory = Callable[..., Awaitable[RunningAgent]]
 @pytest.fixture
 def gateway_agent(start_agent: AgentFactory, gateway: Gateway) -> GatewayAgentFactory:
     """Start an in-process synthetic agent that trusts the gateway, and wait until routable."""
+    return agents_of(gateway, start_agent)
+
+
+def agents_of(gateway: Gateway, start_agent: AgentFactory) -> GatewayAgentFactory:
+    """Starts in-process agents (synthetic unless given an engine) that `gateway` routes to."""
 
     async def start(
         tokens_per_second: float = 200.0,

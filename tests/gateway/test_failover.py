@@ -34,8 +34,9 @@ DEADLINE_SECONDS = 30.0
 ARRIVED = 1_000.0  # wall clock when the stream arrived
 STARTED = 50.0  # monotonic, at the same moment
 LINK_LOST = "link lost"
+STALLED = "stalled"
 RESUMING_ENDINGS = [ErrorCode.INTERRUPTED, ErrorCode.NO_CAPACITY, LINK_LOST]
-Ending = ErrorCode | str  # an agent's error code, or LINK_LOST
+Ending = ErrorCode | str  # an agent's error code, LINK_LOST or STALLED
 
 
 def arrive(request: GenerateFrame = REQUEST) -> Failover:
@@ -70,6 +71,8 @@ def end(stream: Failover, how: Ending, *, now: float = ARRIVED + 1) -> Decision:
     """The serving agent's stream ends early: with an error frame, or its link is lost."""
     if how == LINK_LOST:
         return stream.on_link_lost(now=now)
+    if how == STALLED:
+        return stream.on_stalled(now=now)
     error = ErrorFrame(id="agent-stream", code=ErrorCode(how), message="agent says", retry_after=2)
     return stream.on_agent_error(error, now=now)
 
@@ -96,11 +99,12 @@ RESUMES = {
     ErrorCode.GOING_AWAY: False,  # a gateway's word to its clients, never an agent's
     ErrorCode.INTERNAL: False,
     LINK_LOST: True,
+    STALLED: True,  # a wedged engine behind a live agent: it is told to stop, the stream moves
 }
 
 
 def test_every_error_code_is_classified() -> None:
-    assert set(RESUMES) == {*ErrorCode, LINK_LOST}
+    assert set(RESUMES) == {*ErrorCode, LINK_LOST, STALLED}
 
 
 @pytest.mark.parametrize(("ending", "resumes"), RESUMES.items())

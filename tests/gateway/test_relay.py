@@ -45,6 +45,7 @@ async def test_a_chosen_agent_counts_the_stream_while_its_link_opens() -> None:
             dispatcher=dispatcher,
             link_for=lambda _agent_id: link,  # type: ignore[arg-type,return-value]
             deadline_seconds=5.0,
+            stall_seconds=30.0,
             outcome=RelayOutcome(),
         )
 

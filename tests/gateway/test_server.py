@@ -16,7 +16,12 @@ from gateway import auth as gateway_auth
 from gateway.routes.websocket import allowed_origins, origin_allowed
 from gateway.state import public_url
 from spotgate.registry import AgentState, CreatedApiKey, Registry, aws_session
-from spotgate.settings import MAX_REQUEST_BYTES, GatewaySettings
+from spotgate.settings import (
+    MAX_REQUEST_BYTES,
+    GatewaySettings,
+    LimitStoreSettings,
+    QueueSettings,
+)
 from spotgate.tokens import KeyRing, SigningKey, issue, verify
 from spotgate.wsserver import receive_limit
 from stack.emulator import AwsEmulator
@@ -25,10 +30,18 @@ from tests.gateway.conftest import (
     AgentProcess,
     Gateway,
     GatewayAgentFactory,
+    agents_of,
     replicas,
     running_gateway,
 )
-from tests.support.agents import AgentFactory, Imds, expected_text, spot_notice, wait_for
+from tests.support.agents import (
+    AgentFactory,
+    Imds,
+    WedgingEngine,
+    expected_text,
+    spot_notice,
+    wait_for,
+)
 from tests.support.metrics import metric_value, scrape
 from tests.support.wsclient import connect, generate, receive, run_streams, send, text_of
 
@@ -292,6 +305,35 @@ async def test_kill_9_of_the_serving_agent_loses_nothing(
     starts = [f["agent"] for f in frames if f["type"] == "start"]
     assert starts[0] == victim.agent_id
     assert starts[-1] != victim.agent_id  # moved, and the client was told
+
+
+async def test_a_stream_on_a_wedged_engine_moves_once_the_stall_limit_passes(
+    aws: AwsEmulator,
+    gateway_key: SigningKey,
+    limit_store: LimitStoreSettings,
+    start_agent: AgentFactory,
+    api_key: CreatedApiKey,
+) -> None:
+    stall = QueueSettings(max_pending_per_model=4, deadline_seconds=5.0, stall_seconds=1.0)
+    async with running_gateway(aws, gateway_key, limit_store=limit_store, queue=stall) as gw:
+        agents = agents_of(gw, start_agent)
+        engine = WedgingEngine(MODEL, after_tokens=20)
+        wedged = await agents(engine=engine)
+        async with connect(gw.ws_url, api_key.api_key) as ws:
+            await send(ws, generate("s", MODEL, content="hang on", max_tokens=60))
+            frames = [await receive(ws)]
+            assert frames[0]["agent"] == wedged.runtime.identity.agent_id  # type: ignore[union-attr]
+            await engine.wedged.wait()
+            await agents(imds_url="http://127.0.0.1:9")  # somewhere to go
+            while frames[-1]["type"] not in ("done", "error"):
+                frames.append(await receive(ws))
+        streams_left = dict(wedged.runtime.streams)
+
+    assert frames[-1]["type"] == "done", frames[-1]
+    assert text_of(frames) == expected_text("hang on", 60)
+    assert frames[-1]["usage"]["completion_tokens"] == 60
+    assert len({f["agent"] for f in frames if f["type"] == "start"}) == 2
+    assert streams_left == {}  # the wedged agent was told to stop its stream
 
 
 async def test_spot_notice_moves_the_stream_exactly(

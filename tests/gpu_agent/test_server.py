@@ -24,6 +24,7 @@ from tests.support.agents import (
     ISSUER,
     AgentFactory,
     Imds,
+    WedgingEngine,
     reset_emulator,
     spot_notice,
     synthetic,
@@ -483,3 +484,41 @@ async def test_an_engine_that_dies_while_idle_takes_the_agent_out_of_the_pool(
         assert health.status == 503
         assert (await health.json())["failure"] == "the engine process exited"
     assert agent.runtime.phase == "failed"
+
+
+@pytest.mark.parametrize("busy", [False, True], ids=["idle: the probe hangs", "mid-stream"])
+async def test_a_wedged_engine_takes_the_agent_out_of_the_pool(
+    start_agent: AgentFactory, aws: AwsEmulator, token: str, busy: bool
+) -> None:
+    engine = WedgingEngine()
+    agent = await wait_ready(
+        await start_agent(engine, engine_check_seconds=0.2, engine_stall_seconds=1.0)
+    )
+    agent_id = agent.runtime.identity.agent_id
+    async with connect(agent.ws_url, token) as ws:
+        if busy:  # a stream hangs after 5 tokens: its agent hands it back, to move elsewhere
+            engine.after_tokens = 5
+            await send(ws, generate("s", "synth", max_tokens=50))
+        else:  # nothing runs: only the probe can tell
+            engine.wedge()
+        async with Registry.open(aws.settings()) as registry:
+
+            async def gone() -> bool:
+                record = await registry.get_agent(agent_id)
+                return record is not None and record.state is AgentState.GONE
+
+            await wait_for(gone, within=5)
+        if busy:
+            frames = [await receive(ws)]
+            while frames[-1]["type"] not in ("done", "error"):
+                frames.append(await receive(ws))
+            assert (frames[-1]["type"], frames[-1]["code"]) == ("error", "interrupted")
+            # the tokens before it hung (a step may carry more than one), not the 50 asked
+            assert 5 <= sum(f["n"] for f in frames if f["type"] == "delta") < 50
+    async with aiohttp.ClientSession() as http, http.get(f"{agent.url}/healthz") as health:
+        assert health.status == 503
+        assert "wedged" in (await health.json())["failure"]
+    assert (
+        metric_value(await scrape(f"{agent.url}/metrics"), "spotgate_agent_engine_stalls_total")
+        == 1
+    )

@@ -9,7 +9,7 @@ import contextlib
 import json
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +18,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from gpu_agent.engine import Engine
+from gpu_agent.engine import Engine, EngineStep, GenerationRequest
 from gpu_agent.imds import InstanceIdentity
 from gpu_agent.imds_emulator import create_app as create_imds_app
 from gpu_agent.runtime import AgentRuntime
@@ -193,6 +193,9 @@ async def start_agent(aws: AwsEmulator, ring: KeyRing, imds: Imds) -> AsyncItera
             "imds_url": imds.url,
             "imds_poll_seconds": 0.2,
             "heartbeat_seconds": 0.5,
+            # Agents here may share one engine: a probe of one would join another's batch and
+            # could change its greedy tokens. Tests of the check set their own.
+            "engine_check_seconds": 3600.0,
             "agent_id": f"agent-{port}",
             **overrides,
         }
@@ -239,6 +242,31 @@ def synthetic(
             ),
         )
     )
+
+
+class WedgingEngine(SyntheticEngine):
+    """A synthetic engine that stops producing, its agent still answering: a GPU that hangs
+    under a live event loop (`/healthz` green, heartbeats going)."""
+
+    def __init__(self, model: str = "synth", after_tokens: int | None = None) -> None:
+        pace = SyntheticSettings(ttft_seconds=0.01, tokens_per_second=200.0)
+        super().__init__(AgentSettings(engine="synthetic", served_model_name=model, synthetic=pace))
+        self.after_tokens = after_tokens  # every reply hangs after this many; None: none does
+        self.wedged = asyncio.Event()  # set once a reply hangs
+
+    def wedge(self) -> None:
+        """From now on every reply hangs before its first token."""
+        self.after_tokens = 0
+
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[EngineStep, None]:
+        """The synthetic reply, until it hangs for good."""
+        produced = 0
+        async for step in super().generate(request):
+            if self.after_tokens is not None and produced >= self.after_tokens:
+                self.wedged.set()
+                await asyncio.Event().wait()  # never set: nothing more comes
+            yield step
+            produced += len(step.token_ids)
 
 
 async def spot_notice(imds: Imds, in_seconds: float) -> float:
