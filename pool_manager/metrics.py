@@ -115,6 +115,8 @@ class PoolMetrics:
                 )
         for kind, dollars in cost.items():
             self.cost.labels(lifecycle=kind).set(dollars)
+        # Only agents still in the pool need remembering: the set stays the pool's size.
+        self._cold_starts_seen.intersection_update(agent.agent_id for _model, agent in agents)
 
     def record_event(self, event: PoolEvent) -> None:
         """Count one EC2 event."""
