@@ -339,21 +339,25 @@ async def test_a_stream_on_a_wedged_engine_moves_once_the_stall_limit_passes(
 async def test_spot_notice_moves_the_stream_exactly(
     gateway: Gateway, gateway_agent: GatewayAgentFactory, api_key: CreatedApiKey, imds: Imds
 ) -> None:
+    # 15 s of reply: still running when the notice comes, however long the second agent takes
+    # to start on a busy machine (at 120 tokens it could finish first, and never move).
+    stream_tokens = 600
     slow = await gateway_agent(tokens_per_second=40.0)
     async with connect(gateway.ws_url, api_key.api_key) as ws:
-        await send(ws, generate("s", MODEL, content="drain me", max_tokens=120))
+        await send(ws, generate("s", MODEL, content="drain me", max_tokens=stream_tokens))
         frames = [await receive(ws)]
         assert frames[0]["agent"] == slow.runtime.identity.agent_id  # type: ignore[union-attr]
-        # Somewhere to move to, outside the emulated instance that gets the notice.
-        await gateway_agent(tokens_per_second=40.0, imds_url="http://127.0.0.1:9")
+        # Somewhere to move to (fast, to finish the rest soon), outside the emulated instance
+        # that gets the notice.
+        await gateway_agent(tokens_per_second=400.0, imds_url="http://127.0.0.1:9")
         # 16 s to the deadline, 15 s margin: the long stream is handed back at once.
         await spot_notice(imds, in_seconds=16)
         while frames[-1]["type"] not in ("done", "error"):
             frames.append(await receive(ws))
 
     assert frames[-1]["type"] == "done", frames[-1]
-    assert text_of(frames) == expected_text("drain me", 120)
-    assert frames[-1]["usage"]["completion_tokens"] == 120
+    assert text_of(frames) == expected_text("drain me", stream_tokens)
+    assert frames[-1]["usage"]["completion_tokens"] == stream_tokens
     assert len({f["agent"] for f in frames if f["type"] == "start"}) == 2
 
 
