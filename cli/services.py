@@ -41,7 +41,9 @@ def _gateway(_args: argparse.Namespace) -> int:
 def setup_services(commands: Commands) -> None:
     """Add `up`, `gateway` and `agent`."""
     up = commands.add_parser("up", help="run the whole system locally")
-    up.add_argument("--port", type=int, default=8080, help="gateway port (default 8080)")
+    up.add_argument(
+        "--port", type=int, default=8080, help="gateway port (default 8080; 0: any free port)"
+    )
     up.add_argument("--agents", type=positive_int, default=1, help="GPU agents to start")
     up.add_argument(
         "--gateways",

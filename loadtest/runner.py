@@ -21,7 +21,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from spotgate.process import free_port
 from stack.local import LocalStackInfo, find_local_stack
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
@@ -252,7 +251,7 @@ def local_stack(directory: Path, agents: int, gateways: int = 1) -> Iterator[Loc
     directory.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "cli", "up", "--engine", "synthetic",
                "--agents", str(agents), "--gateways", str(gateways),
-               "--port", str(free_port())]  # fmt: skip
+               "--port", "0"]  # fmt: skip
     process = subprocess.Popen(  # noqa: S603 - our own CLI
         command, cwd=directory, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )

@@ -45,8 +45,8 @@ LISTEN_BACKLOG = 128
 """Connections a socket holds before its server accepts them (asyncio's default too)."""
 
 
-def loopback_socket() -> socket.socket:
-    """A listening TCP socket on loopback, port 0: the port is the kernel's and stays ours.
+def loopback_socket(port: int = 0) -> socket.socket:
+    """A listening TCP socket on loopback, on `port` (0: one the kernel picks, ours to keep).
 
     Its port is known (`socket_port`) before the server on it starts, for the URLs a
     server's settings name (a gateway's public URL, an agent's advertised one). It listens
@@ -55,7 +55,11 @@ def loopback_socket() -> socket.socket:
     """
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
+    try:
+        sock.bind(("127.0.0.1", port))
+    except OSError:
+        sock.close()
+        raise
     sock.listen(LISTEN_BACKLOG)
     return sock
 

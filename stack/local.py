@@ -2,12 +2,12 @@
 
 It starts an embedded AWS emulator (moto server, real HTTP) with spotgate's tables and a dev
 API key, Debian's `redis-server` as the limit store, then the gateway replicas (on
-consecutive ports, sharing a signing key, the store and the registry) and N agents as
-processes of their own (each agent with its own IMDS emulator, so interruptions can be
-injected), waits until every agent is registered ready, prints one `spotgate ready:` line and
-writes the same to `.spotgate/up.json`, so that `spotgate keys …` run from the same directory
-act on this stack. Ctrl-C drains the agents, stops the gateways, the store and the emulator.
-Process logs go to `.spotgate/logs/`.
+consecutive ports, or any free ones with `--port 0`, sharing a signing key, the store and the
+registry) and N agents as processes of their own (each agent with its own IMDS emulator, so
+interruptions can be injected), waits until every agent is registered ready, prints one
+`spotgate ready:` line and writes the same to `.spotgate/up.json`, so that `spotgate keys …`
+run from the same directory act on this stack. Ctrl-C drains the agents, stops the gateways,
+the store and the emulator. Process logs go to `.spotgate/logs/`.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -26,7 +27,13 @@ from pathlib import Path
 import aiohttp
 from pydantic import SecretStr
 
-from spotgate.process import ChildExited, ChildProcesses, free_port
+from spotgate.process import (
+    ChildExited,
+    ChildProcesses,
+    free_port,
+    loopback_socket,
+    socket_port,
+)
 from spotgate.registry import AgentRecord, Registry
 from spotgate.settings import (
     AgentSettings,
@@ -179,6 +186,23 @@ async def _create_interruption_queue(settings: SharedSettings) -> str:
     return str(queue_url)
 
 
+def _gateway_sockets(port: int, gateways: int) -> list[socket.socket]:
+    """Listening sockets for the gateway replicas: consecutive ports from `port`, or any if 0."""
+    sockets: list[socket.socket] = []
+    try:
+        for index in range(gateways):
+            sockets.append(loopback_socket(port + index if port else 0))
+    except OSError as err:
+        for sock in sockets:
+            sock.close()
+        taken = port + len(sockets)
+        raise UpFailed(
+            f"the gateway cannot listen on 127.0.0.1:{taken} ({err.strerror}); "
+            "pick other ports with --port (0: any free ones)"
+        ) from err
+    return sockets
+
+
 def _model_for(options: UpOptions, directory: Path) -> tuple[str, str]:
     """(model path, served name) for the agents; the tiny model is generated on first run."""
     if options.engine == "synthetic":
@@ -207,6 +231,9 @@ async def run_up(directory: Path, options: UpOptions, *, announce: Callable[[str
         ) from err
 
     model_path, served = _model_for(options, directory)
+    # Bound here, before anything else takes a port, and handed down: a port in use is one
+    # clear line, not a gateway child that exits.
+    gateway_sockets = _gateway_sockets(options.port, options.gateways)
     emulator = AwsEmulator()
     emulator.start()
     processes = ChildProcesses(directory / LOG_DIR)
@@ -220,17 +247,14 @@ async def run_up(directory: Path, options: UpOptions, *, announce: Callable[[str
         async with Registry.open(emulator.settings()) as registry:
             await registry.create_tables()
             created = await registry.create_key("dev")
-            gateway_urls = [
-                f"http://127.0.0.1:{options.port + index}" for index in range(options.gateways)
-            ]
+            gateway_urls = [f"http://127.0.0.1:{socket_port(sock)}" for sock in gateway_sockets]
             gateway_url = gateway_urls[0]
             shared = emulator.settings().model_copy(update={"log_format": "json"})
             signing_key = SecretStr(SigningKey.generate().to_pem())
-            for index in range(options.gateways):
+            for index, sock in enumerate(gateway_sockets):
                 # Replicas as behind a load balancer: one issuer and signing key, one store.
                 gateway = GatewaySettings(
                     shared=shared,
-                    port=options.port + index,
                     public_url=gateway_url,
                     token=TokenSettings(signing_key_pem=signing_key),
                     models=(served,),
@@ -238,7 +262,7 @@ async def run_up(directory: Path, options: UpOptions, *, announce: Callable[[str
                     limit_store=store.settings(),
                 )
                 name = "gateway" if index == 0 else f"gateway-{index + 1}"
-                start_service(processes, name, gateway)
+                start_service(processes, name, gateway, sock)
             for url in gateway_urls:
                 await _wait_http_ok(f"{url}/readyz", processes, f"the gateway at {url}")
             queue_url = await _create_interruption_queue(emulator.settings())
@@ -291,6 +315,8 @@ async def run_up(directory: Path, options: UpOptions, *, announce: Callable[[str
         processes.close()
         store.stop()
         emulator.stop()
+        for sock in gateway_sockets:
+            sock.close()
     return 0
 
 

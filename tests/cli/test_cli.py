@@ -13,7 +13,7 @@ import aiohttp
 import openai
 import pytest
 
-from spotgate.process import free_port
+from spotgate.process import loopback_socket, socket_port
 from spotgate.registry import Registry, UsageCounts, minute_of
 from spotgate.settings import emulator_settings, settings_env
 from stack.emulator import AwsEmulator
@@ -172,10 +172,19 @@ def test_unreachable_aws_is_one_line(tmp_path: Path) -> None:
     assert "AWS request failed" in one_line(result.stderr)
 
 
+def test_up_on_a_taken_port_is_one_line_and_starts_nothing(tmp_path: Path) -> None:
+    with loopback_socket() as taken:
+        port = socket_port(taken)
+        result = run("up", "--engine", "synthetic", "--port", str(port), cwd=tmp_path)
+    assert result.returncode == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in one_line(result.stderr)
+    assert "--port" in result.stderr
+    assert not (tmp_path / UP_FILE).exists()
+
+
 @pytest.fixture
 def spotgate_up(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
-    port = free_port()
-    up = ["up", "--engine", "synthetic", "--agents", "2", "--gateways", "2", "--port", str(port)]
+    up = ["up", "--engine", "synthetic", "--agents", "2", "--gateways", "2", "--port", "0"]
     process = subprocess.Popen(
         [*SPOTGATE, *up],
         cwd=tmp_path,
@@ -209,7 +218,7 @@ async def test_up_runs_gateways_and_agents_and_stops_cleanly(
     assert len(info["agents"]) == 2
     first, second = info["gateways"]
     assert first == info["gateway_url"]
-    assert int(second.rsplit(":", 1)[1]) == int(first.rsplit(":", 1)[1]) + 1
+    assert second != first  # `--port 0`: each replica on a port of its own
     assert line.strip().endswith(f"replicas={second}")
 
     client = openai.AsyncOpenAI(
