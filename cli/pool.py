@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from cli.args import (
@@ -16,7 +17,7 @@ from cli.args import (
     run_async,
     shared_settings,
 )
-from spotgate.registry import Registry
+from spotgate.registry import BOOT_PHASES, Registry
 from stack.local import find_local_stack
 
 
@@ -34,6 +35,13 @@ def _age(seconds: float) -> str:
     return f"{seconds / 3600:.1f}h"
 
 
+def _print_table(rows: Sequence[Sequence[str]]) -> None:
+    """Rows in aligned columns, the first row the header."""
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
+
+
 async def _pool_status(_args: argparse.Namespace) -> int:
     async with Registry.open(shared_settings()) as registry:
         agents = await registry.list_agents(include_expired=True)
@@ -47,9 +55,7 @@ async def _pool_status(_args: argparse.Namespace) -> int:
             (agent.agent_id, agent.model, state, agent.lifecycle, agent.instance_type,
              agent.zone, f"{agent.active}/{agent.capacity}", _age(now - agent.started_at))
         )  # fmt: skip
-    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
-    for row in rows:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
+    _print_table(rows)
     for model in sorted(set(demand) | set(fixed)):
         wanted = demand.get(model)
         line = f"{model}: {wanted.pending if wanted else 0} queued, "
@@ -57,6 +63,33 @@ async def _pool_status(_args: argparse.Namespace) -> int:
         if model in fixed:
             line += f"; agent count fixed at {fixed[model]} (spotgate pool scale)"
         print(line)
+    return 0
+
+
+async def _pool_boots(args: argparse.Namespace) -> int:
+    async with Registry.open(shared_settings()) as registry:
+        agents = await registry.list_agents(include_expired=True)
+    booted = [
+        (agent, phases)
+        for agent in sorted(agents, key=lambda a: a.boot.ready)
+        if "ready" in (phases := agent.boot.elapsed_seconds())
+    ]
+    if args.json:
+        timed = [
+            {"agent_id": agent.agent_id, "model": agent.model,
+             "instance_type": agent.instance_type, "zone": agent.zone,
+             "phases_seconds": phases, "cold_start_seconds": phases["ready"]}
+            for agent, phases in booted
+        ]  # fmt: skip
+        print(json.dumps(timed, indent=2))
+        return 0
+    rows = [("AGENT", "TYPE", "ZONE", *(f"{phase.upper()} s" for phase in BOOT_PHASES[1:]))]
+    for agent, phases in booted:
+        rows.append(
+            (agent.agent_id, agent.instance_type, agent.zone,
+             *(f"{phases[phase]:.1f}" if phase in phases else "-" for phase in BOOT_PHASES[1:]))
+        )  # fmt: skip
+    _print_table(rows)
     return 0
 
 
@@ -102,7 +135,7 @@ def _pool_count(text: str) -> str:
 
 
 def setup_pool(commands: Commands) -> None:
-    """Add `pool run|status|scale|interrupt`."""
+    """Add `pool run|status|boots|scale|interrupt`."""
     pool = commands.add_parser("pool", help="inspect and steer the GPU pool")
     pool_commands = pool.add_subparsers(
         dest="pool_command", required=True, parser_class=OneLineParser
@@ -113,6 +146,11 @@ def setup_pool(commands: Commands) -> None:
     pool_commands.add_parser(
         "status", help="agents by state, lifecycle, type, zone, load"
     ).set_defaults(handler=run_async(_pool_status))
+    boots = pool_commands.add_parser(
+        "boots", help="each agent's boot: seconds from launch to the end of each phase"
+    )
+    boots.add_argument("--json", action="store_true", help="JSON, as `spotgate sim` reads it")
+    boots.set_defaults(handler=run_async(_pool_boots))
     scale = pool_commands.add_parser("scale", help="fix a model's agent count, or `auto`")
     scale.add_argument("model")
     scale.add_argument("count", type=_pool_count, help="agents, or `auto` to follow demand")

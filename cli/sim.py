@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from cli.args import (
@@ -27,6 +28,7 @@ def _sim(args: argparse.Namespace) -> int:
     config = SimConfig(
         target=args.target,
         cold_start_seconds=args.cold_start,
+        cold_start_samples=_cold_starts(args.cold_starts) if args.cold_starts else (),
         notice_seconds=args.notice,
         tick_seconds=args.tick,
         on_demand_price_ratio=args.on_demand_price_ratio,
@@ -44,6 +46,23 @@ def _sim(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cold_starts(path: Path) -> tuple[float, ...]:
+    """Observed cold starts: `spotgate pool boots --json` output, or a JSON list of seconds."""
+    try:
+        document = json.loads(path.read_text())
+        samples = tuple(
+            float(item["cold_start_seconds"] if isinstance(item, dict) else item)
+            for item in document
+        )
+    except (OSError, ValueError, TypeError, KeyError) as err:
+        raise CommandError(
+            f"{path}: not a list of cold starts (`spotgate pool boots --json`): {err}"
+        ) from err
+    if not samples or min(samples) < 0:
+        raise CommandError(f"{path}: needs at least one cold start, none negative")
+    return samples
+
+
 def setup_sim(commands: Commands) -> None:
     """Add `sim`."""
     sim = commands.add_parser("sim", help="replay spot traces through the pool policy")
@@ -56,6 +75,12 @@ def setup_sim(commands: Commands) -> None:
     sim.add_argument("--target", type=positive_int, default=3, help="agents to keep ready")
     sim.add_argument(
         "--cold-start", type=non_negative_float, default=120.0, help="launch to ready, seconds"
+    )
+    sim.add_argument(
+        "--cold-starts",
+        type=Path,
+        help="observed cold starts to draw each launch's from: `spotgate pool boots --json` "
+        "output or a JSON list of seconds (instead of --cold-start)",
     )
     sim.add_argument(
         "--notice", type=non_negative_float, default=120.0, help="spot notice, seconds"

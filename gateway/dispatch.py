@@ -5,12 +5,15 @@ second, so a `draining` agent stops getting work within one), reading only what 
 DynamoDB is unreachable the gateway keeps routing on its last view and says so in `/readyz`.
 A stream that finds no agent with room waits in a bounded per-model queue, hearing its
 position, until an agent frees up or appears (scale-up, scale from zero) or its deadline
-passes.
+passes. While the pool manager has an agent of the model booting, its forecast (when that
+agent should be ready, from the cold starts the pool has seen) stretches the deadline to
+cover the boot, and waiting streams hear the expected wait (`eta_seconds`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Collection
@@ -21,7 +24,7 @@ from urllib.parse import urlsplit
 from gateway.router import Candidate, choose_agent
 from spotgate.context import ContextLimits
 from spotgate.logging import get_logger
-from spotgate.registry import AgentRecord, AgentState, Registry
+from spotgate.registry import AgentRecord, AgentState, PoolForecast, Registry
 from spotgate.settings import QueueSettings
 
 STALE_AFTER_REFRESHES = 3
@@ -35,6 +38,11 @@ index lags the table (typically well under a second) and writers' clocks differ 
 WHOLE_READ_SECONDS = 30.0
 """How often a gateway reads the whole feed anyway: it learns of deletions (TTL), and of a
 change the overlap missed, within this."""
+FORECAST_READ_SECONDS = 5.0
+"""How often a gateway with streams waiting reads the pool manager's forecasts."""
+FORECAST_GRACE_SECONDS = 60.0
+"""How long past a forecast a stream still waits: registration and the view's refresh,
+and a boot a little slower than the ones seen."""
 
 log = get_logger(__name__)
 
@@ -53,9 +61,27 @@ class NoCapacity(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Queued:
-    """The stream waits; `position` 0 is next."""
+    """The stream waits; `position` 0 is next; `eta_seconds`: the pool's expected wait."""
 
     position: int
+    eta_seconds: float | None = None
+
+
+def wait_deadline(
+    deadline: float, forecast: PoolForecast | None, queued_at: float, max_wait_seconds: float
+) -> float:
+    """Until when a queued stream waits: its deadline, stretched to cover a booting agent."""
+    if forecast is None:
+        return deadline
+    covered = forecast.ready_at + FORECAST_GRACE_SECONDS
+    return max(deadline, min(covered, queued_at + max_wait_seconds))
+
+
+def eta_seconds(forecast: PoolForecast | None, now: float) -> float | None:
+    """The pool's expected wait for the model's next agent, in whole seconds (None: unknown)."""
+    if forecast is None:
+        return None
+    return float(max(0, math.ceil(forecast.ready_at - now)))
 
 
 @dataclass
@@ -169,6 +195,8 @@ class Dispatcher:
         self._waiting: dict[str, list[object]] = {}
         self._changed = asyncio.Event()
         self._full_until: dict[str, float] = {}
+        self.forecasts: dict[str, PoolForecast] = {}
+        self._forecasts_read_at: float | None = None
 
     def pending(self) -> dict[str, int]:
         """Streams waiting per model."""
@@ -250,14 +278,19 @@ class Dispatcher:
             raise QueueFull(model)
         me = object()
         waiters.append(me)
+        queued_at = self._clock()
         try:
-            position = -1
+            heard: tuple[int, PoolForecast | None] | None = None
             while True:
-                if waiters.index(me) != position:
-                    position = waiters.index(me)
-                    yield Queued(position)
+                position, forecast = waiters.index(me), self.forecasts.get(model)
+                if (position, forecast) != heard:  # a new place in line, or a new forecast
+                    heard = (position, forecast)
+                    yield Queued(position, eta_seconds(forecast, self._clock()))
                 changed = self._changed
-                remaining = deadline - self._clock()
+                until = wait_deadline(
+                    deadline, forecast, queued_at, self._queue.cold_start_wait_max_seconds
+                )
+                remaining = until - self._clock()
                 if remaining <= 0:
                     raise NoCapacity(model)
                 if position == 0:
@@ -280,7 +313,10 @@ class Dispatcher:
             await asyncio.sleep(interval_seconds)
 
     async def refresh(self, registry: Registry) -> None:
-        """Read the registry's change feed once into the view (an outage keeps the last one)."""
+        """Read the registry's change feed once into the view (an outage keeps the last one).
+
+        While streams wait, the pool manager's forecasts are read too (every few seconds).
+        """
         try:
             since = self.view.next_read_since(self._clock())
             changes = [
@@ -292,12 +328,25 @@ class Dispatcher:
                 self.view.replace(changes, self._clock())
             else:
                 self.view.update(changes, self._clock())
+            await self._read_forecasts(registry)
             self.notify()
         except Exception as err:  # an outage must not stop routing on the last view
             if self.view.last_error is None:
                 log.warning("registry unreachable; routing on the last view", error=str(err))
             # The class only: `/readyz` shows it, and the message names accounts and hosts.
             self.view.last_error = type(err).__name__
+
+    async def _read_forecasts(self, registry: Registry) -> None:
+        now = self._clock()
+        if not self.pending():
+            self.forecasts, self._forecasts_read_at = {}, None  # read afresh when one queues
+            return
+        if self._forecasts_read_at is not None and (
+            now - self._forecasts_read_at < FORECAST_READ_SECONDS
+        ):
+            return
+        self.forecasts = await registry.read_forecasts()
+        self._forecasts_read_at = now
 
     def _may_connect(self, record: AgentRecord) -> bool:
         if agent_url_allowed(record.url, self._agent_networks):

@@ -152,12 +152,12 @@ class Failover:
 
     # Waiting for an agent.
 
-    def on_queued(self, position: int) -> QueuedFrame | None:
+    def on_queued(self, position: int, eta_seconds: float | None = None) -> QueuedFrame | None:
         """The stream waits in the queue: the client hears it only before its first token."""
         self.queued = True
         if self.has_tokens:  # a resume waits silently: the client already has a stream
             return None
-        return QueuedFrame(id=self.request.id, position=position)
+        return QueuedFrame(id=self.request.id, position=position, eta_seconds=eta_seconds)
 
     def on_unplaced(self, why: Unplaced) -> ErrorFrame:
         """No agent could take the stream: the error that ends the client's stream."""

@@ -65,7 +65,7 @@ async def relay_stream(
                 deadline=stream.deadline,
             ):
                 if isinstance(event, Queued):
-                    queued = stream.on_queued(event.position)
+                    queued = stream.on_queued(event.position, event.eta_seconds)
                     if queued is not None:
                         yield queued
                 else:

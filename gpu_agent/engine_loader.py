@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from gpu_agent.engine import Engine
 from spotgate.settings import AgentSettings
 
@@ -11,6 +13,7 @@ async def load_engine(settings: AgentSettings) -> Engine:
     if settings.engine == "synthetic":
         from gpu_agent.synthetic_engine import SyntheticEngine
 
+        await asyncio.sleep(settings.synthetic.load_seconds)  # its stand-in for a load
         return SyntheticEngine(settings)
     from gpu_agent.vllm_engine import VllmEngine
 

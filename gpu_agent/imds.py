@@ -43,6 +43,7 @@ class InstanceIdentity:
     region: str = "us-east-1"
     account: str = "123456789012"
     partition: str = "aws"
+    launched_at: float = 0.0  # epoch seconds (the document's `pendingTime`); 0: unknown
 
     @property
     def agent_id(self) -> str:
@@ -61,14 +62,17 @@ class SpotNotice:
 def parse_spot_action(body: str) -> SpotNotice:
     """Read `{"action": "terminate", "time": "2026-11-21T20:00:00Z"}`."""
     document = json.loads(body)
-    moment = datetime.fromisoformat(str(document["time"]).replace("Z", "+00:00"))
-    return SpotNotice(action=str(document["action"]), deadline=moment.timestamp())
+    return SpotNotice(action=str(document["action"]), deadline=epoch_seconds(document["time"]))
 
 
 def parse_rebalance(body: str) -> float:
     """Read `{"noticeTime": "…"}` as epoch seconds."""
-    moment = str(json.loads(body)["noticeTime"]).replace("Z", "+00:00")
-    return datetime.fromisoformat(moment).timestamp()
+    return epoch_seconds(json.loads(body)["noticeTime"])
+
+
+def epoch_seconds(moment: object) -> float:
+    """An IMDS time (`2026-11-21T20:00:00Z`) as epoch seconds."""
+    return datetime.fromisoformat(str(moment).replace("Z", "+00:00")).timestamp()
 
 
 class ImdsClient:
@@ -116,7 +120,7 @@ class ImdsClient:
             raise ImdsUnavailable(f"IMDS {path}: {err}") from err
 
     async def identity(self) -> InstanceIdentity:
-        """Instance id, type, zone, lifecycle, and the account, region and partition of its ARN."""
+        """Who this instance is: id, type, zone, lifecycle, launch time, ARN parts."""
 
         async def read(path: str) -> str:
             value = await self.get(path)
@@ -127,7 +131,9 @@ class ImdsClient:
         try:
             document = json.loads(await read(IDENTITY_DOCUMENT_PATH))
             account, region = str(document["accountId"]), str(document["region"])
-        except (ValueError, KeyError, TypeError) as err:
+            pending = document.get("pendingTime")
+            launched_at = epoch_seconds(pending) if pending else 0.0
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
             raise ImdsUnavailable(f"IMDS identity document unreadable: {err}") from err
         return InstanceIdentity(
             instance_id=await read("/latest/meta-data/instance-id"),
@@ -137,6 +143,7 @@ class ImdsClient:
             region=region,
             account=account,
             partition=await read(PARTITION_PATH),
+            launched_at=launched_at,
         )
 
     async def spot_notice(self) -> SpotNotice | None:

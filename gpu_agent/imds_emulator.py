@@ -38,6 +38,7 @@ class EmulatedInstance:
     spot_action: tuple[str, float] | None = None
     rebalance_at: float | None = None
     tokens: set[str] = field(default_factory=set)
+    started_at: float = field(default_factory=time.time)  # the launch, unless told otherwise
 
 
 EMULATED_INSTANCE = web.AppKey("emulated_instance", EmulatedInstance)
@@ -79,6 +80,7 @@ async def _get_metadata(request: web.Request) -> web.Response:
                 "instanceId": identity.instance_id,
                 "instanceType": identity.instance_type,
                 "availabilityZone": identity.zone,
+                "pendingTime": _iso(identity.launched_at or instance.started_at),
             }
         )
     if path == SPOT_ACTION_PATH and instance.spot_action is not None:

@@ -38,6 +38,12 @@ class AgentMetrics:
         self.interruptions = Counter(
             "spotgate_agent_interruptions_total", "spot interruption notices", registry=r
         )
+        self.boot = Gauge(
+            "spotgate_agent_boot_seconds",
+            "from the instance's launch to the end of each boot phase",
+            ["phase"],
+            registry=r,
+        )
         self.engine_stalls = Counter(
             "spotgate_agent_engine_stalls_total",
             "times the engine made no token within the stall limit (the agent then left)",

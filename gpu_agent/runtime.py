@@ -14,7 +14,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable, Hashable
 from contextlib import aclosing, suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from gpu_agent.drain import StreamLoad, streams_to_hand_back
@@ -25,7 +25,15 @@ from gpu_agent.metrics import AgentMetrics
 from gpu_agent.streams import StreamProgress
 from spotgate import __version__
 from spotgate.logging import get_logger
-from spotgate.registry import AgentGone, AgentRecord, AgentState, Registry, RegistryError
+from spotgate.registry import (
+    AgentGone,
+    AgentRecord,
+    AgentState,
+    BootPhase,
+    BootTimeline,
+    Registry,
+    RegistryError,
+)
 from spotgate.settings import AgentSettings
 from spotgate.wsserver import FrameSocket
 
@@ -96,6 +104,8 @@ class AgentRuntime:
     websockets: set[FrameSocket] = field(default_factory=set)
     stopped: asyncio.Event = field(default_factory=asyncio.Event)
     became_ready: asyncio.Event = field(default_factory=asyncio.Event)
+    # From the agent's own start (its image ready); the instance's launch comes from IMDS.
+    boot: BootTimeline = field(default_factory=lambda: BootTimeline(agent_start=time.time()))
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     @property
@@ -125,12 +135,17 @@ class AgentRuntime:
     # -- bring-up --
 
     async def bring_up(self, loader: EngineLoader, imds: ImdsClient | None) -> None:
-        """Identity, engine, warm-up; then register as ready and keep heartbeating."""
+        """Identity, engine, warm-up; then register as ready and keep heartbeating.
+
+        Each phase's end goes into the boot timeline the agent registers with.
+        """
         self.identity = await self._resolve_identity(imds)
         try:
             self.engine = await loader(self.settings)
+            self._boot_phase_ended("engine_loaded")
             self.phase = "warming"
             await self._warm_up(self.engine)
+            self._boot_phase_ended("warmed_up")
         except Exception as err:
             self.phase, self.failure = "failed", f"{type(err).__name__}: {err}"
             log.exception("engine failed to come up; not registering")
@@ -143,9 +158,15 @@ class AgentRuntime:
         self.phase = "ready"
         self.became_ready.set()
         self.metrics.ready.set(1)
+        self._boot_phase_ended("ready")
         log.info("agent ready", agent_id=self.identity.agent_id, url=self.url)
         self.spawn(self._heartbeat_forever(self.identity.agent_id), "heartbeat")
         self.spawn(self._check_engine_forever(self.engine), "engine-check")
+
+    def _boot_phase_ended(self, phase: BootPhase) -> None:
+        self.boot = replace(self.boot, **{phase: time.time()})
+        for name, seconds in self.boot.elapsed_seconds().items():
+            self.metrics.boot.labels(phase=name).set(seconds)
 
     async def _resolve_identity(self, imds: ImdsClient | None) -> AgentIdentity:
         settings = self.settings
@@ -156,6 +177,8 @@ class AgentRuntime:
             except (ImdsUnavailable, TimeoutError) as err:
                 log.info("no instance identity from IMDS; using settings", reason=str(err))
         if found is not None:
+            if found.launched_at:
+                self.boot = replace(self.boot, instance_start=found.launched_at)
             lifecycle: Literal["spot", "on-demand", "local"] = (
                 "spot" if found.lifecycle == "spot" else "on-demand"
             )
@@ -201,6 +224,7 @@ class AgentRuntime:
                 version=__version__,
                 max_model_len=engine.max_model_len,
                 max_token_chars=engine.max_token_chars,
+                boot=self.boot,  # the registry writes its `ready`
             )
         )
         self.registered = True

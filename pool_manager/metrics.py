@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from pool_manager.controller import PassReport
 from pool_manager.events import PoolEvent
-from pool_manager.policy import Drain, Launch, PoolAgent, Terminate
+from pool_manager.policy import Drain, Launch, PlacementKey, PoolAgent, Terminate
 from spotgate.settings import Placement
 
 COLD_START_BUCKETS_SECONDS = (30, 60, 90, 120, 180, 240, 300, 450, 600, 900, 1200, 1800)
@@ -24,7 +24,6 @@ class PoolMetrics:
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     placements: Sequence[Placement] = ()  # for the hourly prices of the pool's instances
     last_pass_at: float = 0.0  # epoch seconds; 0 before the first pass
-    _cold_starts_seen: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         r = self.registry
@@ -95,10 +94,7 @@ class PoolMetrics:
         self.last_pass_at = now
 
     def observe_agents(self, agents: Sequence[tuple[str, PoolAgent]]) -> None:
-        """Set the agent and cost gauges to the pool the last pass saw; time new cold starts.
-
-        An agent's cold start (launch to ready) is observed once, when it is first seen ready.
-        """
+        """Set the agent and cost gauges to the pool the last pass saw."""
         self.agents.clear()
         counts = Tally((model, agent.phase, agent.lifecycle) for model, agent in agents)
         for (model, phase, lifecycle), count in counts.items():
@@ -108,15 +104,13 @@ class PoolMetrics:
             prices = self._prices.get((agent.instance_type, agent.zone))
             if prices is not None:
                 cost[agent.lifecycle] += prices[agent.lifecycle]
-            if agent.ready_at is not None and agent.agent_id not in self._cold_starts_seen:
-                self._cold_starts_seen.add(agent.agent_id)
-                self.cold_start.labels(instance_type=agent.instance_type, zone=agent.zone).observe(
-                    max(0.0, agent.ready_at - agent.launched_at)
-                )
         for kind, dollars in cost.items():
             self.cost.labels(lifecycle=kind).set(dollars)
-        # Only agents still in the pool need remembering: the set stays the pool's size.
-        self._cold_starts_seen.intersection_update(agent.agent_id for _model, agent in agents)
+
+    def record_cold_starts(self, timed: Sequence[tuple[PlacementKey, float]]) -> None:
+        """Observe cold starts just timed (`ColdStarts.observe`), per placement."""
+        for (instance_type, zone), seconds in timed:
+            self.cold_start.labels(instance_type=instance_type, zone=zone).observe(seconds)
 
     def record_event(self, event: PoolEvent) -> None:
         """Count one EC2 event."""

@@ -18,6 +18,7 @@ from contextlib import AsyncExitStack, asynccontextmanager, suppress
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from pool_manager.cold_starts import ColdStarts
 from pool_manager.controller import PoolController
 from pool_manager.ec2_provider import Ec2Provider
 from pool_manager.events import InterruptionQueue
@@ -27,7 +28,7 @@ from pool_manager.policy import PlacementOption, PolicySettings
 from pool_manager.provider import Provider
 from spotgate.logging import get_logger
 from spotgate.process import service_main
-from spotgate.registry import Registry
+from spotgate.registry import PoolForecast, Registry
 from spotgate.settings import PoolSettings
 
 log = get_logger(__name__)
@@ -53,6 +54,29 @@ def policy_settings(settings: PoolSettings) -> PolicySettings:
         heartbeat_timeout_seconds=settings.shared.registry.agent_ttl_seconds,
         on_demand_hold_seconds=settings.on_demand_hold_seconds,
     )
+
+
+class ForecastPublisher:
+    """Writes the pool's forecasts to the registry.
+
+    A booting model's every pass (so it does not expire), a model's removal once nothing of
+    it boots.
+    """
+
+    def __init__(self, registry: Registry) -> None:
+        self._registry = registry
+        self._published: set[str] = set()
+
+    async def publish(self, forecasts: dict[str, PoolForecast | None]) -> None:
+        """Publish this pass's forecasts."""
+        for model, forecast in forecasts.items():
+            if forecast is None and model not in self._published:
+                continue
+            await self._registry.publish_forecast(model, forecast)
+            if forecast is None:
+                self._published.discard(model)
+            else:
+                self._published.add(model)
 
 
 @asynccontextmanager
@@ -131,6 +155,8 @@ async def run_pool(
             models=settings.models,
             risky_placement_seconds=settings.risky_placement_seconds,
         )
+        cold_starts = ColdStarts(default_seconds=settings.cold_start_seconds)
+        forecasts = ForecastPublisher(registry)
         log.info("pool manager running", provider=settings.provider, models=settings.models)
         while not stop.is_set():
             started = time.monotonic()
@@ -143,7 +169,11 @@ async def run_pool(
                             metrics.record_event(event)
                         await queue.delete(receipt)
                 report = await controller.reconcile()
-                metrics.record_pass(report, time.time())
+                now = time.time()
+                metrics.record_pass(report, now)
+                metrics.record_cold_starts(cold_starts.observe(report.agents))
+                booting = cold_starts.forecasts(report.agents, list(report.targets), now)
+                await forecasts.publish(booting)
                 if report.actions:
                     log.info(
                         "reconciled", targets=dict(report.targets), actions=len(report.actions)

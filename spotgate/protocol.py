@@ -16,6 +16,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    NonNegativeFloat,
     StringConstraints,
     TypeAdapter,
     ValidationError,
@@ -285,11 +286,17 @@ class PingFrame(_Strict):
 
 
 class QueuedFrame(_Strict):
-    """The stream waits for capacity; `position` 0 is next."""
+    """The stream waits for capacity; `position` 0 is next.
+
+    `eta_seconds`: while the pool boots an agent for the model, how long until it expects
+    it ready (from the cold starts it has seen); absent when no agent boots. Sent again when
+    the place in line or the expectation changes.
+    """
 
     type: Literal["queued"] = "queued"
     id: StreamId
     position: Count
+    eta_seconds: NonNegativeFloat | None = None
 
 
 class StartFrame(_Strict):

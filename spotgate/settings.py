@@ -128,6 +128,11 @@ class QueueSettings(_Section):
 
     max_pending_per_model: PositiveInt = 256
     deadline_seconds: PositiveFloat = 120.0
+    # While the pool boots an agent for the model, a queued stream waits past its deadline
+    # until that agent is expected ready (the pool manager's observed cold start, plus a
+    # grace), but never longer than this from when it queued: a scale from zero on GPU
+    # instances takes minutes.
+    cold_start_wait_max_seconds: PositiveFloat = 900.0
     # How long an agent's stream may send nothing (before its first token, or between two)
     # before the gateway moves it to another agent: an engine that stopped producing while its
     # agent still answers (a wedged GPU) must not hold a client. Well above the slowest
@@ -249,6 +254,8 @@ class SyntheticSettings(_Section):
     max_model_len: PositiveInt = 32_768
     # Reply to a chat with its last user message, a byte per token (UI tests: exact text).
     echo: bool = False
+    # How long it takes to come up, standing in for a model's load (cold-start tests).
+    load_seconds: Annotated[float, Field(ge=0)] = 0.0
 
 
 class AgentSettings(BaseSettings):
@@ -355,6 +362,8 @@ class PoolSettings(BaseSettings):
     on_demand_hold_seconds: NonNegativeFloat = 1800.0
     scale_to_zero_idle_seconds: PositiveFloat = 600.0
     launch_timeout_seconds: PositiveFloat = 900.0
+    # Launch to ready, assumed until the pool has timed a cold start of its own.
+    cold_start_seconds: PositiveFloat = 600.0
     risky_placement_seconds: PositiveFloat = 1800.0
     loop_seconds: PositiveFloat = 5.0
     interruption_queue_url: str | None = None

@@ -59,6 +59,8 @@ SYNTHETIC_SERVED_NAME = "synthetic"
 START_TIMEOUT_SECONDS = 600.0
 LOCAL_MAX_AGENTS = 4
 LOCAL_LOOP_SECONDS = 2
+LOCAL_COLD_START_SECONDS = 60.0
+"""A local agent's launch to ready, until the pool has timed one: a CPU vLLM engine's start."""
 INTERRUPTION_QUEUE_NAME = "spotgate-interruptions"
 INTERRUPTION_RULE_NAME = "spotgate-ec2-events"
 LOCAL_VLLM = VllmSettings(gpu_memory_utilization=0.3, max_model_len=2048)
@@ -277,6 +279,7 @@ async def run_up(directory: Path, options: UpOptions, *, announce: Callable[[str
                 spot_overprovision=0,
                 on_demand_fallback=False,
                 loop_seconds=LOCAL_LOOP_SECONDS,
+                cold_start_seconds=LOCAL_COLD_START_SECONDS,
                 port=free_port(),
                 interruption_queue_url=queue_url,
                 # moto serves one call at a time: a long poll would hold up the rest

@@ -165,7 +165,9 @@ function onFrame(frame) {
   if (!stream || frame.id !== stream.id) return;
   if (frame.type === "queued") {
     // Positions count from 0 (next in line); people count from 1.
-    stream.view.meta.textContent = `queued: #${frame.position + 1} in line (the pool is scaling up)`;
+    // `eta_seconds`: the pool is booting an agent and expects it ready in about that long.
+    const eta = frame.eta_seconds == null ? "" : `, ready in about ${Math.ceil(frame.eta_seconds)} s`;
+    stream.view.meta.textContent = `queued: #${frame.position + 1} in line (the pool is scaling up${eta})`;
   } else if (frame.type === "start") {
     if (stream.agent && stream.agent !== frame.agent) {
       const moved = document.createElement("div");

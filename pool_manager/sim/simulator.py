@@ -2,11 +2,13 @@
 
 Time advances in ticks. At each tick the simulator applies the traces (a zone whose capacity
 falls below the spot instances we hold there preempts the excess: each victim gets the spot
-notice and disappears `notice_seconds` later), brings instances up after `cold_start_seconds`,
-moves streams (arrivals, completions, and streams of a disappearing agent resumed elsewhere),
-then asks the policy — the same `Policy.decide` the live manager calls — and carries out its
-actions. A spot launch into a zone that is full is refused and the zone is marked risky, as
-the EC2 provider does, and the policy is asked again in the same tick.
+notice and disappears `notice_seconds` later), brings instances up after `cold_start_seconds`
+(or after a cold start drawn from `cold_start_samples`: those the live pool observed, as
+`spotgate pool boots --json` lists them), moves streams (arrivals, completions, and streams
+of a disappearing agent resumed elsewhere), then asks the policy — the same `Policy.decide`
+the live manager calls — and carries out its actions. A spot launch into a zone that is full
+is refused and the zone is marked risky, as the EC2 provider does, and the policy is asked
+again in the same tick.
 
 Measures: availability (share of ticks with at least `target` agents ready and not
 draining), cost relative to running `target` on-demand instances the whole time, spot notices
@@ -47,6 +49,7 @@ class SimConfig:
 
     target: int = 4
     cold_start_seconds: float = 180.0
+    cold_start_samples: tuple[float, ...] = ()  # observed cold starts, drawn from at each launch
     notice_seconds: float = 120.0
     tick_seconds: float = 30.0
     on_demand_price_ratio: float = 3.0
@@ -167,6 +170,7 @@ class Simulation:
         self._start = start_seconds
         self._end = min(longest, start_seconds + (duration_seconds or longest))
         self._rng = random.Random(config.seed)  # noqa: S311 (a reproducible simulation)
+        self._boot_rng = random.Random(config.seed)  # noqa: S311 (its own: draws leave the rest)
         self._instances: list[_Instance] = []
         self._waiting: list[_Waiting] = []
         self._risky_until: dict[PlacementKey, float] = {}
@@ -318,6 +322,12 @@ class Simulation:
             if not retry:
                 return
 
+    def _cold_start_seconds(self) -> float:
+        """A launch's cold start: one of the observed ones, else the fixed figure."""
+        if self._config.cold_start_samples:
+            return self._boot_rng.choice(self._config.cold_start_samples)
+        return self._config.cold_start_seconds
+
     def _apply(self, action: Launch | Drain | Terminate, now: float) -> bool:
         """Carry out one action; False when a spot launch was refused for capacity."""
         if isinstance(action, Launch):
@@ -334,7 +344,7 @@ class Simulation:
                     lifecycle=action.lifecycle,
                     placement=placement,
                     launched_at=now,
-                    ready_at=now + self._config.cold_start_seconds,
+                    ready_at=now + self._cold_start_seconds(),
                 )
             )
             self._counts["launches"] += 1

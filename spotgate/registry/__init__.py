@@ -26,6 +26,7 @@ from spotgate.registry.base import Clock
 from spotgate.registry.demand import POOL_TARGET_SOURCE, DemandOperations
 from spotgate.registry.keys import ApiKeyOperations
 from spotgate.registry.records import (
+    BOOT_PHASES,
     AgentGone,
     AgentNotFound,
     AgentRecord,
@@ -34,12 +35,15 @@ from spotgate.registry.records import (
     ApiKeyNotFound,
     ApiKeyRecord,
     ApiKeyRejected,
+    BootPhase,
+    BootTimeline,
     CreatedApiKey,
     Demand,
     DrainOutcome,
     EngineKind,
     InvalidTransition,
     Lifecycle,
+    PoolForecast,
     RegistryError,
     UsageCounts,
     UsageRow,
@@ -55,6 +59,7 @@ from spotgate.registry.usage import UsageOperations, minute_of
 from spotgate.settings import SharedSettings
 
 __all__ = [
+    "BOOT_PHASES",
     "BY_CHANGE_INDEX",
     "BY_MODEL_INDEX",
     "FEED_FIELDS",
@@ -68,6 +73,8 @@ __all__ = [
     "ApiKeyNotFound",
     "ApiKeyRecord",
     "ApiKeyRejected",
+    "BootPhase",
+    "BootTimeline",
     "Clock",
     "CreatedApiKey",
     "Demand",
@@ -75,6 +82,7 @@ __all__ = [
     "EngineKind",
     "InvalidTransition",
     "Lifecycle",
+    "PoolForecast",
     "Registry",
     "RegistryError",
     "UsageCounts",

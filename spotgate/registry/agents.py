@@ -59,13 +59,15 @@ class AgentOperations(RegistryBase):
         if record.state not in (AgentState.STARTING, AgentState.READY):
             raise InvalidTransition(f"an agent registers as starting or ready, not {record.state}")
         now = self._clock()
+        ready = record.state is AgentState.READY
         stored = replace(
             record,
             heartbeat_at=now,
             expires_at=now + self._timings.agent_ttl_seconds,
             started_at=record.started_at or now,
-            ready_at=now if record.state is AgentState.READY else None,
+            ready_at=now if ready else None,
             changed_at=now,
+            boot=replace(record.boot, ready=now) if ready else record.boot,
         )
         try:
             await self._client.put_item(

@@ -6,7 +6,13 @@ from collections.abc import Mapping
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-from spotgate.registry.records import AgentRecord, AgentState, ApiKeyRecord
+from spotgate.registry.records import (
+    BOOT_PHASES,
+    AgentRecord,
+    AgentState,
+    ApiKeyRecord,
+    BootTimeline,
+)
 from spotgate.registry.schema import feed_shard
 
 if TYPE_CHECKING:
@@ -14,7 +20,7 @@ if TYPE_CHECKING:
 
 
 def encode(value: object) -> AttributeValueTypeDef:
-    """One value as a DynamoDB attribute (bool, number, string or string set)."""
+    """One value as a DynamoDB attribute (bool, number, string, string set or map)."""
     if isinstance(value, bool):
         return {"BOOL": value}
     if isinstance(value, int | float):
@@ -23,6 +29,8 @@ def encode(value: object) -> AttributeValueTypeDef:
         return {"S": value}
     if isinstance(value, frozenset | set):
         return {"SS": sorted(str(item) for item in value)}
+    if isinstance(value, BootTimeline):
+        return {"M": {phase: encode(at) for phase, at in value.as_dict().items()}}
     raise TypeError(f"cannot store {type(value).__name__} in DynamoDB")
 
 
@@ -46,6 +54,8 @@ def decode(attribute: Mapping[str, Any]) -> object:
         return bool(attribute["BOOL"])
     if "SS" in attribute:
         return frozenset(attribute["SS"])
+    if "M" in attribute:
+        return {name: decode(value) for name, value in attribute["M"].items()}
     raise TypeError(f"unexpected DynamoDB attribute {sorted(attribute)}")
 
 
@@ -60,6 +70,10 @@ def agent_from_item(item: Mapping[str, Mapping[str, Any]]) -> AgentRecord:
     values["state"] = AgentState(values["state"])
     for name in ("heartbeat_at", "expires_at", "started_at", "changed_at"):
         values[name] = float(values.get(name, 0.0))
+    boot = values.get("boot", {})
+    values["boot"] = BootTimeline(
+        **{phase: float(boot[phase]) for phase in BOOT_PHASES if phase in boot}
+    )
     known = AgentRecord.__dataclass_fields__
     return AgentRecord(**{name: value for name, value in values.items() if name in known})
 

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 from spotgate.registry.base import RegistryBase
 from spotgate.registry.codec import decode_item, encode, encode_item
-from spotgate.registry.records import Demand
+from spotgate.registry.records import Demand, PoolForecast
 
 POOL_TARGET_SOURCE = "~pool-target"  # a `demand` item written by `spotgate pool scale`
+POOL_FORECAST_SOURCE = "~pool-forecast"  # a `demand` item written by the pool manager
 
 
 class DemandOperations(RegistryBase):
-    """Demand: the gateways publish it, the pool manager reads it (and the fixed targets)."""
+    """Demand: the gateways publish it, the pool manager reads it (and the fixed targets).
+
+    The other way, the pool manager publishes when it expects each booting model's next
+    agent ready (`PoolForecast`), for the gateways' queues.
+    """
 
     @property
     def demand_ttl_seconds(self) -> float:
@@ -67,14 +72,62 @@ class DemandOperations(RegistryBase):
             targets[str(values["model"])] = int(values["target"])
         return targets
 
+    async def publish_forecast(self, model: str, forecast: PoolForecast | None) -> None:
+        """The pool's forecast for `model` (None: nothing of it is booting)."""
+        key = {"model": encode(model), "gateway_id": encode(POOL_FORECAST_SOURCE)}
+        if forecast is None:
+            await self._client.delete_item(TableName=self._tables.demand, Key=key)
+            return
+        now = self._clock()
+        await self._client.put_item(
+            TableName=self._tables.demand,
+            Item={
+                **key,
+                **encode_item(
+                    {
+                        "ready_at": forecast.ready_at,
+                        "cold_start_seconds": forecast.cold_start_seconds,
+                        "at": now,
+                        # A pool manager that stops publishing leaves no stale promise behind.
+                        "expires_at": now + self._timings.demand_ttl_seconds,
+                    }
+                ),
+            },
+        )
+
+    async def read_forecasts(self) -> dict[str, PoolForecast]:
+        """The pool manager's current forecasts, per model."""
+        items = self._paginate(
+            self._client.scan,
+            {
+                "TableName": self._tables.demand,
+                "FilterExpression": "gateway_id = :source AND expires_at > :now",
+                "ExpressionAttributeValues": {
+                    ":source": encode(POOL_FORECAST_SOURCE),
+                    ":now": encode(self._clock()),
+                },
+            },
+        )
+        forecasts: dict[str, PoolForecast] = {}
+        async for item in items:
+            values = decode_item(item)
+            forecasts[str(values["model"])] = PoolForecast(
+                ready_at=float(values["ready_at"]),
+                cold_start_seconds=float(values["cold_start_seconds"]),
+            )
+        return forecasts
+
     async def read_demand(self) -> dict[str, Demand]:
         """Demand per model, summed over gateways that published recently."""
         items = self._paginate(
             self._client.scan,
             {
                 "TableName": self._tables.demand,
-                "FilterExpression": "expires_at > :now",
-                "ExpressionAttributeValues": {":now": encode(self._clock())},
+                "FilterExpression": "expires_at > :now AND gateway_id <> :forecast",
+                "ExpressionAttributeValues": {
+                    ":now": encode(self._clock()),
+                    ":forecast": encode(POOL_FORECAST_SOURCE),
+                },
             },
         )
         totals: dict[str, Demand] = {}

@@ -50,6 +50,42 @@ class ApiKeyNotFound(RegistryError):
     """No key with this id exists."""
 
 
+BootPhase = Literal[
+    "instance_start", "agent_start", "weights_ready", "engine_loaded", "warmed_up", "ready"
+]
+BOOT_PHASES: tuple[BootPhase, ...] = (
+    "instance_start", "agent_start", "weights_ready", "engine_loaded", "warmed_up", "ready"
+)  # fmt: skip
+"""An agent's boot in order: the instance launched, the agent's process (its image) started,
+the weights were on hand (staged ones fetched), the engine loaded them, the warm-up generation
+came back, the agent registered ready."""
+
+
+@dataclass(frozen=True, slots=True)
+class BootTimeline:
+    """When each phase of an agent's boot ended: epoch seconds, 0 for a phase not seen."""
+
+    instance_start: float = 0.0
+    agent_start: float = 0.0
+    weights_ready: float = 0.0
+    engine_loaded: float = 0.0
+    warmed_up: float = 0.0
+    ready: float = 0.0
+
+    def elapsed_seconds(self) -> dict[BootPhase, float]:
+        """Seconds from the instance's start to the end of each phase seen (itself left out)."""
+        start = self.instance_start or self.agent_start
+        return {
+            phase: max(0.0, at - start)
+            for phase in BOOT_PHASES[1:]
+            if (at := getattr(self, phase)) > 0 and start > 0
+        }
+
+    def as_dict(self) -> dict[str, float]:
+        """The phases seen, by name (how the registry stores them)."""
+        return {phase: at for phase in BOOT_PHASES if (at := getattr(self, phase)) > 0}
+
+
 @dataclass(frozen=True, slots=True)
 class AgentRecord:
     """One agent's registry item."""
@@ -78,6 +114,7 @@ class AgentRecord:
     # When a write routing cares about last touched the entry (the writer's clock): the key
     # of the change feed gateways read (`BY_CHANGE_INDEX`).
     changed_at: float = 0.0
+    boot: BootTimeline = field(default_factory=BootTimeline)
 
     def is_live(self, now: float) -> bool:
         """Whether the entry has not expired (heartbeats keep pushing `expires_at`)."""
@@ -150,3 +187,11 @@ class Demand:
 
     pending: int = 0
     active: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PoolForecast:
+    """When the pool manager expects a model's next agent ready (it has one booting)."""
+
+    ready_at: float  # epoch seconds: launch plus the cold start observed for its placement
+    cold_start_seconds: float  # that observed cold start

@@ -86,6 +86,16 @@ def test_sim_prints_one_json_object_per_policy_with_the_documented_fields() -> N
     assert table.stdout.splitlines()[1].startswith("spotgate")
 
 
+def test_sim_refuses_a_cold_starts_file_it_cannot_read(tmp_path: Path) -> None:
+    traces = Path(__file__).parents[2] / "pool_manager" / "sim" / "traces" / "aws-16node-3zone"
+    bad = tmp_path / "boots.json"
+    for content, reason in (("{}", "needs at least one"), ('[{"agent_id": "x"}]', "not a list")):
+        bad.write_text(content)
+        result = run("sim", "--traces", str(traces), "--cold-starts", str(bad))
+        assert result.returncode == 2
+        assert reason in one_line(result.stderr)
+
+
 def test_bad_settings_are_one_line(tmp_path: Path) -> None:
     env = {**os.environ, "SPOTGATE_REGISTRY__AGENT_TTL_SECONDS": "-5"}
     result = run("keys", "list", cwd=tmp_path, env=env)
@@ -282,6 +292,22 @@ async def test_up_runs_gateways_and_agents_and_stops_cleanly(
     scaled = run("pool", "scale", info["model"], "3", cwd=tmp_path)
     assert scaled.stdout.strip() == f"{info['model']}: agent count fixed at 3"
     assert "agent count fixed at 3" in run("pool", "status", cwd=tmp_path).stdout
+
+    # Every agent's boot, phase by phase, and the simulator replays them as cold starts.
+    boots = json.loads(run("pool", "boots", "--json", cwd=tmp_path).stdout)
+    assert {boot["agent_id"] for boot in boots} >= {"local-1", "local-2", "local-3"}
+    for boot in boots:
+        phases = boot["phases_seconds"]
+        assert 0 < phases["agent_start"] <= phases["engine_loaded"] <= phases["ready"]
+        assert boot["cold_start_seconds"] == phases["ready"]
+    assert "ENGINE_LOADED s" in run("pool", "boots", cwd=tmp_path).stdout
+    observed = tmp_path / "boots.json"
+    observed.write_text(json.dumps(boots))
+    traces = Path(__file__).parents[2] / "pool_manager" / "sim" / "traces" / "aws-16node-3zone"
+    replayed = run("sim", "--traces", str(traces), "--cold-starts", str(observed), "--json",
+                   "--windows", "1", "--window-hours", "3")  # fmt: skip
+    assert replayed.returncode == 0, replayed.stderr
+    assert json.loads(replayed.stdout)["availability"] > 0
 
     process.send_signal(signal.SIGINT)
     assert process.wait(timeout=120) == 0

@@ -12,18 +12,25 @@ import pytest
 
 from gateway.dispatch import (
     FEED_OVERLAP_SECONDS,
+    FORECAST_GRACE_SECONDS,
     WHOLE_READ_SECONDS,
     Dispatcher,
+    NoCapacity,
     PoolView,
+    Queued,
     agent_url_allowed,
+    eta_seconds,
+    wait_deadline,
 )
+from gateway.router import Candidate
 from gpu_agent.runtime import StreamHandle
-from spotgate.registry import AgentRecord, AgentState, CreatedApiKey
+from spotgate.registry import AgentRecord, AgentState, CreatedApiKey, PoolForecast
 from spotgate.settings import QueueSettings
 from spotgate.tokens import SigningKey
 from stack.emulator import AwsEmulator
 from tests.gateway.conftest import MODEL, Gateway, running_gateway
 from tests.support.agents import AgentFactory, synthetic, wait_for, wait_ready
+from tests.support.clocks import FakeClock
 from tests.support.wsclient import connect, generate, run_streams
 
 CAPACITY = 3
@@ -193,3 +200,72 @@ async def test_a_registry_row_pointing_outside_the_networks_never_reaches_routin
     record = dispatcher.view.record("a")
     assert record is not None
     assert record.url == "ws://10.0.0.5:8000"
+
+
+MAX_WAIT_SECONDS = 900.0
+
+
+@pytest.mark.parametrize(
+    ("deadline", "forecast", "until"),
+    [
+        (100.0, None, 100.0),  # nothing booting: the stream's own deadline
+        (100.0, PoolForecast(500.0, 400.0), 500.0 + FORECAST_GRACE_SECONDS),  # covers the boot
+        (100.0, PoolForecast(2000.0, 1900.0), MAX_WAIT_SECONDS),  # but never past the cap
+        (700.0, PoolForecast(50.0, 30.0), 700.0),  # and never shortens it
+    ],
+)
+def test_a_booting_agent_stretches_a_queued_streams_deadline(
+    deadline: float, forecast: PoolForecast | None, until: float
+) -> None:
+    assert wait_deadline(deadline, forecast, 0.0, MAX_WAIT_SECONDS) == until
+
+
+@pytest.mark.parametrize(
+    ("forecast", "now", "eta"),
+    [
+        (None, 100.0, None),
+        (PoolForecast(130.2, 60.0), 100.0, 31.0),
+        (PoolForecast(90.0, 60.0), 100.0, 0.0),
+    ],
+)
+def test_the_eta_is_whole_seconds_to_the_forecast_never_negative(
+    forecast: PoolForecast | None, now: float, eta: float | None
+) -> None:
+    assert eta_seconds(forecast, now) == eta
+
+
+class FeedAndForecasts(FeedOf):
+    """A registry with a change feed and the pool manager's forecasts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.forecasts: dict[str, PoolForecast] = {}
+
+    async def read_forecasts(self) -> dict[str, PoolForecast]:
+        return self.forecasts
+
+
+@pytest.mark.parametrize("booting", [True, False])
+async def test_a_queued_stream_hears_the_eta_and_outlives_its_deadline_while_one_boots(
+    booting: bool,
+) -> None:
+    clock = FakeClock(1_000.0)
+    dispatcher = Dispatcher(QueueSettings(), scale_from_zero_models=(MODEL,), clock=clock)
+    registry: Any = FeedAndForecasts()
+    events = dispatcher.acquire(MODEL, session=None, exclude=(), deadline=clock.now + 10.0)
+    assert await anext(events) == Queued(0, None)  # no forecast read yet
+    if booting:
+        registry.forecasts = {MODEL: PoolForecast(clock.now + 120.0, 120.0)}
+        await dispatcher.refresh(registry)  # a stream waits: the forecasts are read
+        assert await anext(events) == Queued(0, 120.0)
+    clock.advance(30.0)  # past the stream's own deadline
+    registry.records = [entry("a", clock.now, expires_at=clock.now + 100.0)]
+    waiting = asyncio.create_task(anext(events))
+    await dispatcher.refresh(registry)  # the agent booted and registered
+    if booting:
+        chosen = await waiting
+        assert isinstance(chosen, Candidate)
+        assert chosen.agent_id == "a"
+    else:
+        with pytest.raises(NoCapacity):
+            await waiting

@@ -9,7 +9,7 @@ import pytest
 
 from gpu_agent.imds import ImdsClient, SpotNotice, parse_spot_action, watch_notices
 from spotgate.process import ChildProcesses, loopback_socket, socket_port
-from tests.support.agents import Imds
+from tests.support.agents import IMDS_LAUNCHED_AT, Imds
 
 
 async def test_imds_v2_token_is_required(imds: Imds) -> None:
@@ -27,6 +27,7 @@ async def test_identity_and_notices_through_the_client(imds: Imds) -> None:
         assert (identity.instance_id, identity.lifecycle) == ("i-0test", "spot")
         # The ARN IAM names this instance by: the agent's registry row may be only that one.
         assert identity.agent_id == "arn:aws:ec2:us-east-1:123456789012:instance/i-0test"
+        assert identity.launched_at == IMDS_LAUNCHED_AT  # the document's `pendingTime`
         assert await client.spot_notice() is None
         assert await client.rebalance_recommendation() is None
 

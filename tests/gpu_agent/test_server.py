@@ -21,6 +21,7 @@ from spotgate.tokens import GATEWAY_SUBJECT_PREFIX, KeyRing, SigningKey, issue
 from spotgate.wsserver import receive_limit
 from stack.emulator import AwsEmulator
 from tests.support.agents import (
+    IMDS_LAUNCHED_AT,
     ISSUER,
     AgentFactory,
     Imds,
@@ -277,11 +278,20 @@ async def test_registration_waits_for_the_engine_and_warm_up(
                 error = (await run_streams(ws, generate("early", "synth")))["early"][-1]
                 assert error["code"] == "no_capacity"
 
+        released_at = time.time()
         release.set()
         await wait_ready(agent)
 
         [record] = await registry.list_ready("synth")
         assert record.ready_at is not None
+    # Its boot timeline: the load ended once released, the warm-up after it, ready last.
+    boot = record.boot
+    assert boot.instance_start == IMDS_LAUNCHED_AT  # EC2's `pendingTime`, through IMDS
+    assert boot.agent_start < released_at <= boot.engine_loaded <= boot.warmed_up
+    assert boot.warmed_up <= boot.ready == record.ready_at
+    exposition = await scrape(f"{agent.url}/metrics")
+    loaded = metric_value(exposition, "spotgate_agent_boot_seconds", phase="engine_loaded")
+    assert loaded == pytest.approx(boot.engine_loaded - IMDS_LAUNCHED_AT)
 
 
 async def test_an_engine_that_fails_its_warm_up_never_registers(

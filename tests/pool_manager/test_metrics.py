@@ -53,15 +53,15 @@ def test_a_pass_counts_its_actions_and_sets_the_gauges() -> None:
     assert "spotgate_pool_agents{" not in generate_latest(metrics.registry).decode()
 
 
-def test_cost_per_hour_and_each_agents_cold_start_once() -> None:
+def test_cost_per_hour_and_cold_starts_per_placement() -> None:
     prices = Placement(
         instance_type="g5", zone="a", spot_price_per_hour=0.45, on_demand_price_per_hour=1.0
     )
     metrics = PoolMetrics(placements=(prices,))
     ready = replace(agent("1", "ready"), launched_at=100.0, ready_at=190.0)
     booting = agent("2", "starting", lifecycle="on-demand")
-    for now in (200.0, 210.0):  # seen ready twice: one cold start
-        metrics.record_pass(PassReport({"m": 2}, [], [], [("m", ready), ("m", booting)]), now)
+    metrics.record_pass(PassReport({"m": 2}, [], [], [("m", ready), ("m", booting)]), 200.0)
+    metrics.record_cold_starts([(("g5", "a"), 90.0)])
     text = generate_latest(metrics.registry).decode()
     for line in (
         'spotgate_pool_cost_dollars_per_hour{lifecycle="spot"} 0.45',

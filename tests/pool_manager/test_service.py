@@ -131,6 +131,48 @@ async def test_a_request_to_an_empty_pool_queues_an_agent_starts_and_it_complete
     assert (record.state, record.lifecycle, record.zone) == (AgentState.GONE, "spot", "local-a")
 
 
+LOAD_SECONDS = 12.0  # the agent's stand-in model load: longer than the gateway waits
+COLD_START_SECONDS = 30.0  # the pool's assumed launch-to-ready, before it has timed one
+
+
+async def test_a_scale_from_zero_longer_than_the_queue_deadline_waits_with_an_eta(
+    aws: AwsEmulator, tmp_path: Path
+) -> None:
+    queue = QueueSettings(deadline_seconds=8.0)  # shorter than the boot: the forecast covers it
+    async with running_gateway(aws, SigningKey.generate(), models=(MODEL,), queue=queue) as gw:
+        async with Registry.open(aws.settings()) as registry:
+            api_key = await registry.create_key("cold")
+        agent = AgentSettings(
+            synthetic=SyntheticSettings(tokens_per_second=50, load_seconds=LOAD_SECONDS),
+            heartbeat_seconds=1,
+        )
+        settings = pool_settings(aws, gw, tmp_path, cold_start_seconds=COLD_START_SECONDS)
+        local = settings.local.model_copy(update={"agent_env": settings_env(agent)})
+        async with (
+            pool_running(settings.model_copy(update={"local": local})),
+            connect(gw.ws_url, api_key.api_key) as ws,
+        ):
+            asked_at = time.time()
+            await send(ws, generate("cold", MODEL, content="wake up", max_tokens=4))
+            frames = []
+            while not frames or frames[-1]["type"] not in ("done", "error"):
+                frames.append(await asyncio.wait_for(receive(ws), 120))
+    assert frames[-1]["type"] == "done", frames[-1]
+    assert time.time() - asked_at > queue.deadline_seconds  # it outlived its deadline
+    queued = [f for f in frames if f["type"] == "queued"]
+    assert queued[0]["position"] == 0
+    etas = [float(f["eta_seconds"]) for f in queued if f.get("eta_seconds") is not None]
+    assert etas, queued
+    assert 0 < etas[0] <= COLD_START_SECONDS
+    async with Registry.open(aws.settings()) as registry:
+        record = await registry.get_agent("local-1")
+    assert record is not None
+    boot = record.boot
+    assert 0 < boot.instance_start <= boot.agent_start < boot.engine_loaded
+    assert boot.engine_loaded - boot.agent_start >= LOAD_SECONDS
+    assert boot.engine_loaded <= boot.warmed_up <= boot.ready == record.ready_at
+
+
 async def interruption(queue: str, aws: AwsEmulator, agent_id: str, in_seconds: float) -> None:
     """EC2's spot warning on the queue, with the deadline `in_seconds` away."""
     body = interruption_warning(agent_id, time.time() + in_seconds, "us-east-1")

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -26,6 +27,20 @@ def test_on_demand_only_is_available_after_its_cold_start_at_full_price() -> Non
     assert result.availability == pytest.approx(58 / 60)  # ready two ticks after launch
     assert result.cost_vs_on_demand == pytest.approx(59 / 60)  # paid from the next tick
     assert (result.launches, result.preemptions, result.lost_streams) == (2, 0, 0)
+
+
+def test_launches_draw_their_cold_starts_from_the_observed_ones() -> None:
+    traces = [zone("a", *[0] * 12)]
+    observed = SimConfig(tick_seconds=60.0, target=2, cold_start_samples=(300.0, 300.0))
+    fixed = SimConfig(tick_seconds=60.0, target=2, cold_start_seconds=300.0)
+    replayed = Simulation(traces, POLICIES["on-demand-only"], observed).run()
+    assert replayed == Simulation(traces, POLICIES["on-demand-only"], fixed).run()
+    assert replayed.availability == pytest.approx(55 / 60)  # ready five ticks after launch
+    mixed = SimConfig(tick_seconds=60.0, target=1, cold_start_samples=(60.0, 600.0), seed=3)
+    draws = [Simulation(traces, POLICIES["on-demand-only"], replace(mixed, seed=n)).run()
+             for n in range(8)]  # fmt: skip
+    # one launch each: ready after one tick or after ten, as its draw fell
+    assert {round(r.availability * 60) for r in draws} == {59, 50}
 
 
 def test_steady_spot_costs_a_third_per_agent_and_keeps_the_margin() -> None:

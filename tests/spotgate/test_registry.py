@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from dataclasses import replace
 
 import aioboto3
 import pytest
@@ -14,8 +15,10 @@ from spotgate.registry import (
     ApiKeyDisabled,
     ApiKeyNotFound,
     ApiKeyRejected,
+    BootTimeline,
     Demand,
     InvalidTransition,
+    PoolForecast,
     Registry,
     UsageCounts,
     UsageRow,
@@ -56,6 +59,21 @@ async def test_register_ready_agent_is_listed_with_all_its_fields(
 
     assert listed == [stored]
     assert await registry.get_agent("i-0abc") == stored
+
+
+async def test_the_boot_timeline_is_stored_and_ends_when_the_registry_marks_it_ready(
+    registry: Registry, clock: FakeClock
+) -> None:
+    booted = BootTimeline(instance_start=1.0, agent_start=20.0, engine_loaded=80.0, warmed_up=81.0)
+    stored = await registry.register(replace(agent(), boot=booted))
+    assert stored.boot == replace(booted, ready=clock.now)
+    assert (await registry.get_agent("i-0abc")) == stored
+    assert stored.boot.elapsed_seconds() == {
+        "agent_start": 19.0,
+        "engine_loaded": 79.0,
+        "warmed_up": 80.0,
+        "ready": clock.now - 1.0,
+    }
 
 
 async def test_list_ready_only_returns_agents_of_that_model(registry: Registry) -> None:
@@ -317,6 +335,27 @@ async def test_demand_sums_live_gateways_and_ignores_expired(
         "m": Demand(pending=3, active=5),
         "other": Demand(pending=0, active=7),
     }
+
+
+async def test_forecasts_are_read_until_withdrawn_or_expired_and_are_not_demand(
+    registry: Registry, clock: FakeClock
+) -> None:
+    await registry.publish_demand("m", "gw-1", pending=2, active=0)
+    await registry.publish_forecast(
+        "m", PoolForecast(ready_at=clock.now + 90, cold_start_seconds=120)
+    )
+    await registry.publish_forecast(
+        "n", PoolForecast(ready_at=clock.now + 5, cold_start_seconds=60)
+    )
+    assert await registry.read_forecasts() == {
+        "m": PoolForecast(ready_at=clock.now + 90, cold_start_seconds=120),
+        "n": PoolForecast(ready_at=clock.now + 5, cold_start_seconds=60),
+    }
+    assert await registry.read_demand() == {"m": Demand(pending=2, active=0)}
+    await registry.publish_forecast("n", None)  # nothing of it boots any more
+    assert list(await registry.read_forecasts()) == ["m"]
+    clock.advance(31)  # a pool manager that stopped publishing promises nothing
+    assert await registry.read_forecasts() == {}
 
 
 async def test_demand_is_replaced_not_accumulated_per_gateway(registry: Registry) -> None:

@@ -155,6 +155,9 @@ class RunningAgent:
         return self.url.replace("http://", "ws://") + "/v1/ws"
 
 
+IMDS_LAUNCHED_AT = 1_795_000_000.0  # the emulated instance's launch, in its identity document
+
+
 @dataclass
 class Imds:
     url: str
@@ -163,7 +166,9 @@ class Imds:
 
 @pytest.fixture
 async def imds() -> AsyncIterator[Imds]:
-    identity = InstanceIdentity("i-0test", "g6.xlarge", "us-east-1a", "spot")
+    identity = InstanceIdentity(
+        "i-0test", "g6.xlarge", "us-east-1a", "spot", launched_at=IMDS_LAUNCHED_AT
+    )
     app = create_imds_app(identity)
     async with serving_on_loopback(app) as url:
         yield Imds(url, app)

@@ -1,0 +1,108 @@
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from pool_manager.cold_starts import COLD_START_SAMPLES, ColdStarts, quantile
+from pool_manager.policy import PoolAgent
+from spotgate.registry import PoolForecast
+
+DEFAULT_SECONDS = 600.0
+
+
+def agent(
+    agent_id: str,
+    *,
+    launched_at: float = 0.0,
+    ready_at: float | None = None,
+    placement: tuple[str, str] = ("g6", "a"),
+) -> PoolAgent:
+    phase = "starting" if ready_at is None else "ready"
+    return PoolAgent(agent_id, "spot", *placement, phase, launched_at, ready_at=ready_at)
+
+
+@pytest.mark.parametrize(
+    ("samples", "q", "expected"),
+    [
+        ([5.0], 0.9, 5.0),
+        ([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0], 0.9, 9.0),
+        ([10.0, 1.0, 5.0], 0.5, 5.0),
+        ([3.0, 1.0], 1.0, 3.0),
+    ],
+)
+def test_quantile_is_the_nearest_rank(samples: list[float], q: float, expected: float) -> None:
+    assert quantile(samples, q) == expected
+
+
+def test_each_agent_is_timed_once_when_first_seen_ready() -> None:
+    cold = ColdStarts(DEFAULT_SECONDS)
+    ready = agent("1", launched_at=100.0, ready_at=190.0)
+    assert cold.observe([("m", ready), ("m", agent("2"))]) == [(("g6", "a"), 90.0)]
+    assert cold.observe([("m", ready)]) == []  # seen again: not timed again
+    assert list(cold.samples[("g6", "a")]) == [90.0]
+
+
+def test_estimates_fall_back_from_the_placement_to_every_placement_to_the_default() -> None:
+    cold = ColdStarts(DEFAULT_SECONDS)
+    assert cold.estimate_seconds(("g6", "a")) == DEFAULT_SECONDS  # nothing timed yet
+    cold.observe([("m", agent(str(n), ready_at=float(n * 10))) for n in range(1, 11)])
+    assert cold.estimate_seconds(("g6", "a")) == 90.0  # the 0.9 quantile of 10..100
+    assert cold.estimate_seconds(("g6", "b")) == 90.0  # a placement not seen: all of them
+    cold.observe([("m", agent("b1", ready_at=300.0, placement=("g6", "b")))])
+    assert cold.estimate_seconds(("g6", "b")) == 300.0  # its own once it has one
+
+
+def test_only_the_latest_cold_starts_count() -> None:
+    cold = ColdStarts(DEFAULT_SECONDS)
+    slow = [("m", agent(f"old{n}", ready_at=900.0)) for n in range(COLD_START_SAMPLES)]
+    cold.observe(slow)
+    fast = [("m", agent(f"new{n}", ready_at=60.0)) for n in range(COLD_START_SAMPLES)]
+    cold.observe(fast)  # a faster image: the old boots age out
+    assert cold.estimate_seconds(("g6", "a")) == 60.0
+
+
+def test_an_agent_that_left_is_forgotten_but_its_cold_start_kept() -> None:
+    cold = ColdStarts(DEFAULT_SECONDS)
+    cold.observe([("m", agent("1", ready_at=50.0))])
+    cold.observe([])
+    assert cold.observe([("m", agent("1", ready_at=50.0))]) == [(("g6", "a"), 50.0)]
+    assert len(cold.samples[("g6", "a")]) == 2  # its id came back: a new boot of that name
+
+
+@pytest.mark.parametrize(
+    ("agents", "now", "expected"),
+    [
+        # nothing booting: no forecast for a model the pass sized
+        ([("m", agent("r", ready_at=10.0))], 100.0, {"m": None}),
+        # one booting: its launch plus the estimate (the default, nothing timed)
+        ([("m", agent("b", launched_at=100.0))], 150.0, {"m": PoolForecast(700.0, 600.0)}),
+        # several: the first expected ready
+        (
+            [("m", agent("b1", launched_at=100.0)), ("m", agent("b2", launched_at=50.0))],
+            150.0,
+            {"m": PoolForecast(650.0, 600.0)},
+        ),
+        # overdue: any moment now, never in the past
+        ([("m", agent("b", launched_at=0.0))], 900.0, {"m": PoolForecast(900.0, 600.0)}),
+        # per model
+        (
+            [("m", agent("b", launched_at=0.0)), ("other", agent("c", launched_at=60.0))],
+            0.0,
+            {"m": PoolForecast(600.0, 600.0), "other": PoolForecast(660.0, 600.0)},
+        ),
+    ],
+)
+def test_forecasts_are_the_first_booting_agents_expected_ready(
+    agents: list[tuple[str, PoolAgent]], now: float, expected: dict[str, PoolForecast | None]
+) -> None:
+    cold = ColdStarts(DEFAULT_SECONDS)
+    assert cold.forecasts(agents, ["m"], now) == expected
+
+
+def test_forecasts_use_the_booting_agents_own_placement() -> None:
+    cold = ColdStarts(DEFAULT_SECONDS)
+    cold.observe([("m", agent("fast", ready_at=60.0, placement=("g6", "a")))])
+    cold.observe([("m", agent("slow", ready_at=400.0, placement=("g5", "b")))])
+    booting = replace(agent("x", launched_at=1000.0), instance_type="g5", zone="b")
+    assert cold.forecasts([("m", booting)], ["m"], 1000.0) == {"m": PoolForecast(1400.0, 400.0)}
