@@ -1,11 +1,11 @@
-"""`spotgate model`: the offline tiny model and the published tokenizers it is built on."""
+"""`spotgate model`: the offline tiny model and its tokenizers; staging models in S3."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from cli.args import CommandError, Commands, OneLineParser
+from cli.args import CommandError, Commands, OneLineParser, run_async, shared_settings
 
 
 def _cache(args: argparse.Namespace) -> tuple[Path, ...]:
@@ -40,8 +40,25 @@ def _model_tokenizers(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _model_stage(args: argparse.Namespace) -> int:
+    from spotgate.model_store import ModelStoreError, stage_model
+
+    if not args.source.is_dir():
+        raise CommandError(f"{args.source} is not a directory (download the model first)")
+    prefix = (args.prefix or args.source.name).strip("/")
+    uri = f"s3://{args.bucket}/{prefix}"
+    try:
+        manifest = await stage_model(args.source, uri, shared_settings().aws)
+    except ModelStoreError as err:
+        raise CommandError(str(err)) from err
+    gib = manifest.total_bytes / 2**30
+    print(f"{uri}: {len(manifest.files)} files, {gib:.2f} GiB staged")
+    print(f"agents load it with SPOTGATE_AGENT_MODEL={uri} (CDK: -c model={uri})")
+    return 0
+
+
 def setup_model(commands: Commands) -> None:
-    """Add `model tiny|tokenizers`."""
+    """Add `model tiny|tokenizers|stage`."""
     model = commands.add_parser("model", help="model utilities")
     model_commands = model.add_subparsers(
         dest="model_command", required=True, parser_class=OneLineParser
@@ -65,3 +82,10 @@ def setup_model(commands: Commands) -> None:
     )
     tokenizers.add_argument("--cache", type=Path, help="default: .cache/tokenizers")
     tokenizers.set_defaults(handler=_model_tokenizers)
+    stage = model_commands.add_parser(
+        "stage", help="copy a model directory to S3 once, for agents to fetch at boot"
+    )
+    stage.add_argument("source", type=Path, help="the model directory (weights, tokenizer)")
+    stage.add_argument("--bucket", required=True, help="the stack's ModelBucket output")
+    stage.add_argument("--prefix", help="key prefix (default: the directory's name)")
+    stage.set_defaults(handler=run_async(_model_stage))

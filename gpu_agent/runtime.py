@@ -15,6 +15,7 @@ import time
 from collections.abc import Awaitable, Callable, Hashable
 from contextlib import aclosing, suppress
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Literal
 
 from gpu_agent.drain import StreamLoad, streams_to_hand_back
@@ -25,6 +26,7 @@ from gpu_agent.metrics import AgentMetrics
 from gpu_agent.streams import StreamProgress
 from spotgate import __version__
 from spotgate.logging import get_logger
+from spotgate.model_store import fetch_model, is_s3_uri, read_manifest
 from spotgate.registry import (
     AgentGone,
     AgentRecord,
@@ -141,7 +143,8 @@ class AgentRuntime:
         """
         self.identity = await self._resolve_identity(imds)
         try:
-            self.engine = await loader(self.settings)
+            settings = await self._fetch_staged_model()
+            self.engine = await loader(settings)
             self._boot_phase_ended("engine_loaded")
             self.phase = "warming"
             await self._warm_up(self.engine)
@@ -162,6 +165,28 @@ class AgentRuntime:
         log.info("agent ready", agent_id=self.identity.agent_id, url=self.url)
         self.spawn(self._heartbeat_forever(self.identity.agent_id), "heartbeat")
         self.spawn(self._check_engine_forever(self.engine), "engine-check")
+
+    async def _fetch_staged_model(self) -> AgentSettings:
+        """The settings to load the engine with, a staged model (`s3://`) ready for it.
+
+        `model_fetch: download` fetches it to disk first; `stream` checks it was staged whole
+        and leaves the weights to vLLM's streaming loader. Its name stays what clients ask
+        for: `served_model_name`, else the URI.
+        """
+        settings = self.settings
+        if not is_s3_uri(settings.model):
+            return settings
+        served = settings.served_model_name or settings.model
+        if settings.model_fetch == "stream":  # vLLM streams the weights: only check it is whole
+            await read_manifest(settings.model, settings.shared.aws)
+            return settings.model_copy(update={"served_model_name": served})
+        log.info("fetching the staged model", model=settings.model)
+        local = await fetch_model(
+            settings.model, Path(settings.model_cache_dir), settings.shared.aws
+        )
+        self._boot_phase_ended("weights_ready")
+        log.info("staged model fetched", model=settings.model, directory=str(local))
+        return settings.model_copy(update={"model": str(local), "served_model_name": served})
 
     def _boot_phase_ended(self, phase: BootPhase) -> None:
         self.boot = replace(self.boot, **{phase: time.time()})

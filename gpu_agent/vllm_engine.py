@@ -7,6 +7,7 @@ import functools
 import os
 from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
+from pathlib import Path
 from typing import Any
 
 from gpu_agent.detokenizer import held_token_ids
@@ -23,6 +24,7 @@ from gpu_agent.grammar import GrammarError, Grammars
 from gpu_agent.tool_calls import ToolCallReader
 from gpu_agent.vllm_logits import EXTRA_ARGS_KEY, StreamSpec
 from spotgate.context import UNICODE_COMPOSITION_FACTOR
+from spotgate.model_store import is_s3_uri
 from spotgate.protocol import ChatMessage, Tool
 from spotgate.settings import AgentSettings, EngineKind
 
@@ -31,6 +33,27 @@ CPU_KV_CACHE_GIB_DEFAULT = "1"
 ENGINE_DEAD_REASON = "the vLLM engine core died"
 STREAM_CONSTRAINTS = "gpu_agent.vllm_logits:StreamConstraints"
 BROKEN_SCHEMA_REASON = "the reply ended before it matched the JSON schema"
+
+
+def streamer_environment(settings: AgentSettings) -> dict[str, str]:
+    """What the Run:ai streamer (vLLM's `runai_streamer` loader) reads its S3 access from.
+
+    Its native client and the boto3 calls around it read only the environment; an endpoint
+    of our own (the emulator) needs path-style addressing. vLLM's pulled config and
+    tokenizer files go under the agent's model cache.
+    """
+    aws = settings.shared.aws
+    env = {
+        "AWS_DEFAULT_REGION": aws.region,
+        "VLLM_ASSETS_CACHE": str(Path(settings.model_cache_dir).expanduser() / "vllm"),
+    }
+    if aws.endpoint_url:
+        env["AWS_ENDPOINT_URL"] = aws.endpoint_url
+        env["RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING"] = "0"
+    if aws.access_key_id and aws.secret_access_key:
+        env["AWS_ACCESS_KEY_ID"] = aws.access_key_id
+        env["AWS_SECRET_ACCESS_KEY"] = aws.secret_access_key.get_secret_value()
+    return env
 
 
 class VllmEngine:
@@ -81,6 +104,9 @@ class VllmEngine:
         revision = engine_settings.revision
         if revision is not None:
             optional["revision"] = optional["tokenizer_revision"] = revision
+        if is_s3_uri(settings.model):  # staged, `model_fetch: stream`
+            optional["load_format"] = "runai_streamer"
+            os.environ.update(streamer_environment(settings))
         args = AsyncEngineArgs(
             model=settings.model,
             served_model_name=[served],
@@ -94,7 +120,8 @@ class VllmEngine:
             **optional,
         )
         llm = AsyncLLM.from_engine_args(args)
-        tokenizer = AutoTokenizer.from_pretrained(settings.model, revision=revision)
+        # Where vLLM found the tokenizer: a staged model's is pulled to local disk.
+        tokenizer = AutoTokenizer.from_pretrained(llm.model_config.tokenizer, revision=revision)
         max_model_len = int(llm.model_config.max_model_len)
         return cls(
             llm,

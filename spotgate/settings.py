@@ -273,7 +273,16 @@ class AgentSettings(BaseSettings):
     listen_fd: NonNegativeInt | None = None
     advertise_url: str | None = None
     engine: EngineKind = "vllm"
+    # A directory, a Hugging Face id, or `s3://bucket/prefix`: a model staged with
+    # `spotgate model stage`, fetched into `model_cache_dir` (instance storage on a GPU
+    # instance) before the engine loads it.
     model: str = ""
+    model_cache_dir: str = "~/.cache/spotgate/models"
+    # How a staged model's weights reach the engine: `download` (many ranged GETs to
+    # `model_cache_dir`, each file checked against the manifest, then loaded from disk) or
+    # `stream` (vLLM's Run:ai streamer reads them from S3 straight into the engine; the
+    # `gpu` extra installs it).
+    model_fetch: Literal["download", "stream"] = "download"
     served_model_name: str | None = None
     vllm: VllmSettings = VllmSettings()
     synthetic: SyntheticSettings = SyntheticSettings()

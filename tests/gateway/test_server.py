@@ -362,9 +362,14 @@ async def test_spot_notice_moves_the_stream_exactly(
 
 
 async def test_scale_from_zero_queues_then_serves(
-    gateway: Gateway, gateway_agent: GatewayAgentFactory, api_key: CreatedApiKey
+    aws: AwsEmulator, gateway_key: SigningKey, start_agent: AgentFactory, api_key: CreatedApiKey
 ) -> None:
-    async with connect(gateway.ws_url, api_key.api_key) as ws:
+    queue = QueueSettings(deadline_seconds=60.0)  # however slowly the agent below comes up
+    async with (
+        running_gateway(aws, gateway_key, queue=queue) as gateway,
+        connect(gateway.ws_url, api_key.api_key) as ws,
+    ):
+        gateway_agent = agents_of(gateway, start_agent)
         await send(ws, generate("q", "scalable", content="wait", max_tokens=5))
         assert await receive(ws) == {"type": "queued", "id": "q", "position": 0}
 

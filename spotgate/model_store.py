@@ -1,0 +1,250 @@
+"""Models staged in S3: copied once by `spotgate model stage`, fetched by every agent at boot.
+
+A staged model is a prefix holding the model directory's files as they were (weights,
+config, tokenizer, chat template) and, written last, `spotgate-model.json`: each file's
+path, size and SHA-256. A prefix without it was never staged completely and is refused.
+Agents fetch with many ranged GETs at once (S3 serves each connection at a fraction of an
+instance's bandwidth), check every file against the manifest, and keep what they fetched:
+a restarted agent fetches nothing again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from spotgate.registry.aws import aws_session
+from spotgate.settings import AwsSettings
+
+MANIFEST_NAME = "spotgate-model.json"
+S3_SCHEME = "s3://"
+PART_BYTES = 64 * 1024 * 1024
+"""One ranged GET: large enough to keep a connection busy, small enough to spread a file."""
+TRANSFER_CONCURRENCY = 16
+"""GETs (or PUTs) in flight at once, over all of a model's files."""
+HASH_CHUNK_BYTES = 8 * 1024 * 1024
+
+
+class ModelStoreError(Exception):
+    """A model could not be staged or fetched; the message says which and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class StagedFile:
+    """One file of a staged model."""
+
+    path: str  # relative to the model's directory, `/`-separated
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True, slots=True)
+class ModelManifest:
+    """What a staged model holds, written after everything else."""
+
+    files: tuple[StagedFile, ...]
+    source: str  # what was staged (a directory's name)
+    staged_at: float
+
+    def to_json(self) -> str:
+        """The manifest as stored."""
+        return json.dumps(
+            {"source": self.source, "staged_at": self.staged_at,
+             "files": [asdict(file) for file in self.files]},
+            indent=2,
+        )  # fmt: skip
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> ModelManifest:
+        """A stored manifest; `ModelStoreError` when it is not one."""
+        try:
+            document: dict[str, Any] = json.loads(text)
+            files = tuple(
+                StagedFile(str(f["path"]), int(f["size"]), str(f["sha256"]))
+                for f in document["files"]
+            )
+            return cls(files, str(document["source"]), float(document["staged_at"]))
+        except (ValueError, KeyError, TypeError) as err:
+            raise ModelStoreError(f"{MANIFEST_NAME} is not a model manifest: {err}") from err
+
+    @property
+    def total_bytes(self) -> int:
+        """The model's size."""
+        return sum(file.size for file in self.files)
+
+
+def is_s3_uri(model: str) -> bool:
+    """Whether a model setting names a staged model (`s3://bucket/prefix`)."""
+    return model.startswith(S3_SCHEME)
+
+
+def split_s3_uri(uri: str) -> tuple[str, str]:
+    """`s3://bucket/some/prefix` as (bucket, `some/prefix`)."""
+    if not is_s3_uri(uri):
+        raise ModelStoreError(f"{uri} is not an s3:// URI")
+    bucket, _, prefix = uri[len(S3_SCHEME) :].partition("/")
+    if not bucket:
+        raise ModelStoreError(f"{uri} names no bucket")
+    return bucket, prefix.strip("/")
+
+
+def _key(prefix: str, path: str) -> str:
+    return f"{prefix}/{path}" if prefix else path
+
+
+def sha256_of(path: Path) -> str:
+    """A file's SHA-256, read in chunks."""
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(HASH_CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _model_files(directory: Path) -> Iterator[Path]:
+    for path in sorted(directory.rglob("*")):
+        relative = path.relative_to(directory)
+        if path.is_file() and not any(part.startswith(".") for part in relative.parts):
+            yield path
+
+
+async def stage_model(directory: Path, uri: str, aws: AwsSettings) -> ModelManifest:
+    """Copy a model directory to `uri`, every file then the manifest; return the manifest."""
+    bucket, prefix = split_s3_uri(uri)
+    files = list(_model_files(directory))
+    if not (directory / "config.json").is_file():
+        raise ModelStoreError(f"{directory} holds no config.json: not a model directory")
+    hashes = await asyncio.gather(*(asyncio.to_thread(sha256_of, path) for path in files))
+    manifest = ModelManifest(
+        files=tuple(
+            StagedFile(path.relative_to(directory).as_posix(), path.stat().st_size, digest)
+            for path, digest in zip(files, hashes, strict=True)
+        ),
+        source=directory.name,
+        staged_at=time.time(),
+    )
+    session = aws_session(aws)
+    gate = asyncio.Semaphore(TRANSFER_CONCURRENCY)
+    async with session.client("s3", endpoint_url=aws.endpoint_url) as s3:
+        try:
+            # A manifest left from an earlier staging would vouch for files being replaced.
+            await s3.delete_object(Bucket=bucket, Key=_key(prefix, MANIFEST_NAME))
+
+            async def upload(path: Path, staged: StagedFile) -> None:
+                async with gate:
+                    await s3.upload_file(str(path), bucket, _key(prefix, staged.path))
+
+            await asyncio.gather(
+                *(upload(p, f) for p, f in zip(files, manifest.files, strict=True))
+            )
+            await s3.put_object(
+                Bucket=bucket,
+                Key=_key(prefix, MANIFEST_NAME),
+                Body=manifest.to_json().encode(),
+                ContentType="application/json",
+            )
+        except ClientError as err:
+            raise ModelStoreError(f"staging to {uri} failed: {err}") from err
+    return manifest
+
+
+def cache_directory(cache: Path, uri: str) -> Path:
+    """Where an agent keeps the files of the staged model at `uri` (`~` is the home)."""
+    bucket, prefix = split_s3_uri(uri)
+    return cache.expanduser() / bucket / PurePosixPath(prefix or "_")
+
+
+async def fetch_model(
+    uri: str, cache: Path, aws: AwsSettings, *, part_bytes: int = PART_BYTES
+) -> Path:
+    """Fetch the staged model at `uri` into the cache (what is there and checks out is kept).
+
+    Returns the local model directory. Every file is checked against the manifest's size
+    and SHA-256 before the directory is returned.
+    """
+    bucket, prefix = split_s3_uri(uri)
+    into = cache_directory(cache, uri)
+    session = aws_session(aws)
+    async with session.client("s3", endpoint_url=aws.endpoint_url) as s3:
+        manifest = await _read_manifest(s3, uri)
+        whole = await asyncio.gather(
+            *(asyncio.to_thread(_is_whole, into / f.path, f) for f in manifest.files)
+        )
+        missing = [f for f, ok in zip(manifest.files, whole, strict=True) if not ok]
+        gate = asyncio.Semaphore(TRANSFER_CONCURRENCY)
+
+        async def part(staged: StagedFile, target: Path, start: int) -> None:
+            end = min(start + part_bytes, staged.size) - 1
+            async with gate:
+                try:
+                    response = await s3.get_object(
+                        Bucket=bucket, Key=_key(prefix, staged.path), Range=f"bytes={start}-{end}"
+                    )
+                    data = await response["Body"].read()
+                except ClientError as err:
+                    raise ModelStoreError(f"fetching {staged.path} of {uri}: {err}") from err
+            if len(data) != end - start + 1:
+                raise ModelStoreError(f"{staged.path} of {uri} is shorter than its manifest says")
+            await asyncio.to_thread(_write_at, target, start, data)
+
+        async def fetch(staged: StagedFile) -> None:
+            final = into / staged.path
+            final.parent.mkdir(parents=True, exist_ok=True)
+            partial = final.with_name(f".{final.name}.partial")
+            with partial.open("wb") as handle:
+                handle.truncate(staged.size)
+            await asyncio.gather(
+                *(part(staged, partial, start) for start in range(0, staged.size, part_bytes))
+            )
+            if await asyncio.to_thread(sha256_of, partial) != staged.sha256:
+                partial.unlink()
+                raise ModelStoreError(f"{staged.path} of {uri} does not match its manifest")
+            partial.replace(final)
+
+        await asyncio.gather(*(fetch(staged) for staged in missing))
+    return into
+
+
+async def read_manifest(uri: str, aws: AwsSettings) -> ModelManifest:
+    """The manifest of the staged model at `uri`: `ModelStoreError` if it was never staged."""
+    async with aws_session(aws).client("s3", endpoint_url=aws.endpoint_url) as s3:
+        return await _read_manifest(s3, uri)
+
+
+async def _read_manifest(s3: Any, uri: str) -> ModelManifest:
+    bucket, prefix = split_s3_uri(uri)
+    try:
+        response = await s3.get_object(Bucket=bucket, Key=_key(prefix, MANIFEST_NAME))
+        return ModelManifest.from_json(await response["Body"].read())
+    except ClientError as err:
+        code = err.response.get("Error", {}).get("Code", "")
+        if code in ("NoSuchKey", "404", "NoSuchBucket"):
+            raise ModelStoreError(
+                f"{uri} is not a staged model (no {MANIFEST_NAME}; "
+                "stage it with `spotgate model stage`)"
+            ) from err
+        raise ModelStoreError(f"reading {uri}: {err}") from err
+
+
+def _is_whole(path: Path, staged: StagedFile) -> bool:
+    """Whether a file fetched earlier is there whole (same size and SHA-256)."""
+    if not path.is_file() or path.stat().st_size != staged.size:
+        return False
+    return sha256_of(path) == staged.sha256
+
+
+def _write_at(path: Path, offset: int, data: bytes) -> None:
+    descriptor = os.open(path, os.O_WRONLY)
+    try:
+        os.pwrite(descriptor, data, offset)
+    finally:
+        os.close(descriptor)
