@@ -62,9 +62,9 @@ chaos: $(INSTALLED) $(REDIS_SERVER)
 	$(BIN)/python -m loadtest.hostile --write docs/reliability.md
 	$(BIN)/python -m loadtest.soak --write docs/reliability.md
 
-# The hash-pinned locks deployments install, resolved from PyPI for Linux x86_64: the agents'
-# (Python 3.12, Ubuntu 24.04's), the gateway image's (Python 3.11) and boto3 for the agents'
-# boot. Run after changing a dependency; the infra tests check the locks match pyproject.toml.
+# The hash-pinned locks the images install, resolved from PyPI for Linux x86_64: the agents'
+# (Python 3.12, agent.Dockerfile's) and the gateway's (Python 3.11). Run after changing a
+# dependency; the infra tests check the locks match pyproject.toml.
 LOCK := .bench/uv/bin/uv pip compile --quiet --generate-hashes --no-header \
 	--index-url https://pypi.org/simple --python-platform x86_64-manylinux_2_28
 lock:
@@ -72,7 +72,6 @@ lock:
 	.bench/uv/bin/python -m pip install --quiet uv
 	$(LOCK) pyproject.toml --extra gpu --python-version 3.12 -o requirements/agent-gpu.lock
 	echo "setuptools>=77" | $(LOCK) pyproject.toml - --python-version 3.11 -o requirements/service.lock
-	echo boto3 | $(LOCK) - --python-version 3.12 -o requirements/boot.lock
 
 $(CHROMIUM):
 	$(SUDO) apt-get update -q

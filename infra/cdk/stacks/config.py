@@ -13,6 +13,11 @@ from constructs import Node
 AGENT_SETTING_PREFIX = "SPOTGATE_AGENT_"
 POOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,40}")
 """The pool name prefixes table names and tags: DynamoDB's table name characters."""
+ECR_IMAGE = re.compile(
+    r"(?P<account>\d{12})\.dkr\.ecr\.(?P<region>[a-z0-9-]+)\.amazonaws\.com/"
+    r"(?P<repository>[a-z0-9._/-]+)(:[\w.-]+|@sha256:[0-9a-f]{64})"
+)
+"""An image in ECR, by tag or digest: what agents can pull with their role alone."""
 FARGATE_MAX_STOP_TIMEOUT_SECONDS = 120
 """Fargate sends SIGKILL at most this long after SIGTERM."""
 STOP_TIMEOUT_MARGIN_SECONDS = 15
@@ -41,6 +46,9 @@ class DeployConfig:
     model: str = "Qwen/Qwen2.5-1.5B-Instruct"
     model_revision: str = ""
     served_model_name: str = ""
+    # A staged model's weights (`model: s3://…`): streamed into the engine, or downloaded to
+    # instance storage first (the agent's `model_fetch`).
+    model_fetch: str = "stream"
     instance_types: tuple[InstanceOption, ...] = (
         InstanceOption("g5.xlarge", 0.45, 1.006),
         InstanceOption("g6.xlarge", 0.40, 0.8048),
@@ -60,6 +68,7 @@ class DeployConfig:
     ami_root_device_name: str = "/dev/sda1"
     root_volume_gib: int = 200
     container_image: str = ""
+    agent_image: str = ""
     gateway_domain: str = ""
     certificate_arn: str = ""
     allow_plain_http: bool = False
@@ -145,6 +154,13 @@ class DeployConfig:
             # Each setting is one line of the agents' environment file.
             if "\n" in setting or "\n" in name:
                 raise ConfigError(f"agentSettings: {name!r} spans more than one line")
+        if self.agent_image and not ECR_IMAGE.fullmatch(self.agent_image):
+            raise ConfigError(
+                "agentImage: an ECR image the agents' role can pull, "
+                "<account>.dkr.ecr.<region>.amazonaws.com/<repository>:<tag> or @sha256:<digest>"
+            )
+        if self.model_fetch not in ("stream", "download"):
+            raise ConfigError("modelFetch: stream or download")
         if "\n" in self.model or "\n" in self.served_model or "\n" in self.model_revision:
             raise ConfigError("model/modelRevision/servedModelName: one line each")
 
@@ -155,6 +171,7 @@ _CONTEXT_KEYS: dict[str, str] = {
     "model": "model",
     "modelRevision": "model_revision",
     "servedModelName": "served_model_name",
+    "modelFetch": "model_fetch",
     "instanceTypes": "instance_types",
     "availabilityZones": "availability_zones",
     "maxAzs": "max_azs",
@@ -169,6 +186,7 @@ _CONTEXT_KEYS: dict[str, str] = {
     "amiRootDeviceName": "ami_root_device_name",
     "rootVolumeGiB": "root_volume_gib",
     "containerImage": "container_image",
+    "agentImage": "agent_image",
     "gatewayDomain": "gateway_domain",
     "certificateArn": "certificate_arn",
     "allowPlainHttp": "allow_plain_http",

@@ -1,4 +1,4 @@
-"""The GPU agents' launch template: AMI, IMDSv2, encrypted root volume, boot script, role."""
+"""The GPU agents: their image, their models' bucket, their launch template and role."""
 
 from __future__ import annotations
 
@@ -6,29 +6,36 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from aws_cdk import Annotations, Stack, Tags
+from aws_cdk import Annotations, RemovalPolicy, Stack, Tags
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
-from stacks.common import log_group, parameter_arn
+from spotgate.model_store import is_s3_uri
+from stacks.common import (
+    ECR_AUTH_REASON,
+    acknowledge,
+    acknowledge_wildcard_resource,
+    log_group,
+    parameter_arn,
+)
 from stacks.config import DeployConfig
-from stacks.source import LOCKS, REPO_ROOT, agent_source
+from stacks.source import agent_image
 
 BOOT_SCRIPT = Path(__file__).with_name("agent_boot.sh")
 PLACEHOLDER = re.compile(r"@@([A-Z_]+)@@")
 AGENT_PORT = 8000
 AGENT_DRAIN_GRACE_SECONDS = 90
 """The agent's drain on SIGTERM (its default; set here so systemd's timeout can exceed it)."""
-SYSTEMD_STOP_MARGIN_SECONDS = 30
+DOCKER_STOP_MARGIN_SECONDS = 30
+"""Past the drain, before Docker kills the agent; systemd waits as much again for Docker."""
 IMDS_HOP_LIMIT = 2
 """Two hops: a container on the instance can still reach IMDSv2 for the spot notice."""
-CLOUDWATCH_AGENT_VERSION = "1.300072.0b1766"
-CLOUDWATCH_AGENT_SHA256 = "05baeadca96c4bb8e43906ed09cf0bebd0f321ff6d41987bdc46ce681de0978d"
-"""The CloudWatch agent the boot script installs (Ubuntu amd64 .deb), checked against this."""
-BOOT_LOCK = REPO_ROOT / LOCKS / "boot.lock"
-"""boto3, hash-pinned: what the boot script needs before it has the source and its locks."""
+AGENT_CACHE_DIR = "/var/cache/spotgate"
+"""Inside the agent's container: where staged models are fetched (the boot script mounts
+instance storage there)."""
 AGENT_REGISTRY_ACTIONS = ("dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:GetItem")
 """Register, heartbeat, drain, gone (conditional writes) and the read that explains a refusal."""
 OWN_ROW_ONLY = {"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": ["${ec2:SourceInstanceARN}"]}}
@@ -63,13 +70,42 @@ class GpuPool(Construct):
     ) -> None:
         super().__init__(scope, construct_id)
         self.log_group = log_group(self, "Logs", config.log_retention_days)
-        source = agent_source(self, "Source")
+        self.image_uri, image_repository = agent_image(self, "Image", config)
+        self.model_bucket = s3.Bucket(
+            self,
+            "Models",
+            encryption=s3.BucketEncryption.S3_MANAGED,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            enforce_ssl=True,
+            # Staged copies of models: `spotgate model stage` writes them again if lost.
+            removal_policy=RemovalPolicy.RETAIN,
+        )
+        acknowledge(
+            self.model_bucket,
+            "AwsSolutions-S1",
+            "Model copies read by the agents' role only; CloudTrail data events log reads "
+            "where an audit needs them.",
+        )
 
         self.role = iam.Role(
             self,
             "Role",
             assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"),
-            description="spotgate GPU agent: its own registry entry, its source, its logs",
+            description="spotgate GPU agent: its own registry entry, its image, models, logs",
+        )
+        image_repository.grant_pull(self.role)
+        acknowledge_wildcard_resource(self.role, "*", ECR_AUTH_REASON)
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                sid="StagedModels",
+                actions=["s3:GetObject", "s3:ListBucket"],  # the streamer lists, then reads
+                resources=[self.model_bucket.bucket_arn, self.model_bucket.arn_for_objects("*")],
+            )
+        )
+        acknowledge_wildcard_resource(
+            self.role,
+            f"<{Stack.of(self).get_logical_id(self.model_bucket.node.default_child)}.Arn>/*",
+            "Any staged model in the pool's own bucket: the model is a setting.",
         )
         self.role.add_to_policy(
             iam.PolicyStatement(
@@ -88,19 +124,8 @@ class GpuPool(Construct):
         )
         self.role.add_to_policy(
             iam.PolicyStatement(
-                sid="SourceBundle",
-                actions=["s3:GetObject"],
-                resources=[source.bucket.arn_for_objects(source.s3_object_key)],
-            )
-        )
-        self.role.add_to_policy(
-            iam.PolicyStatement(
                 sid="ShipLogs",
-                actions=[
-                    "logs:CreateLogStream",
-                    "logs:PutLogEvents",
-                    "logs:DescribeLogStreams",
-                ],
+                actions=["logs:CreateLogStream", "logs:PutLogEvents"],
                 resources=[self.log_group.log_group_arn],
             )
         )
@@ -110,7 +135,7 @@ class GpuPool(Construct):
             "SecurityGroup",
             vpc=vpc,
             description="spotgate GPU agents: reached by the gateways only",
-            # Model weights and Python packages come from the internet.
+            # A model from the Hugging Face Hub comes from the internet.
             allow_all_outbound=True,
         )
 
@@ -120,6 +145,8 @@ class GpuPool(Construct):
             "SPOTGATE_AGENT_ENGINE": "vllm",
             "SPOTGATE_AGENT_MODEL": config.model,
             "SPOTGATE_AGENT_SERVED_MODEL_NAME": config.served_model,
+            "SPOTGATE_AGENT_MODEL_CACHE_DIR": AGENT_CACHE_DIR,
+            "SPOTGATE_AGENT_MODEL_FETCH": config.model_fetch,
             "SPOTGATE_AGENT_HOST": "0.0.0.0",  # noqa: S104 — reached by the gateways' tasks
             "SPOTGATE_AGENT_PORT": str(AGENT_PORT),
             # The gateways' public keys, read with this role: no path through the internet.
@@ -133,7 +160,8 @@ class GpuPool(Construct):
             ),
             **dict(config.agent_settings),
         }
-        if not config.model_revision and not config.model.startswith("/"):
+        pinned = config.model.startswith("/") or is_s3_uri(config.model)  # staged: a copy
+        if not config.model_revision and not pinned:
             Annotations.of(self).add_warning_v2(
                 "spotgate:unpinned-model",
                 f"model {config.model} has no modelRevision: each new agent downloads the "
@@ -141,20 +169,16 @@ class GpuPool(Construct):
                 "modelRevision to the commit hash.",
             )
         self.agent_settings = settings
+        drain_stop_seconds = AGENT_DRAIN_GRACE_SECONDS + DOCKER_STOP_MARGIN_SECONDS
         self.boot_script = render_boot_script(
             {
                 "REGION": config.region,
                 "AGENT_PORT": str(AGENT_PORT),
+                "AGENT_IMAGE": self.image_uri,
                 "LOG_GROUP": self.log_group.log_group_name,
-                "SOURCE_BUCKET": source.s3_bucket_name,
-                "SOURCE_KEY": source.s3_object_key,
                 "AGENT_SETTINGS": "\n".join(f"{name}={value}" for name, value in settings.items()),
-                "STOP_TIMEOUT_SECONDS": str(
-                    AGENT_DRAIN_GRACE_SECONDS + SYSTEMD_STOP_MARGIN_SECONDS
-                ),
-                "CLOUDWATCH_AGENT_VERSION": CLOUDWATCH_AGENT_VERSION,
-                "CLOUDWATCH_AGENT_SHA256": CLOUDWATCH_AGENT_SHA256,
-                "BOOT_LOCK": BOOT_LOCK.read_text().strip(),
+                "DRAIN_STOP_SECONDS": str(drain_stop_seconds),
+                "STOP_TIMEOUT_SECONDS": str(drain_stop_seconds + DOCKER_STOP_MARGIN_SECONDS),
             }
         )
 

@@ -111,7 +111,15 @@ class SpotgateStack(Stack):
             ),
             "AgentLogGroup": (
                 self.gpu_pool.log_group.log_group_name,
-                "Agents' boot (<instance>/boot) and service (<instance>/agent) logs",
+                "Agents' logs (<instance>/agent); a failed boot: the instance's console output",
+            ),
+            "ModelBucket": (
+                self.gpu_pool.model_bucket.bucket_name,
+                "Where `spotgate model stage DIR --bucket <this>` copies a model for the agents",
+            ),
+            "AgentImage": (
+                self.gpu_pool.image_uri,
+                "The GPU agents' image (vLLM and spotgate), pulled by every agent at boot",
             ),
             "AccessLogsBucket": (
                 gateway.access_logs.bucket_name,

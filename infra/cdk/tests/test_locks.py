@@ -48,7 +48,3 @@ def test_agents_run_the_vllm_release_the_cpu_tests_ran() -> None:
     # the streaming loader too: the CPU tests load staged models with the same release
     assert gpu["runai-model-streamer"] == cpu["runai-model-streamer"]
     assert locked["runai-model-streamer"] == gpu["runai-model-streamer"]
-
-
-def test_the_boot_lock_has_boto3_pinned() -> None:
-    assert "boto3" in pins(LOCK_DIR / "boot.lock")

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
-from stacks.source import DOCKERFILE, LOCKS, PACKAGES, REPO_ROOT
+from stacks.source import AGENT_DOCKERFILE, DOCKERFILE, LOCKS, PACKAGES, REPO_ROOT
 
 SERVICE_ENTRY_POINTS = ("cli.main", "gateway.service", "gpu_agent.service", "pool_manager.service")
 """`spotgate gateway|agent|pool run` (the image's and the agents' commands) and what they run."""
@@ -42,3 +43,16 @@ def test_the_image_copies_exactly_the_shipped_packages() -> None:
     lines = (REPO_ROOT / DOCKERFILE).read_text().splitlines()
     copied = [line.split()[1] for line in lines if line.startswith("COPY ")]
     assert copied == ["pyproject.toml", f"{LOCKS}/service.lock", *PACKAGES]
+
+
+def test_the_agent_image_is_the_locked_vllm_and_the_shipped_packages() -> None:
+    dockerfile = (REPO_ROOT / AGENT_DOCKERFILE).read_text()
+    copied = [line.split()[1] for line in dockerfile.splitlines() if line.startswith("COPY ")]
+    assert copied == [f"{LOCKS}/agent-gpu.lock", "pyproject.toml", *PACKAGES]
+    # The Python the lock is resolved for (`make lock`), by digest.
+    makefile = (REPO_ROOT / "Makefile").read_text()
+    assert re.search(r"--extra gpu --python-version 3\.12 ", makefile)
+    assert re.search(r"^FROM python:3\.12-slim@sha256:[0-9a-f]{64}$", dockerfile, re.M)
+    assert f"pip install --require-hashes -r {LOCKS}/agent-gpu.lock" in dockerfile
+    assert 'pip install --no-deps --no-build-isolation ".[gpu]"' in dockerfile
+    assert 'ENTRYPOINT ["spotgate", "agent"]' in dockerfile

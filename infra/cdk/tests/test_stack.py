@@ -330,12 +330,46 @@ def test_agents_role_writes_only_the_agents_table(synthesized: Synthesized) -> N
         "dynamodb:PutItem",
         "dynamodb:UpdateItem",
         "dynamodb:GetItem",
-        "s3:GetObject",
+        "s3:GetObject",  # staged models (a test of its own)
+        "s3:ListBucket",
+        "ecr:GetAuthorizationToken",  # its image
+        "ecr:BatchCheckLayerAvailability",
+        "ecr:GetDownloadUrlForLayer",
+        "ecr:BatchGetImage",
         "logs:CreateLogStream",
         "logs:PutLogEvents",
-        "logs:DescribeLogStreams",
         "ssm:GetParameter",  # the gateways' public keys, and only those (a test of its own)
     }
+
+
+def test_agents_read_staged_models_from_the_pools_private_bucket(
+    synthesized: Synthesized,
+) -> None:
+    [(bucket_id, bucket)] = [
+        (i, b) for i, b in synthesized.resources("AWS::S3::Bucket").items() if "Models" in i
+    ]
+    properties = bucket["Properties"]
+    assert properties["PublicAccessBlockConfiguration"] == {
+        "BlockPublicAcls": True,
+        "BlockPublicPolicy": True,
+        "IgnorePublicAcls": True,
+        "RestrictPublicBuckets": True,
+    }
+    assert properties["BucketEncryption"]["ServerSideEncryptionConfiguration"]
+    assert bucket["DeletionPolicy"] == "Retain"
+    _profile_id, profile = synthesized.one("AWS::IAM::InstanceProfile")
+    (role,) = profile["Properties"]["Roles"]
+    reads = [
+        statement
+        for statement in _policy_statements_of_role(synthesized, role["Ref"])
+        if "s3:GetObject" in as_list(statement["Action"])
+    ]
+    assert len(reads) == 1
+    assert {render(resource) for resource in as_list(reads[0]["Resource"])} == {
+        f"<{bucket_id}.Arn>",
+        f"<{bucket_id}.Arn>/*",
+    }
+    assert render(synthesized.raw["Outputs"]["ModelBucket"]["Value"]) == f"<Ref:{bucket_id}>"
 
 
 def test_agents_admit_only_the_gateways(synthesized: Synthesized) -> None:
@@ -595,8 +629,8 @@ def test_services_run_the_spotgate_commands(synthesized: Synthesized) -> None:
     gateway_image = synthesized.container("gateway")["Image"]
     assert synthesized.container("pool-manager")["Image"] == gateway_image
     assets = json.loads((synthesized.outdir / "Spotgate.assets.json").read_text())
-    (image,) = assets["dockerImages"].values()
-    assert image["source"]["dockerFile"] == "infra/cdk/Dockerfile"
+    built = sorted(image["source"]["dockerFile"] for image in assets["dockerImages"].values())
+    assert built == ["infra/cdk/Dockerfile", "infra/cdk/agent.Dockerfile"]
     dockerfile = (CDK_DIR / "Dockerfile").read_text()
     assert re.search(r"^FROM python:3\.11-slim@sha256:[0-9a-f]{64}$", dockerfile, re.M)
     assert "pip install --require-hashes -r requirements/service.lock" in dockerfile

@@ -1,16 +1,18 @@
 """The app with non-default settings, given as `cdk deploy -c key=value` gives them (text):
-HTTPS on a domain, a prebuilt image, scale to zero, three named zones."""
+HTTPS on a domain, prebuilt images, a staged model, scale to zero, three named zones."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+from aws_cdk.assertions import Annotations, Match
 from conftest import Synthesized, render, synthesize
 
 DOMAIN = "llm.example.com"
 CERTIFICATE = "arn:aws:acm:eu-west-1:123456789012:certificate/00000000-0000-0000-0000-000000000000"
 IMAGE = "public.ecr.aws/example/spotgate:1.2.3"
+AGENT_IMAGE = "123456789012.dkr.ecr.eu-west-1.amazonaws.com/ci/spotgate-agent@sha256:" + "ab" * 32
 ZONES = ["eu-west-1a", "eu-west-1b", "eu-west-1c"]
 
 
@@ -24,6 +26,9 @@ def variant(tmp_path_factory: pytest.TempPathFactory) -> Synthesized:
             "gatewayDomain": DOMAIN,
             "certificateArn": CERTIFICATE,
             "containerImage": IMAGE,
+            "agentImage": AGENT_IMAGE,
+            "model": "s3://models-bucket/qwen/v1",
+            "modelFetch": "download",
             "minAgents": "0",
             "availabilityZones": json.dumps(ZONES),
             "onDemandFallback": "false",
@@ -62,6 +67,28 @@ def test_prebuilt_image_needs_no_docker_build(variant: Synthesized) -> None:
     assert variant.container("pool-manager")["Image"] == IMAGE
     assets = json.loads((variant.outdir / f"{variant.stack.stack_name}.assets.json").read_text())
     assert assets.get("dockerImages", {}) == {}
+    _id, template = variant.one("AWS::EC2::LaunchTemplate")
+    script = render(template["Properties"]["LaunchTemplateData"]["UserData"])
+    assert f"IMAGE='{AGENT_IMAGE}'\n" in script
+    pulls = [
+        statement
+        for policy in variant.resources("AWS::IAM::Policy").values()
+        for statement in policy["Properties"]["PolicyDocument"]["Statement"]
+        if "ecr:BatchGetImage" in statement["Action"]
+    ]
+    assert [render(p["Resource"]) for p in pulls] == [
+        "arn:<Ref:AWS::Partition>:ecr:eu-west-1:123456789012:repository/ci/spotgate-agent"
+    ]
+
+
+def test_a_staged_model_is_fetched_as_asked_and_needs_no_revision(variant: Synthesized) -> None:
+    _id, template = variant.one("AWS::EC2::LaunchTemplate")
+    script = render(template["Properties"]["LaunchTemplateData"]["UserData"])
+    assert "SPOTGATE_AGENT_MODEL=s3://models-bucket/qwen/v1\n" in script
+    assert "SPOTGATE_AGENT_MODEL_FETCH=download\n" in script
+    assert not Annotations.from_stack(variant.stack).find_warning(
+        "*", Match.string_like_regexp("has no modelRevision")
+    )
 
 
 def test_text_context_values_are_parsed(variant: Synthesized) -> None:
