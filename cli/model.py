@@ -45,7 +45,7 @@ async def _model_stage(args: argparse.Namespace) -> int:
 
     if not args.source.is_dir():
         raise CommandError(f"{args.source} is not a directory (download the model first)")
-    prefix = (args.prefix or args.source.name).strip("/")
+    prefix = (args.prefix or args.source.resolve().name).strip("/")
     uri = f"s3://{args.bucket}/{prefix}"
     try:
         manifest = await stage_model(args.source, uri, shared_settings().aws)

@@ -279,6 +279,7 @@ class Dispatcher:
         me = object()
         waiters.append(me)
         queued_at = self._clock()
+        until = deadline
         try:
             heard: tuple[int, PoolForecast | None] | None = None
             while True:
@@ -287,16 +288,21 @@ class Dispatcher:
                     heard = (position, forecast)
                     yield Queued(position, eta_seconds(forecast, self._clock()))
                 changed = self._changed
-                until = wait_deadline(
-                    deadline, forecast, queued_at, self._queue.cold_start_wait_max_seconds
+                if position == 0:  # an agent that came just as the wait ran out still serves
+                    chosen = self.choose(model, session, exclude)
+                    if chosen is not None:
+                        break
+                # Never shortened: the forecast goes as its agent turns ready, which this
+                # gateway's view may show a moment later.
+                until = max(
+                    until,
+                    wait_deadline(
+                        deadline, forecast, queued_at, self._queue.cold_start_wait_max_seconds
+                    ),
                 )
                 remaining = until - self._clock()
                 if remaining <= 0:
                     raise NoCapacity(model)
-                if position == 0:
-                    chosen = self.choose(model, session, exclude)
-                    if chosen is not None:
-                        break
                 try:
                     await asyncio.wait_for(changed.wait(), remaining)
                 except TimeoutError:
@@ -315,8 +321,13 @@ class Dispatcher:
     async def refresh(self, registry: Registry) -> None:
         """Read the registry's change feed once into the view (an outage keeps the last one).
 
-        While streams wait, the pool manager's forecasts are read too (every few seconds).
+        While streams wait, the pool manager's forecasts for their models are read too (every
+        few seconds); failing that, they wait on the last ones read.
         """
+        try:
+            await self._read_forecasts(registry)
+        except Exception as err:  # a forecast only stretches waits: never stop routing for it
+            log.warning("pool forecasts unreadable; keeping the last", error=type(err).__name__)
         try:
             since = self.view.next_read_since(self._clock())
             changes = [
@@ -328,7 +339,6 @@ class Dispatcher:
                 self.view.replace(changes, self._clock())
             else:
                 self.view.update(changes, self._clock())
-            await self._read_forecasts(registry)
             self.notify()
         except Exception as err:  # an outage must not stop routing on the last view
             if self.view.last_error is None:
@@ -345,8 +355,8 @@ class Dispatcher:
             now - self._forecasts_read_at < FORECAST_READ_SECONDS
         ):
             return
-        self.forecasts = await registry.read_forecasts()
-        self._forecasts_read_at = now
+        self._forecasts_read_at = now  # a failed read waits its turn too
+        self.forecasts = await registry.read_forecasts(self.pending())
 
     def _may_connect(self, record: AgentRecord) -> bool:
         if agent_url_allowed(record.url, self._agent_networks):

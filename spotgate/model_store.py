@@ -20,7 +20,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from botocore.exceptions import ClientError
+import aiohttp
+from boto3.exceptions import S3UploadFailedError
+from botocore.exceptions import BotoCoreError, ClientError
 
 from spotgate.registry.aws import aws_session
 from spotgate.settings import AwsSettings
@@ -32,6 +34,17 @@ PART_BYTES = 64 * 1024 * 1024
 TRANSFER_CONCURRENCY = 16
 """GETs (or PUTs) in flight at once, over all of a model's files."""
 HASH_CHUNK_BYTES = 8 * 1024 * 1024
+PART_ATTEMPTS = 4
+"""Tries of one ranged GET before the fetch fails: a dropped connection is not a failure."""
+PART_RETRY_SECONDS = 0.5
+TRANSFER_ERRORS = (
+    ClientError,
+    BotoCoreError,
+    S3UploadFailedError,
+    aiohttp.ClientError,
+    TimeoutError,
+)
+"""What a transfer to or from S3 fails with: refused, or cut off on the way."""
 
 
 class ModelStoreError(Exception):
@@ -69,17 +82,32 @@ class ModelManifest:
         try:
             document: dict[str, Any] = json.loads(text)
             files = tuple(
-                StagedFile(str(f["path"]), int(f["size"]), str(f["sha256"]))
+                StagedFile(_safe_path(str(f["path"])), int(f["size"]), str(f["sha256"]))
                 for f in document["files"]
             )
-            return cls(files, str(document["source"]), float(document["staged_at"]))
+            manifest = cls(files, str(document["source"]), float(document["staged_at"]))
         except (ValueError, KeyError, TypeError) as err:
             raise ModelStoreError(f"{MANIFEST_NAME} is not a model manifest: {err}") from err
+        if len({file.path for file in files}) != len(files):
+            raise ModelStoreError(f"{MANIFEST_NAME} names a file twice")
+        return manifest
 
     @property
     def total_bytes(self) -> int:
         """The model's size."""
         return sum(file.size for file in self.files)
+
+
+def _safe_path(path: str) -> str:
+    """A manifest's file path, refused unless it stays inside the model's directory.
+
+    Whoever can write the bucket must not be able to make an agent write elsewhere (its
+    home, its packages): no absolute paths, no `..`, no empty or `.` parts, no backslashes.
+    """
+    parts = path.split("/")
+    if not path or "\\" in path or any(part in ("", ".", "..") for part in parts):
+        raise ValueError(f"unsafe file path {path!r}")
+    return path
 
 
 def is_s3_uri(model: str) -> bool:
@@ -143,17 +171,24 @@ async def stage_model(directory: Path, uri: str, aws: AwsSettings) -> ModelManif
                 async with gate:
                     await s3.upload_file(str(path), bucket, _key(prefix, staged.path))
 
-            await asyncio.gather(
-                *(upload(p, f) for p, f in zip(files, manifest.files, strict=True))
-            )
+            async with asyncio.TaskGroup() as uploads:
+                for path, staged in zip(files, manifest.files, strict=True):
+                    uploads.create_task(upload(path, staged))
+            # Files of an earlier model under the prefix would be read with this one's (a
+            # loader takes every shard it lists): only the manifest's files stay.
+            kept = {_key(prefix, file.path) for file in manifest.files}
+            paginator = s3.get_paginator("list_objects_v2")
+            async for page in paginator.paginate(Bucket=bucket, Prefix=_key(prefix, "")):
+                for stale in [o["Key"] for o in page.get("Contents", []) if o["Key"] not in kept]:
+                    await s3.delete_object(Bucket=bucket, Key=stale)
             await s3.put_object(
                 Bucket=bucket,
                 Key=_key(prefix, MANIFEST_NAME),
                 Body=manifest.to_json().encode(),
                 ContentType="application/json",
             )
-        except ClientError as err:
-            raise ModelStoreError(f"staging to {uri} failed: {err}") from err
+        except* TRANSFER_ERRORS as group:
+            raise ModelStoreError(f"staging to {uri} failed: {_first(group)}") from group
     return manifest
 
 
@@ -184,33 +219,51 @@ async def fetch_model(
 
         async def part(staged: StagedFile, target: Path, start: int) -> None:
             end = min(start + part_bytes, staged.size) - 1
+            # Held through the write: at most this many parts are in memory at once.
             async with gate:
-                try:
-                    response = await s3.get_object(
-                        Bucket=bucket, Key=_key(prefix, staged.path), Range=f"bytes={start}-{end}"
+                for attempt in range(PART_ATTEMPTS):
+                    try:
+                        response = await s3.get_object(
+                            Bucket=bucket,
+                            Key=_key(prefix, staged.path),
+                            Range=f"bytes={start}-{end}",
+                        )
+                        data = await response["Body"].read()
+                        break
+                    except TRANSFER_ERRORS as err:
+                        if attempt + 1 == PART_ATTEMPTS:
+                            raise ModelStoreError(
+                                f"fetching {staged.path} of {uri}: {err}"
+                            ) from err
+                        await asyncio.sleep(PART_RETRY_SECONDS * (attempt + 1))
+                if len(data) != end - start + 1:
+                    raise ModelStoreError(
+                        f"{staged.path} of {uri} is shorter than its manifest says"
                     )
-                    data = await response["Body"].read()
-                except ClientError as err:
-                    raise ModelStoreError(f"fetching {staged.path} of {uri}: {err}") from err
-            if len(data) != end - start + 1:
-                raise ModelStoreError(f"{staged.path} of {uri} is shorter than its manifest says")
-            await asyncio.to_thread(_write_at, target, start, data)
+                await asyncio.to_thread(_write_at, target, start, data)
 
         async def fetch(staged: StagedFile) -> None:
             final = into / staged.path
+            if not final.resolve().is_relative_to(into.resolve()):  # a link planted on disk
+                raise ModelStoreError(f"{staged.path} of {uri} leads outside {into}")
             final.parent.mkdir(parents=True, exist_ok=True)
             partial = final.with_name(f".{final.name}.partial")
             with partial.open("wb") as handle:
                 handle.truncate(staged.size)
-            await asyncio.gather(
-                *(part(staged, partial, start) for start in range(0, staged.size, part_bytes))
-            )
+            async with asyncio.TaskGroup() as parts:
+                for start in range(0, staged.size, part_bytes):
+                    parts.create_task(part(staged, partial, start))
             if await asyncio.to_thread(sha256_of, partial) != staged.sha256:
                 partial.unlink()
                 raise ModelStoreError(f"{staged.path} of {uri} does not match its manifest")
             partial.replace(final)
 
-        await asyncio.gather(*(fetch(staged) for staged in missing))
+        try:
+            async with asyncio.TaskGroup() as files:
+                for staged in missing:
+                    files.create_task(fetch(staged))
+        except* ModelStoreError as group:  # the first failure, whole: the rest were cancelled
+            raise _first(group) from None
     return into
 
 
@@ -233,6 +286,12 @@ async def _read_manifest(s3: Any, uri: str) -> ModelManifest:
                 "stage it with `spotgate model stage`)"
             ) from err
         raise ModelStoreError(f"reading {uri}: {err}") from err
+
+
+def _first(group: BaseExceptionGroup[Exception]) -> Exception:
+    """The first error in a (nested) group: what a task group's failure was about."""
+    first = group.exceptions[0]
+    return _first(first) if isinstance(first, BaseExceptionGroup) else first
 
 
 def _is_whole(path: Path, staged: StagedFile) -> bool:

@@ -194,12 +194,13 @@ def _gateway_sockets(port: int, gateways: int) -> list[socket.socket]:
     try:
         for index in range(gateways):
             sockets.append(loopback_socket(port + index if port else 0))
-    except OSError as err:
+    except (OSError, OverflowError) as err:  # taken, or past 65535
         for sock in sockets:
             sock.close()
         taken = port + len(sockets)
+        why = err.strerror if isinstance(err, OSError) else "no such port"
         raise UpFailed(
-            f"the gateway cannot listen on 127.0.0.1:{taken} ({err.strerror}); "
+            f"the gateway cannot listen on 127.0.0.1:{taken} ({why}); "
             "pick other ports with --port (0: any free ones)"
         ) from err
     return sockets
@@ -237,7 +238,12 @@ async def run_up(directory: Path, options: UpOptions, *, announce: Callable[[str
     # clear line, not a gateway child that exits.
     gateway_sockets = _gateway_sockets(options.port, options.gateways)
     emulator = AwsEmulator()
-    emulator.start()
+    try:
+        emulator.start()
+    except BaseException:
+        for sock in gateway_sockets:
+            sock.close()
+        raise
     processes = ChildProcesses(directory / LOG_DIR)
     store = RedisServer(log=directory / LOG_DIR / "redis.log")
     up_file = directory / UP_FILE

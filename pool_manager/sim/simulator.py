@@ -170,7 +170,8 @@ class Simulation:
         self._start = start_seconds
         self._end = min(longest, start_seconds + (duration_seconds or longest))
         self._rng = random.Random(config.seed)  # noqa: S311 (a reproducible simulation)
-        self._boot_rng = random.Random(config.seed)  # noqa: S311 (its own: draws leave the rest)
+        # Its own stream, seeded apart: cold-start draws neither shift nor mirror the others.
+        self._boot_rng = random.Random(f"{config.seed}/cold-starts")  # noqa: S311
         self._instances: list[_Instance] = []
         self._waiting: list[_Waiting] = []
         self._risky_until: dict[PlacementKey, float] = {}

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Iterable
+
 from spotgate.registry.base import RegistryBase
 from spotgate.registry.codec import decode_item, encode, encode_item
 from spotgate.registry.records import Demand, PoolForecast
@@ -95,27 +98,29 @@ class DemandOperations(RegistryBase):
             },
         )
 
-    async def read_forecasts(self) -> dict[str, PoolForecast]:
-        """The pool manager's current forecasts, per model."""
-        items = self._paginate(
-            self._client.scan,
-            {
-                "TableName": self._tables.demand,
-                "FilterExpression": "gateway_id = :source AND expires_at > :now",
-                "ExpressionAttributeValues": {
-                    ":source": encode(POOL_FORECAST_SOURCE),
-                    ":now": encode(self._clock()),
-                },
-            },
-        )
-        forecasts: dict[str, PoolForecast] = {}
-        async for item in items:
+    async def read_forecasts(self, models: Iterable[str]) -> dict[str, PoolForecast]:
+        """The pool manager's current forecasts for these models (those it has published)."""
+        now = self._clock()
+
+        async def read(model: str) -> tuple[str, PoolForecast] | None:
+            response = await self._client.get_item(
+                TableName=self._tables.demand,
+                Key={"model": encode(model), "gateway_id": encode(POOL_FORECAST_SOURCE)},
+            )
+            item = response.get("Item")
+            if item is None:
+                return None
             values = decode_item(item)
-            forecasts[str(values["model"])] = PoolForecast(
+            if float(values["expires_at"]) <= now:  # TTL deletes late: a stale promise
+                return None
+            forecast = PoolForecast(
                 ready_at=float(values["ready_at"]),
                 cold_start_seconds=float(values["cold_start_seconds"]),
             )
-        return forecasts
+            return model, forecast
+
+        found = await asyncio.gather(*(read(model) for model in sorted(set(models))))
+        return dict(pair for pair in found if pair is not None)
 
     async def read_demand(self) -> dict[str, Demand]:
         """Demand per model, summed over gateways that published recently."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Hashable
+from collections.abc import Collection, Hashable
 from dataclasses import replace
 from ipaddress import ip_network
 from typing import Any
@@ -13,6 +13,7 @@ import pytest
 from gateway.dispatch import (
     FEED_OVERLAP_SECONDS,
     FORECAST_GRACE_SECONDS,
+    FORECAST_READ_SECONDS,
     WHOLE_READ_SECONDS,
     Dispatcher,
     NoCapacity,
@@ -241,8 +242,8 @@ class FeedAndForecasts(FeedOf):
         super().__init__()
         self.forecasts: dict[str, PoolForecast] = {}
 
-    async def read_forecasts(self) -> dict[str, PoolForecast]:
-        return self.forecasts
+    async def read_forecasts(self, models: Collection[str]) -> dict[str, PoolForecast]:
+        return {model: f for model, f in self.forecasts.items() if model in models}
 
 
 @pytest.mark.parametrize("booting", [True, False])
@@ -259,9 +260,10 @@ async def test_a_queued_stream_hears_the_eta_and_outlives_its_deadline_while_one
         await dispatcher.refresh(registry)  # a stream waits: the forecasts are read
         assert await anext(events) == Queued(0, 120.0)
     clock.advance(30.0)  # past the stream's own deadline
-    registry.records = [entry("a", clock.now, expires_at=clock.now + 100.0)]
+    if booting:  # the agent booted and registered
+        registry.records = [entry("a", clock.now, expires_at=clock.now + 100.0)]
     waiting = asyncio.create_task(anext(events))
-    await dispatcher.refresh(registry)  # the agent booted and registered
+    await dispatcher.refresh(registry)
     if booting:
         chosen = await waiting
         assert isinstance(chosen, Candidate)
@@ -269,3 +271,41 @@ async def test_a_queued_stream_hears_the_eta_and_outlives_its_deadline_while_one
     else:
         with pytest.raises(NoCapacity):
             await waiting
+
+
+async def test_a_forecast_withdrawn_as_its_agent_turns_ready_does_not_end_the_wait() -> None:
+    clock = FakeClock(1_000.0)
+    dispatcher = Dispatcher(QueueSettings(), scale_from_zero_models=(MODEL,), clock=clock)
+    registry: Any = FeedAndForecasts()
+    events = dispatcher.acquire(MODEL, session=None, exclude=(), deadline=clock.now + 10.0)
+    assert await anext(events) == Queued(0, None)
+    registry.forecasts = {MODEL: PoolForecast(clock.now + 120.0, 120.0)}
+    await dispatcher.refresh(registry)
+    assert await anext(events) == Queued(0, 120.0)
+    clock.advance(100.0)
+    registry.forecasts = {}  # the pool saw the agent ready before this gateway's view did
+    clock.advance(FORECAST_READ_SECONDS)
+    await dispatcher.refresh(registry)
+    assert await anext(events) == Queued(0, None)  # still waiting: no forecast, no error
+    registry.records = [entry("a", clock.now, expires_at=clock.now + 100.0)]
+    waiting = asyncio.create_task(anext(events))
+    await dispatcher.refresh(registry)
+    chosen = await waiting
+    assert isinstance(chosen, Candidate)
+
+
+async def test_an_unreadable_forecast_keeps_the_view_fresh_and_waiters_woken() -> None:
+    class Failing(FeedAndForecasts):
+        async def read_forecasts(self, models: Collection[str]) -> dict[str, PoolForecast]:
+            raise PermissionError("AccessDenied")
+
+    clock = FakeClock(1_000.0)
+    dispatcher = Dispatcher(QueueSettings(), scale_from_zero_models=(MODEL,), clock=clock)
+    registry: Any = Failing()
+    events = dispatcher.acquire(MODEL, session=None, exclude=(), deadline=clock.now + 10.0)
+    assert await anext(events) == Queued(0, None)
+    registry.records = [entry("a", clock.now, expires_at=clock.now + 100.0)]
+    waiting = asyncio.create_task(anext(events))
+    await dispatcher.refresh(registry)
+    assert isinstance(await waiting, Candidate)
+    assert dispatcher.view.last_error is None

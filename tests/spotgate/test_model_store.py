@@ -12,6 +12,7 @@ from spotgate.model_store import (
     MANIFEST_NAME,
     ModelManifest,
     ModelStoreError,
+    StagedFile,
     cache_directory,
     fetch_model,
     split_s3_uri,
@@ -111,13 +112,36 @@ async def test_an_object_changed_after_staging_fails_the_fetch(
     assert not (cache_directory(tmp_path, URI) / "config.json").exists()  # nothing half-kept
 
 
-async def test_restaging_withdraws_the_old_manifest_first(
+async def test_restaging_replaces_the_manifest_and_leaves_no_file_of_the_old_model(
     aws: AwsEmulator, bucket: str, model: Path, tmp_path: Path
 ) -> None:
     settings = aws.settings().aws
     first = await stage_model(model, URI, settings)
     (model / "nested" / "weights.bin").write_bytes(os.urandom(20_000))
+    (model / "config.json").rename(model / "nested" / "config.json")  # a shard that goes
+    (model / "config.json").write_text("{}")
     second = await stage_model(model, URI, settings)
     assert second != first
+    async with aws_session(settings).client("s3", endpoint_url=settings.endpoint_url) as s3:
+        listed = await s3.list_objects_v2(Bucket=bucket, Prefix="tiny/v1/")
+    keys = {item["Key"].removeprefix("tiny/v1/") for item in listed["Contents"]}
+    assert keys == {f.path for f in second.files} | {MANIFEST_NAME}
     fetched = await fetch_model(URI, tmp_path, settings)
     assert (fetched / "nested" / "weights.bin").stat().st_size == 20_000
+
+
+@pytest.mark.parametrize(
+    "path", ["../outside", "/etc/passwd", "a/../../b", "a//b", "./a", "a\\..\\b", ""]
+)
+async def test_a_manifest_naming_a_file_outside_the_model_is_refused(
+    aws: AwsEmulator, bucket: str, tmp_path: Path, path: str
+) -> None:
+    settings = aws.settings().aws
+    hostile = ModelManifest((StagedFile(path, 1, "0" * 64),), "x", 0.0)
+    async with aws_session(settings).client("s3", endpoint_url=settings.endpoint_url) as s3:
+        await s3.put_object(
+            Bucket=bucket, Key=f"evil/{MANIFEST_NAME}", Body=hostile.to_json().encode()
+        )
+    with pytest.raises(ModelStoreError, match="not a model manifest"):
+        await fetch_model(f"s3://{bucket}/evil", tmp_path / "cache", settings)
+    assert not (tmp_path / "cache").exists()

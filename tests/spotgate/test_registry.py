@@ -347,15 +347,16 @@ async def test_forecasts_are_read_until_withdrawn_or_expired_and_are_not_demand(
     await registry.publish_forecast(
         "n", PoolForecast(ready_at=clock.now + 5, cold_start_seconds=60)
     )
-    assert await registry.read_forecasts() == {
+    assert await registry.read_forecasts(["m", "n", "other"]) == {
         "m": PoolForecast(ready_at=clock.now + 90, cold_start_seconds=120),
         "n": PoolForecast(ready_at=clock.now + 5, cold_start_seconds=60),
     }
+    assert list(await registry.read_forecasts(["n"])) == ["n"]
     assert await registry.read_demand() == {"m": Demand(pending=2, active=0)}
     await registry.publish_forecast("n", None)  # nothing of it boots any more
-    assert list(await registry.read_forecasts()) == ["m"]
+    assert list(await registry.read_forecasts(["m", "n"])) == ["m"]
     clock.advance(31)  # a pool manager that stopped publishing promises nothing
-    assert await registry.read_forecasts() == {}
+    assert await registry.read_forecasts(["m"]) == {}
 
 
 async def test_demand_is_replaced_not_accumulated_per_gateway(registry: Registry) -> None:

@@ -58,9 +58,10 @@ After=network-online.target docker.service
 ExecStartPre=/bin/sh -c 'aws ecr get-login-password --region ${REGION} | docker login --username AWS --password-stdin ${REGISTRY}'
 ExecStartPre=-/usr/bin/docker rm --force ${CONTAINER}
 ExecStartPre=/usr/bin/docker pull ${IMAGE}
-ExecStart=/usr/bin/docker run --rm --name ${CONTAINER} --gpus all --network host --ipc host --ulimit nofile=65536:65536 --env-file ${ENV_FILE} --volume ${CACHE}:/var/cache/spotgate --log-driver awslogs --log-opt awslogs-region=${REGION} --log-opt awslogs-group=@@LOG_GROUP@@ --log-opt awslogs-stream=${INSTANCE_ID}/agent ${IMAGE}
+ExecStart=/usr/bin/docker run --rm --init --name ${CONTAINER} --gpus all --network host --ipc host --ulimit nofile=65536:65536 --env-file ${ENV_FILE} --volume ${CACHE}:/var/cache/spotgate --log-driver awslogs --log-opt awslogs-region=${REGION} --log-opt awslogs-group=@@LOG_GROUP@@ --log-opt awslogs-stream=${INSTANCE_ID}/agent ${IMAGE}
 # SIGTERM starts the agent's drain: Docker waits that long before SIGKILL, systemd longer.
-ExecStop=/usr/bin/docker stop --time @@DRAIN_STOP_SECONDS@@ ${CONTAINER}
+# An agent that left by itself (drained, gone) took its container with it: no failure.
+ExecStop=-/usr/bin/docker stop --time @@DRAIN_STOP_SECONDS@@ ${CONTAINER}
 TimeoutStartSec=1800
 TimeoutStopSec=@@STOP_TIMEOUT_SECONDS@@
 Restart=on-failure

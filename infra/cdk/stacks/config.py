@@ -154,10 +154,12 @@ class DeployConfig:
             # Each setting is one line of the agents' environment file.
             if "\n" in setting or "\n" in name:
                 raise ConfigError(f"agentSettings: {name!r} spans more than one line")
-        if self.agent_image and not ECR_IMAGE.fullmatch(self.agent_image):
+        image = ECR_IMAGE.fullmatch(self.agent_image)
+        if self.agent_image and (image is None or image["region"] != self.region):
             raise ConfigError(
-                "agentImage: an ECR image the agents' role can pull, "
-                "<account>.dkr.ecr.<region>.amazonaws.com/<repository>:<tag> or @sha256:<digest>"
+                "agentImage: an ECR image in the stack's region, which the agents' role can "
+                f"pull: <account>.dkr.ecr.{self.region}.amazonaws.com/<repository>:<tag> or "
+                "@sha256:<digest>"
             )
         if self.model_fetch not in ("stream", "download"):
             raise ConfigError("modelFetch: stream or download")

@@ -277,8 +277,9 @@ class GatewayService(Construct):
         )
         role.add_to_principal_policy(
             iam.PolicyStatement(
+                # Its queue out; the pool manager's forecasts for queued models in.
                 sid="PublishDemand",
-                actions=["dynamodb:PutItem"],
+                actions=["dynamodb:PutItem", "dynamodb:GetItem"],
                 resources=[registry.demand.table_arn],
             )
         )

@@ -246,8 +246,9 @@ class PoolManagerService(Construct):
                 resources=[registry.agents.table_arn],
             ),
             iam.PolicyStatement(
-                sid="ReadDemand",
-                actions=["dynamodb:Scan"],
+                # Demand and fixed targets in; its forecasts for the gateways out.
+                sid="ReadDemandWriteForecasts",
+                actions=["dynamodb:Scan", "dynamodb:PutItem", "dynamodb:DeleteItem"],
                 resources=[registry.demand.table_arn],
             ),
         ]

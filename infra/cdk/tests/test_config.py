@@ -44,6 +44,10 @@ def test_no_context_gives_the_defaults_which_need_a_certificate() -> None:
         ({"poolName": "my pool"}, "poolName"),
         ({"rootVolumeGiB": 0}, "rootVolumeGiB"),
         ({"agentSettings": {"SPOTGATE_AGENT_MODEL": "a\nb"}}, "agentSettings"),
+        ({"agentImage": "docker.io/vllm/vllm-openai:latest"}, "agentImage"),
+        # ECR logins are per region: the agents log in to the stack's
+        ({"agentImage": "123456789012.dkr.ecr.eu-west-1.amazonaws.com/a:1"}, "agentImage"),
+        ({"modelFetch": "copy"}, "modelFetch"),
     ],
 )
 def test_bad_values_name_their_key(context: dict[str, Any], key: str) -> None:

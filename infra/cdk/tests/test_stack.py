@@ -468,6 +468,20 @@ def test_pool_manager_may_only_launch_and_end_its_own_pool(synthesized: Synthesi
     }
 
 
+def test_the_pool_manager_reads_demand_and_writes_its_forecasts_there(
+    synthesized: Synthesized,
+) -> None:
+    found = _policy_statements_of_role(synthesized, _task_role(synthesized, "pool-manager"))
+    demand = f"<{_table_id(synthesized, 'Demand')}.Arn>"
+    on_demand = {
+        action
+        for statement in found
+        if [render(resource) for resource in as_list(statement["Resource"])] == [demand]
+        for action in as_list(statement["Action"])
+    }
+    assert on_demand == {"dynamodb:Scan", "dynamodb:PutItem", "dynamodb:DeleteItem"}
+
+
 def test_gateway_reads_keys_and_agents_and_writes_only_demand_and_usage(
     synthesized: Synthesized,
 ) -> None:
@@ -479,7 +493,8 @@ def test_gateway_reads_keys_and_agents_and_writes_only_demand_and_usage(
         if action.split(":")[1].startswith(("Put", "Update", "Delete", "BatchWrite"))
     }
     assert writes == {"dynamodb:PutItem", "dynamodb:UpdateItem", "ssm:PutParameter"}
-    (publish,) = [s for s in found if s["Action"] == "dynamodb:PutItem"]
+    (publish,) = [s for s in found if s.get("Sid") == "PublishDemand"]
+    assert set(publish["Action"]) == {"dynamodb:PutItem", "dynamodb:GetItem"}  # + forecasts
     assert render(publish["Resource"]) == f"<{_table_id(synthesized, 'Demand')}.Arn>"
     (adds,) = [s for s in found if s["Action"] == "dynamodb:UpdateItem"]
     assert render(adds["Resource"]) == f"<{_table_id(synthesized, 'Usage')}.Arn>"

@@ -112,7 +112,7 @@ def test_the_boot_installs_nothing(synthesized: Synthesized, booted: Path) -> No
 def test_systemd_runs_the_agents_image_with_the_settings_it_wrote(booted: Path) -> None:
     unit = _unit(booted)
     run = shlex.split(unit["ExecStart"])
-    assert run[:4] == ["/usr/bin/docker", "run", "--rm", "--name"]
+    assert run[:5] == ["/usr/bin/docker", "run", "--rm", "--init", "--name"]
     image = run[-1]
     # The image `cdk deploy` built and pushed to its assets repository, by content hash.
     assert re.fullmatch(r"\S+\.dkr\.ecr\.\S+/cdk-\S+-container-assets-\S+:\w{64}", image), image
@@ -155,7 +155,7 @@ def test_the_agent_gets_longer_than_its_drain_to_stop(booted: Path) -> None:
     assert drain >= DRAIN_GRACE_SECONDS == 90
     # `docker stop` sends SIGTERM (the agent drains), then waits before SIGKILL; systemd
     # waits longer still for `docker stop`.
-    stop = shlex.split(unit["ExecStop"])
+    stop = shlex.split(unit["ExecStop"].removeprefix("-"))  # `-`: a container already gone
     assert stop[:3] == ["/usr/bin/docker", "stop", "--time"]
     assert drain < int(stop[3]) < int(unit["TimeoutStopSec"])
 
