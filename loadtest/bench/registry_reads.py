@@ -102,6 +102,10 @@ def attribute_bytes(value: dict[str, Any]) -> int:
         return 1
     if "SS" in value:
         return sum(len(item.encode()) for item in value["SS"])
+    if "M" in value:  # 3 bytes of its own, then each entry's name and value
+        return 3 + sum(
+            1 + len(name.encode()) + attribute_bytes(entry) for name, entry in value["M"].items()
+        )
     raise ValueError(f"unexpected attribute {sorted(value)}")
 
 

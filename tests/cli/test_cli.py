@@ -246,9 +246,16 @@ async def test_up_runs_gateways_and_agents_and_stops_cleanly(
     limited_key = next(word for word in created.stdout.split() if word.startswith("sg-"))
     statuses = []
     async with aiohttp.ClientSession() as http:
+
+        async def both_shared() -> bool:  # a store call slower than 2 s (a loaded machine)
+            for url in (first, second):  # leaves a replica on its own limits for a moment
+                async with http.get(f"{url}/readyz") as ready:
+                    if (await ready.json())["limits"] != "shared":
+                        return False
+            return True
+
+        await wait_for(both_shared, within=30)
         for url in (first, second):
-            async with http.get(f"{url}/readyz") as ready:
-                assert (await ready.json())["limits"] == "shared"
             async with http.post(
                 f"{url}/v1/chat/completions",
                 headers={"Authorization": f"Bearer {limited_key}"},
