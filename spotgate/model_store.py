@@ -148,6 +148,8 @@ def _model_files(directory: Path) -> Iterator[Path]:
 async def stage_model(directory: Path, uri: str, aws: AwsSettings) -> ModelManifest:
     """Copy a model directory to `uri`, every file then the manifest; return the manifest."""
     bucket, prefix = split_s3_uri(uri)
+    if not prefix:  # staging clears what else is under its prefix: never a whole bucket
+        raise ModelStoreError(f"{uri} names no prefix: stage to s3://{bucket}/<model>")
     files = list(_model_files(directory))
     if not (directory / "config.json").is_file():
         raise ModelStoreError(f"{directory} holds no config.json: not a model directory")

@@ -92,6 +92,8 @@ async def test_a_prefix_never_staged_whole_is_refused_by_name(
         await s3.put_object(Bucket=bucket, Key="half/config.json", Body=b"{}")  # no manifest
     with pytest.raises(ModelStoreError, match="not a staged model"):
         await fetch_model(f"s3://{bucket}/half", tmp_path, settings)
+    with pytest.raises(ModelStoreError, match="names no prefix"):  # it would clear the bucket
+        await stage_model(model, f"s3://{bucket}", settings)
     with pytest.raises(ModelStoreError, match=r"no config\.json"):
         await stage_model(model / "nested", f"s3://{bucket}/empty", settings)
 
