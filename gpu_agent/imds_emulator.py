@@ -134,8 +134,17 @@ def main() -> None:
     parser.add_argument("--instance-type", default="local")
     parser.add_argument("--zone", default="local")
     parser.add_argument("--lifecycle", default="spot")
+    parser.add_argument(
+        "--launched-at", type=float, default=0.0, help="epoch seconds (default: its own start)"
+    )
     args = parser.parse_args()
-    identity = InstanceIdentity(args.instance_id, args.instance_type, args.zone, args.lifecycle)
+    identity = InstanceIdentity(
+        args.instance_id,
+        args.instance_type,
+        args.zone,
+        args.lifecycle,
+        launched_at=args.launched_at,
+    )
     app = create_app(identity)
     if args.listen_fd is not None:
         web.run_app(app, sock=socket.socket(fileno=args.listen_fd), print=None)

@@ -73,6 +73,7 @@ class LocalProvider:
             )
         self._launched += 1
         agent_id = f"local-{self._launched}"
+        launched_at = self._clock()  # before either process: its IMDS says so, as EC2's does
         # Bound here to port 0 and handed over: each port is known now and is the child's alone
         # (closed here once it runs: when the child goes, its port refuses connections).
         imds_socket, agent_socket = loopback_socket(), loopback_socket()
@@ -81,7 +82,8 @@ class LocalProvider:
             f"imds-{agent_id}",
             ["gpu_agent.imds_emulator", "--listen-fd", str(imds_socket.fileno()),
              "--instance-id", agent_id, "--instance-type", launch.instance_type,
-             "--zone", launch.zone, "--lifecycle", launch.lifecycle],
+             "--zone", launch.zone, "--lifecycle", launch.lifecycle,
+             "--launched-at", repr(launched_at)],
             {},
             (imds_socket,),
         )  # fmt: skip
@@ -109,7 +111,7 @@ class LocalProvider:
             lifecycle=launch.lifecycle,
             instance_type=launch.instance_type,
             zone=launch.zone,
-            launched_at=self._clock(),
+            launched_at=launched_at,
         )
         self._agents[agent_id] = _LocalAgent(instance, agent, imds, imds_url)
         return instance
