@@ -56,6 +56,8 @@ class Admission:
     limits: Limits
     # The stream's lease in the store; None when this replica's own buckets admitted it.
     lease: str | None = None
+    # Tokens charged at admission (the prompt's estimate); the stream's end settles the rest.
+    tokens_charged: int = 0
 
     @property
     def admitted(self) -> bool:
@@ -145,34 +147,36 @@ class LimitStore:
             log.info("limit store answers again: limits shared by every replica")
         return answer
 
-    async def admit(self, key_id: str, limits: Limits, now: float) -> Admission:
-        """Take one request and one stream slot for `key_id`, or say why not."""
+    async def admit(self, key_id: str, limits: Limits, now: float, tokens: int = 0) -> Admission:
+        """Take one request, one stream slot and `tokens` for `key_id`, or say why not."""
         lease = secrets.token_hex(8)
-        decision = await self._ask(lambda store: store.admit(key_id, limits, now, lease))
+        decision = await self._ask(lambda store: store.admit(key_id, limits, now, lease, tokens))
         if decision is UNANSWERED:
             self.metrics.local_limit_decisions.inc()
-            return Admission(self.local.admit(key_id, limits, now), key_id, limits)
+            local = self.local.admit(key_id, limits, now, tokens)
+            return Admission(local, key_id, limits, tokens_charged=tokens if local.admitted else 0)
         if not decision.admitted:
             return Admission(decision, key_id, limits)
         self._leases[key_id].add(lease)
-        return Admission(decision, key_id, limits, lease)
+        return Admission(decision, key_id, limits, lease, tokens)
 
     async def finish(self, admission: Admission, tokens_used: int, now: float) -> None:
-        """Release the stream's slot and charge the tokens it used where it was admitted.
+        """Release the stream's slot and charge what it used, less what admission charged.
 
         Asked even while the store was failing lately; if it fails now, the slot frees when
         its lease lapses and the tokens go uncharged: the stream is over either way.
         """
         key_id, lease = admission.key_id, admission.lease
+        owed = tokens_used - admission.tokens_charged
         if lease is None:
-            self.local.finish(key_id, tokens_used, now)
+            self.local.finish(key_id, owed, now)
             return
         held = self._leases[key_id]
         held.discard(lease)
         if not held:
             del self._leases[key_id]
         await self._ask(
-            lambda store: store.finish(key_id, admission.limits, tokens_used, now, lease),
+            lambda store: store.finish(key_id, admission.limits, owed, now, lease),
             always=True,
         )
 

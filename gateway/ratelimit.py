@@ -1,7 +1,8 @@
 """Per-key limits as token buckets: requests per minute, tokens per minute, concurrent streams.
 
-Pure over plain data and an explicit clock. Requests are charged on admission; tokens are
-charged when a stream ends (its real usage), so a key may overdraw once and then waits until
+Pure over plain data and an explicit clock. A request and an estimate of its prompt's tokens
+are charged on admission, so streams admitted together see each other's prompts; when the
+stream ends its real usage replaces the estimate. A key may overdraw once and then waits until
 the bucket refills. These buckets are one replica's own: the gateway keeps them in the shared
 store (`gateway.sharedlimits`, the same arithmetic) and uses these while the store is
 unreachable or when none is configured (`gateway.limits`).
@@ -13,6 +14,13 @@ from dataclasses import dataclass, field
 
 SECONDS_PER_MINUTE = 60.0
 DEFAULT_MAX_CONCURRENT_STREAMS = 64
+PROMPT_CHARS_PER_TOKEN_ESTIMATE = 4
+"""What a prompt is charged at admission, before an agent counts it: OpenAI's rule of thumb."""
+
+
+def prompt_tokens_estimate(prompt_chars: int) -> int:
+    """The tokens a prompt of `prompt_chars` characters is charged until an agent counts it."""
+    return -(-prompt_chars // PROMPT_CHARS_PER_TOKEN_ESTIMATE)
 
 
 @dataclass(slots=True)
@@ -97,8 +105,12 @@ class RateLimiter:
             self._keys[key_id] = state
         return state
 
-    def admit(self, key_id: str, limits: Limits, now: float) -> Decision:
-        """Take one request and one stream slot, or say why not and for how long."""
+    def admit(self, key_id: str, limits: Limits, now: float, tokens: int = 0) -> Decision:
+        """Take one request, one stream slot and `tokens`, or say why not and for how long.
+
+        `tokens` (the prompt's estimate) is charged once the stream is admitted; a key whose
+        bucket is not overdrawn is admitted whatever the estimate.
+        """
         state = self._state(key_id, limits, now)
         if state.streams >= limits.max_concurrent:
             return streams_refusal(limits)
@@ -109,11 +121,13 @@ class RateLimiter:
             if wait > 0:
                 return rpm_refusal(limits, wait)
             state.requests.level -= 1.0
+        if state.tokens is not None:
+            state.tokens.level -= tokens
         state.streams += 1
         return Decision(True)
 
     def finish(self, key_id: str, tokens_used: int, now: float) -> None:
-        """Release the stream slot and charge the tokens it used."""
+        """Release the stream slot and charge `tokens_used` (less than 0: a refund)."""
         state = self._keys.get(key_id)
         if state is None:
             return

@@ -71,7 +71,7 @@ _ADMIT = (
     _BUCKET
     + """
 -- KEYS: rpm bucket, tpm bucket, stream leases
--- ARGV: now, rpm, tpm, max streams, the lease, its seconds
+-- ARGV: now, rpm, tpm, max streams, the lease, its seconds, the prompt's tokens
 local now, rpm, tpm = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local leases_now = server_now()
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', leases_now)
@@ -84,6 +84,11 @@ if rpm > 0 then
   local value, at = level(KEYS[1], rpm, now)
   if value < 1 then return {'rpm', number((1 - value) * MINUTE / rpm)} end
   store(KEYS[1], rpm, value - 1, at)
+end
+local prompt = tonumber(ARGV[7])
+if tpm > 0 and prompt > 0 then
+  local value, at = level(KEYS[2], tpm, now)
+  store(KEYS[2], tpm, value - prompt, at)
 end
 redis.call('ZADD', KEYS[3], leases_now + tonumber(ARGV[6]), ARGV[5])
 redis.call('EXPIRE', KEYS[3], math.ceil(tonumber(ARGV[6])) + 1)
@@ -207,8 +212,10 @@ class SharedBuckets:
         """Raise unless the store answers."""
         await self._client.ping()
 
-    async def admit(self, key_id: str, limits: Limits, now: float, lease: str) -> Decision:
-        """Take one request and a stream slot held by `lease`, or say why not."""
+    async def admit(
+        self, key_id: str, limits: Limits, now: float, lease: str, tokens: int = 0
+    ) -> Decision:
+        """Take one request, a stream slot held by `lease` and `tokens`, or say why not."""
         reply = await self._admit(
             keys=list(key_names(key_id)),
             args=[
@@ -218,6 +225,7 @@ class SharedBuckets:
                 limits.max_concurrent,
                 lease,
                 STREAM_LEASE_SECONDS,
+                tokens,
             ],
         )
         reason, wait = (_text(part) for part in reply)
@@ -226,7 +234,7 @@ class SharedBuckets:
     async def finish(
         self, key_id: str, limits: Limits, tokens_used: int, now: float, lease: str
     ) -> None:
-        """Release the stream's slot and charge the tokens it used."""
+        """Release the stream's slot and charge `tokens_used` (less than 0: a refund)."""
         _, tpm_key, streams_key = key_names(key_id)
         await self._finish(
             keys=[tpm_key, streams_key], args=[now, limits.tpm or 0, tokens_used, lease]

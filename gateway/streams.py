@@ -14,6 +14,7 @@ from contextlib import aclosing, suppress
 from dataclasses import dataclass
 
 from gateway.auth import Principal
+from gateway.ratelimit import prompt_tokens_estimate
 from gateway.relay import ClientFrame, RelayOutcome, relay_stream
 from gateway.state import GatewayState
 from spotgate.admission import GatewayConditions, Refusal, gateway_refusal
@@ -58,7 +59,12 @@ async def admitted_frames(
         state.metrics.rejections.labels(reason="unauthorized").inc()
         yield ErrorFrame(id=frame.id, code=ErrorCode.UNAUTHORIZED, message=revoked)
         return
-    admission = await state.limits.admit(principal.key_id, principal.limits, state.clock())
+    admission = await state.limits.admit(
+        principal.key_id,
+        principal.limits,
+        state.clock(),
+        prompt_tokens_estimate(frame.prompt_chars()),
+    )
     decision = admission.decision
     if not decision.admitted:
         state.metrics.rejections.labels(reason="rate_limited").inc()
@@ -93,6 +99,8 @@ async def admitted_frames(
         # where it got them.
         brought = len(frame.resume.token_ids) if frame.resume is not None else 0
         completion_tokens = max(outcome.completion_tokens - brought, outcome.relayed_tokens)
+        # Replaces the prompt's estimate charged at admission: a stream no agent took (no
+        # prefill) gets it back.
         used = outcome.prompt_tokens + completion_tokens
         state.usage.record(
             principal.key_id, frame.model, outcome.prompt_tokens, completion_tokens, state.clock()

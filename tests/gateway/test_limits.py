@@ -105,6 +105,20 @@ async def test_two_replicas_share_one_budget(store: LimitStore) -> None:
     assert shared_gauge(store) == 1
 
 
+async def test_a_prompt_charged_at_admission_holds_back_other_replicas_until_settled(
+    store: LimitStore,
+) -> None:
+    other = LimitStore(store.settings, GatewayMetrics(), store.shared)
+    limits = Limits(tpm=600)
+    first = await store.admit("k", limits, NOW, tokens=900)
+    assert first.admitted
+    assert first.tokens_charged == 900
+    refused = await other.admit("k", limits, NOW, tokens=10)
+    assert refused.decision.reason == "over 600 tokens per minute"
+    await store.finish(first, 100, NOW)  # the agent counted 100: 800 come back
+    assert (await other.admit("k", limits, NOW, tokens=10)).admitted
+
+
 async def test_an_unreachable_store_falls_back_and_recovers_by_itself(
     store: LimitStore, own_server: RedisServer, monotonic: FakeClock
 ) -> None:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.ratelimit import Limits, RateLimiter
+from gateway.ratelimit import Limits, RateLimiter, prompt_tokens_estimate
 
 
 def test_requests_per_minute_refill_continuously() -> None:
@@ -30,6 +30,22 @@ def test_tokens_are_charged_at_the_end_and_the_debt_must_be_repaid() -> None:
     assert refused.retry_after == pytest.approx(30.0)  # 300 tokens at 10 per second
     assert not limiter.admit("k", limits, now=29.0).admitted
     assert limiter.admit("k", limits, now=30.0).admitted
+
+
+def test_a_prompt_is_charged_at_admission_and_settled_at_the_end() -> None:
+    limiter = RateLimiter()
+    limits = Limits(tpm=600)
+    assert limiter.admit("k", limits, now=0.0, tokens=900).admitted  # the bucket was full
+    refused = limiter.admit("k", limits, now=0.0, tokens=10)  # sees the first prompt
+    assert not refused.admitted
+    assert refused.retry_after == pytest.approx(30.0)
+    limiter.finish("k", -900, now=0.0)  # no agent took it: the estimate comes back
+    assert limiter.admit("k", limits, now=0.0).admitted
+
+
+@pytest.mark.parametrize(("chars", "tokens"), [(0, 0), (1, 1), (4, 1), (5, 2), (400_000, 100_000)])
+def test_a_prompt_is_estimated_at_four_characters_a_token(chars: int, tokens: int) -> None:
+    assert prompt_tokens_estimate(chars) == tokens
 
 
 def test_concurrent_streams_are_capped_and_released() -> None:

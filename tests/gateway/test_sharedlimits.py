@@ -65,6 +65,7 @@ def same(local: Decision, shared: Decision) -> bool:
 @dataclass(frozen=True)
 class Admit:
     key: int
+    prompt_tokens: int
 
 
 @dataclass(frozen=True)
@@ -81,8 +82,8 @@ class Advance:
 Step = Admit | Finish | Advance
 steps = st.lists(
     st.one_of(
-        st.builds(Admit, st.integers(0, len(LIMITS) - 1)),
-        st.builds(Finish, st.integers(0, len(LIMITS) - 1), st.integers(0, 120)),
+        st.builds(Admit, st.integers(0, len(LIMITS) - 1), st.integers(0, 80)),
+        st.builds(Finish, st.integers(0, len(LIMITS) - 1), st.integers(-80, 120)),
         st.builds(Advance, st.floats(0.0, 15.0)),
     ),
     max_size=40,
@@ -102,8 +103,8 @@ async def replay_rate_limits(settings: LimitStoreSettings, script: list[Step]) -
             key_id, limits = f"{prefix}-{step.key}", LIMITS[step.key]
             if isinstance(step, Admit):
                 lease = secrets.token_hex(4)
-                expected = local.admit(key_id, limits, now)
-                decided = await shared.admit(key_id, limits, now, lease)
+                expected = local.admit(key_id, limits, now, step.prompt_tokens)
+                decided = await shared.admit(key_id, limits, now, lease, step.prompt_tokens)
                 assert same(expected, decided), (step, expected, decided)
                 if decided.admitted:
                     leases[step.key].append(lease)

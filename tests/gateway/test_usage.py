@@ -142,3 +142,20 @@ async def test_a_stream_cancelled_midway_is_charged_its_prompt_and_what_it_got(
     [row] = await gateway.state.registry.read_usage(api_key.record.key_id, 0.0)
     assert row.counts.prompt_tokens == frame["usage"]["prompt_tokens"]
     assert row.counts.completion_tokens == got
+
+
+async def test_a_long_prompt_in_flight_holds_back_the_next_stream_of_its_key(
+    gateway: Gateway, gateway_agent: GatewayAgentFactory, aws: AwsEmulator
+) -> None:
+    """Streams started together see each other's prompts: each is charged at admission."""
+    await gateway_agent(tokens_per_second=20.0)
+    async with Registry.open(aws.settings()) as registry:
+        limited = await registry.create_key("limited", tpm=300)
+    async with connect(gateway.ws_url, limited.api_key) as ws:
+        await send(ws, generate("long", GATEWAY_MODEL, content="word " * 400, max_tokens=1000))
+        while (await receive(ws))["type"] != "delta":  # an agent has it, it is running
+            pass
+        next_stream = generate("next", GATEWAY_MODEL, max_tokens=2)
+        refused = (await run_streams(ws, next_stream))["next"][-1]
+    assert (refused["type"], refused["code"]) == ("error", "rate_limited")
+    assert refused["message"] == "over 300 tokens per minute"
