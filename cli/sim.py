@@ -15,6 +15,9 @@ from cli.args import (
     positive_int,
 )
 
+REFERENCE_WINDOWS = 10
+"""The traces' reference set-up: ten 24-hour windows, averaged (as SpotHedge was measured)."""
+
 
 def _sim(args: argparse.Namespace) -> int:
     from pool_manager.sim.runner import policies_named, render_json, render_table, run_policies
@@ -34,6 +37,8 @@ def _sim(args: argparse.Namespace) -> int:
         on_demand_price_ratio=args.on_demand_price_ratio,
         spot_overprovision=args.overprovision,
         on_demand_hold_seconds=args.on_demand_hold,
+        stream_seconds=args.stream_seconds,
+        load=args.load,
         seed=args.seed,
     )
     try:
@@ -93,12 +98,26 @@ def setup_sim(commands: Commands) -> None:
         default=1800.0,
         help="seconds spot must hold the target before on-demand agents go",
     )
+    sim.add_argument(
+        "--stream-seconds",
+        type=positive_float,
+        default=60.0,
+        help="how long each stream runs; past the notice, a preempted agent's streams are "
+        "resumed elsewhere or lost",
+    )
+    sim.add_argument(
+        "--load",
+        type=non_negative_float,
+        default=0.5,
+        help="streams offered, as a share of the target's capacity",
+    )
     sim.add_argument("--tick", type=positive_float, default=30.0, help="step, seconds")
     sim.add_argument(
         "--windows",
         type=non_negative_int,
-        default=0,
-        help="average over this many windows at random offsets (default: the whole trace)",
+        default=REFERENCE_WINDOWS,
+        help="average over this many windows at seeded random offsets (default: ten of 24 "
+        "hours, the traces' reference set-up); 0: the whole trace",
     )
     sim.add_argument("--window-hours", type=positive_float, default=24.0)
     sim.add_argument("--seed", type=int, default=0)

@@ -10,8 +10,8 @@ model needs) and placement (which spot or on-demand capacity holds them) are sep
 - `HedgedSpotPolicy` (spotgate's own) keeps target + over-provision spot agents spread over
   (type, zone) placements that have not just preempted or refused, runs on-demand agents only
   for the part of the target that ready spot agents cannot hold, and drains them once spot
-  has held the whole target for `on_demand_hold_seconds` (zones that just came back often
-  go again).
+  holds the target with its margin ready, or has held the target for `on_demand_hold_seconds`
+  (zones that just came back often go again: the margin absorbs the next loss).
 - `OnDemandOnly`, `SpotCheapestZone` and `EvenSpread` are the simulator's baselines.
 """
 
@@ -256,10 +256,13 @@ class HedgedSpotPolicy:
                 actions += [launch] * (od_goal - len(on_demand))
         elif len(on_demand) > od_goal:
             # Spot that just came back often goes again (zones flap): keep the on-demand
-            # agents until the spot agents replacing them have been ready for the hold time.
+            # agents until spot could lose one agent and still hold the target (its margin is
+            # ready too), or until the spot agents replacing them have been ready for the hold
+            # time. Without a margin only the hold counts.
             holding = ready_spot[:target]  # the spot agents that replace on-demand ones
             held_since = holding[-1] if holding else 0.0
-            if snapshot.now - held_since >= settings.on_demand_hold_seconds:
+            margin_ready = settings.spot_overprovision > 0 and len(ready_spot) >= spot_goal
+            if margin_ready or snapshot.now - held_since >= settings.on_demand_hold_seconds:
                 actions += _shed(on_demand, len(on_demand) - od_goal, "spot holds the target")
         return actions
 

@@ -86,6 +86,17 @@ def test_sim_prints_one_json_object_per_policy_with_the_documented_fields() -> N
     assert table.stdout.splitlines()[1].startswith("spotgate")
 
 
+def test_sim_streams_that_outlive_the_notice_are_resumed_elsewhere() -> None:
+    traces = Path(__file__).parents[2] / "pool_manager" / "sim" / "traces" / "aws-16node-3zone"
+    day = ["sim", "--traces", str(traces), "--windows", "1", "--window-hours", "24", "--json"]
+    short = json.loads(run(*day).stdout)  # 60 s streams end within the 2-minute notice
+    long = json.loads(run(*day, "--stream-seconds", "1800").stdout)
+    assert short["preemptions"] == long["preemptions"] > 0
+    assert short["streams_resumed"] == 0
+    assert long["streams_resumed"] > 0
+    assert long["lost_streams"] == 0  # the margin had room for every one of them
+
+
 def test_sim_refuses_a_cold_starts_file_it_cannot_read(tmp_path: Path) -> None:
     traces = Path(__file__).parents[2] / "pool_manager" / "sim" / "traces" / "aws-16node-3zone"
     bad = tmp_path / "boots.json"

@@ -201,15 +201,29 @@ def test_returns_to_spot_once_spot_held_the_target_for_the_hold_time() -> None:
     ]
 
 
-def test_keeps_on_demand_while_spot_is_fresh() -> None:
+def test_keeps_on_demand_while_spot_is_fresh_and_its_margin_still_booting() -> None:
     # two spot agents have held the target of 2 only since the second came up, 60 s ago
+    spot = (
+        agent("a", placement=A, ready_at=NOW - 2000),
+        agent("b", placement=B, ready_at=NOW - 60),
+        agent("c", placement=C, phase="starting"),
+    )
+    on_demand = (agent("od", "on-demand", C),)
+    assert POLICY.decide(snapshot(2, *spot, *on_demand), SETTINGS) == []
+
+
+def test_returns_to_spot_at_once_when_its_margin_is_ready_too() -> None:
+    # fresh spot, but one more than the target: losing any one still leaves the target
     spot = (
         agent("a", placement=A, ready_at=NOW - 2000),
         agent("b", placement=B, ready_at=NOW - 60),
         agent("c", placement=C, ready_at=NOW - 30),
     )
     on_demand = (agent("od", "on-demand", C),)
-    assert POLICY.decide(snapshot(2, *spot, *on_demand), SETTINGS) == []
+    actions = POLICY.decide(snapshot(2, *spot, *on_demand), SETTINGS)
+    assert actions == [Terminate("od", "spot holds the target")]
+    without_margin = replace(SETTINGS, spot_overprovision=0)
+    assert POLICY.decide(snapshot(2, *spot[:2], *on_demand), without_margin) == []
 
 
 def test_scale_down_drains_busy_agents_and_terminates_idle_and_booting_ones() -> None:

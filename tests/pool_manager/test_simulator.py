@@ -82,12 +82,17 @@ def test_streams_are_resumed_on_spares_and_lost_without_them() -> None:
 def test_refused_spot_falls_back_to_on_demand_and_returns_after_the_hold() -> None:
     # No spot for the first 30 minutes, then plenty.
     traces = [zone("a", *([0] * 6 + [16] * 18))]
-    held = run("spotgate", traces, target=1, on_demand_hold_seconds=600.0)
+    no_margin = {"target": 1, "spot_overprovision": 0}
+    held = run("spotgate", traces, on_demand_hold_seconds=600.0, **no_margin)
     assert held.refused_launches > 0
     assert held.on_demand_share_of_hours > 0
-    longer = run("spotgate", traces, target=1, on_demand_hold_seconds=1800.0)
+    longer = run("spotgate", traces, on_demand_hold_seconds=1800.0, **no_margin)
     assert longer.cost_vs_on_demand > held.cost_vs_on_demand  # on-demand kept longer
     assert held.availability == longer.availability == pytest.approx(118 / 120)
+    # With a margin, on-demand goes once spot's margin is ready too, whatever the hold.
+    margin = run("spotgate", traces, target=1, on_demand_hold_seconds=1800.0)
+    assert margin.on_demand_share_of_hours < held.on_demand_share_of_hours
+    assert margin.availability == held.availability
 
 
 def test_policies_rank_as_expected_on_a_published_trace_day() -> None:
