@@ -1,10 +1,9 @@
 """The reconcile loop's body: read the world, ask the policy, carry out its actions.
 
 Each pass joins what the provider runs (instances) with what the registry knows (agents:
-state, heartbeat, load) and what gateways publish (demand), sizes each model's pool, asks the
-reaper and the placement policy for actions, and carries them out. A spot launch refused
-for capacity marks its placement risky and the policy is asked again at once, so the next
-placement is tried in the same pass. Interruption events are handled before the pass that
+state, heartbeat, load) and what gateways publish (demand), and carries out each model's
+`pool_manager.reconcile.ReconcilePass` (sizing, reaping, placement, the retry after a capacity
+refusal), the pure step the simulator runs too. Interruption events are handled before the pass that
 follows them, so a replacement is launched in the same loop iteration.
 """
 
@@ -13,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from pool_manager.events import PoolEvent
 from pool_manager.policy import (
@@ -26,14 +25,17 @@ from pool_manager.policy import (
     Policy,
     PolicySettings,
     PoolAgent,
-    PoolSnapshot,
     Sizing,
     Terminate,
-    agents_for_demand,
-    reap,
-    size_pool,
 )
 from pool_manager.provider import CapacityRefused, Instance, Provider, ProviderError
+from pool_manager.reconcile import (
+    DRAIN_DEADLINE_SECONDS,
+    RISKY_PLACEMENT_SECONDS,
+    ReconcilePass,
+    note_interruption,
+    pool_target,
+)
 from spotgate.logging import get_logger
 from spotgate.registry import (
     AgentRecord,
@@ -43,7 +45,6 @@ from spotgate.registry import (
     RegistryError,
 )
 
-DRAIN_DEADLINE_SECONDS = 300.0  # a scale-down drain: streams get this long to finish
 STOPPED_INSTANCE_STATES = frozenset({"shutting-down", "terminated", "stopping", "stopped"})
 
 log = get_logger(__name__)
@@ -101,7 +102,7 @@ class PoolController:
     provider: Provider
     settings: PolicySettings
     models: Sequence[str] = ()
-    risky_placement_seconds: float = 1800.0
+    risky_placement_seconds: float = RISKY_PLACEMENT_SECONDS
     policy: Policy = field(default_factory=HedgedSpotPolicy)
     clock: Callable[[], float] = time.time
     sizing: dict[str, Sizing] = field(default_factory=dict)
@@ -139,7 +140,9 @@ class PoolController:
         try:
             if event.kind == "interruption":
                 deadline = event.deadline if event.deadline is not None else event.at
-                self.risky_until[instance.placement] = self.clock() + self.risky_placement_seconds
+                self.risky_until = note_interruption(
+                    self.risky_until, instance.placement, self.clock(), self.risky_placement_seconds
+                )
                 await self.provider.interruption_noticed(instance.instance_id, deadline)
                 await self.registry.set_draining(agent_id, deadline)
                 log.info("spot interruption: draining", agent_id=agent_id, deadline=deadline)
@@ -153,11 +156,10 @@ class PoolController:
             log.info("event needed no registry change", agent_id=agent_id, error=str(err))
 
     def _size(self, model: str, demand: Demand, fixed: int | None, now: float) -> int:
-        if fixed is not None:  # set by `spotgate pool scale`: no hysteresis
-            self.sizing[model] = Sizing(target=fixed, needed_at=now)
-            return fixed
-        needed = agents_for_demand(demand.pending, demand.active, self.settings)
-        sizing = size_pool(self.sizing.get(model, Sizing()), needed, now, self.settings)
+        sizing = pool_target(
+            self.sizing.get(model, Sizing()), demand.pending, demand.active, fixed, now,
+            self.settings,
+        )  # fmt: skip
         self.sizing[model] = sizing
         return sizing.target
 
@@ -169,50 +171,43 @@ class PoolController:
         records: dict[str, AgentRecord],
         now: float,
     ) -> tuple[list[Action], list[Launch]]:
+        step = ReconcilePass(
+            policy=self.policy,
+            settings=self.settings,
+            now=now,
+            target=target,
+            agents=[pool_agent(i, records.get(i.agent_id), now) for i in instances],
+            risky_until=self.risky_until,
+            risky_seconds=self.risky_placement_seconds,
+        )
         done: list[Action] = []
         refused: list[Launch] = []
-        refused_here: set[PlacementKey] = set()
-        for _ in range(len(self.settings.placements) + 1):
-            snapshot = PoolSnapshot(
-                now=now,
-                target=target,
-                agents=tuple(pool_agent(i, records.get(i.agent_id), now) for i in instances),
-                risky_until=dict(self.risky_until),
-            )
-            dead = reap(snapshot, self.settings)
-            reaped = {a.agent_id for a in dead}
-            # The policy plans without the dead, so their replacements start in this pass.
-            alive = replace(
-                snapshot, agents=tuple(a for a in snapshot.agents if a.agent_id not in reaped)
-            )
-            actions: list[Action] = [*dead, *self.policy.decide(alive, self.settings)]
-            retry = False
+        while actions := step.next_actions():
             for action in actions:
                 if isinstance(action, Launch):
-                    if action.lifecycle == "spot" and action.placement in refused_here:
-                        continue  # refused in this pass already: wait for the next one
                     try:
                         launched = await self.provider.launch(model, action)
                     except CapacityRefused as err:
                         log.info("launch refused; trying another placement", reason=str(err))
-                        refused_here.add(action.placement)
+                        step.refused(action)
                         refused.append(action)
-                        self.risky_until[action.placement] = now + self.risky_placement_seconds
-                        retry = True
                         continue
                     except ProviderError as err:
                         log.warning("launch failed", model=model, error=str(err))
                         continue
                     instances.append(launched)
+                    step.launched(pool_agent(launched, None, now))
                     log.info("launched", agent_id=launched.agent_id, model=model,
                              lifecycle=action.lifecycle, zone=action.zone)  # fmt: skip
                 elif isinstance(action, Drain):
                     await self._drain(action, records, now)
+                    if (instance := _instance_of(action.agent_id, instances)) is not None:
+                        step.drained(pool_agent(instance, records.get(action.agent_id), now))
                 else:
                     await self._terminate(action, instances, records)
+                    step.terminated(action.agent_id)
                 done.append(action)
-            if not retry:
-                break
+        self.risky_until = step.risky_until
         return done, refused
 
     async def _drain(self, action: Drain, records: dict[str, AgentRecord], now: float) -> None:
@@ -229,7 +224,7 @@ class PoolController:
     async def _terminate(
         self, action: Terminate, instances: list[Instance], records: dict[str, AgentRecord]
     ) -> None:
-        instance = next((i for i in instances if i.agent_id == action.agent_id), None)
+        instance = _instance_of(action.agent_id, instances)
         if instance is None:
             return
         try:
@@ -242,3 +237,7 @@ class PoolController:
             with suppress(RegistryError):  # already gone: nothing routes to it
                 await self.registry.set_gone(action.agent_id)
         log.info("terminated", agent_id=action.agent_id, reason=action.reason)
+
+
+def _instance_of(agent_id: str, instances: Sequence[Instance]) -> Instance | None:
+    return next((i for i in instances if i.agent_id == agent_id), None)

@@ -5,10 +5,11 @@ falls below the spot instances we hold there preempts the excess: each victim ge
 notice and disappears `notice_seconds` later), brings instances up after `cold_start_seconds`
 (or after a cold start drawn from `cold_start_samples`: those the live pool observed, as
 `spotgate pool boots --json` lists them), moves streams (arrivals, completions, and streams
-of a disappearing agent resumed elsewhere), then asks the policy — the same `Policy.decide`
-the live manager calls — and carries out its actions. A spot launch into a zone that is full
-is refused and the zone is marked risky, as the EC2 provider does, and the policy is asked
-again in the same tick.
+of a disappearing agent resumed elsewhere), then runs the live controller's reconcile step
+(`pool_manager.reconcile.ReconcilePass`: sizing, reaping, the policy, the retry after a
+refusal) and carries out its actions. A spot launch into a zone that is full is refused, as
+the EC2 provider refuses it, and the pass marks the zone risky and asks again; a scale-down
+drain gives streams `DRAIN_DEADLINE_SECONDS` to finish and hands back the rest.
 
 Measures: availability (share of ticks with at least `target` agents ready and not
 draining), cost relative to running `target` on-demand instances the whole time, spot notices
@@ -19,12 +20,14 @@ started stream that could not be resumed before the deadline).
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pool_manager.policy import (
+    Action,
     AgentPhase,
     Drain,
     Launch,
@@ -34,8 +37,13 @@ from pool_manager.policy import (
     Policy,
     PolicySettings,
     PoolAgent,
-    PoolSnapshot,
-    Terminate,
+    Sizing,
+)
+from pool_manager.reconcile import (
+    DRAIN_DEADLINE_SECONDS,
+    ReconcilePass,
+    note_interruption,
+    pool_target,
 )
 from pool_manager.sim.traces import ZoneTrace
 
@@ -102,7 +110,8 @@ class _Instance:
     def active(self) -> int:
         return int(sum(count for _, count in self.streams))
 
-    def as_agent(self) -> PoolAgent:
+    def as_agent(self, now: float) -> PoolAgent:
+        """The policy's view: a ready agent heartbeats, a booting one has not registered."""
         phase: AgentPhase = "ready" if self.ready else "starting"
         if self.noticed or self.drained:
             phase = "draining"
@@ -114,6 +123,7 @@ class _Instance:
             phase=phase,
             launched_at=self.launched_at,
             active_streams=self.active,
+            heartbeat_at=now if self.ready else None,
             drain_deadline=self.dies_at,
             ready_at=self.ready_at if self.ready else None,
         )
@@ -175,6 +185,9 @@ class Simulation:
         self._instances: list[_Instance] = []
         self._waiting: list[_Waiting] = []
         self._risky_until: dict[PlacementKey, float] = {}
+        self._sizing = Sizing()
+        self.decisions: list[tuple[float, Action]] = []
+        """What each reconcile pass carried out, with its time (refused launches left out)."""
         self._next_id = 0
         self._arrival_credit = 0.0
         rate_per_second = (
@@ -184,6 +197,11 @@ class Simulation:
         self._counts = dict.fromkeys(
             ("preemptions", "launches", "refused", "started", "resumed", "rejected", "lost"), 0
         )
+
+    @property
+    def settings(self) -> PolicySettings:
+        """The policy settings the simulated pool runs with."""
+        return self._settings
 
     def run(self) -> SimResult:
         """Step through the span and report."""
@@ -247,7 +265,9 @@ class Simulation:
                 victim.noticed = True
                 victim.dies_at = now + self._config.notice_seconds
                 self._counts["preemptions"] += 1
-            self._risky_until[key] = now + self._config.risky_placement_seconds
+            self._risky_until = note_interruption(
+                self._risky_until, key, now, self._config.risky_placement_seconds
+            )
 
     def _advance(self, now: float) -> None:
         for instance in list(self._instances):
@@ -298,30 +318,49 @@ class Simulation:
         self._waiting = still_waiting
 
     def _decide(self, now: float) -> None:
-        for instance in list(self._instances):  # a drained agent exits once it is empty
-            if instance.drained and not instance.noticed and instance.active == 0:
-                self._instances.remove(instance)
-        refused: set[PlacementKey] = set()
-        while True:  # like the EC2 provider: a refused placement is marked, the next one tried
-            snapshot = PoolSnapshot(
-                now=now,
-                target=self._config.target,
-                agents=tuple(i.as_agent() for i in self._instances),
-                risky_until=dict(self._risky_until),
-            )
-            retry = False
-            for action in self._policy.decide(snapshot, self._settings):
-                if (
-                    isinstance(action, Launch)
-                    and action.lifecycle == "spot"
-                    and (action.placement in refused)
-                ):
-                    continue  # tried this tick already: wait for the next one
-                if not self._apply(action, now) and isinstance(action, Launch):
-                    refused.add(action.placement)
-                    retry = True
-            if not retry:
-                return
+        """One reconcile pass, as the live controller runs it (`ReconcilePass`)."""
+        self._sizing = pool_target(
+            self._sizing,
+            pending=sum(w.count for w in self._waiting),
+            active=sum(i.active for i in self._instances),
+            fixed=None,
+            now=now,
+            settings=self._settings,
+        )
+        step = ReconcilePass(
+            policy=self._policy,
+            settings=self._settings,
+            now=now,
+            target=self._sizing.target,
+            agents=[i.as_agent(now) for i in self._instances],
+            risky_until=self._risky_until,
+            risky_seconds=self._config.risky_placement_seconds,
+        )
+        while actions := step.next_actions():
+            for action in actions:
+                if isinstance(action, Launch):
+                    launched = self._launch(action, now)
+                    if launched is None:
+                        self._counts["refused"] += 1
+                        step.refused(action)
+                    else:
+                        step.launched(launched.as_agent(now))
+                        self.decisions.append((now, action))
+                    continue
+                instance = next((i for i in self._instances if i.agent_id == action.agent_id), None)
+                if instance is None:
+                    continue
+                if isinstance(action, Drain):  # its streams get the drain deadline to finish
+                    instance.drained = True
+                    instance.dies_at = min(
+                        instance.dies_at or math.inf, now + DRAIN_DEADLINE_SECONDS
+                    )
+                    step.drained(instance.as_agent(now))
+                else:
+                    self._remove(instance, now)
+                    step.terminated(instance.agent_id)
+                self.decisions.append((now, action))
+        self._risky_until = step.risky_until
 
     def _cold_start_seconds(self) -> float:
         """A launch's cold start: one of the observed ones, else the fixed figure."""
@@ -329,35 +368,23 @@ class Simulation:
             return self._boot_rng.choice(self._config.cold_start_samples)
         return self._config.cold_start_seconds
 
-    def _apply(self, action: Launch | Drain | Terminate, now: float) -> bool:
-        """Carry out one action; False when a spot launch was refused for capacity."""
-        if isinstance(action, Launch):
-            key = (action.instance_type, action.zone)
-            if action.lifecycle == "spot" and len(self._holding(key)) >= self._capacity(key, now):
-                self._counts["refused"] += 1
-                self._risky_until[key] = now + self._config.risky_placement_seconds
-                return False
-            placement = next(p for p in self._placements if p.key == key)
-            self._next_id += 1
-            self._instances.append(
-                _Instance(
-                    agent_id=f"sim-{self._next_id}",
-                    lifecycle=action.lifecycle,
-                    placement=placement,
-                    launched_at=now,
-                    ready_at=now + self._cold_start_seconds(),
-                )
-            )
-            self._counts["launches"] += 1
-            return True
-        instance = next((i for i in self._instances if i.agent_id == action.agent_id), None)
-        if instance is None:
-            return True
-        if isinstance(action, Drain):
-            instance.drained = True
-        else:
-            self._remove(instance, now)
-        return True
+    def _launch(self, action: Launch, now: float) -> _Instance | None:
+        """Start one instance; None when a spot launch finds its placement full."""
+        key = action.placement
+        if action.lifecycle == "spot" and len(self._holding(key)) >= self._capacity(key, now):
+            return None
+        placement = next(p for p in self._placements if p.key == key)
+        self._next_id += 1
+        instance = _Instance(
+            agent_id=f"sim-{self._next_id}",
+            lifecycle=action.lifecycle,
+            placement=placement,
+            launched_at=now,
+            ready_at=now + self._cold_start_seconds(),
+        )
+        self._instances.append(instance)
+        self._counts["launches"] += 1
+        return instance
 
 
 def simulate_windows(

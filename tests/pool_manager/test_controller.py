@@ -6,8 +6,16 @@ import pytest
 
 from pool_manager.controller import PoolController
 from pool_manager.events import PoolEvent
-from pool_manager.policy import Launch, PlacementOption, PolicySettings, Terminate
+from pool_manager.policy import (
+    HedgedSpotPolicy,
+    Launch,
+    PlacementOption,
+    PolicySettings,
+    Terminate,
+)
 from pool_manager.provider import CapacityRefused, Instance
+from pool_manager.sim.simulator import SimConfig, Simulation
+from pool_manager.sim.traces import ZoneTrace
 from spotgate.registry import AgentRecord, AgentState, Registry
 from tests.support.clocks import FakeClock
 
@@ -229,3 +237,66 @@ async def test_pool_scale_fixes_the_count_until_auto(
     await registry.set_pool_target(MODEL, None)
     await registry.publish_demand(MODEL, "gw-1", pending=1, active=0)
     assert (await controller.reconcile()).targets == {MODEL: 3}  # then down after idle time
+
+
+def day_of(capacity_a: list[int], capacity_b: list[int]) -> list[ZoneTrace]:
+    return [
+        ZoneTrace("zone-a", "p3.2xlarge", 300.0, tuple(capacity_a)),
+        ZoneTrace("zone-b", "p3.2xlarge", 300.0, tuple(capacity_b)),
+    ]
+
+
+def simulated(traces: list[ZoneTrace], seconds: float) -> Simulation:
+    config = SimConfig(target=2, cold_start_seconds=0.0, tick_seconds=60.0, load=0.0)
+    simulation = Simulation(traces, HedgedSpotPolicy(), config, duration_seconds=seconds)
+    simulation.run()
+    return simulation
+
+
+def controller_like(
+    simulation: Simulation, registry: Registry, provider: MemoryProvider, clock: FakeClock
+) -> PoolController:
+    return PoolController(
+        registry=registry,
+        provider=provider,
+        settings=simulation.settings,
+        models=(MODEL,),
+        clock=clock,
+    )
+
+
+async def test_the_controller_and_the_simulator_decide_alike_on_a_refusal(
+    registry: Registry, provider: MemoryProvider, clock: FakeClock
+) -> None:
+    """Both drivers run one reconcile step: a full zone is refused, marked, and avoided."""
+    simulation = simulated(day_of([0] * 12, [16] * 12), seconds=60.0)  # one tick
+    controller = controller_like(simulation, registry, provider, clock)
+    provider.full.add(("p3.2xlarge", "zone-a"))
+    await registry.set_pool_target(MODEL, 2)
+    report = await controller.reconcile()
+    assert report.actions == [action for _, action in simulation.decisions]
+    assert Launch("p3.2xlarge", "zone-b", "spot") in report.actions
+    assert report.refused  # zone-a, then the pass asked again
+
+
+async def test_the_controller_and_the_simulator_replace_an_interrupted_agent_alike(
+    registry: Registry, provider: MemoryProvider, clock: FakeClock
+) -> None:
+    """A notice (an EC2 event live, a trace drop simulated) is answered with the same launches."""
+    simulation = simulated(day_of([16] * 12, [16] + [0] * 11), seconds=360.0)
+    by_tick: dict[float, list[Launch]] = {}
+    for at, action in simulation.decisions:
+        if isinstance(action, Launch):
+            by_tick.setdefault(at, []).append(action)
+    controller = controller_like(simulation, registry, provider, clock)
+    await registry.set_pool_target(MODEL, 2)
+    first = await controller.reconcile()
+    assert [a for a in first.actions if isinstance(a, Launch)] == by_tick[0.0]
+    for instance in provider.running.values():
+        await register_ready(registry, instance)
+    await controller.reconcile()  # spot holds the target with its spare: on-demand goes
+    (in_b,) = [i for i in provider.running.values() if i.zone == "zone-b"]
+    await controller.handle_event(PoolEvent("interruption", in_b.instance_id, clock(), clock()))
+    after = await controller.reconcile()
+    assert [a for a in after.actions if isinstance(a, Launch)] == by_tick[300.0]
+    assert by_tick[300.0] == [Launch("p3.2xlarge", "zone-a", "spot")]  # zone-b avoided

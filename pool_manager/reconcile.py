@@ -1,0 +1,133 @@
+"""One reconcile step, pure: what the live controller and the simulator both carry out.
+
+A pass over one model's pool sizes it from demand (`pool_target`), reaps the dead, asks the
+placement policy, and, when a spot launch is refused for capacity, marks the placement risky
+and asks again, at most once per placement, without retrying a placement refused in the same
+pass. `ReconcilePass` holds that loop as plain data: a driver asks it for `next_actions`,
+carries each out wherever agents run (EC2, local processes, the simulator's instances) and
+reports back what happened; the pass decides, the driver does I/O. Spot interruptions mark
+their placement risky through `note_interruption`, for the live manager's events and the
+simulator's trace drops alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from pool_manager.policy import (
+    Action,
+    Launch,
+    PlacementKey,
+    Policy,
+    PolicySettings,
+    PoolAgent,
+    PoolSnapshot,
+    Sizing,
+    agents_for_demand,
+    reap,
+    size_pool,
+)
+
+DRAIN_DEADLINE_SECONDS = 300.0
+"""A scale-down drain: the agent's streams get this long to finish, then are handed back."""
+RISKY_PLACEMENT_SECONDS = 1800.0
+"""How long a placement that preempted or refused is avoided while any other is left."""
+
+
+def pool_target(
+    previous: Sizing,
+    pending: int,
+    active: int,
+    fixed: int | None,
+    now: float,
+    settings: PolicySettings,
+) -> Sizing:
+    """The model's target: `fixed` when set (no hysteresis), else sized from its streams."""
+    if fixed is not None:  # set by `spotgate pool scale`
+        return Sizing(target=fixed, needed_at=now)
+    return size_pool(previous, agents_for_demand(pending, active, settings), now, settings)
+
+
+def note_interruption(
+    risky_until: Mapping[PlacementKey, float],
+    placement: PlacementKey,
+    now: float,
+    risky_seconds: float = RISKY_PLACEMENT_SECONDS,
+) -> dict[PlacementKey, float]:
+    """The risky placements once `placement` preempted one of ours (or refused a launch)."""
+    return {**risky_until, placement: now + risky_seconds}
+
+
+@dataclass
+class ReconcilePass:
+    """One model's pass: rounds of reap + policy, again after each capacity refusal."""
+
+    policy: Policy
+    settings: PolicySettings
+    now: float
+    target: int
+    agents: list[PoolAgent]
+    risky_until: dict[PlacementKey, float]
+    risky_seconds: float = RISKY_PLACEMENT_SECONDS
+
+    def __post_init__(self) -> None:
+        self._refused_here: set[PlacementKey] = set()
+        self._rounds_left = len(self.settings.placements) + 1
+        self._ask_again = True
+
+    def snapshot(self) -> PoolSnapshot:
+        """The pool as the policy sees it now."""
+        return PoolSnapshot(
+            now=self.now,
+            target=self.target,
+            agents=tuple(self.agents),
+            risky_until=dict(self.risky_until),
+        )
+
+    def next_actions(self) -> list[Action]:
+        """The next round's actions to carry out; [] once the pass is done.
+
+        Dead agents are terminated and the policy plans without them, so their replacements
+        start in the same round. A spot launch into a placement refused in this pass is left
+        for the next pass.
+        """
+        if not self._ask_again or self._rounds_left <= 0:
+            return []
+        self._rounds_left -= 1
+        self._ask_again = False
+        snapshot = self.snapshot()
+        dead = reap(snapshot, self.settings)
+        reaped = {action.agent_id for action in dead}
+        alive = replace(
+            snapshot, agents=tuple(a for a in snapshot.agents if a.agent_id not in reaped)
+        )
+        planned = [*dead, *self.policy.decide(alive, self.settings)]
+        return [action for action in planned if not self._refused_before(action)]
+
+    def _refused_before(self, action: Action) -> bool:
+        return (
+            isinstance(action, Launch)
+            and action.lifecycle == "spot"
+            and action.placement in self._refused_here
+        )
+
+    def launched(self, agent: PoolAgent) -> None:
+        """A launch went through: the agent is booting."""
+        self.agents.append(agent)
+
+    def refused(self, launch: Launch) -> None:
+        """A launch was refused for capacity: its placement is risky, ask the policy again."""
+        self._refused_here.add(launch.placement)
+        self.risky_until = note_interruption(
+            self.risky_until, launch.placement, self.now, self.risky_seconds
+        )
+        self._ask_again = True
+
+    def drained(self, agent: PoolAgent) -> None:
+        """An agent now drains (its view after the drain)."""
+        self.agents = [agent if a.agent_id == agent.agent_id else a for a in self.agents]
+
+    def terminated(self, agent_id: str) -> None:
+        """An agent's instance is stopped."""
+        self.agents = [a for a in self.agents if a.agent_id != agent_id]

@@ -1,0 +1,140 @@
+"""The reconcile step both drivers run: rounds, refusals, reaping, sizing (pure, no I/O)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from pool_manager.policy import (
+    Drain,
+    HedgedSpotPolicy,
+    Launch,
+    PlacementOption,
+    PolicySettings,
+    PoolAgent,
+    Sizing,
+    Terminate,
+)
+from pool_manager.reconcile import (
+    RISKY_PLACEMENT_SECONDS,
+    ReconcilePass,
+    note_interruption,
+    pool_target,
+)
+
+NOW = 50_000.0
+A = PlacementOption("g5.xlarge", "zone-a", 0.40, 1.00)
+B = PlacementOption("g5.xlarge", "zone-b", 0.50, 1.00)
+SETTINGS = PolicySettings(
+    placements=(A, B),
+    min_agents=0,
+    max_agents=8,
+    target_streams_per_agent=10,
+    spot_overprovision=0,
+    on_demand_fallback=False,
+    scale_down_idle_seconds=600,
+    launch_timeout_seconds=900,
+    heartbeat_timeout_seconds=30,
+    on_demand_hold_seconds=0,
+)
+
+
+def booting(
+    agent_id: str, placement: PlacementOption = A, *, launched_at: float = NOW
+) -> PoolAgent:
+    return PoolAgent(
+        agent_id, "spot", placement.instance_type, placement.zone, "starting", launched_at
+    )
+
+
+def ready(agent_id: str, placement: PlacementOption = A, *, active: int = 0) -> PoolAgent:
+    return PoolAgent(
+        agent_id, "spot", placement.instance_type, placement.zone, "ready", NOW - 600,
+        active_streams=active, heartbeat_at=NOW - 1, ready_at=NOW - 500,
+    )  # fmt: skip
+
+
+def new_pass(target: int, *agents: PoolAgent, settings: PolicySettings = SETTINGS) -> ReconcilePass:
+    return ReconcilePass(
+        policy=HedgedSpotPolicy(),
+        settings=settings,
+        now=NOW,
+        target=target,
+        agents=list(agents),
+        risky_until={},
+    )
+
+
+def test_a_refusal_marks_the_placement_and_the_next_round_tries_another() -> None:
+    step = new_pass(1)
+    assert step.next_actions() == [Launch("g5.xlarge", "zone-a", "spot")]  # cheapest
+    step.refused(Launch("g5.xlarge", "zone-a", "spot"))
+    assert step.risky_until == {A.key: NOW + RISKY_PLACEMENT_SECONDS}
+    assert step.next_actions() == [Launch("g5.xlarge", "zone-b", "spot")]
+    step.launched(booting("i-1", B))
+    assert step.next_actions() == []  # nothing refused in that round: the pass is done
+
+
+def test_a_placement_refused_in_this_pass_is_not_tried_again_in_it() -> None:
+    step = new_pass(2)
+    for launch in step.next_actions():
+        step.refused(launch)  # both placements full
+    # every placement is risky: the policy would retry the first to clear, the pass waits
+    assert step.next_actions() == []
+
+
+def test_the_rounds_end_after_one_per_placement_and_one_more() -> None:
+    step = new_pass(1)
+    rounds = 0
+    while actions := step.next_actions():
+        rounds += 1
+        step.refused(replace(actions[0], zone=f"elsewhere-{rounds}"))  # keeps asking again
+    assert rounds == len(SETTINGS.placements) + 1
+
+
+def test_the_dead_are_reaped_and_replaced_in_the_same_round() -> None:
+    silent = replace(ready("i-dead", B), heartbeat_at=NOW - 60)
+    step = new_pass(1, silent)
+    assert step.next_actions() == [
+        Terminate("i-dead", "heartbeat stopped"),
+        Launch("g5.xlarge", "zone-a", "spot"),
+    ]
+
+
+def test_what_a_driver_did_is_not_asked_for_again() -> None:
+    busy = ready("i-2", B, active=3)
+    step = new_pass(0, ready("i-1"), busy, booting("i-3", B))
+    shed = "more spot than the target needs"
+    assert sorted(step.next_actions(), key=str) == [
+        Drain("i-2", shed),  # has streams: drained, never cut
+        Terminate("i-1", shed),
+        Terminate("i-3", shed),
+    ]
+    step.terminated("i-1")
+    step.terminated("i-3")
+    step.drained(replace(busy, phase="draining", drain_deadline=NOW + 300))
+    step.refused(Launch("g5.xlarge", "zone-x", "spot"))  # a refusal elsewhere: ask again
+    assert step.next_actions() == []
+
+
+@pytest.mark.parametrize(
+    ("previous", "pending", "active", "fixed", "expected"),
+    [
+        (Sizing(0, 0.0), 15, 0, None, Sizing(2, NOW)),  # up at once
+        (Sizing(3, NOW - 60), 0, 5, None, Sizing(3, NOW - 60)),  # down only after the idle time
+        (Sizing(3, NOW - 600), 0, 5, None, Sizing(1, NOW)),
+        (Sizing(3, NOW - 60), 0, 0, 1, Sizing(1, NOW)),  # fixed: no hysteresis
+    ],
+)
+def test_pool_target_sizes_from_streams_or_takes_the_fixed_count(
+    previous: Sizing, pending: int, active: int, fixed: int | None, expected: Sizing
+) -> None:
+    assert pool_target(previous, pending, active, fixed, NOW, SETTINGS) == expected
+
+
+def test_an_interruption_marks_its_placement_without_touching_the_old_map() -> None:
+    before = {B.key: NOW + 5}
+    after = note_interruption(before, A.key, NOW)
+    assert after == {B.key: NOW + 5, A.key: NOW + RISKY_PLACEMENT_SECONDS}
+    assert before == {B.key: NOW + 5}
