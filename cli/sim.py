@@ -13,6 +13,7 @@ from cli.args import (
     non_negative_int,
     positive_float,
     positive_int,
+    share,
 )
 
 REFERENCE_WINDOWS = 10
@@ -38,6 +39,8 @@ def _sim(args: argparse.Namespace) -> int:
         spot_overprovision=args.overprovision,
         on_demand_hold_seconds=args.on_demand_hold,
         stream_seconds=args.stream_seconds,
+        on_demand_refusal_rate=args.on_demand_refusal_rate,
+        spot_price_step=args.spot_price_step,
         load=args.load,
         seed=args.seed,
     )
@@ -110,6 +113,19 @@ def setup_sim(commands: Commands) -> None:
         type=non_negative_float,
         default=0.5,
         help="streams offered, as a share of the target's capacity",
+    )
+    sim.add_argument(
+        "--on-demand-refusal-rate",
+        type=share,
+        default=0.0,
+        help="share of on-demand launches refused for capacity (0 to 1)",
+    )
+    sim.add_argument(
+        "--spot-price-step",
+        type=share,
+        default=0.0,
+        help="each hour every spot price moves by up to this share (a seeded random walk "
+        "between half and twice the starting price); 0: prices never move",
     )
     sim.add_argument("--tick", type=positive_float, default=30.0, help="step, seconds")
     sim.add_argument(

@@ -45,6 +45,7 @@ from spotgate.registry import (
     RegistryError,
 )
 
+SPOT_PRICES_READ_SECONDS = 300.0  # EC2 publishes a new spot price at most every few minutes
 STOPPED_INSTANCE_STATES = frozenset({"shutting-down", "terminated", "stopping", "stopped"})
 
 log = get_logger(__name__)
@@ -107,10 +108,14 @@ class PoolController:
     clock: Callable[[], float] = time.time
     sizing: dict[str, Sizing] = field(default_factory=dict)
     risky_until: dict[PlacementKey, float] = field(default_factory=dict)
+    on_demand_refused_until: dict[PlacementKey, float] = field(default_factory=dict)
+    spot_prices: dict[PlacementKey, float] = field(default_factory=dict)
+    _prices_read_at: float | None = None
 
     async def reconcile(self) -> PassReport:
         """One pass over every model the pool serves or is asked for."""
         now = self.clock()
+        await self._read_spot_prices(now)
         records = {r.agent_id: r for r in await self.registry.list_agents(include_expired=True)}
         instances = await self.provider.instances()
         demand = await self.registry.read_demand()
@@ -155,6 +160,24 @@ class PoolController:
         except RegistryError as err:  # not registered yet, or already gone: nothing to undo
             log.info("event needed no registry change", agent_id=agent_id, error=str(err))
 
+    async def _read_spot_prices(self, now: float) -> None:
+        """Spot prices move: read them again every `SPOT_PRICES_READ_SECONDS`.
+
+        A failed read keeps the last ones (or the configured ones): placement still works.
+        """
+        if (
+            self._prices_read_at is not None
+            and now - self._prices_read_at < SPOT_PRICES_READ_SECONDS
+        ):
+            return
+        self._prices_read_at = now
+        try:
+            self.spot_prices = await self.provider.spot_prices(
+                [placement.key for placement in self.settings.placements]
+            )
+        except ProviderError as err:
+            log.warning("spot prices unread; placing by the last known", error=str(err))
+
     def _size(self, model: str, demand: Demand, fixed: int | None, now: float) -> int:
         sizing = pool_target(
             self.sizing.get(model, Sizing()), demand.pending, demand.active, fixed, now,
@@ -179,6 +202,8 @@ class PoolController:
             agents=[pool_agent(i, records.get(i.agent_id), now) for i in instances],
             risky_until=self.risky_until,
             risky_seconds=self.risky_placement_seconds,
+            on_demand_refused_until=self.on_demand_refused_until,
+            spot_prices=self.spot_prices,
         )
         done: list[Action] = []
         refused: list[Launch] = []
@@ -208,6 +233,7 @@ class PoolController:
                     step.terminated(action.agent_id)
                 done.append(action)
         self.risky_until = step.risky_until
+        self.on_demand_refused_until = step.on_demand_refused_until
         return done, refused
 
     async def _drain(self, action: Drain, records: dict[str, AgentRecord], now: float) -> None:

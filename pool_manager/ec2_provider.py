@@ -13,15 +13,15 @@ Every instance carries the tags `spotgate:pool`, `spotgate:model` and `spotgate:
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Self
 
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from pool_manager.policy import Launch, LaunchLifecycle
+from pool_manager.policy import Launch, LaunchLifecycle, PlacementKey
 from pool_manager.provider import CapacityRefused, Instance, ProviderError
 from spotgate.logging import get_logger
 from spotgate.registry import aws_session, instance_agent_id
@@ -72,6 +72,8 @@ FLEET_UNAVAILABLE_CODES = frozenset(
 )
 
 INSTANCE_NOT_FOUND_CODE = "InvalidInstanceID.NotFound"
+SPOT_PRODUCTS = ("Linux/UNIX", "Linux/UNIX (Amazon VPC)")
+"""The spot price histories of instances like ours (EC2 names both)."""
 
 
 def is_capacity_error(code: str) -> bool:
@@ -309,6 +311,42 @@ class Ec2Provider:
 
     async def interruption_noticed(self, instance_id: str, deadline: float) -> None:
         """Nothing to do on EC2: AWS itself reclaims the instance at the deadline."""
+
+    # -- prices --
+
+    async def spot_prices(self, placements: Sequence[PlacementKey]) -> dict[PlacementKey, float]:
+        """The current Linux spot price of each placement, from EC2's price history."""
+        wanted = set(placements)
+        if not wanted:
+            return {}
+        try:
+            answer = await self._client.describe_spot_price_history(
+                InstanceTypes=sorted({instance_type for instance_type, _ in wanted}),
+                ProductDescriptions=list(SPOT_PRODUCTS),
+                StartTime=datetime.fromtimestamp(self._clock(), UTC),  # now: the current price
+            )
+        except (ClientError, BotoCoreError) as err:
+            raise ProviderError(
+                _one_line(f"describe_spot_price_history failed: {_error_text(err)}")
+            ) from err
+        return latest_spot_prices(answer.get("SpotPriceHistory", []), wanted)
+
+
+def latest_spot_prices(
+    history: Sequence[Mapping[str, Any]], wanted: Collection[PlacementKey]
+) -> dict[PlacementKey, float]:
+    """The newest price of each wanted (type, zone) in a spot price history."""
+    newest: dict[PlacementKey, tuple[datetime, float]] = {}
+    for entry in history:
+        key = (entry["InstanceType"], entry["AvailabilityZone"])
+        if key not in wanted:
+            continue
+        stamp = entry["Timestamp"]
+        if isinstance(stamp, str):
+            stamp = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+        if key not in newest or stamp > newest[key][0]:
+            newest[key] = (stamp, float(entry["SpotPrice"]))
+    return {key: price for key, (_, price) in newest.items()}
 
 
 def _launch_failure(launch: Launch, api: str, err: BotoCoreError | ClientError | str) -> str:

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
 
-from pool_manager.policy import Launch, PlacementOption
+from pool_manager.policy import Launch, PlacementKey, PlacementOption
 from pool_manager.provider import Instance, ProviderError
 from spotgate.logging import get_logger
 from spotgate.process import Child, ChildProcesses, loopback_socket, socket_port
@@ -158,6 +158,10 @@ class LocalProvider:
         await asyncio.sleep(max(0.0, deadline - self._clock()))
         log.info("reclaiming interrupted agent", agent_id=local.instance.agent_id)
         self._processes.kill(local.agent)
+
+    async def spot_prices(self, placements: Sequence[PlacementKey]) -> dict[PlacementKey, float]:
+        """None: local agents cost what the placements say."""
+        return {}
 
     async def close(self) -> None:
         """Stop every agent (draining them) and its IMDS emulator."""

@@ -99,6 +99,14 @@ class PoolSnapshot:
     target: int
     agents: tuple[PoolAgent, ...]
     risky_until: Mapping[PlacementKey, float] = field(default_factory=dict)
+    # Placements that lately refused an on-demand launch, and until when they are passed over.
+    on_demand_refused_until: Mapping[PlacementKey, float] = field(default_factory=dict)
+    # Spot prices now, where known (they move); the others are the configured ones.
+    spot_prices: Mapping[PlacementKey, float] = field(default_factory=dict)
+
+    def spot_price(self, placement: PlacementOption) -> float:
+        """The placement's spot price per hour now: the latest known, else the configured one."""
+        return self.spot_prices.get(placement.key, placement.spot_price_per_hour)
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,15 +222,23 @@ def spread_spot_launches(
     for _ in range(count):
         if not candidates:
             break
-        best = min(candidates, key=lambda p: (held[p.key], p.spot_price_per_hour))
+        best = min(candidates, key=lambda p: (held[p.key], snapshot.spot_price(p)))
         held[best.key] += 1
         launches.append(Launch(best.instance_type, best.zone, "spot"))
     return launches
 
 
-def cheapest_on_demand(settings: PolicySettings) -> PlacementOption | None:
-    """The placement with the lowest on-demand price."""
-    return min(settings.placements, key=lambda p: p.on_demand_price_per_hour, default=None)
+def cheapest_on_demand(snapshot: PoolSnapshot, settings: PolicySettings) -> PlacementOption | None:
+    """The cheapest on-demand placement that has not just refused; else the first to clear.
+
+    On-demand capacity runs out too (EC2's InsufficientInstanceCapacity): the next cheapest
+    placement, in another type or zone, usually has some.
+    """
+    refused_until = snapshot.on_demand_refused_until
+    open_now = [p for p in settings.placements if refused_until.get(p.key, 0.0) <= snapshot.now]
+    if open_now:
+        return min(open_now, key=lambda p: p.on_demand_price_per_hour)
+    return min(settings.placements, key=lambda p: refused_until.get(p.key, 0.0), default=None)
 
 
 @dataclass(frozen=True)
@@ -250,7 +266,7 @@ class HedgedSpotPolicy:
         ready_spot = sorted(a.ready_at or 0.0 for a in spot if a.phase == "ready")
         od_goal = max(0, target - len(ready_spot)) if settings.on_demand_fallback else 0
         if len(on_demand) < od_goal:
-            placement = cheapest_on_demand(settings)
+            placement = cheapest_on_demand(snapshot, settings)
             if placement is not None:
                 launch = Launch(placement.instance_type, placement.zone, "on-demand")
                 actions += [launch] * (od_goal - len(on_demand))
@@ -276,7 +292,7 @@ class OnDemandOnly:
     def decide(self, snapshot: PoolSnapshot, settings: PolicySettings) -> list[Action]:
         """Keep exactly `target` on-demand agents."""
         on_demand = _live(snapshot.agents, "on-demand")
-        placement = cheapest_on_demand(settings)
+        placement = cheapest_on_demand(snapshot, settings)
         if len(on_demand) < snapshot.target and placement is not None:
             launch = Launch(placement.instance_type, placement.zone, "on-demand")
             return [launch] * (snapshot.target - len(on_demand))
@@ -292,7 +308,7 @@ class SpotCheapestZone:
     def decide(self, snapshot: PoolSnapshot, settings: PolicySettings) -> list[Action]:
         """Keep `target` spot agents in the cheapest placement, retrying it when refused."""
         spot = _live(snapshot.agents, "spot")
-        cheapest = min(settings.placements, key=lambda p: p.spot_price_per_hour, default=None)
+        cheapest = min(settings.placements, key=snapshot.spot_price, default=None)
         if cheapest is None or len(spot) >= snapshot.target:
             return _shed(spot, len(spot) - snapshot.target, "above target")
         launch = Launch(cheapest.instance_type, cheapest.zone, "spot")

@@ -7,6 +7,7 @@ talks to this protocol.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -61,4 +62,8 @@ class Provider(Protocol):
 
     async def interruption_noticed(self, instance_id: str, deadline: float) -> None:
         """An interruption warning came for the instance (EC2 needs nothing; local emulates)."""
+        ...
+
+    async def spot_prices(self, placements: Sequence[PlacementKey]) -> dict[PlacementKey, float]:
+        """Spot prices per hour now, for the placements whose price the provider knows."""
         ...

@@ -13,11 +13,12 @@ simulator's trace drops alike.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from pool_manager.policy import (
     Action,
     Launch,
+    LaunchLifecycle,
     PlacementKey,
     Policy,
     PolicySettings,
@@ -32,7 +33,9 @@ from pool_manager.policy import (
 DRAIN_DEADLINE_SECONDS = 300.0
 """A scale-down drain: the agent's streams get this long to finish, then are handed back."""
 RISKY_PLACEMENT_SECONDS = 1800.0
-"""How long a placement that preempted or refused is avoided while any other is left."""
+"""How long a placement that preempted or refused spot is avoided while any other is left."""
+ON_DEMAND_REFUSED_SECONDS = 600.0
+"""How long a placement that refused an on-demand launch is passed over for on-demand."""
 
 
 def pool_target(
@@ -70,9 +73,11 @@ class ReconcilePass:
     agents: list[PoolAgent]
     risky_until: dict[PlacementKey, float]
     risky_seconds: float = RISKY_PLACEMENT_SECONDS
+    on_demand_refused_until: dict[PlacementKey, float] = field(default_factory=dict)
+    spot_prices: Mapping[PlacementKey, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self._refused_here: set[PlacementKey] = set()
+        self._refused_here: set[tuple[PlacementKey, LaunchLifecycle]] = set()
         self._rounds_left = len(self.settings.placements) + 1
         self._ask_again = True
 
@@ -83,14 +88,16 @@ class ReconcilePass:
             target=self.target,
             agents=tuple(self.agents),
             risky_until=dict(self.risky_until),
+            on_demand_refused_until=dict(self.on_demand_refused_until),
+            spot_prices=dict(self.spot_prices),
         )
 
     def next_actions(self) -> list[Action]:
         """The next round's actions to carry out; [] once the pass is done.
 
         Dead agents are terminated and the policy plans without them, so their replacements
-        start in the same round. A spot launch into a placement refused in this pass is left
-        for the next pass.
+        start in the same round. A launch into a placement that refused its lifecycle in
+        this pass is left for the next pass.
         """
         if not self._ask_again or self._rounds_left <= 0:
             return []
@@ -108,8 +115,7 @@ class ReconcilePass:
     def _refused_before(self, action: Action) -> bool:
         return (
             isinstance(action, Launch)
-            and action.lifecycle == "spot"
-            and action.placement in self._refused_here
+            and (action.placement, action.lifecycle) in self._refused_here
         )
 
     def launched(self, agent: PoolAgent) -> None:
@@ -117,11 +123,21 @@ class ReconcilePass:
         self.agents.append(agent)
 
     def refused(self, launch: Launch) -> None:
-        """A launch was refused for capacity: its placement is risky, ask the policy again."""
-        self._refused_here.add(launch.placement)
-        self.risky_until = note_interruption(
-            self.risky_until, launch.placement, self.now, self.risky_seconds
-        )
+        """A launch was refused for capacity: mark its placement, ask the policy again.
+
+        Spot refused makes the placement risky for spot; on-demand refused passes it over for
+        on-demand a while (spot there is another pool of capacity).
+        """
+        self._refused_here.add((launch.placement, launch.lifecycle))
+        if launch.lifecycle == "spot":
+            self.risky_until = note_interruption(
+                self.risky_until, launch.placement, self.now, self.risky_seconds
+            )
+        else:
+            self.on_demand_refused_until = {
+                **self.on_demand_refused_until,
+                launch.placement: self.now + ON_DEMAND_REFUSED_SECONDS,
+            }
         self._ask_again = True
 
     def drained(self, agent: PoolAgent) -> None:

@@ -37,6 +37,8 @@ REFERENCE = {  # SpotHedge on the same traces, from the traces' README: (availab
 REFERENCE_CONFIG = SimConfig(target=3, cold_start_seconds=120.0)
 REFERENCE_WINDOWS = 10
 CROSS_HOLDS_SECONDS = (0.0, 300.0, 900.0, 1800.0, 3600.0)
+HARSHER = replace(REFERENCE_CONFIG, on_demand_refusal_rate=0.2, spot_price_step=0.1)
+"""The reference set-up where on-demand is refused a fifth of the time and spot prices move."""
 LONG_STREAMS_SECONDS = (600.0, 3600.0)
 """Streams that outlive the 2-minute notice: a preempted agent's are resumed or lost."""
 
@@ -99,6 +101,7 @@ def main() -> None:
                 trace_set, "spotgate", held, REFERENCE_WINDOWS
             )  # fmt: skip
         jobs[f"whole {trace_set}"] = (trace_set, "spotgate", REFERENCE_CONFIG, 0)
+        jobs[f"harsher {trace_set}"] = (trace_set, "spotgate", HARSHER, REFERENCE_WINDOWS)
         for seconds in LONG_STREAMS_SECONDS:
             long_streams = replace(REFERENCE_CONFIG, stream_seconds=seconds)
             jobs[f"long {trace_set} {seconds}"] = (
@@ -189,6 +192,20 @@ def main() -> None:
             f"| {tuned} | {grid} | {chosen:.0f} s | {measured} | {_cell(there)} "
             f"| {_beats(there, measured)} |"
         )
+    lines += [
+        "",
+        "The same set-up with on-demand launches refused for capacity a fifth of the time "
+        f"(`--on-demand-refusal-rate {HARSHER.on_demand_refusal_rate}`) and every spot price "
+        f"moving by up to {HARSHER.spot_price_step * 100:.0f} % an hour (`--spot-price-step "
+        f"{HARSHER.spot_price_step}`): a refused placement is passed over and the next one "
+        "tried in the same pass; costs are counted at the prices of the hour:",
+        "",
+        "| trace | spotgate | refused launches (spot and on-demand) |",
+        "|---|---|---|",
+    ]
+    for trace_set in TRACE_SETS:
+        r = results[f"harsher {trace_set}"]
+        lines.append(f"| {trace_set} | {_cell(r)} | {r.refused_launches:,} |")
     lines += [
         "",
         "Streams that outlive the notice (reference set-up, spotgate's policy, streams "

@@ -8,8 +8,10 @@ notice and disappears `notice_seconds` later), brings instances up after `cold_s
 of a disappearing agent resumed elsewhere), then runs the live controller's reconcile step
 (`pool_manager.reconcile.ReconcilePass`: sizing, reaping, the policy, the retry after a
 refusal) and carries out its actions. A spot launch into a zone that is full is refused, as
-the EC2 provider refuses it, and the pass marks the zone risky and asks again; a scale-down
-drain gives streams `DRAIN_DEADLINE_SECONDS` to finish and hands back the rest.
+the EC2 provider refuses it (an on-demand one at `on_demand_refusal_rate`), and the pass
+marks the placement and asks again. Spot prices may move (`spot_price_step`): the policy
+sees the current ones and the cost counts them. A scale-down drain gives streams
+`DRAIN_DEADLINE_SECONDS` to finish and hands back the rest.
 
 Measures: availability (share of ticks with at least `target` agents ready and not
 draining), cost relative to running `target` on-demand instances the whole time, spot notices
@@ -68,6 +70,10 @@ class SimConfig:
     stream_seconds: float = 60.0
     load: float = 0.5  # offered streams as a share of the target's capacity
     queue_deadline_seconds: float = 60.0
+    on_demand_refusal_rate: float = 0.0  # share of on-demand launches refused for capacity
+    # Each hour every placement's spot price moves by up to this share, a seeded random walk
+    # kept between half and twice its starting price (0: prices never move).
+    spot_price_step: float = 0.0
     seed: int = 0
 
 
@@ -182,6 +188,11 @@ class Simulation:
         self._rng = random.Random(config.seed)  # noqa: S311 (a reproducible simulation)
         # Its own stream, seeded apart: cold-start draws neither shift nor mirror the others.
         self._boot_rng = random.Random(f"{config.seed}/cold-starts")  # noqa: S311
+        self._on_demand_rng = random.Random(f"{config.seed}/on-demand")  # noqa: S311
+        self._on_demand_refused_until: dict[PlacementKey, float] = {}
+        self._price_rng = random.Random(f"{config.seed}/spot-prices")  # noqa: S311
+        self._spot_prices = {p.key: p.spot_price_per_hour for p in self._placements}
+        self._prices_at = start_seconds
         self._instances: list[_Instance] = []
         self._waiting: list[_Waiting] = []
         self._risky_until: dict[PlacementKey, float] = {}
@@ -211,6 +222,7 @@ class Simulation:
         cost = on_demand_hours = hours = 0.0
         now = self._start
         while now < self._end:
+            self._move_prices(now)
             self._apply_traces(now)
             self._advance(now)
             self._move_streams(now)
@@ -223,7 +235,7 @@ class Simulation:
                     on_demand_hours += tick / SECONDS_PER_HOUR
                     cost += instance.placement.on_demand_price_per_hour * tick / SECONDS_PER_HOUR
                 else:
-                    cost += instance.placement.spot_price_per_hour * tick / SECONDS_PER_HOUR
+                    cost += self._spot_prices[instance.placement.key] * tick / SECONDS_PER_HOUR
             self._decide(now)
             now += tick
         on_demand_cost = (
@@ -244,6 +256,17 @@ class Simulation:
             hours=ticks * tick / SECONDS_PER_HOUR,
             on_demand_share_of_hours=on_demand_hours / hours if hours else 0.0,
         )
+
+    def _move_prices(self, now: float) -> None:
+        """Once an hour, each spot price takes a step of its random walk."""
+        step = self._config.spot_price_step
+        if step <= 0 or now - self._prices_at < SECONDS_PER_HOUR:
+            return
+        self._prices_at = now
+        for placement in self._placements:
+            moved = self._spot_prices[placement.key] * (1 + self._price_rng.uniform(-step, step))
+            base = placement.spot_price_per_hour
+            self._spot_prices[placement.key] = min(2 * base, max(base / 2, moved))
 
     def _capacity(self, key: PlacementKey, now: float) -> int:
         return self._traces[key].capacity_at(now)
@@ -335,6 +358,8 @@ class Simulation:
             agents=[i.as_agent(now) for i in self._instances],
             risky_until=self._risky_until,
             risky_seconds=self._config.risky_placement_seconds,
+            on_demand_refused_until=self._on_demand_refused_until,
+            spot_prices=self._spot_prices,
         )
         while actions := step.next_actions():
             for action in actions:
@@ -361,6 +386,7 @@ class Simulation:
                     step.terminated(instance.agent_id)
                 self.decisions.append((now, action))
         self._risky_until = step.risky_until
+        self._on_demand_refused_until = step.on_demand_refused_until
 
     def _cold_start_seconds(self) -> float:
         """A launch's cold start: one of the observed ones, else the fixed figure."""
@@ -369,9 +395,16 @@ class Simulation:
         return self._config.cold_start_seconds
 
     def _launch(self, action: Launch, now: float) -> _Instance | None:
-        """Start one instance; None when a spot launch finds its placement full."""
+        """Start one instance; None when its placement has no capacity for it.
+
+        Spot is refused when the trace says the zone is full; on-demand, at random, for the
+        configured share of launches.
+        """
         key = action.placement
-        if action.lifecycle == "spot" and len(self._holding(key)) >= self._capacity(key, now):
+        if action.lifecycle == "spot":
+            if len(self._holding(key)) >= self._capacity(key, now):
+                return None
+        elif self._on_demand_rng.random() < self._config.on_demand_refusal_rate:
             return None
         placement = next(p for p in self._placements if p.key == key)
         self._next_id += 1

@@ -57,6 +57,8 @@ def one_line(text: str) -> str:
         (["sim", "--traces", "/no/such/dir"], "no such directory of spot traces"),
         (["sim", "--traces", ".", "--policy", "magic"], "unknown policy"),
         (["sim", "--traces", ".", "--tick", "0"], "must be more than zero"),
+        (["sim", "--traces", ".", "--on-demand-refusal-rate", "2"], "must be between 0 and 1"),
+        (["sim", "--traces", ".", "--stream-seconds", "0"], "must be more than zero"),
         (
             ["model", "tiny", "--out", "/no/such/out", "--tokenizer", "llama2", "--reply", "Hi"],
             "no chat template",

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 
-from pool_manager.controller import PoolController
+from pool_manager.controller import SPOT_PRICES_READ_SECONDS, PoolController
 from pool_manager.events import PoolEvent
 from pool_manager.policy import (
     HedgedSpotPolicy,
@@ -13,7 +15,7 @@ from pool_manager.policy import (
     PolicySettings,
     Terminate,
 )
-from pool_manager.provider import CapacityRefused, Instance
+from pool_manager.provider import CapacityRefused, Instance, ProviderError
 from pool_manager.sim.simulator import SimConfig, Simulation
 from pool_manager.sim.traces import ZoneTrace
 from spotgate.registry import AgentRecord, AgentState, Registry
@@ -45,6 +47,9 @@ class MemoryProvider:
         self.full: set[tuple[str, str]] = set()
         self.noticed: dict[str, float] = {}
         self.launched: list[Launch] = []
+        self.prices: dict[tuple[str, str], float] = {}
+        self.prices_unreadable = False
+        self.price_reads = 0
         self._count = 0
 
     async def launch(self, model: str, launch: Launch) -> Instance:
@@ -67,6 +72,14 @@ class MemoryProvider:
 
     async def interruption_noticed(self, instance_id: str, deadline: float) -> None:
         self.noticed[instance_id] = deadline
+
+    async def spot_prices(
+        self, placements: Sequence[tuple[str, str]]
+    ) -> dict[tuple[str, str], float]:
+        self.price_reads += 1
+        if self.prices_unreadable:
+            raise ProviderError("describe_spot_price_history failed: throttled")
+        return {key: price for key, price in self.prices.items() if key in placements}
 
 
 @pytest.fixture
@@ -113,6 +126,23 @@ async def test_queued_requests_scale_from_zero(
     assert provider.launched == [Launch("g5.xlarge", "zone-a", "spot")]
     # the next pass sees the booting instance and launches nothing more
     assert (await controller.reconcile()).actions == []
+
+
+async def test_spot_goes_where_it_is_cheapest_now_read_every_few_minutes(
+    controller: PoolController, registry: Registry, provider: MemoryProvider, clock: FakeClock
+) -> None:
+    provider.prices = {B.key: 0.10}  # zone-b is cheaper than zone-a's configured 0.40 today
+    await registry.set_pool_target(MODEL, 1)
+    await controller.reconcile()
+    assert provider.launched == [Launch("g5.xlarge", "zone-b", "spot")]
+    provider.prices_unreadable = True
+    clock.advance(SPOT_PRICES_READ_SECONDS - 1)
+    await controller.reconcile()
+    assert provider.price_reads == 1  # not due yet
+    clock.advance(1)
+    await controller.reconcile()  # due: the read fails, the last prices stay
+    assert provider.price_reads == 2
+    assert controller.spot_prices == {B.key: 0.10}
 
 
 async def test_a_refused_placement_is_marked_and_the_next_one_tried_in_the_same_pass(

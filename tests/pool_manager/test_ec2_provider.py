@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError
 
-from pool_manager.ec2_provider import Ec2Provider
+from pool_manager.ec2_provider import Ec2Provider, latest_spot_prices
 from pool_manager.policy import Launch
 from pool_manager.provider import CapacityRefused, Instance, ProviderError
 from spotgate.registry import aws_session
@@ -393,3 +394,46 @@ async def test_run_instances_capacity_error_is_capacity_refused(
         assert await provider.instances() == []
     assert refused.value.launch == launch
     assert "InsufficientInstanceCapacity" in refused.value.reason
+
+
+async def test_spot_prices_are_read_from_the_price_history(provider: Ec2Provider) -> None:
+    wanted = [(GPU_TYPE, ZONE_A), (GPU_TYPE, ZONE_B), (GPU_TYPE, "us-east-9z")]
+    prices = await provider.spot_prices(wanted)
+    assert set(prices) == {(GPU_TYPE, ZONE_A), (GPU_TYPE, ZONE_B)}  # no such zone: none
+    assert all(price > 0 for price in prices.values())
+    assert await provider.spot_prices([]) == {}
+
+
+def test_the_newest_price_of_each_placement_wins() -> None:
+    history = [
+        {"InstanceType": GPU_TYPE, "AvailabilityZone": ZONE_A, "SpotPrice": "0.31",
+         "Timestamp": datetime(2026, 11, 24, 10, tzinfo=UTC)},
+        {"InstanceType": GPU_TYPE, "AvailabilityZone": ZONE_A, "SpotPrice": "0.29",
+         "Timestamp": datetime(2026, 11, 24, 11, tzinfo=UTC)},
+        {"InstanceType": GPU_TYPE, "AvailabilityZone": ZONE_B, "SpotPrice": "0.40",
+         "Timestamp": "2026-11-24T09:00:00.000Z"},
+        {"InstanceType": "p5.48xlarge", "AvailabilityZone": ZONE_A, "SpotPrice": "30",
+         "Timestamp": "2026-11-24T11:00:00Z"},
+    ]  # fmt: skip
+    wanted = {(GPU_TYPE, ZONE_A), (GPU_TYPE, ZONE_B)}
+    assert latest_spot_prices(history, wanted) == {
+        (GPU_TYPE, ZONE_A): 0.29,
+        (GPU_TYPE, ZONE_B): 0.40,
+    }
+
+
+async def test_an_unreadable_price_history_is_a_provider_error(
+    aws: AwsEmulator, network: Network
+) -> None:
+    shared = aws.settings()
+
+    def wrap(client: Any) -> Any:
+        async def describe_spot_price_history(**request: Any) -> Any:
+            raise client_error("RequestLimitExceeded", "DescribeSpotPriceHistory")
+
+        return WrappedClient(client, describe_spot_price_history=describe_spot_price_history)
+
+    settings = pool_settings(network, shared)
+    async with Ec2Provider.open(shared, settings, wrap_client=wrap) as provider:
+        with pytest.raises(ProviderError, match="RequestLimitExceeded"):
+            await provider.spot_prices([(GPU_TYPE, ZONE_A)])

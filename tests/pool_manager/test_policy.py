@@ -157,6 +157,15 @@ def test_a_noticed_agent_is_replaced_at_once_in_another_zone() -> None:
     assert launches(actions) == [("us-east-1b", "spot")]
 
 
+def test_spot_goes_where_it_is_cheapest_now() -> None:
+    # configured: B (0.35) is the cheapest; today A costs 0.20
+    pool = replace(snapshot(0), spot_prices={A.key: 0.20})
+    assert POLICY.decide(replace(pool, target=1), SETTINGS)[0] == Launch(
+        "g5.xlarge", "us-east-1a", "spot"
+    )
+    assert POLICY.decide(snapshot(1), SETTINGS)[0] == Launch("g5.xlarge", "us-east-1b", "spot")
+
+
 def test_placements_that_just_preempted_or_refused_are_avoided() -> None:
     risky = {B.key: NOW + 60, C.key: NOW + 60}
     actions = POLICY.decide(snapshot(1, agent("a", placement=A), risky=risky), SETTINGS)
@@ -180,6 +189,18 @@ def test_falls_back_to_on_demand_for_what_ready_spot_cannot_hold() -> None:
     risky = {B.key: NOW + 600, C.key: NOW + 600}  # spot refused elsewhere
     actions = POLICY.decide(snapshot(3, *pool, risky=risky), SETTINGS)
     assert launches(actions).count(("us-east-1c", "on-demand")) == 2
+
+
+def test_on_demand_goes_to_the_next_cheapest_placement_when_the_cheapest_refused() -> None:
+    risky = {A.key: NOW + 600, B.key: NOW + 600, C.key: NOW + 600}  # no spot anywhere
+    refused = {C.key: NOW + 60}  # the cheapest on-demand (0.80) just refused
+    pool = snapshot(1, risky=risky)
+    actions = POLICY.decide(replace(pool, on_demand_refused_until=refused), SETTINGS)
+    assert ("us-east-1a", "on-demand") in launches(actions)  # 1.00, the next cheapest
+    assert ("us-east-1c", "on-demand") in launches(POLICY.decide(pool, SETTINGS))
+    everywhere = {A.key: NOW + 90, B.key: NOW + 30, C.key: NOW + 60}
+    latest = replace(pool, on_demand_refused_until=everywhere)
+    assert ("us-east-1b", "on-demand") in launches(POLICY.decide(latest, SETTINGS))  # clears first
 
 
 def test_no_on_demand_when_fallback_is_off() -> None:

@@ -17,27 +17,15 @@ from pool_manager.policy import (
     Terminate,
 )
 from pool_manager.reconcile import (
+    ON_DEMAND_REFUSED_SECONDS,
     RISKY_PLACEMENT_SECONDS,
     ReconcilePass,
     note_interruption,
     pool_target,
 )
+from tests.pool_manager.test_controller import SETTINGS, A, B
 
 NOW = 50_000.0
-A = PlacementOption("g5.xlarge", "zone-a", 0.40, 1.00)
-B = PlacementOption("g5.xlarge", "zone-b", 0.50, 1.00)
-SETTINGS = PolicySettings(
-    placements=(A, B),
-    min_agents=0,
-    max_agents=8,
-    target_streams_per_agent=10,
-    spot_overprovision=0,
-    on_demand_fallback=False,
-    scale_down_idle_seconds=600,
-    launch_timeout_seconds=900,
-    heartbeat_timeout_seconds=30,
-    on_demand_hold_seconds=0,
-)
 
 
 def booting(
@@ -82,6 +70,23 @@ def test_a_placement_refused_in_this_pass_is_not_tried_again_in_it() -> None:
         step.refused(launch)  # both placements full
     # every placement is risky: the policy would retry the first to clear, the pass waits
     assert step.next_actions() == []
+
+
+def test_an_on_demand_refusal_moves_on_demand_on_and_leaves_spot_alone() -> None:
+    fallback = replace(SETTINGS, on_demand_fallback=True)
+    step = new_pass(1, settings=fallback)
+    step.risky_until = {A.key: NOW + 60, B.key: NOW + 90}  # spot refused everywhere lately
+    actions = step.next_actions()
+    on_demand = Launch("g5.xlarge", "zone-a", "on-demand")
+    assert on_demand in actions
+    for action in actions:
+        step.refused(action)
+    assert step.on_demand_refused_until == {A.key: NOW + ON_DEMAND_REFUSED_SECONDS}
+    assert step.risky_until[A.key] == NOW + RISKY_PLACEMENT_SECONDS  # the spot launch's
+    assert step.next_actions() == [  # zone-b, whose spot risk clears first, for both
+        Launch("g5.xlarge", "zone-b", "spot"),
+        Launch("g5.xlarge", "zone-b", "on-demand"),
+    ]
 
 
 def test_the_rounds_end_after_one_per_placement_and_one_more() -> None:

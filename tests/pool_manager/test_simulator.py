@@ -95,6 +95,25 @@ def test_refused_spot_falls_back_to_on_demand_and_returns_after_the_hold() -> No
     assert margin.availability == held.availability
 
 
+def test_on_demand_refusals_are_retried_and_cost_availability_when_every_launch_fails() -> None:
+    traces = [zone("a", *[0] * 12), zone("b", *[0] * 12)]  # no spot: on-demand carries it
+    sometimes = run("spotgate", traces, target=2, on_demand_refusal_rate=0.5)
+    assert sometimes.refused_launches > 0
+    assert sometimes.availability > 0.9  # the next placement, or the next pass, has room
+    never = run("spotgate", traces, target=2, on_demand_refusal_rate=1.0)
+    assert (never.availability, never.launches) == (0.0, 0)
+
+
+def test_spot_prices_move_hour_by_hour_within_their_bounds_and_are_paid() -> None:
+    day = [zone("a", *[16] * 288), zone("b", *[16] * 288)]  # plenty of spot all day
+    still = run("spotgate", day, target=1)
+    moving = run("spotgate", day, target=1, spot_price_step=0.5)
+    assert moving.cost_vs_on_demand != still.cost_vs_on_demand
+    assert moving == run("spotgate", day, target=1, spot_price_step=0.5)  # seeded
+    # two spot agents at between half and twice the price, over one on-demand at 3x
+    assert 2 * 0.5 / 3 * 0.9 < moving.cost_vs_on_demand < 2 * 2.0 / 3
+
+
 def test_policies_rank_as_expected_on_a_published_trace_day() -> None:
     traces = load_traces(BUNDLED_TRACES_DIR / "aws-16node-3zone")
     config = SimConfig(target=4, cold_start_seconds=180.0, seed=1)

@@ -208,10 +208,12 @@ class PoolManagerService(Construct):
                 resources=[ec2_arn("instance")],
                 conditions={"StringEquals": {f"aws:ResourceTag/{POOL_TAG}": config.pool_name}},
             ),
-            # DescribeInstances has no resource-level permissions in IAM; the provider filters
-            # on the pool's tag itself.
+            # The Describe calls have no resource-level permissions in IAM; the provider filters
+            # on the pool's tag itself, and reads the prices of its own placements.
             iam.PolicyStatement(
-                sid="ListInstances", actions=["ec2:DescribeInstances"], resources=["*"]
+                sid="ListInstances",
+                actions=["ec2:DescribeInstances", "ec2:DescribeSpotPriceHistory"],
+                resources=["*"],
             ),
             iam.PolicyStatement(
                 sid="PassAgentRole",
@@ -259,7 +261,8 @@ class PoolManagerService(Construct):
         prefix = f"arn:<AWS::Partition>:ec2:{stack.region}"
         mine = f"{prefix}:<AWS::AccountId>"
         wildcards = {
-            "*": "ec2:DescribeInstances has no resource-level permissions in IAM.",
+            "*": "ec2:DescribeInstances and ec2:DescribeSpotPriceHistory have no resource-level "
+            "permissions in IAM.",
             f"{mine}:instance/*": "Launch and terminate are bound by the "
             "spotgate:pool request/resource tag; instance ids are unknown before launch.",
             f"{mine}:volume/*": "The root volume is created by the launch.",

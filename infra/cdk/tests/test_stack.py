@@ -415,6 +415,7 @@ def test_pool_manager_may_only_launch_and_end_its_own_pool(synthesized: Synthesi
         "ec2:RunInstances",
         "ec2:TerminateInstances",
         "ec2:DescribeInstances",
+        "ec2:DescribeSpotPriceHistory",
         "ec2:CreateTags",
     }
     pool = DEFAULTS.pool_name
@@ -436,9 +437,11 @@ def test_pool_manager_may_only_launch_and_end_its_own_pool(synthesized: Synthesi
     assert terminate["Condition"] == {"StringEquals": {f"aws:ResourceTag/{POOL_TAG}": pool}}
     tags = by_sid["TagAtLaunchOnly"]
     assert tags["Condition"]["StringEquals"]["ec2:CreateAction"] == ["CreateFleet", "RunInstances"]
-    # Only DescribeInstances runs on every resource: IAM cannot scope it.
+    # Only the Describe calls run on every resource: IAM cannot scope them.
     everywhere = [s for s in found if "*" in as_list(s["Resource"])]
-    assert [s["Action"] for s in everywhere] == ["ec2:DescribeInstances"]
+    assert [s["Action"] for s in everywhere] == [
+        ["ec2:DescribeInstances", "ec2:DescribeSpotPriceHistory"]
+    ]
 
     from_template = [render(r) for r in as_list(by_sid["LaunchFromAgentTemplate"]["Resource"])]
     assert any(template_id in arn for arn in from_template)
