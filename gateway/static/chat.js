@@ -12,6 +12,7 @@ const state = {
   ws: null,
   reconnects: 0,
   refreshTimer: null,
+  refreshing: null, // the token refresh in flight: a request waits for it
   chats: JSON.parse(localStorage.getItem(CHATS_STORAGE) || "[]"),
   current: null,
   streaming: null, // {id, chat, message, view, started, firstAt, tokens, agent}
@@ -139,15 +140,21 @@ function scheduleReconnect(reason) {
 
 function scheduleTokenRefresh(expiresAt) {
   const inMs = Math.max(1000, expiresAt * 1000 - Date.now() - TOKEN_REFRESH_MARGIN_MS);
-  state.refreshTimer = setTimeout(async () => {
-    try {
-      const issued = await fetchToken();
-      state.ws?.send(JSON.stringify({ type: "auth", token: issued.token }));
-      scheduleTokenRefresh(issued.expires_at);
-    } catch (error) {
-      notify(`Could not refresh the session token: ${error.message}`);
-    }
+  state.refreshTimer = setTimeout(() => {
+    state.refreshing = refreshToken().finally(() => {
+      state.refreshing = null;
+    });
   }, inMs);
+}
+
+async function refreshToken() {
+  try {
+    const issued = await fetchToken();
+    state.ws?.send(JSON.stringify({ type: "auth", token: issued.token }));
+    scheduleTokenRefresh(issued.expires_at);
+  } catch (error) {
+    notify(`Could not refresh the session token: ${error.message}`);
+  }
 }
 
 function setConnection(text) {
@@ -241,7 +248,10 @@ function endStream() {
 
 // --- sending ----------------------------------------------------------------------------
 
-function send(text) {
+async function send(text) {
+  // Sent while the token is being renewed, a request would go out under the old one (which
+  // may have just expired: a machine that slept, a slow network); the new one comes first.
+  if (state.refreshing) await state.refreshing;
   if (!state.ws || state.ws.readyState !== WebSocket.OPEN) {
     notify("Not connected yet; wait a moment and send again.");
     return;

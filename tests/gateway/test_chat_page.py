@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -17,7 +18,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import pytest
 from aiohttp import WSCloseCode
-from playwright.async_api import Browser, Page, async_playwright, expect
+from playwright.async_api import Browser, Page, Route, async_playwright, expect
 from pydantic import SecretStr
 
 from gpu_agent.synthetic_engine import SyntheticEngine
@@ -295,14 +296,24 @@ async def test_the_page_refreshes_its_token_and_reconnects_after_a_dropped_socke
     async with local_gateway(aws, gateway_key, clock=clock, token=token) as short_lived:
         await start_trusting_agent(start_agent, short_lived)
         page = await open_page(browser, short_lived.url, fake_timers=True)
+        # The renewal answers only once the next prompt was sent: that prompt must wait for
+        # the new token, not go out under the expired one.
+        renewal_answers = asyncio.Event()
+
+        async def slow_token(route: Route) -> None:
+            await renewal_answers.wait()
+            await route.continue_()
+
+        await page.route("**/v1/token", slow_token)
         # 4 s later for the page and the gateway: the first token has expired, and the page
-        # must have fetched a fresh one and sent it on its socket.
+        # must fetch a fresh one and send it on its socket.
         async with page.expect_request(lambda r: r.url.endswith("/v1/token")) as refreshed:
             clock.advance(4)
             await page.clock.fast_forward(4000)
         assert (await refreshed.value).method == "POST"
         await page.fill("#prompt", "still here")
         await page.press("#prompt", "Enter")
+        renewal_answers.set()
         meta = page.locator(".message.assistant .meta")
         await expect(meta).to_contain_text("tokens/s")
 
