@@ -8,6 +8,9 @@ position, until an agent frees up or appears (scale-up, scale from zero) or its 
 passes. While the pool manager has an agent of the model booting, its forecast (when that
 agent should be ready, from the cold starts the pool has seen) stretches the deadline to
 cover the boot, and waiting streams hear the expected wait (`eta_seconds`).
+
+The dispatcher also keeps the prefix index (gateway/prefix.py): every stream it places is
+recorded against its agent, and agents that leave the view are forgotten.
 """
 
 from __future__ import annotations
@@ -21,11 +24,13 @@ from dataclasses import dataclass, field
 from ipaddress import IPv4Network, IPv6Network, ip_address
 from urllib.parse import urlsplit
 
-from gateway.router import Candidate, choose_agent
+from gateway.prefix import PrefixIndex, PromptPrefix, prompt_prefix
+from gateway.router import Candidate, PrefixAffinity, choose_agent
 from spotgate.context import ContextLimits
 from spotgate.logging import get_logger
+from spotgate.protocol import GenerateFrame
 from spotgate.registry import AgentRecord, AgentState, PoolForecast, Registry
-from spotgate.settings import QueueSettings
+from spotgate.settings import QueueSettings, RoutingSettings
 
 STALE_AFTER_REFRESHES = 3
 AGENT_FULL_SECONDS = 1.0
@@ -184,8 +189,11 @@ class Dispatcher:
         scale_from_zero_models: Collection[str] = (),
         clock: Callable[[], float] = time.time,
         agent_networks: Collection[IPv4Network | IPv6Network] = (),
+        routing: RoutingSettings | None = None,
     ) -> None:
         self.view = PoolView()
+        self._routing = routing or RoutingSettings()
+        self.prefixes = PrefixIndex(self._routing.prefix_blocks_per_agent)
         self._agent_networks = agent_networks
         self._refused_urls: set[str] = set()
         self.outstanding: Counter[str] = Counter()
@@ -207,9 +215,20 @@ class Dispatcher:
         self._changed.set()
         self._changed = asyncio.Event()
 
+    def prompt_prefix(self, frame: GenerateFrame) -> PromptPrefix | None:
+        """What routing matches of the frame's prompt (None: prefix-aware routing is off)."""
+        if not self._routing.prefix_aware:
+            return None
+        return prompt_prefix(frame, self._routing.prefix_block_chars)
+
     def started(self, agent_id: str) -> None:
         """A stream went to `agent_id`."""
         self.outstanding[agent_id] += 1
+
+    def taken(self, agent_id: str, prefix: PromptPrefix | None) -> None:
+        """The agent took a stream with this prompt prefix (its prefix cache will hold it)."""
+        if prefix is not None:
+            self.prefixes.record(agent_id, prefix.blocks)
 
     def finished(self, agent_id: str) -> None:
         """A stream on `agent_id` ended."""
@@ -248,10 +267,28 @@ class Dispatcher:
             for record in self.view.agents.get(model, [])
         ]
 
-    def choose(self, model: str, session: str | None, exclude: Collection[str]) -> Candidate | None:
+    def choose(
+        self,
+        model: str,
+        session: str | None,
+        exclude: Collection[str],
+        prefix: PromptPrefix | None = None,
+    ) -> Candidate | None:
         """An agent with room now, if any (routing on the view's own time)."""
+        candidates = self.candidates(model)
+        affinity = None
+        if prefix is not None:
+            matched = {
+                c.agent_id: self.prefixes.matched_blocks(c.agent_id, prefix.blocks)
+                for c in candidates
+            }
+            affinity = PrefixAffinity(matched, prefix.conversation, self._routing.prefix_load_skew)
         return choose_agent(
-            self.candidates(model), now=self.view.refreshed_at, session=session, exclude=exclude
+            candidates,
+            now=self.view.refreshed_at,
+            session=session,
+            exclude=exclude,
+            affinity=affinity,
         )
 
     def knows(self, model: str) -> bool:
@@ -265,9 +302,10 @@ class Dispatcher:
         session: str | None,
         exclude: Collection[str],
         deadline: float,
+        prefix: PromptPrefix | None = None,
     ) -> AsyncIterator[Queued | Candidate]:
         """Yield queue positions while waiting, then the chosen agent (last item)."""
-        chosen = self.choose(model, session, exclude)
+        chosen = self.choose(model, session, exclude, prefix)
         if chosen is not None:
             yield chosen
             return
@@ -289,7 +327,7 @@ class Dispatcher:
                     yield Queued(position, eta_seconds(forecast, self._clock()))
                 changed = self._changed
                 if position == 0:  # an agent that came just as the wait ran out still serves
-                    chosen = self.choose(model, session, exclude)
+                    chosen = self.choose(model, session, exclude, prefix)
                     if chosen is not None:
                         break
                 # Never shortened: the forecast goes as its agent turns ready, which this
@@ -339,6 +377,13 @@ class Dispatcher:
                 self.view.replace(changes, self._clock())
             else:
                 self.view.update(changes, self._clock())
+            self.prefixes.retain(
+                [
+                    key
+                    for key, entry in self.view.entries.items()
+                    if entry.state is not AgentState.GONE
+                ]
+            )
             self.notify()
         except Exception as err:  # an outage must not stop routing on the last view
             if self.view.last_error is None:

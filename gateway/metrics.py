@@ -82,6 +82,12 @@ class GatewayMetrics:
             ["model"],
             registry=r,
         )
+        self.prefix_index_blocks = Gauge(
+            "spotgate_gateway_prefix_index_blocks",
+            "prompt blocks this replica remembers sending to agents, over every agent "
+            "(at most prefix_blocks_per_agent each)",
+            registry=r,
+        )
         self.limits_shared = Gauge(
             "spotgate_gateway_limits_shared",
             "1 while per-key limits are decided in the limit store shared by every replica; "

@@ -55,6 +55,8 @@ async def relay_stream(
         monotonic=time.monotonic(),
         outcome=outcome,
     )
+    # Hashed once: a moved stream's prompt is the same, and goes where it is most likely cached.
+    prefix = dispatcher.prompt_prefix(frame)
     while True:
         chosen: Candidate | None = None
         try:
@@ -63,6 +65,7 @@ async def relay_stream(
                 session=frame.session,
                 exclude=stream.excluded,
                 deadline=stream.deadline,
+                prefix=prefix,
             ):
                 if isinstance(event, Queued):
                     queued = stream.on_queued(event.position, event.eta_seconds)
@@ -113,6 +116,7 @@ async def relay_stream(
                         agent_first_token_at=channel.first_delta_at,
                     )
                 elif isinstance(item, StartFrame):
+                    dispatcher.taken(agent_id, prefix)
                     start = stream.on_start(item)
                     if start is not None:
                         yield start

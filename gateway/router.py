@@ -5,12 +5,18 @@ an agent and the agent's own count at its last heartbeat (other gateways' stream
 never a `draining`, expired or excluded agent, nor one that just said it is full. A `session`
 sticks to one agent by rendezvous hashing (so vLLM's prefix cache hits) while that agent is
 healthy, and spills to the next in its ranking when it is full.
+
+A stream with no session goes where its prompt's prefix was sent before (`PrefixAffinity`, from
+gateway/prefix.py), so that agent's prefix cache skips most of its prefill: among the agents
+with room no busier than the least loaded by more than a bound (`max_load_skew`, a share of
+capacity), the one sent the longest prefix of it wins, ties broken by rendezvous hashing on
+its conversation. Past the bound a hot prefix spills to a less loaded agent, which learns it.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from spotgate.registry import AgentState
@@ -49,6 +55,18 @@ class Candidate:
         return busy / self.capacity if self.capacity > 0 else 1.0
 
 
+@dataclass(frozen=True, slots=True)
+class PrefixAffinity:
+    """What a stream's prompt says about each agent."""
+
+    matched_blocks: Mapping[str, int]
+    """Leading blocks of the prompt this gateway sent each agent (its prefix cache may hold)."""
+    conversation: str
+    """The prompt's conversation key: ties go by rendezvous hashing on it, as sessions do."""
+    max_load_skew: float
+    """How much busier than the least loaded agent with room one may be and still be chosen."""
+
+
 def rendezvous_score(session: str, agent_id: str) -> int:
     """Highest-random-weight score of `agent_id` for `session` (stable across gateways)."""
     digest = hashlib.blake2b(f"{session}\x00{agent_id}".encode(), digest_size=8).digest()
@@ -61,6 +79,7 @@ def choose_agent(
     now: float,
     session: str | None = None,
     exclude: Collection[str] = (),
+    affinity: PrefixAffinity | None = None,
 ) -> Candidate | None:
     """The agent for a new stream, or None when no healthy agent has room."""
     healthy = [c for c in candidates if c.routable(now) and c.agent_id not in exclude]
@@ -70,4 +89,15 @@ def choose_agent(
     with_room = [c for c in healthy if c.has_room()]
     if not with_room:
         return None
-    return min(with_room, key=lambda c: (c.load, c.outstanding, c.agent_id))
+    if affinity is None:
+        return min(with_room, key=lambda c: (c.load, c.outstanding, c.agent_id))
+    # A hair over, so a load exactly at the bound stays within it whatever the float rounding.
+    bound = min(c.load for c in with_room) + affinity.max_load_skew + 1e-9
+    near = [c for c in with_room if c.load <= bound]
+    return max(
+        near,
+        key=lambda c: (
+            affinity.matched_blocks.get(c.agent_id, 0),
+            rendezvous_score(affinity.conversation, c.agent_id),
+        ),
+    )

@@ -130,7 +130,10 @@ def create_app(
                     clock,
                 ),
                 dispatcher=Dispatcher(
-                    settings.queue, settings.models, agent_networks=settings.agent_networks
+                    settings.queue,
+                    settings.models,
+                    agent_networks=settings.agent_networks,
+                    routing=settings.routing,
                 ),
                 session=session,
                 gateway_id=settings.gateway_id or f"gw-{secrets.token_hex(4)}",

@@ -140,6 +140,23 @@ class QueueSettings(_Section):
     stall_seconds: PositiveFloat = 30.0
 
 
+class RoutingSettings(_Section):
+    """How the gateway picks an agent for a stream that names no session (gateway/router.py)."""
+
+    # Route on the prompt's prefix (chat messages in order, hashed in blocks): a turn goes
+    # where its history was sent before, so vLLM's prefix cache holds it. Off: least load.
+    prefix_aware: bool = True
+    # Characters per hashed block (about 64 tokens): a prompt's partial last block is not
+    # matched, as vLLM caches only whole blocks.
+    prefix_block_chars: Annotated[int, Field(ge=16, le=65_536)] = 256
+    # Blocks remembered per agent, oldest forgotten first: about what an agent's KV cache
+    # holds (16,384 blocks of 64 tokens, a million tokens), a few hundred KiB of memory.
+    prefix_blocks_per_agent: Annotated[int, Field(ge=1, le=1_048_576)] = 16_384
+    # How much busier (as a share of capacity) than the least loaded agent with room an agent
+    # may be and still be chosen for its cached prefix: beyond it, a hot prefix spills.
+    prefix_load_skew: Annotated[float, Field(ge=0, le=1)] = 0.25
+
+
 class LimitStoreSettings(_Section):
     """Where every gateway replica keeps per-key limits and failed-auth budgets (Redis, Valkey).
 
@@ -181,6 +198,7 @@ class GatewaySettings(BaseSettings):
     jwks_parameter: str | None = None
     limits: SocketLimits = SocketLimits()
     queue: QueueSettings = QueueSettings()
+    routing: RoutingSettings = RoutingSettings()
     # Browsers (an `Origin` header) may open /v1/ws from the gateway's own origin (its public
     # URL, or the host they asked for) and from these, e.g. `https://chat.example`.
     allowed_origins: tuple[str, ...] = ()

@@ -40,6 +40,7 @@ async def metrics(request: web.Request) -> web.Response:
     """Prometheus text exposition."""
     state = request.app[STATE]
     state.metrics.observe_view(state.dispatcher.view, state.dispatcher.view.last_error is None)
+    state.metrics.prefix_index_blocks.set(state.dispatcher.prefixes.blocks_held())
     return web.Response(
         body=generate_latest(state.metrics.registry),
         headers={"Content-Type": CONTENT_TYPE_LATEST},

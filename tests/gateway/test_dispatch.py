@@ -8,6 +8,7 @@ from dataclasses import replace
 from ipaddress import ip_network
 from typing import Any
 
+import aiohttp
 import pytest
 
 from gateway.dispatch import (
@@ -25,14 +26,15 @@ from gateway.dispatch import (
 )
 from gateway.router import Candidate
 from gpu_agent.runtime import StreamHandle
+from spotgate.protocol import GenerateFrame
 from spotgate.registry import AgentRecord, AgentState, CreatedApiKey, PoolForecast
-from spotgate.settings import QueueSettings
+from spotgate.settings import QueueSettings, RoutingSettings
 from spotgate.tokens import SigningKey
 from stack.emulator import AwsEmulator
 from tests.gateway.conftest import MODEL, Gateway, running_gateway
 from tests.support.agents import AgentFactory, synthetic, wait_for, wait_ready
 from tests.support.clocks import FakeClock
-from tests.support.wsclient import connect, generate, run_streams
+from tests.support.wsclient import connect, generate, run_streams, text_of
 
 CAPACITY = 3
 
@@ -309,3 +311,109 @@ async def test_an_unreadable_forecast_keeps_the_view_fresh_and_waiters_woken() -
     await dispatcher.refresh(registry)
     assert isinstance(await waiting, Candidate)
     assert dispatcher.view.last_error is None
+
+
+def conversation_turn(turns: int, topic: str) -> GenerateFrame:
+    messages = [{"role": "system", "content": "Answer about EC2. " * 40}]
+    for n in range(turns):
+        messages.append({"role": "user", "content": f"{topic} question {n}. " * 30})
+        messages.append({"role": "assistant", "content": f"{topic} answer {n}. " * 30})
+    messages.append({"role": "user", "content": f"{topic} last question."})
+    return GenerateFrame.model_validate(
+        {"type": "generate", "id": "s", "model": MODEL, "messages": messages}
+    )
+
+
+async def test_the_next_turn_goes_where_the_conversation_went_and_a_gone_agent_is_forgotten() -> (
+    None
+):
+    dispatcher = Dispatcher(QueueSettings(), clock=lambda: 1.0)
+    feed: Any = FeedOf(entry("a", 1.0), entry("b", 1.0))
+    await dispatcher.refresh(feed)
+    for topic in (f"topic-{n}" for n in range(8)):
+        first = dispatcher.prompt_prefix(conversation_turn(1, topic))
+        assert first is not None
+        by_key = dispatcher.choose(MODEL, None, (), first)
+        assert by_key is not None
+        # The turn went elsewhere (its agent was full then): the next turn follows it there.
+        elsewhere = "b" if by_key.agent_id == "a" else "a"
+        dispatcher.taken(elsewhere, first)
+        after = dispatcher.choose(
+            MODEL, None, (), dispatcher.prompt_prefix(conversation_turn(2, topic))
+        )
+        assert after is not None
+        assert after.agent_id == elsewhere
+
+    held = dispatcher.prefixes.blocks_held()
+    feed.records = [entry("a", 2.0, AgentState.GONE), entry("b", 1.0)]
+    await dispatcher.refresh(feed)
+    blocks = first.blocks
+    assert dispatcher.prefixes.matched_blocks("a", blocks) == 0
+    assert 0 < dispatcher.prefixes.blocks_held() < held
+
+
+def test_with_prefix_routing_off_streams_carry_no_prefix() -> None:
+    dispatcher = Dispatcher(QueueSettings(), routing=RoutingSettings(prefix_aware=False))
+    assert dispatcher.prompt_prefix(conversation_turn(1, "t")) is None
+
+
+async def test_a_conversation_without_a_session_stays_on_one_agent_through_either_gateway(
+    aws: AwsEmulator,
+    gateway_key: SigningKey,
+    start_agent: AgentFactory,
+    api_key: CreatedApiKey,
+) -> None:
+    async with (
+        running_gateway(aws, gateway_key) as first,
+        running_gateway(aws, gateway_key, public_url=first.url) as second,
+    ):
+        agent_ids = []
+        for _ in range(3):
+            # Room to spare: no agent is so much busier than another that a conversation spills
+            # (a replica that did not route its last turn would not know where it went).
+            engine = synthetic(200.0, model=MODEL, ttft_seconds=0.01, capacity=64)
+            agent = await wait_ready(
+                await start_agent(
+                    engine,
+                    pinned_public_key=gateway_key.verify_key.to_pem(),
+                    token_issuer=first.url,
+                )
+            )
+            agent_ids.append(agent.runtime.identity.agent_id)  # type: ignore[union-attr]
+
+        async def routable_through_both() -> bool:
+            return all(
+                (record := g.state.dispatcher.view.record(agent_id)) is not None
+                and record.state is AgentState.READY
+                for g in (first, second)
+                for agent_id in agent_ids
+            )
+
+        await wait_for(routable_through_both, within=10)
+
+        async def conversation(topic: str) -> list[str]:
+            """Three turns, each re-sending the history, alternately through each gateway."""
+            messages: list[dict[str, str]] = [
+                {"role": "system", "content": "Answer about EC2. " * 40}
+            ]
+            served_by = []
+            for turn, gateway in enumerate((first, second, first)):
+                messages.append({"role": "user", "content": f"{topic} question {turn}. " * 20})
+                frame = {"type": "generate", "id": f"{topic}-{turn}", "model": MODEL}
+                async with connect(gateway.ws_url, api_key.api_key) as ws:
+                    seen = await run_streams(ws, {**frame, "messages": messages, "max_tokens": 8})
+                frames = seen[f"{topic}-{turn}"]
+                assert frames[-1]["type"] == "done", frames
+                served_by.append(next(f["agent"] for f in frames if f["type"] == "start"))
+                messages.append({"role": "assistant", "content": text_of(frames)})
+            return served_by
+
+        served = await asyncio.gather(*(conversation(f"topic-{n}") for n in range(12)))
+        async with aiohttp.ClientSession() as http, http.get(f"{first.url}/metrics") as reply:
+            exported = await reply.text()
+
+    assert all(len(set(turns)) == 1 for turns in served), served
+    held = first.state.dispatcher.prefixes.blocks_held()
+    assert held > 0
+    assert f"spotgate_gateway_prefix_index_blocks {held:.1f}" in exported
+    assert len({turns[0] for turns in served}) >= 2  # conversations spread over the agents

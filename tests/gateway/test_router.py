@@ -4,7 +4,7 @@ from collections import Counter
 
 import pytest
 
-from gateway.router import Candidate, choose_agent
+from gateway.router import Candidate, PrefixAffinity, choose_agent
 from spotgate.registry import AgentState
 
 NOW = 1000.0
@@ -90,3 +90,67 @@ def test_what_an_agent_reports_orders_agents_but_only_its_refusal_fills_it() -> 
     assert chosen([agent("a", outstanding=4), agent("b", outstanding=1, reported=9)]) == "a"
     # A report a heartbeat old does not stop routing: the agent itself refuses when full.
     assert chosen([agent("b", outstanding=1, reported=10)]) == "b"
+
+
+def affinity(
+    matched: dict[str, int], conversation: str = "c", skew: float = 0.25
+) -> PrefixAffinity:
+    return PrefixAffinity(matched, conversation, skew)
+
+
+@pytest.mark.parametrize(
+    ("pool", "matched", "expected"),
+    [
+        # The longest matched prefix wins while its agent is within the skew of the least loaded.
+        ([agent("a", 2), agent("b", 0)], {"a": 5, "b": 1}, "a"),
+        ([agent("a", 2), agent("b", 0), agent("c", 1)], {"a": 1, "b": 0, "c": 7}, "c"),
+        # Two busier than the least loaded, of 10: 0.2 ≤ 0.25, still chosen.
+        ([agent("a", 2), agent("b", 0)], {"a": 5}, "a"),
+        # Three busier: 0.3 > 0.25, the hot prefix spills to the least loaded.
+        ([agent("a", 3), agent("b", 0)], {"a": 5}, "b"),
+        # Exactly at the bound stays (no float rounding pushes it out): 0.7 vs 0.45 + 0.25.
+        ([agent("a", 7, 10), agent("b", 9, 20)], {"a": 5}, "a"),
+        # Spill goes to the next longest match within the bound, not just the least loaded.
+        ([agent("a", 9), agent("b", 1), agent("c", 0)], {"a": 9, "b": 4, "c": 0}, "b"),
+        # Load is a share of capacity, and other gateways' streams count (`reported`).
+        ([agent("a", 1, reported=6), agent("b", 2)], {"a": 5}, "b"),
+        ([agent("a", 10, 40), agent("b", 1, 4)], {"a": 5}, "a"),
+        # Full, excluded or unroutable agents never win, however long their match.
+        ([agent("a", 10), agent("b", 9)], {"a": 50}, "b"),
+        ([agent("a", full=True), agent("b", 5)], {"a": 50}, "b"),
+        ([agent("a", state=AgentState.DRAINING), agent("b", 5)], {"a": 50}, "b"),
+    ],
+)
+def test_prefix_affinity_scores_matched_prefix_within_a_load_skew(
+    pool: list[Candidate], matched: dict[str, int], expected: str
+) -> None:
+    assert chosen(pool, affinity=affinity(matched)) == expected
+
+
+def test_a_resumed_stream_goes_where_its_prefix_was_sent_not_back_to_the_failed_agent() -> None:
+    pool = [agent("failed", 0), agent("cached", 2), agent("idle", 0)]
+    matched = {"failed": 12, "cached": 12, "idle": 0}
+    assert chosen(pool, affinity=affinity(matched), exclude={"failed"}) == "cached"
+
+
+def test_unmatched_prompts_spread_by_conversation_and_agree_across_gateways() -> None:
+    pool = [agent(f"agent-{n}") for n in range(4)]
+    picks = {n: chosen(pool, affinity=affinity({}, f"conv-{n}")) for n in range(200)}
+    # Another gateway that never saw these conversations sends each to the same agent.
+    assert picks == {n: chosen(pool, affinity=affinity({}, f"conv-{n}")) for n in range(200)}
+    assert min(Counter(picks.values()).values()) > 25
+    # A shared prefix every agent holds (a common system prompt) leaves the spread as it was.
+    shared = {f"agent-{n}": 3 for n in range(4)}
+    assert picks == {n: chosen(pool, affinity=affinity(shared, f"conv-{n}")) for n in range(200)}
+
+
+def test_an_explicit_session_outranks_the_prefix() -> None:
+    pool = [agent("a"), agent("b")]
+    preferred = chosen(pool, session="s")
+    other = "b" if preferred == "a" else "a"
+    assert chosen(pool, session="s", affinity=affinity({other: 99})) == preferred
+
+
+def test_with_zero_skew_the_prefix_only_breaks_ties_of_load() -> None:
+    pool = [agent("a", 1), agent("b", 0), agent("c", 0)]
+    assert chosen(pool, affinity=affinity({"a": 9, "c": 2}, skew=0.0)) == "c"
