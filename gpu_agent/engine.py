@@ -88,6 +88,14 @@ class EngineStep:
     """One per token, when the request asked for logprobs."""
 
 
+@dataclass(slots=True)
+class PrefixCacheCounts:
+    """Cumulative prompt tokens looked up in an engine's prefix cache, and those found there."""
+
+    queried_tokens: int = 0
+    hit_tokens: int = 0
+
+
 class Engine(Protocol):
     """What the agent needs from an inference engine."""
 
@@ -100,6 +108,9 @@ class Engine(Protocol):
     """An upper bound on the prompt characters one token stands for (see `spotgate.context`)."""
     held_token_ids: frozenset[int]
     """Ids whose text waits for the ids after them (`gpu_agent.detokenizer.held_token_ids`)."""
+    prefix_cache: PrefixCacheCounts
+    """Prompt tokens the engine looked up in its prefix cache and those it found, since start;
+    an engine with no cache keeps zeros."""
 
     def known_token(self, token_id: int) -> bool:
         """Whether the model has this token id (a resume's ids come from clients too)."""

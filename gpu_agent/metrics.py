@@ -2,11 +2,37 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics_core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gpu_agent.engine import PrefixCacheCounts
 
 TTFT_BUCKETS_SECONDS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+class PrefixCacheCollector(Collector):
+    """The engine's prefix-cache counts as two counters, read at each scrape."""
+
+    def __init__(self, counts: Callable[[], PrefixCacheCounts]) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        """The counts now."""
+        counts = self._counts()
+        yield CounterMetricFamily(
+            "spotgate_agent_prefix_cache_queried_tokens_total",
+            "prompt tokens looked up in the engine's prefix cache",
+            value=counts.queried_tokens,
+        )
+        yield CounterMetricFamily(
+            "spotgate_agent_prefix_cache_hit_tokens_total",
+            "prompt tokens found in it",
+            value=counts.hit_tokens,
+        )
 
 
 @dataclass
@@ -14,6 +40,8 @@ class AgentMetrics:
     """The agent's counters, gauges and histograms."""
 
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+    prefix_cache: Callable[[], PrefixCacheCounts] = PrefixCacheCounts
+    """Reads the engine's prefix-cache counts at each scrape; by default zeros (no engine)."""
 
     def __post_init__(self) -> None:
         r = self.registry
@@ -54,3 +82,5 @@ class AgentMetrics:
             "attempts to register that the registry did not take (tried again)",
             registry=r,
         )
+        # Through `self`: the runtime points `prefix_cache` at its engine after this.
+        r.register(PrefixCacheCollector(lambda: self.prefix_cache()))

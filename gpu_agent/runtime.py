@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Literal
 
 from gpu_agent.drain import StreamLoad, streams_to_hand_back
-from gpu_agent.engine import Engine, GenerationRequest
+from gpu_agent.engine import Engine, GenerationRequest, PrefixCacheCounts
 from gpu_agent.health import EngineCheck, engine_check
 from gpu_agent.imds import ImdsClient, ImdsUnavailable, InstanceIdentity, SpotNotice
 from gpu_agent.metrics import AgentMetrics
@@ -109,6 +109,14 @@ class AgentRuntime:
     # From the agent's own start (its image ready); the instance's launch comes from IMDS.
     boot: BootTimeline = field(default_factory=lambda: BootTimeline(agent_start=time.time()))
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        # Read at each scrape, so the counters follow the engine loaded after this.
+        self.metrics.prefix_cache = self._prefix_cache
+
+    def _prefix_cache(self) -> PrefixCacheCounts:
+        """The loaded engine's prefix-cache counts; zeros before it is loaded."""
+        return self.engine.prefix_cache if self.engine is not None else PrefixCacheCounts()
 
     @property
     def accepting(self) -> bool:

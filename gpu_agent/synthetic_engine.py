@@ -11,7 +11,12 @@ import asyncio
 import hashlib
 from collections.abc import AsyncGenerator, Sequence
 
-from gpu_agent.engine import EngineRequestError, EngineStep, GenerationRequest
+from gpu_agent.engine import (
+    EngineRequestError,
+    EngineStep,
+    GenerationRequest,
+    PrefixCacheCounts,
+)
 from gpu_agent.tool_calls import ToolCallReader
 from spotgate.protocol import ChatMessage, Tool
 from spotgate.settings import AgentSettings, EngineKind
@@ -107,6 +112,7 @@ class SyntheticEngine:
         self._tokens_per_second = settings.synthetic.tokens_per_second
         self._echo = settings.synthetic.echo
         self._running = 0
+        self.prefix_cache = PrefixCacheCounts()  # zeros: it has no prefix cache
 
     def chat_prompt_ids(
         self, messages: Sequence[ChatMessage], tools: Sequence[Tool] = ()

@@ -10,6 +10,9 @@ from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
+from vllm.v1.metrics.loggers import StatLoggerBase
+from vllm.v1.metrics.stats import IterationStats, MultiModalCacheStats, SchedulerStats
+
 from gpu_agent.detokenizer import held_token_ids
 from gpu_agent.engine import (
     EngineFailed,
@@ -17,6 +20,7 @@ from gpu_agent.engine import (
     EngineStep,
     GenerationRequest,
     NoChatTemplate,
+    PrefixCacheCounts,
     ReplyBroken,
     TokenLogprobs,
 )
@@ -56,6 +60,34 @@ def streamer_environment(settings: AgentSettings) -> dict[str, str]:
     return env
 
 
+class PrefixCacheStatLogger(StatLoggerBase):
+    """Adds each engine step's prefix-cache queries and hits (in tokens) to `counts`."""
+
+    def __init__(self, counts: PrefixCacheCounts) -> None:
+        self._counts = counts
+
+    def record(
+        self,
+        scheduler_stats: SchedulerStats | None,
+        iteration_stats: IterationStats | None,
+        mm_cache_stats: MultiModalCacheStats | None = None,
+        engine_idx: int = 0,
+    ) -> None:
+        """Count what vLLM's `vllm:prefix_cache_queries` and `vllm:prefix_cache_hits` count.
+
+        Those leave out the lookups of requests resumed after a preemption (`preempted_*`),
+        so a prompt is counted once however often the scheduler preempts it.
+        """
+        if scheduler_stats is None:
+            return
+        stats = scheduler_stats.prefix_cache_stats
+        self._counts.queried_tokens += stats.queries
+        self._counts.hit_tokens += stats.hits
+
+    def log_engine_initialized(self) -> None:
+        """Nothing to say: the counts are exported by the agent's `/metrics`."""
+
+
 class VllmEngine:
     """Generation through vLLM's async engine; text is decoded by the agent from token ids."""
 
@@ -69,8 +101,11 @@ class VllmEngine:
         capacity: int,
         max_model_len: int,
         tool_call_parser: str | None = None,
+        prefix_cache: PrefixCacheCounts | None = None,
     ) -> None:
         self._llm = llm
+        # Filled by `llm`'s `PrefixCacheStatLogger`; built without one, it stays at zero.
+        self.prefix_cache = prefix_cache if prefix_cache is not None else PrefixCacheCounts()
         self._tokenizer = tokenizer
         # The Rust tokenizer itself: decoding runs on every step of every stream.
         self._backend = tokenizer.backend_tokenizer
@@ -119,7 +154,17 @@ class VllmEngine:
             logits_processors=[STREAM_CONSTRAINTS],
             **optional,
         )
-        llm = AsyncLLM.from_engine_args(args)
+        prefix_cache = PrefixCacheCounts()
+        # Prefix caching is left to vLLM: on by default for decoder-only generative models (what
+        # an agent serves), off where its models or platforms cannot use it. A stat logger of
+        # ours turns vLLM's stats on without its periodic log lines (those stay off with
+        # `disable_log_stats`); vLLM then also keeps its own Prometheus counters in the
+        # process-wide registry (which the agent does not serve; a later engine in the same
+        # process replaces them there rather than clashing).
+        llm = AsyncLLM.from_engine_args(
+            args,
+            stat_loggers=[lambda _config, _index: PrefixCacheStatLogger(prefix_cache)],
+        )
         # Where vLLM found the tokenizer: a staged model's is pulled to local disk.
         tokenizer = AutoTokenizer.from_pretrained(llm.model_config.tokenizer, revision=revision)
         max_model_len = int(llm.model_config.max_model_len)
@@ -130,6 +175,7 @@ class VllmEngine:
             engine_settings.max_num_seqs,
             max_model_len,
             engine_settings.tool_call_parser,
+            prefix_cache,
         )
 
     def chat_prompt_ids(

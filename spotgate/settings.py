@@ -150,7 +150,7 @@ class RoutingSettings(_Section):
     # matched, as vLLM caches only whole blocks.
     prefix_block_chars: Annotated[int, Field(ge=16, le=65_536)] = 256
     # Blocks remembered per agent, oldest forgotten first: about what an agent's KV cache
-    # holds (16,384 blocks of 64 tokens, a million tokens), a few hundred KiB of memory.
+    # holds (16,384 blocks of 64 tokens, a million tokens), about 2 MB of memory per agent.
     prefix_blocks_per_agent: Annotated[int, Field(ge=1, le=1_048_576)] = 16_384
     # How much busier (as a share of capacity) than the least loaded agent with room an agent
     # may be and still be chosen for its cached prefix: beyond it, a hot prefix spills.

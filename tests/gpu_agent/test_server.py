@@ -465,6 +465,36 @@ async def test_agent_metrics_count_streams_and_tokens(
     assert value("spotgate_agent_ready") == 1
 
 
+PREFIX_CACHE_QUERIED = "spotgate_agent_prefix_cache_queried_tokens_total"
+PREFIX_CACHE_HIT = "spotgate_agent_prefix_cache_hit_tokens_total"
+
+
+async def test_agent_metrics_follow_the_engines_prefix_cache_counts(
+    start_agent: AgentFactory, synthetic_engine: SyntheticEngine
+) -> None:
+    release = asyncio.Event()
+
+    async def slow_loader(_settings: AgentSettings) -> Engine:
+        await release.wait()
+        return synthetic_engine
+
+    agent = await start_agent(loader=slow_loader)
+    loading = await scrape(f"{agent.url}/metrics")
+    release.set()
+    await wait_ready(agent)
+    loaded = await scrape(f"{agent.url}/metrics")
+    # What vLLM's stat logger adds after a step; the synthetic engine itself has no cache.
+    synthetic_engine.prefix_cache.queried_tokens += 300
+    synthetic_engine.prefix_cache.hit_tokens += 256
+    counted = await scrape(f"{agent.url}/metrics")
+
+    for exposition in (loading, loaded):
+        assert metric_value(exposition, PREFIX_CACHE_QUERIED) == 0
+        assert metric_value(exposition, PREFIX_CACHE_HIT) == 0
+    assert metric_value(counted, PREFIX_CACHE_QUERIED) == 300
+    assert metric_value(counted, PREFIX_CACHE_HIT) == 256
+
+
 class _EngineThatDies(SyntheticEngine):
     """A synthetic engine whose process "dies" when the test says so (vLLM: the core exits)."""
 

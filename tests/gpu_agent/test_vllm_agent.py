@@ -33,6 +33,7 @@ from tests.support.agents import (
     wait_for,
     wait_ready,
 )
+from tests.support.metrics import metric_value, scrape
 from tests.support.wsclient import (
     Frame,
     connect,
@@ -97,6 +98,70 @@ async def test_streams_over_ws_with_token_ids(agent: RunningAgent, token: str) -
     assert done["usage"]["completion_tokens"] == len(ids_of(frames)) > 0
     assert done["usage"]["prompt_tokens"] > 0
     assert done["timings"]["ttft_ms"] <= done["timings"]["total_ms"]
+
+
+# Text no other test sends, so what they left in the shared engine's cache cannot match it.
+SHARED_SYSTEM_PROMPT = "Prefix-cache probe. " + " ".join(
+    f"Standing order {n}: answer the harbour master briefly." for n in range(12)
+)
+PREFIX_CACHE_SHARED_SHARE = 0.8
+"""The least share of the first prompt the second one must find cached (in whole blocks)."""
+
+
+async def prefix_cache_tokens(agent: RunningAgent) -> tuple[float, float]:
+    """The agent's prefix-cache counters now: (queried tokens, hit tokens)."""
+    exposition = await scrape(f"{agent.url}/metrics")
+    return (
+        metric_value(exposition, "spotgate_agent_prefix_cache_queried_tokens_total"),
+        metric_value(exposition, "spotgate_agent_prefix_cache_hit_tokens_total"),
+    )
+
+
+async def prefix_cache_tokens_after(
+    agent: RunningAgent, before: tuple[float, float], prompt_tokens: int
+) -> tuple[float, float]:
+    """The counters once a prompt's lookup is in them (vLLM reports stats after each step)."""
+
+    async def counted() -> bool:
+        return (await prefix_cache_tokens(agent))[0] >= before[0] + prompt_tokens
+
+    await wait_for(counted, within=10)
+    return await prefix_cache_tokens(agent)
+
+
+async def test_a_repeated_prefix_counts_as_prefix_cache_hits(
+    agent: RunningAgent, vllm_engine: VllmEngine, token: str
+) -> None:
+    # vLLM's KV block: 128 tokens on the CPU backend, 16 under CUDA; hits come in whole blocks.
+    block_tokens = vllm_engine._llm.vllm_config.cache_config.block_size
+
+    def chat(stream_id: str, question: str) -> Frame:
+        messages = [
+            {"role": "system", "content": SHARED_SYSTEM_PROMPT},
+            {"role": "user", "content": question},
+        ]
+        return generate(stream_id, TINY_MODEL, messages=messages, max_tokens=4, **GREEDY)
+
+    start = await prefix_cache_tokens(agent)
+    async with connect(agent.ws_url, token) as ws:
+        first = (await run_streams(ws, chat("first", "Where is berth four?")))["first"]
+        first_tokens = first[-1]["usage"]["prompt_tokens"]
+        after_first = await prefix_cache_tokens_after(agent, start, first_tokens)
+        second = (await run_streams(ws, chat("second", "When does the ferry leave?")))["second"]
+        second_tokens = second[-1]["usage"]["prompt_tokens"]
+        end = await prefix_cache_tokens_after(agent, after_first, second_tokens)
+
+    shared_blocks = int(PREFIX_CACHE_SHARED_SHARE * first_tokens) // block_tokens * block_tokens
+    measured = {
+        "block_tokens": block_tokens,
+        "prompt_tokens": (first_tokens, second_tokens),
+        "queried": (after_first[0] - start[0], end[0] - after_first[0]),
+        "hits": (after_first[1] - start[1], end[1] - after_first[1]),
+    }
+    assert shared_blocks >= 2 * block_tokens, measured  # the shared prefix spans blocks
+    assert measured["queried"] == (first_tokens, second_tokens), measured
+    assert measured["hits"][0] < shared_blocks, measured  # the first prompt was new to it
+    assert measured["hits"][1] >= shared_blocks, measured
 
 
 PROMPTS = ("Tell me about spot", "Hello there", "日本語で答えて", "def add(a, b):")
