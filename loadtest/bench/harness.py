@@ -155,10 +155,31 @@ class Sample:
     added_ttft_buckets: dict[float, float] = field(default_factory=dict)
 
 
+async def metrics_text(http: aiohttp.ClientSession, url: str) -> str:
+    """The Prometheus exposition a server publishes at `url`/metrics."""
+    async with http.get(f"{url}/metrics") as response:
+        response.raise_for_status()
+        return await response.text()
+
+
+def metric_value(text: str, sample: str) -> float:
+    """The value of `sample` in a Prometheus exposition, summed over its labels; 0 if absent.
+
+    `sample` is a metric name (every labelled series of it counts) or a name with its labels
+    as exposed (`spotgate_gateway_agents{state="ready"}`). Absent reads as 0, as a counter
+    that has not been created yet is 0.
+    """
+    total = 0.0
+    for line in text.splitlines():
+        series, _, value = line.rpartition(" ")
+        if series == sample or ("{" not in sample and series.startswith(f"{sample}{{")):
+            total += float(value)
+    return total
+
+
 async def histogram_buckets(http: aiohttp.ClientSession, url: str, name: str) -> dict[float, float]:
     """Cumulative bucket counts of a Prometheus histogram, by upper bound (seconds)."""
-    async with http.get(f"{url}/metrics") as response:
-        text = await response.text()
+    text = await metrics_text(http, url)
     buckets: dict[float, float] = {}
     prefix = f'{name}_bucket{{le="'
     for line in text.splitlines():
@@ -191,21 +212,38 @@ async def wait_ready(http: aiohttp.ClientSession, server: Server, path: str) -> 
     raise TimeoutError(f"{server.name} did not become ready")
 
 
-async def one_request(
-    http: aiohttp.ClientSession, server: Server, prompt: str, max_tokens: int
-) -> tuple[float, int]:
-    """Stream one chat completion; return (TTFT seconds, completion tokens)."""
-    body = {
+@dataclass(frozen=True)
+class ChatReply:
+    """What one streamed chat completion gave the client."""
+
+    ttft_seconds: float
+    completion_tokens: int
+    prompt_tokens: int
+    text: str
+
+
+async def stream_chat(
+    http: aiohttp.ClientSession,
+    server: Server,
+    messages: Sequence[dict[str, str]],
+    max_tokens: int,
+    user: str | None = None,
+) -> ChatReply:
+    """Stream one greedy chat completion of `messages`, as `user` (OpenAI's field) when given."""
+    body: dict[str, Any] = {
         "model": server.model,
-        "messages": [{"role": "user", "content": prompt}],
+        "messages": list(messages),
         "max_tokens": max_tokens,
         "temperature": 0,
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    if user is not None:
+        body["user"] = user
     started = time.perf_counter()
     ttft = None
-    tokens = 0
+    completion_tokens = prompt_tokens = 0
+    text: list[str] = []
     async with http.post(
         f"{server.url}/v1/chat/completions", json=body, headers=server.headers
     ) as response:
@@ -215,11 +253,28 @@ async def one_request(
                 continue
             chunk = json.loads(line[6:])
             if chunk.get("usage"):
-                tokens = int(chunk["usage"]["completion_tokens"])
+                completion_tokens = int(chunk["usage"]["completion_tokens"])
+                prompt_tokens = int(chunk["usage"]["prompt_tokens"])
             for choice in chunk.get("choices", []):
-                if ttft is None and choice.get("delta", {}).get("content"):
-                    ttft = time.perf_counter() - started
-    return (ttft if ttft is not None else time.perf_counter() - started), tokens
+                content = choice.get("delta", {}).get("content")
+                if content:
+                    text.append(content)
+                    if ttft is None:
+                        ttft = time.perf_counter() - started
+    return ChatReply(
+        ttft if ttft is not None else time.perf_counter() - started,
+        completion_tokens,
+        prompt_tokens,
+        "".join(text),
+    )
+
+
+async def one_request(
+    http: aiohttp.ClientSession, server: Server, prompt: str, max_tokens: int
+) -> tuple[float, int]:
+    """Stream one chat completion; return (TTFT seconds, completion tokens)."""
+    reply = await stream_chat(http, server, [{"role": "user", "content": prompt}], max_tokens)
+    return reply.ttft_seconds, reply.completion_tokens
 
 
 class StreamSocket:

@@ -55,3 +55,16 @@ def test_a_tokenizer_that_is_neither_published_nor_a_file_is_named_in_the_error(
 ) -> None:
     with pytest.raises(FileNotFoundError, match="llama2, llama3, qwen3, gemma3"):
         resolve_tokenizer(str(tmp_path / "nowhere"))
+
+
+def test_a_larger_model_keeps_the_head_size_and_the_default_is_unchanged(tmp_path: Path) -> None:
+    from gpu_agent.tiny_model import HIDDEN_SIZE, LAYERS, write_tiny_model
+
+    config = json.loads(
+        (write_tiny_model(tmp_path / "big", hidden_size=256, layers=3) / "config.json").read_text()
+    )
+    assert (config["hidden_size"], config["num_hidden_layers"]) == (256, 3)
+    assert config["head_dim"] == HEAD_DIM == 256 // config["num_attention_heads"]
+    assert (HIDDEN_SIZE, LAYERS) == (128, 2)  # what every existing caller builds
+    with pytest.raises(ValueError, match="multiple of 64"):
+        write_tiny_model(tmp_path / "odd", hidden_size=100)
