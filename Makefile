@@ -18,11 +18,15 @@ NODE := /usr/bin/node
 NPM := /usr/bin/npm
 TOKENIZER_CACHE := .cache/tokenizers
 TOKENIZERS := $(TOKENIZER_CACHE)/.fetched
+# The chat page's Markdown libraries, pinned with their sha384 in gateway/static/vendor.json:
+# npm packs them into the cache, each file is checked, and the gateway serves them.
+CHAT_LIBRARY_CACHE := .cache/chat-libraries
+CHAT_LIBRARIES := gateway/static/vendor/.fetched
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: up test install lint typecheck unit bench chaos lock clean
 
-up: $(INSTALLED) $(REDIS_SERVER)
+up: $(INSTALLED) $(REDIS_SERVER) $(CHAT_LIBRARIES)
 	$(BIN)/spotgate up
 
 test: $(INSTALLED) lint typecheck unit
@@ -42,7 +46,7 @@ typecheck: $(INSTALLED)
 # each vLLM engine starts once.
 PYTEST_WORKERS ?= 2
 
-unit: $(INSTALLED) $(CHROMIUM) $(NODE) $(REDIS_SERVER) $(TOKENIZERS) $(LITELLM)
+unit: $(INSTALLED) $(CHROMIUM) $(NODE) $(REDIS_SERVER) $(TOKENIZERS) $(CHAT_LIBRARIES) $(LITELLM)
 	$(BIN)/pytest -n $(PYTEST_WORKERS)
 
 bench: $(INSTALLED) $(REDIS_SERVER) $(LITELLM) $(TOKENIZERS)
@@ -92,6 +96,10 @@ $(NPM): | $(NODE)
 
 $(TOKENIZERS): | $(INSTALLED) $(NPM)
 	$(BIN)/spotgate model tokenizers --cache $(TOKENIZER_CACHE)
+	touch $@
+
+$(CHAT_LIBRARIES): gateway/static/vendor.json | $(INSTALLED) $(NPM)
+	$(BIN)/python -m gateway.chat_vendor --cache $(CHAT_LIBRARY_CACHE)
 	touch $@
 
 # LiteLLM, the peer the gateway is compared with (its proxy) and a client the tests use (its

@@ -25,15 +25,29 @@ async def models(request: web.Request) -> web.Response:
     """`GET /v1/models`: what the caller's key may use of the models served here.
 
     Served: models with ready agents, and those that can scale from zero. A key is needed,
-    as with OpenAI's: which models run here is nobody else's business.
+    as with OpenAI's: which models run here is nobody else's business. Each says its context,
+    `max_model_len`, as vLLM's does: the most any of its agents holds (null while none has
+    said, a model scaling from zero); the chat page keeps conversations within it.
     """
     principal = await request_principal(request)
     if isinstance(principal, web.Response):
         return principal
     state = request.app[STATE]
-    served = state.dispatcher.view.ready_models() | set(state.settings.models)
+    view = state.dispatcher.view
+    served = view.ready_models() | set(state.settings.models)
     names = sorted(served & principal.models if principal.models else served)
-    data = [{"id": name, "object": "model", "owned_by": "spotgate", "created": 0} for name in names]
+    data = []
+    for name in names:
+        limits = view.context_limits(name)
+        data.append(
+            {
+                "id": name,
+                "object": "model",
+                "owned_by": "spotgate",
+                "created": 0,
+                "max_model_len": limits.max_model_len if limits else None,
+            }
+        )
     return web.json_response({"object": "list", "data": data})
 
 

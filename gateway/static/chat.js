@@ -1,8 +1,11 @@
 // The spotgate chat page: the websocket protocol of DESIGN.md §4 with first-frame auth.
-// Model text is only ever put into the page as text nodes, never as HTML.
+// Model text reaches the page only through markdown.js (sanitized) or as text nodes.
+
+import { fitContext, learnReplyCount } from "./context.js";
+import { copyButton, loadRenderer } from "./markdown.js";
+import { ImportError, exportText, openStore, parseImport } from "./store.js";
 
 const KEY_STORAGE = "spotgate.apiKey";
-const CHATS_STORAGE = "spotgate.chats";
 const RECONNECT_DELAYS_MS = [500, 1000, 2000, 5000, 10000];
 const TOKEN_REFRESH_MARGIN_MS = 20000;
 
@@ -13,24 +16,42 @@ const state = {
   reconnects: 0,
   refreshTimer: null,
   refreshing: null, // the token refresh in flight: a request waits for it
-  chats: JSON.parse(localStorage.getItem(CHATS_STORAGE) || "[]"),
+  renderer: null,
+  store: null,
+  chats: [],
   current: null,
-  streaming: null, // {id, chat, message, view, started, firstAt, tokens, agent}
+  models: new Map(), // model id → max_model_len (null: not known yet)
+  streaming: null, // {id, chat, request, message, view, started, firstAt, tokens, agent, ids, …}
   followScroll: true,
   autoScrolledTo: 0,
 };
 
-// --- key and token ----------------------------------------------------------------------
+// --- start ------------------------------------------------------------------------------
 
 async function start() {
+  state.renderer = await loadRenderer();
+  if (!state.renderer.markdown) {
+    $("render-note").textContent = `Replies show as plain text: ${state.renderer.reason}.`;
+    $("render-note").hidden = false;
+  }
+  try {
+    state.store = await openStore();
+    state.chats = await state.store.all();
+  } catch (error) {
+    notify(`Conversations cannot be kept in this browser (${error.message}); they last until the page closes.`);
+  }
+  state.current = state.chats[0] ?? null;
+  renderChats();
+  renderMessages();
   if (!state.apiKey) {
     const config = await fetch("/chat/config.json").then((r) => r.json()).catch(() => ({}));
     if (config.dev_api_key) state.apiKey = config.dev_api_key;
   }
   showKeyPanel();
-  renderChats();
   if (state.apiKey) await connect();
 }
+
+// --- key and token ----------------------------------------------------------------------
 
 function showKeyPanel() {
   $("key-form").hidden = Boolean(state.apiKey);
@@ -52,15 +73,16 @@ async function fetchToken() {
   return body;
 }
 
+/** The models the key may use, each with its context length (/v1/models). */
 async function loadModels() {
   const response = await fetch("/v1/models", { headers: { Authorization: `Bearer ${state.apiKey}` } });
   if (!response.ok) return;
+  const models = (await response.json()).data;
+  state.models = new Map(models.map((model) => [model.id, model.max_model_len]));
   const select = $("model");
   const chosen = select.value;
-  select.replaceChildren(
-    ...(await response.json()).data.map((model) => new Option(model.id, model.id)),
-  );
-  if (chosen) select.value = chosen;
+  select.replaceChildren(...models.map((model) => new Option(model.id, model.id)));
+  if (chosen && state.models.has(chosen)) select.value = chosen;
 }
 
 // --- socket -----------------------------------------------------------------------------
@@ -110,25 +132,26 @@ async function connect() {
   };
 }
 
-function resumeStream(ws) {
-  const stream = state.streaming;
-  stream.interrupted = false;
+function resumeRequest(stream) {
   const resume = {
     token_ids: stream.ids,
     text: stream.message.content,
     completion_tokens: stream.ids.length,
   };
-  ws.send(JSON.stringify(stream.ids.length ? { ...stream.request, resume } : stream.request));
-  stream.resuming = stream.ids.length > 0; // said once the reply goes on (it may be refused)
+  return stream.ids.length ? { ...stream.request, resume } : { ...stream.request, resume: undefined };
+}
+
+function resumeStream(ws) {
+  const stream = state.streaming;
+  stream.interrupted = false;
+  ws.send(JSON.stringify(resumeRequest(stream)));
+  stream.resuming = stream.ids.length > stream.continuedFrom; // said once the reply goes on
 }
 
 function sayResumed(stream) {
   stream.resuming = false;
-  const note = document.createElement("div");
-  note.className = "moved";
-  note.textContent = "the connection dropped mid-reply and it resumed; nothing was lost";
-  stream.view.root.insertBefore(note, stream.view.meta);
-  stream.message.moved = note.textContent;
+  stream.message.moved = "the connection dropped mid-reply and it resumed; nothing was lost";
+  note(stream.view, "moved", stream.message.moved);
 }
 
 function scheduleReconnect(reason) {
@@ -177,11 +200,8 @@ function onFrame(frame) {
     stream.view.meta.textContent = `queued: #${frame.position + 1} in line (the pool is scaling up${eta})`;
   } else if (frame.type === "start") {
     if (stream.agent && stream.agent !== frame.agent) {
-      const moved = document.createElement("div");
-      moved.className = "moved";
-      moved.textContent = `moved from ${stream.agent} to ${frame.agent} mid-reply; nothing was lost`;
-      stream.view.root.insertBefore(moved, stream.view.meta);
-      stream.message.moved = moved.textContent;
+      stream.message.moved = `moved from ${stream.agent} to ${frame.agent} mid-reply; nothing was lost`;
+      note(stream.view, "moved", stream.message.moved);
     }
     stream.agent = frame.agent;
     stream.engine = frame.engine;
@@ -192,8 +212,7 @@ function onFrame(frame) {
     stream.tokens += frame.n;
     stream.ids.push(...frame.ids);
     stream.message.content += frame.text;
-    renderMarkdown(stream.view.body, stream.message.content);
-    scrollIfFollowing();
+    stream.view.body.set(stream.message.content); // rendered on the next frame
   } else if (frame.type === "done") {
     if (stream.resuming) sayResumed(stream);
     finishStream(frame);
@@ -219,71 +238,138 @@ function describeError(frame) {
 
 function finishStream(done) {
   const stream = state.streaming;
+  const { message } = stream;
   const seconds = (performance.now() - (stream.firstAt ?? stream.started)) / 1000;
   const ttft = ((stream.firstAt ?? performance.now()) - stream.started) / 1000;
   const rate = stream.tokens > 1 && seconds > 0 ? (stream.tokens - 1) / seconds : 0;
   const engine = stream.engine === "synthetic" ? " (synthetic engine)" : "";
-  const stopped = done.finish_reason === "cancelled" ? " · stopped" : "";
-  stream.message.meta =
+  const ending = { cancelled: " · stopped", length: " · cut at the token limit" }[done.finish_reason] ?? "";
+  message.meta =
     `${stream.agent ?? "?"}${engine} · TTFT ${ttft.toFixed(2)} s · ` +
-    `${rate.toFixed(1)} tokens/s · ${done.usage.completion_tokens} tokens${stopped}`;
-  stream.view.meta.textContent = stream.message.meta;
+    `${rate.toFixed(1)} tokens/s · ${stream.ids.length} tokens${ending}`;
+  message.finish = done.finish_reason;
+  learnReplyCount(message, stream.ids.length);
+  // The ids go on with "Continue" (a resume: the model carries on exactly where it stopped).
+  if (done.finish_reason === "length") message.ids = stream.ids;
+  else delete message.ids;
+  stream.view.meta.textContent = message.meta;
   endStream();
 }
 
 function failStream(text) {
   const stream = state.streaming;
   stream.message.error = text;
+  // A continuation that failed can be continued again from what it got.
+  if (stream.continuedFrom > 0) stream.message.ids = stream.ids;
   stream.view.meta.textContent = "";
   stream.view.meta.append(errorNode(text));
   endStream();
 }
 
 function endStream() {
+  const stream = state.streaming;
+  stream.view.body.flush();
   state.streaming = null;
   $("stop").hidden = true;
   $("send").hidden = false;
-  saveChats();
+  save(stream.chat);
+  renderActions();
 }
 
 // --- sending ----------------------------------------------------------------------------
 
-async function send(text) {
+async function ready() {
   // Sent while the token is being renewed, a request would go out under the old one (which
   // may have just expired: a machine that slept, a slow network); the new one comes first.
   if (state.refreshing) await state.refreshing;
   if (!state.ws || state.ws.readyState !== WebSocket.OPEN) {
     notify("Not connected yet; wait a moment and send again.");
-    return;
+    return false;
   }
-  if (state.streaming) return;
-  const chat = state.current ?? newChat();
-  chat.messages.push({ role: "user", content: text });
-  if (chat.title === "New chat") chat.title = text.slice(0, 40);
+  // A model scaling from zero has no context length until an agent says: ask again.
+  if (state.models.get($("model").value) == null) await loadModels();
+  return !state.streaming;
+}
+
+async function send(text) {
+  if (!(await ready())) return;
+  const chat = state.current ?? newChat($("system").value);
+  const question = { role: "user", content: text };
   const reply = { role: "assistant", content: "" };
-  const history = chat.messages.map(({ role, content }) => ({ role, content }));
-  chat.messages.push(reply);
+  chat.messages.push(question, reply);
+  if (chat.title === "New chat") chat.title = text.replace(/\s+/g, " ").trim().slice(0, 40);
   renderChats();
-  renderMessages();
+  state.followScroll = true; // what was just sent, and its reply, come into view
+  appendMessages(question, reply);
+  generate(chat, reply);
+}
+
+/** Ask for `reply` again: the same conversation up to it, a fresh answer. */
+async function regenerate(chat, reply) {
+  if (!(await ready())) return;
+  for (const field of ["content", "meta", "error", "moved", "trimmed", "finish", "ids", "tokens"]) {
+    delete reply[field];
+  }
+  reply.content = "";
+  const old = reply.view.root;
+  old.replaceWith(messageView(reply));
+  generate(chat, reply);
+}
+
+/** Let a reply cut at the token limit go on: a resume from the ids it came as. */
+async function continueReply(chat, reply) {
+  if (!(await ready())) return;
+  delete reply.error;
+  reply.view.meta.textContent = "";
+  generate(chat, reply, reply.ids ?? []);
+}
+
+function generate(chat, reply, continuing = []) {
+  const model = $("model").value;
+  const maxModelLen = state.models.get(model) ?? null;
+  const maxTokens = Number($("max-tokens").value) || 256;
+  const history = chat.messages.slice(0, chat.messages.indexOf(reply));
+  if (chat.countsModel !== model) {
+    // Replies' token counts from another model (another tokenizer) do not hold for this one.
+    for (const message of chat.messages) delete message.tokens;
+    chat.countsModel = model;
+  }
+  chat.system = $("system").value;
+  const system = chat.system ? { role: "system", content: chat.system } : null;
+  const completionTokens = continuing.length + maxTokens;
+  const fit = fitContext({ system, history, maxModelLen, completionTokens });
+  reply.trimmed = fit.dropped
+    ? `The oldest ${fit.dropped} message${fit.dropped > 1 ? "s were" : " was"} left out to fit ` +
+      `${model}'s context of ${maxModelLen} tokens (this prompt: at most about ${fit.tokens}).`
+    : undefined;
+  note(reply.view, "trimmed", reply.trimmed);
+  chat.updated = Date.now();
+  if (state.chats[0] !== chat) {
+    state.chats = [chat, ...state.chats.filter((other) => other !== chat)]; // most recent first
+    renderChats();
+  }
   const id = crypto.randomUUID();
   // Token ids come with the text (`want_ids`): what the page holds resumes a dropped stream.
   const request = {
     type: "generate",
     id,
-    model: $("model").value,
-    messages: history,
-    max_tokens: Number($("max-tokens").value) || 256,
+    model,
+    messages: fit.messages.map(({ role, content }) => ({ role, content })),
+    max_tokens: completionTokens,
     temperature: Number($("temperature").value),
     session: chat.session,
     want_ids: true,
   };
-  state.streaming = {
-    id, chat, request, message: reply, view: reply.view, started: performance.now(), tokens: 0,
-    agent: null, ids: [], interrupted: false,
+  const stream = {
+    id, chat, request, message: reply, view: reply.view,
+    started: performance.now(), tokens: 0, agent: null, ids: [...continuing],
+    continuedFrom: continuing.length, interrupted: false,
   };
+  state.streaming = stream;
   $("stop").hidden = false;
   $("send").hidden = true;
-  state.ws.send(JSON.stringify(request));
+  renderActions();
+  state.ws.send(JSON.stringify(resumeRequest(stream)));
 }
 
 function stop() {
@@ -298,119 +384,239 @@ function stop() {
 
 // --- conversations ----------------------------------------------------------------------
 
-function newChat() {
-  const chat = { id: crypto.randomUUID(), session: crypto.randomUUID(), title: "New chat", messages: [] };
+function newChat(system = "") {
+  const now = Date.now();
+  const chat = {
+    id: crypto.randomUUID(), session: crypto.randomUUID(), title: "New chat",
+    system, created: now, updated: now, messages: [],
+  };
   state.chats.unshift(chat);
   state.current = chat;
-  saveChats();
+  save(chat);
   renderChats();
   renderMessages();
   return chat;
 }
 
-function saveChats() {
-  const plain = state.chats.map((chat) => ({
-    ...chat,
-    messages: chat.messages.map(({ view, ...message }) => message),
-  }));
-  localStorage.setItem(CHATS_STORAGE, JSON.stringify(plain));
+function save(chat) {
+  state.store?.put(chat).catch((error) => notify(`Could not save the conversation: ${error.message}`));
+}
+
+function openChat(chat) {
+  if (state.streaming) return;
+  state.current = chat;
+  document.body.classList.remove("sidebar-open");
+  renderChats();
+  renderMessages();
+}
+
+function renameChat(chat, item) {
+  const input = document.createElement("input");
+  input.className = "rename-input";
+  input.value = chat.title;
+  input.setAttribute("aria-label", "Conversation title");
+  let finished = false;
+  const finish = (keep) => {
+    if (finished) return;
+    finished = true;
+    if (keep && input.value.trim()) {
+      chat.title = input.value.trim().slice(0, 200);
+      save(chat);
+    }
+    renderChats();
+    document.querySelector(`#chats [data-id="${CSS.escape(chat.id)}"] .rename`)?.focus();
+  };
+  input.addEventListener("keydown", (event) => {
+    if (event.key === "Enter") {
+      event.preventDefault();
+      finish(true);
+    } else if (event.key === "Escape") {
+      event.preventDefault();
+      event.stopPropagation();
+      finish(false);
+    }
+  });
+  input.addEventListener("blur", () => finish(true));
+  item.querySelector(".open").replaceWith(input);
+  input.focus();
+  input.select();
+}
+
+async function deleteChat(chat) {
+  if (state.streaming?.chat === chat) return;
+  if (!confirm(`Delete the conversation “${chat.title}”?`)) return;
+  try {
+    await state.store?.delete(chat.id);
+  } catch (error) {
+    notify(`Could not delete the conversation: ${error.message}`);
+    return;
+  }
+  state.chats = state.chats.filter((other) => other !== chat);
+  if (state.current === chat) {
+    state.current = state.chats[0] ?? null;
+    renderMessages();
+  }
+  renderChats();
+  $("new-chat").focus();
+}
+
+function matches(chat, query) {
+  if (!query) return true;
+  const has = (text) => (text ?? "").toLowerCase().includes(query);
+  return has(chat.title) || has(chat.system) || chat.messages.some((message) => has(message.content));
 }
 
 function renderChats() {
-  $("chats").replaceChildren(...state.chats.map((chat) => {
+  const query = $("search").value.trim().toLowerCase();
+  const shown = state.chats.filter((chat) => matches(chat, query));
+  $("chats").replaceChildren(...shown.map((chat) => {
     const item = document.createElement("li");
-    item.textContent = chat.title;
+    item.dataset.id = chat.id;
     item.setAttribute("aria-current", String(chat === state.current));
-    item.tabIndex = 0;
-    item.onclick = item.onkeydown = (event) => {
-      if (event.type === "keydown" && event.key !== "Enter") return;
-      if (state.streaming) return;
-      state.current = chat;
-      document.body.classList.remove("sidebar-open");
-      renderChats();
-      renderMessages();
-    };
+    const open = button("open", chat.title, () => openChat(chat));
+    open.title = chat.title;
+    const rename = button("rename", "✎", () => renameChat(chat, item));
+    rename.setAttribute("aria-label", `Rename “${chat.title}”`);
+    rename.title = "Rename";
+    const remove = button("delete", "✕", () => deleteChat(chat));
+    remove.setAttribute("aria-label", `Delete “${chat.title}”`);
+    remove.title = "Delete";
+    item.append(open, rename, remove);
     return item;
   }));
+  $("no-match").hidden = !query || shown.length > 0;
 }
 
+function exportChats() {
+  const blob = new Blob([exportText(state.chats)], { type: "application/json" });
+  const link = document.createElement("a");
+  link.href = URL.createObjectURL(blob);
+  link.download = `spotgate-chats-${new Date().toISOString().slice(0, 10)}.json`;
+  link.click();
+  setTimeout(() => URL.revokeObjectURL(link.href), 10000);
+}
+
+async function importChats(file) {
+  if (state.streaming) {
+    notify("A reply is streaming: import once it ends.");
+    return;
+  }
+  let chats;
+  try {
+    chats = parseImport(await file.text());
+  } catch (error) {
+    if (!(error instanceof ImportError)) throw error;
+    notify(`Could not import ${file.name}: ${error.message}. Nothing was imported.`);
+    return;
+  }
+  try {
+    await state.store?.put(...chats);
+  } catch (error) {
+    notify(`Could not import ${file.name}: ${error.message}`);
+    return;
+  }
+  const imported = new Set(chats.map((chat) => chat.id));
+  state.chats = [...chats, ...state.chats.filter((chat) => !imported.has(chat.id))];
+  state.chats.sort((a, b) => b.updated - a.updated);
+  if (!state.current || imported.has(state.current.id)) state.current = chats[0] ?? state.current;
+  renderChats();
+  renderMessages();
+  notify(`Imported ${chats.length} conversation${chats.length === 1 ? "" : "s"} from ${file.name}.`, "info");
+}
+
+// --- messages ---------------------------------------------------------------------------
+
 function renderMessages() {
-  const views = (state.current?.messages ?? []).map((message) => {
-    const root = document.createElement("article");
-    root.className = `message ${message.role}`;
-    const body = document.createElement("div");
-    body.className = "body";
-    renderMarkdown(body, message.content);
-    const meta = document.createElement("div");
-    meta.className = "meta";
-    root.append(body);
-    if (message.moved) {
-      const moved = document.createElement("div");
-      moved.className = "moved";
-      moved.textContent = message.moved;
-      root.append(moved);
-    }
-    root.append(meta);
-    if (message.error) meta.append(errorNode(message.error));
-    else if (message.meta) meta.textContent = message.meta;
-    message.view = { root, body, meta };
-    return root;
-  });
-  $("messages").replaceChildren(...views);
+  $("system").value = state.current?.system ?? "";
+  if (state.current?.system) $("system-panel").open = true;
+  $("messages").replaceChildren(...(state.current?.messages ?? []).map(messageView));
+  renderActions();
   state.followScroll = true; // a freshly shown conversation opens at its end
   state.autoScrolledTo = 0;
   scrollIfFollowing();
 }
 
-// --- rendering (text nodes only) ---------------------------------------------------------
+/** Show messages added at the end of the conversation (the rest stays as it is). */
+function appendMessages(...messages) {
+  $("messages").append(...messages.map(messageView));
+  renderActions();
+  scrollIfFollowing();
+}
 
-function renderMarkdown(container, text) {
-  const nodes = [];
-  const fence = /```([^\n`]*)\n([\s\S]*?)(?:```|$)/g;
-  let last = 0;
-  for (const match of text.matchAll(fence)) {
-    nodes.push(...paragraphs(text.slice(last, match.index)));
-    nodes.push(codeBlock(match[2], match[1].trim()));
-    last = match.index + match[0].length;
+function messageView(message) {
+  const root = document.createElement("article");
+  root.className = `message ${message.role}`;
+  const bodyNode = document.createElement("div");
+  bodyNode.className = "body";
+  const meta = document.createElement("div");
+  meta.className = "meta";
+  const actions = document.createElement("div");
+  actions.className = "actions";
+  root.append(bodyNode, meta, actions);
+  const view = { root, meta, actions };
+  if (message.role === "assistant") {
+    view.body = state.renderer.view(bodyNode);
+    if (message.content) {
+      view.body.set(message.content);
+      view.body.flush();
+    }
+    view.body.onRender = scrollIfFollowing;
+  } else {
+    bodyNode.classList.add("plain");
+    bodyNode.textContent = message.content;
   }
-  nodes.push(...paragraphs(text.slice(last)));
-  container.replaceChildren(...nodes);
+  message.view = view;
+  if (message.moved) note(view, "moved", message.moved);
+  if (message.trimmed) note(view, "trimmed", message.trimmed);
+  if (message.error) meta.append(errorNode(message.error));
+  else if (message.meta) meta.textContent = message.meta;
+  return root;
 }
 
-function paragraphs(text) {
-  return text.split(/\n{2,}/).filter((part) => part.trim()).map((part) => {
-    const p = document.createElement("p");
-    part.split(/(`[^`\n]+`)/).forEach((piece, index) => {
-      if (index % 2 === 1) {
-        const code = document.createElement("code");
-        code.textContent = piece.slice(1, -1);
-        p.append(code);
-      } else {
-        p.append(document.createTextNode(piece));
+/** The buttons under each reply: copy it; regenerate or continue the last one. */
+function renderActions() {
+  const chat = state.current;
+  const messages = chat?.messages ?? [];
+  const last = messages.at(-1);
+  for (const message of messages) {
+    if (message.role !== "assistant" || !message.view) continue;
+    const streaming = state.streaming?.message === message;
+    const buttons = [];
+    if (!streaming && message.content) {
+      buttons.push(copyButton(() => message.content, "Copy reply"));
+      buttons.at(-1).className = "copy-reply";
+    }
+    if (!streaming && !state.streaming && message === last) {
+      if (message.finish === "length" && message.ids?.length) {
+        buttons.push(button("continue", "Continue", () => continueReply(chat, message)));
       }
-    });
-    return p;
-  });
+      buttons.push(button("regenerate", "Regenerate", () => regenerate(chat, message)));
+    }
+    message.view.actions.replaceChildren(...buttons);
+  }
 }
 
-function codeBlock(source, language) {
-  const wrapper = document.createElement("div");
-  wrapper.className = "code";
-  const pre = document.createElement("pre");
-  const code = document.createElement("code");
-  if (language) code.dataset.language = language;
-  code.textContent = source;
-  pre.append(code);
-  const copy = document.createElement("button");
-  copy.type = "button";
-  copy.className = "copy";
-  copy.textContent = "Copy";
-  copy.onclick = async () => {
-    await navigator.clipboard?.writeText(source);
-    copy.textContent = "Copied";
-  };
-  wrapper.append(pre, copy);
-  return wrapper;
+function note(view, kind, text) {
+  let node = view.root.querySelector(`:scope > .${kind}`);
+  if (!text) {
+    node?.remove();
+    return;
+  }
+  if (!node) {
+    node = document.createElement("div");
+    node.className = kind;
+    view.root.insertBefore(node, view.meta);
+  }
+  node.textContent = text;
+}
+
+function button(className, text, onclick) {
+  const node = document.createElement("button");
+  node.type = "button";
+  node.className = className;
+  node.textContent = text;
+  node.onclick = onclick;
+  return node;
 }
 
 function errorNode(text) {
@@ -420,8 +626,10 @@ function errorNode(text) {
   return node;
 }
 
-function notify(text) {
+function notify(text, kind = "error") {
   $("notice").textContent = text;
+  $("notice").className = kind;
+  $("notice").setAttribute("role", kind === "error" ? "alert" : "status");
   $("notice").hidden = false;
 }
 
@@ -458,8 +666,27 @@ $("prompt").addEventListener("keydown", (event) => {
     $("composer").requestSubmit();
   }
 });
+document.addEventListener("keydown", (event) => {
+  if (event.key === "Escape" && state.streaming) {
+    event.preventDefault();
+    stop();
+  }
+});
 $("stop").addEventListener("click", stop);
 $("new-chat").addEventListener("click", () => !state.streaming && newChat());
+$("search").addEventListener("input", renderChats);
+$("system").addEventListener("change", () => {
+  if (!state.current || state.current.system === $("system").value) return;
+  state.current.system = $("system").value;
+  save(state.current);
+});
+$("export").addEventListener("click", exportChats);
+$("import").addEventListener("click", () => $("import-file").click());
+$("import-file").addEventListener("change", async () => {
+  const [file] = $("import-file").files;
+  $("import-file").value = "";
+  if (file) await importChats(file);
+});
 $("toggle-sidebar").addEventListener("click", () => document.body.classList.toggle("sidebar-open"));
 $("key-form").addEventListener("submit", (event) => {
   event.preventDefault();
@@ -480,6 +707,4 @@ $("forget-key").addEventListener("click", () => {
   showKeyPanel();
 });
 
-state.current = state.chats[0] ?? null;
-renderMessages();
 start();

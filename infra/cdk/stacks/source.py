@@ -31,6 +31,8 @@ SOURCE_PATTERNS: tuple[str, ...] = (
     *(f"!{name}" for name in _PACKAGE_FILES),
     "**/__pycache__",
     "**/*.pyc",
+    # The chat page's libraries as fetched here: the image fetches and checks its own.
+    "gateway/static/vendor",
 )
 IMAGE_PATTERNS: tuple[str, ...] = (*SOURCE_PATTERNS, f"!{DOCKERFILE}")
 AGENT_IMAGE_PATTERNS: tuple[str, ...] = (*SOURCE_PATTERNS, f"!{AGENT_DOCKERFILE}")
