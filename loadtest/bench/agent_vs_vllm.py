@@ -20,7 +20,6 @@ import argparse
 import asyncio
 import contextlib
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,6 +37,7 @@ from loadtest.bench.harness import (
     print_log_tails,
     spawn,
     spawn_service,
+    stop_servers,
     timed_run,
     wait_ready,
 )
@@ -114,13 +114,7 @@ def _servers(model: Path, logs: Path) -> Iterator[tuple[Server, Server]]:
             started.append(_start_vllm_serve(model, logs / "vllm-serve.log"))
             yield started[0], started[1]
         finally:
-            for server in started:
-                server.process.terminate()
-            for server in started:
-                try:
-                    server.process.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    server.process.kill()
+            stop_servers(started)
 
 
 async def _create_tables(aws: SharedSettings) -> None:

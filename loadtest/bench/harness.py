@@ -14,10 +14,10 @@ import socket
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from subprocess import STDOUT, Popen
+from subprocess import STDOUT, Popen, TimeoutExpired
 from typing import Any, Literal
 
 import aiohttp
@@ -52,6 +52,21 @@ class Server:
         """User plus system CPU time the server process has used so far."""
         fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS_PER_SECOND
+
+
+SERVER_STOP_SECONDS = 30.0
+
+
+def stop_servers(servers: Iterable[Server]) -> None:
+    """Ask every server to stop, then wait for each (killing one that outlasts the grace)."""
+    servers = list(servers)
+    for server in servers:
+        server.process.terminate()
+    for server in servers:
+        try:
+            server.process.wait(timeout=SERVER_STOP_SECONDS)
+        except TimeoutExpired:
+            server.process.kill()
 
 
 def print_log_tails(logs: Path, lines: int = 30) -> None:

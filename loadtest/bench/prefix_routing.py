@@ -26,7 +26,6 @@ import contextlib
 import os
 import random
 import secrets
-import subprocess
 import sys
 import tempfile
 import time
@@ -46,6 +45,7 @@ from loadtest.bench.harness import (
     metrics_text,
     print_log_tails,
     spawn_service,
+    stop_servers,
     stream_chat,
     wait_ready,
 )
@@ -543,13 +543,7 @@ def _stack(
             started += gateways.values()
             yield gateways, agents
         finally:
-            for server in started:
-                server.process.terminate()
-            for server in started:
-                try:
-                    server.process.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    server.process.kill()
+            stop_servers(started)
 
 
 async def _prepare(aws: SharedSettings) -> str:
