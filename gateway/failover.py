@@ -27,6 +27,8 @@ The rules (DESIGN.md §4):
 - A client may send `resume` itself, to continue through this gateway a stream it holds part
   of (its gateway went away): the stream starts as one that has those tokens, and its first
   agent continues after them, as after a move.
+- A client that asked for token ids gets with each delta a receipt for every id it holds
+  (gateway/receipts.py), which its own `resume` brings back.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+from gateway.receipts import ReceiptChain
 from spotgate.admission import unknown_model
 from spotgate.protocol import (
     DeltaFrame,
@@ -122,6 +125,7 @@ class Failover:
     placements: int = 0  # agent streams opened
     serving: str | None = None  # the agent whose stream is open, until it ends
     announced_agent: str | None = None  # the agent the client's last `start` named
+    receipts: ReceiptChain | None = None  # receipts for the ids the client holds
 
     @classmethod
     def begin(
@@ -132,9 +136,12 @@ class Failover:
         now: float,
         monotonic: float,
         outcome: RelayOutcome | None = None,
+        receipts: ReceiptChain | None = None,
     ) -> Failover:
         """A stream that has just arrived (with `resume`: one the client holds part of)."""
         held = request.resume
+        if receipts is not None and held is not None:
+            receipts.extend(held.token_ids)
         return cls(
             request=request,
             deadline_seconds=deadline_seconds,
@@ -143,6 +150,7 @@ class Failover:
             outcome=outcome if outcome is not None else RelayOutcome(),
             ids=list(held.token_ids) if held is not None else [],
             text=[held.text] if held is not None else [],
+            receipts=receipts,
         )
 
     @property
@@ -251,6 +259,10 @@ class Failover:
         self.ids.extend(delta.ids or ())
         self.text.append(delta.text)
         outcome.relayed_tokens += delta.n
+        receipt = None
+        if self.receipts is not None and self.request.want_ids:
+            self.receipts.extend(delta.ids or ())
+            receipt = self.receipts.receipt()
         return DeltaFrame(
             id=self.request.id,
             text=delta.text,
@@ -258,6 +270,7 @@ class Failover:
             ids=delta.ids if self.request.want_ids else None,
             logprobs=delta.logprobs,
             content=delta.content,
+            receipt=receipt,
         )
 
     def on_done(self, done: DoneFrame, *, monotonic: float) -> DoneFrame:

@@ -20,6 +20,7 @@ from collections.abc import AsyncGenerator, Callable
 from gateway.agent_link import AgentLink, LinkLost, LinkUnavailable, StreamStalled
 from gateway.dispatch import Dispatcher, NoCapacity, Queued, QueueFull, UnknownModel
 from gateway.failover import Failover, GiveUp, RelayOutcome, Unplaced, WaitForRoom
+from gateway.receipts import ReceiptChain
 from gateway.router import Candidate
 from spotgate.logging import get_logger
 from spotgate.protocol import (
@@ -46,14 +47,19 @@ async def relay_stream(
     deadline_seconds: float,
     stall_seconds: float,
     outcome: RelayOutcome,
+    receipts: ReceiptChain | None = None,
 ) -> AsyncGenerator[ClientFrame, None]:
-    """Frames for the client, in its own stream id, from whichever agents serve it."""
+    """Frames for the client, in its own stream id, from whichever agents serve it.
+
+    With `receipts`, each delta carries the receipt of every id the client then holds.
+    """
     stream = Failover.begin(
         frame,
         deadline_seconds=deadline_seconds,
         now=time.time(),
         monotonic=time.monotonic(),
         outcome=outcome,
+        receipts=receipts,
     )
     # Hashed once: a moved stream's prompt is the same, and goes where it is most likely cached.
     prefix = dispatcher.prompt_prefix(frame)

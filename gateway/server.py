@@ -23,6 +23,7 @@ from gateway.demand import Published, current_demand, rows_due
 from gateway.dispatch import Dispatcher
 from gateway.limits import LimitStore
 from gateway.metrics import GatewayMetrics
+from gateway.receipts import ReceiptSigner
 from gateway.routes.chat_page import setup_chat_page
 from gateway.routes.health import setup_health
 from gateway.routes.openai_compat import setup_openai_compat
@@ -142,6 +143,7 @@ def create_app(
                 metrics=metrics,
                 limits=LimitStore(settings, metrics, shared),
                 usage=UsageMeter(metrics),
+                receipts=ReceiptSigner(ring),
             )
             app[STATE] = state
             tasks = [

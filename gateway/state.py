@@ -16,6 +16,7 @@ from gateway.auth import Authenticator
 from gateway.dispatch import Dispatcher
 from gateway.limits import LimitStore
 from gateway.metrics import GatewayMetrics
+from gateway.receipts import ReceiptSigner
 from gateway.usage import UsageMeter
 from spotgate.registry import Registry
 from spotgate.settings import TOKEN_TTL_MAX_SECONDS, GatewaySettings
@@ -60,6 +61,8 @@ class GatewayState:
     limits: LimitStore
     # Tokens and streams per key, model and minute, not yet added to the `usage` table.
     usage: UsageMeter
+    # Receipts for the token ids clients hold, which their resumes bring back.
+    receipts: ReceiptSigner
     links: dict[str, AgentLink] = field(default_factory=dict)
     sockets: set[FrameSocket] = field(default_factory=set)
     active_streams: int = 0

@@ -17,7 +17,12 @@ from gateway.auth import Principal
 from gateway.ratelimit import prompt_tokens_estimate
 from gateway.relay import ClientFrame, RelayOutcome, relay_stream
 from gateway.state import GatewayState
-from spotgate.admission import GatewayConditions, Refusal, gateway_refusal
+from spotgate.admission import (
+    GatewayConditions,
+    Refusal,
+    charged_resume_tokens,
+    gateway_refusal,
+)
 from spotgate.logging import bound_context
 from spotgate.protocol import DoneFrame, ErrorCode, ErrorFrame, GenerateFrame, Usage
 from spotgate.wsserver import Send
@@ -34,6 +39,11 @@ class RelayHandle:
         self.task.cancel()
 
 
+def resume_delivered(state: GatewayState, frame: GenerateFrame, principal: Principal) -> bool:
+    """Whether the stream's `resume` is what the deployment delivered to the key (receipts)."""
+    return state.receipts.delivered(principal.key_id, frame)
+
+
 def stream_refusal(
     state: GatewayState, frame: GenerateFrame, principal: Principal
 ) -> Refusal | None:
@@ -44,6 +54,7 @@ def stream_refusal(
         max_prompt_chars=state.settings.limits.max_prompt_chars,
         context=dispatcher.view.context_limits(frame.model),
         model_known=dispatcher.knows(frame.model),
+        resume_delivered=resume_delivered(state, frame, principal),
     )
     return gateway_refusal(frame, principal.grant, conditions, state.clock())
 
@@ -59,11 +70,13 @@ async def admitted_frames(
         state.metrics.rejections.labels(reason="unauthorized").inc()
         yield ErrorFrame(id=frame.id, code=ErrorCode.UNAUTHORIZED, message=revoked)
         return
+    # A resume the deployment did not deliver to this key is prompt the client wrote.
+    resumed_prompt_tokens = charged_resume_tokens(frame, resume_delivered(state, frame, principal))
     admission = await state.limits.admit(
         principal.key_id,
         principal.limits,
         state.clock(),
-        prompt_tokens_estimate(frame.prompt_chars()),
+        prompt_tokens_estimate(frame.prompt_chars()) + resumed_prompt_tokens,
     )
     decision = admission.decision
     if not decision.admitted:
@@ -87,6 +100,7 @@ async def admitted_frames(
                 deadline_seconds=state.settings.queue.deadline_seconds,
                 stall_seconds=state.settings.queue.stall_seconds,
                 outcome=outcome,
+                receipts=state.receipts.chain(principal.key_id, frame) if frame.want_ids else None,
             )
             async with aclosing(frames) as relayed:
                 async for out in relayed:
@@ -95,15 +109,18 @@ async def admitted_frames(
         state.metrics.active_streams.dec()
         state.metrics.record(outcome)
         # What the client received, at least: a stream cut short may end without a count. A
-        # stream the client resumed here counts the tokens it brought: they were charged
-        # where it got them.
+        # stream the client resumed here counts the tokens it brought: delivered ones were
+        # charged where it got them, any others are charged as prompt below.
         brought = len(frame.resume.token_ids) if frame.resume is not None else 0
         completion_tokens = max(outcome.completion_tokens - brought, outcome.relayed_tokens)
         # Replaces the prompt's estimate charged at admission: a stream no agent took (no
         # prefill) gets it back.
-        used = outcome.prompt_tokens + completion_tokens
+        prompt_tokens = outcome.prompt_tokens + (
+            resumed_prompt_tokens if outcome.prompt_tokens else 0
+        )
+        used = prompt_tokens + completion_tokens
         state.usage.record(
-            principal.key_id, frame.model, outcome.prompt_tokens, completion_tokens, state.clock()
+            principal.key_id, frame.model, prompt_tokens, completion_tokens, state.clock()
         )
         try:
             await state.limits.finish(admission, used, state.clock())

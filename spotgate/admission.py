@@ -46,6 +46,9 @@ class GatewayConditions:
     max_prompt_chars: int
     context: ContextLimits | None  # the most the model's agents hold; None: none has said
     model_known: bool = True  # configured, or served by an agent in the registry
+    resume_delivered: bool = False
+    """The stream's `resume` holds only what this deployment delivered to the key (its
+    receipt checks out); any other resume is charged, and limited, as prompt."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +106,30 @@ def prompt_refusal(frame: GenerateFrame, max_prompt_chars: int) -> Refusal | Non
     return None
 
 
+def charged_resume_tokens(frame: GenerateFrame, delivered: bool) -> int:
+    """Resumed tokens charged as prompt: all of a resume the deployment did not deliver."""
+    if frame.resume is None or delivered:
+        return 0
+    return len(frame.resume.token_ids)
+
+
+def charged_resume_refusal(
+    frame: GenerateFrame, delivered: bool, max_prompt_chars: int
+) -> Refusal | None:
+    """Refused when a resume charged as prompt takes the prompt past `max_prompt_chars`."""
+    if frame.resume is None or delivered:
+        return None
+    chars = frame.prompt_chars() + len(frame.resume.text)
+    if chars > max_prompt_chars:
+        return Refusal(
+            ErrorCode.INVALID_REQUEST,
+            f"prompt of {chars} characters, with the resume's text (which this deployment did "
+            f"not deliver to this key), exceeds the limit of {max_prompt_chars}",
+            param="resume",
+        )
+    return None
+
+
 def gateway_refusal(
     frame: GenerateFrame, grant: Grant, gateway: GatewayConditions, now: float
 ) -> Refusal | None:
@@ -113,6 +140,7 @@ def gateway_refusal(
         expiry_refusal(grant, now)
         or grant_refusal(frame, grant)
         or prompt_refusal(frame, gateway.max_prompt_chars)
+        or charged_resume_refusal(frame, gateway.resume_delivered, gateway.max_prompt_chars)
     )
     if refusal is not None:
         return refusal

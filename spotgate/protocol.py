@@ -28,6 +28,8 @@ from spotgate.settings import DEFAULT_MAX_FRAME_BYTES, MAX_REQUEST_BYTES
 PROTOCOL_VERSION = "spotgate.v1"
 MAX_STREAM_ID_CHARS = 128
 MAX_TOKEN_ID = 2**31 - 1
+RECEIPT_MAX_CHARS = 160
+"""A resume receipt is a version, a key thumbprint and a MAC: anything longer is forged."""
 MAX_SEED = 2**63 - 1
 MAX_STOP_SEQUENCES = 16
 MAX_TOP_LOGPROBS = 20
@@ -180,6 +182,9 @@ class Resume(_Strict):
     token_ids: list[TokenId]
     text: str
     completion_tokens: Count
+    # The last `receipt` of the deltas that brought these ids (a client's resume): with it,
+    # ids the deployment delivered to this key are not charged again; without, as prompt.
+    receipt: Annotated[str, StringConstraints(max_length=RECEIPT_MAX_CHARS)] | None = None
 
     @model_validator(mode="after")
     def _count_matches_ids(self) -> Self:
@@ -344,6 +349,8 @@ class DeltaFrame(_Strict):
     ids: list[TokenId] | None = None
     logprobs: list[TokenLogprob] | None = None
     content: str | None = None
+    # With `ids`, from a gateway: proof that it delivered every id so far, for `resume`.
+    receipt: str | None = None
 
     @model_validator(mode="after")
     def _ids_match_count(self) -> Self:

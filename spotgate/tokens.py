@@ -274,6 +274,10 @@ class KeyRing:
             raise LookupError("this key ring holds no private key")
         return self._signing[-1]
 
+    def private_key(self, kid: str) -> SigningKey | None:
+        """The private key named `kid`, if the ring holds it."""
+        return next((key for key in self._signing if key.kid == kid), None)
+
     def rotate(self, key: SigningKey) -> None:
         """Make `key` the signing key; older keys still verify until removed."""
         self._signing.append(key)

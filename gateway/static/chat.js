@@ -137,6 +137,8 @@ function resumeRequest(stream) {
     token_ids: stream.ids,
     text: stream.message.content,
     completion_tokens: stream.ids.length,
+    // Proof the gateway delivered these ids: without it they are charged again, as prompt.
+    receipt: stream.receipt,
   };
   return stream.ids.length ? { ...stream.request, resume } : { ...stream.request, resume: undefined };
 }
@@ -211,6 +213,7 @@ function onFrame(frame) {
     stream.firstAt ??= performance.now();
     stream.tokens += frame.n;
     stream.ids.push(...frame.ids);
+    if (frame.receipt) stream.receipt = frame.receipt;
     stream.message.content += frame.text;
     stream.view.body.set(stream.message.content); // rendered on the next frame
   } else if (frame.type === "done") {
@@ -250,8 +253,11 @@ function finishStream(done) {
   message.finish = done.finish_reason;
   learnReplyCount(message, stream.ids.length);
   // The ids go on with "Continue" (a resume: the model carries on exactly where it stopped).
-  if (done.finish_reason === "length") message.ids = stream.ids;
-  else delete message.ids;
+  if (done.finish_reason === "length") Object.assign(message, { ids: stream.ids, receipt: stream.receipt });
+  else {
+    delete message.ids;
+    delete message.receipt;
+  }
   stream.view.meta.textContent = message.meta;
   endStream();
 }
@@ -260,7 +266,7 @@ function failStream(text) {
   const stream = state.streaming;
   stream.message.error = text;
   // A continuation that failed can be continued again from what it got.
-  if (stream.continuedFrom > 0) stream.message.ids = stream.ids;
+  if (stream.continuedFrom > 0) Object.assign(stream.message, { ids: stream.ids, receipt: stream.receipt });
   stream.view.meta.textContent = "";
   stream.view.meta.append(errorNode(text));
   endStream();
@@ -307,7 +313,7 @@ async function send(text) {
 /** Ask for `reply` again: the same conversation up to it, a fresh answer. */
 async function regenerate(chat, reply) {
   if (!(await ready())) return;
-  for (const field of ["content", "meta", "error", "moved", "trimmed", "finish", "ids", "tokens"]) {
+  for (const field of ["content", "meta", "error", "moved", "trimmed", "finish", "ids", "receipt", "tokens"]) {
     delete reply[field];
   }
   reply.content = "";
@@ -321,10 +327,10 @@ async function continueReply(chat, reply) {
   if (!(await ready())) return;
   delete reply.error;
   reply.view.meta.textContent = "";
-  generate(chat, reply, reply.ids ?? []);
+  generate(chat, reply, reply.ids ?? [], reply.receipt);
 }
 
-function generate(chat, reply, continuing = []) {
+function generate(chat, reply, continuing = [], receipt = undefined) {
   const model = $("model").value;
   const maxModelLen = state.models.get(model) ?? null;
   const maxTokens = Number($("max-tokens").value) || 256;
@@ -362,7 +368,7 @@ function generate(chat, reply, continuing = []) {
   };
   const stream = {
     id, chat, request, message: reply, view: reply.view,
-    started: performance.now(), tokens: 0, agent: null, ids: [...continuing],
+    started: performance.now(), tokens: 0, agent: null, ids: [...continuing], receipt,
     continuedFrom: continuing.length, interrupted: false,
   };
   state.streaming = stream;

@@ -14,6 +14,7 @@ from loadtest.hostile.key_guessing import key_guessing
 from loadtest.hostile.logs import log_rows
 from loadtest.hostile.origins import dns_rebinding, origins
 from loadtest.hostile.report import Row
+from loadtest.hostile.resume_charges import invented_resumes
 from loadtest.hostile.revocation import disabled_key_on_an_open_socket, streams_ended_early
 from loadtest.hostile.slow_clients import never_reads, slowloris
 from loadtest.hostile.stack import HostileStack
@@ -66,6 +67,7 @@ async def run_battery(
             rows.append(await never_reads("agent", agent, reader_token, stack.pid(stack.agent)))
             rows.append(await disabled_key_on_an_open_socket(stack))
             rows.append(await streams_ended_early(stack))
+            rows.append(await invented_resumes(stack))
             rows.append(await replay_after_rotation(stack))
             rows += log_rows(stack)
         if keep_logs is not None:

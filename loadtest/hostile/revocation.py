@@ -25,7 +25,8 @@ ENDED_EARLY_ROUNDS = 60
 FRAME_TIMEOUT_SECONDS = 10.0
 
 
-async def _connect(stack: HostileStack, key: str) -> websockets.ClientConnection:
+async def connect_with_key(stack: HostileStack, key: str) -> websockets.ClientConnection:
+    """A websocket to the gateway with one of the stack's keys, from an address of its own."""
     return await websockets.connect(
         ws_url(stack.gateway_url),
         additional_headers={"Authorization": f"Bearer {stack.keys[key].api_key}"},
@@ -41,7 +42,7 @@ async def _frame(ws: websockets.ClientConnection) -> dict[str, Any]:
     return frame
 
 
-async def _stream_end(ws: websockets.ClientConnection, stream_id: str) -> dict[str, Any]:
+async def stream_end(ws: websockets.ClientConnection, stream_id: str) -> dict[str, Any]:
     """The frames of one stream, read up to its `done` or `error`; that last frame."""
     while True:
         frame = await _frame(ws)
@@ -55,17 +56,17 @@ async def disabled_key_on_an_open_socket(stack: HostileStack) -> Row:
         "gateway",
         "a key disabled while its websocket stays open: streams sent on it every 0.5 s after",
     )
-    ws = await _connect(stack, "revoked")
+    ws = await connect_with_key(stack, "revoked")
     try:
         await ws.send(generate_frame("before"))
-        before = await _stream_end(ws, "before")
+        before = await stream_end(ws, "before")
         row.record(f"before: {before['type']}", None if before["type"] == "done" else str(before))
         async with Registry.open(stack.emulator.settings()) as registry:
             await registry.disable_key(stack.keys["revoked"].record.key_id)
         disabled_at = time.monotonic()
         for attempt in range(int((KEY_CACHE_SECONDS + REVOCATION_SLACK_SECONDS) / 0.5)):
             await ws.send(generate_frame(f"after-{attempt}"))
-            ended = await _stream_end(ws, f"after-{attempt}")
+            ended = await stream_end(ws, f"after-{attempt}")
             if ended["type"] == "error":
                 took = time.monotonic() - disabled_at
                 late = took > KEY_CACHE_SECONDS + REVOCATION_SLACK_SECONDS
@@ -86,7 +87,7 @@ async def disabled_key_on_an_open_socket(stack: HostileStack) -> Row:
 
 async def _ended_early(stack: HostileStack, stream_id: str, how: str) -> tuple[str, int]:
     """Start one stream, end it after its first tokens (`cancel`, or `drop` the socket)."""
-    ws = await _connect(stack, "early")
+    ws = await connect_with_key(stack, "early")
     try:
         await ws.send(generate_frame(stream_id, max_tokens=ENDED_EARLY_MAX_TOKENS))
         while True:
@@ -96,7 +97,7 @@ async def _ended_early(stack: HostileStack, stream_id: str, how: str) -> tuple[s
             if frame["type"] == "delta":
                 if how == "cancel":
                     await ws.send(json.dumps({"type": "cancel", "id": stream_id}))
-                    end = await _stream_end(ws, stream_id)
+                    end = await stream_end(ws, stream_id)
                     return end["type"], frame.get("n", 0)
                 return "dropped", frame.get("n", 0)
     finally:

@@ -32,6 +32,8 @@ FLOOD_MAX_TOKENS = 1_000_000  # the longest reply the battery asks for (never re
 ALLOWED_ORIGIN = "https://chat.example"
 ENDED_EARLY_TPM = 1000
 """The tokens per minute of the key whose streams end early (`revocation`)."""
+INVENTED_RESUME_TPM = 2000
+"""The tokens per minute of the key that resumes streams it made up (`resume_charges`)."""
 
 
 class HostileStack:
@@ -66,9 +68,10 @@ class HostileStack:
         self._http = aiohttp.ClientSession()
         async with Registry.open(self.emulator.settings()) as registry:
             await registry.create_tables()
-            for name in ("fuzz", "reader", "victim", "bystander", "revoked", "early"):
+            tpms = {"early": ENDED_EARLY_TPM, "resumer": INVENTED_RESUME_TPM}
+            for name in ("fuzz", "reader", "victim", "bystander", "revoked", "early", "resumer"):
                 limit = FUZZ_KEY_MAX_TOKENS if name == "fuzz" else None
-                tpm = ENDED_EARLY_TPM if name == "early" else None
+                tpm = tpms.get(name)
                 created = await registry.create_key(name, max_tokens=limit, tpm=tpm)
                 self.keys[name] = created
                 self.secrets.add(created.api_key)

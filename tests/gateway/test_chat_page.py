@@ -29,6 +29,8 @@ from structlog.testing import capture_logs
 import gateway.routes.chat_page as chat_page_module
 from gateway.chat_vendor import DEFAULT_CACHE, LIBRARY_DIR, fetch_libraries, load_manifest
 from gpu_agent.synthetic_engine import SyntheticEngine
+from spotgate.apikeys import parse_api_key
+from spotgate.protocol import GenerateFrame
 from spotgate.registry import Registry
 from spotgate.settings import AgentSettings, SyntheticSettings, TokenSettings
 from spotgate.tokens import SigningKey
@@ -762,7 +764,8 @@ async def test_a_reply_cut_by_a_dropped_socket_resumes_after_reconnecting(
     browser: Browser, gateway: Gateway, gateway_agent: GatewayAgentFactory
 ) -> None:
     await gateway_agent(engine=echo(tokens_per_second=40))
-    page = await open_page(browser, gateway.url)
+    sent: list[dict[str, Any]] = []
+    page = await open_page(browser, gateway.url, sent=sent)
     prompt = "A gateway may go away mid-reply; the page holds what it got and carries on."
     await page.fill("#prompt", prompt)
     await page.press("#prompt", "Enter")
@@ -780,6 +783,14 @@ async def test_a_reply_cut_by_a_dropped_socket_resumes_after_reconnecting(
     assert await reply.inner_text() == prompt  # exact: nothing lost, nothing twice
     assert f"{len(prompt.encode())} tokens" in await meta.inner_text()
     assert await page.locator(".message .error").count() == 0
+    # The page brought back the receipt of what it got: the key is not charged for it again.
+    first, resumed = sent
+    assert "resume" not in first
+    assert resumed["resume"]["receipt"]
+    key = gateway.state.settings.chat_dev_api_key
+    assert key is not None
+    key_id = parse_api_key(key.get_secret_value()).key_id
+    assert gateway.state.receipts.delivered(key_id, GenerateFrame.model_validate(resumed))
 
 
 async def start_trusting_agent(start_agent: AgentFactory, gateway: Gateway) -> None:

@@ -14,6 +14,7 @@ from gateway.failover import (
     Unplaced,
     WaitForRoom,
 )
+from gateway.receipts import ReceiptSigner
 from spotgate.protocol import (
     DeltaFrame,
     DoneFrame,
@@ -26,6 +27,7 @@ from spotgate.protocol import (
     Timings,
     Usage,
 )
+from spotgate.tokens import KeyRing, SigningKey
 
 MODEL = "synth"
 CLIENT_ID = "c1"
@@ -472,3 +474,28 @@ def test_a_stream_a_client_resumes_starts_as_one_that_has_its_tokens() -> None:
     relay(stream, [7], "c")
     moved = place(stream, "b")
     assert moved.resume == Resume(token_ids=[5, 6, 7], text="abc", completion_tokens=3)
+
+
+def test_each_delta_carries_the_receipt_of_every_id_the_client_holds_across_moves() -> None:
+    signer = ReceiptSigner(KeyRing([SigningKey.generate()]))
+    held = Resume(token_ids=[5, 6], text="ab", completion_tokens=2)
+    request = REQUEST.model_copy(update={"want_ids": True, "resume": held})
+    stream = Failover.begin(
+        request,
+        deadline_seconds=DEADLINE_SECONDS,
+        now=ARRIVED,
+        monotonic=STARTED,
+        receipts=signer.chain("key-a", request),
+    )
+    place(stream, "a")
+    relay(stream, [7], "c")
+    end(stream, ErrorCode.INTERRUPTED.value)
+    place(stream, "b")
+    last = relay(stream, [8, 9], "de")
+    assert last.receipt is not None
+    ids = [5, 6, 7, 8, 9]
+    proven = Resume(token_ids=ids, text="abcde", completion_tokens=5, receipt=last.receipt)
+    assert signer.delivered("key-a", request.model_copy(update={"resume": proven}))
+    unasked = arrive()  # a client that did not ask for ids gets no receipts
+    place(unasked, "a")
+    assert relay(unasked, [7], "c").receipt is None

@@ -40,6 +40,7 @@ from tests.support.agents import (
     WedgingEngine,
     expected_text,
     spot_notice,
+    synthetic,
     wait_for,
 )
 from tests.support.metrics import metric_value, scrape
@@ -733,13 +734,18 @@ async def test_a_client_continues_a_stream_it_holds_part_of_through_another_repl
     api_key: CreatedApiKey,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Its first gateway went away: the ids and text it holds continue through another."""
+    """Its first gateway went away: the ids, text and receipt it holds go on through another.
+
+    What the deployment delivered is not charged again; the same ids without their receipt,
+    or under another prompt, are charged as prompt.
+    """
     monkeypatch.setattr("gateway.server.USAGE_FLUSH_SECONDS", 3600)  # its counts stay here
     content, max_tokens = "carry on", 30
     async with replicas(aws, gateway_key, 2, start_agent, models=(MODEL,)) as (first, second):
         request = generate("s", MODEL, content=content, max_tokens=max_tokens, want_ids=True)
         held_ids: list[int] = []
         held_text = ""
+        receipt = None
         async with connect(first.ws_url, api_key.api_key) as ws:
             await send(ws, request)
             while len(held_ids) < 8:
@@ -747,19 +753,41 @@ async def test_a_client_continues_a_stream_it_holds_part_of_through_another_repl
                 if frame["type"] == "delta":
                     held_ids += frame["ids"]
                     held_text += frame["text"]
+                    receipt = frame["receipt"]
         # The socket is gone mid-stream; what the client holds goes to the other gateway.
-        resume = {"token_ids": held_ids, "text": held_text, "completion_tokens": len(held_ids)}
+        resume = {
+            "token_ids": held_ids,
+            "text": held_text,
+            "completion_tokens": len(held_ids),
+            "receipt": receipt,
+        }
+        usage = second.state.usage.pending
         async with connect(second.ws_url, api_key.api_key) as ws:
             frames = (await run_streams(ws, {**request, "resume": resume}))["s"]
+            # The tokens it brought were charged where it got them: here, only the rest.
+            assert sum(c.completion_tokens for c in usage.values()) == max_tokens - len(held_ids)
+            prompt_only = sum(c.prompt_tokens for c in usage.values())
+            usage.clear()
+            unproven = {**resume, "receipt": None}
+            # Without its receipt, or with one for another prompt, it proves nothing.
+            elsewhere = generate("other", MODEL, content="carry in", max_tokens=max_tokens)
+            charged = {}
+            for sent in (
+                {**request, "id": "no-receipt", "resume": unproven},
+                {**elsewhere, "resume": resume},
+            ):
+                charged.update(await run_streams(ws, sent))
+                # It paid for the ids it brought, as prompt.
+                assert sum(c.prompt_tokens for c in usage.values()) == prompt_only + len(held_ids)
+                usage.clear()
             refusals = await run_streams(
                 ws,
                 {**request, "id": "unknown-id", "resume": {**resume, "token_ids": [10**6] * 8}},
                 {**request, "id": "wrong-text", "resume": {**resume, "text": "not what it said"}},
                 {**request, "id": "too-many", "max_tokens": 4, "resume": resume},
             )
-        # The tokens it brought were charged where it got them: here, only the rest.
-        charged = sum(c.completion_tokens for c in second.state.usage.pending.values())
-        assert charged == max_tokens - len(held_ids)
+        for stream in ("no-receipt", "other"):
+            assert charged[stream][-1]["type"] == "done", stream
     assert frames[0]["type"] == "start"
     done = frames[-1]
     assert done["type"] == "done"
@@ -771,3 +799,35 @@ async def test_a_client_continues_a_stream_it_holds_part_of_through_another_repl
         assert (error["type"], error["code"]) == ("error", "invalid_request"), stream
     assert "not a token id of this model" in refusals["unknown-id"][-1]["message"]
     assert "more than the 4 this stream may have" in refusals["too-many"][-1]["message"]
+
+
+async def test_an_invented_resume_is_charged_as_prompt_against_the_keys_tpm(
+    aws: AwsEmulator,
+    gateway_key: SigningKey,
+    start_agent: AgentFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Valid ids and their exact text, never delivered: the key pays for them (tpm, usage)."""
+    monkeypatch.setattr("gateway.server.USAGE_FLUSH_SECONDS", 3600)
+    tpm, invented = 2_000, 2_500
+    async with Registry.open(aws.settings()) as registry:
+        key = await registry.create_key("resumer", tpm=tpm)
+    ids = [index % 30 for index in range(invented)]
+    text = synthetic(20.0, model=MODEL).decode(ids)
+    resume = {"token_ids": ids, "text": text, "completion_tokens": invented}
+    async with replicas(aws, gateway_key, 1, start_agent, models=(MODEL,)) as (gateway,):
+        async with connect(gateway.ws_url, key.api_key) as ws:
+            seen = await run_streams(
+                ws,
+                *(
+                    generate(f"r{n}", MODEL, content="hi", max_tokens=invented + 1, resume=resume)
+                    for n in range(3)
+                ),
+            )
+        usage = gateway.state.usage.pending
+        prompt_charged = sum(c.prompt_tokens for c in usage.values())
+    served = [stream for stream, frames in seen.items() if frames[-1]["type"] == "done"]
+    refused = [frames[-1] for frames in seen.values() if frames[-1]["type"] == "error"]
+    assert len(served) == 1  # the first overdraws the budget; the rest wait for it to refill
+    assert {error["code"] for error in refused} == {"rate_limited"}
+    assert prompt_charged >= invented

@@ -12,6 +12,7 @@ from spotgate.admission import (
     agent_refusal,
     agent_stream_refusal,
     agent_unavailable,
+    charged_resume_tokens,
     gateway_refusal,
     model_allowed,
 )
@@ -347,3 +348,37 @@ def test_agent_stream_refusal(
         request_frame, grant, served_model="m", max_prompt_chars=MAX_PROMPT_CHARS
     )
     assert refusal == expected
+
+
+# --- a client's resume: free when delivered, prompt otherwise --------------------------------
+
+HELD = Resume(token_ids=[1, 2, 3], text="x" * 60, completion_tokens=3)
+
+
+@pytest.mark.parametrize(
+    ("resume", "delivered", "tokens", "refusal"),
+    [
+        (None, False, 0, None),
+        (HELD, True, 0, None),  # charged where it was delivered; its text is no prompt
+        (HELD, False, 3, None),  # 2 + 60 characters: within the limit
+        (
+            HELD.model_copy(update={"text": "x" * 99}),
+            False,
+            3,
+            Refusal(
+                ErrorCode.INVALID_REQUEST,
+                "prompt of 101 characters, with the resume's text (which this deployment did "
+                f"not deliver to this key), exceeds the limit of {MAX_PROMPT_CHARS}",
+                param="resume",
+            ),
+        ),
+        (HELD.model_copy(update={"text": "x" * 99}), True, 0, None),
+    ],
+)
+def test_a_resume_the_deployment_did_not_deliver_is_charged_and_limited_as_prompt(
+    resume: Resume | None, delivered: bool, tokens: int, refusal: Refusal | None
+) -> None:
+    sent = frame(resume=resume)
+    assert charged_resume_tokens(sent, delivered) == tokens
+    conditions = GatewayConditions(False, MAX_PROMPT_CHARS, None, resume_delivered=delivered)
+    assert gateway_refusal(sent, ANY_KEY, conditions, NOW) == refusal
