@@ -5,7 +5,10 @@ With a limit store configured (`LimitStoreSettings.url`) every decision is taken
 replicas. When a call fails (refused, too slow), this replica decides alone with its own
 buckets (`gateway.ratelimit`, `gateway.authlimit`) for `retry_seconds`, says so in
 `/readyz` and in `spotgate_gateway_limits_shared`, and goes back to the store by itself once
-it answers again. Without a store every replica keeps its own buckets, as before.
+it answers again. What it admitted alone meanwhile (requests, tokens) is then charged to the
+store, so the key's budget is what it really used, whichever way the outage went (a store
+cut off keeps its buckets; a store restarted empty learns what each replica gave). Without a
+store every replica keeps its own buckets, as before.
 """
 
 from __future__ import annotations
@@ -66,6 +69,16 @@ class Admission:
 
 
 @dataclass(slots=True)
+class LocalCharges:
+    """What this replica admitted for one key on its own, not yet charged in the store."""
+
+    limits: Limits
+    at: float  # the gateway's clock at the last of them
+    requests: int = 0
+    tokens: int = 0
+
+
+@dataclass(slots=True)
 class StoreHealth:
     """Whether to ask the store now: not for `retry_seconds` after it last failed."""
 
@@ -102,6 +115,7 @@ class LimitStore:
     failed_auth: FailedAuthLimiter = field(init=False)
     health: StoreHealth = field(init=False)
     _leases: defaultdict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
+    _unsynced: dict[str, LocalCharges] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.failed_auth = FailedAuthLimiter(
@@ -131,6 +145,8 @@ class LimitStore:
         if not always and not self.health.usable(self.monotonic()):
             return UNANSWERED
         try:
+            if self._unsynced:  # before anything new: the key's budget as it really stands
+                await self._charge_unsynced(self.shared)
             answer = await question(self.shared)
         except STORE_ERRORS as err:
             self.metrics.limit_store_errors.inc()
@@ -147,6 +163,37 @@ class LimitStore:
             log.info("limit store answers again: limits shared by every replica")
         return answer
 
+    def _charged_locally(
+        self, key_id: str, limits: Limits, requests: int, tokens: int, now: float
+    ) -> None:
+        """Remember what this replica's own buckets gave, to charge in the store later."""
+        if self.shared is None:
+            return
+        charges = self._unsynced.setdefault(key_id, LocalCharges(limits, now))
+        charges.limits, charges.at = limits, max(charges.at, now)
+        charges.requests += requests
+        charges.tokens += tokens
+
+    async def _charge_unsynced(self, shared: SharedBuckets) -> None:
+        """Charge the store what this replica admitted alone; what fails waits, and raises.
+
+        Each key's charges leave the list before they are sent, so calls running at once
+        never send the same ones twice.
+        """
+        for key_id in list(self._unsynced):
+            charges = self._unsynced.pop(key_id, None)
+            if charges is None:
+                continue
+            try:
+                await shared.charge(
+                    key_id, charges.limits, charges.requests, charges.tokens, charges.at
+                )
+            except STORE_ERRORS:
+                self._charged_locally(
+                    key_id, charges.limits, charges.requests, charges.tokens, charges.at
+                )
+                raise
+
     async def admit(self, key_id: str, limits: Limits, now: float, tokens: int = 0) -> Admission:
         """Take one request, one stream slot and `tokens` for `key_id`, or say why not."""
         lease = secrets.token_hex(8)
@@ -154,6 +201,8 @@ class LimitStore:
         if decision is UNANSWERED:
             self.metrics.local_limit_decisions.inc()
             local = self.local.admit(key_id, limits, now, tokens)
+            if local.admitted:
+                self._charged_locally(key_id, limits, 1, tokens, now)
             return Admission(local, key_id, limits, tokens_charged=tokens if local.admitted else 0)
         if not decision.admitted:
             return Admission(decision, key_id, limits)
@@ -170,6 +219,7 @@ class LimitStore:
         owed = tokens_used - admission.tokens_charged
         if lease is None:
             self.local.finish(key_id, owed, now)
+            self._charged_locally(key_id, admission.limits, 0, owed, now)
             return
         held = self._leases[key_id]
         held.discard(lease)

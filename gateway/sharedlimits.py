@@ -22,9 +22,10 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from redis.asyncio import Redis, RedisCluster
+from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
-from redis.retry import Retry
+from redis.exceptions import ConnectionError as StoreConnectionError
 
 from gateway.authlimit import auth_decision
 from gateway.ratelimit import (
@@ -121,6 +122,24 @@ return 0
 """
 )
 
+_CHARGE = (
+    _BUCKET
+    + """
+-- KEYS: rpm bucket, tpm bucket; ARGV: now, rpm, tpm, requests, tokens
+local now, rpm, tpm = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local requests, tokens = tonumber(ARGV[4]), tonumber(ARGV[5])
+if rpm > 0 and requests ~= 0 then
+  local value, at = level(KEYS[1], rpm, now)
+  store(KEYS[1], rpm, value - requests, at)
+end
+if tpm > 0 and tokens ~= 0 then
+  local value, at = level(KEYS[2], tpm, now)
+  store(KEYS[2], tpm, value - tokens, at)
+end
+return 0
+"""
+)
+
 _AUTH_WAIT = (
     _BUCKET
     + """
@@ -183,19 +202,26 @@ class SharedBuckets:
         self._admit: AsyncScript = client.register_script(_ADMIT)
         self._finish: AsyncScript = client.register_script(_FINISH)
         self._renew: AsyncScript = client.register_script(_RENEW)
+        self._charge: AsyncScript = client.register_script(_CHARGE)
         self._auth_wait: AsyncScript = client.register_script(_AUTH_WAIT)
         self._auth_charge: AsyncScript = client.register_script(_AUTH_CHARGE)
 
     @classmethod
     @asynccontextmanager
     async def open(cls, settings: LimitStoreSettings) -> AsyncIterator[SharedBuckets]:
-        """A client for `settings.url`; calls fail fast (no retries) so a replica falls back."""
+        """A client for `settings.url`; calls fail fast so a replica falls back.
+
+        A call that finds its pooled connection closed (the store restarted, a node was
+        replaced) is sent once more on a fresh one: only a store that refuses or drops that
+        too is down. A call that times out is not sent again: a store that hangs costs one
+        timeout per call, not two.
+        """
         if settings.url is None:
             raise ValueError("no limit store configured")
         options: dict[str, Any] = {
             "socket_timeout": settings.timeout_seconds,
             "socket_connect_timeout": settings.timeout_seconds,
-            "retry": Retry(NoBackoff(), 0),
+            "retry": Retry(NoBackoff(), 1, supported_errors=(StoreConnectionError,)),
         }
         url = settings.url.get_secret_value()
         client: Redis | RedisCluster
@@ -238,6 +264,16 @@ class SharedBuckets:
         _, tpm_key, streams_key = key_names(key_id)
         await self._finish(
             keys=[tpm_key, streams_key], args=[now, limits.tpm or 0, tokens_used, lease]
+        )
+
+    async def charge(
+        self, key_id: str, limits: Limits, requests: int, tokens: int, now: float
+    ) -> None:
+        """Take `requests` and `tokens` a replica admitted on its own while the store was away."""
+        rpm_key, tpm_key, _ = key_names(key_id)
+        await self._charge(
+            keys=[rpm_key, tpm_key],
+            args=[now, limits.rpm or 0, limits.tpm or 0, requests, tokens],
         )
 
     async def renew(self, leases: Mapping[str, Iterable[str]]) -> None:

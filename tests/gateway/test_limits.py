@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterator
 
 import aiohttp
@@ -20,7 +21,7 @@ from spotgate.tokens import SigningKey
 from stack.emulator import AwsEmulator
 from stack.redis_server import RedisServer
 from tests.gateway.conftest import MODEL, Gateway, replicas
-from tests.support.agents import AgentFactory
+from tests.support.agents import AgentFactory, wait_for
 from tests.support.clocks import FakeClock
 from tests.support.metrics import metric_value
 from tests.support.wsclient import connect, generate, receive, run_streams, send
@@ -137,9 +138,48 @@ async def test_an_unreachable_store_falls_back_and_recovers_by_itself(
     own_server.start()  # same port, empty
     await store.finish(local, 0, NOW)  # released where it was admitted: locally
     monotonic.advance(store.settings.limit_store.retry_seconds)
-    assert (await store.admit("k", ONE_RPM, NOW)).admitted  # the store's new bucket
+    # The store's new bucket is charged what this replica gave meanwhile: it is spent.
+    refused = await store.admit("k", ONE_RPM, NOW)
+    assert refused.decision.reason == "over 1 requests per minute"
     assert store.status == "shared"
     assert shared_gauge(store) == 1
+    assert (await store.admit("k", ONE_RPM, NOW + 60)).admitted  # a minute on: refilled
+
+
+async def test_a_restarted_store_answers_the_very_next_call_on_a_fresh_connection(
+    store: LimitStore, own_server: RedisServer
+) -> None:
+    """Pooled connections to the old process fail once each: sent again, not a fallback."""
+    limits = Limits(rpm=100)
+    admitted = await asyncio.gather(*(store.admit(f"k{n}", limits, NOW) for n in range(5)))
+    assert all(admission.lease is not None for admission in admitted)  # five connections
+    own_server.stop()
+    own_server.start()  # same port, empty
+    again = await asyncio.gather(*(store.admit(f"k{n}", limits, NOW) for n in range(5)))
+    assert all(admission.lease is not None for admission in again)
+    assert store.status == "shared"
+    assert store_errors(store) == 0
+
+
+async def test_what_each_replica_gave_alone_is_charged_once_the_store_is_back(
+    store: LimitStore, own_server: RedisServer, monotonic: FakeClock
+) -> None:
+    """Three replicas, an outage, a restart: the key's budget is what it really used."""
+    rpm = 10
+    limits = Limits(rpm=rpm)
+    replicas = [store] + [
+        LimitStore(store.settings, GatewayMetrics(), store.shared, monotonic) for _ in range(2)
+    ]
+    own_server.stop()
+    during = [await replica.admit("k", limits, NOW) for replica in replicas for _ in range(rpm)]
+    assert all(admission.admitted and admission.lease is None for admission in during)
+    own_server.start()  # same port, empty
+    monotonic.advance(store.settings.limit_store.retry_seconds)
+    after = [await replica.admit("k", limits, NOW) for replica in replicas]
+    assert not any(admission.admitted for admission in after)
+    assert {replica.status for replica in replicas} == {"shared"}
+    # 30 given against a budget of 10: the bucket owes 20 and takes 2.1 minutes to refill.
+    assert after[-1].decision.retry_after == pytest.approx((1 + 2 * rpm) * 60 / rpm)
 
 
 async def test_a_store_that_hangs_costs_one_timeout_then_is_not_waited_on(
@@ -276,3 +316,44 @@ async def test_a_slot_goes_back_to_the_store_even_inside_the_retry_interval(
     await store.finish(held, 0, NOW)  # asked all the same: the store holds the slot
     assert store.status == "shared"
     assert (await store.admit("k", one, NOW)).lease is not None  # the slot is free again
+
+
+async def test_a_store_restarted_under_load_holds_the_keys_rpm_from_the_moment_it_is_shared(
+    aws: AwsEmulator,
+    gateway_key: SigningKey,
+    start_agent: AgentFactory,
+    own_server: RedisServer,
+    clock: FakeClock,
+) -> None:
+    """Three replicas: what they gave alone is charged back before they say `shared` again."""
+    async with Registry.open(aws.settings()) as registry:
+        key = await registry.create_key("busy", rpm=RPM)
+    store = own_server.settings(timeout_seconds=0.5)
+    async with (
+        replicas(
+            aws, gateway_key, 3, start_agent, clock=clock, models=(MODEL,), limit_store=store
+        ) as gateways,
+        aiohttp.ClientSession() as http,
+    ):
+        before = await statuses(http, gateways, key.api_key, 2 * RPM)
+        own_server.stop()
+        during = await statuses(http, gateways, key.api_key, 2 * RPM)
+        own_server.start()  # same port, empty
+
+        async def all_shared() -> bool:
+            return all(gateway.state.limits.status == "shared" for gateway in gateways)
+
+        await wait_for(all_shared, within=15)
+        after = await statuses(http, gateways, key.api_key, 2 * RPM)
+        clock.advance(60)  # a minute on: the key still owes what the outage gave it
+        owing = await statuses(http, gateways, key.api_key, RPM)
+        clock.advance(120)  # paid back, and refilled
+        later = await statuses(http, gateways, key.api_key, 2 * RPM)
+    assert before.count(200) == RPM
+    assert during.count(200) == 2 * RPM  # each replica alone: its own bucket
+    assert after.count(200) == 0
+    assert owing.count(200) == 0
+    assert later.count(200) == RPM
+    # Over the three minutes the key got what its rpm allows: a full bucket and three refills.
+    got = before.count(200) + during.count(200) + later.count(200)
+    assert got == RPM + 3 * RPM
