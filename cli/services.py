@@ -7,6 +7,7 @@ import asyncio
 from pathlib import Path
 
 from cli.args import CommandError, Commands, positive_int
+from spotgate.settings import GatewaySettings
 from stack.local import UpFailed, UpOptions, run_up
 
 
@@ -17,6 +18,7 @@ def _up(args: argparse.Namespace) -> int:
         engine=args.engine,
         model=args.model,
         gateways=args.gateways,
+        ops_port=args.ops_port,
     )
     try:
         return asyncio.run(
@@ -43,6 +45,13 @@ def setup_services(commands: Commands) -> None:
     up = commands.add_parser("up", help="run the whole system locally")
     up.add_argument(
         "--port", type=int, default=8080, help="gateway port (default 8080; 0: any free port)"
+    )
+    up.add_argument(
+        "--ops-port",
+        type=int,
+        help="the gateway's /readyz and /metrics port (default "
+        f"{GatewaySettings.model_fields['ops_port'].default}, or any free one with --port 0; "
+        "0: any free port)",
     )
     up.add_argument("--agents", type=positive_int, default=1, help="GPU agents to start")
     up.add_argument(

@@ -1,9 +1,9 @@
 """The gateway application: its resources, its background work, and its routes, in order.
 
 `create_app(settings)` builds it. The HTTP session, registry, key ring, pool view refresh,
-agent links and demand publishing live in `cleanup_ctx`; the handlers share a
-`gateway.state.GatewayState`. Each concern adds its own routes (`gateway.routes`), wired
-here by `ROUTES`, one ordered list.
+agent links and demand publishing live in `cleanup_ctx`, and so does the operations listener
+(`/readyz`, `/metrics` on `ops_port`); the handlers share a `gateway.state.GatewayState`.
+Each concern adds its own routes (`gateway.routes`), wired here by `ROUTES`, one ordered list.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from gateway.dispatch import Dispatcher
 from gateway.limits import LimitStore
 from gateway.metrics import GatewayMetrics
 from gateway.receipts import ReceiptSigner
-from gateway.routes.chat_page import setup_chat_page
-from gateway.routes.health import setup_health
+from gateway.routes.chat_page import setup_chat_page, setup_security_headers
+from gateway.routes.health import serve_operations, setup_health
 from gateway.routes.openai_compat import setup_openai_compat
 from gateway.routes.tokens import setup_tokens
 from gateway.routes.websocket import setup_websocket
@@ -40,13 +40,14 @@ from spotgate.settings import MAX_REQUEST_BYTES, GatewaySettings
 log = get_logger(__name__)
 
 ROUTES: tuple[Callable[[web.Application], None], ...] = (
+    setup_security_headers,
     setup_chat_page,
     setup_tokens,
     setup_websocket,
     setup_openai_compat,
     setup_health,
 )
-"""What adds the gateway's routes, in the order they are added."""
+"""What adds the gateway's routes (and the headers on all it answers), in order."""
 
 
 async def _publish_demand(state: GatewayState) -> None:
@@ -169,6 +170,8 @@ def create_app(
                 await state.authenticator.close()
 
     app.cleanup_ctx.append(resources)
+    # Readiness and metrics on a port of their own, which the load balancer never forwards.
+    app.cleanup_ctx.append(serve_operations)
     # on_shutdown runs before aiohttp waits for open handlers: long-lived sockets must go now.
     app.on_shutdown.append(drain_sockets)
     for setup in ROUTES:

@@ -7,6 +7,7 @@ import signal
 
 from aiohttp import web
 
+from gateway.routes.health import OPS_PORT
 from gateway.server import create_app, drain_sockets
 from gateway.signing import SigningKeyMissing
 from spotgate.logging import get_logger
@@ -27,7 +28,7 @@ async def serve_gateway(settings: GatewaySettings) -> None:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    log.info("gateway listening", host=settings.host, port=settings.port)
+    log.info("gateway listening", host=settings.host, port=settings.port, ops_port=app[OPS_PORT])
     freeze_long_lived_objects()
     try:
         await stop.wait()

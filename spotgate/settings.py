@@ -190,6 +190,11 @@ class GatewaySettings(BaseSettings):
     # A listening socket the parent bound and handed down (socket activation): the gateway
     # serves on it, and `port` names its port.
     listen_fd: NonNegativeInt | None = None
+    # `/metrics`, `/readyz` and `/healthz` are served on a listener of their own, on `host`:
+    # the load balancer forwards only `port`, so no path on it reaches them. 0: any free port.
+    ops_port: Annotated[int, Field(ge=0, le=65535)] = 9090
+    # As `listen_fd`, for `ops_port`.
+    ops_listen_fd: NonNegativeInt | None = None
     public_url: str | None = None
     gateway_id: str | None = None
     token: TokenSettings = TokenSettings()
@@ -232,6 +237,15 @@ class GatewaySettings(BaseSettings):
     # Local mode only (`spotgate up` sets it): the chat page offers this key so it works at
     # once. Anyone who can load the page can read it, so it needs a loopback `host`.
     chat_dev_api_key: SecretStr | None = None
+
+    @model_validator(mode="after")
+    def _ops_port_of_its_own(self) -> Self:
+        if self.ops_port != 0 and self.ops_port == self.port:
+            raise ValueError(
+                f"ops_port {self.ops_port} is the traffic port too: operations need a port the "
+                "load balancer does not forward"
+            )
+        return self
 
     @model_validator(mode="after")
     def _dev_key_on_loopback_only(self) -> Self:

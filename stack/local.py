@@ -3,11 +3,12 @@
 It starts an embedded AWS emulator (moto server, real HTTP) with spotgate's tables and a dev
 API key, Debian's `redis-server` as the limit store, then the gateway replicas (on
 consecutive ports, or any free ones with `--port 0`, sharing a signing key, the store and the
-registry) and N agents as processes of their own (each agent with its own IMDS emulator, so
-interruptions can be injected), waits until every agent is registered ready, prints one
-`spotgate ready:` line and writes the same to `.spotgate/up.json`, so that `spotgate keys …`
-run from the same directory act on this stack. Ctrl-C drains the agents, stops the gateways,
-the store and the emulator. Process logs go to `.spotgate/logs/`.
+registry; their operations listeners likewise from `--ops-port`) and N agents as processes of
+their own (each agent with its own IMDS emulator, so interruptions can be injected), waits
+until every agent is registered ready, prints one `spotgate ready:` line and writes the same
+to `.spotgate/up.json`, so that `spotgate keys …` run from the same directory act on this
+stack. Ctrl-C drains the agents, stops the gateways, the store and the emulator. Process logs
+go to `.spotgate/logs/`.
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ from spotgate.process import (
     ChildProcesses,
     free_port,
     loopback_socket,
-    socket_port,
 )
 from spotgate.registry import AgentRecord, Registry
 from spotgate.settings import (
@@ -47,7 +47,7 @@ from spotgate.settings import (
     settings_env,
 )
 from spotgate.tokens import SigningKey
-from stack.children import start_service
+from stack.children import GatewaySockets, start_service
 from stack.redis_server import RedisServer
 
 UP_DIR = Path(".spotgate")
@@ -81,6 +81,16 @@ class UpOptions:
     engine: str = "vllm"
     model: Path | None = None
     gateways: int = 1
+    # The first replica's operations port (`/readyz`, `/metrics`); None: the gateway's default,
+    # or any free ports when `port` is 0.
+    ops_port: int | None = None
+
+    @property
+    def first_ops_port(self) -> int:
+        """Where the replicas' operations ports start (0: any free ones)."""
+        if self.ops_port is not None:
+            return self.ops_port
+        return 0 if self.port == 0 else GatewaySettings().ops_port
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +108,8 @@ class LocalStackInfo:
     # Every gateway replica, `gateway_url` first; clients may use any of them.
     gateways: list[str] = field(default_factory=list)
     limit_store_url: str | None = None
+    # Each replica's operations listener (`/readyz`, `/metrics`), in the order of `gateways`.
+    ops_urls: list[str] = field(default_factory=list)
 
     def ready_line(self) -> str:
         """The one line `spotgate up` prints once everything answers."""
@@ -188,22 +200,26 @@ async def _create_interruption_queue(settings: SharedSettings) -> str:
     return str(queue_url)
 
 
-def _gateway_sockets(port: int, gateways: int) -> list[socket.socket]:
-    """Listening sockets for the gateway replicas: consecutive ports from `port`, or any if 0."""
+def _gateway_sockets(port: int, ops_port: int, gateways: int) -> list[GatewaySockets]:
+    """Traffic and operations sockets for the replicas: consecutive ports, or any if 0."""
+    wanted = [(port + n if port else 0, "--port") for n in range(gateways)]
+    wanted += [(ops_port + n if ops_port else 0, "--ops-port") for n in range(gateways)]
     sockets: list[socket.socket] = []
-    try:
-        for index in range(gateways):
-            sockets.append(loopback_socket(port + index if port else 0))
-    except (OSError, OverflowError) as err:  # taken, or past 65535
-        for sock in sockets:
-            sock.close()
-        taken = port + len(sockets)
-        why = err.strerror if isinstance(err, OSError) else "no such port"
-        raise UpFailed(
-            f"the gateway cannot listen on 127.0.0.1:{taken} ({why}); "
-            "pick other ports with --port (0: any free ones)"
-        ) from err
-    return sockets
+    for number, option in wanted:
+        try:
+            sockets.append(loopback_socket(number))
+        except (OSError, OverflowError) as err:  # taken, or past 65535
+            for sock in sockets:
+                sock.close()
+            why = err.strerror if isinstance(err, OSError) else "no such port"
+            raise UpFailed(
+                f"the gateway cannot listen on 127.0.0.1:{number} ({why}); "
+                f"pick other ports with {option} (0: any free ones)"
+            ) from err
+    return [
+        GatewaySockets(traffic, ops)
+        for traffic, ops in zip(sockets[:gateways], sockets[gateways:], strict=True)
+    ]
 
 
 def _model_for(options: UpOptions, directory: Path) -> tuple[str, str]:
@@ -236,13 +252,13 @@ async def run_up(directory: Path, options: UpOptions, *, announce: Callable[[str
     model_path, served = _model_for(options, directory)
     # Bound here, before anything else takes a port, and handed down: a port in use is one
     # clear line, not a gateway child that exits.
-    gateway_sockets = _gateway_sockets(options.port, options.gateways)
+    gateway_sockets = _gateway_sockets(options.port, options.first_ops_port, options.gateways)
     emulator = AwsEmulator()
     try:
         emulator.start()
     except BaseException:
-        for sock in gateway_sockets:
-            sock.close()
+        for sockets in gateway_sockets:
+            sockets.close()
         raise
     processes = ChildProcesses(directory / LOG_DIR)
     store = RedisServer(log=directory / LOG_DIR / "redis.log")
@@ -255,11 +271,11 @@ async def run_up(directory: Path, options: UpOptions, *, announce: Callable[[str
         async with Registry.open(emulator.settings()) as registry:
             await registry.create_tables()
             created = await registry.create_key("dev")
-            gateway_urls = [f"http://127.0.0.1:{socket_port(sock)}" for sock in gateway_sockets]
+            gateway_urls = [sockets.url for sockets in gateway_sockets]
             gateway_url = gateway_urls[0]
             shared = emulator.settings().model_copy(update={"log_format": "json"})
             signing_key = SecretStr(SigningKey.generate().to_pem())
-            for index, sock in enumerate(gateway_sockets):
+            for index, sockets in enumerate(gateway_sockets):
                 # Replicas as behind a load balancer: one issuer and signing key, one store.
                 gateway = GatewaySettings(
                     shared=shared,
@@ -270,9 +286,11 @@ async def run_up(directory: Path, options: UpOptions, *, announce: Callable[[str
                     limit_store=store.settings(),
                 )
                 name = "gateway" if index == 0 else f"gateway-{index + 1}"
-                start_service(processes, name, gateway, sock)
-            for url in gateway_urls:
-                await _wait_http_ok(f"{url}/readyz", processes, f"the gateway at {url}")
+                start_service(processes, name, gateway, sockets)
+            for sockets in gateway_sockets:
+                await _wait_http_ok(
+                    f"{sockets.ops_url}/readyz", processes, f"the gateway at {sockets.url}"
+                )
             queue_url = await _create_interruption_queue(emulator.settings())
             pool = PoolSettings(
                 shared=shared,
@@ -312,6 +330,7 @@ async def run_up(directory: Path, options: UpOptions, *, announce: Callable[[str
             interruption_queue_url=queue_url,
             gateways=gateway_urls,
             limit_store_url=store.url,
+            ops_urls=[sockets.ops_url for sockets in gateway_sockets],
         )
         _write_up_file(directory, info)
         announce(info.ready_line())
@@ -324,8 +343,8 @@ async def run_up(directory: Path, options: UpOptions, *, announce: Callable[[str
         processes.close()
         store.stop()
         emulator.stop()
-        for sock in gateway_sockets:
-            sock.close()
+        for sockets in gateway_sockets:
+            sockets.close()
     return 0
 
 

@@ -64,6 +64,7 @@ def test_the_scrape_configuration_uses_the_services_ports() -> None:
     config = yaml.safe_load((OPS / "prometheus.yml").read_text())
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
     local = jobs["spotgate-local"]["static_configs"][0]["targets"]
-    assert local == [f"127.0.0.1:{GatewaySettings().port}", f"127.0.0.1:{PoolSettings().port}"]
+    gateway_ops = f"127.0.0.1:{GatewaySettings().ops_port}"
+    assert local == [gateway_ops, f"127.0.0.1:{PoolSettings().port}"]
     (agents,) = jobs["spotgate-agents"]["ec2_sd_configs"]
     assert agents["port"] == AgentSettings().port

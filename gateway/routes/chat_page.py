@@ -12,8 +12,10 @@ out; the page then shows replies as plain text, and says that too.
 
 from __future__ import annotations
 
+import re
 from html import escape
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from aiohttp import web
 
@@ -26,18 +28,26 @@ from spotgate.wsserver import json_error
 
 log = get_logger(__name__)
 
-CHAT_PAGE_HEADERS = {
-    # Model text reaches the page only through the sanitizer (or as text nodes); the policy
-    # is a second wall against injection: scripts and styles from this origin only, no
-    # inline script, no eval, images from here or data: only.
-    "Content-Security-Policy": (
-        "default-src 'self'; script-src 'self'; style-src 'self'; connect-src 'self' ws: wss:; "
-        "img-src 'self' data:; frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
-    ),
+PAGE_POLICY = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; connect-src 'self' {websocket}; "
+    "img-src 'self' data:; frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
+)
+"""The Content-Security-Policy of every response; `{websocket}` is the page's own ws origin.
+
+Model text reaches the page only through the sanitizer (or as text nodes); the policy is a
+second wall against injection: scripts and styles from this origin only, no inline script,
+no eval, images from here or data: only, connections to this gateway only (a scheme alone,
+`wss:`, would let injected script send a conversation to any host), and no framing.
+"""
+SECURITY_HEADERS = {
+    "X-Frame-Options": "DENY",  # `frame-ancestors` for browsers that predate it
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
-    "Cache-Control": "no-cache",
 }
+"""Headers every response carries beside the policy: the page, its files, errors, the API."""
+CHAT_PAGE_HEADERS = {"Cache-Control": "no-cache"}
+HOST_HEADER = re.compile(r"(?:[A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?")
+"""A `Host` that is a name or an address and a port: nothing that could end a directive."""
 LIBRARY_MARK = "<!-- chat libraries -->"
 """Where the page's `<head>` takes the libraries' tags."""
 PAGE: web.AppKey[bytes] = web.AppKey("chat_page", bytes)
@@ -76,6 +86,39 @@ def render_page(directory: Path) -> bytes:
     """`index.html` with the libraries' tags in place."""
     page = (STATIC_DIR / "index.html").read_text()
     return page.replace(LIBRARY_MARK, library_tags(directory), 1).encode()
+
+
+def websocket_origin(host: str | None, scheme: str, public_url: str) -> str:
+    """The ws:// or wss:// origin the page served to `host` connects to: the gateway's own.
+
+    `chat.js` opens its socket on the page's own origin. Under the public URL's name that is
+    the public URL's (behind a TLS load balancer the request itself arrives as plain HTTP);
+    under a loopback name (local mode) it is the name asked for. A foreign name gets the
+    public URL's: the page under it is not this gateway's page.
+    """
+    public = urlsplit(public_url)
+    origin = f"{public.scheme}://{public.netloc}"
+    if (
+        host is not None
+        and HOST_HEADER.fullmatch(host)
+        and host.lower() != public.netloc.lower()
+        and names_this_gateway(host, public_url)
+    ):
+        origin = f"{scheme}://{host.lower()}"
+    return "ws" + origin.removeprefix("http")
+
+
+async def add_security_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """Give a response the policy and the other security headers, whatever produced it."""
+    websocket = websocket_origin(request.host, request.scheme, request.app[STATE].public_url)
+    response.headers["Content-Security-Policy"] = PAGE_POLICY.format(websocket=websocket)
+    response.headers.update(SECURITY_HEADERS)
+
+
+def setup_security_headers(app: web.Application) -> None:
+    """Put the policy on every response the gateway prepares: pages, static files, errors."""
+    # A signal, not a middleware: it sees the static files and aiohttp's own error pages too.
+    app.on_response_prepare.append(add_security_headers)
 
 
 async def chat_page(request: web.Request) -> web.Response:

@@ -1,13 +1,25 @@
-"""Operations: liveness (`/healthz`), readiness (`/readyz`) and Prometheus `/metrics`."""
+"""Operations: liveness (`/healthz`), readiness (`/readyz`) and Prometheus `/metrics`.
+
+Readiness and metrics name internal hosts and counts, so they are served only on the
+operations listener (`ops_port`), an application of its own that the load balancer never
+forwards to: no spelling of a path on the traffic port (`/%6Detrics`, `//metrics`) can reach a
+route that is not there. Liveness is on both: the load balancer's health check needs it on
+the traffic port, and the container's own check reads it on the operations port.
+"""
 
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from gateway.state import STATE
+from gateway.state import STATE, GatewayState
+from spotgate.process import listening_site
+
+OPS_PORT: web.AppKey[int] = web.AppKey("ops_port", int)
+"""The port the gateway's operations listener serves on, once started (`ops_port` 0: any)."""
 
 
 async def healthz(_request: web.Request) -> web.Response:
@@ -48,7 +60,34 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 def setup_health(app: web.Application) -> None:
-    """Add the health, readiness and metrics routes."""
+    """Add liveness to the traffic port (the load balancer's health check), and nothing else."""
+    app.router.add_get("/healthz", healthz)
+
+
+def operations_app(state: GatewayState) -> web.Application:
+    """The operations listener's application: liveness, readiness and metrics of `state`."""
+    app = web.Application()
+    app[STATE] = state
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
+    return app
+
+
+async def serve_operations(app: web.Application) -> AsyncIterator[None]:
+    """Serve the operations listener while the gateway `app` runs (a `cleanup_ctx`).
+
+    It starts after the gateway's resources and stops before they close, so it answers
+    through the whole drain: an operator sees the streams still in flight.
+    """
+    state = app[STATE]
+    settings = state.settings
+    runner = web.AppRunner(operations_app(state))
+    await runner.setup()
+    try:
+        site = listening_site(runner, settings.host, settings.ops_port, settings.ops_listen_fd)
+        await site.start()
+        app[OPS_PORT] = int(runner.addresses[0][1])
+        yield
+    finally:
+        await runner.cleanup()

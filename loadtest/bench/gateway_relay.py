@@ -88,8 +88,9 @@ def _servers(
     relay_cpus: set[int],
 ) -> Iterator[dict[str, Server]]:
     key = SigningKey.generate()
-    gateway_port, agent_port = free_port(), free_port()
+    gateway_port, gateway_ops_port, agent_port = free_port(), free_port(), free_port()
     gateway_url = f"http://127.0.0.1:{gateway_port}"
+    gateway_ops_url = f"http://127.0.0.1:{gateway_ops_port}"
     agent_url = f"http://127.0.0.1:{agent_port}"
     api_key = asyncio.run(_prepare(aws))
     # A gateway's token: the direct websocket client multiplexes like a gateway does.
@@ -127,6 +128,7 @@ def _servers(
             GatewaySettings(
                 shared=bench_shared(aws),
                 port=gateway_port,
+                ops_port=gateway_ops_port,
                 public_url=gateway_url,
                 token=TokenSettings(signing_key_pem=SecretStr(key.to_pem())),
                 limits=SocketLimits(max_streams_per_connection=AGENT_CAPACITY),
@@ -137,10 +139,24 @@ def _servers(
         )
         gateway_auth = {"Authorization": f"Bearer {api_key}"}
         servers["gateway"] = Server(
-            "gateway", gateway_url, gateway_auth, gateway, MODEL, "sse", ADDED_TTFT_HISTOGRAM
+            "gateway",
+            gateway_url,
+            gateway_auth,
+            gateway,
+            MODEL,
+            "sse",
+            ADDED_TTFT_HISTOGRAM,
+            gateway_ops_url,
         )
         servers["gateway ws"] = Server(
-            "gateway ws", gateway_url, gateway_auth, gateway, MODEL, "ws", ADDED_TTFT_HISTOGRAM
+            "gateway ws",
+            gateway_url,
+            gateway_auth,
+            gateway,
+            MODEL,
+            "ws",
+            ADDED_TTFT_HISTOGRAM,
+            gateway_ops_url,
         )
         if litellm is not None:
             port = free_port()

@@ -47,6 +47,13 @@ class Server:
     transport: Literal["sse", "ws"] = "sse"
     # A Prometheus histogram of the server's own added TTFT, read before and after each run.
     added_ttft_histogram: str | None = None
+    # Where its readiness and metrics are, when not at `url` (a gateway's operations port).
+    ops_url: str | None = None
+
+    @property
+    def operations_url(self) -> str:
+        """The base of its `/readyz` (or other health path) and `/metrics`."""
+        return self.ops_url or self.url
 
     def cpu_seconds(self) -> float:
         """User plus system CPU time the server process has used so far."""
@@ -214,13 +221,13 @@ def bucket_quantile(buckets: dict[float, float], q: float) -> float:
 
 
 async def wait_ready(http: aiohttp.ClientSession, server: Server, path: str) -> None:
-    """Poll `path` until it answers 200 (or the process dies)."""
+    """Poll `path` on its operations URL until it answers 200 (or the process dies)."""
     deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
     while time.monotonic() < deadline:
         if server.process.poll() is not None:
             raise RuntimeError(f"{server.name} exited with {server.process.returncode}")
         with contextlib.suppress(aiohttp.ClientError):
-            async with http.get(server.url + path) as response:
+            async with http.get(server.operations_url + path) as response:
                 if response.status == 200:
                     return
         await asyncio.sleep(0.5)
@@ -382,7 +389,7 @@ async def timed_run(
             sample.total_tokens += tokens
 
     histogram = server.added_ttft_histogram
-    before = await histogram_buckets(http, server.url, histogram) if histogram else {}
+    before = await histogram_buckets(http, server.operations_url, histogram) if histogram else {}
     cpu_before = server.cpu_seconds()
     started = time.perf_counter()
     try:
@@ -393,7 +400,7 @@ async def timed_run(
     sample.wall_seconds = time.perf_counter() - started
     sample.server_cpu_seconds = server.cpu_seconds() - cpu_before
     if histogram:
-        after = await histogram_buckets(http, server.url, histogram)
+        after = await histogram_buckets(http, server.operations_url, histogram)
         sample.added_ttft_buckets = {le: after[le] - before.get(le, 0.0) for le in after}
     sample.tokens_per_second = sample.total_tokens / sample.wall_seconds
     return sample

@@ -329,7 +329,9 @@ async def measure(
 
 async def _wait_for_agents(http: aiohttp.ClientSession, gateway: Server, agents: int) -> None:
     deadline = time.monotonic() + GATEWAY_VIEW_TIMEOUT_SECONDS
-    while metric_value(await metrics_text(http, gateway.url), READY_AGENTS_SAMPLE) < agents:
+    while (
+        metric_value(await metrics_text(http, gateway.operations_url), READY_AGENTS_SAMPLE) < agents
+    ):
         if time.monotonic() > deadline:
             raise TimeoutError(f"{gateway.name} does not see {agents} ready agents")
         await asyncio.sleep(0.5)
@@ -591,16 +593,25 @@ def _start_gateway(
     logs: Path,
     load_skew: float,
 ) -> Server:
+    ops_port = free_port()
     settings = GatewaySettings(
         shared=bench_shared(aws),
         port=port,
+        ops_port=ops_port,
         public_url=issuer,
         token=TokenSettings(signing_key_pem=SecretStr(key.to_pem())),
         routing=RoutingSettings(prefix_aware=name == PREFIX_AWARE, prefix_load_skew=load_skew),
     )
     process = spawn_service(settings, logs / f"gateway-{name.replace(' ', '-')}.log")
     headers = {"Authorization": f"Bearer {api_key}"}
-    return Server(f"gateway ({name})", f"http://127.0.0.1:{port}", headers, process, SERVED_NAME)
+    return Server(
+        f"gateway ({name})",
+        f"http://127.0.0.1:{port}",
+        headers,
+        process,
+        SERVED_NAME,
+        ops_url=f"http://127.0.0.1:{ops_port}",
+    )
 
 
 def main() -> None:

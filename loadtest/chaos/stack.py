@@ -21,7 +21,7 @@ from pydantic import SecretStr
 from gpu_agent.synthetic_engine import synthetic_reply
 from gpu_agent.tiny_model import write_tiny_model
 from pool_manager.events import interruption_warning
-from spotgate.process import Child, ChildProcesses, loopback_socket, socket_port
+from spotgate.process import Child, ChildProcesses
 from spotgate.registry import AgentRecord, Registry, aws_session
 from spotgate.settings import (
     AgentSettings,
@@ -34,7 +34,7 @@ from spotgate.settings import (
     settings_env,
 )
 from spotgate.tokens import SigningKey
-from stack.children import start_service
+from stack.children import GatewaySockets, start_service
 from stack.emulator import EMULATOR_REGION, AwsEmulator
 from stack.local import LOCAL_VLLM, TINY_SERVED_NAME
 from stack.redis_server import RedisServer
@@ -115,10 +115,10 @@ class ChaosStack:
         self.limit_store = RedisServer(log=directory / "logs" / "redis.log")
         # The gateways' sockets, bound here: their ports are known before the gateways start,
         # and each stays its gateway's across a restart (a new process on the same port).
-        self.gateway_sockets = [loopback_socket() for _ in range(GATEWAYS)]
+        self.gateway_sockets = [GatewaySockets.bind() for _ in range(GATEWAYS)]
         self.gateways: list[Child] = []
         self.pool_manager: Child | None = None
-        self.gateway_urls = [f"http://127.0.0.1:{socket_port(s)}" for s in self.gateway_sockets]
+        self.gateway_urls = [sockets.url for sockets in self.gateway_sockets]
         self.gateway_url = self.gateway_urls[0]
         self.api_key = ""
         self.queue_url = ""
@@ -299,7 +299,8 @@ class ChaosStack:
         async with aiohttp.ClientSession() as http:
             while time.monotonic() < deadline:
                 with contextlib.suppress(aiohttp.ClientError):
-                    async with http.get(f"{self.gateway_urls[index]}/readyz") as response:
+                    ready = f"{self.gateway_sockets[index].ops_url}/readyz"
+                    async with http.get(ready) as response:
                         if response.status == 200:
                             return
                 await asyncio.sleep(REGISTRY_POLL_SECONDS)

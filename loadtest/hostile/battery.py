@@ -13,6 +13,7 @@ from loadtest.hostile.jwt_attacks import jwt_attacks, replay_after_rotation
 from loadtest.hostile.key_guessing import key_guessing
 from loadtest.hostile.logs import log_rows
 from loadtest.hostile.origins import dns_rebinding, origins
+from loadtest.hostile.private_paths import private_paths
 from loadtest.hostile.report import Row
 from loadtest.hostile.resume_charges import invented_resumes
 from loadtest.hostile.revocation import disabled_key_on_an_open_socket, streams_ended_early
@@ -59,6 +60,7 @@ async def run_battery(
             rows += await key_guessing(stack, guesses)
             rows.append(await origins(stack))
             rows.append(await dns_rebinding(stack))
+            rows.append(await private_paths(stack))
             rows.append(await slowloris("gateway", gateway, fuzz_key, slow_connections))
             rows.append(await slowloris("agent", agent, agent_token, slow_connections))
             reader_key = stack.keys["reader"].api_key

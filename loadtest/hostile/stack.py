@@ -22,7 +22,7 @@ from spotgate.settings import (
     TokenSettings,
 )
 from spotgate.tokens import SigningKey
-from stack.children import start_service
+from stack.children import GatewaySockets, start_service
 from stack.emulator import AwsEmulator
 
 FUZZ_KEY_MAX_TOKENS = 64  # keeps fuzzed requests that happen to be valid short
@@ -45,9 +45,10 @@ class HostileStack:
         self.processes = ChildProcesses(self.log_dir)
         # Bound here and handed down: the URLs are known before the services start, and the
         # gateway keeps its port when it restarts with a new signing key.
-        self.gateway_socket, self.agent_socket = loopback_socket(), loopback_socket()
-        self.gateway_port = socket_port(self.gateway_socket)
-        self.gateway_url = f"http://127.0.0.1:{self.gateway_port}"
+        self.gateway_sockets, self.agent_socket = GatewaySockets.bind(), loopback_socket()
+        self.gateway_port = socket_port(self.gateway_sockets.traffic)
+        self.gateway_url = self.gateway_sockets.url
+        self.gateway_ops_url = self.gateway_sockets.ops_url
         self.agent_url = f"http://127.0.0.1:{socket_port(self.agent_socket)}"
         self.signing_key = SigningKey.generate()
         self.keys: dict[str, CreatedApiKey] = {}
@@ -101,7 +102,7 @@ class HostileStack:
     async def __aexit__(self, *_exc: object) -> None:
         await self.processes.stop(lambda _child: True, 30)
         self.processes.close()
-        self.gateway_socket.close()
+        self.gateway_sockets.close()
         self.agent_socket.close()
         if self._http is not None:
             await self._http.close()
@@ -126,7 +127,7 @@ class HostileStack:
             keepalive_seconds=SLOW_SENDER_TIMEOUT_SECONDS,
             http_body_timeout_seconds=SLOW_SENDER_TIMEOUT_SECONDS,
         )
-        self.gateway = start_service(self.processes, name, gateway, self.gateway_socket)
+        self.gateway = start_service(self.processes, name, gateway, self.gateway_sockets)
         async with asyncio.timeout(60):
             while True:
                 self.processes.check()

@@ -243,6 +243,9 @@ async def test_up_runs_gateways_and_agents_and_stops_cleanly(
     assert first == info["gateway_url"]
     assert second != first  # `--port 0`: each replica on a port of its own
     assert line.strip().endswith(f"replicas={second}")
+    ops_urls = info["ops_urls"]  # readiness is on each replica's operations port
+    assert len(set(ops_urls)) == 2
+    assert not set(ops_urls) & {first, second}
 
     client = openai.AsyncOpenAI(
         base_url=f"{info['gateway_url']}/v1", api_key=info["api_key"], max_retries=0
@@ -261,8 +264,8 @@ async def test_up_runs_gateways_and_agents_and_stops_cleanly(
     async with aiohttp.ClientSession() as http:
 
         async def both_shared() -> bool:  # a store call slower than 2 s (a loaded machine)
-            for url in (first, second):  # leaves a replica on its own limits for a moment
-                async with http.get(f"{url}/readyz") as ready:
+            for ops in ops_urls:  # leaves a replica on its own limits for a moment
+                async with http.get(f"{ops}/readyz") as ready:
                     if (await ready.json())["limits"] != "shared":
                         return False
             return True
@@ -281,8 +284,8 @@ async def test_up_runs_gateways_and_agents_and_stops_cleanly(
                 statuses.append(response.status)
     assert statuses == [200, 429]
     async with aiohttp.ClientSession() as http:
-        for url in (first, second):  # decided in the store, not by a replica alone
-            async with http.get(f"{url}/readyz") as ready:
+        for ops in ops_urls:  # decided in the store, not by a replica alone
+            async with http.get(f"{ops}/readyz") as ready:
                 assert (await ready.json())["limits"] == "shared"
     listed = run("keys", "list", cwd=tmp_path).stdout
     assert "  dev  " in listed

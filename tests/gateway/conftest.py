@@ -15,6 +15,7 @@ import pytest
 from aiohttp import web
 from pydantic import SecretStr
 
+from gateway.routes.health import OPS_PORT
 from gateway.server import create_app
 from gateway.state import STATE, GatewayState
 from gpu_agent.engine import Engine
@@ -56,6 +57,11 @@ class Gateway:
     def ws_url(self) -> str:
         return self.url.replace("http://", "ws://") + "/v1/ws"
 
+    @property
+    def ops_url(self) -> str:
+        """Its operations listener: `/readyz` and `/metrics`."""
+        return f"http://127.0.0.1:{self.app[OPS_PORT]}"
+
 
 @pytest.fixture
 def gateway_key() -> SigningKey:
@@ -76,6 +82,7 @@ async def running_gateway(
     fields: dict[str, Any] = {
         "shared": aws.settings(),
         "port": port,
+        "ops_port": 0,
         "public_url": url,
         "token": TokenSettings(signing_key_pem=SecretStr(signing_key.to_pem())),
         "queue": QueueSettings(max_pending_per_model=4, deadline_seconds=5.0),

@@ -1207,3 +1207,74 @@ async def test_the_dev_key_is_given_only_under_the_gateways_own_names(
     else:
         assert r.status == 403
         assert "dev_api_key" not in body
+
+
+def policy_of(headers: Any) -> dict[str, str]:
+    """The Content-Security-Policy's directives, by name."""
+    policy = headers["Content-Security-Policy"]
+    return dict(d.strip().split(" ", 1) for d in policy.split(";"))
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status"),
+    [
+        ("GET", "/", 200),
+        ("GET", "/static/index.html", 200),  # the page's file itself, as well as `/`
+        ("GET", "/static/chat.js", 200),
+        ("GET", "/no/such/page", 404),  # aiohttp's own error page
+        ("POST", "/", 405),
+        ("GET", "/v1/models", 401),
+    ],
+)
+async def test_every_response_carries_the_policy_and_cannot_be_framed(
+    chat_gateway: Gateway, method: str, path: str, status: int
+) -> None:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.request(method, f"{chat_gateway.url}{path}") as response,
+    ):
+        await response.read()
+    assert response.status == status
+    directives = policy_of(response.headers)
+    assert directives["frame-ancestors"] == "'none'"
+    assert directives["script-src"] == "'self'"
+    assert response.headers["X-Frame-Options"] == "DENY"
+    assert response.headers["X-Content-Type-Options"] == "nosniff"
+    assert response.headers["Referrer-Policy"] == "no-referrer"
+    # Connections to this gateway only: never a whole scheme (`ws:`, `wss:`) or a wildcard.
+    sources = directives["connect-src"].split()
+    assert sources == ["'self'", chat_gateway.url.replace("http://", "ws://")]
+    assert not any(source.endswith(":") or "*" in source for source in sources)
+
+
+@pytest.mark.parametrize(
+    ("host", "scheme", "public", "expected"),
+    [
+        ("127.0.0.1:8080", "http", "http://127.0.0.1:8080", "ws://127.0.0.1:8080"),
+        ("localhost:8080", "http", "http://127.0.0.1:8080", "ws://localhost:8080"),
+        # Behind a TLS load balancer the request arrives as plain HTTP; the page is https.
+        ("gw.example", "http", "https://gw.example", "wss://gw.example"),
+        ("GW.example", "http", "https://gw.example", "wss://gw.example"),
+        # A foreign name (DNS rebinding) is not this gateway's page: its name is not allowed.
+        ("rebound.evil.example", "http", "https://gw.example", "wss://gw.example"),
+        # A Host that would add directives of its own is never written into the policy.
+        ("localhost:1; connect-src *", "http", "https://gw.example", "wss://gw.example"),
+        (None, "http", "https://gw.example", "wss://gw.example"),
+    ],
+)
+def test_the_policy_names_the_websocket_origin_the_page_connects_to(
+    host: str | None, scheme: str, public: str, expected: str
+) -> None:
+    assert chat_page_module.websocket_origin(host, scheme, public) == expected
+
+
+async def test_the_page_connects_under_a_loopback_name_other_than_its_public_url(
+    browser: Browser, gateway: Gateway, gateway_agent: GatewayAgentFactory
+) -> None:
+    await gateway_agent()
+    port = urlsplit(gateway.url).port
+    errors: list[str] = []
+    page = await open_page(browser, f"http://localhost:{port}/", errors=errors)
+    await page.reload()  # and again, as a returning visitor would
+    await expect(page.locator("#connection")).to_have_text("connected")
+    assert errors == []  # the policy let the page reach its own socket under that name

@@ -409,7 +409,7 @@ async def test_a_conversation_without_a_session_stays_on_one_agent_through_eithe
             return served_by
 
         served = await asyncio.gather(*(conversation(f"topic-{n}") for n in range(12)))
-        async with aiohttp.ClientSession() as http, http.get(f"{first.url}/metrics") as reply:
+        async with aiohttp.ClientSession() as http, http.get(f"{first.ops_url}/metrics") as reply:
             exported = await reply.text()
 
     assert all(len(set(turns)) == 1 for turns in served), served

@@ -460,7 +460,7 @@ async def test_registry_outage_keeps_streams_flowing_on_the_cached_view(
 
             await wait_for(noticed, within=10)
             frames = (await run_streams(ws, generate("b", MODEL, content="hi", max_tokens=8)))["b"]
-            async with aiohttp.ClientSession() as http, http.get(f"{gateway.url}/readyz") as r:
+            async with aiohttp.ClientSession() as http, http.get(f"{gateway.ops_url}/readyz") as r:
                 ready = await r.json()
         finally:
             aws.start()
@@ -562,7 +562,7 @@ async def test_metrics_count_what_happened(
         http.post(f"{gateway.url}/v1/token", headers={"Authorization": "Bearer no"}),
     ):
         pass
-    text = await scrape(f"{gateway.url}/metrics")
+    text = await scrape(f"{gateway.ops_url}/metrics")
 
     def value(sample: str, **labels: str) -> float:
         return metric_value(text, sample, **labels)

@@ -12,11 +12,11 @@ import aiohttp
 import websockets
 from pydantic import SecretStr
 
-from spotgate.process import ChildProcesses, loopback_socket, socket_port
+from spotgate.process import ChildProcesses
 from spotgate.registry import CreatedApiKey
 from spotgate.settings import GatewaySettings, TokenSettings
 from spotgate.tokens import SigningKey
-from stack.children import start_service
+from stack.children import GatewaySockets, start_service
 from stack.emulator import AwsEmulator
 from tests.gateway.conftest import MODEL
 from tests.support.agents import AgentFactory, expected_text, synthetic, wait_for, wait_ready
@@ -27,8 +27,8 @@ async def test_sigterm_refuses_new_streams_and_lets_those_in_flight_finish(
     aws: AwsEmulator, start_agent: AgentFactory, api_key: CreatedApiKey, tmp_path: Path
 ) -> None:
     key = SigningKey.generate()
-    sock = loopback_socket()
-    url = f"http://127.0.0.1:{socket_port(sock)}"
+    sockets = GatewaySockets.bind()
+    url = sockets.url
     processes = ChildProcesses(tmp_path)
     settings = GatewaySettings(
         shared=aws.settings(),
@@ -36,8 +36,8 @@ async def test_sigterm_refuses_new_streams_and_lets_those_in_flight_finish(
         token=TokenSettings(signing_key_pem=SecretStr(key.to_pem())),
         shutdown_grace_seconds=10,
     )
-    gateway = start_service(processes, "gateway", settings, sock)
-    sock.close()  # the gateway's alone: once it stops listening, connections are refused
+    gateway = start_service(processes, "gateway", settings, sockets)
+    sockets.close()  # the gateway's alone: once it stops listening, connections are refused
     try:
         await wait_ready(
             await start_agent(
@@ -47,22 +47,21 @@ async def test_sigterm_refuses_new_streams_and_lets_those_in_flight_finish(
             )
         )
 
-        async def ready_models() -> list[str] | None:
-            """The models `/readyz` lists; None once the gateway stopped listening."""
-            try:
-                async with (
-                    aiohttp.ClientSession() as http,
-                    http.get(f"{url}/readyz") as response,
-                ):
-                    return list((await response.json())["models"])
-            except aiohttp.ClientError:
-                return None
-
         async def routable() -> bool:
-            return MODEL in (await ready_models() or [])
+            """Whether `/readyz`, on the operations port, lists the model."""
+            async with (
+                aiohttp.ClientSession() as http,
+                http.get(f"{sockets.ops_url}/readyz") as response,
+            ):
+                return MODEL in (await response.json())["models"]
 
         async def stopped_listening() -> bool:
-            return await ready_models() is None
+            """Whether the traffic port refuses connections."""
+            try:
+                async with aiohttp.ClientSession() as http, http.get(f"{url}/healthz"):
+                    return False
+            except aiohttp.ClientError:
+                return True
 
         await wait_for(routable)
         frames: list[Frame] = []
@@ -94,7 +93,12 @@ def test_a_gateway_on_real_aws_without_a_signing_key_refuses_to_start() -> None:
     env = {
         key: value for key, value in os.environ.items() if not key.startswith(("SPOTGATE_", "AWS_"))
     }
-    env |= {"SPOTGATE_GATEWAY_PORT": "0", "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x"}
+    env |= {
+        "SPOTGATE_GATEWAY_PORT": "0",
+        "SPOTGATE_GATEWAY_OPS_PORT": "0",
+        "AWS_ACCESS_KEY_ID": "x",
+        "AWS_SECRET_ACCESS_KEY": "x",
+    }
     result = subprocess.run(
         [sys.executable, "-m", "gateway"],
         env=env,

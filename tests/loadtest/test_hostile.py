@@ -12,7 +12,8 @@ async def test_hostile_input_finds_no_crash_no_way_in_and_no_secret_in_the_logs(
     inputs = " ".join(row.inputs for row in rows)
     for expected in ("ws frames", "HTTP bodies", "HTTP headers", "alg none", "HS256", "kid",
                      "retired", "API key", "Origin", "DNS rebinding", "slow senders", "never reads",
-                     "secrets in logs", "disabled while its websocket stays open",
+                     "operations port", "secrets in logs",
+                     "disabled while its websocket stays open",
                      "cancelled, or their socket dropped", "invented token ids"):  # fmt: skip
         assert expected in inputs
     assert all(row.tried > 0 for row in rows)

@@ -85,8 +85,9 @@ async def test_a_20_second_run_over_both_gateways_has_throughput_no_failures_and
     spec = RunSpec(first, stack.api_key, tmp_path, users=6, spawn_rate=6, duration_seconds=20,
                    user_class="mix", replicas=(second,))  # fmt: skip
     result = await asyncio.to_thread(run_locust, spec)
-    for gateway in (first, second):  # the users were spread over both
-        exposition = await scrape(f"{gateway}/metrics")
+    assert len(stack.ops_urls) == 2
+    for ops in stack.ops_urls:  # the users were spread over both
+        exposition = await scrape(f"{ops}/metrics")
         assert metric_value(exposition, "spotgate_gateway_relayed_tokens_total") > 0
     assert result.llm["completed"] > 20
     assert result.llm["output_tokens_per_second"] > 0

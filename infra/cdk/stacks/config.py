@@ -18,6 +18,7 @@ ECR_IMAGE = re.compile(
     r"(?P<repository>[a-z0-9._/-]+)(:[\w.-]+|@sha256:[0-9a-f]{64})"
 )
 """An image in ECR, by tag or digest: what agents can pull with their role alone."""
+SECURITY_GROUP_ID = re.compile(r"sg-[0-9a-f]{8,17}")
 FARGATE_MAX_STOP_TIMEOUT_SECONDS = 120
 """Fargate sends SIGKILL at most this long after SIGTERM."""
 STOP_TIMEOUT_MARGIN_SECONDS = 15
@@ -79,6 +80,9 @@ class DeployConfig:
     gateway_drain_seconds: int = 30
     gateway_requests_per_target: int = 1000
     alb_idle_timeout_seconds: int = 3600
+    # What scrapes the gateways' operations port (`/metrics`, `/readyz`): a security group id,
+    # admitted to that port only; empty: nothing is.
+    ops_scraper_security_group: str = ""
     log_retention_days: int = 30
     interruption_alarm_per_hour: int = 3
     queue_alarm_minutes: int = 3
@@ -161,6 +165,10 @@ class DeployConfig:
                 f"pull: <account>.dkr.ecr.{self.region}.amazonaws.com/<repository>:<tag> or "
                 "@sha256:<digest>"
             )
+        if self.ops_scraper_security_group and not SECURITY_GROUP_ID.fullmatch(
+            self.ops_scraper_security_group
+        ):
+            raise ConfigError("opsScraperSecurityGroup: a security group id, sg-…, or empty")
         if self.model_fetch not in ("stream", "download"):
             raise ConfigError("modelFetch: stream or download")
         if "\n" in self.model or "\n" in self.served_model or "\n" in self.model_revision:
@@ -199,6 +207,7 @@ _CONTEXT_KEYS: dict[str, str] = {
     "gatewayDrainSeconds": "gateway_drain_seconds",
     "gatewayRequestsPerTarget": "gateway_requests_per_target",
     "albIdleTimeoutSeconds": "alb_idle_timeout_seconds",
+    "opsScraperSecurityGroup": "ops_scraper_security_group",
     "logRetentionDays": "log_retention_days",
     "interruptionAlarmPerHour": "interruption_alarm_per_hour",
     "queueAlarmMinutes": "queue_alarm_minutes",

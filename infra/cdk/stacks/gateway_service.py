@@ -26,8 +26,9 @@ from stacks.registry import Registry
 from stacks.signing_key import SigningKey
 
 GATEWAY_PORT = 8080
+OPS_PORT = 9090
+"""`/readyz` and `/metrics`: a listener of its own, which the load balancer never forwards."""
 HEALTH_PATH = "/healthz"
-PRIVATE_PATHS = ("/readyz", "/metrics")
 """Liveness, not `/readyz`: a registry outage must not take every gateway out of the ALB."""
 HEALTH_CHECK_INTERVAL_SECONDS = 15
 HEALTH_CHECK_GRACE_SECONDS = 60
@@ -39,8 +40,9 @@ SIGNING_KEY_ENV = "SPOTGATE_GATEWAY_TOKEN__SIGNING_KEY_PEM"
 KEEPALIVE_MARGIN_SECONDS = 60
 CONTAINER_HEALTH_COMMAND = (
     "import urllib.request; "
-    f"urllib.request.urlopen('http://127.0.0.1:{GATEWAY_PORT}{HEALTH_PATH}', timeout=3)"
+    f"urllib.request.urlopen('http://127.0.0.1:{OPS_PORT}{HEALTH_PATH}', timeout=3)"
 )
+"""The container's own check reads the operations listener; the load balancer's, traffic."""
 
 
 class GatewayService(Construct):
@@ -117,6 +119,7 @@ class GatewayService(Construct):
             "SPOTGATE_LOG_FORMAT": "json",
             "SPOTGATE_GATEWAY_HOST": "0.0.0.0",  # noqa: S104 — the ALB reaches the task's IP
             "SPOTGATE_GATEWAY_PORT": str(GATEWAY_PORT),
+            "SPOTGATE_GATEWAY_OPS_PORT": str(OPS_PORT),
             "SPOTGATE_GATEWAY_PUBLIC_URL": self.public_url,
             # Agents read the public keys there with their role, never through the internet.
             "SPOTGATE_GATEWAY_JWKS_PARAMETER": config.jwks_parameter,
@@ -138,7 +141,11 @@ class GatewayService(Construct):
             environment=self.environment,
             secrets={SIGNING_KEY_ENV: ecs.Secret.from_secrets_manager(signing_key.secret)},
             logging=ecs.LogDrivers.aws_logs(stream_prefix="gateway", log_group=self.log_group),
-            port_mappings=[ecs.PortMapping(container_port=GATEWAY_PORT)],
+            # The first is the one the target group forwards to; operations are never.
+            port_mappings=[
+                ecs.PortMapping(container_port=GATEWAY_PORT),
+                ecs.PortMapping(container_port=OPS_PORT),
+            ],
             # SIGTERM starts the drain (SHUTDOWN_GRACE_SECONDS); SIGKILL must come later.
             stop_timeout=Duration.seconds(config.gateway_stop_timeout_seconds),
             health_check=ecs.HealthCheck(
@@ -199,6 +206,13 @@ class GatewayService(Construct):
             ),
         )
         self._listen(config)
+        if config.ops_scraper_security_group:
+            scraper = ec2.SecurityGroup.from_security_group_id(
+                self, "OpsScraper", config.ops_scraper_security_group, mutable=False
+            )
+            self.service.connections.allow_from(
+                scraper, ec2.Port.tcp(OPS_PORT), "scrapes the gateways' /metrics and /readyz"
+            )
 
         scaling = self.service.auto_scale_task_count(
             min_capacity=config.gateway_min_tasks, max_capacity=config.gateway_max_tasks
@@ -231,14 +245,14 @@ class GatewayService(Construct):
                 "allowPlainHttp: the gateway listens on plain HTTP; API keys, tokens and "
                 "prompts cross the internet in clear. Give certificateArn for real use.",
             )
-            listener = self.load_balancer.add_listener(
+            self.load_balancer.add_listener(
                 "Http",
                 port=80,
                 protocol=elbv2.ApplicationProtocol.HTTP,
                 default_target_groups=[self.target_group],
             )
         else:
-            listener = self.load_balancer.add_listener(
+            self.load_balancer.add_listener(
                 "Https",
                 port=443,
                 protocol=elbv2.ApplicationProtocol.HTTPS,
@@ -247,18 +261,9 @@ class GatewayService(Construct):
                 default_target_groups=[self.target_group],
             )
             self.load_balancer.add_redirect(source_port=80, target_port=443)
-        # Readiness and metrics name internal hosts and counts: scraped inside the VPC, from
-        # the tasks' own addresses, never answered to the internet.
-        listener.add_action(
-            "OperationsPrivate",
-            priority=1,
-            conditions=[elbv2.ListenerCondition.path_patterns(list(PRIVATE_PATHS))],
-            action=elbv2.ListenerAction.fixed_response(
-                404,
-                content_type="application/json",
-                message_body='{"error": {"message": "not found", "type": "not_found"}}',
-            ),
-        )
+        # Readiness and metrics name internal hosts and counts: they are on OPS_PORT, which
+        # no listener forwards to, so no path rule is needed (nor could one catch every
+        # spelling of a path the gateway decodes).
 
     @staticmethod
     def _grant_registry(role: iam.IRole, registry: Registry) -> None:

@@ -48,6 +48,7 @@ def test_no_context_gives_the_defaults_which_need_a_certificate() -> None:
         # ECR logins are per region: the agents log in to the stack's
         ({"agentImage": "123456789012.dkr.ecr.eu-west-1.amazonaws.com/a:1"}, "agentImage"),
         ({"modelFetch": "copy"}, "modelFetch"),
+        ({"opsScraperSecurityGroup": "0.0.0.0/0"}, "opsScraperSecurityGroup"),
     ],
 )
 def test_bad_values_name_their_key(context: dict[str, Any], key: str) -> None:

@@ -565,18 +565,43 @@ def test_only_the_gateways_write_the_public_keys_and_the_agents_read_them_with_i
     assert (agent["Action"], render(agent["Resource"])) == ("ssm:GetParameter", parameter)
 
 
-def test_readiness_and_metrics_are_not_answered_through_the_load_balancer(
+def _gateway_ingress(synthesized: Synthesized) -> list[dict[str, Any]]:
+    """The ingress rules of the gateway tasks' security group."""
+    return [
+        rule["Properties"]
+        for rule in synthesized.resources("AWS::EC2::SecurityGroupIngress").values()
+        if "GatewayServiceSecurityGroup" in render(rule["Properties"]["GroupId"])
+    ]
+
+
+def test_readiness_and_metrics_are_on_a_port_the_load_balancer_never_forwards(
     synthesized: Synthesized,
 ) -> None:
-    rules = synthesized.resources("AWS::ElasticLoadBalancingV2::ListenerRule")
-    [rule] = rules.values()
-    [condition] = rule["Properties"]["Conditions"]
-    assert condition["Field"] == "path-pattern"
-    assert sorted(condition["PathPatternConfig"]["Values"]) == ["/metrics", "/readyz"]
-    [action] = rule["Properties"]["Actions"]
-    assert action["Type"] == "fixed-response"
-    assert action["FixedResponseConfig"]["StatusCode"] == "404"
-    assert rule["Properties"]["Priority"] == 1  # before anything is forwarded
+    env = synthesized.container_env("gateway")
+    ops_port = int(env["SPOTGATE_GATEWAY_OPS_PORT"])
+    assert ops_port != int(env["SPOTGATE_GATEWAY_PORT"])
+    _id, group = synthesized.one("AWS::ElasticLoadBalancingV2::TargetGroup")
+    assert group["Properties"]["Port"] == int(env["SPOTGATE_GATEWAY_PORT"])
+    # Only the load balancer reaches the tasks, and only on the traffic port.
+    [ingress] = _gateway_ingress(synthesized)
+    assert ingress["FromPort"] == ingress["ToPort"] == int(env["SPOTGATE_GATEWAY_PORT"])
+    assert "LoadBalancer" in render(ingress["SourceSecurityGroupId"])
+    # No path rule stands in for it: the gateway's traffic port has no such routes at all.
+    assert not synthesized.resources("AWS::ElasticLoadBalancingV2::ListenerRule")
+    # The container's own check reads liveness on the operations port.
+    health = " ".join(synthesized.container("gateway")["HealthCheck"]["Command"])
+    assert f"127.0.0.1:{ops_port}/healthz" in health
+
+
+def test_the_operations_port_admits_only_the_configured_scraper(tmp_path: Path) -> None:
+    scraper = "sg-0123456789abcdef0"
+    scraped = synthesize(tmp_path, {**PLAIN_HTTP, "opsScraperSecurityGroup": scraper})
+    ops_port = int(scraped.container_env("gateway")["SPOTGATE_GATEWAY_OPS_PORT"])
+    by_port = {rule["FromPort"]: rule for rule in _gateway_ingress(scraped)}
+    assert set(by_port) == {8080, ops_port}
+    assert by_port[ops_port]["ToPort"] == ops_port
+    assert by_port[ops_port]["SourceSecurityGroupId"] == scraper
+    assert "LoadBalancer" in render(by_port[8080]["SourceSecurityGroupId"])
 
 
 def test_load_balancer_keeps_websockets_open_and_drains_like_the_gateway(
