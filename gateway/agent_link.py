@@ -57,13 +57,18 @@ class LinkLost:
 
 
 @dataclass(frozen=True, slots=True)
+class GatewayGoingAway:
+    """The gateway is stopping and its drain's grace is over: the stream ends here."""
+
+
+@dataclass(frozen=True, slots=True)
 class StreamStalled:
     """The agent sent nothing for this stream for `seconds` (its engine may be wedged)."""
 
     seconds: float
 
 
-ChannelItem = ServerFrame | LinkLost | StreamStalled
+ChannelItem = ServerFrame | LinkLost | StreamStalled | GatewayGoingAway
 
 
 class _PendingDelta:
@@ -142,7 +147,7 @@ class StreamChannel:
                 )
         else:
             self._items.append(item)
-            self.closed = isinstance(item, DoneFrame | ErrorFrame | LinkLost)
+            self.closed = isinstance(item, DoneFrame | ErrorFrame | LinkLost | GatewayGoingAway)
         self._ready.set()
 
     async def items(self, stall_seconds: float | None = None) -> AsyncIterator[ChannelItem]:
@@ -160,7 +165,7 @@ class StreamChannel:
             for entry in batch:
                 item = entry.frame() if isinstance(entry, _PendingDelta) else entry
                 yield item
-                if isinstance(item, DoneFrame | ErrorFrame | LinkLost):
+                if isinstance(item, DoneFrame | ErrorFrame | LinkLost | GatewayGoingAway):
                     return
 
 
@@ -305,6 +310,11 @@ class AgentLink:
             if ws.close_code is not None:
                 reason = f"{reason} (code {ws.close_code})"
             self._lose_all(reason)
+
+    def going_away(self) -> None:
+        """End every stream open on the link: the gateway is stopping (each tells its client)."""
+        for channel in list(self._channels.values()):
+            channel.push(GatewayGoingAway())
 
     def _lose_all(self, reason: str) -> None:
         channels, self._channels = self._channels, {}

@@ -64,6 +64,10 @@ class NoCapacity(Exception):
     """No agent had room before the stream's deadline."""
 
 
+class GatewayClosing(Exception):
+    """The gateway is stopping: streams waiting for an agent wait no more."""
+
+
 @dataclass(frozen=True, slots=True)
 class Queued:
     """The stream waits; `position` 0 is next; `eta_seconds`: the pool's expected wait."""
@@ -205,6 +209,7 @@ class Dispatcher:
         self._full_until: dict[str, float] = {}
         self.forecasts: dict[str, PoolForecast] = {}
         self._forecasts_read_at: float | None = None
+        self.closing = False
 
     def pending(self) -> dict[str, int]:
         """Streams waiting per model."""
@@ -214,6 +219,11 @@ class Dispatcher:
         """Capacity may have changed: let waiting streams look again."""
         self._changed.set()
         self._changed = asyncio.Event()
+
+    def close(self) -> None:
+        """The gateway is stopping: waiting streams, and any placed from now on, give up."""
+        self.closing = True
+        self.notify()
 
     def prompt_prefix(self, frame: GenerateFrame) -> PromptPrefix | None:
         """What routing matches of the frame's prompt (None: prefix-aware routing is off)."""
@@ -305,6 +315,8 @@ class Dispatcher:
         prefix: PromptPrefix | None = None,
     ) -> AsyncIterator[Queued | Candidate]:
         """Yield queue positions while waiting, then the chosen agent (last item)."""
+        if self.closing:
+            raise GatewayClosing(model)
         chosen = self.choose(model, session, exclude, prefix)
         if chosen is not None:
             yield chosen
@@ -321,6 +333,8 @@ class Dispatcher:
         try:
             heard: tuple[int, PoolForecast | None] | None = None
             while True:
+                if self.closing:
+                    raise GatewayClosing(model)
                 position, forecast = waiters.index(me), self.forecasts.get(model)
                 if (position, forecast) != heard:  # a new place in line, or a new forecast
                     heard = (position, forecast)

@@ -298,6 +298,22 @@ class Failover:
         self.outcome.error = error.code
         return GiveUp(error.model_copy(update={"id": self.request.id}))
 
+    def on_going_away(self) -> ErrorFrame:
+        """The gateway stops before the stream ends: the error that tells its client so.
+
+        A client holding the ids it received resumes through another gateway; any other
+        retries the request there.
+        """
+        self.outcome.error = ErrorCode.GOING_AWAY
+        how = "resume it" if self.has_tokens and self.request.want_ids else "retry it"
+        return ErrorFrame(
+            id=self.request.id,
+            code=ErrorCode.GOING_AWAY,
+            message=f"this gateway is shutting down before the stream ended; {how} through "
+            "another gateway",
+            retry_after=0,
+        )
+
     def on_link_lost(self, *, now: float) -> ResumeElsewhere:
         """The agent's socket closed under the stream: resume it elsewhere."""
         return self._resume_elsewhere(now)

@@ -4,7 +4,8 @@ The gateway always asks agents for token ids, keeps the ids and text already sen
 client, and when the agent's link drops, the agent answers `interrupted` (draining) or
 refuses with `no_capacity`, sends the stream to another agent with `resume`: the client's
 stream goes on with no token lost and none repeated, and `usage` counts each token once.
-A stream that cannot be placed again before its deadline ends with a clear error.
+A stream that cannot be placed again before its deadline ends with a clear error, and one
+still open when its gateway stops (the drain's grace is over) with `going_away`.
 
 What to do at each turn is decided by the stream's `Failover` (gateway/failover.py, pure);
 this module only does the I/O: it waits in the dispatcher, opens the agent's stream, reads
@@ -17,8 +18,21 @@ import time
 import uuid
 from collections.abc import AsyncGenerator, Callable
 
-from gateway.agent_link import AgentLink, LinkLost, LinkUnavailable, StreamStalled
-from gateway.dispatch import Dispatcher, NoCapacity, Queued, QueueFull, UnknownModel
+from gateway.agent_link import (
+    AgentLink,
+    GatewayGoingAway,
+    LinkLost,
+    LinkUnavailable,
+    StreamStalled,
+)
+from gateway.dispatch import (
+    Dispatcher,
+    GatewayClosing,
+    NoCapacity,
+    Queued,
+    QueueFull,
+    UnknownModel,
+)
 from gateway.failover import Failover, GiveUp, RelayOutcome, Unplaced, WaitForRoom
 from gateway.receipts import ReceiptChain
 from gateway.router import Candidate
@@ -88,6 +102,9 @@ async def relay_stream(
         except NoCapacity:
             yield stream.on_unplaced(Unplaced.NO_CAPACITY)
             return
+        except GatewayClosing:
+            yield stream.on_going_away()
+            return
         if chosen is None:  # acquire always ends with an agent or an exception
             continue
         agent_id = chosen.agent_id
@@ -128,6 +145,9 @@ async def relay_stream(
                         yield start
                 elif isinstance(item, DoneFrame):
                     yield stream.on_done(item, monotonic=time.monotonic())
+                    return
+                elif isinstance(item, GatewayGoingAway):  # the agent's stream is cancelled below
+                    yield stream.on_going_away()
                     return
                 elif isinstance(item, StreamStalled):  # nothing for too long: stop it there
                     stalled = stream.on_stalled(now=time.time())

@@ -39,6 +39,9 @@ from spotgate.settings import MAX_REQUEST_BYTES, GatewaySettings
 
 log = get_logger(__name__)
 
+GOING_AWAY_WRITE_SECONDS = 5.0
+"""How long streams still open after the drain's grace get to write their `going_away`."""
+
 ROUTES: tuple[Callable[[web.Application], None], ...] = (
     setup_security_headers,
     setup_chat_page,
@@ -79,11 +82,22 @@ async def _flush_usage(state: GatewayState) -> None:
 
 
 async def _close_sockets(state: GatewayState) -> None:
-    """Refuse new streams, give those in flight the grace period, then close with GOING_AWAY."""
+    """Refuse new streams, give those in flight the grace period, then close with GOING_AWAY.
+
+    Streams still open when the grace is over end with a word: a `going_away` error (an SSE
+    error event, a websocket frame), and their agents are told to stop, before the sockets
+    close and the gateway exits.
+    """
     state.shutting_down = True
     if state.active_streams:
         with suppress(TimeoutError):
             await asyncio.wait_for(state.idle.wait(), state.settings.shutdown_grace_seconds)
+    if state.active_streams:
+        state.dispatcher.close()
+        for link in list(state.links.values()):
+            link.going_away()
+        with suppress(TimeoutError):  # what a client that stopped reading never gets
+            await asyncio.wait_for(state.idle.wait(), GOING_AWAY_WRITE_SECONDS)
     for socket in list(state.sockets):
         await socket.close(code=WSCloseCode.GOING_AWAY, message=b"gateway shutting down")
 

@@ -11,7 +11,12 @@ from gateway.routes.health import OPS_PORT
 from gateway.server import create_app, drain_sockets
 from gateway.signing import SigningKeyMissing
 from spotgate.logging import get_logger
-from spotgate.process import freeze_long_lived_objects, listening_site, service_main
+from spotgate.process import (
+    freeze_long_lived_objects,
+    listening_site,
+    service_main,
+    stop_listening,
+)
 from spotgate.settings import GatewaySettings
 
 log = get_logger(__name__)
@@ -35,7 +40,9 @@ async def serve_gateway(settings: GatewaySettings) -> None:
     finally:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
-        await site.stop()  # no new connections; open sockets are still read while they drain
+        # New connections are refused at once (a load balancer tries another replica); open
+        # sockets are still read while they drain.
+        await stop_listening(site)
         await drain_sockets(app)
         await runner.cleanup()
 

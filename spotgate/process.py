@@ -69,13 +69,39 @@ def socket_port(sock: socket.socket) -> int:
     return int(sock.getsockname()[1])
 
 
+class HandedDownSite(web.SockSite):
+    """A site on a listening socket the service's parent bound and handed down."""
+
+    def __init__(self, runner: web.AppRunner, sock: socket.socket) -> None:
+        super().__init__(runner, sock)
+        self.listening_socket = sock
+
+    def refuse_new_connections(self) -> None:
+        """New connections are refused from now on, though the parent holds the socket too.
+
+        Closing this process's copy is not enough: the parent's keeps the port listening, and
+        connections would wait in its backlog for an answer that never comes. A listening
+        socket shut down for reading stops listening for every process that holds it; a
+        parent that starts the service again binds the port afresh.
+        """
+        with suppress(OSError):
+            self.listening_socket.shutdown(socket.SHUT_RD)
+
+
 def listening_site(
     runner: web.AppRunner, host: str, port: int, listen_fd: int | None
 ) -> web.BaseSite:
     """Where a service serves: a socket its parent bound and handed down, else `host:port`."""
     if listen_fd is not None:
-        return web.SockSite(runner, socket.socket(fileno=listen_fd))
+        return HandedDownSite(runner, socket.socket(fileno=listen_fd))
     return web.TCPSite(runner, host, port)
+
+
+async def stop_listening(site: web.BaseSite) -> None:
+    """Take no new connections, refusing them at once; open ones are still served."""
+    if isinstance(site, HandedDownSite):
+        site.refuse_new_connections()
+    await site.stop()
 
 
 @asynccontextmanager

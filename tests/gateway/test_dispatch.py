@@ -17,6 +17,7 @@ from gateway.dispatch import (
     FORECAST_READ_SECONDS,
     WHOLE_READ_SECONDS,
     Dispatcher,
+    GatewayClosing,
     NoCapacity,
     PoolView,
     Queued,
@@ -417,3 +418,18 @@ async def test_a_conversation_without_a_session_stays_on_one_agent_through_eithe
     assert held > 0
     assert f"spotgate_gateway_prefix_index_blocks {held:.1f}" in exported
     assert len({turns[0] for turns in served}) >= 2  # conversations spread over the agents
+
+
+async def test_a_closing_gateway_ends_the_waits_in_its_queue_and_places_nothing_more() -> None:
+    clock = FakeClock(1_000.0)
+    dispatcher = Dispatcher(QueueSettings(), scale_from_zero_models=(MODEL,), clock=clock)
+    events = dispatcher.acquire(MODEL, session=None, exclude=(), deadline=clock.now + 60.0)
+    assert await anext(events) == Queued(0, None)
+    waiting = asyncio.create_task(anext(events))
+    dispatcher.close()
+    with pytest.raises(GatewayClosing):
+        await waiting
+    later = dispatcher.acquire(MODEL, session=None, exclude=(), deadline=clock.now + 60.0)
+    with pytest.raises(GatewayClosing):
+        await anext(later)
+    assert dispatcher.pending() == {}

@@ -499,3 +499,25 @@ def test_each_delta_carries_the_receipt_of_every_id_the_client_holds_across_move
     unasked = arrive()  # a client that did not ask for ids gets no receipts
     place(unasked, "a")
     assert relay(unasked, [7], "c").receipt is None
+
+
+@pytest.mark.parametrize(
+    ("want_ids", "tokens", "advice"),
+    [
+        (True, [7], "resume it"),  # it holds ids: it carries on through another gateway
+        (False, [7], "retry it"),  # an SSE client cannot say where it stopped
+        (True, [], "retry it"),  # nothing received yet
+    ],
+)
+def test_a_stream_open_when_its_gateway_stops_ends_with_going_away(
+    want_ids: bool, tokens: list[int], advice: str
+) -> None:
+    stream = arrive(REQUEST.model_copy(update={"want_ids": want_ids}))
+    place(stream, "a")
+    if tokens:
+        relay(stream, tokens, "c")
+    error = stream.on_going_away()
+    assert (error.id, error.code) == (CLIENT_ID, ErrorCode.GOING_AWAY)
+    assert f"{advice} through another gateway" in error.message
+    assert stream.outcome.error is ErrorCode.GOING_AWAY
+    assert stream.serving == "a"  # the relay still tells the agent to stop

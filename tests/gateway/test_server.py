@@ -604,6 +604,48 @@ async def test_shutdown_lets_streams_in_flight_finish_then_says_going_away(
     assert close_code == 1001  # GOING_AWAY, after the stream in flight finished
 
 
+async def test_streams_still_open_when_the_grace_ends_hear_going_away_and_their_agents_stop(
+    aws: AwsEmulator,
+    gateway_key: SigningKey,
+    start_agent: AgentFactory,
+    api_key: CreatedApiKey,
+    limit_store: LimitStoreSettings,
+) -> None:
+    """SSE and websocket streams longer than the grace: an error each, then the exit."""
+    async with running_gateway(
+        aws, gateway_key, limit_store=limit_store, shutdown_grace_seconds=0.5
+    ) as gw:
+        agent = await agents_of(gw, start_agent)(tokens_per_second=20.0)
+        client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key=api_key.api_key, max_retries=0)
+        async with connect(gw.ws_url, api_key.api_key) as ws:
+            await send(ws, generate("w", MODEL, max_tokens=1_000, want_ids=True))
+            frames = [await receive(ws), await receive(ws)]  # started, with a token
+            stream = await client.chat.completions.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": "go on"}],
+                max_tokens=1_000,
+                stream=True,
+            )
+            chunks = aiter(stream)
+            await anext(chunks)  # the response has begun: its status is 200
+            shutdown = asyncio.create_task(gw.app.shutdown())  # what SIGTERM starts
+            with pytest.raises(openai.APIError) as raised:
+                async for _chunk in chunks:
+                    pass
+            while frames[-1]["type"] not in ("done", "error"):
+                frames.append(await receive(ws))
+            await shutdown
+
+            async def agent_stopped() -> bool:
+                return not agent.runtime.streams  # type: ignore[union-attr]
+
+            await wait_for(agent_stopped, within=5)
+    assert raised.value.code == "going_away"
+    assert "retry it through another gateway" in raised.value.message
+    assert frames[-1]["code"] == "going_away"
+    assert "resume it through another gateway" in frames[-1]["message"]
+
+
 @pytest.mark.parametrize(
     ("origin", "host", "allowed"),
     [

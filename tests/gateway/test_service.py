@@ -36,8 +36,9 @@ async def test_sigterm_refuses_new_streams_and_lets_those_in_flight_finish(
         token=TokenSettings(signing_key_pem=SecretStr(key.to_pem())),
         shutdown_grace_seconds=10,
     )
+    # The parent keeps its copy of the sockets, as `spotgate up` does to restart a gateway:
+    # new connections are refused all the same once the drain begins.
     gateway = start_service(processes, "gateway", settings, sockets)
-    sockets.close()  # the gateway's alone: once it stops listening, connections are refused
     try:
         await wait_ready(
             await start_agent(
@@ -80,6 +81,7 @@ async def test_sigterm_refuses_new_streams_and_lets_those_in_flight_finish(
     finally:
         await processes.stop(lambda _child: True, 30)
         processes.close()
+        sockets.close()
     late = [frame for frame in frames if frame.get("id") == "late"]
 
     # aiohttp's cleanup drops what arrives on open sockets: the drain must come before it.
