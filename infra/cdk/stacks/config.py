@@ -22,7 +22,8 @@ SECURITY_GROUP_ID = re.compile(r"sg-[0-9a-f]{8,17}")
 FARGATE_MAX_STOP_TIMEOUT_SECONDS = 120
 """Fargate sends SIGKILL at most this long after SIGTERM."""
 STOP_TIMEOUT_MARGIN_SECONDS = 15
-"""Time beyond the gateway's drain for the process to close sockets and exit."""
+"""Time beyond the gateway's drain for the streams still open to hear `going_away` (5 s at
+most), then for the process to close sockets and exit."""
 
 
 class ConfigError(ValueError):

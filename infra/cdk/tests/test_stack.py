@@ -22,6 +22,7 @@ from conftest import (
 )
 from stacks.config import CONTEXT_KEYS, DeployConfig, config_as_context
 
+from gateway.server import GOING_AWAY_WRITE_SECONDS
 from pool_manager.ec2_provider import POOL_TAG
 from pool_manager.events import (
     EC2_EVENT_PATTERN,
@@ -621,8 +622,9 @@ def test_load_balancer_keeps_websockets_open_and_drains_like_the_gateway(
     assert target_attributes["deregistration_delay.timeout_seconds"] == drain
     assert group["Properties"]["HealthCheckPath"] == "/healthz"
     assert group["Properties"]["TargetType"] == "ip"
-    # SIGKILL comes after the drain.
-    assert synthesized.container("gateway")["StopTimeout"] > int(drain)
+    # SIGKILL comes after the drain, and after the streams still open have heard going_away.
+    stop_timeout = synthesized.container("gateway")["StopTimeout"]
+    assert stop_timeout >= int(drain) + GOING_AWAY_WRITE_SECONDS + 5
     # The ALB closes idle connections, never the gateway (that would be a 502).
     keepalive = synthesized.container_env("gateway")["SPOTGATE_GATEWAY_KEEPALIVE_SECONDS"]
     assert int(keepalive) > int(attributes["idle_timeout.timeout_seconds"])
