@@ -31,7 +31,7 @@ from gateway.routes.tokens import setup_tokens
 from gateway.routes.websocket import setup_websocket
 from gateway.sharedlimits import SharedBuckets
 from gateway.signing import load_key_ring, publish_jwks
-from gateway.state import STATE, GatewayState, public_url
+from gateway.state import STATE, GatewayState, public_url, token_issuer
 from gateway.usage import USAGE_FLUSH_SECONDS, UsageMeter
 from spotgate.logging import get_logger
 from spotgate.registry import Registry
@@ -131,7 +131,7 @@ def create_app(
                 )
             ring = await load_key_ring(settings)
             await publish_jwks(settings, ring)
-            url = public_url(settings)
+            issuer = token_issuer(settings)
             metrics = GatewayMetrics()
             state = GatewayState(
                 settings=settings,
@@ -140,7 +140,7 @@ def create_app(
                 authenticator=Authenticator(
                     registry,
                     ring,
-                    url,
+                    issuer,
                     settings.token.leeway_seconds,
                     settings.max_streams_per_key,
                     clock,
@@ -153,7 +153,8 @@ def create_app(
                 ),
                 session=session,
                 gateway_id=settings.gateway_id or f"gw-{secrets.token_hex(4)}",
-                public_url=url,
+                public_url=public_url(settings),
+                issuer=issuer,
                 clock=clock,
                 metrics=metrics,
                 limits=LimitStore(settings, metrics, shared),

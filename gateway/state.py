@@ -25,8 +25,13 @@ from spotgate.wsserver import FrameSocket
 
 
 def public_url(settings: GatewaySettings) -> str:
-    """The gateway's own URL: the token issuer and the base of `ws_url`."""
+    """Where clients reach the gateway: the base of `ws_url` and the chat page's origin."""
     return (settings.public_url or f"http://{settings.host}:{settings.port}").rstrip("/")
+
+
+def token_issuer(settings: GatewaySettings) -> str:
+    """The `iss` of the tokens every replica issues and accepts (default: the public URL)."""
+    return (settings.token_issuer or public_url(settings)).rstrip("/")
 
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
@@ -54,6 +59,7 @@ class GatewayState:
     session: aiohttp.ClientSession
     gateway_id: str
     public_url: str
+    issuer: str  # of the tokens this gateway issues and accepts, the same for every replica
     # What client credentials and per-key limits are judged by (a test moves it ahead).
     clock: Callable[[], float]
     metrics: GatewayMetrics
@@ -74,7 +80,7 @@ class GatewayState:
         issued = issue(
             self.ring,
             subject=f"{GATEWAY_SUBJECT_PREFIX}{self.gateway_id}",
-            issuer=self.public_url,
+            issuer=self.issuer,
             now=time.time(),
             ttl_seconds=TOKEN_TTL_MAX_SECONDS,
         )

@@ -195,7 +195,12 @@ class GatewaySettings(BaseSettings):
     ops_port: Annotated[int, Field(ge=0, le=65535)] = 9090
     # As `listen_fd`, for `ops_port`.
     ops_listen_fd: NonNegativeInt | None = None
+    # Where clients reach this gateway (behind a load balancer, its URL: every replica's);
+    # unset, this replica's own `http://host:port`, which `ws_url` then names.
     public_url: str | None = None
+    # The `iss` of the tokens the gateway issues and accepts: one for every replica, so each
+    # accepts the others' tokens and agents trust them all. Unset: the public URL.
+    token_issuer: str | None = None
     gateway_id: str | None = None
     token: TokenSettings = TokenSettings()
     # An SSM parameter the gateway puts its JWKS in at start, for agents to read with their

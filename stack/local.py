@@ -276,10 +276,11 @@ async def run_up(directory: Path, options: UpOptions, *, announce: Callable[[str
             shared = emulator.settings().model_copy(update={"log_format": "json"})
             signing_key = SecretStr(SigningKey.generate().to_pem())
             for index, sockets in enumerate(gateway_sockets):
-                # Replicas as behind a load balancer: one issuer and signing key, one store.
+                # Replicas as behind a load balancer: one issuer and signing key, one store;
+                # no shared public URL, so each names itself in `ws_url`.
                 gateway = GatewaySettings(
                     shared=shared,
-                    public_url=gateway_url,
+                    token_issuer=gateway_url,
                     token=TokenSettings(signing_key_pem=signing_key),
                     models=(served,),
                     chat_dev_api_key=SecretStr(created.api_key),

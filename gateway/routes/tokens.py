@@ -19,7 +19,7 @@ async def token(request: web.Request) -> web.Response:
     issued = issue(
         state.ring,
         subject=record.key_id,
-        issuer=state.public_url,
+        issuer=state.issuer,
         now=state.clock(),
         ttl_seconds=state.settings.token.ttl_seconds,
         models=sorted(record.models) or None,

@@ -142,10 +142,11 @@ class ChaosStack:
             self.queue_url = (await sqs.create_queue(QueueName="chaos-events"))["QueueUrl"]
         shared = settings.model_copy(update={"log_format": "json"})
         self.limit_store.start()
-        # Replicas as behind a load balancer: one issuer and signing key, one limit store.
+        # Replicas as behind a load balancer: one issuer and signing key, one limit store;
+        # each names itself in `ws_url`.
         gateway = GatewaySettings(
             shared=shared,
-            public_url=self.gateway_url,
+            token_issuer=self.gateway_url,
             token=TokenSettings(signing_key_pem=SecretStr(SigningKey.generate().to_pem())),
             models=(self.engine.model,),
             queue=QueueSettings(deadline_seconds=60, stall_seconds=STREAM_STALL_SECONDS),

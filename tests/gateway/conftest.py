@@ -221,7 +221,8 @@ async def replicas(
         for _ in range(count - 1):
             gateways.append(
                 await stack.enter_async_context(
-                    running_gateway(aws, gateway_key, public_url=first.url, **settings)
+                    # Its own URL (`ws_url` names it), the tokens of one issuer.
+                    running_gateway(aws, gateway_key, token_issuer=first.url, **settings)
                 )
             )
         engine = synthetic(20.0, model=MODEL, ttft_seconds=0.01)

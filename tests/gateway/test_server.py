@@ -843,6 +843,29 @@ async def test_a_client_continues_a_stream_it_holds_part_of_through_another_repl
     assert "more than the 4 this stream may have" in refusals["too-many"][-1]["message"]
 
 
+async def test_each_replica_names_itself_in_ws_url_and_accepts_the_others_tokens(
+    aws: AwsEmulator,
+    gateway_key: SigningKey,
+    start_agent: AgentFactory,
+    api_key: CreatedApiKey,
+) -> None:
+    """No shared public URL (`spotgate up`): a token from B sends its client to B."""
+    async with (
+        replicas(aws, gateway_key, 2, start_agent, models=(MODEL,)) as (first, second),
+        aiohttp.ClientSession() as http,
+    ):
+        headers = {"Authorization": f"Bearer {api_key.api_key}"}
+        issued = []
+        for gateway in (first, second):
+            async with http.post(f"{gateway.url}/v1/token", headers=headers) as response:
+                issued.append(await response.json())
+        assert [body["ws_url"] for body in issued] == [first.ws_url, second.ws_url]
+        # One issuer: a token from either replica opens a socket on the other.
+        async with connect(first.ws_url, issued[1]["token"]) as ws:
+            frames = (await run_streams(ws, generate("s", MODEL, max_tokens=3)))["s"]
+    assert frames[-1]["type"] == "done"
+
+
 async def test_an_invented_resume_is_charged_as_prompt_against_the_keys_tpm(
     aws: AwsEmulator,
     gateway_key: SigningKey,
