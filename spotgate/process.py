@@ -190,6 +190,26 @@ class Child:
         return self.process.poll() is None
 
 
+def listen_again(sock: socket.socket) -> None:
+    """Make a handed-down socket listen again on its port, if its last child shut it.
+
+    A gateway shuts its listening socket at a drain's start, so new connections are refused
+    at once though this parent holds a copy (`HandedDownSite`); a shut socket cannot listen
+    again, so a fresh one takes the port and its descriptor number, which the next child's
+    settings name.
+    """
+    if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+        return
+    fresh = socket.socket(sock.family, sock.type)
+    try:
+        fresh.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        fresh.bind(sock.getsockname())
+        fresh.listen(LISTEN_BACKLOG)
+        os.dup2(fresh.fileno(), sock.fileno())
+    finally:
+        fresh.close()
+
+
 def _kill_group(child: Child) -> None:
     """SIGKILL every process left in the child's process group (its own session)."""
     with suppress(ProcessLookupError, PermissionError):
@@ -242,6 +262,8 @@ class ChildProcesses:
         sockets: tuple[socket.socket, ...],
         log_mode: Literal["wb", "ab"],
     ) -> Child:
+        for sock in sockets:
+            listen_again(sock)
         log = self._log_dir / f"{name}.log"
         # The child writes through its own copy of the descriptor: a long-lived parent that
         # kept each one open would leak a descriptor per child it ever ran.

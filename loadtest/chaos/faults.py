@@ -100,6 +100,19 @@ def aws_down(seconds: float) -> Fault:
     return fault
 
 
+def limit_store_down(seconds: float) -> Fault:
+    """The gateways' limit store (Redis) stopped for `seconds`, then started empty."""
+
+    async def fault(stack: ChaosStack, _traffic: Traffic, _ready: dict[str, str]) -> set[str]:
+        stack.limit_store.stop()
+        await asyncio.sleep(seconds)
+        stack.limit_store.start()  # same port, no data: what a restarted node holds
+        return set()
+
+    fault.__doc__ = f"the limit store stopped for {seconds:.0f} s and restarted empty"
+    return fault
+
+
 async def gateway_restart(stack: ChaosStack, traffic: Traffic, _ready: dict[str, str]) -> set[str]:
     """SIGTERM the gateway, start a new one on its port; done once the new one ends a stream."""
     await stack.restart_gateway()
@@ -172,6 +185,7 @@ SCENARIOS: dict[str, Callable[[float], Fault]] = {
     "two agents interrupted at once": lambda _: two_interrupted,
     "agent hangs (SIGSTOP), socket open": lambda _: hang,
     "AWS (moto server) stopped": aws_down,
+    "limit store (Redis) restarted empty": limit_store_down,
     "gateway restarted (SIGTERM, new process)": lambda _: gateway_restart,
     "kill -9 of one of two gateways": lambda _: gateway_kill_9,
     "replacement killed before its first heartbeat": lambda _: dies_after_registering,

@@ -7,7 +7,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from loadtest.chaos.faults import Fault, aws_down, scenarios_for
+from loadtest.chaos.faults import Fault, aws_down, limit_store_down, scenarios_for
 from loadtest.chaos.stack import SYNTHETIC, ChaosStack, StackEngine, chaos_stack
 from loadtest.chaos.traffic import Tally, Traffic
 
@@ -67,6 +67,7 @@ async def run_all(
         for name in scenarios or tuple(applicable):
             make = applicable[name]
             fault = make(aws_down_seconds)
-            label = f"{name} ({aws_down_seconds:.0f} s)" if make is aws_down else name
+            timed = make in (aws_down, limit_store_down)
+            label = f"{name} ({aws_down_seconds:.0f} s)" if timed else name
             outcomes.append(await run_scenario(stack, label, fault, streams, settle_seconds))
     return outcomes

@@ -145,6 +145,7 @@ class Traffic(Clients):
                 "token_ids": stream.ids,
                 "text": "".join(stream.text),
                 "completion_tokens": len(stream.ids),
+                "receipt": stream.receipt,  # what was delivered is not charged again
             }
         await ws.send(json.dumps(frame))
         serving = ""
@@ -165,6 +166,7 @@ class Traffic(Clients):
                     elif received["type"] == "delta":
                         stream.ids.extend(received["ids"])
                         stream.text.append(received["text"])
+                        stream.receipt = received.get("receipt")
                         self.replying.set()
                     elif received["type"] == "error":
                         if received["code"] == "going_away":  # its gateway is stopping
@@ -206,6 +208,7 @@ class _Stream:
     session: str
     ids: list[int] = field(default_factory=list)
     text: list[str] = field(default_factory=list)
+    receipt: str | None = None  # the gateway's, for every id held
     agents: set[str] = field(default_factory=set)
     queued: bool = False
     resumes: int = 0  # times the client sent it again through another gateway

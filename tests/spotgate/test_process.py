@@ -4,12 +4,13 @@ nothing a child started outlives it."""
 from __future__ import annotations
 
 import asyncio
+import socket
 from pathlib import Path
 
 import psutil
 import pytest
 
-from spotgate.process import ChildProcesses
+from spotgate.process import ChildProcesses, listen_again, loopback_socket
 
 ZEN_FIRST_LINE = "The Zen of Python, by Tim Peters"
 
@@ -78,3 +79,19 @@ async def test_what_a_child_started_dies_with_it(tmp_path: Path, then: str, end:
 
     gone, _ = psutil.wait_procs([grandchild], timeout=10)
     assert gone == [grandchild]
+
+
+@pytest.mark.parametrize("shut", [True, False])
+def test_a_socket_a_drained_child_shut_listens_again_on_its_port_and_descriptor(
+    shut: bool,
+) -> None:
+    sock = loopback_socket()
+    address, descriptor = sock.getsockname(), sock.fileno()
+    if shut:  # what a gateway does at its drain's start
+        sock.shutdown(socket.SHUT_RD)
+    listen_again(sock)
+    assert (sock.getsockname(), sock.fileno()) == (address, descriptor)
+    assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+    with socket.create_connection(address, timeout=5):
+        pass
+    sock.close()
