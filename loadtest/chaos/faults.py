@@ -11,14 +11,18 @@ import psutil
 
 from loadtest.chaos.stack import (
     AGENT_HEARTBEAT_SECONDS,
+    GATEWAY_GRACE_SECONDS,
     READY_TIMEOUT_SECONDS,
     REGISTRY_POLL_SECONDS,
+    TOKENS_PER_SECOND,
     ChaosStack,
 )
-from loadtest.chaos.traffic import STREAM_TIMEOUT_SECONDS, Traffic
+from loadtest.chaos.traffic import STREAM_TIMEOUT_SECONDS, SseClients, Traffic
 from spotgate.registry import Registry
 
 NOTICE_SECONDS = 20.0
+LONG_STREAM_SECONDS = GATEWAY_GRACE_SECONDS + 10.0
+"""Streams that outlive a gateway's drain (synthetic pace)."""
 ENGINE_CORE_PROCESS_NAME = "VLLM::EngineCor"
 """What vLLM's engine core process calls itself (`VLLM::EngineCore`, cut to 15 characters)."""
 # A fresh agent is killed this long after it is seen registered, or once it has a stream:
@@ -123,6 +127,32 @@ async def gateway_restart(stack: ChaosStack, traffic: Traffic, _ready: dict[str,
     return set()
 
 
+async def gateway_stopped_under_long_streams(
+    stack: ChaosStack, traffic: Traffic, _ready: dict[str, str]
+) -> set[str]:
+    """SIGTERM one of two gateways while streams longer than its grace run through it.
+
+    When the grace is over each hears `going_away`: websocket clients resume through the
+    other gateway, exact; SSE clients see an error event, then `[DONE]`. Done once every
+    long stream has ended, the gateway running again.
+    """
+    max_tokens = round(LONG_STREAM_SECONDS * TOKENS_PER_SECOND)
+    websocket = Traffic(
+        stack, 2, name="long", rounds=1, tally=traffic.tally, max_tokens=max_tokens, gateway=1
+    )
+    sse = SseClients(stack, 2, max_tokens=max_tokens, gateway=1, tally=traffic.tally)
+    websocket.start()
+    sse.start()
+    async with asyncio.timeout(STREAM_TIMEOUT_SECONDS):
+        await websocket.replying.wait()
+        await sse.replying.wait()
+    await stack.restart_gateway(1)
+    await stack.wait_gateway_ready(READY_TIMEOUT_SECONDS, index=1)
+    await websocket.finished()
+    await sse.finished()
+    return set()
+
+
 async def gateway_kill_9(stack: ChaosStack, traffic: Traffic, _ready: dict[str, str]) -> set[str]:
     """SIGKILL one of the two gateways mid-stream; its clients resume through the other.
 
@@ -191,6 +221,12 @@ SCENARIOS: dict[str, Callable[[float], Fault]] = {
     "replacement killed before its first heartbeat": lambda _: dies_after_registering,
     "full pool: a surge of its whole capacity": lambda _: full_pool,
 }
+SYNTHETIC_SCENARIOS: dict[str, Callable[[float], Fault]] = {
+    "SIGTERM of one of two gateways, streams longer than its grace": (
+        lambda _: gateway_stopped_under_long_streams
+    ),
+}
+"""Faults whose streams need replies of any length: only the synthetic engine knows them."""
 VLLM_SCENARIOS: dict[str, Callable[[float], Fault]] = {
     "engine core stopped (SIGSTOP), agent alive": lambda _: engine_core_stopped,
 }
@@ -199,4 +235,4 @@ VLLM_SCENARIOS: dict[str, Callable[[float], Fault]] = {
 
 def scenarios_for(kind: str) -> dict[str, Callable[[float], Fault]]:
     """The scenarios that apply to agents of an engine kind, by name."""
-    return {**SCENARIOS, **VLLM_SCENARIOS} if kind == "vllm" else SCENARIOS
+    return {**SCENARIOS, **(VLLM_SCENARIOS if kind == "vllm" else SYNTHETIC_SCENARIOS)}

@@ -201,10 +201,10 @@ class ChaosStack:
         model = str(write_tiny_model(self.directory / "tiny"))
         return local.model_copy(update={"engine": "vllm", "model": model, "agent_env": agent_env})
 
-    def expected_reply(self, prompt: str) -> str:
-        """The whole reply a stream of `prompt` must deliver."""
+    def expected_reply(self, prompt: str, max_tokens: int | None = None) -> str:
+        """The whole reply a stream of `prompt` must deliver (synthetic: of any length)."""
         if self.engine.kind == "synthetic":
-            return synthetic_reply(prompt, self.engine.stream_tokens)
+            return synthetic_reply(prompt, max_tokens or self.engine.stream_tokens)
         return self.replies[prompt]
 
     async def learn_replies(self, clients: int) -> None:
@@ -228,11 +228,14 @@ class ChaosStack:
                         pending.discard(frame["id"])
         self.replies = {prompt: "".join(texts[sid]) for sid, prompt in prompts.items()}
 
-    def generate_frame(self, stream_id: str, prompt: str, session: str) -> dict[str, Any]:
-        """A greedy `generate` frame for one stream of the engine's length."""
+    def generate_frame(
+        self, stream_id: str, prompt: str, session: str, max_tokens: int | None = None
+    ) -> dict[str, Any]:
+        """A greedy `generate` frame for one stream of the engine's length (or `max_tokens`)."""
         return {
             "type": "generate", "id": stream_id, "model": self.engine.model,
-            "max_tokens": self.engine.stream_tokens, "temperature": 0, "session": session,
+            "max_tokens": max_tokens or self.engine.stream_tokens, "temperature": 0,
+            "session": session,
             "messages": [{"role": "user", "content": prompt}],
             "want_ids": True,  # what a client needs to resume through another gateway
         }  # fmt: skip

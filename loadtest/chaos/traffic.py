@@ -14,6 +14,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 import websockets
 
 from loadtest.chaos.stack import ChaosStack
@@ -86,7 +87,9 @@ class Traffic(Clients):
     """`streams` websocket clients, each streaming one known reply after another.
 
     Client `n` sends its streams in session `{name}-{n}`, so they stick to one agent while it
-    serves; `rounds` caps the streams each client sends (None: until `stop`).
+    serves; `rounds` caps the streams each client sends (None: until `stop`); `max_tokens`:
+    their length (None: the engine's); `gateway`: the one every client starts on (None:
+    spread over them, as a load balancer would).
     """
 
     def __init__(
@@ -97,10 +100,14 @@ class Traffic(Clients):
         name: str = "client",
         rounds: int | None = None,
         tally: Tally | None = None,
+        max_tokens: int | None = None,
+        gateway: int | None = None,
     ) -> None:
         super().__init__(stack, streams, tally)
         self._name = name
         self._rounds = rounds
+        self._max_tokens = max_tokens
+        self._gateway = gateway
         self.serving: Counter[str] = Counter()  # agent id → streams it is replying to now
         self.placed: defaultdict[str, asyncio.Event] = defaultdict(asyncio.Event)  # by agent id
         self.replying = asyncio.Event()
@@ -117,7 +124,7 @@ class Traffic(Clients):
         headers = {"Authorization": f"Bearer {self._stack.api_key}"}
         urls = [url.replace("http", "ws", 1) + "/v1/ws" for url in self._stack.gateway_urls]
         session = f"{self._name}-{number}"
-        gateway = number % len(urls)  # clients spread over the gateways, as a balancer would
+        gateway = number % len(urls) if self._gateway is None else self._gateway
         sent = 0
         stream: _Stream | None = None  # one the socket dropped under: resumed on the next
         while stream is not None or self._goes_on(sent):
@@ -139,7 +146,9 @@ class Traffic(Clients):
                 stream = None
 
     async def _one_stream(self, ws: Any, stream: _Stream) -> None:
-        frame = self._stack.generate_frame(stream.stream_id, stream.prompt, stream.session)
+        frame = self._stack.generate_frame(
+            stream.stream_id, stream.prompt, stream.session, self._max_tokens
+        )
         if stream.ids:  # what it holds, for the gateway to continue after
             frame["resume"] = {
                 "token_ids": stream.ids,
@@ -189,10 +198,73 @@ class Traffic(Clients):
         finally:
             self.serving.subtract(stream.agents & {serving})
         self.tally.queued += stream.queued
-        expected = self._stack.expected_reply(stream.prompt)
+        expected = self._stack.expected_reply(stream.prompt, self._max_tokens)
         moved = len(stream.agents) > 1 or stream.resumes > 0
         if self.tally.reply_ended(expected, "".join(stream.text), moved):
             self.completed.set()
+
+
+class SseClients(Clients):
+    """`streams` OpenAI clients, each streaming one long reply over SSE through one gateway.
+
+    An SSE response is one HTTP exchange: a client cannot resume it. Each must end with
+    `data: [DONE]`, exact or after an error event (counted by its code, `going_away` when its
+    gateway stopped first); one cut without a word is lost.
+    """
+
+    def __init__(
+        self, stack: ChaosStack, streams: int, *, max_tokens: int, gateway: int, tally: Tally
+    ) -> None:
+        super().__init__(stack, streams, tally)
+        self._max_tokens = max_tokens
+        self._gateway = gateway
+        self.replying = asyncio.Event()
+
+    async def _client(self, number: int) -> None:
+        prompt = self._stack.engine.prompt("sse", number, 1)
+        frame = self._stack.generate_frame(f"sse-{number}", prompt, f"sse-{number}")
+        body = {
+            "model": frame["model"],
+            "messages": frame["messages"],
+            "max_tokens": self._max_tokens,
+            "temperature": 0,
+            "stream": True,
+        }
+        url = f"{self._stack.gateway_urls[self._gateway]}/v1/chat/completions"
+        headers = {"Authorization": f"Bearer {self._stack.api_key}"}
+        self.tally.started += 1
+        text: list[str] = []
+        error: str | None = None
+        ended = False
+        try:
+            async with (
+                aiohttp.ClientSession() as http,
+                http.post(url, json=body, headers=headers) as response,
+            ):
+                async for line in response.content:
+                    data = line.decode().strip().removeprefix("data: ")
+                    if data == "[DONE]":
+                        ended = True
+                        break
+                    if not data:
+                        continue
+                    event = json.loads(data)
+                    if "error" in event:
+                        error = event["error"].get("code") or "error"
+                        continue
+                    for choice in event.get("choices", ()):
+                        text.append(choice.get("delta", {}).get("content") or "")
+                        self.replying.set()
+        except (aiohttp.ClientError, OSError):
+            ended = False
+        if not ended:
+            self.tally.lost += 1  # cut without a word: what a drain must never do
+        elif error is not None:
+            self.tally.failed[error] += 1
+        else:
+            self.tally.reply_ended(
+                self._stack.expected_reply(prompt, self._max_tokens), "".join(text), False
+            )
 
 
 class _StreamEnded(Exception):

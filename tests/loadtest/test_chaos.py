@@ -6,12 +6,13 @@ by a kill -9 is checked in-process, on the suite's shared engine (tests/gateway/
 
 from __future__ import annotations
 
-from loadtest.chaos import SCENARIOS, run_all
+from loadtest.chaos import run_all, scenarios_for
 
 
 async def test_no_stream_is_lost_and_the_pool_recovers_from_every_fault() -> None:
     outcomes = await run_all(agents=2, streams=4, aws_down_seconds=5.0, settle_seconds=1.0)
-    assert [o.name.split(" (")[0] for o in outcomes] == [n.split(" (")[0] for n in SCENARIOS]
+    expected = [name.split(" (")[0] for name in scenarios_for("synthetic")]
+    assert [o.name.split(" (")[0] for o in outcomes] == expected
     for outcome in outcomes:
         tally = outcome.tally
         assert tally.started > 0, outcome.name
@@ -27,6 +28,10 @@ async def test_no_stream_is_lost_and_the_pool_recovers_from_every_fault() -> Non
     killed = by_name["kill -9 of one of two gateways"].tally
     assert killed.failed.total() == 0  # its clients resumed their streams through the other
     assert killed.resumed > 0
+    long = by_name["SIGTERM of one of two gateways, streams longer than its grace"].tally
+    # Websocket clients resumed through the other gateway; SSE clients heard going_away.
+    assert long.failed == {"going_away": 2}
+    assert long.resumed >= 2
     assert by_name["replacement killed before its first heartbeat"].tally.failed.total() == 0
     store = next(o.tally for o in outcomes if o.name.startswith("limit store (Redis) restarted"))
     assert store.failed.total() == 0  # each replica decides alone meanwhile, then shares again
