@@ -27,6 +27,7 @@ def _describe_key(record: ApiKeyRecord) -> str:
             ("rpm", record.rpm),
             ("tpm", record.tpm),
             ("max_tokens", record.max_tokens),
+            ("max_streams", record.max_streams),
         )
         if value is not None
     )
@@ -43,6 +44,7 @@ async def _keys_create(args: argparse.Namespace) -> int:
             tpm=args.tpm,
             max_tokens=args.max_tokens,
             models=[model for model in (args.models or "").split(",") if model],
+            max_streams=args.max_streams,
         )
     print(created.api_key)
     print(
@@ -113,6 +115,11 @@ def setup_keys(commands: Commands) -> None:
     create.add_argument("--tpm", type=positive_int, help="tokens per minute")
     create.add_argument("--max-tokens", type=positive_int, help="max tokens per request")
     create.add_argument("--models", help="comma-separated models this key may use (default all)")
+    create.add_argument(
+        "--max-streams",
+        type=positive_int,
+        help="concurrent streams over every replica (default: the gateways' setting)",
+    )
     create.set_defaults(handler=run_async(_keys_create))
     key_commands.add_parser("list", help="list keys").set_defaults(handler=run_async(_keys_list))
     disable = key_commands.add_parser("disable", help="disable a key at once")

@@ -54,10 +54,11 @@ class Principal:
 def principal_of(
     record: ApiKeyRecord, max_concurrent: int, expires_at: float | None = None
 ) -> Principal:
-    """The principal a key record stands for."""
+    """The principal a key record stands for (`max_concurrent`: unless the key sets its own)."""
+    streams = record.max_streams if record.max_streams is not None else max_concurrent
     return Principal(
         key_id=record.key_id,
-        limits=Limits(rpm=record.rpm, tpm=record.tpm, max_concurrent=max_concurrent),
+        limits=Limits(rpm=record.rpm, tpm=record.tpm, max_concurrent=streams),
         models=record.models,
         max_tokens=record.max_tokens,
         expires_at=expires_at,

@@ -38,11 +38,13 @@ class ApiKeyOperations(RegistryBase):
         tpm: int | None = None,
         max_tokens: int | None = None,
         models: Iterable[str] = (),
+        max_streams: int | None = None,
     ) -> CreatedApiKey:
         """Create a key; the returned full key text is the only time it is ever available."""
         if not name.strip():
             raise ValueError("a key needs a name")
-        for label, limit in (("rpm", rpm), ("tpm", tpm), ("max_tokens", max_tokens)):
+        limits = (("rpm", rpm), ("tpm", tpm), ("max_tokens", max_tokens))
+        for label, limit in (*limits, ("max_streams", max_streams)):
             if limit is not None and limit < 1:
                 raise ValueError(f"{label} must be positive")
         api_key, parsed = new_api_key()
@@ -54,6 +56,7 @@ class ApiKeyOperations(RegistryBase):
             max_tokens=max_tokens,
             models=frozenset(models),
             created_at=self._clock(),
+            max_streams=max_streams,
         )
         item = encode_item(
             {

@@ -141,6 +141,8 @@ class ApiKeyRecord:
     models: frozenset[str] = field(default_factory=frozenset)
     disabled: bool = False
     created_at: float = 0.0
+    # Concurrent streams across every replica; None: the gateways' default for every key.
+    max_streams: int | None = None
 
     def allows_model(self, model: str) -> bool:
         """Whether this key may use `model` (an empty set means every model)."""

@@ -133,18 +133,21 @@ async def test_keys_create_list_disable_from_the_environment(
     env = emulator_env(tables)
 
     created = run(
-        "keys", "create", "--name", "ci", "--rpm", "60", "--models", "a,b", cwd=tmp_path, env=env
-    )
+        "keys", "create", "--name", "ci", "--rpm", "60", "--models", "a,b", "--max-streams", "3",
+        cwd=tmp_path, env=env,
+    )  # fmt: skip
     assert created.returncode == 0, created.stderr
     api_key = one_line(created.stdout)
     key_id = api_key.split("-")[1]
     async with Registry.open(tables.settings()) as registry:
         record = await registry.verify_key(api_key)
     assert (record.name, record.rpm, record.models) == ("ci", 60, frozenset({"a", "b"}))
+    assert record.max_streams == 3
 
     listed = run("keys", "list", cwd=tmp_path, env=env)
     assert listed.returncode == 0
     assert key_id in listed.stdout
+    assert "max_streams=3" in listed.stdout
     assert api_key.split("-", 2)[2] not in listed.stdout + listed.stderr
 
     assert run("keys", "disable", key_id, cwd=tmp_path, env=env).returncode == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Iterator
 
 import aiohttp
@@ -292,6 +293,37 @@ async def test_concurrent_streams_and_failed_auth_budgets_hold_across_replicas(
         assert answers == [401] * per_client + [429]  # one budget over the three replicas
         for gateway in gateways:
             assert gateway.state.limits.status == "shared"
+
+
+async def test_a_keys_own_concurrency_holds_across_replicas_beside_the_default(
+    aws: AwsEmulator,
+    gateway_key: SigningKey,
+    start_agent: AgentFactory,
+    limit_store: LimitStoreSettings,
+) -> None:
+    """`spotgate keys create --max-streams 2`: two at once over every replica; others: 64."""
+    async with Registry.open(aws.settings()) as registry:
+        narrow = await registry.create_key("narrow", max_streams=2)
+        wide = await registry.create_key("wide")
+    long = {"max_tokens": 1_000}  # 50 s at this agent's pace: still running at the end
+    async with replicas(
+        aws, gateway_key, 3, start_agent, models=(MODEL,), limit_store=limit_store
+    ) as gateways:
+        ends = {}
+        for key in (narrow, wide):
+            async with contextlib.AsyncExitStack() as sockets:
+                opened = [
+                    await sockets.enter_async_context(connect(gateway.ws_url, key.api_key))
+                    for gateway in gateways
+                ]
+                for index, ws in enumerate(opened[:2]):
+                    await send(ws, generate(f"s{index}", MODEL, **long))
+                    assert (await receive(ws))["type"] == "start"
+                third = await run_streams(opened[2], generate("s2", MODEL, max_tokens=3))
+                ends[key.record.name] = third["s2"][-1]
+    assert ends["narrow"]["code"] == "rate_limited"
+    assert ends["narrow"]["message"] == "at most 2 concurrent streams"
+    assert ends["wide"]["type"] == "done"
 
 
 async def test_a_cluster_endpoint_nobody_answers_falls_back_too() -> None:
