@@ -7,6 +7,7 @@ import asyncio
 from pathlib import Path
 
 from cli.args import CommandError, Commands, positive_int
+from spotgate.logging import configure_logging
 from spotgate.settings import GatewaySettings
 from stack.local import UpFailed, UpOptions, run_up
 
@@ -20,6 +21,7 @@ def _up(args: argparse.Namespace) -> int:
         gateways=args.gateways,
         ops_port=args.ops_port,
     )
+    configure_logging("warning")  # what `up` says of its children (a restart), on stderr
     try:
         return asyncio.run(
             run_up(Path.cwd(), options, announce=lambda line: print(line, flush=True))

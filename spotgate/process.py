@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import functools
 import gc
 import os
 import signal
@@ -149,6 +151,7 @@ def service_main(
         print(f"spotgate {name}: {describe_validation_error(err)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     configure_logging(settings.shared.log_level, settings.shared.log_format)
+    take_process_group_along_with_parent()
     try:
         run_service(serve(settings))
     except config_errors as err:
@@ -189,6 +192,31 @@ class Child:
         """Whether it has not exited yet."""
         return self.process.poll() is None
 
+    async def exited(self) -> int:
+        """Wait until it has exited (woken by the kernel, not polled); its exit status."""
+        try:
+            descriptor = os.pidfd_open(self.process.pid)
+        except ProcessLookupError:  # exited and reaped already
+            return self.process.wait()
+        loop = asyncio.get_running_loop()
+        done = asyncio.Event()
+        loop.add_reader(descriptor, done.set)
+        try:
+            if self.process.poll() is None:
+                await done.wait()
+        finally:
+            loop.remove_reader(descriptor)
+            os.close(descriptor)
+        return self.process.wait()
+
+    def log_tail(self, max_lines: int = 20) -> str:
+        """The last lines it wrote, to say why it exited."""
+        try:
+            lines = self.log.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(lines[-max_lines:])
+
 
 def listen_again(sock: socket.socket) -> None:
     """Make a handed-down socket listen again on its port, if its last child shut it.
@@ -210,6 +238,47 @@ def listen_again(sock: socket.socket) -> None:
         fresh.close()
 
 
+PR_SET_PDEATHSIG = 1
+PR_GET_PDEATHSIG = 2
+PARENT_DEATH_SIGNAL = signal.SIGUSR2
+"""What a child of `ChildProcesses` is sent when its parent dies, however it died.
+
+Its default action ends the process; a service (`service_main`) ends its whole process
+group on it instead (`take_process_group_along_with_parent`), whatever it started too.
+"""
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
+
+
+def die_with_parent(parent_pid: int, signum: int = PARENT_DEATH_SIGNAL) -> None:
+    """In a forked child before exec: be sent `signum` when the parent dies (Linux).
+
+    The kernel sends it when the thread that forked the child ends, so a parent starts its
+    children from its main thread (an event loop's). A parent already gone before this ran
+    leaves the child to init: it ends itself at once.
+    """
+    if _LIBC is None:
+        return
+    _LIBC.prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0)
+    if os.getppid() != parent_pid:
+        os.kill(os.getpid(), signum)
+
+
+def take_process_group_along_with_parent() -> None:
+    """When the parent that started this process dies, kill its process group, this included.
+
+    Only in a child `ChildProcesses` started (its own process group, `PARENT_DEATH_SIGNAL`
+    asked for): the group holds what the service started itself (vLLM's engine processes),
+    which the kernel's parent-death signal would not reach.
+    """
+    if _LIBC is None or os.getpgrp() != os.getpid():
+        return
+    asked = ctypes.c_int(0)
+    _LIBC.prctl(PR_GET_PDEATHSIG, ctypes.byref(asked), 0, 0, 0)
+    if asked.value != PARENT_DEATH_SIGNAL:
+        return
+    signal.signal(PARENT_DEATH_SIGNAL, lambda _signum, _frame: os.killpg(0, signal.SIGKILL))
+
+
 def _kill_group(child: Child) -> None:
     """SIGKILL every process left in the child's process group (its own session)."""
     with suppress(ProcessLookupError, PermissionError):
@@ -223,7 +292,8 @@ class ChildProcesses:
     stops them in the order it chooses (agents drain before the gateway goes). A child's
     process group goes with it: whatever it started and left behind (an agent killed with
     SIGKILL leaves vLLM's engine processes running) is killed once the child is gone, as
-    when a machine disappears.
+    when a machine disappears. No child outlives its parent: one that dies, even by SIGKILL,
+    takes its children along (`die_with_parent`), and they their process groups.
     """
 
     def __init__(self, log_dir: Path) -> None:
@@ -275,6 +345,8 @@ class ChildProcesses:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 pass_fds=[sock.fileno() for sock in sockets],
+                # Syscalls only between fork and exec: no lock another of our threads may hold.
+                preexec_fn=functools.partial(die_with_parent, os.getpid()),
             )
         child = Child(name, process, log, args, env, sockets)
         self.children.append(child)

@@ -7,8 +7,11 @@ registry; their operations listeners likewise from `--ops-port`) and N agents as
 their own (each agent with its own IMDS emulator, so interruptions can be injected), waits
 until every agent is registered ready, prints one `spotgate ready:` line and writes the same
 to `.spotgate/up.json`, so that `spotgate keys …` run from the same directory act on this
-stack. Ctrl-C drains the agents, stops the gateways, the store and the emulator. Process logs
-go to `.spotgate/logs/`.
+stack. From then on it supervises its children as ECS does its tasks (`stack.supervision`):
+one that exits is restarted on the sockets it was handed, the others serving on; one that
+keeps failing stops the stack. Ctrl-C drains the agents, stops the gateways, the store and
+the emulator. No child outlives it, even killed with SIGKILL (`die_with_parent`). Process
+logs go to `.spotgate/logs/`.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from spotgate.settings import (
 from spotgate.tokens import SigningKey
 from stack.children import GatewaySockets, start_service
 from stack.redis_server import RedisServer
+from stack.supervision import GaveUp, Supervisor
 
 UP_DIR = Path(".spotgate")
 UP_FILE = UP_DIR / "up.json"
@@ -335,10 +339,17 @@ async def run_up(directory: Path, options: UpOptions, *, announce: Callable[[str
         )
         _write_up_file(directory, info)
         announce(info.ready_line())
-        await _wait_for_stop_signal(processes)
+        # Every child is restarted when it exits, on the sockets it was handed, until a stop
+        # signal, or until one keeps failing.
+        supervisor = Supervisor(
+            processes, lambda _child: True, stop_timeout_seconds=STOP_TIMEOUT_SECONDS
+        )
+        gave_up = await _run_until_stopped(supervisor)
         # The pool manager drains and stops its agents before it exits; then the gateway.
         await processes.stop(lambda child: child.name == "pool-manager", STOP_TIMEOUT_SECONDS)
         await processes.stop(lambda child: True, STOP_TIMEOUT_SECONDS)
+        if gave_up is not None:
+            raise UpFailed(gave_up.message())
     finally:
         up_file.unlink(missing_ok=True)
         processes.close()
@@ -349,18 +360,20 @@ async def run_up(directory: Path, options: UpOptions, *, announce: Callable[[str
     return 0
 
 
-async def _wait_for_stop_signal(processes: ChildProcesses) -> None:
+async def _run_until_stopped(supervisor: Supervisor) -> GaveUp | None:
+    """Supervise the children until SIGINT or SIGTERM (None), or until one keeps failing."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
+    supervising = asyncio.create_task(supervisor.run(), name="supervise children")
+    stopping = asyncio.create_task(stop.wait(), name="wait for a stop signal")
     try:
-        while not stop.is_set():
-            _check(processes)
-            try:
-                await asyncio.wait_for(stop.wait(), 1.0)
-            except TimeoutError:
-                continue
+        await asyncio.wait((supervising, stopping), return_when=asyncio.FIRST_COMPLETED)
+        return supervising.result() if supervising.done() else None
     finally:
+        for task in (supervising, stopping):
+            task.cancel()
+        await asyncio.gather(supervising, stopping, return_exceptions=True)
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)

@@ -6,6 +6,8 @@ slot, which speaks the protocol of a cluster-mode endpoint such as ElastiCache S
 
 from __future__ import annotations
 
+import functools
+import os
 import shutil
 import signal
 import subprocess
@@ -16,7 +18,7 @@ from pathlib import Path
 import redis
 from pydantic import SecretStr
 
-from spotgate.process import free_port
+from spotgate.process import die_with_parent, free_port
 from spotgate.settings import LimitStoreSettings
 
 REDIS_SERVER = "redis-server"
@@ -57,7 +59,11 @@ class RedisServer:
         output = self._log.open("ab") if self._log is not None else subprocess.DEVNULL
         try:
             self._process = subprocess.Popen(  # noqa: S603 - a fixed program, our arguments
-                args, stdout=output, stderr=subprocess.STDOUT
+                args,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                # It goes with the process that started it, however that one ends.
+                preexec_fn=functools.partial(die_with_parent, os.getpid(), signal.SIGKILL),
             )
         finally:
             if self._log is not None and not isinstance(output, int):

@@ -81,6 +81,18 @@ class StackEngine:
             return f"{client} {number} stream {sent}"
         return f"Tell me about spot instance number {number}"
 
+    def generate_frame(
+        self, stream_id: str, prompt: str, session: str, max_tokens: int | None = None
+    ) -> dict[str, Any]:
+        """A greedy `generate` frame for one stream of this length (or `max_tokens`)."""
+        return {
+            "type": "generate", "id": stream_id, "model": self.model,
+            "max_tokens": max_tokens or self.stream_tokens, "temperature": 0,
+            "session": session,
+            "messages": [{"role": "user", "content": prompt}],
+            "want_ids": True,  # what a client needs to resume through another gateway
+        }  # fmt: skip
+
 
 SYNTHETIC = StackEngine(
     "synthetic", MODEL, STREAM_TOKENS, READY_TIMEOUT_SECONDS, RECOVERY_TIMEOUT_SECONDS
@@ -232,13 +244,7 @@ class ChaosStack:
         self, stream_id: str, prompt: str, session: str, max_tokens: int | None = None
     ) -> dict[str, Any]:
         """A greedy `generate` frame for one stream of the engine's length (or `max_tokens`)."""
-        return {
-            "type": "generate", "id": stream_id, "model": self.engine.model,
-            "max_tokens": max_tokens or self.engine.stream_tokens, "temperature": 0,
-            "session": session,
-            "messages": [{"role": "user", "content": prompt}],
-            "want_ids": True,  # what a client needs to resume through another gateway
-        }  # fmt: skip
+        return self.engine.generate_frame(stream_id, prompt, session, max_tokens)
 
     async def __aexit__(self, *_exc: object) -> None:
         await self.processes.stop(lambda child: child.name == "pool-manager", 60)

@@ -11,13 +11,14 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 import websockets
 
-from loadtest.chaos.stack import ChaosStack
+from loadtest.chaos.stack import StackEngine
 
 STREAM_TIMEOUT_SECONDS = 90.0
 RECONNECT_PAUSE_SECONDS = 0.5
@@ -56,10 +57,37 @@ class Tally:
         )
 
 
+class TrafficStack(Protocol):
+    """What clients need of a stack: its gateways, a key, and the replies its agents give.
+
+    A `ChaosStack` is one; so is a stack `spotgate up` runs, read from its `up.json`.
+    """
+
+    @property
+    def api_key(self) -> str:
+        """A key the clients stream with."""
+
+    @property
+    def gateway_urls(self) -> Sequence[str]:
+        """Every gateway replica, clients move along them when one goes."""
+
+    @property
+    def engine(self) -> StackEngine:
+        """What the agents run: the model, a stream's length, the prompts."""
+
+    def generate_frame(
+        self, stream_id: str, prompt: str, session: str, max_tokens: int | None = None
+    ) -> dict[str, Any]:
+        """A `generate` frame for one stream."""
+
+    def expected_reply(self, prompt: str, max_tokens: int | None = None) -> str:
+        """The whole reply a stream of `prompt` must deliver."""
+
+
 class Clients:
     """`streams` concurrent clients run as tasks until stopped; subclasses say what each does."""
 
-    def __init__(self, stack: ChaosStack, streams: int, tally: Tally | None = None) -> None:
+    def __init__(self, stack: TrafficStack, streams: int, tally: Tally | None = None) -> None:
         self._stack = stack
         self._streams = streams
         self.tally = tally if tally is not None else Tally()
@@ -94,7 +122,7 @@ class Traffic(Clients):
 
     def __init__(
         self,
-        stack: ChaosStack,
+        stack: TrafficStack,
         streams: int,
         *,
         name: str = "client",
@@ -213,7 +241,7 @@ class SseClients(Clients):
     """
 
     def __init__(
-        self, stack: ChaosStack, streams: int, *, max_tokens: int, gateway: int, tally: Tally
+        self, stack: TrafficStack, streams: int, *, max_tokens: int, gateway: int, tally: Tally
     ) -> None:
         super().__init__(stack, streams, tally)
         self._max_tokens = max_tokens

@@ -4,7 +4,10 @@ nothing a child started outlives it."""
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import psutil
@@ -95,3 +98,32 @@ def test_a_socket_a_drained_child_shut_listens_again_on_its_port_and_descriptor(
     with socket.create_connection(address, timeout=5):
         pass
     sock.close()
+
+
+async def test_a_child_and_its_process_group_die_with_a_parent_killed_with_sigkill(
+    tmp_path: Path,
+) -> None:
+    # The child, a service (`service_main` takes its group along), starts a grandchild in its
+    # process group, as an agent starts vLLM's engine processes.
+    service = "from spotgate.process import take_process_group_along_with_parent as take; take()"
+    child_args = leaves_a_grandchild("import time; time.sleep(600)")
+    child_args[child_args.index("-s") + 1] = f"{service}; {child_args[child_args.index('-s') + 1]}"
+    parent_script = (
+        "import json, sys, time; from pathlib import Path; "
+        "from spotgate.process import ChildProcesses; "
+        "child = ChildProcesses(Path(sys.argv[1])).start('child', json.loads(sys.argv[2]), {}); "
+        "print(child.process.pid, flush=True); time.sleep(600)"
+    )
+    parent = subprocess.Popen(  # noqa: ASYNC220 - started, then only read
+        [sys.executable, "-c", parent_script, str(tmp_path), json.dumps(child_args)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert parent.stdout is not None
+    child = psutil.Process(int(parent.stdout.readline()))
+    grandchild = await grandchild_of(tmp_path / "child.log")
+
+    parent.kill()
+    parent.wait()
+    gone, _ = psutil.wait_procs([child, grandchild], timeout=10)
+    assert set(gone) == {child, grandchild}

@@ -1,0 +1,188 @@
+"""`spotgate up` as a user runs it: its children supervised, none outliving it."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import psutil
+import pytest
+
+from gpu_agent.synthetic_engine import synthetic_reply
+from loadtest.chaos.stack import SYNTHETIC, StackEngine
+from loadtest.chaos.traffic import Traffic
+from stack.local import UP_FILE
+from tests.support.agents import wait_for
+
+UP = [sys.executable, "-m", "cli", "up", "--engine", "synthetic", "--agents", "2", "--port", "0"]
+GRACE_SECONDS = 2.0
+TOKENS_PER_SECOND = 20.0
+LONG_STREAM_TOKENS = 120  # 6 s: longer than the gateway's grace
+SHORT_STREAM_TOKENS = 10
+UP_ENV = {
+    # a test's drain: streams outlive it, and it ends soon
+    "SPOTGATE_GATEWAY_SHUTDOWN_GRACE_SECONDS": str(GRACE_SECONDS),
+    "SPOTGATE_AGENT_SYNTHETIC__TOKENS_PER_SECOND": str(TOKENS_PER_SECOND),
+}
+EXIT_TIMEOUT_SECONDS = 60.0
+
+
+@dataclass
+class UpStack:
+    """The stack a `spotgate up` runs, as its clients see it (`up.json`)."""
+
+    process: subprocess.Popen[str]
+    info: dict[str, Any]
+    engine: StackEngine = SYNTHETIC
+    gateway_urls: list[str] = field(init=False)
+    api_key: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.gateway_urls = self.info["gateways"]
+        self.api_key = self.info["api_key"]
+
+    def generate_frame(
+        self, stream_id: str, prompt: str, session: str, max_tokens: int | None = None
+    ) -> dict[str, Any]:
+        return self.engine.generate_frame(stream_id, prompt, session, max_tokens)
+
+    def expected_reply(self, prompt: str, max_tokens: int | None = None) -> str:
+        return synthetic_reply(prompt, max_tokens or self.engine.stream_tokens)
+
+    def descendants(self) -> list[psutil.Process]:
+        """Every process `up` runs now, its children's children too."""
+        return psutil.Process(self.process.pid).children(recursive=True)
+
+    def gateway(self, index: int) -> psutil.Process:
+        """The process serving gateway `index` now."""
+        port = self.gateway_urls[index].rsplit(":", 1)[1]
+        for child in psutil.Process(self.process.pid).children():
+            if child.environ().get("SPOTGATE_GATEWAY_PORT") == port:
+                return child
+        raise LookupError(f"no gateway on port {port}")
+
+    async def serving(self, index: int, old_pid: int) -> bool:
+        """Whether gateway `index` runs as a new process and says it is ready."""
+        try:
+            if self.gateway(index).pid == old_pid:
+                return False
+        except (LookupError, psutil.Error):
+            return False
+        url = f"{self.info['ops_urls'][index]}/readyz"
+        try:
+            async with aiohttp.ClientSession() as http, http.get(url) as response:
+                return response.status == 200
+        except aiohttp.ClientError:
+            return False
+
+
+@pytest.fixture
+def up(tmp_path: Path) -> Iterator[UpStack]:
+    process = subprocess.Popen(
+        [*UP, "--gateways", "2"],
+        cwd=tmp_path,
+        env={**os.environ, **UP_ENV},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    try:
+        assert line.startswith("spotgate ready:"), line + (
+            process.stderr.read() if process.stderr and process.poll() is not None else ""
+        )
+        yield UpStack(process, json.loads((tmp_path / UP_FILE).read_text()))
+    finally:
+        if process.poll() is None:  # the test failed before stopping it: `up` stops the rest
+            process.terminate()
+            try:
+                process.wait(timeout=EXIT_TIMEOUT_SECONDS)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def wait_all_exited(pids: dict[int, int], within_seconds: float) -> set[int]:
+    """Wait on pidfds until every process has exited; the pids still running at the end."""
+    deadline = time.monotonic() + within_seconds
+    running = dict(pids)  # pidfd → pid
+    while running and (left := deadline - time.monotonic()) > 0:
+        readable, _, _ = select.select(list(running), [], [], left)
+        for descriptor in readable:
+            del running[descriptor]
+    return set(running.values())
+
+
+def test_no_process_up_started_outlives_it_killed_with_sigkill(up: UpStack) -> None:
+    started = up.descendants()
+    names = " ".join(" ".join(process.cmdline()) for process in started)
+    # two gateways, the pool manager, two agents and their IMDS emulators, the limit store
+    assert len(started) >= 8, names
+    for part in ("-m gateway", "-m pool_manager", "-m gpu_agent", "imds_emulator", "redis-server"):
+        assert part in names
+    # pidfds, opened while they run: a pid the kernel hands out again is no false alarm
+    pidfds = {os.pidfd_open(process.pid): process.pid for process in started}
+    try:
+        up.process.kill()
+        up.process.wait()
+        left = wait_all_exited(pidfds, EXIT_TIMEOUT_SECONDS)
+    finally:
+        for descriptor in pidfds:
+            os.close(descriptor)
+    assert not left, [" ".join(psutil.Process(pid).cmdline()) for pid in left]
+
+
+async def test_a_gateway_that_exits_is_restarted_and_its_clients_resume_elsewhere(
+    up: UpStack,
+) -> None:
+    for stop, signum in (("killed", signal.SIGKILL), ("stopped", signal.SIGTERM)):
+        # Streams longer than the grace, all on the second gateway, which then goes.
+        streams = Traffic(up, 4, name=stop, rounds=1, max_tokens=LONG_STREAM_TOKENS, gateway=1)
+        streams.start()
+        async with asyncio.timeout(30):
+            await streams.replying.wait()
+        victim = up.gateway(1)
+        victim.send_signal(signum)
+        async with asyncio.timeout(60):
+            await streams.finished()
+        # Every one went on through the other gateway, exact.
+        assert (streams.tally.exact, streams.tally.resumed) == (4, 4), streams.tally
+        assert (streams.tally.lost, streams.tally.failed.total()) == (0, 0), streams.tally
+
+        # The gateway runs again on its port, and serves.
+        await wait_for(functools.partial(up.serving, 1, victim.pid), within=60)
+        again = Traffic(
+            up, 2, name=f"{stop}-again", rounds=1, max_tokens=SHORT_STREAM_TOKENS, gateway=1
+        )
+        again.start()
+        async with asyncio.timeout(30):
+            await again.finished()
+        assert (again.tally.exact, again.tally.resumed) == (2, 0), again.tally
+
+    up.process.send_signal(signal.SIGINT)
+    assert up.process.wait(timeout=EXIT_TIMEOUT_SECONDS) == 0
+    assert up.process.stderr is not None
+    restarts = [
+        event
+        for line in up.process.stderr.read().splitlines()
+        if line.startswith("{")
+        and (event := json.loads(line))["event"] == "child exited; restarting it"
+    ]
+    # A SIGTERM is a drain: the gateway ends it, exit 0, and is restarted all the same.
+    assert [(event["child"], event["exit"]) for event in restarts] == [
+        ("gateway-2", "SIGKILL"),
+        ("gateway-2", "exit 0"),
+    ]
