@@ -85,7 +85,7 @@ class SseTraffic(Clients):
         text: list[str] = []
         try:
             async with http.post(
-                f"{self._stack.gateway_url}/v1/chat/completions", json=body
+                f"{self._stack.gateway_urls[0]}/v1/chat/completions", json=body
             ) as response:
                 if response.status != 200:
                     error = (await response.json())["error"]

@@ -118,9 +118,8 @@ def limit_store_down(seconds: float) -> Fault:
 
 
 async def gateway_restart(stack: ChaosStack, traffic: Traffic, _ready: dict[str, str]) -> set[str]:
-    """SIGTERM the gateway, start a new one on its port; done once the new one ends a stream."""
+    """SIGTERM the gateway; its supervisor starts it again; done once the new one ends a stream."""
     await stack.restart_gateway()
-    await stack.wait_gateway_ready(READY_TIMEOUT_SECONDS)
     traffic.completed.clear()  # the old gateway is gone: the next exact stream is the new one's
     async with asyncio.timeout(STREAM_TIMEOUT_SECONDS):
         await traffic.completed.wait()
@@ -134,7 +133,7 @@ async def gateway_stopped_under_long_streams(
 
     When the grace is over each hears `going_away`: websocket clients resume through the
     other gateway, exact; SSE clients see an error event, then `[DONE]`. Done once every
-    long stream has ended, the gateway running again.
+    long stream has ended, the gateway running again (its supervisor restarted it).
     """
     max_tokens = round(LONG_STREAM_SECONDS * TOKENS_PER_SECOND)
     websocket = Traffic(
@@ -147,7 +146,6 @@ async def gateway_stopped_under_long_streams(
         await websocket.replying.wait()
         await sse.replying.wait()
     await stack.restart_gateway(1)
-    await stack.wait_gateway_ready(READY_TIMEOUT_SECONDS, index=1)
     await websocket.finished()
     await sse.finished()
     return set()
@@ -156,17 +154,18 @@ async def gateway_stopped_under_long_streams(
 async def gateway_kill_9(stack: ChaosStack, traffic: Traffic, _ready: dict[str, str]) -> set[str]:
     """SIGKILL one of the two gateways mid-stream; its clients resume through the other.
 
-    Done once a stream resumed that way has ended exact; then the gateway is started again.
+    Done once a stream resumed that way has ended exact, and the stack's supervisor has
+    started the gateway again on its port.
     """
     traffic.completed.clear()
     resumed_before = traffic.tally.resumed
+    restarts = stack.gateway_restarts(1)
     stack.kill_gateway(1)  # the first serves the agents' JWKS: the second is the one to lose
     async with asyncio.timeout(STREAM_TIMEOUT_SECONDS):
         while traffic.tally.resumed == resumed_before:
             traffic.completed.clear()
             await traffic.completed.wait()
-    await stack.restart_gateway(1)
-    await stack.wait_gateway_ready(READY_TIMEOUT_SECONDS, index=1)
+    await stack.wait_gateway_restarted(1, restarts, READY_TIMEOUT_SECONDS)
     return set()
 
 

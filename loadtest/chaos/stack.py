@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import signal
 import tempfile
 import time
 from collections import defaultdict
@@ -38,6 +39,7 @@ from stack.children import GatewaySockets, start_service
 from stack.emulator import EMULATOR_REGION, AwsEmulator
 from stack.local import LOCAL_VLLM, TINY_SERVED_NAME
 from stack.redis_server import RedisServer
+from stack.supervision import GaveUp, Supervisor
 
 MODEL = "synthetic"
 STREAM_TOKENS = 60
@@ -51,6 +53,7 @@ VLLM_START_TIMEOUT_SECONDS = 600.0  # an engine starting next to a busy one on a
 VLLM_SHARED_CPU_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
 AGENT_HEARTBEAT_SECONDS = 1.0
 GATEWAYS = 2  # replicas sharing one pool, as behind a load balancer
+POOL_MANAGER = "pool-manager"
 GATEWAY_GRACE_SECONDS = 10.0  # streams last 3 s: every one in flight finishes within it
 GATEWAY_STOP_TIMEOUT_SECONDS = GATEWAY_GRACE_SECONDS + 10.0
 REGISTRY_POLL_SECONDS = 0.1
@@ -128,8 +131,12 @@ class ChaosStack:
         # The gateways' sockets, bound here: their ports are known before the gateways start,
         # and each stays its gateway's across a restart (a new process on the same port).
         self.gateway_sockets = [GatewaySockets.bind() for _ in range(GATEWAYS)]
-        self.gateways: list[Child] = []
-        self.pool_manager: Child | None = None
+        self.gateway_names = ["gateway" if n == 0 else f"gateway-{n + 1}" for n in range(GATEWAYS)]
+        # Restarts what exits, as `spotgate up` does: a gateway killed comes back on its port.
+        self.supervisor = Supervisor(
+            self.processes, lambda _child: True, stop_timeout_seconds=GATEWAY_STOP_TIMEOUT_SECONDS
+        )
+        self._supervising: asyncio.Task[GaveUp] | None = None
         self.gateway_urls = [sockets.url for sockets in self.gateway_sockets]
         self.gateway_url = self.gateway_urls[0]
         self.api_key = ""
@@ -165,12 +172,8 @@ class ChaosStack:
             shutdown_grace_seconds=GATEWAY_GRACE_SECONDS,
             limit_store=self.limit_store.settings(),
         )
-        self.gateways = [
-            start_service(
-                self.processes, "gateway" if n == 0 else f"gateway-{n + 1}", gateway, sock
-            )
-            for n, sock in enumerate(self.gateway_sockets)
-        ]
+        for name, sock in zip(self.gateway_names, self.gateway_sockets, strict=True):
+            start_service(self.processes, name, gateway, sock)
         pool = PoolSettings(
             shared=shared,
             provider="local",
@@ -185,8 +188,22 @@ class ChaosStack:
             interruption_queue_url=self.queue_url,
             local=self._local_pool(),
         )
-        self.pool_manager = start_service(self.processes, "pool-manager", pool)
+        start_service(self.processes, POOL_MANAGER, pool)
+        self._supervising = asyncio.create_task(self.supervisor.run(), name="supervise the stack")
         return self
+
+    def _child(self, name: str) -> Child | None:
+        return next((child for child in self.processes.children if child.name == name), None)
+
+    @property
+    def gateways(self) -> list[Child]:
+        """The gateway replicas' processes now (a restarted one is a new process)."""
+        return [child for name in self.gateway_names if (child := self._child(name)) is not None]
+
+    @property
+    def pool_manager(self) -> Child | None:
+        """The pool manager's process now."""
+        return self._child(POOL_MANAGER)
 
     def _local_pool(self) -> LocalPoolSettings:
         """How the pool manager runs its agents, and their engine."""
@@ -247,13 +264,20 @@ class ChaosStack:
         return self.engine.generate_frame(stream_id, prompt, session, max_tokens)
 
     async def __aexit__(self, *_exc: object) -> None:
-        await self.processes.stop(lambda child: child.name == "pool-manager", 60)
+        gave_up = None
+        if self._supervising is not None:  # before the stop: nothing is restarted from here on
+            self._supervising.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                gave_up = await self._supervising
+        await self.processes.stop(lambda child: child.name == POOL_MANAGER, 60)
         await self.processes.stop(lambda child: True, 30)
         self.processes.close()
         for sock in self.gateway_sockets:
             sock.close()
         self.limit_store.stop()
         self.emulator.stop()
+        if gave_up is not None:
+            raise RuntimeError(f"the stack stopped: {gave_up.message()}")
 
     async def ready_agents(self) -> dict[str, str]:
         """Agent id → URL of the agents registered ready (empty while AWS is unreachable)."""
@@ -292,16 +316,31 @@ class ChaosStack:
         return found
 
     async def restart_gateway(self, index: int = 0) -> None:
-        """SIGTERM a gateway (it drains), then start it again: same port, key and settings."""
-        if not self.gateways:
-            raise RuntimeError("the stack is not running")
-        self.gateways[index] = await self.processes.restart(
-            self.gateways[index], GATEWAY_STOP_TIMEOUT_SECONDS
-        )
+        """SIGTERM a gateway (it drains); its supervisor starts it again on its port, ready."""
+        restarts = self.gateway_restarts(index)
+        self._gateway(index).process.send_signal(signal.SIGTERM)
+        await self.wait_gateway_restarted(index, restarts, READY_TIMEOUT_SECONDS)
 
     def kill_gateway(self, index: int) -> None:
-        """SIGKILL a gateway: its sockets drop with no word to anyone."""
-        self.processes.kill(self.gateways[index])
+        """SIGKILL a gateway: its sockets drop with no word to anyone (then it is restarted)."""
+        self.processes.kill(self._gateway(index))
+
+    def _gateway(self, index: int) -> Child:
+        child = self._child(self.gateway_names[index])
+        if child is None:
+            raise RuntimeError("the stack is not running")
+        return child
+
+    def gateway_restarts(self, index: int) -> int:
+        """How many times the supervisor has started gateway `index` again."""
+        return self.supervisor.restarted.get(self.gateway_names[index], 0)
+
+    async def wait_gateway_restarted(self, index: int, after: int, within_seconds: float) -> None:
+        """Wait until gateway `index` was restarted more than `after` times, and is ready."""
+        started = time.monotonic()
+        async with asyncio.timeout(within_seconds), self.supervisor.restarts:
+            await self.supervisor.restarts.wait_for(lambda: self.gateway_restarts(index) > after)
+        await self.wait_gateway_ready(within_seconds - (time.monotonic() - started), index)
 
     async def wait_gateway_ready(self, within_seconds: float, index: int = 0) -> None:
         """Poll a gateway's `/readyz` until it answers 200."""
