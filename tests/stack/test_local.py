@@ -186,3 +186,30 @@ async def test_a_gateway_that_exits_is_restarted_and_its_clients_resume_elsewher
         ("gateway-2", "SIGKILL"),
         ("gateway-2", "exit 0"),
     ]
+
+
+async def test_a_gateway_that_keeps_failing_stops_the_stack_saying_which(up: UpStack) -> None:
+    started = up.descendants()
+    pidfds = {os.pidfd_open(process.pid): process.pid for process in started}
+    try:
+        for kills in range(1, 6):  # the fifth exit in five minutes is one too many
+            victim = up.gateway(1)
+            victim.kill()
+            if kills < 5:
+                await wait_for(functools.partial(up.serving, 1, victim.pid), within=60)
+        assert up.process.wait(timeout=EXIT_TIMEOUT_SECONDS) == 2
+        # It stopped everything it started, the gateway that kept serving too.
+        left = wait_all_exited(pidfds, EXIT_TIMEOUT_SECONDS)
+    finally:
+        for descriptor in pidfds:
+            os.close(descriptor)
+    assert not left
+    assert up.process.stderr is not None
+    said = up.process.stderr.read()
+    assert "gateway-2 exited 5 times in 300 s, the last with SIGKILL; see " in said
+    events = [json.loads(line) for line in said.splitlines() if line.startswith("{")]
+    failing = next(
+        event for event in events if event["event"] == "child keeps failing; stopping the stack"
+    )
+    assert failing["child"] == "gateway-2"
+    assert "gateway listening" in failing["log_tail"]  # what it said before it went
