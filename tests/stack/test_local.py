@@ -22,7 +22,7 @@ import pytest
 
 from gpu_agent.synthetic_engine import synthetic_reply
 from loadtest.chaos.stack import SYNTHETIC, StackEngine
-from loadtest.chaos.traffic import Traffic
+from loadtest.chaos.traffic import SseClients, Tally, Traffic
 from stack.local import UP_FILE
 from tests.support.agents import wait_for
 
@@ -151,16 +151,27 @@ async def test_a_gateway_that_exits_is_restarted_and_its_clients_resume_elsewher
     for stop, signum in (("killed", signal.SIGKILL), ("stopped", signal.SIGTERM)):
         # Streams longer than the grace, all on the second gateway, which then goes.
         streams = Traffic(up, 4, name=stop, rounds=1, max_tokens=LONG_STREAM_TOKENS, gateway=1)
+        # OpenAI clients beside them while it drains: an SSE stream cannot move, it is told.
+        drained = signum == signal.SIGTERM
+        sse = SseClients(
+            up, 2 if drained else 0, max_tokens=LONG_STREAM_TOKENS, gateway=1, tally=Tally()
+        )
         streams.start()
+        sse.start()
         async with asyncio.timeout(30):
             await streams.replying.wait()
+            if drained:
+                await sse.replying.wait()
         victim = up.gateway(1)
         victim.send_signal(signum)
         async with asyncio.timeout(60):
             await streams.finished()
-        # Every one went on through the other gateway, exact.
+            await sse.finished()
+        # Every websocket stream went on through the other gateway, exact.
         assert (streams.tally.exact, streams.tally.resumed) == (4, 4), streams.tally
         assert (streams.tally.lost, streams.tally.failed.total()) == (0, 0), streams.tally
+        if drained:  # each SSE stream heard `going_away` when the grace was over, then [DONE]
+            assert (sse.tally.failed, sse.tally.lost) == ({"going_away": 2}, 0), sse.tally
 
         # The gateway runs again on its port, and serves.
         await wait_for(functools.partial(up.serving, 1, victim.pid), within=60)
