@@ -151,15 +151,7 @@ class Supervisor:
             runs.append(Run(started_at, self._clock(), returncode))
             decision = restart_decision(runs, self._policy)
             if isinstance(decision, GiveUp):
-                tail = child.log_tail(LOG_TAIL_LINES)
-                log.error(
-                    "child keeps failing; stopping the stack",
-                    child=child.name,
-                    reason=decision.reason,
-                    log=str(child.log),
-                    log_tail=tail,
-                )
-                return GaveUp(child, decision.reason, tail)
+                return self._give_up(child, decision.reason)
             log.warning(
                 "child exited; restarting it",
                 child=child.name,
@@ -168,7 +160,21 @@ class Supervisor:
                 log=str(child.log),
             )
             await asyncio.sleep(decision.after_seconds)
-            child = await self._processes.restart(child, self._stop_timeout_seconds)
+            try:
+                child = await self._processes.restart(child, self._stop_timeout_seconds)
+            except OSError as err:  # its port taken meanwhile, say: it cannot come back
+                return self._give_up(child, f"could not be started again ({err})")
             self.restarted[child.name] = self.restarted.get(child.name, 0) + 1
             async with self.restarts:
                 self.restarts.notify_all()
+
+    def _give_up(self, child: Child, reason: str) -> GaveUp:
+        tail = child.log_tail(LOG_TAIL_LINES)
+        log.error(
+            "child keeps failing; stopping the stack",
+            child=child.name,
+            reason=reason,
+            log=str(child.log),
+            log_tail=tail,
+        )
+        return GaveUp(child, reason, tail)

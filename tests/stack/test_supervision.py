@@ -2,11 +2,12 @@ from __future__ import annotations
 
 import platform
 import signal
+import socket
 from pathlib import Path
 
 import pytest
 
-from spotgate.process import ChildProcesses
+from spotgate.process import ChildProcesses, loopback_socket
 from stack.supervision import (
     GiveUp,
     Restart,
@@ -91,3 +92,22 @@ async def test_a_child_that_keeps_exiting_is_restarted_then_given_up_with_its_lo
     assert gave_up.log_tail.splitlines() == [platform.platform()] * 3
     assert gave_up.message().endswith(f"; see {tmp_path / 'flaky.log'}")
     assert steady.process.returncode == -signal.SIGKILL  # only closing stopped it
+
+
+async def test_a_child_whose_port_was_taken_meanwhile_is_given_up_on(tmp_path: Path) -> None:
+    processes = ChildProcesses(tmp_path)
+    sock = loopback_socket()
+    processes.start("gateway", ["platform"], {}, (sock,))  # exits at once
+    sock.shutdown(socket.SHUT_RD)  # as a gateway's drain leaves it: to be bound afresh
+    with socket.socket() as thief:
+        thief.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        thief.bind(sock.getsockname())
+        thief.listen()
+        policy = RestartPolicy(first_backoff_seconds=0.01)
+        try:
+            gave_up = await Supervisor(processes, lambda _child: True, policy=policy).run()
+        finally:
+            processes.close()
+            sock.close()
+    assert gave_up.child.name == "gateway"
+    assert gave_up.reason.startswith("could not be started again ("), gave_up.reason
