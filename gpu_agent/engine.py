@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from gpu_agent.tool_calls import ToolCallReader
-from spotgate.protocol import ChatMessage, Tool
+from spotgate.protocol import ChatMessage, GenerateFrame, Tool
 from spotgate.settings import EngineKind
 
 FinishReason = Literal["stop", "length"]
@@ -28,6 +28,14 @@ class EngineRequestError(ValueError):
 
 class NoChatTemplate(EngineRequestError):
     """The model has no chat template, so it can only complete a raw prompt."""
+
+
+class PromptTooLong(ValueError):
+    """The prompt's text is too long to fit the context, whatever its tokens: not tokenized."""
+
+    def __init__(self, chars: int) -> None:
+        super().__init__(f"the prompt's text has {chars} characters")
+        self.chars = chars
 
 
 class ReplyBroken(RuntimeError):
@@ -67,6 +75,9 @@ class GenerationRequest:
     """None: no logprobs; k: each token's logprob and its k most likely alternatives."""
     json_schema: str | None = None
     """The JSON schema (as JSON text) every completion must match; None: free text."""
+    cache_salt: str | None = None
+    """Keeps the prompt's cached KV blocks apart from those of other salts (`spotgate.tenancy`);
+    an engine with no prefix cache ignores it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +138,16 @@ class Engine(Protocol):
 
     def text_prompt_ids(self, prompt: str) -> list[int]:
         """Token ids of a raw prompt."""
+        ...
+
+    async def prompt_ids(self, frame: GenerateFrame, max_chars: int) -> list[int]:
+        """Token ids of a raw prompt, or of the chat template applied to turns and tools.
+
+        Made where no other stream waits on them (not on the event loop). Text of more than
+        `max_chars` characters cannot fit the context: an engine whose tokenizing costs raises
+        `PromptTooLong` for it rather than tokenize it. Raises `NoChatTemplate` for a chat to
+        a model with none.
+        """
         ...
 
     def tool_calls(self, tools: Sequence[Tool]) -> ToolCallReader | None:

@@ -13,11 +13,17 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 
 from gpu_agent.detokenizer import IncrementalDetokenizer, ResumeMismatch
-from gpu_agent.engine import Engine, FinishReason, GenerationRequest, TokenLogprobs
+from gpu_agent.engine import Engine, FinishReason, GenerationRequest, PromptTooLong, TokenLogprobs
 from gpu_agent.grammar import JSON_OBJECT_SCHEMA, schema_text
 from gpu_agent.tool_calls import ReplyContent, ToolCallReader
 from spotgate.admission import agent_stream_refusal
-from spotgate.context import ContextExceeded, completion_budget
+from spotgate.context import (
+    ContextExceeded,
+    ContextLimits,
+    completion_budget,
+    exceeded_message,
+    max_fitting_chars,
+)
 from spotgate.protocol import (
     MIN_LOGPROB,
     DeltaFrame,
@@ -32,6 +38,7 @@ from spotgate.protocol import (
     TopLogprob,
     Usage,
 )
+from spotgate.tenancy import cache_salt
 from spotgate.tokens import Claims
 
 
@@ -75,10 +82,19 @@ def check_request(
         raise StreamRefused(refusal.code, refusal.message, refusal.param)
 
 
-def _prompt_ids(frame: GenerateFrame, engine: Engine) -> list[int]:
-    if frame.messages is not None:
-        return engine.chat_prompt_ids(frame.messages, frame.tools or ())
-    return engine.text_prompt_ids(frame.prompt or "")
+async def prompt_ids_of(frame: GenerateFrame, engine: Engine) -> list[int]:
+    """The request's prompt ids, off the event loop; refused when its text alone cannot fit.
+
+    Raises `StreamRefused` (`context_length_exceeded`) for a text longer than any prompt the
+    context holds: what it would cost to tokenize is never spent.
+    """
+    limits = ContextLimits(engine.max_model_len, engine.max_token_chars)
+    try:
+        return await engine.prompt_ids(frame, max_fitting_chars(limits, frame.max_tokens))
+    except PromptTooLong as err:
+        at_least = -(-err.chars // max(1, engine.max_token_chars))
+        message = exceeded_message(engine.max_model_len, at_least, frame.max_tokens, True)
+        raise StreamRefused(ErrorCode.CONTEXT_LENGTH_EXCEEDED, message) from err
 
 
 def json_schema_of(frame: GenerateFrame) -> str | None:
@@ -244,7 +260,7 @@ async def generate_frames(
     or a resume whose text is not that of its ids.
     """
     started = time.monotonic()
-    prompt_ids = _prompt_ids(frame, engine)
+    prompt_ids = await prompt_ids_of(frame, engine)
     caps = [cap for cap in (key_max_tokens, frame.max_tokens_cap) if cap is not None]
     try:
         budget = completion_budget(
@@ -299,6 +315,7 @@ async def generate_frames(
             ignore_eos=frame.ignore_eos,
             logprobs=frame.logprobs,
             json_schema=json_schema_of(frame),
+            cache_salt=cache_salt(frame.tenant) if frame.tenant is not None else None,
         )
         async with aclosing(engine.generate(request)) as steps:
             async for step in steps:

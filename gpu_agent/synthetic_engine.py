@@ -18,7 +18,7 @@ from gpu_agent.engine import (
     PrefixCacheCounts,
 )
 from gpu_agent.tool_calls import ToolCallReader
-from spotgate.protocol import ChatMessage, Tool
+from spotgate.protocol import ChatMessage, GenerateFrame, Tool
 from spotgate.settings import AgentSettings, EngineKind
 
 SYNTHETIC_WORDS = (
@@ -124,6 +124,12 @@ class SyntheticEngine:
     def text_prompt_ids(self, prompt: str) -> list[int]:
         """Bytes of the prompt, one id per byte."""
         return list(prompt.encode())
+
+    async def prompt_ids(self, frame: GenerateFrame, max_chars: int) -> list[int]:
+        """The raw prompt's or the transcript's bytes (cheap: made on the loop)."""
+        if frame.messages is None:
+            return self.text_prompt_ids(frame.prompt or "")
+        return self.chat_prompt_ids(frame.messages, frame.tools or ())
 
     def tool_calls(self, tools: Sequence[Tool]) -> ToolCallReader | None:
         """None: synthetic text never holds a tool call."""

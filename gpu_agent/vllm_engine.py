@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import os
 from collections.abc import AsyncGenerator, Sequence
@@ -21,15 +20,17 @@ from gpu_agent.engine import (
     GenerationRequest,
     NoChatTemplate,
     PrefixCacheCounts,
+    PromptTooLong,
     ReplyBroken,
     TokenLogprobs,
 )
 from gpu_agent.grammar import GrammarError, Grammars
 from gpu_agent.tool_calls import ToolCallReader
 from gpu_agent.vllm_logits import EXTRA_ARGS_KEY, StreamSpec
+from gpu_agent.worker_thread import WorkerThread
 from spotgate.context import UNICODE_COMPOSITION_FACTOR
 from spotgate.model_store import is_s3_uri
-from spotgate.protocol import ChatMessage, Tool
+from spotgate.protocol import ChatMessage, GenerateFrame, Tool
 from spotgate.settings import AgentSettings, EngineKind
 
 CPU_KV_CACHE_GIB_DEFAULT = "1"
@@ -115,6 +116,10 @@ class VllmEngine:
         self.max_token_chars = max_token_chars(self._backend)
         self.held_token_ids = held_token_ids(self._backend)
         self._grammars: Grammars | None = None
+        # Prompts and schemas each on a thread of their own: a schema that takes long to
+        # compile holds back no other request's prompt.
+        self._prompt_thread = WorkerThread("prompts")
+        self._schema_thread = WorkerThread("schemas")
         self._tool_call_parser = tool_call_parser
         # Found once: an unknown or unusable parser fails the start, not a request.
         self._tool_markers = (
@@ -178,9 +183,7 @@ class VllmEngine:
             prefix_cache,
         )
 
-    def chat_prompt_ids(
-        self, messages: Sequence[ChatMessage], tools: Sequence[Tool] = ()
-    ) -> list[int]:
+    def chat_prompt_text(self, messages: Sequence[ChatMessage], tools: Sequence[Tool] = ()) -> str:
         """The model's own chat template (its `tokenizer_config.json`), assistant turn opened.
 
         Tools and tool calls go to the template in OpenAI's shapes, as vLLM passes them.
@@ -190,18 +193,42 @@ class VllmEngine:
                 f"model '{self.model}' has no chat template; send a raw prompt "
                 "(POST /v1/completions, or 'prompt' in a generate frame)"
             )
-        ids = self._tokenizer.apply_chat_template(
+        text: str = self._tokenizer.apply_chat_template(
             [message.model_dump(exclude_none=True) for message in messages],
             tools=[tool.model_dump(exclude_none=True) for tool in tools] or None,
             add_generation_prompt=True,
-            tokenize=True,
-            return_dict=False,
+            tokenize=False,
         )
-        return [int(token) for token in ids]
+        return text
+
+    def chat_prompt_ids(
+        self, messages: Sequence[ChatMessage], tools: Sequence[Tool] = ()
+    ) -> list[int]:
+        """The chat template's text tokenized, as `apply_chat_template` does (no tokens added)."""
+        return self._encode(self.chat_prompt_text(messages, tools), special_tokens=False)
 
     def text_prompt_ids(self, prompt: str) -> list[int]:
         """The prompt tokenized as vLLM's completions endpoint does (special tokens added)."""
-        return [int(token) for token in self._tokenizer.encode(prompt)]
+        return self._encode(prompt, special_tokens=True)
+
+    def _encode(self, text: str, *, special_tokens: bool) -> list[int]:
+        # Through `transformers`, which encodes as a batch: the Rust tokenizer then releases
+        # the GIL (its single `encode` would hold it), and the event loop goes on meanwhile.
+        ids = self._tokenizer.encode(text, add_special_tokens=special_tokens)
+        return [int(token) for token in ids]
+
+    async def prompt_ids(self, frame: GenerateFrame, max_chars: int) -> list[int]:
+        """The request's prompt ids, made on the engine's prompt thread (see `Engine`)."""
+        return await self._prompt_thread.run(functools.partial(self._prompt_ids, frame, max_chars))
+
+    def _prompt_ids(self, frame: GenerateFrame, max_chars: int) -> list[int]:
+        if frame.messages is None:
+            text, special_tokens = frame.prompt or "", True
+        else:
+            text, special_tokens = self.chat_prompt_text(frame.messages, frame.tools or ()), False
+        if len(text) > max_chars:
+            raise PromptTooLong(len(text))
+        return self._encode(text, special_tokens=special_tokens)
 
     def tool_calls(self, tools: Sequence[Tool]) -> ToolCallReader | None:
         """The tool-call parser (vLLM's) named in the settings, for a request offering `tools`."""
@@ -239,14 +266,17 @@ class VllmEngine:
         """
         if request.json_schema is None:
             return None
-        if self._grammars is None:
-            self._grammars = Grammars(self._tokenizer, self._vocab_size)
         try:
-            return await asyncio.to_thread(
-                self._grammars.matcher, request.json_schema, request.resume_ids
+            return await self._schema_thread.run(
+                functools.partial(self._matcher, request.json_schema, request.resume_ids)
             )
         except GrammarError as err:
             raise EngineRequestError(str(err), param="response_format") from err
+
+    def _matcher(self, schema: str, resume_ids: Sequence[int]) -> Any:
+        if self._grammars is None:  # made once, on the schema thread: it reads the whole vocab
+            self._grammars = Grammars(self._tokenizer, self._vocab_size)
+        return self._grammars.matcher(schema, resume_ids)
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[EngineStep, None]:
         """Stream token ids; leaving the loop early aborts the vLLM request.
@@ -284,7 +314,9 @@ class VllmEngine:
             raise EngineRequestError(str(err), param=getattr(err, "parameter", None)) from err
 
     async def close(self) -> None:
-        """Shut the engine's processes down."""
+        """Shut the engine's processes and threads down."""
+        self._prompt_thread.close()
+        self._schema_thread.close()
         self._llm.shutdown()
 
 

@@ -96,14 +96,22 @@ def grant_refusal(frame: GenerateFrame, grant: Grant) -> Refusal | None:
 
 
 def prompt_refusal(frame: GenerateFrame, max_prompt_chars: int) -> Refusal | None:
-    """Refused when the prompt has more than `max_prompt_chars` characters."""
-    chars = frame.prompt_chars()
-    if chars > max_prompt_chars:
-        return Refusal(
-            ErrorCode.INVALID_REQUEST,
-            f"prompt of {chars} characters exceeds the limit of {max_prompt_chars}",
-        )
-    return None
+    """Refused when the prompt has more than `max_prompt_chars` characters, all fields told.
+
+    Tools and schemas count as the messages do; `param` is the field with the most of them.
+    """
+    fields = frame.prompt_chars_by_field()
+    chars = sum(fields.values())
+    if chars <= max_prompt_chars:
+        return None
+    largest = max(fields, key=lambda field: fields[field])
+    parts = ", ".join(f"{field} {count}" for field, count in fields.items() if count)
+    told = f" ({parts})" if len(fields) > 1 else ""
+    return Refusal(
+        ErrorCode.INVALID_REQUEST,
+        f"prompt of {chars} characters{told} exceeds the limit of {max_prompt_chars}",
+        param=largest,
+    )
 
 
 def charged_resume_tokens(frame: GenerateFrame, delivered: bool) -> int:

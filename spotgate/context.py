@@ -32,21 +32,41 @@ class ContextExceeded(ValueError):
 
 
 def kept_prompt_chars(frame: GenerateFrame) -> int:
-    """Characters of the request that any chat template keeps: a raw prompt, the user turns.
+    """Characters of the request that any chat template keeps (a lower bound of its length).
 
+    A raw prompt; else the user turns, the tools, and what the model called and was answered.
     Templates may trim a turn's surrounding white space (Llama-3, Gemma) or drop parts of
-    other turns (Qwen3 drops earlier reasoning), so only stripped user text counts.
+    other turns (Qwen3 drops earlier reasoning), so only stripped text counts. A template that
+    offers the model tools writes each one's name and description, the calls' names and
+    arguments, and the tools' answers; the parameter schemas it may write more briefly than
+    their JSON (as signatures), so they do not count here, nor does the reply's schema, which
+    no template sees.
     """
     if frame.prompt is not None:
         return len(frame.prompt)
-    return sum(
-        len(message.content.strip()) for message in frame.messages or () if message.role == "user"
-    )
+    kept = 0
+    for message in frame.messages or ():
+        if message.role in ("user", "tool"):
+            kept += len(message.content.strip())
+        for call in message.tool_calls or ():
+            kept += len(call.function.name) + len(call.function.arguments.strip())
+    for tool in frame.tools or ():
+        kept += len(tool.function.name) + len((tool.function.description or "").strip())
+    return kept
 
 
 def min_prompt_tokens(frame: GenerateFrame, limits: ContextLimits) -> int:
     """A lower bound on the prompt's tokens: no token stands for more than `max_token_chars`."""
     return -(-kept_prompt_chars(frame) // max(1, limits.max_token_chars))
+
+
+def max_fitting_chars(limits: ContextLimits, max_tokens: int | None) -> int:
+    """The most characters a prompt's text can have and still leave the completion room.
+
+    No token stands for more than `max_token_chars` characters, so a longer text has more
+    tokens than fit: an agent refuses it without tokenizing it.
+    """
+    return max(0, limits.max_model_len - (max_tokens or 1)) * max(1, limits.max_token_chars)
 
 
 def completion_budget(

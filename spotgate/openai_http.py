@@ -29,7 +29,7 @@ from spotgate.openai_api import (
     usage_body,
     validation_message,
 )
-from spotgate.openai_responses import ResponseWriter
+from spotgate.openai_responses import ResponseWriter, responses_param
 from spotgate.protocol import (
     AnyFrame,
     DeltaFrame,
@@ -179,7 +179,8 @@ async def respond_response(
     response: web.StreamResponse | None = None
     async for frame in frames:
         if isinstance(frame, ErrorFrame) and response is None:
-            return json_error(frame.code, frame.message, frame.retry_after, frame.param)
+            param = responses_param(frame.param)
+            return json_error(frame.code, frame.message, frame.retry_after, param)
         if not isinstance(frame, DeltaFrame | DoneFrame | ErrorFrame):
             continue  # queued / start: nothing to show an OpenAI client
         if not stream:
@@ -197,7 +198,9 @@ async def respond_response(
         if isinstance(frame, DeltaFrame):
             await response.write(writer.delta(shown_text(frame)))
         elif isinstance(frame, ErrorFrame):
-            await response.write(writer.error(frame.code, frame.message, frame.param))
+            await response.write(
+                writer.error(frame.code, frame.message, responses_param(frame.param))
+            )
         else:
             await response.write(writer.closing(frame))
     if response is None:

@@ -230,6 +230,18 @@ class ResponsesRequest(SamplingRequest):
         )
 
 
+RESPONSES_FIELDS = {"messages": "input", "response_format": "text.format"}
+"""The Responses API's names of `generate` frame fields that it names otherwise."""
+
+
+def responses_param(param: str | None) -> str | None:
+    """An error's `param` (a frame field) as the Responses API names it: `messages` → `input`."""
+    if param is None:
+        return None
+    head = param.split(".", 1)[0]
+    return RESPONSES_FIELDS.get(head, param)
+
+
 def response_id() -> str:
     """A fresh `resp_…` id."""
     return f"resp_{uuid.uuid4().hex}"

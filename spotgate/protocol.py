@@ -81,6 +81,11 @@ class FunctionCall(_Strict):
     arguments: str
 
 
+def json_chars(value: object) -> int:
+    """Characters of `value` as compact JSON, non-ASCII as it is: what a schema weighs."""
+    return len(json.dumps(value, ensure_ascii=False, separators=(",", ":")))
+
+
 class ToolCall(_Strict):
     """One tool call of an assistant turn (OpenAI's shape)."""
 
@@ -97,6 +102,14 @@ class ChatMessage(_Strict):
     tool_calls: Annotated[list[ToolCall], Field(min_length=1, max_length=MAX_TOOLS)] | None = None
     tool_call_id: ToolCallId | None = None
 
+    def chars(self) -> int:
+        """Characters of the turn's text: its content, and its tool calls' ids, names, arguments."""
+        calls = sum(
+            len(call.id) + len(call.function.name) + len(call.function.arguments)
+            for call in self.tool_calls or ()
+        )
+        return len(self.content) + len(self.tool_call_id or "") + calls
+
 
 class FunctionDefinition(_Strict):
     """A function the model may call; `parameters` is the JSON schema of its arguments."""
@@ -105,6 +118,11 @@ class FunctionDefinition(_Strict):
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
+
+    def chars(self) -> int:
+        """Characters of its name, its description and its parameters' schema (as JSON)."""
+        schema = json_chars(self.parameters) if self.parameters is not None else 0
+        return len(self.name) + len(self.description or "") + schema
 
 
 class Tool(_Strict):
@@ -234,6 +252,9 @@ class GenerateFrame(_Strict):
     # What the stream already produced: set by a gateway moving it to another agent, or by a
     # client continuing it through another gateway (the ids and text it received).
     resume: Resume | None = None
+    # Whose prefix cache the stream may use (`spotgate.tenancy`): set by a gateway from the
+    # client's API key, refused from anyone else.
+    tenant: Annotated[str, StringConstraints(min_length=1, max_length=128)] | None = None
 
     @model_validator(mode="after")
     def _messages_or_prompt(self) -> Self:
@@ -263,11 +284,27 @@ class GenerateFrame(_Strict):
             return list(self.tools or ())
         return None
 
-    def prompt_chars(self) -> int:
-        """Characters of prompt text, for the max prompt length limit."""
+    def prompt_chars_by_field(self) -> dict[str, int]:
+        """Characters of each field the engine reads the prompt from, for the size limit.
+
+        All that a chat template renders or a grammar is compiled from counts, so none of it
+        can be megabytes beside a short message: the raw prompt, every turn's text and tool
+        calls, the tools (names, descriptions, parameter schemas), the reply's JSON schema.
+        """
+        fields: dict[str, int] = {}
         if self.prompt is not None:
-            return len(self.prompt)
-        return sum(len(message.content) for message in self.messages or ())
+            fields["prompt"] = len(self.prompt)
+        if self.messages is not None:
+            fields["messages"] = sum(message.chars() for message in self.messages)
+        if self.tools is not None:
+            fields["tools"] = sum(tool.function.chars() for tool in self.tools)
+        if self.response_format is not None and self.response_format.json_schema is not None:
+            fields["response_format"] = json_chars(self.response_format.json_schema.schema_)
+        return fields
+
+    def prompt_chars(self) -> int:
+        """Characters of everything the prompt is made from (`prompt_chars_by_field`)."""
+        return sum(self.prompt_chars_by_field().values())
 
 
 class CancelFrame(_Strict):

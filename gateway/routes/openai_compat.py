@@ -17,7 +17,12 @@ from spotgate.openai_api import (
     completion_id,
 )
 from spotgate.openai_http import read_body, respond, respond_response
-from spotgate.openai_responses import ResponsesRequest, ResponseWriter, response_id
+from spotgate.openai_responses import (
+    ResponsesRequest,
+    ResponseWriter,
+    response_id,
+    responses_param,
+)
 from spotgate.wsserver import json_error
 
 
@@ -106,7 +111,7 @@ async def responses(request: web.Request) -> web.StreamResponse:
     frame = body.to_generate_frame(rid, session=request.headers.get("X-Session-Id"))
     refusal = stream_refusal(state, frame, principal)
     if refusal is not None:
-        return json_error(refusal.code, refusal.message, param=refusal.param)
+        return json_error(refusal.code, refusal.message, param=responses_param(refusal.param))
     writer = ResponseWriter(body, rid, ForcedTools.of(frame))
     async with aclosing(admitted_frames(state, frame, principal, RelayOutcome())) as frames:
         return await respond_response(request, frames, writer, stream=body.stream)

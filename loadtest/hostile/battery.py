@@ -14,6 +14,7 @@ from loadtest.hostile.key_guessing import key_guessing
 from loadtest.hostile.logs import log_rows
 from loadtest.hostile.origins import dns_rebinding, origins
 from loadtest.hostile.private_paths import private_paths
+from loadtest.hostile.prompt_size import oversized_prompts
 from loadtest.hostile.report import Row
 from loadtest.hostile.resume_charges import invented_resumes
 from loadtest.hostile.revocation import disabled_key_on_an_open_socket, streams_ended_early
@@ -70,6 +71,7 @@ async def run_battery(
             rows.append(await disabled_key_on_an_open_socket(stack))
             rows.append(await streams_ended_early(stack))
             rows.append(await invented_resumes(stack))
+            rows += await oversized_prompts(stack)
             rows.append(await replay_after_rotation(stack))
             rows += log_rows(stack)
         if keep_logs is not None:

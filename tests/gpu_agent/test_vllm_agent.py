@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,12 +22,14 @@ import pytest
 from gpu_agent.engine import Engine
 from gpu_agent.vllm_engine import VllmEngine
 from spotgate.model_store import cache_directory, stage_model
+from spotgate.protocol import MAX_TOOLS, GenerateFrame
 from spotgate.registry import AgentState, Registry, aws_session
-from spotgate.settings import AgentSettings
+from spotgate.settings import AgentSettings, SocketLimits
 from stack.emulator import AwsEmulator
 from tests.support.agents import (
     LLAMA2_MODEL,
     TINY_MODEL,
+    TOOL_MODEL,
     AgentFactory,
     RunningAgent,
     vllm_settings,
@@ -516,3 +519,83 @@ async def test_a_model_staged_in_s3_loads_and_answers_as_the_local_copy_does(
     else:  # streamed from S3 into the engine: no copy of the weights on disk
         assert boot.weights_ready == 0.0
         assert not weights.exists()
+
+
+HOSTILE_REQUESTS = 4
+TICK_SECONDS = 0.002
+
+
+def largest_legal_tools(chars: int) -> list[dict[str, Any]]:
+    """128 tools whose names and descriptions come to `chars` characters: text, as tokens go."""
+    words = " ".join(f"harbour{n} crane{n * 7} berth" for n in range(chars // 20))
+    names = [f"tool{n}" for n in range(MAX_TOOLS)]
+    each = (chars - sum(len(name) for name in names)) // MAX_TOOLS
+    return [
+        {"type": "function", "function": {"name": name, "description": words[:each]}}
+        for name in names
+    ]
+
+
+async def test_a_maximal_tools_payload_is_tokenized_off_the_event_loop(
+    start_agent: AgentFactory, vllm_tool_engine: Engine, token: str
+) -> None:
+    agent = await wait_ready(await start_agent(vllm_tool_engine))
+    tools = largest_legal_tools(SocketLimits().max_prompt_chars - len("hi"))
+    hostile = {
+        "model": TOOL_MODEL,
+        "messages": [{"role": "user", "content": "hi"}],
+        "tools": tools,
+        "tool_choice": "none",
+    }
+    frame = GenerateFrame.model_validate({"id": "h", **hostile})
+    assert frame.prompt_chars() <= SocketLimits().max_prompt_chars
+    # What one such request costs where it runs (the template is compiled on the first).
+    inline_seconds = []
+    for _ in range(2):
+        started = time.perf_counter()
+        vllm_tool_engine.chat_prompt_ids(frame.messages or [], frame.tools or [])
+        inline_seconds.append(time.perf_counter() - started)
+
+    lags: list[float] = []
+    hostile_done = asyncio.Event()
+
+    async def tick() -> None:  # how late the loop runs a timer: how long it was held
+        loop = asyncio.get_running_loop()
+        while not hostile_done.is_set():
+            before = loop.time()
+            await asyncio.sleep(TICK_SECONDS)
+            lags.append(loop.time() - before - TICK_SECONDS)
+
+    async def refused(http: aiohttp.ClientSession) -> tuple[int, str]:
+        async with http.post(
+            f"{agent.url}/v1/chat/completions",
+            json=hostile,
+            headers={"Authorization": f"Bearer {token}"},
+        ) as response:
+            return response.status, (await response.json())["error"]["code"]
+
+    async with connect(agent.ws_url, token) as ws, aiohttp.ClientSession() as http:
+        await send(ws, generate("s", TOOL_MODEL, max_tokens=1024, ignore_eos=True, **GREEDY))
+        while (await receive(ws))["type"] != "delta":
+            pass
+        ticker = asyncio.create_task(tick())
+        attack = asyncio.gather(*(refused(http) for _ in range(HOSTILE_REQUESTS)))
+        deltas_meanwhile = 0
+        while not attack.done():
+            next_frame = asyncio.ensure_future(receive(ws))
+            await asyncio.wait({next_frame, attack}, return_when=asyncio.FIRST_COMPLETED)
+            if not next_frame.done():
+                next_frame.cancel()
+                break
+            deltas_meanwhile += next_frame.result()["type"] == "delta"
+        answers = await attack
+        hostile_done.set()
+        await ticker
+        await send(ws, {"type": "cancel", "id": "s"})
+        while (await receive(ws))["type"] not in ("done", "error"):
+            pass
+
+    assert answers == [(400, "context_length_exceeded")] * HOSTILE_REQUESTS
+    assert deltas_meanwhile > 0  # the stream went on while they were tokenized
+    # Each request held the loop for as long as its tokenizing took, when it ran there.
+    assert max(lags) < min(inline_seconds) / 2, (max(lags), inline_seconds)

@@ -52,10 +52,12 @@ def over_cap(asked: int, cap: int) -> Refusal:
     )
 
 
-def too_long(chars: int) -> Refusal:
+def too_long(chars: int, param: str = "prompt", fields: str = "") -> Refusal:
+    told = f" ({fields})" if fields else ""
     return Refusal(
         ErrorCode.INVALID_REQUEST,
-        f"prompt of {chars} characters exceeds the limit of {MAX_PROMPT_CHARS}",
+        f"prompt of {chars} characters{told} exceeds the limit of {MAX_PROMPT_CHARS}",
+        param=param,
     )
 
 
@@ -122,7 +124,7 @@ def test_model_allowed_empty_means_every_model(
             KEY,
             GATEWAY,
             NOW,
-            too_long(101),
+            too_long(101, "messages"),
             id="chat-prompt-over",
         ),
         # a client may continue a stream it holds part of (the agent checks the ids)
