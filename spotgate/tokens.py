@@ -318,6 +318,8 @@ class Claims:
     jti: str
     mdl: tuple[str, ...] | None = None
     mtk: int | None = None
+    tnt: str | None = None
+    """The tenant of the key when it names one (`spotgate.tenancy`); None: the key is its own."""
 
     def to_payload(self) -> dict[str, Any]:
         """The JWT payload, optional claims left out when unset."""
@@ -334,6 +336,8 @@ class Claims:
             payload["mdl"] = list(self.mdl)
         if self.mtk is not None:
             payload["mtk"] = self.mtk
+        if self.tnt is not None:
+            payload["tnt"] = self.tnt
         return payload
 
     @property
@@ -371,6 +375,7 @@ def issue(
     audience: str = AGENT_AUDIENCE,
     models: Iterable[str] | None = None,
     max_tokens: int | None = None,
+    tenant: str | None = None,
 ) -> IssuedToken:
     """Sign a token for `subject` (an API key id) valid for `ttl_seconds` from `now`."""
     if not 1 <= ttl_seconds <= TOKEN_TTL_MAX_SECONDS:
@@ -391,6 +396,7 @@ def issue(
         jti=secrets.token_urlsafe(12),
         mdl=mdl,
         mtk=max_tokens,
+        tnt=tenant,
     )
     key = ring.signing_key
     token = jwt.encode(
@@ -514,6 +520,9 @@ def _typed_claims(payload: Mapping[str, Any]) -> Claims:
         not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1
     ):
         raise MalformedToken("claim 'mtk' must be a positive integer")
+    tenant = payload.get("tnt")
+    if tenant is not None and not (isinstance(tenant, str) and tenant):
+        raise MalformedToken("claim 'tnt' must be a non-empty string")
     return Claims(
         iss=_string_claim(payload, "iss"),
         aud=_string_claim(payload, "aud"),
@@ -524,4 +533,5 @@ def _typed_claims(payload: Mapping[str, Any]) -> Claims:
         exp=_time_claim(payload, "exp"),
         mdl=tuple(models) if models is not None else None,
         mtk=max_tokens,
+        tnt=tenant,
     )

@@ -59,7 +59,14 @@ def check(ring: KeyRing, token: str, now: float = NOW):
 
 def test_issued_token_verifies_with_its_claims(ring: KeyRing) -> None:
     issued = issue(
-        ring, subject="k1", issuer=ISSUER, now=NOW, ttl_seconds=90, models=["m"], max_tokens=64
+        ring,
+        subject="k1",
+        issuer=ISSUER,
+        now=NOW,
+        ttl_seconds=90,
+        models=["m"],
+        max_tokens=64,
+        tenant="acme",
     )
 
     claims = check(ring, issued.token)
@@ -69,6 +76,7 @@ def test_issued_token_verifies_with_its_claims(ring: KeyRing) -> None:
     assert claims.exp == int(NOW) + 90 == issued.expires_at
     assert claims.mdl == ("m",)
     assert claims.mtk == 64
+    assert claims.tnt == "acme"
     assert claims.allows_model("m")
     assert not claims.allows_model("n")
     assert jwt.get_unverified_header(issued.token)["kid"] == ring.signing_key.kid
@@ -197,7 +205,14 @@ def test_garbage_is_malformed(ring: KeyRing, token: str) -> None:
 def test_missing_or_mistyped_claims_are_malformed(ring: KeyRing) -> None:
     base = issue(ring, subject="k", issuer=ISSUER, now=NOW).claims.to_payload()
     key = ring.signing_key
-    for change in ({"sub": None}, {"exp": "soon"}, {"iat": True}, {"mdl": "m"}, {"mtk": 0}):
+    for change in (
+        {"sub": None},
+        {"exp": "soon"},
+        {"iat": True},
+        {"mdl": "m"},
+        {"mtk": 0},
+        {"tnt": ""},
+    ):
         payload = {name: value for name, value in {**base, **change}.items() if value is not None}
         token = jwt.encode(payload, key.private_key, algorithm="EdDSA", headers={"kid": key.kid})
         with pytest.raises(MalformedToken):
