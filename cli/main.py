@@ -15,6 +15,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from pydantic import ValidationError
 
 from cli.args import CommandError, Commands, OneLineParser
+from cli.env import setup_env
 from cli.keys import setup_keys
 from cli.loadtest import setup_loadtest
 from cli.model import setup_model
@@ -29,6 +30,7 @@ EXIT_AWS_FAILED = 4
 
 COMMAND_GROUPS: tuple[Callable[[Commands], None], ...] = (
     setup_services,
+    setup_env,
     setup_keys,
     setup_pool,
     setup_model,

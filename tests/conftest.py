@@ -42,6 +42,7 @@ WORKER_GROUPS = {
     "infra/cdk/tests/": "cdk",
     # One `spotgate up` serves the module.
     "tests/loadtest/test_runner.py": "local stack",
+    "tests/docs/test_runnable_commands.py": "docs stack",
 }
 """Tests that must share a worker when `make test` runs the suite on several (pytest-xdist);
 every other test goes to whichever worker is free."""
