@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 from gateway.prefix import PrefixIndex, PromptPrefix, prompt_prefix
 from gateway.router import Candidate, PrefixAffinity, choose_agent
 from spotgate.context import ContextLimits
+from gateway.vouching import LaunchBook, RogueAgents, vouch
 from spotgate.logging import get_logger
 from spotgate.protocol import GenerateFrame
 from spotgate.registry import AgentRecord, AgentState, PoolForecast, Registry
@@ -195,8 +196,11 @@ class Dispatcher:
         agent_networks: Collection[IPv4Network | IPv6Network] = (),
         routing: RoutingSettings | None = None,
     ) -> None:
+        rogues: RogueAgents | None = None,
         self.view = PoolView()
         self._routing = routing or RoutingSettings()
+        self.launches = LaunchBook(clock)
+        self.rogues = rogues or RogueAgents()
         self.prefixes = PrefixIndex(self._routing.prefix_blocks_per_agent)
         self._agent_networks = agent_networks
         self._refused_urls: set[str] = set()
@@ -382,11 +386,10 @@ class Dispatcher:
             log.warning("pool forecasts unreadable; keeping the last", error=type(err).__name__)
         try:
             since = self.view.next_read_since(self._clock())
-            changes = [
-                record
-                for record in await registry.changed_since(since)
-                if self._may_connect(record)
-            ]
+            read = await registry.changed_since(since)
+            changes = await self._vouched(
+                registry, [record for record in read if self._may_connect(record)]
+            )
             if since is None:
                 self.view.replace(changes, self._clock())
             else:
@@ -394,6 +397,9 @@ class Dispatcher:
             self.prefixes.retain(
                 [
                     key
+                present = [record.agent_id for record in read]
+                self.launches.retain(present)
+                self.rogues.retain(present)
                     for key, entry in self.view.entries.items()
                     if entry.state is not AgentState.GONE
                 ]
@@ -423,6 +429,19 @@ class Dispatcher:
         if record.url not in self._refused_urls:  # once: the entry comes back every heartbeat
             self._refused_urls.add(record.url)
             log.warning(
+    async def _vouched(self, registry: Registry, records: list[AgentRecord]) -> list[AgentRecord]:
+        """The rows the pool manager vouches for, capped to what it vouches (`vouch`)."""
+        checked = [r.agent_id for r in records if r.state is not AgentState.GONE]
+        launches = await self.launches.launches(registry, checked)
+        kept = []
+        for record in records:
+            vouched = vouch(record, launches.get(record.agent_id))
+            for reason in vouched.findings:
+                self.rogues.row_refused(record.agent_id, reason, record)
+            if vouched.record is not None:
+                kept.append(vouched.record)
+        return kept
+
                 "agent entry ignored: its URL is outside agent_networks",
                 agent_id=record.agent_id,
                 url=record.url,

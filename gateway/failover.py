@@ -40,6 +40,7 @@ from gateway.receipts import ReceiptChain
 from spotgate.admission import unknown_model
 from spotgate.protocol import (
     DeltaFrame,
+from gateway.charges import Capped, charged_prompt_tokens, charged_usage, prompt_token_bound
     DoneFrame,
     ErrorCode,
     ErrorFrame,
@@ -56,6 +57,9 @@ QUEUE_FULL_RETRY_AFTER_SECONDS = 1.0
 NO_CAPACITY_RETRY_AFTER_SECONDS = 5.0
 
 
+AGENT_HANDLE_BYTES = 8
+HANDLE_KEY_BYTES = 32
+"""The length of the random key each stream names its agents with."""
 @dataclass
 class RelayOutcome:
     """How a relayed stream went, for metrics and limits."""
@@ -73,6 +77,8 @@ class RelayOutcome:
     def timings(self, total_ms: float) -> Timings:
         """The stream's timings once it ends `total_ms` after it arrived (TTFT: none yet, all)."""
         ttft_ms = self.ttft_ms if self.ttft_ms is not None else total_ms
+    # Counts agents reported above what the gateway measured (`gateway.charges`), by agent.
+    capped: list[tuple[str, Capped]] = field(default_factory=list)
         return Timings(queue_ms=self.queue_ms, ttft_ms=ttft_ms, total_ms=total_ms)
 
 
@@ -223,10 +229,16 @@ class Failover:
         """The agent took the stream: the client hears of it when the agent is a new one.
 
         The prompt is charged from here on, whatever ends the stream (once: an agent taking
-        the stream over reads the same prompt again, at no cost to the key).
+        the stream over reads the same prompt again, at no cost to the key), at most what
+        the request can make (`gateway.charges`).
         """
         if not self.outcome.prompt_tokens and start.prompt_tokens is not None:
-            self.outcome.prompt_tokens = start.prompt_tokens
+            charged, capped = charged_prompt_tokens(
+                start.prompt_tokens, prompt_token_bound(self.request)
+            )
+            self.outcome.prompt_tokens = charged
+            if capped is not None:
+                self.outcome.capped.append((self.serving or "", capped))
         if start.agent == self.announced_agent:
             return None
         if self.announced_agent is not None:
@@ -258,7 +270,8 @@ class Failover:
                 outcome.added_ttft_ms = outcome.ttft_ms - agent_ms
         self.ids.extend(delta.ids or ())
         self.text.append(delta.text)
-        outcome.relayed_tokens += delta.n
+        # Measured by the ids relayed (every agent is asked for them), not the agent's `n`.
+        outcome.relayed_tokens += len(delta.ids or ())
         receipt = None
         if self.receipts is not None and self.request.want_ids:
             self.receipts.extend(delta.ids or ())
@@ -274,16 +287,24 @@ class Failover:
         )
 
     def on_done(self, done: DoneFrame, *, monotonic: float) -> DoneFrame:
-        """The stream finished: its usage, and timings over all its placements."""
-        self.serving = None
+        """The stream finished: its usage (as charged: `gateway.charges`), and its timings.
+
+        The usage covers the whole stream: the ids a client's resume brought count too.
+        """
+        agent, self.serving = self.serving or "", None
         outcome = self.outcome
-        outcome.completion_tokens = done.usage.completion_tokens
-        outcome.prompt_tokens = done.usage.prompt_tokens
+        usage, capped = charged_usage(
+            done.usage, prompt_bound=prompt_token_bound(self.request), held_tokens=len(self.ids)
+        )
+        heard = {(serving, found.reason) for serving, found in outcome.capped}  # its `start`
+        outcome.capped.extend((agent, f) for f in capped if (agent, f.reason) not in heard)
+        outcome.completion_tokens = usage.completion_tokens
+        outcome.prompt_tokens = usage.prompt_tokens
         total_ms = (monotonic - self.started_at) * 1000
         return DoneFrame(
             id=self.request.id,
             finish_reason=done.finish_reason,
-            usage=done.usage,
+            usage=usage,
             timings=outcome.timings(total_ms),
             tool_calls=done.tool_calls,
         )

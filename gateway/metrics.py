@@ -88,6 +88,15 @@ class GatewayMetrics:
             "(at most prefix_blocks_per_agent each)",
             registry=r,
         )
+        self.rogue_agents = Counter(
+            "spotgate_gateway_rogue_agents_total",
+            "agent rows and reports not taken at their word: rows not routed (unknown_agent, "
+            "other_model, other_url) or capped (capacity), once per agent; streams whose "
+            "reported usage was capped to what the gateway measured (prompt_tokens, "
+            "completion_tokens)",
+            ["reason"],
+            registry=r,
+        )
         self.limits_shared = Gauge(
             "spotgate_gateway_limits_shared",
             "1 while per-key limits are decided in the limit store shared by every replica; "

@@ -33,6 +33,7 @@ from gateway.sharedlimits import SharedBuckets
 from gateway.signing import load_key_ring, publish_jwks
 from gateway.state import STATE, GatewayState, public_url, token_issuer
 from gateway.usage import USAGE_FLUSH_SECONDS, UsageMeter
+from gateway.vouching import RogueAgents
 from spotgate.logging import get_logger
 from spotgate.registry import Registry
 from spotgate.settings import MAX_REQUEST_BYTES, GatewaySettings
@@ -150,6 +151,7 @@ def create_app(
                     settings.models,
                     agent_networks=settings.agent_networks,
                     routing=settings.routing,
+                    rogues=RogueAgents(metrics),
                 ),
                 session=session,
                 gateway_id=settings.gateway_id or f"gw-{secrets.token_hex(4)}",

@@ -117,6 +117,8 @@ async def admitted_frames(
         # prefill) gets it back.
         prompt_tokens = outcome.prompt_tokens + (
             resumed_prompt_tokens if outcome.prompt_tokens else 0
+        for agent_id, capped in outcome.capped:  # an agent said it used more than measured
+            state.dispatcher.rogues.usage_capped(agent_id, capped)
         )
         used = prompt_tokens + completion_tokens
         state.usage.record(

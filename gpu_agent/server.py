@@ -41,7 +41,7 @@ from spotgate.protocol import (
     max_gateway_frame_bytes,
 )
 from spotgate.registry import Registry
-from spotgate.settings import MAX_REQUEST_BYTES, AgentSettings
+from spotgate.settings import MAX_REQUEST_BYTES, AgentSettings, advertised_url
 from spotgate.tokens import GATEWAY_SUBJECT_PREFIX, Claims, TokenError
 from spotgate.wsserver import (
     AuthRefused,
@@ -87,11 +87,6 @@ def jwks_source(settings: AgentSettings, session: aiohttp.ClientSession) -> Jwks
     if settings.jwks_url:
         return HttpJwks(settings.jwks_url, session)
     return None
-
-
-def advertised_url(settings: AgentSettings) -> str:
-    """The base URL the gateway reaches this agent at."""
-    return settings.advertise_url or f"http://{settings.host}:{settings.port}"
 
 
 # --- helpers ----------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 
 from pool_manager.events import PoolEvent
+from pool_manager.launches import launch_record, vouched_capacity
 from pool_manager.policy import (
     Action,
     AgentPhase,
@@ -110,6 +111,8 @@ class PoolController:
     risky_until: dict[PlacementKey, float] = field(default_factory=dict)
     on_demand_refused_until: dict[PlacementKey, float] = field(default_factory=dict)
     spot_prices: dict[PlacementKey, float] = field(default_factory=dict)
+    # Agents whose launch record this run of the manager has written.
+    vouched: set[str] = field(default_factory=set)
     _prices_read_at: float | None = None
 
     async def reconcile(self) -> PassReport:
@@ -118,6 +121,8 @@ class PoolController:
         await self._read_spot_prices(now)
         records = {r.agent_id: r for r in await self.registry.list_agents(include_expired=True)}
         instances = await self.provider.instances()
+        for instance in instances:  # after a restart, or a write that failed, once more
+            await self._vouch(instance)
         demand = await self.registry.read_demand()
         fixed = await self.registry.read_pool_targets()
         models = sorted(set(self.models) | set(demand) | set(fixed) | {i.model for i in instances})
@@ -156,6 +161,7 @@ class PoolController:
                 log.info("rebalance recommended: replacing first", agent_id=agent_id)
             elif event.state in STOPPED_INSTANCE_STATES:
                 await self.registry.set_gone(agent_id)
+                await self._forget(agent_id)
                 log.info("instance stopped: agent gone", agent_id=agent_id, state=event.state)
         except RegistryError as err:  # not registered yet, or already gone: nothing to undo
             log.info("event needed no registry change", agent_id=agent_id, error=str(err))
@@ -221,6 +227,7 @@ class PoolController:
                         log.warning("launch failed", model=model, error=str(err))
                         continue
                     instances.append(launched)
+                    await self._vouch(launched)
                     step.launched(pool_agent(launched, None, now))
                     log.info("launched", agent_id=launched.agent_id, model=model,
                              lifecycle=action.lifecycle, zone=action.zone)  # fmt: skip
@@ -262,7 +269,32 @@ class PoolController:
         if action.agent_id in records:
             with suppress(RegistryError):  # already gone: nothing routes to it
                 await self.registry.set_gone(action.agent_id)
+        await self._forget(action.agent_id)
         log.info("terminated", agent_id=action.agent_id, reason=action.reason)
+
+    async def _vouch(self, instance: Instance) -> None:
+        """Write the launch record of an instance of the pool, once per run of the manager.
+
+        Gateways route to no agent without one. An instance of a type no placement names any
+        more (or of no model) gets none: nothing vouches for what it serves.
+        """
+        if instance.agent_id in self.vouched or not instance.model:
+            return
+        capacity = vouched_capacity(self.settings.placements, instance.instance_type)
+        if capacity is None:
+            log.warning(
+                "no launch record: the instance type is not in the placements",
+                agent_id=instance.agent_id,
+                instance_type=instance.instance_type,
+            )
+            return
+        await self.registry.record_launch(launch_record(instance, capacity))
+        self.vouched.add(instance.agent_id)
+
+    async def _forget(self, agent_id: str) -> None:
+        """The instance is ended: its launch record goes (its id is never launched again)."""
+        await self.registry.forget_launch(agent_id)
+        self.vouched.discard(agent_id)
 
 
 def _instance_of(agent_id: str, instances: Sequence[Instance]) -> Instance | None:

@@ -24,7 +24,13 @@ from pool_manager.policy import Launch, PlacementKey, PlacementOption
 from pool_manager.provider import Instance, ProviderError
 from spotgate.logging import get_logger
 from spotgate.process import Child, ChildProcesses, loopback_socket, socket_port
-from spotgate.settings import AgentSettings, LocalPoolSettings, SharedSettings, settings_env
+from spotgate.settings import (
+    AgentSettings,
+    LocalPoolSettings,
+    SharedSettings,
+    advertised_url,
+    settings_env,
+)
 
 LOCAL_INSTANCE_TYPE = "local"
 LOCAL_PLACEMENTS = (
@@ -117,6 +123,7 @@ class LocalProvider:
         return instance
 
     async def instances(self) -> list[Instance]:
+            url=advertised_url(agent_settings),
         """Agents whose process still runs and that were not told to stop."""
         for agent_id, local in list(self._agents.items()):
             if not local.agent.running:  # exited (drained, crashed or reclaimed)

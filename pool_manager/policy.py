@@ -23,6 +23,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
 
+from spotgate.settings import DEFAULT_AGENT_CAPACITY
+
 LaunchLifecycle = Literal["spot", "on-demand"]
 AgentPhase = Literal["starting", "ready", "draining"]
 
@@ -35,6 +37,7 @@ class PlacementOption:
     zone: str
     spot_price_per_hour: float
     on_demand_price_per_hour: float
+    capacity: int = DEFAULT_AGENT_CAPACITY  # streams one agent on this type serves, at most
 
     @property
     def key(self) -> PlacementKey:

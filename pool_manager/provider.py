@@ -25,6 +25,7 @@ class Instance:
     instance_type: str
     zone: str
     launched_at: float
+    url: str | None = None  # where its agent listens, when known at launch (local agents)
 
     @property
     def placement(self) -> PlacementKey:

@@ -37,7 +37,9 @@ log = get_logger(__name__)
 def policy_settings(settings: PoolSettings) -> PolicySettings:
     """The policy's plain-data view of the pool settings (local placements by default)."""
     placements = tuple(
-        PlacementOption(p.instance_type, p.zone, p.spot_price_per_hour, p.on_demand_price_per_hour)
+        PlacementOption(
+            p.instance_type, p.zone, p.spot_price_per_hour, p.on_demand_price_per_hour, p.capacity
+        )
         for p in settings.placements
     )
     if not placements and settings.provider == "local":

@@ -58,6 +58,10 @@ class AwsSettings(_Section):
     secret_access_key: SecretStr | None = None
 
 
+DEFAULT_AGENT_CAPACITY = 256
+"""Streams the pool manager vouches one agent serves, unless its placement says otherwise."""
+
+
 class TableNames(_Section):
     """DynamoDB table names (DESIGN.md §2)."""
 
@@ -65,6 +69,7 @@ class TableNames(_Section):
     keys: str = "spotgate-keys"
     demand: str = "spotgate-demand"
     usage: str = "spotgate-usage"
+    launches: str = "spotgate-launches"
 
 
 class RegistryTimings(_Section):
@@ -369,6 +374,14 @@ class Placement(_Section):
 
 
 class Ec2PoolSettings(_Section):
+    # The most streams one agent on this instance type serves: its launch record says so,
+    # and gateways cap what the agent's own row claims at it.
+    capacity: PositiveInt = DEFAULT_AGENT_CAPACITY
+
+
+def advertised_url(settings: AgentSettings) -> str:
+    """The base URL the gateway reaches an agent at (and its launcher vouches for)."""
+    return settings.advertise_url or f"http://{settings.host}:{settings.port}"
     """How the `ec2` provider launches agents."""
 
     pool_name: str = "spotgate"  # the `spotgate:pool` tag on every instance of this pool

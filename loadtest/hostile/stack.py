@@ -10,6 +10,7 @@ import aiohttp
 from pydantic import SecretStr
 
 from loadtest.hostile.client import MODEL, chat_body
+from pool_manager.launches import vouch_for_agent
 from spotgate.apikeys import parse_api_key
 from spotgate.process import Child, ChildProcesses, loopback_socket, socket_port
 from spotgate.registry import CreatedApiKey, Registry
@@ -30,6 +31,8 @@ TOKENS_PER_SECOND = 20_000.0  # fast enough that a client that never reads falls
 SLOW_SENDER_TIMEOUT_SECONDS = 3.0  # the stack's keep-alive (header) and body timeouts
 FLOOD_MAX_TOKENS = 1_000_000  # the longest reply the battery asks for (never read)
 ALLOWED_ORIGIN = "https://chat.example"
+AGENT_ID = "hostile-agent"
+"""The stack's one agent, vouched for as the pool manager would have launched it."""
 ENDED_EARLY_TPM = 1000
 """The tokens per minute of the key whose streams end early (`revocation`)."""
 INVENTED_RESUME_TPM = 2000
@@ -77,12 +80,13 @@ class HostileStack:
                 self.keys[name] = created
                 self.secrets.add(created.api_key)
                 self.secrets.add(parse_api_key(created.api_key).secret)
+            await vouch_for_agent(registry, agent_id=AGENT_ID, model=MODEL, url=self.agent_url)
         await self.start_gateway("gateway")
         agent = AgentSettings(
             shared=self._shared(),
             engine="synthetic",
             served_model_name=MODEL,
-            agent_id="hostile-agent",
+            agent_id=AGENT_ID,
             jwks_url=f"{self.gateway_url}/.well-known/jwks.json",
             imds_url="http://127.0.0.1:9",
             heartbeat_seconds=1,

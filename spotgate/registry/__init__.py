@@ -1,4 +1,4 @@
-"""The DynamoDB registry: agents, API keys, demand and usage (DESIGN.md §2).
+"""The DynamoDB registry: agents, launches, API keys, demand and usage (DESIGN.md §2).
 
 Every read filters `expires_at > now`, because DynamoDB's TTL deletes lazily; how the agent
 life cycle holds with two writers racing is in `agents`.
@@ -7,8 +7,8 @@ One `Registry` per process holds one aioboto3 session and one long-lived DynamoD
 It is assembled here from one module per concern, over the state in `base`:
 
 - `records`: the records, `AgentState` and the errors; `codec`: items to records and back;
-- `schema`: the tables and the `by_model` index; `agents`, `keys`, `demand`, `usage`: the
-  operations on each table; `aws`: the AWS session.
+- `schema`: the tables and the `by_model` index; `agents`, `launches`, `keys`, `demand`,
+  `usage`: the operations on each table; `aws`: the AWS session.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from spotgate.registry.aws import aws_session
 from spotgate.registry.base import Clock
 from spotgate.registry.demand import POOL_TARGET_SOURCE, DemandOperations
 from spotgate.registry.keys import ApiKeyOperations
+from spotgate.registry.launches import LaunchOperations, LaunchRecord
 from spotgate.registry.records import (
     BOOT_PHASES,
     AgentGone,
@@ -81,6 +82,7 @@ __all__ = [
     "DrainOutcome",
     "EngineKind",
     "InvalidTransition",
+    "LaunchRecord",
     "Lifecycle",
     "PoolForecast",
     "Registry",
@@ -93,7 +95,14 @@ __all__ = [
 ]
 
 
-class Registry(AgentOperations, ApiKeyOperations, DemandOperations, UsageOperations, TableSetup):
+class Registry(
+    AgentOperations,
+    ApiKeyOperations,
+    DemandOperations,
+    LaunchOperations,
+    UsageOperations,
+    TableSetup,
+):
     """Async access to the spotgate tables through one long-lived client."""
 
     @classmethod

@@ -60,7 +60,7 @@ class TableSetup(RegistryBase):
     """Creating the tables in the emulator (local stack, tests); in AWS the CDK stack does."""
 
     async def create_tables(self) -> None:
-        """Create the four tables (GSI, TTL) if missing; wait until they are active."""
+        """Create the five tables (GSI, TTL) if missing; wait until they are active."""
         tables = self._tables
         await self._create_table(
             tables.agents,
@@ -85,6 +85,10 @@ class TableSetup(RegistryBase):
             tables.usage,
             key=[("key_id", "HASH"), ("period", "RANGE")],
             attributes={"key_id": "S", "period": "S"},
+        )
+        # What the pool manager launched: written once per agent, no TTL (it deletes them).
+        await self._create_table(
+            tables.launches, key=[("agent_id", "HASH")], attributes={"agent_id": "S"}
         )
         for name in (tables.agents, tables.demand, tables.usage):
             await self._client.update_time_to_live(

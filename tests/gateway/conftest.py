@@ -19,6 +19,7 @@ from gateway.routes.health import OPS_PORT
 from gateway.server import create_app
 from gateway.state import STATE, GatewayState
 from gpu_agent.engine import Engine
+from pool_manager.launches import vouch_for_agent
 from spotgate.process import loopback_socket, serving_on_loopback, socket_port
 from spotgate.registry import AgentState, CreatedApiKey, Registry
 from spotgate.settings import (
@@ -28,6 +29,7 @@ from spotgate.settings import (
     QueueSettings,
     SyntheticSettings,
     TokenSettings,
+    advertised_url,
 )
 from spotgate.tokens import SigningKey
 from stack.children import service_command
@@ -163,40 +165,50 @@ class AgentProcess:
 @pytest.fixture
 def agent_processes(
     aws: AwsEmulator, gateway: Gateway
-) -> Iterator[Callable[[int, float], list[AgentProcess]]]:
+) -> Iterator[Callable[[int, float], Awaitable[list[AgentProcess]]]]:
     """Synthetic agents as real processes (so they can be killed with SIGKILL)."""
     started: list[AgentProcess] = []
 
-    def start(count: int, tokens_per_second: float) -> list[AgentProcess]:
+    def spawn(tokens_per_second: float) -> tuple[AgentSettings, AgentProcess]:
+        sock = loopback_socket()  # handed over: the agent serves on it
+        port = socket_port(sock)
+        agent_id = f"proc-{port}"
+        settings = AgentSettings(
+            shared=aws.settings().model_copy(update={"log_level": "warning"}),
+            engine="synthetic",
+            served_model_name=MODEL,
+            agent_id=agent_id,
+            port=port,
+            listen_fd=sock.fileno(),
+            pinned_public_key=gateway.signing_key.verify_key.to_pem(),
+            token_issuer=gateway.url,
+            imds_url="http://127.0.0.1:9",
+            heartbeat_seconds=1,
+            synthetic=SyntheticSettings(tokens_per_second=tokens_per_second, ttft_seconds=0.01),
+        )
+        args, env = service_command(settings)
+        process = subprocess.Popen(
+            [sys.executable, "-m", *args],
+            env={**os.environ, **env},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            pass_fds=[sock.fileno()],
+        )
+        sock.close()  # the agent's alone: a killed agent's port refuses connections
+        started.append(AgentProcess(agent_id, process))
+        return settings, started[-1]
+
+    async def start(count: int, tokens_per_second: float) -> list[AgentProcess]:
         batch = []
         for _ in range(count):
-            sock = loopback_socket()  # handed over: the agent serves on it
-            port = socket_port(sock)
-            agent_id = f"proc-{port}"
-            settings = AgentSettings(
-                shared=aws.settings().model_copy(update={"log_level": "warning"}),
-                engine="synthetic",
-                served_model_name=MODEL,
-                agent_id=agent_id,
-                port=port,
-                listen_fd=sock.fileno(),
-                pinned_public_key=gateway.signing_key.verify_key.to_pem(),
-                token_issuer=gateway.url,
-                imds_url="http://127.0.0.1:9",
-                heartbeat_seconds=1,
-                synthetic=SyntheticSettings(tokens_per_second=tokens_per_second, ttft_seconds=0.01),
+            settings, agent = spawn(tokens_per_second)
+            await vouch_for_agent(  # before it can register ready: it boots in a second or two
+                gateway.state.registry,
+                agent_id=agent.agent_id,
+                model=MODEL,
+                url=advertised_url(settings),
             )
-            args, env = service_command(settings)
-            process = subprocess.Popen(
-                [sys.executable, "-m", *args],
-                env={**os.environ, **env},
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                pass_fds=[sock.fileno()],
-            )
-            sock.close()  # the agent's alone: a killed agent's port refuses connections
-            batch.append(AgentProcess(agent_id, process))
-        started.extend(batch)
+            batch.append(agent)
         return batch
 
     yield start

@@ -14,7 +14,7 @@ import re
 import shutil
 import signal
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -539,9 +539,11 @@ async def test_screenshots_at_desktop_and_phone_width(
 
 
 async def test_killing_the_serving_agent_mid_reply_moves_it_and_the_page_says_so(
-    browser: Browser, gateway: Gateway, agent_processes: Callable[[int, float], list[AgentProcess]]
+    browser: Browser,
+    gateway: Gateway,
+    agent_processes: Callable[[int, float], Awaitable[list[AgentProcess]]],
 ) -> None:
-    agents = agent_processes(2, 30.0)
+    agents = await agent_processes(2, 30.0)
 
     async def both_routable() -> bool:
         view = gateway.state.dispatcher.view

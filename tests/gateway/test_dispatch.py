@@ -28,7 +28,13 @@ from gateway.dispatch import (
 from gateway.router import Candidate
 from gpu_agent.runtime import StreamHandle
 from spotgate.protocol import GenerateFrame
-from spotgate.registry import AgentRecord, AgentState, CreatedApiKey, PoolForecast
+from spotgate.registry import (
+    AgentRecord,
+    AgentState,
+    CreatedApiKey,
+    LaunchRecord,
+    PoolForecast,
+)
 from spotgate.settings import QueueSettings, RoutingSettings
 from spotgate.tokens import SigningKey
 from stack.emulator import AwsEmulator
@@ -191,6 +197,14 @@ class FeedOf:
     async def changed_since(self, _since: float | None) -> list[AgentRecord]:
         return self.records
 
+
+    async def get_launches(self, agent_ids: Collection[str]) -> dict[str, LaunchRecord]:
+        """Every agent of the feed launched for its model and capacity, as first seen."""
+        return {
+            r.agent_id: LaunchRecord(r.agent_id, r.model, "local", r.capacity)
+            for r in self.records
+            if r.agent_id in agent_ids
+        }
 
 async def test_a_registry_row_pointing_outside_the_networks_never_reaches_routing() -> None:
     dispatcher = Dispatcher(QueueSettings(), clock=lambda: 1.0, agent_networks=VPC)

@@ -280,7 +280,7 @@ async def test_kill_9_of_the_serving_agent_loses_nothing(
     agent_processes,
     api_key: CreatedApiKey,  # type: ignore[no-untyped-def]
 ) -> None:
-    agents: list[AgentProcess] = agent_processes(2, 40.0)
+    agents: list[AgentProcess] = await agent_processes(2, 40.0)
 
     async def both_routable() -> bool:
         view = gateway.state.dispatcher.view

@@ -18,7 +18,7 @@ from pool_manager.policy import (
 from pool_manager.provider import CapacityRefused, Instance, ProviderError
 from pool_manager.sim.simulator import SimConfig, Simulation
 from pool_manager.sim.traces import ZoneTrace
-from spotgate.registry import AgentRecord, AgentState, Registry
+from spotgate.registry import AgentRecord, AgentState, LaunchRecord, Registry
 from tests.support.clocks import FakeClock
 
 MODEL = "m"
@@ -330,3 +330,43 @@ async def test_the_controller_and_the_simulator_replace_an_interrupted_agent_ali
     after = await controller.reconcile()
     assert [a for a in after.actions if isinstance(a, Launch)] == by_tick[300.0]
     assert by_tick[300.0] == [Launch("p3.2xlarge", "zone-a", "spot")]  # zone-b avoided
+
+
+async def test_each_launch_is_vouched_for_and_forgotten_when_its_instance_ends(
+    controller: PoolController, registry: Registry, provider: MemoryProvider, clock: FakeClock
+) -> None:
+    await registry.set_pool_target(MODEL, 2)
+    await controller.reconcile()
+    first, second = provider.running.values()
+    launches = await registry.get_launches([first.agent_id, second.agent_id])
+    assert launches[first.agent_id] == LaunchRecord(
+        agent_id=first.agent_id,
+        model=MODEL,
+        instance_type=A.instance_type,
+        capacity=A.capacity,
+        launched_at=first.launched_at,
+    )
+    assert set(launches) == {first.agent_id, second.agent_id}
+
+    await register_ready(registry, first)
+    stopped = PoolEvent("state-change", first.instance_id, clock(), state="terminated")
+    await controller.handle_event(stopped)
+    await registry.set_pool_target(MODEL, 0)
+    clock.advance(SETTINGS.scale_down_idle_seconds + 1)
+    await controller.reconcile()  # `second` never registered: terminated at once
+    assert await registry.get_launches([first.agent_id, second.agent_id]) == {}
+
+
+async def test_a_restarted_pool_manager_vouches_for_the_instances_it_finds(
+    registry: Registry, provider: MemoryProvider, clock: FakeClock
+) -> None:
+    found = Instance("i-9", "i-9", MODEL, "spot", B.instance_type, B.zone, clock())
+    stray = Instance("i-10", "i-10", MODEL, "spot", "p5.48xlarge", B.zone, clock())
+    provider.running = {"i-9": found, "i-10": stray}
+    controller = PoolController(
+        registry=registry, provider=provider, settings=SETTINGS, models=(MODEL,), clock=clock
+    )
+    await registry.set_pool_target(MODEL, 2)
+    await controller.reconcile()
+    # A type no placement names: nothing vouches for what it would serve.
+    assert set(await registry.get_launches(["i-9", "i-10"])) == {"i-9"}

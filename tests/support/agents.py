@@ -25,9 +25,10 @@ from gpu_agent.runtime import AgentRuntime
 from gpu_agent.server import RUNTIME, create_app
 from gpu_agent.synthetic_engine import SyntheticEngine, synthetic_reply
 from gpu_agent.tiny_model import write_tiny_model
+from pool_manager.launches import vouch_for_agent
 from spotgate.process import loopback_socket, serving_on_loopback, socket_port
 from spotgate.registry import Registry
-from spotgate.settings import AgentSettings, SyntheticSettings, VllmSettings
+from spotgate.settings import AgentSettings, SyntheticSettings, VllmSettings, advertised_url
 from spotgate.tokens import KeyRing, SigningKey, issue
 from stack.emulator import AwsEmulator
 from tests.support.tokenizers import tokenizer_dir
@@ -205,6 +206,15 @@ async def start_agent(aws: AwsEmulator, ring: KeyRing, imds: Imds) -> AsyncItera
             **overrides,
         }
         settings = AgentSettings.model_validate(values)
+        if settings.agent_id is not None:  # as the pool manager would, had it launched it
+            model = engine.model if engine is not None else settings.served_model_name
+            async with Registry.open(aws.settings()) as registry:
+                await vouch_for_agent(
+                    registry,
+                    agent_id=settings.agent_id,
+                    model=model or "",
+                    url=advertised_url(settings),
+                )
 
         async def given(_settings: AgentSettings) -> Engine:
             assert engine is not None

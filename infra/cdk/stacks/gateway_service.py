@@ -277,6 +277,14 @@ class GatewayService(Construct):
         )
         role.add_to_principal_policy(
             iam.PolicyStatement(
+                # What the pool manager vouches for of each agent: read, never written.
+                sid="ReadLaunches",
+                actions=["dynamodb:BatchGetItem"],
+                resources=[registry.launches.table_arn],
+            )
+        )
+        role.add_to_principal_policy(
+            iam.PolicyStatement(
                 sid="CheckKeys", actions=["dynamodb:GetItem"], resources=[registry.keys.table_arn]
             )
         )

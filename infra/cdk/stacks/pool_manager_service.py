@@ -248,6 +248,12 @@ class PoolManagerService(Construct):
                 resources=[registry.agents.table_arn],
             ),
             iam.PolicyStatement(
+                # What it launched, the only writer: re-written for the instances it finds.
+                sid="VouchForLaunches",
+                actions=["dynamodb:PutItem", "dynamodb:DeleteItem"],
+                resources=[registry.launches.table_arn],
+            ),
+            iam.PolicyStatement(
                 # Demand and fixed targets in; its forecasts for the gateways out.
                 sid="ReadDemandWriteForecasts",
                 actions=["dynamodb:Scan", "dynamodb:PutItem", "dynamodb:DeleteItem"],

@@ -1,4 +1,4 @@
-"""The DynamoDB tables of DESIGN.md §2: `agents`, `keys`, `demand` and `usage`."""
+"""The DynamoDB tables of DESIGN.md §2: `agents`, `launches`, `keys`, `demand` and `usage`."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def _string_key(name: str) -> dynamodb.Attribute:
 
 
 class Registry(Construct):
-    """Agents (GSIs `by_model`, `by_change`; TTL), keys (point-in-time recovery), demand, usage."""
+    """Agents (GSIs `by_model`, `by_change`; TTL), launches, keys, demand, usage."""
 
     def __init__(self, scope: Construct, construct_id: str, *, config: DeployConfig) -> None:
         super().__init__(scope, construct_id)
@@ -48,6 +48,17 @@ class Registry(Construct):
             sort_key=dynamodb.Attribute(name="changed_at", type=dynamodb.AttributeType.NUMBER),
             projection_type=dynamodb.ProjectionType.INCLUDE,
             non_key_attributes=list(FEED_FIELDS),
+        )
+        # What the pool manager launched, and vouches for: only its role writes here (agents
+        # write their own rows above, and could put anything in them). No TTL: the pool
+        # manager deletes a record when it ends the instance.
+        self.launches = dynamodb.Table(
+            self,
+            "Launches",
+            table_name=f"{pool}-launches",
+            partition_key=_string_key("agent_id"),
+            billing_mode=dynamodb.BillingMode.PAY_PER_REQUEST,
+            removal_policy=RemovalPolicy.DESTROY,
         )
         # API keys are the one thing here people cannot recreate by waiting: keep them when
         # the stack goes, and keep 35 days of history.
@@ -77,6 +88,11 @@ class Registry(Construct):
                 "AwsSolutions-DDB3",
                 "Heartbeat state rewritten every few seconds, expired by TTL: nothing to restore.",
             )
+        acknowledge(
+            self.launches,
+            "AwsSolutions-DDB3",
+            "Written again by the pool manager for every instance it finds: nothing to restore.",
+        )
 
     def _kept_table(self, construct_id: str, name: str, **keys: Any) -> dynamodb.Table:
         """A table kept when the stack goes, with point-in-time recovery (35 days)."""
@@ -100,4 +116,5 @@ class Registry(Construct):
             "SPOTGATE_TABLES__KEYS": self.keys.table_name,
             "SPOTGATE_TABLES__DEMAND": self.demand.table_name,
             "SPOTGATE_TABLES__USAGE": self.usage.table_name,
+            "SPOTGATE_TABLES__LAUNCHES": self.launches.table_name,
         }

@@ -469,6 +469,7 @@ def test_pool_manager_may_only_launch_and_end_its_own_pool(synthesized: Synthesi
     assert dynamodb_resources == {
         f"<{_table_id(synthesized, 'Agents')}.Arn>",
         f"<{_table_id(synthesized, 'Demand')}.Arn>",
+        f"<{_table_id(synthesized, 'Launches')}.Arn>",
     }
 
 
@@ -508,6 +509,33 @@ def test_gateway_reads_keys_and_agents_and_writes_only_demand_and_usage(
     assert render(reads["Resource"]) == (
         f"<{_table_id(synthesized, 'Agents')}.Arn>/index/{BY_CHANGE_INDEX}"
     )
+
+
+def test_only_the_pool_manager_writes_launch_records_and_the_gateways_only_read_them(
+    synthesized: Synthesized,
+) -> None:
+    launches = f"<{_table_id(synthesized, 'Launches')}.Arn>"
+    table = synthesized.resources("AWS::DynamoDB::Table")[_table_id(synthesized, "Launches")]
+    assert table["Properties"]["KeySchema"] == [{"AttributeName": "agent_id", "KeyType": "HASH"}]
+    on_launches: dict[str, set[str]] = {}
+    for policy in synthesized.resources("AWS::IAM::Policy").values():
+        for statement in policy["Properties"]["PolicyDocument"]["Statement"]:
+            resources = [render(resource) for resource in as_list(statement["Resource"])]
+            if any(resource.startswith(launches) for resource in resources):
+                for role in policy["Properties"]["Roles"]:
+                    on_launches.setdefault(role["Ref"], set()).update(as_list(statement["Action"]))
+    _profile_id, profile = synthesized.one("AWS::IAM::InstanceProfile")
+    (agents_role,) = profile["Properties"]["Roles"]
+    assert on_launches == {
+        _task_role(synthesized, "pool-manager"): {"dynamodb:PutItem", "dynamodb:DeleteItem"},
+        _task_role(synthesized, "gateway"): {"dynamodb:BatchGetItem"},
+    }
+    assert agents_role["Ref"] not in on_launches  # an agent cannot vouch for itself
+    for container in ("gateway", "pool-manager"):
+        env = synthesized.container_env(container)
+        assert render(env["SPOTGATE_TABLES__LAUNCHES"]) == (
+            f"<Ref:{_table_id(synthesized, 'Launches')}>"
+        )
 
 
 # --- gateway -------------------------------------------------------------------------------

@@ -1,0 +1,75 @@
+"""What a key is charged for a stream: never more than the gateway relayed and measured.
+
+An agent reports a stream's usage in its `start` and `done` frames, and a compromised agent
+could report anything. The gateway holds each report to what it can measure itself:
+
+- completion tokens: the token ids it relayed to the client (it asks every agent for them;
+  a `done` frame counts the ids a resume brought along too, which the client holds);
+- prompt tokens: `prompt_token_bound`, an upper bound from the request: every token of a
+  rendered prompt stands for at least one UTF-8 byte of what it was rendered from, besides
+  what the chat template adds around each part and on its own.
+
+A report above either is capped to it (`charged_usage`) and the finding counted
+(`gateway/vouching.py`). An honest agent never reports more, so its counts stand.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gateway.vouching import RogueReason
+from spotgate.protocol import GenerateFrame, Usage
+
+PROMPT_FIELDS = frozenset({"prompt", "messages", "tools", "tool_choice", "response_format"})
+"""Every field of a request a prompt is rendered from."""
+TEMPLATE_TOKENS_PER_PART = 32
+"""Tokens a chat template may add around one turn or tool (role headers, separators)."""
+TEMPLATE_BASE_TOKENS = 1024
+"""Tokens a chat template may add of its own (a default system prompt, date lines, the
+instructions that introduce tools)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Capped:
+    """An agent's count above what the gateway measured, and what was charged instead."""
+
+    reason: RogueReason
+    reported: int
+    charged: int
+
+
+def prompt_token_bound(frame: GenerateFrame) -> int:
+    """The most prompt tokens the request can make, with any tokenizer and chat template.
+
+    The fields' JSON (UTF-8, escapes only add) holds every byte of their text; a tool's
+    schema counts twice, as a template may lay it out indented, a whitespace run per line.
+    """
+    made_of = len(frame.model_dump_json(include=set(PROMPT_FIELDS), exclude_none=True).encode())
+    tools = frame.tools or ()
+    schemas = sum(len(tool.model_dump_json(exclude_none=True).encode()) for tool in tools)
+    parts = len(frame.messages or ()) + len(tools)
+    return made_of + schemas + parts * TEMPLATE_TOKENS_PER_PART + TEMPLATE_BASE_TOKENS
+
+
+def charged_prompt_tokens(reported: int, bound: int) -> tuple[int, Capped | None]:
+    """An agent's prompt count, capped to the request's bound."""
+    if reported <= bound:
+        return reported, None
+    return bound, Capped(RogueReason.PROMPT_TOKENS, reported, bound)
+
+
+def charged_usage(
+    reported: Usage, *, prompt_bound: int, held_tokens: int
+) -> tuple[Usage, tuple[Capped, ...]]:
+    """A `done` frame's usage as charged: capped to the prompt bound and the ids relayed.
+
+    `held_tokens`: the ids the client holds of the stream (relayed, and any its resume brought).
+    """
+    prompt, prompt_capped = charged_prompt_tokens(reported.prompt_tokens, prompt_bound)
+    completion = min(reported.completion_tokens, held_tokens)
+    capped = [prompt_capped] if prompt_capped is not None else []
+    if reported.completion_tokens > held_tokens:
+        capped.append(
+            Capped(RogueReason.COMPLETION_TOKENS, reported.completion_tokens, held_tokens)
+        )
+    return Usage(prompt_tokens=prompt, completion_tokens=completion), tuple(capped)
