@@ -26,8 +26,8 @@ from urllib.parse import urlsplit
 
 from gateway.prefix import PrefixIndex, PromptPrefix, prompt_prefix
 from gateway.router import Candidate, PrefixAffinity, choose_agent
-from spotgate.context import ContextLimits
 from gateway.vouching import LaunchBook, RogueAgents, vouch
+from spotgate.context import ContextLimits
 from spotgate.logging import get_logger
 from spotgate.protocol import GenerateFrame
 from spotgate.registry import AgentRecord, AgentState, PoolForecast, Registry
@@ -195,12 +195,12 @@ class Dispatcher:
         clock: Callable[[], float] = time.time,
         agent_networks: Collection[IPv4Network | IPv6Network] = (),
         routing: RoutingSettings | None = None,
-    ) -> None:
         rogues: RogueAgents | None = None,
+    ) -> None:
         self.view = PoolView()
-        self._routing = routing or RoutingSettings()
         self.launches = LaunchBook(clock)
         self.rogues = rogues or RogueAgents()
+        self._routing = routing or RoutingSettings()
         self.prefixes = PrefixIndex(self._routing.prefix_blocks_per_agent)
         self._agent_networks = agent_networks
         self._refused_urls: set[str] = set()
@@ -391,15 +391,15 @@ class Dispatcher:
                 registry, [record for record in read if self._may_connect(record)]
             )
             if since is None:
+                present = [record.agent_id for record in read]
+                self.launches.retain(present)
+                self.rogues.retain(present)
                 self.view.replace(changes, self._clock())
             else:
                 self.view.update(changes, self._clock())
             self.prefixes.retain(
                 [
                     key
-                present = [record.agent_id for record in read]
-                self.launches.retain(present)
-                self.rogues.retain(present)
                     for key, entry in self.view.entries.items()
                     if entry.state is not AgentState.GONE
                 ]
@@ -423,12 +423,6 @@ class Dispatcher:
         self._forecasts_read_at = now  # a failed read waits its turn too
         self.forecasts = await registry.read_forecasts(self.pending())
 
-    def _may_connect(self, record: AgentRecord) -> bool:
-        if agent_url_allowed(record.url, self._agent_networks):
-            return True
-        if record.url not in self._refused_urls:  # once: the entry comes back every heartbeat
-            self._refused_urls.add(record.url)
-            log.warning(
     async def _vouched(self, registry: Registry, records: list[AgentRecord]) -> list[AgentRecord]:
         """The rows the pool manager vouches for, capped to what it vouches (`vouch`)."""
         checked = [r.agent_id for r in records if r.state is not AgentState.GONE]
@@ -442,6 +436,12 @@ class Dispatcher:
                 kept.append(vouched.record)
         return kept
 
+    def _may_connect(self, record: AgentRecord) -> bool:
+        if agent_url_allowed(record.url, self._agent_networks):
+            return True
+        if record.url not in self._refused_urls:  # once: the entry comes back every heartbeat
+            self._refused_urls.add(record.url)
+            log.warning(
                 "agent entry ignored: its URL is outside agent_networks",
                 agent_id=record.agent_id,
                 url=record.url,

@@ -36,11 +36,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+from gateway.charges import Capped, charged_prompt_tokens, charged_usage, prompt_token_bound
 from gateway.receipts import ReceiptChain
 from spotgate.admission import unknown_model
 from spotgate.protocol import (
     DeltaFrame,
-from gateway.charges import Capped, charged_prompt_tokens, charged_usage, prompt_token_bound
     DoneFrame,
     ErrorCode,
     ErrorFrame,
@@ -53,13 +53,13 @@ from gateway.charges import Capped, charged_prompt_tokens, charged_usage, prompt
 
 RETRYABLE_AGENT_ERRORS = frozenset({ErrorCode.INTERRUPTED, ErrorCode.NO_CAPACITY})
 """Agent errors after which the stream is placed again rather than ended."""
+AGENT_HANDLE_BYTES = 8
+HANDLE_KEY_BYTES = 32
+"""The length of the random key each stream names its agents with."""
 QUEUE_FULL_RETRY_AFTER_SECONDS = 1.0
 NO_CAPACITY_RETRY_AFTER_SECONDS = 5.0
 
 
-AGENT_HANDLE_BYTES = 8
-HANDLE_KEY_BYTES = 32
-"""The length of the random key each stream names its agents with."""
 @dataclass
 class RelayOutcome:
     """How a relayed stream went, for metrics and limits."""
@@ -73,12 +73,12 @@ class RelayOutcome:
     ttft_ms: float | None = None
     added_ttft_ms: float | None = None  # the gateway's own share of `ttft_ms`, if not queued
     error: ErrorCode | None = None
+    # Counts agents reported above what the gateway measured (`gateway.charges`), by agent.
+    capped: list[tuple[str, Capped]] = field(default_factory=list)
 
     def timings(self, total_ms: float) -> Timings:
         """The stream's timings once it ends `total_ms` after it arrived (TTFT: none yet, all)."""
         ttft_ms = self.ttft_ms if self.ttft_ms is not None else total_ms
-    # Counts agents reported above what the gateway measured (`gateway.charges`), by agent.
-    capped: list[tuple[str, Capped]] = field(default_factory=list)
         return Timings(queue_ms=self.queue_ms, ttft_ms=ttft_ms, total_ms=total_ms)
 
 

@@ -108,6 +108,8 @@ async def admitted_frames(
     finally:
         state.metrics.active_streams.dec()
         state.metrics.record(outcome)
+        for agent_id, capped in outcome.capped:  # an agent said it used more than measured
+            state.dispatcher.rogues.usage_capped(agent_id, capped)
         # What the client received, at least: a stream cut short may end without a count. A
         # stream the client resumed here counts the tokens it brought: delivered ones were
         # charged where it got them, any others are charged as prompt below.
@@ -117,8 +119,6 @@ async def admitted_frames(
         # prefill) gets it back.
         prompt_tokens = outcome.prompt_tokens + (
             resumed_prompt_tokens if outcome.prompt_tokens else 0
-        for agent_id, capped in outcome.capped:  # an agent said it used more than measured
-            state.dispatcher.rogues.usage_capped(agent_id, capped)
         )
         used = prompt_tokens + completion_tokens
         state.usage.record(

@@ -118,12 +118,12 @@ class LocalProvider:
             instance_type=launch.instance_type,
             zone=launch.zone,
             launched_at=launched_at,
+            url=advertised_url(agent_settings),
         )
         self._agents[agent_id] = _LocalAgent(instance, agent, imds, imds_url)
         return instance
 
     async def instances(self) -> list[Instance]:
-            url=advertised_url(agent_settings),
         """Agents whose process still runs and that were not told to stop."""
         for agent_id, local in list(self._agents.items()):
             if not local.agent.running:  # exited (drained, crashed or reclaimed)

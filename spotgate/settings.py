@@ -371,9 +371,6 @@ class Placement(_Section):
     zone: str
     spot_price_per_hour: PositiveFloat
     on_demand_price_per_hour: PositiveFloat
-
-
-class Ec2PoolSettings(_Section):
     # The most streams one agent on this instance type serves: its launch record says so,
     # and gateways cap what the agent's own row claims at it.
     capacity: PositiveInt = DEFAULT_AGENT_CAPACITY
@@ -382,6 +379,9 @@ class Ec2PoolSettings(_Section):
 def advertised_url(settings: AgentSettings) -> str:
     """The base URL the gateway reaches an agent at (and its launcher vouches for)."""
     return settings.advertise_url or f"http://{settings.host}:{settings.port}"
+
+
+class Ec2PoolSettings(_Section):
     """How the `ec2` provider launches agents."""
 
     pool_name: str = "spotgate"  # the `spotgate:pool` tag on every instance of this pool

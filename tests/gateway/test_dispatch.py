@@ -197,7 +197,6 @@ class FeedOf:
     async def changed_since(self, _since: float | None) -> list[AgentRecord]:
         return self.records
 
-
     async def get_launches(self, agent_ids: Collection[str]) -> dict[str, LaunchRecord]:
         """Every agent of the feed launched for its model and capacity, as first seen."""
         return {
@@ -205,6 +204,7 @@ class FeedOf:
             for r in self.records
             if r.agent_id in agent_ids
         }
+
 
 async def test_a_registry_row_pointing_outside_the_networks_never_reaches_routing() -> None:
     dispatcher = Dispatcher(QueueSettings(), clock=lambda: 1.0, agent_networks=VPC)
