@@ -15,9 +15,7 @@ A report above either is capped to it (`charged_usage`) and the finding counted
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from gateway.vouching import RogueReason
+from gateway.vouching import Capped, RogueReason
 from spotgate.protocol import GenerateFrame, Usage
 
 PROMPT_FIELDS = frozenset({"prompt", "messages", "tools", "tool_choice", "response_format"})
@@ -27,15 +25,6 @@ TEMPLATE_TOKENS_PER_PART = 32
 TEMPLATE_BASE_TOKENS = 1024
 """Tokens a chat template may add of its own (a default system prompt, date lines, the
 instructions that introduce tools)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Capped:
-    """An agent's count above what the gateway measured, and what was charged instead."""
-
-    reason: RogueReason
-    reported: int
-    charged: int
 
 
 def prompt_token_bound(frame: GenerateFrame) -> int:

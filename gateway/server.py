@@ -151,7 +151,7 @@ def create_app(
                     settings.models,
                     agent_networks=settings.agent_networks,
                     routing=settings.routing,
-                    rogues=RogueAgents(metrics),
+                    rogues=RogueAgents(metrics.rogue_agents),
                 ),
                 session=session,
                 gateway_id=settings.gateway_id or f"gw-{secrets.token_hex(4)}",

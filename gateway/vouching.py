@@ -20,14 +20,12 @@ from __future__ import annotations
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-from gateway.metrics import GatewayMetrics
+from prometheus_client import Counter
+
 from spotgate.logging import get_logger
 from spotgate.registry import AgentRecord, AgentState, LaunchRecord
-
-if TYPE_CHECKING:
-    from gateway.charges import Capped
 
 LAUNCH_RECHECK_SECONDS = 2.0
 """How often the launch record of an agent that had none is looked up again."""
@@ -44,6 +42,15 @@ class RogueReason(StrEnum):
     CAPACITY = "capacity"  # more streams than its instance type serves: capped
     PROMPT_TOKENS = "prompt_tokens"  # more prompt than the gateway sent it: capped
     COMPLETION_TOKENS = "completion_tokens"  # more tokens than the gateway relayed: capped
+
+
+@dataclass(frozen=True, slots=True)
+class Capped:
+    """An agent's count above what the gateway measured, and what was charged instead."""
+
+    reason: RogueReason
+    reported: int
+    charged: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,13 +131,13 @@ class LaunchBook:
 class RogueAgents:
     """What agents were caught at: each finding logged once per agent, counted in metrics."""
 
-    metrics: GatewayMetrics | None = None
+    counter: Counter | None = None  # `spotgate_gateway_rogue_agents_total`, by reason
     reported: set[tuple[str, RogueReason]] = field(default_factory=set)
 
     def __post_init__(self) -> None:
-        if self.metrics is not None:  # every reason exported from the start, at 0
+        if self.counter is not None:  # every reason exported from the start, at 0
             for reason in RogueReason:
-                self.metrics.rogue_agents.labels(reason=reason.value)
+                self.counter.labels(reason=reason.value)
 
     def row_refused(self, agent_id: str, reason: RogueReason, record: AgentRecord) -> None:
         """A row was not routed, or capped: once per agent and reason (it comes back often)."""
@@ -167,5 +174,5 @@ class RogueAgents:
         self.reported = {found for found in self.reported if found[0] in keep}
 
     def _count(self, reason: RogueReason) -> None:
-        if self.metrics is not None:
-            self.metrics.rogue_agents.labels(reason=reason.value).inc()
+        if self.counter is not None:
+            self.counter.labels(reason=reason.value).inc()

@@ -8,13 +8,15 @@ from dataclasses import replace
 
 import pytest
 
-from gateway.charges import (
-    TEMPLATE_BASE_TOKENS,
+from gateway.charges import TEMPLATE_BASE_TOKENS, charged_usage, prompt_token_bound
+from gateway.vouching import (
+    LAUNCH_RECHECK_SECONDS,
     Capped,
-    charged_usage,
-    prompt_token_bound,
+    LaunchBook,
+    RogueReason,
+    Vouched,
+    vouch,
 )
-from gateway.vouching import LAUNCH_RECHECK_SECONDS, LaunchBook, RogueReason, Vouched, vouch
 from gpu_agent.synthetic_engine import SyntheticEngine
 from loadtest.hostile.rogue_agent import INFLATED_TOKENS, REPLY_IDS, rogue_agent
 from pool_manager.launches import vouch_for_agent
