@@ -15,9 +15,19 @@ from cli.args import (
     shared_settings,
 )
 from spotgate.registry import ApiKeyNotFound, ApiKeyRecord, Registry, UsageCounts
+from spotgate.tenancy import valid_tenant_name
 
 SINCE_UNIT_SECONDS = {"m": 60, "h": 3600, "d": 86400}
 USAGE_COLUMNS = ("key_id", "name", "model", "streams", "prompt_tokens", "completion_tokens")
+
+
+def tenant_name(text: str) -> str:
+    """An argument type: a tenant's name (`spotgate.tenancy.valid_tenant_name`)."""
+    if not valid_tenant_name(text):
+        raise argparse.ArgumentTypeError(
+            "1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit"
+        )
+    return text
 
 
 def _describe_key(record: ApiKeyRecord) -> str:
@@ -28,6 +38,7 @@ def _describe_key(record: ApiKeyRecord) -> str:
             ("tpm", record.tpm),
             ("max_tokens", record.max_tokens),
             ("max_streams", record.max_streams),
+            ("tenant", record.tenant),
         )
         if value is not None
     )
@@ -45,6 +56,7 @@ async def _keys_create(args: argparse.Namespace) -> int:
             max_tokens=args.max_tokens,
             models=[model for model in (args.models or "").split(",") if model],
             max_streams=args.max_streams,
+            tenant=args.tenant,
         )
     print(created.api_key)
     print(
@@ -119,6 +131,12 @@ def setup_keys(commands: Commands) -> None:
         "--max-streams",
         type=positive_int,
         help="concurrent streams over every replica (default: the gateways' setting)",
+    )
+    create.add_argument(
+        "--tenant",
+        type=tenant_name,
+        help="share routing and the prefix cache with the other keys of this tenant "
+        "(default: the key is a tenant of its own)",
     )
     create.set_defaults(handler=run_async(_keys_create))
     key_commands.add_parser("list", help="list keys").set_defaults(handler=run_async(_keys_list))

@@ -25,6 +25,7 @@ from spotgate.admission import Grant
 from spotgate.apikeys import looks_like_api_key
 from spotgate.logging import get_logger
 from spotgate.registry import ApiKeyDisabled, ApiKeyRecord, ApiKeyRejected, Registry
+from spotgate.tenancy import tenant_of
 from spotgate.tokens import AGENT_AUDIENCE, KeyRing, TokenError, verify
 from spotgate.wsserver import AuthRefused, AuthUnavailable
 
@@ -43,6 +44,8 @@ class Principal:
     limits: Limits
     models: frozenset[str]
     max_tokens: int | None
+    # Whose prefix cache the caller's streams share (`spotgate.tenancy.tenant_of`).
+    tenant: str
     expires_at: float | None = None  # set when authenticated by a token
 
     @property
@@ -62,6 +65,7 @@ def principal_of(
         models=record.models,
         max_tokens=record.max_tokens,
         expires_at=expires_at,
+        tenant=tenant_of(record.key_id, record.tenant),
     )
 
 

@@ -10,7 +10,8 @@ agent should be ready, from the cold starts the pool has seen) stretches the dea
 cover the boot, and waiting streams hear the expected wait (`eta_seconds`).
 
 The dispatcher also keeps the prefix index (gateway/prefix.py): every stream it places is
-recorded against its agent, and agents that leave the view are forgotten.
+recorded against its agent, and agents that leave the view are forgotten. Prompts are hashed
+within the stream's tenant (the frame's `tenant`, set from the client's key).
 """
 
 from __future__ import annotations
@@ -230,10 +231,15 @@ class Dispatcher:
         self.notify()
 
     def prompt_prefix(self, frame: GenerateFrame) -> PromptPrefix | None:
-        """What routing matches of the frame's prompt (None: prefix-aware routing is off)."""
+        """What routing matches of the frame's prompt, within its tenant (None: routing is off)."""
         if not self._routing.prefix_aware:
             return None
-        return prompt_prefix(frame, self._routing.prefix_block_chars)
+        return prompt_prefix(
+            frame,
+            self._routing.prefix_block_chars,
+            tenant=frame.tenant or "",
+            shared_prompt_sha256=self._routing.shared_prompt_sha256,
+        )
 
     def started(self, agent_id: str) -> None:
         """A stream went to `agent_id`."""

@@ -24,6 +24,9 @@ The rules (DESIGN.md §4):
   that could not be resumed.
 - `queued` frames reach the client only before its first token (a resume waits silently),
   `start` only when the serving agent changes: each change after the first is a resume.
+  `start` names the agent by a handle of this stream's own (`agent_handle`), never by its id:
+  the same while the stream stays on one agent, another when it moves, and unrelated to the
+  handles of any other stream, so a client learns only whether its own stream moved.
 - A client may send `resume` itself, to continue through this gateway a stream it holds part
   of (its gateway went away): the stream starts as one that has those tokens, and its first
   agent continues after them, as after a move.
@@ -33,6 +36,7 @@ The rules (DESIGN.md §4):
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -116,11 +120,18 @@ class GiveUp:
 Decision = ResumeElsewhere | WaitForRoom | GiveUp
 
 
+def agent_handle(handle_key: bytes, agent_id: str) -> str:
+    """What a stream's `start` calls its agent: a keyed hash of its id, the key the stream's own."""
+    digest = hashlib.blake2b(agent_id.encode(), key=handle_key, digest_size=AGENT_HANDLE_BYTES)
+    return digest.hexdigest()
+
+
 @dataclass
 class Failover:
     """One client stream across the agents that serve it, from request to `done` or `error`."""
 
     request: GenerateFrame  # as the client sent it (its id is the client's stream id)
+    handle_key: bytes  # random, this stream's own: what its `start` frames name agents with
     deadline_seconds: float  # how long each placement may wait for an agent
     deadline: float  # wall clock: when the current placement stops waiting
     started_at: float  # monotonic
@@ -142,6 +153,7 @@ class Failover:
         deadline_seconds: float,
         now: float,
         monotonic: float,
+        handle_key: bytes,
         outcome: RelayOutcome | None = None,
         receipts: ReceiptChain | None = None,
     ) -> Failover:
@@ -151,6 +163,7 @@ class Failover:
             receipts.extend(held.token_ids)
         return cls(
             request=request,
+            handle_key=handle_key,
             deadline_seconds=deadline_seconds,
             deadline=now + deadline_seconds,
             started_at=monotonic,
@@ -246,7 +259,8 @@ class Failover:
             self.outcome.resumes += 1
         self.announced_agent = start.agent
         self.outcome.agent_id = start.agent
-        return StartFrame(id=self.request.id, agent=start.agent, engine=start.engine)
+        handle = agent_handle(self.handle_key, start.agent)
+        return StartFrame(id=self.request.id, agent=handle, engine=start.engine)
 
     def on_delta(
         self,

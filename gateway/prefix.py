@@ -14,6 +14,11 @@ least recently sent forgotten first; an agent that leaves the pool is forgotten.
 A prompt also has a conversation key (its tools and messages up to the first user turn, which
 every later turn of the conversation repeats): gateway replicas that have no record of a
 conversation (another replica routed its earlier turns) still agree where it goes.
+
+Every hash is keyed with the stream's tenant (`spotgate.tenancy`): equal text under two tenants
+never matches, so where a stream lands says nothing of what another tenant sent. Only a system
+prompt the operator declared shared (`shared_prompt_sha256`, the SHA-256 of its text) opening
+a chat with no tools hashes the same for every tenant, up to its last whole block.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from spotgate.protocol import GenerateFrame
+from spotgate.tenancy import shared_prompt_digest
 
 _DIGEST_BYTES = 8
 
@@ -50,26 +56,68 @@ def prompt_text(frame: GenerateFrame) -> tuple[str, int]:
     return text, len(text) if key_end is None else key_end
 
 
-def block_hashes(text: str, block_chars: int) -> tuple[int, ...]:
-    """Chained hashes of the whole blocks of `text`: equal at i means equal text up to block i."""
+def shared_chars(frame: GenerateFrame, shared_prompt_sha256: Collection[str]) -> int:
+    """How much of the prompt's text every tenant may match: a shared system prompt's turn.
+
+    Only a chat with no tools that opens with a system prompt whose SHA-256 is one of
+    `shared_prompt_sha256`; anything else is matched within its own tenant alone.
+    """
+    messages = frame.messages
+    if not shared_prompt_sha256 or not messages or frame.tools or messages[0].role != "system":
+        return 0
+    if shared_prompt_digest(messages[0].content) not in shared_prompt_sha256:
+        return 0
+    return len(messages[0].model_dump_json(exclude_none=True) + "\n")
+
+
+def tenant_key(tenant: str) -> bytes:
+    """The key every hash of a tenant's prompts is keyed with."""
+    return hashlib.blake2b(tenant.encode("utf-8", "surrogatepass"), digest_size=32).digest()
+
+
+def block_hashes(
+    text: str, block_chars: int, *, tenant: str = "", shared: int = 0
+) -> tuple[int, ...]:
+    """Chained hashes of the whole blocks of `text`: equal at i means equal text up to block i.
+
+    Blocks that end within the first `shared` characters hash alike for every tenant; from the
+    first that does not, they are keyed with `tenant`, and so are all after it (the chain).
+    """
     hashes: list[int] = []
     previous = b""
+    key = tenant_key(tenant)
     for start in range(0, len(text) - block_chars + 1, block_chars):
         block = text[start : start + block_chars].encode("utf-8", "surrogatepass")
-        previous = hashlib.blake2b(previous + block, digest_size=_DIGEST_BYTES).digest()
+        scope = b"" if start + block_chars <= shared else key
+        previous = hashlib.blake2b(previous + block, digest_size=_DIGEST_BYTES, key=scope).digest()
         hashes.append(int.from_bytes(previous, "big"))
     return tuple(hashes)
 
 
-def prompt_prefix(frame: GenerateFrame, block_chars: int) -> PromptPrefix:
-    """What the router matches of the frame's prompt."""
+def prompt_prefix(
+    frame: GenerateFrame,
+    block_chars: int,
+    *,
+    tenant: str,
+    shared_prompt_sha256: Collection[str] = (),
+) -> PromptPrefix:
+    """What the router matches of the frame's prompt, for streams of `tenant`."""
     text, key_end = prompt_text(frame)
     # A raw prompt's key is its first block: its start is all a completion shares.
     key_text = text[: min(key_end, block_chars)] if frame.prompt is not None else text[:key_end]
+    # Always the tenant's own: replicas agree on it, and no other tenant's stream follows it.
     conversation = hashlib.blake2b(
-        key_text.encode("utf-8", "surrogatepass"), digest_size=_DIGEST_BYTES
+        key_text.encode("utf-8", "surrogatepass"),
+        digest_size=_DIGEST_BYTES,
+        key=tenant_key(tenant),
     ).hexdigest()
-    return PromptPrefix(block_hashes(text, block_chars), conversation)
+    shared = shared_chars(frame, shared_prompt_sha256)
+    return PromptPrefix(block_hashes(text, block_chars, tenant=tenant, shared=shared), conversation)
+
+
+def tenant_session(tenant: str, session: str | None) -> str | None:
+    """A client's `session` as routing hashes it: two tenants' equal sessions are unrelated."""
+    return None if session is None else f"{tenant}\x00{session}"
 
 
 class PrefixIndex:

@@ -14,6 +14,7 @@ its frames, hands each to the Failover and forwards what that returns.
 
 from __future__ import annotations
 
+import secrets
 import time
 import uuid
 from collections.abc import AsyncGenerator, Callable
@@ -33,7 +34,8 @@ from gateway.dispatch import (
     QueueFull,
     UnknownModel,
 )
-from gateway.failover import Failover, GiveUp, RelayOutcome, Unplaced, WaitForRoom
+from gateway.failover import HANDLE_KEY_BYTES, Failover, GiveUp, RelayOutcome, Unplaced, WaitForRoom
+from gateway.prefix import tenant_session
 from gateway.receipts import ReceiptChain
 from gateway.router import Candidate
 from spotgate.logging import get_logger
@@ -72,6 +74,7 @@ async def relay_stream(
         deadline_seconds=deadline_seconds,
         now=time.time(),
         monotonic=time.monotonic(),
+        handle_key=secrets.token_bytes(HANDLE_KEY_BYTES),
         outcome=outcome,
         receipts=receipts,
     )
@@ -82,7 +85,7 @@ async def relay_stream(
         try:
             async for event in dispatcher.acquire(
                 frame.model,
-                session=frame.session,
+                session=tenant_session(frame.tenant or "", frame.session),
                 exclude=stream.excluded,
                 deadline=stream.deadline,
                 prefix=prefix,

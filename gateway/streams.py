@@ -25,6 +25,7 @@ from spotgate.admission import (
 )
 from spotgate.logging import bound_context
 from spotgate.protocol import DoneFrame, ErrorCode, ErrorFrame, GenerateFrame, Usage
+from spotgate.tenancy import frame_tenant_refusal
 from spotgate.wsserver import Send
 
 
@@ -48,6 +49,9 @@ def stream_refusal(
     state: GatewayState, frame: GenerateFrame, principal: Principal
 ) -> Refusal | None:
     """Whether this gateway admits the stream now (`spotgate.admission.gateway_refusal`)."""
+    tenant_refusal = frame_tenant_refusal(frame, from_gateway=False)
+    if tenant_refusal is not None:
+        return tenant_refusal
     dispatcher = state.dispatcher
     conditions = GatewayConditions(
         shutting_down=state.shutting_down,
@@ -62,7 +66,12 @@ def stream_refusal(
 async def admitted_frames(
     state: GatewayState, frame: GenerateFrame, principal: Principal, outcome: RelayOutcome
 ) -> AsyncGenerator[ClientFrame, None]:
-    """A stream's frames for its client: admitted against its key's limits, then relayed."""
+    """A stream's frames for its client: admitted against its key's limits, then relayed.
+
+    The frame names the key's tenant from here on: routing matches its prompt within it, and
+    the agent salts its prefix cache with it.
+    """
+    frame = frame.model_copy(update={"tenant": principal.tenant})
     if principal.max_tokens is not None:  # a reply with no max_tokens stops at the key's limit
         frame = frame.model_copy(update={"max_tokens_cap": principal.max_tokens})
     revoked = await state.authenticator.revoked(principal)

@@ -42,6 +42,7 @@ from spotgate.protocol import (
 )
 from spotgate.registry import Registry
 from spotgate.settings import MAX_REQUEST_BYTES, AgentSettings, advertised_url
+from spotgate.tenancy import agent_tenant, frame_tenant_refusal, is_gateway
 from spotgate.tokens import GATEWAY_SUBJECT_PREFIX, Claims, TokenError
 from spotgate.wsserver import (
     AuthRefused,
@@ -167,6 +168,8 @@ async def _serve_stream(
         if engine is None:
             raise StreamRefused(ErrorCode.NO_CAPACITY, "engine not loaded")
         check_request(frame, engine, claims, runtime.settings.limits.max_prompt_chars)
+        # Its prefix cache is the tenant's own: the gateway's word for its client, else the token's.
+        frame = frame.model_copy(update={"tenant": agent_tenant(frame, claims)})
         first = True
         async with aclosing(
             generate_frames(
@@ -281,6 +284,9 @@ def _stream_handlers(runtime: AgentRuntime, verifier: TokenVerifier) -> StreamHa
             raise AuthRefused(f"token refused: {err.reason}") from err
 
     def refusal(frame: GenerateFrame, claims: Claims) -> Refusal | None:
+        tenant_refusal = frame_tenant_refusal(frame, from_gateway=is_gateway(claims))
+        if tenant_refusal is not None:
+            return tenant_refusal
         return agent_refusal(claims.grant, _conditions(runtime), time.time())
 
     def start(frame: GenerateFrame, claims: Claims, send: Send) -> StreamHandle:

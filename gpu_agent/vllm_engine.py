@@ -25,6 +25,7 @@ from gpu_agent.engine import (
     TokenLogprobs,
 )
 from gpu_agent.grammar import GrammarError, Grammars
+from gpu_agent.token_bytes import TokenBytes
 from gpu_agent.tool_calls import ToolCallReader
 from gpu_agent.vllm_logits import EXTRA_ARGS_KEY, StreamSpec
 from gpu_agent.worker_thread import WorkerThread
@@ -241,6 +242,14 @@ class VllmEngine:
         text: str = self._backend.decode(list(token_ids), skip_special_tokens=True)
         return text
 
+    def token_bytes(self, token_id: int, *, first: bool) -> bytes:
+        """The token's bytes as the tokenizer's decoder writes them (`TokenBytes`)."""
+        return self._token_bytes.of(token_id, first=first)
+
+    @functools.cached_property
+    def _token_bytes(self) -> TokenBytes:
+        return TokenBytes(self._backend.to_str(), self._backend.id_to_token)
+
     @functools.cached_property
     def _vocab_size(self) -> int:
         # The model's embedding rows: an id past them would fail the engine, not one request.
@@ -291,6 +300,8 @@ class VllmEngine:
         matcher = await self._schema_matcher(request)
         params = sampling_params(request)
         prompt = TokensPrompt(prompt_token_ids=[*request.prompt_ids, *request.resume_ids])
+        if request.cache_salt is not None:  # its KV blocks match only prompts of this salt
+            prompt["cache_salt"] = request.cache_salt
         try:
             outputs = self._llm.generate(prompt, params, request.request_id)
             async with aclosing(outputs):

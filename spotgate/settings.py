@@ -160,6 +160,9 @@ class RoutingSettings(_Section):
     # How much busier (as a share of capacity) than the least loaded agent with room an agent
     # may be and still be chosen for its cached prefix: beyond it, a hot prefix spills.
     prefix_load_skew: Annotated[float, Field(ge=0, le=1)] = 0.25
+    # System prompts every tenant's chats may match on (`spotgate.tenancy`), as the SHA-256 of
+    # their text in hex; any other prompt matches only its own tenant's.
+    shared_prompt_sha256: tuple[Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")], ...] = ()
 
 
 class LimitStoreSettings(_Section):

@@ -24,6 +24,7 @@ async def token(request: web.Request) -> web.Response:
         ttl_seconds=state.settings.token.ttl_seconds,
         models=sorted(record.models) or None,
         max_tokens=record.max_tokens,
+        tenant=record.tenant,
     )
     ws_url = state.public_url.replace("http", "ws", 1) + "/v1/ws"
     return web.json_response(

@@ -25,6 +25,7 @@ from spotgate.registry.records import (
     ApiKeyRejected,
     CreatedApiKey,
 )
+from spotgate.tenancy import valid_tenant_name
 
 
 class ApiKeyOperations(RegistryBase):
@@ -39,6 +40,7 @@ class ApiKeyOperations(RegistryBase):
         max_tokens: int | None = None,
         models: Iterable[str] = (),
         max_streams: int | None = None,
+        tenant: str | None = None,
     ) -> CreatedApiKey:
         """Create a key; the returned full key text is the only time it is ever available."""
         if not name.strip():
@@ -47,6 +49,10 @@ class ApiKeyOperations(RegistryBase):
         for label, limit in (*limits, ("max_streams", max_streams)):
             if limit is not None and limit < 1:
                 raise ValueError(f"{label} must be positive")
+        if tenant is not None and not valid_tenant_name(tenant):
+            raise ValueError(
+                "tenant: 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit"
+            )
         api_key, parsed = new_api_key()
         record = ApiKeyRecord(
             key_id=parsed.key_id,
@@ -57,6 +63,7 @@ class ApiKeyOperations(RegistryBase):
             models=frozenset(models),
             created_at=self._clock(),
             max_streams=max_streams,
+            tenant=tenant,
         )
         item = encode_item(
             {

@@ -143,6 +143,8 @@ class ApiKeyRecord:
     created_at: float = 0.0
     # Concurrent streams across every replica; None: the gateways' default for every key.
     max_streams: int | None = None
+    # The tenant whose prefix cache the key shares (`spotgate.tenancy`); None: its own.
+    tenant: str | None = None
 
     def allows_model(self, model: str) -> bool:
         """Whether this key may use `model` (an empty set means every model)."""

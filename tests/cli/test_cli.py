@@ -134,7 +134,7 @@ async def test_keys_create_list_disable_from_the_environment(
 
     created = run(
         "keys", "create", "--name", "ci", "--rpm", "60", "--models", "a,b", "--max-streams", "3",
-        cwd=tmp_path, env=env,
+        "--tenant", "acme", cwd=tmp_path, env=env,
     )  # fmt: skip
     assert created.returncode == 0, created.stderr
     api_key = one_line(created.stdout)
@@ -142,16 +142,21 @@ async def test_keys_create_list_disable_from_the_environment(
     async with Registry.open(tables.settings()) as registry:
         record = await registry.verify_key(api_key)
     assert (record.name, record.rpm, record.models) == ("ci", 60, frozenset({"a", "b"}))
-    assert record.max_streams == 3
+    assert (record.max_streams, record.tenant) == (3, "acme")
 
     listed = run("keys", "list", cwd=tmp_path, env=env)
     assert listed.returncode == 0
     assert key_id in listed.stdout
     assert "max_streams=3" in listed.stdout
+    assert "tenant=acme" in listed.stdout
     assert api_key.split("-", 2)[2] not in listed.stdout + listed.stderr
 
     assert run("keys", "disable", key_id, cwd=tmp_path, env=env).returncode == 0
     assert "disabled" in run("keys", "list", cwd=tmp_path, env=env).stdout
+
+    bad_tenant = run("keys", "create", "--name", "x", "--tenant", "a b", cwd=tmp_path, env=env)
+    assert bad_tenant.returncode == 2
+    assert "--tenant" in one_line(bad_tenant.stderr)
 
     missing = run("keys", "disable", "000000000000", cwd=tmp_path, env=env)
     assert missing.returncode == 2

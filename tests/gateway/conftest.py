@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,6 +117,32 @@ async def api_key(aws: AwsEmulator) -> CreatedApiKey:
 
 
 GatewayAgentFactory = Callable[..., Awaitable[RunningAgent]]
+
+
+def serving(gateway: Gateway) -> set[str]:
+    """The agents the gateway has streams open on (a client's `start` names none of them)."""
+    return {agent_id for agent_id, n in gateway.state.dispatcher.outstanding.items() if n > 0}
+
+
+def completed_streams(agent: RunningAgent) -> float:
+    """Streams the agent finished generating, as its metrics count them."""
+    registry = agent.runtime.metrics.registry
+    return registry.get_sample_value("spotgate_agent_streams_total", {"outcome": "completed"}) or 0
+
+
+async def completed_on(
+    agents: Sequence[RunningAgent], before: Sequence[float], streams: int
+) -> list[float]:
+    """Each agent's completed streams once `streams` more than `before` were counted over all.
+
+    The client may hear a stream's `done` a moment before its agent counts it.
+    """
+
+    async def counted() -> bool:
+        return sum(map(completed_streams, agents)) >= sum(before) + streams
+
+    await wait_for(counted, within=10)
+    return [completed_streams(agent) - count for agent, count in zip(agents, before, strict=True)]
 
 
 @pytest.fixture

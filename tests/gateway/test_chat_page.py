@@ -41,6 +41,7 @@ from tests.gateway.conftest import (
     Gateway,
     GatewayAgentFactory,
     running_gateway,
+    serving,
 )
 from tests.support.agents import AgentFactory, wait_for, wait_ready
 from tests.support.clocks import ShiftedClock
@@ -555,17 +556,19 @@ async def test_killing_the_serving_agent_mid_reply_moves_it_and_the_page_says_so
     await page.fill("#prompt", "keep talking")
     await page.press("#prompt", "Enter")
     meta = page.locator(".message.assistant .meta")
-    await expect(meta).to_contain_text("on proc-")
-    serving = (await meta.inner_text()).removeprefix("on ").removesuffix("…")
+    # The stream's own handle for its agent, never the agent's id.
+    await expect(meta).to_contain_text(re.compile(r"^on [0-9a-f]{16}…"))
+    handle = (await meta.inner_text()).removeprefix("on ").removesuffix("…")
     body = page.locator(".message.assistant .body")
     await expect(body).to_have_text(re.compile(r".{20,}"))  # a few tokens in, before the kill
 
-    victim = next(agent for agent in agents if agent.agent_id == serving)
+    [victim_id] = serving(gateway)
+    victim = next(agent for agent in agents if agent.agent_id == victim_id)
     victim.process.send_signal(signal.SIGKILL)
 
-    await expect(page.locator(".message.assistant .moved")).to_contain_text(
-        f"moved from {serving}", timeout=15_000
-    )
+    moved = page.locator(".message.assistant .moved")
+    await expect(moved).to_contain_text(f"moved from {handle} to ", timeout=15_000)
+    assert "proc-" not in await moved.inner_text()
     await expect(meta).to_contain_text("60 tokens", timeout=15_000)
     assert await page.locator(".message .error").count() == 0
 

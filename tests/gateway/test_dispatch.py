@@ -36,6 +36,7 @@ from spotgate.registry import (
     PoolForecast,
 )
 from spotgate.settings import QueueSettings, RoutingSettings
+from spotgate.tenancy import tenant_of
 from spotgate.tokens import SigningKey
 from stack.emulator import AwsEmulator
 from tests.gateway.conftest import MODEL, Gateway, running_gateway
@@ -406,32 +407,52 @@ async def test_a_conversation_without_a_session_stays_on_one_agent_through_eithe
 
         await wait_for(routable_through_both, within=10)
 
-        async def conversation(topic: str) -> list[str]:
+        gateways = (first, second, first)
+
+        async def conversation(topic: str) -> list[list[dict[str, str]]]:
             """Three turns, each re-sending the history, alternately through each gateway."""
             messages: list[dict[str, str]] = [
                 {"role": "system", "content": "Answer about EC2. " * 40}
             ]
-            served_by = []
-            for turn, gateway in enumerate((first, second, first)):
+            prompts = []
+            for turn, gateway in enumerate(gateways):
                 messages.append({"role": "user", "content": f"{topic} question {turn}. " * 20})
+                prompts.append(list(messages))
                 frame = {"type": "generate", "id": f"{topic}-{turn}", "model": MODEL}
                 async with connect(gateway.ws_url, api_key.api_key) as ws:
                     seen = await run_streams(ws, {**frame, "messages": messages, "max_tokens": 8})
                 frames = seen[f"{topic}-{turn}"]
                 assert frames[-1]["type"] == "done", frames
-                served_by.append(next(f["agent"] for f in frames if f["type"] == "start"))
                 messages.append({"role": "assistant", "content": text_of(frames)})
-            return served_by
+            return prompts
 
-        served = await asyncio.gather(*(conversation(f"topic-{n}") for n in range(12)))
+        conversations = await asyncio.gather(*(conversation(f"topic-{n}") for n in range(12)))
         async with aiohttp.ClientSession() as http, http.get(f"{first.ops_url}/metrics") as reply:
             exported = await reply.text()
 
-    assert all(len(set(turns)) == 1 for turns in served), served
+    tenant = tenant_of(api_key.record.key_id, api_key.record.tenant)
+
+    def served_by(prompts: list[list[dict[str, str]]]) -> set[str]:
+        """The agents that hold a turn whole, in the index of the gateway that sent it.
+
+        (`start` names no agent; a turn's blocks after the shared system prompt are its own.)
+        """
+        holders = set()
+        for prompt, gateway in zip(prompts, gateways, strict=True):
+            frame = GenerateFrame(id="t", model=MODEL, messages=prompt, tenant=tenant)  # type: ignore[arg-type]
+            prefix = gateway.state.dispatcher.prompt_prefix(frame)
+            assert prefix is not None
+            index = gateway.state.dispatcher.prefixes
+            full = len(prefix.blocks)
+            holders |= {a for a in agent_ids if index.matched_blocks(a, prefix.blocks) == full}
+        return holders
+
+    served = [served_by(prompts) for prompts in conversations]
+    assert all(len(agents) == 1 for agents in served), served
     held = first.state.dispatcher.prefixes.blocks_held()
     assert held > 0
     assert f"spotgate_gateway_prefix_index_blocks {held:.1f}" in exported
-    assert len({turns[0] for turns in served}) >= 2  # conversations spread over the agents
+    assert len(set.union(*served)) >= 2  # conversations spread over the agents
 
 
 async def test_a_closing_gateway_ends_the_waits_in_its_queue_and_places_nothing_more() -> None:
@@ -447,3 +468,49 @@ async def test_a_closing_gateway_ends_the_waits_in_its_queue_and_places_nothing_
     with pytest.raises(GatewayClosing):
         await anext(later)
     assert dispatcher.pending() == {}
+
+
+def pin_prompt(pin: int, question: str, tenant: str) -> GenerateFrame:
+    """A chat whose system prompt holds a 4-digit secret in its first block."""
+    system = f"The vault PIN is {pin:04d}. Never say it. " + "Answer about EC2. " * 40
+    return GenerateFrame.model_validate(
+        {
+            "type": "generate",
+            "id": "s",
+            "model": MODEL,
+            "tenant": tenant,
+            "messages": [
+                {"role": "system", "content": system},
+                {"role": "user", "content": question},
+            ],
+        }
+    )
+
+
+@pytest.mark.parametrize(("attacker", "found"), [("key:b", True), ("key:a", False)])
+async def test_another_tenants_guesses_go_where_load_and_their_own_text_send_them(
+    attacker: str, found: bool
+) -> None:
+    # Key B's prompt holds a PIN; key A knows the rest and tries every PIN, several questions
+    # each. Under B's own tenant (as before tenants), the right PIN goes where B's went every
+    # time and no other does: the PIN is found. Under A's, it is one more guess.
+    dispatcher = Dispatcher(QueueSettings(), clock=lambda: 1.0)
+    feed: Any = FeedOf(entry("a", 1.0), entry("b", 1.0), entry("c", 1.0))
+    await dispatcher.refresh(feed)
+    secret = 4821
+    victim = dispatcher.prompt_prefix(pin_prompt(secret, "Hello", "key:b"))
+    assert victim is not None
+    dispatcher.taken("b", victim)
+
+    def always_on_b(pin: int) -> bool:
+        placed = []
+        for question in range(6):
+            prefix = dispatcher.prompt_prefix(pin_prompt(pin, f"Question {question}?", attacker))
+            chosen = dispatcher.choose(MODEL, None, (), prefix)
+            assert chosen is not None
+            placed.append(chosen.agent_id)
+        return set(placed) == {"b"}
+
+    singled_out = [pin for pin in range(4800, 4840) if always_on_b(pin)]
+    assert (singled_out == [secret]) is found
+    assert (secret in singled_out) is found

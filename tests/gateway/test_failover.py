@@ -13,6 +13,7 @@ from gateway.failover import (
     ResumeElsewhere,
     Unplaced,
     WaitForRoom,
+    agent_handle,
 )
 from gateway.receipts import ReceiptSigner
 from spotgate.protocol import (
@@ -41,9 +42,16 @@ RESUMING_ENDINGS = [ErrorCode.INTERRUPTED, ErrorCode.NO_CAPACITY, LINK_LOST]
 Ending = ErrorCode | str  # an agent's error code, LINK_LOST or STALLED
 
 
-def arrive(request: GenerateFrame = REQUEST) -> Failover:
+HANDLE_KEY = bytes(range(32))
+
+
+def arrive(request: GenerateFrame = REQUEST, handle_key: bytes = HANDLE_KEY) -> Failover:
     return Failover.begin(
-        request, deadline_seconds=DEADLINE_SECONDS, now=ARRIVED, monotonic=STARTED
+        request,
+        deadline_seconds=DEADLINE_SECONDS,
+        now=ARRIVED,
+        monotonic=STARTED,
+        handle_key=handle_key,
     )
 
 
@@ -335,10 +343,33 @@ def test_start_reaches_the_client_when_the_agent_changes_and_each_change_is_a_re
     forwarded = [stream.on_start(start(agent)) for agent in agents]
 
     assert [f for f in forwarded if f is not None] == [
-        StartFrame(id=CLIENT_ID, agent=agent, engine="synthetic") for agent in announced
+        StartFrame(id=CLIENT_ID, agent=agent_handle(HANDLE_KEY, agent), engine="synthetic")
+        for agent in announced
     ]
     assert stream.outcome.resumes == resumes
     assert stream.outcome.agent_id == announced[-1]
+
+
+AGENT_ID = "i-0123456789abcdef0"
+
+
+def test_start_names_the_agent_by_a_handle_no_other_stream_can_link_to_it() -> None:
+    first, second = arrive(handle_key=b"k" * 32), arrive(handle_key=b"j" * 32)
+    mine = first.on_start(start(AGENT_ID))
+    theirs = second.on_start(start(AGENT_ID))
+    assert mine is not None
+    assert theirs is not None
+    # The same agent, two streams: two unrelated handles, neither the agent's id nor part of it.
+    assert mine.agent != theirs.agent
+    assert AGENT_ID[2:10] not in mine.agent
+    assert len(mine.agent) == 16
+    # Within a stream a handle stays the agent's, and another agent gets another one.
+    moved = first.on_start(start("i-other"))
+    assert moved is not None
+    assert moved.agent != mine.agent
+    back = first.on_start(start(AGENT_ID))
+    assert back is not None
+    assert back.agent == mine.agent
 
 
 @pytest.mark.parametrize(
@@ -453,7 +484,9 @@ def test_a_stream_interrupted_twice_reaches_the_client_whole(first: Ending, seco
     deltas = [f for f in to_client if isinstance(f, DeltaFrame)]
     assert [i for f in deltas for i in f.ids or ()] == [1, 2, 3, 4]  # each token once
     assert "".join(f.text for f in deltas) == "ab cd"
-    assert [f.agent for f in to_client if isinstance(f, StartFrame)] == ["a", "b", "c"]
+    assert [f.agent for f in to_client if isinstance(f, StartFrame)] == [
+        agent_handle(HANDLE_KEY, agent) for agent in "abc"
+    ]
     assert all(getattr(f, "id", None) == CLIENT_ID for f in to_client)
     assert isinstance(to_client[-1], DoneFrame)
     assert to_client[-1].usage.completion_tokens == 4
@@ -485,6 +518,7 @@ def test_each_delta_carries_the_receipt_of_every_id_the_client_holds_across_move
         deadline_seconds=DEADLINE_SECONDS,
         now=ARRIVED,
         monotonic=STARTED,
+        handle_key=HANDLE_KEY,
         receipts=signer.chain("key-a", request),
     )
     place(stream, "a")

@@ -6,10 +6,13 @@ from typing import Any
 
 import pytest
 
-from gateway.prefix import PrefixIndex, block_hashes, prompt_prefix
+from gateway.prefix import PrefixIndex, block_hashes, prompt_prefix, tenant_session
 from spotgate.protocol import GenerateFrame
+from spotgate.tenancy import shared_prompt_digest
 
 BLOCK_CHARS = 64
+TENANT = "key:aaaa"
+OTHER_TENANT = "key:bbbb"
 SYSTEM = "You are a careful assistant. " * 20
 TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
 
@@ -27,10 +30,11 @@ def chat(
 
 
 def test_the_next_turn_starts_with_every_whole_block_of_the_turn_before() -> None:
-    first = prompt_prefix(chat("What is a spot instance? " * 9), BLOCK_CHARS)
+    first = prompt_prefix(chat("What is a spot instance? " * 9), BLOCK_CHARS, tenant=TENANT)
     second = prompt_prefix(
         chat("What is a spot instance? " * 9, "A spare EC2 instance. " * 7, "Why cheaper?"),
         BLOCK_CHARS,
+        tenant=TENANT,
     )
     assert len(first.blocks) > 5
     assert second.blocks[: len(first.blocks)] == first.blocks
@@ -51,8 +55,8 @@ def test_the_next_turn_starts_with_every_whole_block_of_the_turn_before() -> Non
 def test_prompts_share_blocks_only_as_far_as_their_rendered_text_agrees(
     other: GenerateFrame, shared_blocks: int
 ) -> None:
-    mine = prompt_prefix(chat("What is a spot instance? " * 9), BLOCK_CHARS)
-    theirs = prompt_prefix(other, BLOCK_CHARS)
+    mine = prompt_prefix(chat("What is a spot instance? " * 9), BLOCK_CHARS, tenant=TENANT)
+    theirs = prompt_prefix(other, BLOCK_CHARS, tenant=TENANT)
     common = 0
     for a, b in zip(mine.blocks, theirs.blocks, strict=False):
         if a != b:
@@ -82,12 +86,12 @@ def test_raw_prompts_are_keyed_by_their_first_block() -> None:
 
     preamble = "p" * BLOCK_CHARS
     assert (
-        prompt_prefix(raw(preamble + "one"), BLOCK_CHARS).conversation
-        == prompt_prefix(raw(preamble + "two"), BLOCK_CHARS).conversation
+        prompt_prefix(raw(preamble + "one"), BLOCK_CHARS, tenant=TENANT).conversation
+        == prompt_prefix(raw(preamble + "two"), BLOCK_CHARS, tenant=TENANT).conversation
     )
     assert (
-        prompt_prefix(raw("one"), BLOCK_CHARS).conversation
-        != prompt_prefix(raw("two"), BLOCK_CHARS).conversation
+        prompt_prefix(raw("one"), BLOCK_CHARS, tenant=TENANT).conversation
+        != prompt_prefix(raw("two"), BLOCK_CHARS, tenant=TENANT).conversation
     )
 
 
@@ -119,3 +123,49 @@ def test_agents_that_leave_are_forgotten() -> None:
     index.retain({"b"})
     assert [index.matched_blocks(agent_id, (1, 2, 3)) for agent_id in "abc"] == [0, 3, 0]
     assert index.blocks_held() == 3
+
+
+def common_blocks(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    common = 0
+    for mine, theirs in zip(a, b, strict=False):
+        if mine != theirs:
+            break
+        common += 1
+    return common
+
+
+QUESTION = "What is a spot instance? " * 9
+SYSTEM_BLOCKS = len(SYSTEM) // BLOCK_CHARS  # whole blocks inside the system turn's text
+
+
+@pytest.mark.parametrize(
+    ("frame", "shared", "common"),
+    [
+        # Equal text under two tenants: nothing in common, not even the first block.
+        (chat(QUESTION), frozenset(), 0),
+        (GenerateFrame(id="s", model="m", prompt="p" * BLOCK_CHARS * 4), frozenset(), 0),
+        # A shared system prompt: its whole blocks match across tenants, nothing after.
+        (chat(QUESTION), frozenset({shared_prompt_digest(SYSTEM)}), SYSTEM_BLOCKS),
+        # Only that very text: another system prompt shares nothing.
+        (chat(QUESTION), frozenset({shared_prompt_digest(SYSTEM + ".")}), 0),
+        # Tools render first, and may be the tenant's own: a chat with tools shares nothing.
+        (chat(QUESTION, tools=TOOLS), frozenset({shared_prompt_digest(SYSTEM)}), 0),
+    ],
+)
+def test_prompts_match_across_tenants_only_as_far_as_a_shared_system_prompt(
+    frame: GenerateFrame, shared: frozenset[str], common: int
+) -> None:
+    mine = prompt_prefix(frame, BLOCK_CHARS, tenant=TENANT, shared_prompt_sha256=shared)
+    theirs = prompt_prefix(frame, BLOCK_CHARS, tenant=OTHER_TENANT, shared_prompt_sha256=shared)
+    again = prompt_prefix(frame, BLOCK_CHARS, tenant=TENANT, shared_prompt_sha256=shared)
+    assert len(mine.blocks) > common
+    assert common_blocks(mine.blocks, theirs.blocks) == common
+    assert again == mine  # within a tenant every block matches, on any replica
+    # A conversation is always the tenant's own: no other tenant's stream follows it.
+    assert mine.conversation != theirs.conversation
+
+
+def test_the_same_session_of_two_tenants_is_two_sessions() -> None:
+    assert tenant_session(TENANT, "s1") != tenant_session(OTHER_TENANT, "s1")
+    assert tenant_session(TENANT, "s1") == tenant_session(TENANT, "s1")
+    assert tenant_session(TENANT, None) is None

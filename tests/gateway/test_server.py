@@ -6,6 +6,7 @@ import asyncio
 import json
 import signal
 import time
+from collections.abc import AsyncGenerator
 
 import aiohttp
 import openai
@@ -15,6 +16,7 @@ import websockets
 from gateway import auth as gateway_auth
 from gateway.routes.websocket import allowed_origins, origin_allowed
 from gateway.state import public_url
+from gpu_agent.engine import EngineStep, GenerationRequest
 from spotgate.registry import AgentState, CreatedApiKey, Registry, aws_session
 from spotgate.settings import (
     MAX_REQUEST_BYTES,
@@ -22,6 +24,7 @@ from spotgate.settings import (
     LimitStoreSettings,
     QueueSettings,
 )
+from spotgate.tenancy import cache_salt, tenant_of
 from spotgate.tokens import KeyRing, SigningKey, issue, verify
 from spotgate.wsserver import receive_limit
 from stack.emulator import AwsEmulator
@@ -31,8 +34,10 @@ from tests.gateway.conftest import (
     Gateway,
     GatewayAgentFactory,
     agents_of,
+    completed_on,
     replicas,
     running_gateway,
+    serving,
 )
 from tests.support.agents import (
     AgentFactory,
@@ -199,12 +204,11 @@ async def test_websocket_through_the_gateway_with_key_or_token(
     agent = await gateway_agent()
     async with connect(gateway.ws_url, api_key.api_key) as ws:
         frames = (await run_streams(ws, generate("a", MODEL, content="hi", max_tokens=20)))["a"]
-    assert frames[0] == {
-        "type": "start",
-        "id": "a",
-        "engine": "synthetic",
-        "agent": agent.runtime.identity.agent_id,
-    }  # type: ignore[union-attr]
+    handle = frames[0]["agent"]
+    assert frames[0] == {"type": "start", "id": "a", "engine": "synthetic", "agent": handle}
+    # A handle of this stream's own, never the agent's id (its clients learn no pool's names).
+    assert handle != agent.runtime.identity.agent_id  # type: ignore[union-attr]
+    assert len(handle) == 16
     assert text_of(frames) == expected_text("hi", 20)
     assert frames[-1]["usage"]["completion_tokens"] == 20
 
@@ -229,14 +233,11 @@ async def test_draining_agents_get_nothing_and_sessions_stick(
 ) -> None:
     first, second = await gateway_agent(), await gateway_agent()
     async with connect(gateway.ws_url, api_key.api_key) as ws:
-        sticky = [
-            (await run_streams(ws, generate(f"s{n}", MODEL, max_tokens=2, session="chat-7")))[
-                f"s{n}"
-            ][0]["agent"]
-            for n in range(5)
-        ]
-        assert len(set(sticky)) == 1
-        drained = sticky[0]
+        for n in range(5):
+            await run_streams(ws, generate(f"s{n}", MODEL, max_tokens=2, session="chat-7"))
+        served = await completed_on((first, second), (0, 0), 5)
+        assert sorted(served) == [0, 5]  # all on one agent
+        drained = (first, second)[served.index(5)].runtime.identity.agent_id  # type: ignore[union-attr]
         async with Registry.open(aws.settings()) as registry:
             await registry.set_draining(drained, deadline=time.time() + 120)
 
@@ -245,14 +246,11 @@ async def test_draining_agents_get_nothing_and_sessions_stick(
             return record is not None and record.state is AgentState.DRAINING
 
         await wait_for(out_of_view, within=2)
-        after = [
-            (await run_streams(ws, generate(f"t{n}", MODEL, max_tokens=2, session="chat-7")))[
-                f"t{n}"
-            ][0]["agent"]
-            for n in range(5)
-        ]
-    assert drained not in after
-    assert {first.runtime.identity.agent_id, second.runtime.identity.agent_id} >= set(after)  # type: ignore[union-attr]
+        for n in range(5):
+            await run_streams(ws, generate(f"t{n}", MODEL, max_tokens=2, session="chat-7"))
+    assert await completed_on((first, second), served, 5) == [
+        0 if count else 5 for count in served
+    ]  # none more on the draining agent
 
 
 async def test_a_key_disabled_while_its_socket_is_open_gets_no_more_streams_there(
@@ -293,7 +291,8 @@ async def test_kill_9_of_the_serving_agent_loses_nothing(
         frames = [start]
         while sum(f.get("n", 0) for f in frames) < 10:
             frames.append(await receive(ws))
-        victim = next(a for a in agents if a.agent_id == start["agent"])
+        [victim_id] = serving(gateway)
+        victim = next(a for a in agents if a.agent_id == victim_id)
         victim.process.send_signal(signal.SIGKILL)
         while frames[-1]["type"] not in ("done", "error"):
             frames.append(await receive(ws))
@@ -304,8 +303,9 @@ async def test_kill_9_of_the_serving_agent_loses_nothing(
     assert sum(f["n"] for f in frames if f["type"] == "delta") == 80
     assert done["usage"]["completion_tokens"] == 80
     starts = [f["agent"] for f in frames if f["type"] == "start"]
-    assert starts[0] == victim.agent_id
-    assert starts[-1] != victim.agent_id  # moved, and the client was told
+    assert starts[0] == start["agent"]
+    assert len(set(starts)) == 2  # moved, and the client was told
+    assert not any(a.agent_id in str(frames) for a in agents)  # by handles, never agent ids
 
 
 async def test_a_stream_on_a_wedged_engine_moves_once_the_stall_limit_passes(
@@ -323,7 +323,7 @@ async def test_a_stream_on_a_wedged_engine_moves_once_the_stall_limit_passes(
         async with connect(gw.ws_url, api_key.api_key) as ws:
             await send(ws, generate("s", MODEL, content="hang on", max_tokens=60))
             frames = [await receive(ws)]
-            assert frames[0]["agent"] == wedged.runtime.identity.agent_id  # type: ignore[union-attr]
+            assert serving(gw) == {wedged.runtime.identity.agent_id}  # type: ignore[union-attr]
             await engine.wedged.wait()
             await agents(imds_url="http://127.0.0.1:9")  # somewhere to go
             while frames[-1]["type"] not in ("done", "error"):
@@ -347,7 +347,7 @@ async def test_spot_notice_moves_the_stream_exactly(
     async with connect(gateway.ws_url, api_key.api_key) as ws:
         await send(ws, generate("s", MODEL, content="drain me", max_tokens=stream_tokens))
         frames = [await receive(ws)]
-        assert frames[0]["agent"] == slow.runtime.identity.agent_id  # type: ignore[union-attr]
+        assert serving(gateway) == {slow.runtime.identity.agent_id}  # type: ignore[union-attr]
         # Somewhere to move to (fast, to finish the rest soon), outside the emulated instance
         # that gets the notice.
         await gateway_agent(tokens_per_second=400.0, imds_url="http://127.0.0.1:9")
@@ -896,3 +896,33 @@ async def test_an_invented_resume_is_charged_as_prompt_against_the_keys_tpm(
     assert len(served) == 1  # the first overdraws the budget; the rest wait for it to refill
     assert {error["code"] for error in refused} == {"rate_limited"}
     assert prompt_charged >= invented
+
+
+async def test_a_client_cannot_name_its_tenant_the_gateway_names_it_from_the_key(
+    gateway: Gateway, gateway_agent: GatewayAgentFactory, api_key: CreatedApiKey
+) -> None:
+    engine = synthetic(200.0, model=MODEL, ttft_seconds=0.01)
+    salts: list[str | None] = []
+    generate_on_engine = engine.generate
+
+    def recording(request: GenerationRequest) -> AsyncGenerator[EngineStep, None]:
+        salts.append(request.cache_salt)
+        return generate_on_engine(request)
+
+    engine.generate = recording
+    await gateway_agent(engine=engine)
+    async with connect(gateway.ws_url, api_key.api_key) as ws:
+        forged = generate("forged", MODEL, max_tokens=2) | {"tenant": "key:someone-else"}
+        [refused] = (await run_streams(ws, forged))["forged"]
+        mine = (await run_streams(ws, generate("mine", MODEL, max_tokens=2)))["mine"]
+    assert (refused["type"], refused["code"], refused["param"]) == (
+        "error",
+        "invalid_request",
+        "tenant",
+    )
+    assert mine[-1]["type"] == "done"
+    # The agent was told the key's own tenant, and salted its prefix cache with it (its own
+    # engine probes go unsalted).
+    assert [salt for salt in salts if salt is not None] == [
+        cache_salt(tenant_of(api_key.record.key_id, None))
+    ]

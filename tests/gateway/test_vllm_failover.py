@@ -11,7 +11,7 @@ import pytest
 
 from gpu_agent.engine import Engine
 from spotgate.registry import CreatedApiKey
-from tests.gateway.conftest import Gateway, GatewayAgentFactory
+from tests.gateway.conftest import Gateway, GatewayAgentFactory, serving
 from tests.support.agents import (
     LLAMA2_MODEL,
     TINY_MODEL,
@@ -58,7 +58,7 @@ async def test_a_vllm_stream_moved_mid_reply_resumes_byte_for_byte(
 
         await send(ws, {**request, "id": "moved"})
         frames = [await receive(ws)]
-        assert frames[0]["agent"] == doomed.runtime.identity.agent_id  # type: ignore[union-attr]
+        assert serving(gateway) == {doomed.runtime.identity.agent_id}  # type: ignore[union-attr]
         # The second agent shares the engine (identical weights); it gets no notice.
         await gateway_agent(model=model, engine=engine, imds_url="http://127.0.0.1:9")
         if fault == "spot notice":
@@ -138,7 +138,8 @@ async def moved_by_a_kill(
         frames = [await receive(ws)]
         while sum(f.get("n", 0) for f in frames) < after_tokens:
             frames.append(await receive(ws))
-        cut_links(agents[frames[0]["agent"]])
+        [first] = serving(gateway)
+        cut_links(agents[first])
         while frames[-1]["type"] not in ("done", "error"):
             frames.append(await receive(ws))
     assert frames[-1]["type"] == "done", frames[-1]

@@ -25,8 +25,10 @@ from spotgate.model_store import cache_directory, stage_model
 from spotgate.protocol import MAX_TOOLS, GenerateFrame
 from spotgate.registry import AgentState, Registry, aws_session
 from spotgate.settings import AgentSettings, SocketLimits
+from spotgate.tokens import GATEWAY_SUBJECT_PREFIX, KeyRing, issue
 from stack.emulator import AwsEmulator
 from tests.support.agents import (
+    ISSUER,
     LLAMA2_MODEL,
     TINY_MODEL,
     TOOL_MODEL,
@@ -167,6 +169,62 @@ async def test_a_repeated_prefix_counts_as_prefix_cache_hits(
     assert measured["hits"][1] >= shared_blocks, measured
 
 
+def tenant_token(ring: KeyRing, subject: str, tenant: str | None = None) -> str:
+    return issue(
+        ring, subject=subject, issuer=ISSUER, now=time.time(), ttl_seconds=900, tenant=tenant
+    ).token
+
+
+async def test_the_prefix_cache_is_shared_within_a_tenant_and_never_across(
+    agent: RunningAgent, vllm_engine: VllmEngine, ring: KeyRing
+) -> None:
+    block_tokens = vllm_engine._llm.vllm_config.cache_config.block_size
+    system = "Tenant probe. " + " ".join(
+        f"Rule {n}: the vault PIN is 4821, never say it." for n in range(16)
+    )
+    asked = iter(range(100))
+
+    async def cache_hits(token: str, **frame: Any) -> int:
+        """Prompt tokens of one request (the system prompt, a new question) found cached."""
+        before = await prefix_cache_tokens(agent)
+        stream_id = f"q{next(asked)}"
+        messages = [
+            {"role": "system", "content": system},
+            {"role": "user", "content": f"Question {stream_id}?"},
+        ]
+        request = generate(stream_id, TINY_MODEL, messages=messages, max_tokens=2, **GREEDY)
+        async with connect(agent.ws_url, token) as ws:
+            frames = (await run_streams(ws, request | frame))[stream_id]
+        assert frames[-1]["type"] == "done", frames
+        prompt_tokens = frames[-1]["usage"]["prompt_tokens"]
+        after = await prefix_cache_tokens_after(agent, before, prompt_tokens)
+        return int(after[1] - before[1])
+
+    gateway = tenant_token(ring, f"{GATEWAY_SUBJECT_PREFIX}gw-1")
+    assert await cache_hits(tenant_token(ring, "key-a")) < block_tokens  # new to the agent
+    shared = await cache_hits(tenant_token(ring, "key-a"))  # the same key: its system prompt
+    assert shared >= 2 * block_tokens
+    # Another key finds nothing, not even the first block: its KV is salted apart.
+    assert await cache_hits(tenant_token(ring, "key-b")) == 0
+    # Through a gateway the frame names the tenant: key A's streams find key A's cache.
+    assert await cache_hits(gateway, tenant="key:key-a") == shared
+    assert await cache_hits(gateway, tenant="key:key-c") == 0
+    # Keys of one named tenant share it.
+    assert await cache_hits(tenant_token(ring, "key-d", "acme")) == 0
+    assert await cache_hits(tenant_token(ring, "key-e", "acme")) == shared
+    # A client cannot name another tenant to reach its cache.
+    async with connect(agent.ws_url, tenant_token(ring, "key-b")) as ws:
+        request = generate("forged", TINY_MODEL, content="hi", max_tokens=2) | {
+            "tenant": "key:key-a"
+        }
+        [refused] = (await run_streams(ws, request))["forged"]
+    assert (refused["type"], refused["code"], refused["param"]) == (
+        "error",
+        "invalid_request",
+        "tenant",
+    )
+
+
 PROMPTS = ("Tell me about spot", "Hello there", "日本語で答えて", "def add(a, b):")
 
 
@@ -184,6 +242,28 @@ async def test_streamed_text_is_the_decode_of_the_streamed_ids(served: Served, t
         ids = ids_of(frames)
         assert len(ids) == 96
         assert text_of(frames) == served.engine.decode(ids)
+
+
+async def test_the_bytes_of_a_replys_logprobs_join_to_its_utf8(served: Served, token: str) -> None:
+    async with connect(served.agent.ws_url, token) as ws:
+        replies = await run_streams(
+            ws,
+            *(
+                served.ask(f"r{n}", prompt, max_tokens=200, logprobs=1, ignore_eos=True, **GREEDY)
+                for n, prompt in enumerate(PROMPTS)
+            ),
+        )
+
+    for frames in replies.values():
+        entries = [entry for frame in frames for entry in frame.get("logprobs") or ()]
+        joined = b"".join(bytes(entry["bytes"]) for entry in entries)
+        reply = text_of(frames)
+        assert len(entries) == 200
+        if "\ufffd" not in reply:
+            assert joined == reply.encode()
+        else:  # bytes no character holds: decoders differ only in how many U+FFFD they write
+            shown = joined.decode(errors="replace")
+            assert shown.replace("\ufffd", "") == reply.replace("\ufffd", "")
 
 
 async def test_sixteen_concurrent_streams_on_one_socket(agent: RunningAgent, token: str) -> None:

@@ -218,6 +218,8 @@ async def test_an_interrupted_agent_is_replaced_and_every_stream_completes_exact
 
             await wait_for(all_streaming, within=30)
             victim = "local-1"
+            # `start` names no agent: the gateway's own count says how many streams it holds.
+            on_victim = gateway.state.dispatcher.outstanding[victim]
             await interruption(queue_url, aws, victim, in_seconds=8)
             await asyncio.wait_for(asyncio.gather(*readers), 60)
 
@@ -233,9 +235,8 @@ async def test_an_interrupted_agent_is_replaced_and_every_stream_completes_exact
             for k, got in frames.items()
             if len({f["agent"] for f in got if f["type"] == "start"}) == 2
         ]
-        served_by_victim = [k for k, got in frames.items() if got[0].get("agent") == victim]
-        assert served_by_victim
-        assert set(moved) == set(served_by_victim)  # every stream on the victim moved, none lost
+        assert on_victim > 0
+        assert len(moved) == on_victim  # every stream on the victim moved, none lost
 
         async def replaced() -> bool:
             return "local-3" in await ready_agents(aws) and victim not in await ready_agents(aws)

@@ -36,6 +36,7 @@ def test_environment_with_prefixes_and_nesting(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("SPOTGATE_GATEWAY_PORT", "9000")
     monkeypatch.setenv("SPOTGATE_GATEWAY_LIMITS__MAX_FRAME_BYTES", "1024")
     monkeypatch.setenv("SPOTGATE_GATEWAY_ALLOWED_ORIGINS", '["https://chat.example"]')
+    monkeypatch.setenv("SPOTGATE_GATEWAY_ROUTING__SHARED_PROMPT_SHA256", f'["{"ab" * 32}"]')
     monkeypatch.setenv("SPOTGATE_AGENT_VLLM__MAX_NUM_SEQS", "8")
     monkeypatch.setenv(
         "SPOTGATE_POOL_PLACEMENTS",
@@ -50,6 +51,7 @@ def test_environment_with_prefixes_and_nesting(monkeypatch: pytest.MonkeyPatch) 
     assert gateway.port == 9000
     assert gateway.limits.max_frame_bytes == 1024
     assert gateway.allowed_origins == ("https://chat.example",)
+    assert gateway.routing.shared_prompt_sha256 == ("ab" * 32,)
     assert agent.vllm.max_num_seqs == 8
     assert pool.placements[0].instance_type == "g6.xlarge"
 
@@ -62,6 +64,8 @@ def test_environment_with_prefixes_and_nesting(monkeypatch: pytest.MonkeyPatch) 
         ("SPOTGATE_GATEWAY_REGISTRY_REFRESH_SECONDS", "5", "registry_refresh_seconds"),
         ("SPOTGATE_GATEWAY_PORT", "http", "port"),
         ("SPOTGATE_GATEWAY_LIMITS__MAX_FRAMES", "3", "max_frames"),
+        # A digest, not the prompt's text: what the operator meant is not guessed at.
+        ("SPOTGATE_GATEWAY_ROUTING__SHARED_PROMPT_SHA256", '["Be brief."]', "shared_prompt_sha256"),
     ],
 )
 def test_bad_values_fail_with_the_field_named(
