@@ -22,9 +22,10 @@ PROMPT_FIELDS = frozenset({"prompt", "messages", "tools", "tool_choice", "respon
 """Every field of a request a prompt is rendered from."""
 TEMPLATE_TOKENS_PER_PART = 32
 """Tokens a chat template may add around one turn or tool (role headers, separators)."""
-TEMPLATE_BASE_TOKENS = 1024
-"""Tokens a chat template may add of its own (a default system prompt, date lines, the
-instructions that introduce tools)."""
+TEMPLATE_BASE_TOKENS = 256
+"""Tokens a chat template may add of its own (a default system prompt, date lines)."""
+TEMPLATE_TOOLS_TOKENS = 768
+"""Tokens a chat template may add to introduce tools, when the request offers some."""
 
 
 def prompt_token_bound(frame: GenerateFrame) -> int:
@@ -37,7 +38,8 @@ def prompt_token_bound(frame: GenerateFrame) -> int:
     tools = frame.tools or ()
     schemas = sum(len(tool.model_dump_json(exclude_none=True).encode()) for tool in tools)
     parts = len(frame.messages or ()) + len(tools)
-    return made_of + schemas + parts * TEMPLATE_TOKENS_PER_PART + TEMPLATE_BASE_TOKENS
+    template = TEMPLATE_BASE_TOKENS + (TEMPLATE_TOOLS_TOKENS if tools else 0)
+    return made_of + schemas + parts * TEMPLATE_TOKENS_PER_PART + template
 
 
 def charged_prompt_tokens(reported: int, bound: int) -> tuple[int, Capped | None]:

@@ -31,6 +31,8 @@ TOKENS_PER_SECOND = 20_000.0  # fast enough that a client that never reads falls
 SLOW_SENDER_TIMEOUT_SECONDS = 3.0  # the stack's keep-alive (header) and body timeouts
 FLOOD_MAX_TOKENS = 1_000_000  # the longest reply the battery asks for (never read)
 ALLOWED_ORIGIN = "https://chat.example"
+ROGUE_BILLED_TPM = 5_000
+"""The tokens per minute of the key a rogue agent's `done` frames try to bill (`rogue_agent`)."""
 AGENT_ID = "hostile-agent"
 """The stack's one agent, vouched for as the pool manager would have launched it."""
 ENDED_EARLY_TPM = 1000
@@ -72,8 +74,13 @@ class HostileStack:
         self._http = aiohttp.ClientSession()
         async with Registry.open(self.emulator.settings()) as registry:
             await registry.create_tables()
-            tpms = {"early": ENDED_EARLY_TPM, "resumer": INVENTED_RESUME_TPM}
-            for name in ("fuzz", "reader", "victim", "bystander", "revoked", "early", "resumer"):
+            tpms = {
+                "early": ENDED_EARLY_TPM,
+                "resumer": INVENTED_RESUME_TPM,
+                "billed": ROGUE_BILLED_TPM,
+            }
+            names = ("fuzz", "reader", "victim", "bystander", "revoked", "early", "resumer")
+            for name in (*names, "billed"):
                 limit = FUZZ_KEY_MAX_TOKENS if name == "fuzz" else None
                 tpm = tpms.get(name)
                 created = await registry.create_key(name, max_tokens=limit, tpm=tpm)
