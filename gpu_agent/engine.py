@@ -158,6 +158,13 @@ class Engine(Protocol):
         """Text of generated token ids (special tokens left out)."""
         ...
 
+    def token_bytes(self, token_id: int, *, first: bool) -> bytes:
+        """The bytes a token adds to a reply; `first`: it opens the reply.
+
+        Part of a character included: the bytes of a reply's tokens join to its UTF-8.
+        """
+        ...
+
     def generate(self, request: GenerationRequest) -> AsyncGenerator[EngineStep, None]:
         """Stream the generation; closing the iterator aborts the request in the engine.
 

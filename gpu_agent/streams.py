@@ -155,22 +155,34 @@ def tool_call_reader(frame: GenerateFrame, engine: Engine) -> ToolCallReader | N
     return reader
 
 
-def wire_logprobs(engine: Engine, found: Sequence[TokenLogprobs]) -> list[TokenLogprob]:
-    """Engine logprobs as OpenAI's: each token's text, its UTF-8 bytes, its alternatives."""
+def wire_logprobs(
+    engine: Engine, found: Sequence[TokenLogprobs], *, opens_reply: bool
+) -> list[TokenLogprob]:
+    """Engine logprobs as OpenAI's: each token's text, its own bytes, its alternatives.
 
-    def candidate(token_id: int, logprob: float) -> TopLogprob:
-        text = engine.decode([token_id])
+    A token's bytes are what it adds to the reply (part of a character, for some), so a
+    client joining them gets the reply's UTF-8; its text is those bytes read as UTF-8.
+    `opens_reply`: the first entry is the reply's first token.
+    """
+
+    def candidate(token_id: int, logprob: float, first: bool) -> TopLogprob:
+        written = engine.token_bytes(token_id, first=first)
         return TopLogprob(
-            token=text, logprob=min(0.0, max(MIN_LOGPROB, logprob)), bytes=list(text.encode())
+            token=written.decode(errors="replace"),
+            logprob=min(0.0, max(MIN_LOGPROB, logprob)),
+            bytes=list(written),
         )
 
-    return [
-        TokenLogprob(
-            **candidate(entry.token_id, entry.logprob).model_dump(),
-            top_logprobs=[candidate(token_id, logprob) for token_id, logprob in entry.top],
+    entries = []
+    for index, entry in enumerate(found):
+        first = opens_reply and index == 0
+        entries.append(
+            TokenLogprob(
+                **candidate(entry.token_id, entry.logprob, first).model_dump(),
+                top_logprobs=[candidate(token, logprob, first) for token, logprob in entry.top],
+            )
         )
-        for entry in found
-    ]
+    return entries
 
 
 def _find_stop(text: str, stops: list[str]) -> int | None:
@@ -331,6 +343,7 @@ async def generate_frames(
                     finish = "stop"
                 elif step.finish_reason is not None:
                     finish = step.finish_reason
+                opens_reply = not resumed_ids and progress.completion_tokens == 0
                 progress.completion_tokens += len(step.token_ids)
                 progress.last_token_at = time.monotonic()
                 yield DeltaFrame(
@@ -339,7 +352,7 @@ async def generate_frames(
                     n=len(step.token_ids),
                     ids=list(step.token_ids) if frame.want_ids else None,
                     logprobs=(
-                        wire_logprobs(engine, step.logprobs or ())
+                        wire_logprobs(engine, step.logprobs or (), opens_reply=opens_reply)
                         if frame.logprobs is not None
                         else None
                     ),

@@ -145,6 +145,12 @@ class SyntheticEngine:
             return bytes(token - ECHO_ID_BASE for token in token_ids).decode(errors="replace")
         return "".join(f"{SYNTHETIC_WORDS[token]} " for token in token_ids)
 
+    def token_bytes(self, token_id: int, *, first: bool) -> bytes:
+        """A word and its space, or the echoed byte itself."""
+        if token_id >= ECHO_ID_BASE:
+            return bytes([token_id - ECHO_ID_BASE])
+        return self.decode([token_id]).encode()
+
     def _echo_ids(self, prompt_ids: Sequence[int]) -> list[int] | None:
         """The last user message of a chat transcript as echo token ids (None: not a chat)."""
         transcript = bytes(token for token in prompt_ids if token < 256)

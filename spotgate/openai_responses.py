@@ -385,7 +385,7 @@ class ResponseWriter:
         )
 
     def closing(self, done: DoneFrame) -> bytes:
-        """The items' `done` events and `response.completed`."""
+        """The items' `done` events and `response.completed` (`response.incomplete` if cut)."""
         items = self.output(done)
         events = []
         if self.forced is None:
@@ -423,9 +423,10 @@ class ResponseWriter:
                     )
                 )
             events.append(self.event("response.output_item.done", output_index=index, item=item))
-        # vLLM's choice too: the SDK's stream helper waits for `response.completed` whatever
-        # ended the reply; the response inside says `incomplete` when `max_output_tokens` did.
-        events.append(self.event("response.completed", response=self.body("completed", done)))
+        # As OpenAI's API ends it: a reply `max_output_tokens` cut is `response.incomplete`
+        # (the SDK's stream helper then has no final response to give, as with OpenAI's).
+        ending = "response.incomplete" if done.finish_reason == "length" else "response.completed"
+        events.append(self.event(ending, response=self.body("completed", done)))
         return b"".join(events)
 
     def error(self, code: ErrorCode, message: str, param: str | None) -> bytes:
