@@ -39,6 +39,9 @@ LOCAL_PLACEMENTS = (
 )
 STOP_MARGIN_SECONDS = 10.0  # beyond the agent's own drain grace, before SIGKILL
 IMDS_REQUEST_TIMEOUT_SECONDS = 5.0
+LAUNCHES_FILE = "local-launches"
+"""In the log directory: how many agents this stack's pool managers launched. A pool manager
+restarted numbers its agents on from there: the registry refuses an agent id used before."""
 
 log = get_logger(__name__)
 
@@ -69,7 +72,8 @@ class LocalProvider:
         self._processes = ChildProcesses(Path(settings.log_dir))
         self._clock = clock
         self._agents: dict[str, _LocalAgent] = {}
-        self._launched = 0
+        self._launches = Path(settings.log_dir) / LAUNCHES_FILE
+        self._launched = int(self._launches.read_text()) if self._launches.exists() else 0
 
     async def launch(self, model: str, launch: Launch) -> Instance:
         """Start an IMDS emulator and an agent for `model` in the requested placement."""
@@ -78,6 +82,7 @@ class LocalProvider:
                 f"the local provider serves '{self._settings.served_model_name}', not '{model}'"
             )
         self._launched += 1
+        self._launches.write_text(str(self._launched))
         agent_id = f"local-{self._launched}"
         launched_at = self._clock()  # before either process: its IMDS says so, as EC2's does
         # Bound here to port 0 and handed over: each port is known now and is the child's alone

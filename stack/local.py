@@ -31,6 +31,7 @@ from pathlib import Path
 import aiohttp
 from pydantic import SecretStr
 
+from pool_manager.local_provider import LAUNCHES_FILE
 from spotgate.process import (
     ChildExited,
     ChildProcesses,
@@ -265,6 +266,8 @@ async def run_up(directory: Path, options: UpOptions, *, announce: Callable[[str
             sockets.close()
         raise
     processes = ChildProcesses(directory / LOG_DIR)
+    # A new stack's agents are numbered from 1 again; its pool manager, restarted, goes on.
+    (directory / LOG_DIR / LAUNCHES_FILE).unlink(missing_ok=True)
     store = RedisServer(log=directory / LOG_DIR / "redis.log")
     up_file = directory / UP_FILE
     try:

@@ -23,6 +23,8 @@ import pytest
 from gpu_agent.synthetic_engine import synthetic_reply
 from loadtest.chaos.stack import SYNTHETIC, StackEngine
 from loadtest.chaos.traffic import SseClients, Tally, Traffic
+from spotgate.registry import Registry
+from spotgate.settings import emulator_settings
 from stack.local import UP_FILE
 from tests.support.agents import wait_for
 
@@ -224,3 +226,37 @@ async def test_a_gateway_that_keeps_failing_stops_the_stack_saying_which(up: UpS
     )
     assert failing["child"] == "gateway-2"
     assert "gateway listening" in failing["log_tail"]  # what it said before it went
+
+
+async def test_a_pool_manager_that_exits_is_restarted_and_launches_agents_anew(
+    up: UpStack,
+) -> None:
+    pool_manager = next(
+        child
+        for child in psutil.Process(up.process.pid).children()
+        if "pool_manager" in " ".join(child.cmdline())
+    )
+    first_agents = pool_manager.children()  # its agents and their IMDS emulators
+    pidfds = {os.pidfd_open(process.pid): process.pid for process in (pool_manager, *first_agents)}
+    try:
+        pool_manager.kill()
+        # what it ran went with it
+        left = wait_all_exited(pidfds, EXIT_TIMEOUT_SECONDS)
+    finally:
+        for descriptor in pidfds:
+            os.close(descriptor)
+    assert not left
+
+    settings = emulator_settings(up.info["aws_endpoint_url"], up.info["region"])
+
+    async def fresh_agents_ready() -> bool:
+        async with Registry.open(settings) as registry:
+            ready = {agent.agent_id for agent in await registry.list_ready(up.info["model"])}
+        return {"local-3", "local-4"} <= ready  # the registry would refuse a name used before
+
+    await wait_for(fresh_agents_ready, within=60)
+    streams = Traffic(up, 2, name="after", rounds=1, max_tokens=SHORT_STREAM_TOKENS)
+    streams.start()
+    async with asyncio.timeout(60):
+        await streams.finished()
+    assert streams.tally.exact == 2, streams.tally
