@@ -64,3 +64,17 @@ def charged_usage(
             Capped(RogueReason.COMPLETION_TOKENS, reported.completion_tokens, held_tokens)
         )
     return Usage(prompt_tokens=prompt, completion_tokens=completion), tuple(capped)
+
+
+def resume_as_prompt(usage: Usage, resumed_prompt_tokens: int) -> Usage:
+    """A `done` frame's usage for its client when its resume was charged as prompt.
+
+    An agent counts a resume's ids as completion (the reply it continues); ids the deployment
+    never delivered to the key are prompt the client wrote, and the key pays for them as such:
+    the client is told what it was charged.
+    """
+    moved = min(resumed_prompt_tokens, usage.completion_tokens)
+    return Usage(
+        prompt_tokens=usage.prompt_tokens + moved,
+        completion_tokens=usage.completion_tokens - moved,
+    )

@@ -14,6 +14,7 @@ from contextlib import aclosing, suppress
 from dataclasses import dataclass
 
 from gateway.auth import Principal
+from gateway.charges import resume_as_prompt
 from gateway.ratelimit import prompt_tokens_estimate
 from gateway.relay import ClientFrame, RelayOutcome, relay_stream
 from gateway.state import GatewayState
@@ -113,6 +114,9 @@ async def admitted_frames(
             )
             async with aclosing(frames) as relayed:
                 async for out in relayed:
+                    if resumed_prompt_tokens and isinstance(out, DoneFrame) and out.usage:
+                        usage = resume_as_prompt(out.usage, resumed_prompt_tokens)
+                        out = out.model_copy(update={"usage": usage})
                     yield out
     finally:
         state.metrics.active_streams.dec()

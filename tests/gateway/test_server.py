@@ -896,6 +896,11 @@ async def test_an_invented_resume_is_charged_as_prompt_against_the_keys_tpm(
     assert len(served) == 1  # the first overdraws the budget; the rest wait for it to refill
     assert {error["code"] for error in refused} == {"rate_limited"}
     assert prompt_charged >= invented
+    # The client is told what its key paid: the invented ids as prompt, only the new as reply.
+    done = seen[served[0]][-1]
+    relayed = sum(frame["n"] for frame in seen[served[0]] if frame["type"] == "delta")
+    assert done["usage"]["completion_tokens"] == relayed == 1
+    assert done["usage"]["prompt_tokens"] >= invented
 
 
 async def test_a_client_cannot_name_its_tenant_the_gateway_names_it_from_the_key(

@@ -8,7 +8,12 @@ from dataclasses import replace
 
 import pytest
 
-from gateway.charges import TEMPLATE_BASE_TOKENS, charged_usage, prompt_token_bound
+from gateway.charges import (
+    TEMPLATE_BASE_TOKENS,
+    charged_usage,
+    prompt_token_bound,
+    resume_as_prompt,
+)
 from gateway.vouching import (
     LAUNCH_RECHECK_SECONDS,
     Capped,
@@ -246,3 +251,21 @@ async def test_an_agent_at_another_url_than_it_was_launched_at_is_not_routed(
 
         await wait_for(judged, within=10)
         assert gateway.state.dispatcher.view.record(rogue.agent_id) is None
+
+
+@pytest.mark.parametrize(
+    ("reported", "resumed_prompt_tokens", "told"),
+    [
+        pytest.param((5, 40), 0, (5, 40), id="resume-delivered-nothing-moves"),
+        pytest.param((5, 40), 30, (35, 10), id="invented-ids-are-prompt"),
+        pytest.param((5, 20), 30, (25, 0), id="never-below-zero"),
+    ],
+)
+def test_a_resume_charged_as_prompt_is_what_the_client_is_told(
+    reported: tuple[int, int], resumed_prompt_tokens: int, told: tuple[int, int]
+) -> None:
+    usage = Usage(prompt_tokens=reported[0], completion_tokens=reported[1])
+
+    shown = resume_as_prompt(usage, resumed_prompt_tokens)
+
+    assert (shown.prompt_tokens, shown.completion_tokens) == told
