@@ -20,6 +20,7 @@ from loadtest.hostile.resume_charges import invented_resumes
 from loadtest.hostile.revocation import disabled_key_on_an_open_socket, streams_ended_early
 from loadtest.hostile.slow_clients import never_reads, slowloris
 from loadtest.hostile.stack import HostileStack
+from loadtest.hostile.tenant_oracle import tenant_oracle
 from loadtest.hostile.ws_frames import fuzz_websocket
 
 
@@ -71,6 +72,7 @@ async def run_battery(
             rows.append(await disabled_key_on_an_open_socket(stack))
             rows.append(await streams_ended_early(stack))
             rows.append(await invented_resumes(stack))
+            rows.append(await tenant_oracle(stack))
             rows += await oversized_prompts(stack)
             rows.append(await replay_after_rotation(stack))
             rows += log_rows(stack)
