@@ -42,6 +42,7 @@ from loadtest.bench.harness import (
     wait_ready,
 )
 from loadtest.bench.report import machine_facts, median, percentile, write_section
+from pool_manager.launches import vouch_for_agent
 from spotgate.process import free_port
 from spotgate.registry import Registry
 from spotgate.settings import (
@@ -58,6 +59,7 @@ MODEL = "synth"
 TOKENS_PER_SECOND = 50.0
 TTFT_SECONDS = 0.05
 AGENT_CAPACITY = 4096
+AGENT_ID = "bench-agent"
 MAX_REQUESTS_PER_CLIENT = 20
 """The most completions one client streams back to back in a run (at 1 stream: ~13 s)."""
 COMMAND = (
@@ -92,7 +94,7 @@ def _servers(
     gateway_url = f"http://127.0.0.1:{gateway_port}"
     gateway_ops_url = f"http://127.0.0.1:{gateway_ops_port}"
     agent_url = f"http://127.0.0.1:{agent_port}"
-    api_key = asyncio.run(_prepare(aws))
+    api_key = asyncio.run(_prepare(aws, agent_url))
     # A gateway's token: the direct websocket client multiplexes like a gateway does.
     agent_token = issue(
         KeyRing([key]),
@@ -108,6 +110,7 @@ def _servers(
                 shared=bench_shared(aws),
                 engine="synthetic",
                 served_model_name=MODEL,
+                agent_id=AGENT_ID,
                 port=agent_port,
                 pinned_public_key=key.verify_key.to_pem(),
                 token_issuer=gateway_url,
@@ -195,9 +198,12 @@ def _servers(
                 process.wait(timeout=30)
 
 
-async def _prepare(aws: SharedSettings) -> str:
+async def _prepare(aws: SharedSettings, agent_url: str) -> str:
     async with Registry.open(aws) as registry:
         await registry.create_tables()
+        await vouch_for_agent(
+            registry, agent_id=AGENT_ID, model=MODEL, url=agent_url, capacity=AGENT_CAPACITY
+        )
         return (await registry.create_key("bench")).api_key
 
 

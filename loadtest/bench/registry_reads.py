@@ -48,6 +48,7 @@ import uvloop
 
 from gateway.dispatch import Dispatcher, PoolView
 from loadtest.bench.report import machine_facts, percentile, write_section
+from pool_manager.launches import vouch_for_agent
 from spotgate.registry import AgentRecord, AgentState, Registry
 from spotgate.settings import QueueSettings, emulator_settings
 from stack.emulator import EMULATOR_REGION
@@ -133,7 +134,11 @@ class Meter:
         self._into = into
 
     def __call__(self, *, parsed: dict[str, Any], model: Any, **_: Any) -> None:
-        """Charge one Query or Scan response."""
+        """Charge one Query or Scan response.
+
+        Launch records (`BatchGetItem`) are not charged: a gateway reads each agent's once
+        and keeps it, a cost of an agent's arrival, not of the refreshes measured here.
+        """
         if model.name not in ("Query", "Scan"):
             return
         items = parsed.get("Items", [])
@@ -233,6 +238,14 @@ async def _one_run(path: str, agents: int, gateways: int, seconds: float) -> Pat
         await fleet.create_tables()
         records = [_agent(index) for index in range(agents)]
         await asyncio.gather(*(fleet.register(record) for record in records))
+        await asyncio.gather(  # what the pool manager vouches for: gateways route by it
+            *(
+                vouch_for_agent(
+                    pool_manager, agent_id=r.agent_id, model=r.model, url=r.url, capacity=r.capacity
+                )
+                for r in records
+            )
+        )
         drains: dict[str, float] = {}
         views: list[WatchingView] = []
         events: list[Event] = []
