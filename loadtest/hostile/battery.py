@@ -17,6 +17,7 @@ from loadtest.hostile.private_paths import private_paths
 from loadtest.hostile.prompt_size import oversized_prompts
 from loadtest.hostile.report import Row
 from loadtest.hostile.resume_charges import invented_resumes
+from loadtest.hostile.rogue_agent import rogue_agent_rows
 from loadtest.hostile.revocation import disabled_key_on_an_open_socket, streams_ended_early
 from loadtest.hostile.slow_clients import never_reads, slowloris
 from loadtest.hostile.stack import HostileStack
@@ -72,6 +73,7 @@ async def run_battery(
             rows.append(await disabled_key_on_an_open_socket(stack))
             rows.append(await streams_ended_early(stack))
             rows.append(await invented_resumes(stack))
+            rows.append(await rogue_agent_rows(stack))
             rows.append(await tenant_oracle(stack))
             rows += await oversized_prompts(stack)
             rows.append(await replay_after_rotation(stack))

@@ -16,7 +16,8 @@ async def test_hostile_input_finds_no_crash_no_way_in_and_no_secret_in_the_logs(
                      "disabled while its websocket stays open",
                      "cancelled, or their socket dropped", "invented token ids",
                      "past the 200000-character prompt limit",
-                     "a 4-digit number in key B's system prompt"):  # fmt: skip
+                     "a 4-digit number in key B's system prompt",
+                     "a rogue agent row"):  # fmt: skip
         assert expected in inputs
     assert all(row.tried > 0 for row in rows)
     assert "| pass |" in render(rows, examples=10)
