@@ -17,8 +17,8 @@ from loadtest.hostile.private_paths import private_paths
 from loadtest.hostile.prompt_size import oversized_prompts
 from loadtest.hostile.report import Row
 from loadtest.hostile.resume_charges import invented_resumes
-from loadtest.hostile.rogue_agent import rogue_agent_rows
 from loadtest.hostile.revocation import disabled_key_on_an_open_socket, streams_ended_early
+from loadtest.hostile.rogue_agent import rogue_agent_rows
 from loadtest.hostile.slow_clients import never_reads, slowloris
 from loadtest.hostile.stack import HostileStack
 from loadtest.hostile.tenant_oracle import tenant_oracle
