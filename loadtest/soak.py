@@ -148,7 +148,9 @@ async def interrupt_periodically(
         if stop.is_set():
             return sent
         with contextlib.suppress(LookupError):  # no agent serving right now: skip this one
-            await spot_notice(stack, traffic, traffic.busiest_first(await stack.ready_agents()))
+            await spot_notice(
+                stack, traffic, await traffic.busiest_first(await stack.ready_agents())
+            )
             sent += 1
 
 

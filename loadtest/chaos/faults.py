@@ -17,7 +17,7 @@ from loadtest.chaos.stack import (
     TOKENS_PER_SECOND,
     ChaosStack,
 )
-from loadtest.chaos.traffic import STREAM_TIMEOUT_SECONDS, SseClients, Traffic
+from loadtest.chaos.traffic import STREAM_TIMEOUT_SECONDS, SseClients, Traffic, active_streams
 from spotgate.registry import Registry
 
 NOTICE_SECONDS = 20.0
@@ -169,6 +169,12 @@ async def gateway_kill_9(stack: ChaosStack, traffic: Traffic, _ready: dict[str, 
     return set()
 
 
+async def serving_a_stream(agent_url: str) -> None:
+    """Until the agent at `agent_url` generates a stream."""
+    while await active_streams(agent_url) < 1:  # noqa: ASYNC110 - an agent's metrics, polled
+        await asyncio.sleep(REGISTRY_POLL_SECONDS)
+
+
 async def dies_after_registering(
     stack: ChaosStack, traffic: Traffic, ready: dict[str, str]
 ) -> set[str]:
@@ -190,7 +196,7 @@ async def dies_after_registering(
                 await asyncio.sleep(REGISTRY_POLL_SECONDS)
                 record = await registry.get_agent(newcomer)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(traffic.placed[newcomer].wait(), NEWCOMER_LIFETIME_SECONDS)
+                await asyncio.wait_for(serving_a_stream(record.url), NEWCOMER_LIFETIME_SECONDS)
             process.kill()
             record = await registry.get_agent(newcomer)
     if record is None or record.heartbeat_at != record.ready_at:

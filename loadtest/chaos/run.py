@@ -35,7 +35,7 @@ async def run_scenario(
     await traffic.replying.wait()
     await asyncio.sleep(1.0)  # streams are mid-reply when the fault lands
     faulted_at = time.monotonic()
-    victims = await fault(stack, traffic, traffic.busiest_first(await stack.ready_agents()))
+    victims = await fault(stack, traffic, await traffic.busiest_first(await stack.ready_agents()))
     remaining = stack.engine.recovery_timeout_seconds - (time.monotonic() - faulted_at)
     recovered = await stack.wait_ready(victims, remaining)
     recovery = None if recovered is None else time.monotonic() - faulted_at

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -18,11 +18,27 @@ from typing import Any, Protocol
 import aiohttp
 import websockets
 
+from loadtest.bench.harness import metric_value
 from loadtest.chaos.stack import StackEngine
 
 STREAM_TIMEOUT_SECONDS = 90.0
+METRICS_TIMEOUT_SECONDS = 2.0
+ACTIVE_STREAMS_SAMPLE = "spotgate_agent_active_streams"
 RECONNECT_PAUSE_SECONDS = 0.5
 FAILED_STREAM_PAUSE_SECONDS = 1.0  # after an error without `retry_after`, as a client would
+
+
+async def active_streams(agent_url: str) -> float:
+    """Streams an agent is generating now, by its own metrics (0 while it does not answer)."""
+    timeout = aiohttp.ClientTimeout(total=METRICS_TIMEOUT_SECONDS)
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=timeout) as http,
+            http.get(f"{agent_url}/metrics") as reply,
+        ):
+            return metric_value(await reply.text(), ACTIVE_STREAMS_SAMPLE)
+    except (aiohttp.ClientError, TimeoutError):
+        return 0.0
 
 
 @dataclass
@@ -136,14 +152,18 @@ class Traffic(Clients):
         self._rounds = rounds
         self._max_tokens = max_tokens
         self._gateway = gateway
-        self.serving: Counter[str] = Counter()  # agent id → streams it is replying to now
-        self.placed: defaultdict[str, asyncio.Event] = defaultdict(asyncio.Event)  # by agent id
         self.replying = asyncio.Event()
         self.completed = asyncio.Event()  # set by every exact stream; clear it to await one
 
-    def busiest_first(self, ready: dict[str, str]) -> dict[str, str]:
-        """`ready`, the agents with the most streams in flight first."""
-        return dict(sorted(ready.items(), key=lambda item: -self.serving[item[0]]))
+    @staticmethod
+    async def busiest_first(ready: dict[str, str]) -> dict[str, str]:
+        """`ready`, the agents with the most streams in flight first (as each one counts them).
+
+        A client's `start` frame names no agent, only a handle of its own stream.
+        """
+        counts = await asyncio.gather(*(active_streams(url) for url in ready.values()))
+        ranked = sorted(zip(ready.items(), counts, strict=True), key=lambda pair: -pair[1])
+        return dict(item for item, _count in ranked)
 
     def _goes_on(self, sent: int) -> bool:
         return not self._stop.is_set() and (self._rounds is None or sent < self._rounds)
@@ -185,7 +205,6 @@ class Traffic(Clients):
                 "receipt": stream.receipt,  # what was delivered is not charged again
             }
         await ws.send(json.dumps(frame))
-        serving = ""
         try:
             async with asyncio.timeout(STREAM_TIMEOUT_SECONDS):
                 while True:
@@ -195,11 +214,7 @@ class Traffic(Clients):
                     if received["type"] == "queued":
                         stream.queued = True
                     elif received["type"] == "start":
-                        self.serving.subtract(stream.agents & {serving})
-                        serving = received["agent"]
-                        stream.agents.add(serving)
-                        self.serving[serving] += 1
-                        self.placed[serving].set()
+                        stream.agents.add(received["agent"])  # this stream's handle of it
                     elif received["type"] == "delta":
                         stream.ids.extend(received["ids"])
                         stream.text.append(received["text"])
@@ -223,8 +238,6 @@ class Traffic(Clients):
             self.tally.lost += 1  # no end at all: the one outcome that must never happen
             self.tally.queued += stream.queued
             raise _StreamEnded from None
-        finally:
-            self.serving.subtract(stream.agents & {serving})
         self.tally.queued += stream.queued
         expected = self._stack.expected_reply(stream.prompt, self._max_tokens)
         moved = len(stream.agents) > 1 or stream.resumes > 0
