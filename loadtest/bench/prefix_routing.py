@@ -29,7 +29,7 @@ import secrets
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,6 +50,7 @@ from loadtest.bench.harness import (
     wait_ready,
 )
 from loadtest.bench.report import machine_facts, median, percentile, write_section
+from pool_manager.launches import vouch_for_agent
 from spotgate.process import free_port
 from spotgate.registry import Registry
 from spotgate.settings import (
@@ -212,8 +213,11 @@ async def run_mode(
     conversations: Sequence[Conversation],
     concurrency: int,
     max_tokens: int,
+    via: Callable[[Conversation], Server] | None = None,
 ) -> ModeSample:
     """Every conversation open at once, `concurrency` requests in flight, turns in order.
+
+    `via`: which server (a gateway, with one key's headers) each conversation talks to.
 
     A slot is held per request, not per conversation, and each turn follows a think time:
     the other conversations' turns come in between, in no fixed order, as with users. Held
@@ -232,7 +236,8 @@ async def run_mode(
             user = conversation.session if mode.sessions else None
             try:
                 async with slots:
-                    reply = await stream_chat(http, gateway, messages, max_tokens, user)
+                    server = via(conversation) if via is not None else gateway
+                    reply = await stream_chat(http, server, messages, max_tokens, user)
             except (aiohttp.ClientError, TimeoutError):
                 sample.failures += 1
                 return  # its later turns would carry a history the client never had
@@ -538,6 +543,7 @@ def _stack(
                 for n, cpu in enumerate(agent_cpus)
             ]
             started += agents
+            asyncio.run(vouch_agents(aws, agents))
             gateways = {
                 name: _start_gateway(aws, key, issuer, port, name, api_key, logs, load_skew)
                 for name, port in ports.items()
@@ -546,6 +552,15 @@ def _stack(
             yield gateways, agents
         finally:
             stop_servers(started)
+
+
+async def vouch_agents(aws: SharedSettings, agents: Sequence[Server]) -> None:
+    """Launch records for the agents, as the pool manager writes them: gateways route to them."""
+    async with Registry.open(aws) as registry:
+        for n, agent in enumerate(agents):
+            await vouch_for_agent(
+                registry, agent_id=f"bench-agent-{n + 1}", model=SERVED_NAME, url=agent.url
+            )
 
 
 async def _prepare(aws: SharedSettings) -> str:
@@ -592,6 +607,7 @@ def _start_gateway(
     api_key: str,
     logs: Path,
     load_skew: float,
+    shared_prompt_sha256: tuple[str, ...] = (),
 ) -> Server:
     ops_port = free_port()
     settings = GatewaySettings(
@@ -600,7 +616,11 @@ def _start_gateway(
         ops_port=ops_port,
         public_url=issuer,
         token=TokenSettings(signing_key_pem=SecretStr(key.to_pem())),
-        routing=RoutingSettings(prefix_aware=name == PREFIX_AWARE, prefix_load_skew=load_skew),
+        routing=RoutingSettings(
+            prefix_aware=name != LEAST_LOAD,
+            prefix_load_skew=load_skew,
+            shared_prompt_sha256=shared_prompt_sha256,
+        ),
     )
     process = spawn_service(settings, logs / f"gateway-{name.replace(' ', '-')}.log")
     headers = {"Authorization": f"Bearer {api_key}"}
