@@ -1,6 +1,6 @@
 """What tenant isolation costs prefix-aware routing: one tenant against many, side by side.
 
-    python -m loadtest.bench.tenant_isolation [--agents 2] [--runs 2] [--tenants 4 16]
+    python -m loadtest.bench.tenant_isolation [--agents 2] [--runs 3] [--tenants 4 16]
                                               [--conversations 16] [--turns 6]
                                               [--write docs/benchmarks.md]
 
@@ -272,7 +272,7 @@ def main() -> None:
     """Run every mode in rotating rounds and print (and optionally write) the table."""
     parser = argparse.ArgumentParser(description="prefix-aware routing, one tenant vs many")
     parser.add_argument("--agents", type=int, default=2)
-    parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--tenants", type=int, nargs="+", default=[4, 16])
     parser.add_argument("--conversations", type=int, default=16)
     parser.add_argument("--turns", type=int, default=6)
