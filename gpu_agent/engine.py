@@ -31,11 +31,14 @@ class NoChatTemplate(EngineRequestError):
 
 
 class PromptTooLong(ValueError):
-    """The prompt's text is too long to fit the context, whatever its tokens: not tokenized."""
+    """The prompt cannot fit the context: it has at least `at_least_tokens` tokens.
 
-    def __init__(self, chars: int) -> None:
-        super().__init__(f"the prompt's text has {chars} characters")
-        self.chars = chars
+    Found without tokenizing all of it: from its length, or from a part of it.
+    """
+
+    def __init__(self, at_least_tokens: int) -> None:
+        super().__init__(f"the prompt has at least {at_least_tokens} tokens")
+        self.at_least_tokens = at_least_tokens
 
 
 class ReplyBroken(RuntimeError):
@@ -140,13 +143,13 @@ class Engine(Protocol):
         """Token ids of a raw prompt."""
         ...
 
-    async def prompt_ids(self, frame: GenerateFrame, max_chars: int) -> list[int]:
+    async def prompt_ids(self, frame: GenerateFrame, max_prompt_tokens: int) -> list[int]:
         """Token ids of a raw prompt, or of the chat template applied to turns and tools.
 
-        Made where no other stream waits on them (not on the event loop). Text of more than
-        `max_chars` characters cannot fit the context: an engine whose tokenizing costs raises
-        `PromptTooLong` for it rather than tokenize it. Raises `NoChatTemplate` for a chat to
-        a model with none.
+        Made where no other stream waits on them (not on the event loop). A prompt of more
+        than `max_prompt_tokens` cannot fit the context: an engine whose tokenizing costs
+        raises `PromptTooLong` as soon as it knows, rather than tokenize all of it. Raises
+        `NoChatTemplate` for a chat to a model with none.
         """
         ...
 

