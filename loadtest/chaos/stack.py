@@ -22,12 +22,14 @@ from pydantic import SecretStr
 from gpu_agent.synthetic_engine import synthetic_reply
 from gpu_agent.tiny_model import write_tiny_model
 from pool_manager.events import interruption_warning
+from pool_manager.local_provider import LOCAL_PLACEMENTS
 from spotgate.process import Child, ChildProcesses
 from spotgate.registry import AgentRecord, Registry, aws_session
 from spotgate.settings import (
     AgentSettings,
     GatewaySettings,
     LocalPoolSettings,
+    Placement,
     PoolSettings,
     QueueSettings,
     SyntheticSettings,
@@ -186,6 +188,17 @@ class ChaosStack:
             event_wait_seconds=0,
             port=0,
             interruption_queue_url=self.queue_url,
+            # What the pool manager vouches each agent serves: the capacity the stack gives them.
+            placements=tuple(
+                Placement(
+                    instance_type=p.instance_type,
+                    zone=p.zone,
+                    spot_price_per_hour=p.spot_price_per_hour,
+                    on_demand_price_per_hour=p.on_demand_price_per_hour,
+                    capacity=self.agent_capacity,
+                )
+                for p in LOCAL_PLACEMENTS
+            ),
             local=self._local_pool(),
         )
         start_service(self.processes, POOL_MANAGER, pool)
