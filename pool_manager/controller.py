@@ -111,8 +111,9 @@ class PoolController:
     risky_until: dict[PlacementKey, float] = field(default_factory=dict)
     on_demand_refused_until: dict[PlacementKey, float] = field(default_factory=dict)
     spot_prices: dict[PlacementKey, float] = field(default_factory=dict)
-    # Agents whose launch record this run of the manager has written.
+    # Agents whose launch record this run of the manager has written, or cannot write.
     vouched: set[str] = field(default_factory=set)
+    unvouched: set[str] = field(default_factory=set)
     _prices_read_at: float | None = None
 
     async def reconcile(self) -> PassReport:
@@ -160,8 +161,8 @@ class PoolController:
                 await self.registry.record_rebalance(agent_id, event.at)
                 log.info("rebalance recommended: replacing first", agent_id=agent_id)
             elif event.state in STOPPED_INSTANCE_STATES:
+                await self._forget(agent_id)  # first: an agent never registered has no row
                 await self.registry.set_gone(agent_id)
-                await self._forget(agent_id)
                 log.info("instance stopped: agent gone", agent_id=agent_id, state=event.state)
         except RegistryError as err:  # not registered yet, or already gone: nothing to undo
             log.info("event needed no registry change", agent_id=agent_id, error=str(err))
@@ -282,11 +283,13 @@ class PoolController:
             return
         capacity = vouched_capacity(self.settings.placements, instance.instance_type)
         if capacity is None:
-            log.warning(
-                "no launch record: the instance type is not in the placements",
-                agent_id=instance.agent_id,
-                instance_type=instance.instance_type,
-            )
+            if instance.agent_id not in self.unvouched:  # once: it is listed every pass
+                self.unvouched.add(instance.agent_id)
+                log.warning(
+                    "no launch record: the instance type is not in the placements",
+                    agent_id=instance.agent_id,
+                    instance_type=instance.instance_type,
+                )
             return
         await self.registry.record_launch(launch_record(instance, capacity))
         self.vouched.add(instance.agent_id)
@@ -295,6 +298,7 @@ class PoolController:
         """The instance is ended: its launch record goes (its id is never launched again)."""
         await self.registry.forget_launch(agent_id)
         self.vouched.discard(agent_id)
+        self.unvouched.discard(agent_id)
 
 
 def _instance_of(agent_id: str, instances: Sequence[Instance]) -> Instance | None:

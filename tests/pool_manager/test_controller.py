@@ -368,5 +368,11 @@ async def test_a_restarted_pool_manager_vouches_for_the_instances_it_finds(
     )
     await registry.set_pool_target(MODEL, 2)
     await controller.reconcile()
-    # A type no placement names: nothing vouches for what it would serve.
+    # A type no placement names: nothing vouches for what it would serve (said once).
     assert set(await registry.get_launches(["i-9", "i-10"])) == {"i-9"}
+    await controller.reconcile()
+    assert (controller.vouched, controller.unvouched) == ({"i-9"}, {"i-10"})
+
+    # Stopped before it ever registered: its record goes all the same.
+    await controller.handle_event(PoolEvent("state-change", "i-9", clock(), state="terminated"))
+    assert await registry.get_launches(["i-9"]) == {}
