@@ -18,6 +18,10 @@ from spotgate.settings import EngineKind
 FinishReason = Literal["stop", "length"]
 
 
+class EngineConfigError(ValueError):
+    """The engine cannot start with the arguments it was given; the message names the one."""
+
+
 class EngineRequestError(ValueError):
     """The engine refused a request as invalid; `param` names the field at fault, if one is."""
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Literal
 
 from gpu_agent.drain import StreamLoad, streams_to_hand_back
-from gpu_agent.engine import Engine, GenerationRequest, PrefixCacheCounts
+from gpu_agent.engine import Engine, EngineConfigError, GenerationRequest, PrefixCacheCounts
 from gpu_agent.health import EngineCheck, engine_check
 from gpu_agent.imds import ImdsClient, ImdsUnavailable, InstanceIdentity, SpotNotice
 from gpu_agent.metrics import AgentMetrics
@@ -157,6 +157,10 @@ class AgentRuntime:
             self.phase = "warming"
             await self._warm_up(self.engine)
             self._boot_phase_ended("warmed_up")
+        except EngineConfigError as err:  # the operator's to fix: one line, no traceback
+            self.phase, self.failure = "failed", str(err)
+            log.error("engine failed to come up; not registering", reason=str(err))  # noqa: TRY400
+            return
         except Exception as err:
             self.phase, self.failure = "failed", f"{type(err).__name__}: {err}"
             log.exception("engine failed to come up; not registering")

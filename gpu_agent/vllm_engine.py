@@ -25,6 +25,7 @@ from gpu_agent.engine import (
     ReplyBroken,
     TokenLogprobs,
 )
+from gpu_agent.engine_args import engine_args
 from gpu_agent.grammar import GrammarError, Grammars
 from gpu_agent.token_bytes import TokenBytes
 from gpu_agent.tool_calls import ToolCallReader
@@ -135,32 +136,16 @@ class VllmEngine:
         """Load the model named in the settings into a new engine (tens of seconds)."""
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KV_CACHE_GIB_DEFAULT)
         from transformers import AutoTokenizer
-        from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
         served = settings.served_model_name or settings.model
         engine_settings = settings.vllm
-        optional: dict[str, Any] = {}
-        if engine_settings.max_model_len is not None:
-            optional["max_model_len"] = engine_settings.max_model_len
         revision = engine_settings.revision
-        if revision is not None:
-            optional["revision"] = optional["tokenizer_revision"] = revision
+        args = engine_args(settings)  # before any weight loads: a bad argument stops it here
+        args.disable_log_stats = True
+        args.logits_processors = [STREAM_CONSTRAINTS]
         if is_s3_uri(settings.model):  # staged, `model_fetch: stream`
-            optional["load_format"] = "runai_streamer"
             os.environ.update(streamer_environment(settings))
-        args = AsyncEngineArgs(
-            model=settings.model,
-            served_model_name=[served],
-            dtype=engine_settings.dtype,
-            max_num_seqs=engine_settings.max_num_seqs,
-            gpu_memory_utilization=engine_settings.gpu_memory_utilization,
-            tensor_parallel_size=engine_settings.tensor_parallel_size,
-            enforce_eager=engine_settings.enforce_eager,
-            disable_log_stats=True,
-            logits_processors=[STREAM_CONSTRAINTS],
-            **optional,
-        )
         prefix_cache = PrefixCacheCounts()
         # Prefix caching is left to vLLM: on by default for decoder-only generative models (what
         # an agent serves), off where its models or platforms cannot use it. A stat logger of

@@ -286,6 +286,11 @@ class VllmSettings(_Section):
     # The model's revision on the Hugging Face Hub (a commit hash pins it): weights, tokenizer
     # and chat template of exactly that commit. None: the newest of the default branch.
     revision: str | None = None
+    # Every other engine argument of vLLM's, as `vllm serve` takes it (`--quantization awq
+    # --kv-cache-dtype fp8 --max-num-batched-tokens 8192`): read by vLLM's own parser when the
+    # engine starts; one it does not know, or of the wrong type, stops the start naming it.
+    # The arguments above are set by their own settings, not here (gpu_agent/engine_args.py).
+    engine_args: str = ""
 
 
 class SyntheticSettings(_Section):

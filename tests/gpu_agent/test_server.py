@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 import websockets
 
-from gpu_agent.engine import Engine
+from gpu_agent.engine import Engine, EngineConfigError
 from gpu_agent.synthetic_engine import ECHO_ID_BASE, SyntheticEngine
 from spotgate.protocol import max_gateway_frame_bytes
 from spotgate.registry import AgentState, Registry
@@ -294,11 +294,22 @@ async def test_registration_waits_for_the_engine_and_warm_up(
     assert loaded == pytest.approx(boot.engine_loaded - IMDS_LAUNCHED_AT)
 
 
+@pytest.mark.parametrize(
+    ("failure", "shown"),
+    [
+        (RuntimeError("CUDA error: no kernel image"), "RuntimeError: CUDA error: no kernel image"),
+        # The operator's to fix: the line that names the argument, as it is.
+        (
+            EngineConfigError("SPOTGATE_AGENT_VLLM__ENGINE_ARGS: --x 1: not an engine argument"),
+            "SPOTGATE_AGENT_VLLM__ENGINE_ARGS: --x 1: not an engine argument",
+        ),
+    ],
+)
 async def test_an_engine_that_fails_its_warm_up_never_registers(
-    start_agent: AgentFactory, aws: AwsEmulator
+    start_agent: AgentFactory, aws: AwsEmulator, failure: Exception, shown: str
 ) -> None:
     async def broken(_settings: AgentSettings) -> Engine:
-        raise RuntimeError("CUDA error: no kernel image")
+        raise failure
 
     agent = await start_agent(loader=broken)
     async with aiohttp.ClientSession() as http:
@@ -309,7 +320,7 @@ async def test_an_engine_that_fails_its_warm_up_never_registers(
 
         await wait_for(failed)
         async with http.get(f"{agent.url}/healthz") as response:
-            assert "no kernel image" in (await response.json())["failure"]
+            assert (await response.json())["failure"] == shown
     async with Registry.open(aws.settings()) as registry:
         assert await registry.list_agents() == []
 

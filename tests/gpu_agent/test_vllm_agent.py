@@ -28,6 +28,7 @@ from spotgate.settings import AgentSettings, SocketLimits
 from spotgate.tokens import GATEWAY_SUBJECT_PREFIX, KeyRing, issue
 from stack.emulator import AwsEmulator
 from tests.support.agents import (
+    ENGINE_BATCHED_TOKENS,
     ISSUER,
     LLAMA2_MODEL,
     TINY_MODEL,
@@ -89,6 +90,11 @@ async def served(
 ) -> Served:
     engine = vllm_engine if request.param == TINY_MODEL else vllm_llama2_engine
     return Served(await wait_ready(await start_agent(engine)), engine)
+
+
+def test_a_vllm_serve_flag_in_the_settings_reaches_the_engine(vllm_engine: Engine) -> None:
+    scheduler = vllm_engine._llm.vllm_config.scheduler_config  # type: ignore[attr-defined]
+    assert scheduler.max_num_batched_tokens == ENGINE_BATCHED_TOKENS
 
 
 async def test_streams_over_ws_with_token_ids(agent: RunningAgent, token: str) -> None:

@@ -96,6 +96,10 @@ def tool_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_model(out, tokenizer_dir("qwen3"), reply=TOOL_CALL_REPLY)
 
 
+ENGINE_BATCHED_TOKENS = 4096
+"""The tests' engines' `--max-num-batched-tokens`, given as a `vllm serve` flag."""
+
+
 def vllm_settings(
     model_dir: Path, served_model_name: str = TINY_MODEL, tool_call_parser: str | None = None
 ) -> AgentSettings:
@@ -111,6 +115,8 @@ def vllm_settings(
             # On the CPU backend: the share of the NUMA node's memory taken at start.
             gpu_memory_utilization=0.3,
             tool_call_parser=tool_call_parser,
+            # Any `vllm serve` flag besides: the tests' engines take one.
+            engine_args=f"--max-num-batched-tokens {ENGINE_BATCHED_TOKENS}",
         ),
     )
 

@@ -1,0 +1,102 @@
+"""vLLM's engine arguments: the agent's settings, then any `vllm serve` flag, checked by vLLM."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpu_agent.engine import EngineConfigError
+from gpu_agent.engine_args import agent_flags, engine_args, own_flag_refusal
+from spotgate.settings import AgentSettings, VllmSettings
+
+
+def settings(model: str = "/models/tiny", **vllm: object) -> AgentSettings:
+    return AgentSettings(
+        engine="vllm", model=model, served_model_name="tiny", vllm=VllmSettings(**vllm)
+    )
+
+
+@pytest.mark.parametrize(
+    ("flags", "refusal"),
+    [
+        (["--quantization", "awq"], None),
+        (["--kv-cache-dtype=fp8", "--max-num-batched-tokens", "8192"], None),
+        (
+            ["--max-num-seqs", "8"],
+            "SPOTGATE_AGENT_VLLM__ENGINE_ARGS: --max-num-seqs is set by "
+            "SPOTGATE_AGENT_VLLM__MAX_NUM_SEQS, not here",
+        ),
+        (
+            ["--enable-lora", "--max-model-len=4096"],
+            "SPOTGATE_AGENT_VLLM__ENGINE_ARGS: --max-model-len is set by "
+            "SPOTGATE_AGENT_VLLM__MAX_MODEL_LEN, not here",
+        ),
+        (
+            ["--model", "other"],
+            "SPOTGATE_AGENT_VLLM__ENGINE_ARGS: --model is set by SPOTGATE_AGENT_MODEL, not here",
+        ),
+    ],
+)
+def test_the_agents_own_arguments_are_settings_not_flags(
+    flags: list[str], refusal: str | None
+) -> None:
+    assert own_flag_refusal(flags) == refusal
+
+
+def test_the_settings_become_the_flags_vllm_serve_takes() -> None:
+    flags = agent_flags(settings(max_model_len=4096, enforce_eager=True, revision="abc123"))
+
+    assert flags[:4] == ["--model", "/models/tiny", "--served-model-name", "tiny"]
+    assert "--enforce-eager" in flags
+    assert flags[flags.index("--max-model-len") + 1] == "4096"
+    assert flags[flags.index("--tokenizer-revision") + 1] == "abc123"
+    assert "--load-format" not in flags
+    streamed = agent_flags(settings(model="s3://bucket/models/tiny"))
+    assert streamed[streamed.index("--load-format") + 1] == "runai_streamer"
+
+
+@pytest.mark.vllm
+def test_a_users_vllm_serve_flags_carry_over() -> None:
+    given = (
+        "--kv-cache-dtype fp8 --max-num-batched-tokens 8192 --enable-prefix-caching "
+        """--speculative-config '{"method": "ngram", "num_speculative_tokens": 3}'"""
+    )
+    args = engine_args(settings(engine_args=given, max_num_seqs=12))
+
+    assert (args.kv_cache_dtype, args.max_num_batched_tokens) == ("fp8", 8192)
+    assert args.speculative_config == {"method": "ngram", "num_speculative_tokens": 3}
+    assert (args.model, args.served_model_name, args.max_num_seqs) == ("/models/tiny", ["tiny"], 12)
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        (
+            "--no-such-flag 1",
+            "SPOTGATE_AGENT_VLLM__ENGINE_ARGS: --no-such-flag 1: not an engine argument of vLLM's",
+        ),
+        (
+            "--max-num-batched-tokens lots",
+            "SPOTGATE_AGENT_VLLM__ENGINE_ARGS: argument --max-num-batched-tokens: invalid",
+        ),
+        ("--quantization 'awq", "SPOTGATE_AGENT_VLLM__ENGINE_ARGS: No closing quotation"),
+    ],
+)
+def test_an_argument_vllm_does_not_take_is_one_line_naming_it(given: str, message: str) -> None:
+    with pytest.raises(EngineConfigError) as refused:
+        engine_args(settings(engine_args=given))
+
+    assert str(refused.value).startswith(message)
+    assert "\n" not in str(refused.value)
+
+
+@pytest.mark.vllm
+async def test_an_engine_with_a_bad_argument_stops_before_loading_anything(
+    tiny_model_dir: Path,
+) -> None:
+    from gpu_agent.vllm_engine import VllmEngine
+
+    with pytest.raises(EngineConfigError, match="--no-such-flag"):
+        await VllmEngine.start(settings(model=str(tiny_model_dir), engine_args="--no-such-flag"))
