@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import replace
+from typing import Any
 
 import pytest
+from transformers import AutoTokenizer
 
 from gateway.charges import (
     TEMPLATE_BASE_TOKENS,
@@ -34,6 +36,7 @@ from tests.gateway.conftest import MODEL, Gateway, replicas
 from tests.support.agents import AgentFactory, wait_for
 from tests.support.clocks import FakeClock
 from tests.support.metrics import metric_value, scrape
+from tests.support.tokenizers import tokenizer_dir
 from tests.support.wsclient import connect, generate, ids_of, run_streams
 
 ROW = AgentRecord(
@@ -168,6 +171,46 @@ def test_the_prompt_bound_holds_what_an_engine_counts_and_little_more(
     bound = prompt_token_bound(frame)
     assert len(counted) <= bound  # one token per UTF-8 byte: the most any tokenizer makes
     assert bound <= 2 * len(counted) + TEMPLATE_BASE_TOKENS + 32 * 4
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather of a city, now.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "description": "The city"},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+                "days": {"type": "array", "items": {"type": "object"}},
+            },
+            "required": ["city"],
+        },
+    },
+}
+CHAT = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Zürich ☃: the weather? " * 20},
+    {"role": "assistant", "content": "Cold."},
+    {"role": "user", "content": "And tomorrow?"},
+]
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama3", "gemma3"])
+@pytest.mark.parametrize("tools", [None, [WEATHER_TOOL]])
+def test_no_published_chat_template_makes_more_prompt_tokens_than_the_bound(
+    family: str, tools: list[Any] | None
+) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir(family)))
+    text = tokenizer.apply_chat_template(
+        CHAT, tools=tools, add_generation_prompt=True, tokenize=False
+    )
+    counted = len(tokenizer(text, add_special_tokens=False)["input_ids"])
+    frame = GenerateFrame.model_validate(
+        {"id": "s", "model": "m", "messages": CHAT, **({"tools": tools} if tools else {})}
+    )
+    assert counted <= prompt_token_bound(frame)  # an honest agent is never capped
 
 
 def rogues(exposition: str, reason: RogueReason) -> float:
