@@ -1,4 +1,4 @@
-"""The `spotgate` command line (DESIGN.md §9): one module per command group, wired here.
+"""The `spotgate` command line (ARCHITECTURE.md): one module per command group, wired here.
 
 argparse rather than click or typer: it is in the standard library, types cleanly under
 `mypy --strict`, and subcommands nest as far as we need. Every bad input exits with status 2

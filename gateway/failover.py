@@ -6,7 +6,7 @@ Failover says what the client sees and what happens next. No asyncio, no clock o
 each event that needs the time is given it (`now`: wall clock, as the dispatcher's deadlines
 are; `monotonic`: for the stream's timings).
 
-The rules (DESIGN.md §4):
+The rules (ARCHITECTURE.md):
 
 - An agent that answers `interrupted` (it is draining), whose link is lost, or that sends
   nothing for the stream past the stall limit (a wedged engine behind a live agent), is

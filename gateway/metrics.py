@@ -1,4 +1,4 @@
-"""Prometheus metrics of one gateway (DESIGN.md §8: units in names)."""
+"""Prometheus metrics of one gateway (units in names)."""
 
 from __future__ import annotations
 

@@ -2,8 +2,9 @@
 
 The event loop, `/healthz` and the heartbeats all stay alive when the engine core hangs (a
 GPU fault, a stuck collective), so only tokens prove the engine works. While streams run, the
-tokens they produce are the proof; while none runs, a one-token probe generation is (DESIGN.md
-§10). What to do is decided here, from plain numbers; the runtime runs the probe and acts.
+tokens they produce are the proof; while none runs, a one-token probe generation is
+(ARCHITECTURE.md). What to do is decided here, from plain numbers; the runtime runs the probe
+and acts.
 """
 
 from __future__ import annotations

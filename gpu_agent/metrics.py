@@ -1,4 +1,4 @@
-"""Prometheus metrics of one agent, in their own registry (DESIGN.md §8: units in names)."""
+"""Prometheus metrics of one agent, in their own registry (units in names)."""
 
 from __future__ import annotations
 

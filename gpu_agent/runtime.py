@@ -1,6 +1,6 @@
 """The agent's life: load the engine, warm it up, register, heartbeat, drain, leave.
 
-An agent writes `ready` only after a real warm-up generation succeeded (DESIGN.md §2). On a
+An agent writes `ready` only after a real warm-up generation succeeded (ARCHITECTURE.md). On a
 spot notice or SIGTERM it marks itself `draining` at once, refuses new streams, lets streams
 that can finish do so, hands the rest back with `interrupted` before the deadline, and exits
 marked `gone`.

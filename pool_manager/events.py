@@ -1,4 +1,4 @@
-"""EC2 events the pool manager consumes: EventBridge → SQS (DESIGN.md §6).
+"""EC2 events the pool manager consumes: EventBridge → SQS (ARCHITECTURE.md).
 
 `parse_event` is pure: an SQS message body (an EventBridge event, as JSON) becomes a
 `PoolEvent`, `None` for a detail type the pool does not act on, or an `EventError` for a

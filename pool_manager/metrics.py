@@ -1,4 +1,4 @@
-"""Prometheus metrics of the pool manager (DESIGN.md §8: units in names)."""
+"""Prometheus metrics of the pool manager (units in names)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""API key format, hashing and constant-time checking (DESIGN.md §2), without I/O.
+"""API key format, hashing and constant-time checking (ARCHITECTURE.md), without I/O.
 
 A key is shown to its owner once as `sg-<key_id>-<secret>`; only SHA-256(secret) is stored.
 """

@@ -1,7 +1,7 @@
 """Structured logging: JSON lines (or a console renderer on a TTY), context bound per request.
 
 Every record passes through `redact_secrets`, so an API key, a JWT or a bearer credential
-never reaches a log line, whatever field or message it hides in (DESIGN.md §8).
+never reaches a log line, whatever field or message it hides in (ARCHITECTURE.md).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from spotgate.settings import LogFormat, LogLevel
 
 REDACTED = "[redacted]"
 
-# `sg-<key_id>-<secret>` (DESIGN.md §2), compact JWS (three base64url parts, header starts
+# `sg-<key_id>-<secret>` (ARCHITECTURE.md), compact JWS (three base64url parts, header starts
 # `eyJ` = '{"'), and whatever follows "Bearer " in a header echoed into a message.
 _SECRET_PATTERNS = (
     re.compile(r"\bsg-[A-Za-z0-9]+-[A-Za-z0-9_\-]{8,}"),

@@ -1,4 +1,4 @@
-"""The websocket wire protocol `spotgate.v1` (DESIGN.md §4): one model per frame.
+"""The websocket wire protocol `spotgate.v1` (ARCHITECTURE.md): one model per frame.
 
 Clients speak it to the gateway, the gateway to agents, clients to agents directly. Every
 received text frame goes through `parse_frame`, which returns a typed frame or raises
@@ -40,7 +40,7 @@ MIN_LOGPROB = -9999.0
 
 
 class ErrorCode(StrEnum):
-    """Error codes of `error` frames (DESIGN.md §4)."""
+    """Error codes of `error` frames (ARCHITECTURE.md)."""
 
     UNAUTHORIZED = "unauthorized"
     FORBIDDEN = "forbidden"

@@ -1,4 +1,4 @@
-"""Settings for every spotgate service, read from the environment (DESIGN.md §8).
+"""Settings for every spotgate service, read from the environment (ARCHITECTURE.md).
 
 Prefixes: ``SPOTGATE_`` for what all services share, ``SPOTGATE_GATEWAY_``,
 ``SPOTGATE_AGENT_`` and ``SPOTGATE_POOL_`` for each service; nested fields use ``__``
@@ -27,10 +27,10 @@ from pydantic import (
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 TOKEN_TTL_MAX_SECONDS = 15 * 60
-"""DESIGN.md §3: a token lives at most 15 minutes."""
+"""ARCHITECTURE.md: a token lives at most 15 minutes."""
 
 DEFAULT_MAX_FRAME_BYTES = 64 * 1024
-"""DESIGN.md §10: client frames are capped at 64 KiB unless configured otherwise."""
+"""ARCHITECTURE.md: client frames are capped at 64 KiB unless configured otherwise."""
 
 MAX_REQUEST_BYTES = 4 * 1024 * 1024
 """The largest request a service reads: an HTTP body, or a websocket frame at most."""
@@ -63,7 +63,7 @@ DEFAULT_AGENT_CAPACITY = 256
 
 
 class TableNames(_Section):
-    """DynamoDB table names (DESIGN.md §2)."""
+    """DynamoDB table names (ARCHITECTURE.md)."""
 
     agents: str = "spotgate-agents"
     keys: str = "spotgate-keys"
@@ -97,7 +97,7 @@ class SharedSettings(BaseSettings):
 
 
 class SocketLimits(_Section):
-    """Limits on every websocket (DESIGN.md §4); each breach is a clear `error` frame."""
+    """Limits on every websocket (ARCHITECTURE.md); each breach is a clear `error` frame."""
 
     # A client's frame; at most MAX_REQUEST_BYTES, so a gateway's link to an agent, sized
     # from it, carries every frame a legal request can make (`spotgate.protocol`).

@@ -1,6 +1,6 @@
 """Short-lived Ed25519 JWTs: keys, a rotating key ring, JWKS, `issue()` and `verify()`.
 
-DESIGN.md §3. The gateway signs with the newest key of its ring; agents verify locally against
+ARCHITECTURE.md. The gateway signs with the newest key of its ring; agents verify locally against
 the gateway's JWKS (or a pinned key). `verify` is a pure function of the ring, the token and
 the clock reading it is given, and every way a token can be wrong has its own exception.
 """

@@ -1,7 +1,7 @@
 """The server side of a `spotgate.v1` websocket, shared by the gateway and the agents.
 
 One loop per socket: authentication (an `Authorization` header, or for browsers an `auth`
-frame within a few seconds), the socket limits of DESIGN.md §4 (frame size, heartbeat, idle
+frame within a few seconds), the socket limits of ARCHITECTURE.md (frame size, heartbeat, idle
 timeout, streams per connection), ping/pong, token refresh, cancel, and a clear `error` frame
 for every bad input while the socket's other streams live on. What a stream *does* is the
 service's business: it hands in an `authenticate` and a `start` function.

@@ -1,4 +1,4 @@
-"""`spotgate up`: the whole system on one machine (DESIGN.md §7), and how commands find it.
+"""`spotgate up`: the whole system on one machine (ARCHITECTURE.md), and how commands find it.
 
 It starts an embedded AWS emulator (moto server, real HTTP) with spotgate's tables and a dev
 API key, Debian's `redis-server` as the limit store, then the gateway replicas (on

@@ -1,4 +1,4 @@
-"""The layers import one way (DESIGN.md §1), and no two modules import each other."""
+"""The layers import one way (ARCHITECTURE.md), and no two modules import each other."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-// The spotgate chat page: the websocket protocol of DESIGN.md §4 with first-frame auth.
+// The spotgate chat page: the websocket protocol of ARCHITECTURE.md with first-frame auth.
 // Model text reaches the page only through markdown.js (sanitized) or as text nodes.
 
 import { fitContext, learnReplyCount } from "./context.js";

@@ -36,7 +36,7 @@ class Server:
     """A running server under test, and how the clients talk to it.
 
     `sse`: OpenAI streamed chat completions, one HTTP request per stream. `ws`: the wire
-    protocol (DESIGN.md §4), every client's streams multiplexed on one websocket.
+    protocol (ARCHITECTURE.md), every client's streams multiplexed on one websocket.
     """
 
     name: str

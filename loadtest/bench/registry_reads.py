@@ -24,7 +24,7 @@ rules from what each request returned: a query or scan page costs 0.5 units per 
 (eventually consistent), measured on the items it read, with the item sizes DynamoDB uses
 (attribute names plus values). *Staleness* is how long after a drain's write each gateway's
 view holds the agent as draining, in simulated time: what the read path adds, before the
-network's round trip. DESIGN asks for at most 1 s.
+network's round trip. The goal is at most 1 s.
 """
 
 from __future__ import annotations

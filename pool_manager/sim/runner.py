@@ -43,7 +43,7 @@ def run_policies(
 
 
 def render_json(results: Sequence[SimResult]) -> str:
-    """One JSON object for one run, a list for several (DESIGN.md §9)."""
+    """One JSON object for one run, a list for several (ARCHITECTURE.md)."""
     documents = [result.as_json() for result in results]
     return json.dumps(documents[0] if len(documents) == 1 else documents)
 

@@ -1,4 +1,4 @@
-"""The DynamoDB registry: agents, launches, API keys, demand and usage (DESIGN.md §2).
+"""The DynamoDB registry: agents, launches, API keys, demand and usage (ARCHITECTURE.md).
 
 Every read filters `expires_at > now`, because DynamoDB's TTL deletes lazily; how the agent
 life cycle holds with two writers racing is in `agents`.

@@ -1,4 +1,4 @@
-"""The tables (DESIGN.md §2): their keys, the `by_model` index, TTL, and creating them."""
+"""The tables (ARCHITECTURE.md): their keys, the `by_model` index, TTL, and creating them."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Requests the model's context cannot hold harm no other stream (DESIGN.md §4)."""
+"""Requests the model's context cannot hold harm no other stream (ARCHITECTURE.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The DynamoDB tables of DESIGN.md §2: `agents`, `launches`, `keys`, `demand` and `usage`."""
+"""The DynamoDB tables of ARCHITECTURE.md: `agents`, `launches`, `keys`, `demand` and `usage`."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from stacks.common import acknowledge
 from stacks.config import DeployConfig
 
 TTL_ATTRIBUTE = "expires_at"
-"""DESIGN.md §2: readers also filter on it, since DynamoDB's TTL deletes lazily."""
+"""ARCHITECTURE.md: readers also filter on it, since DynamoDB's TTL deletes lazily."""
 
 
 def _string_key(name: str) -> dynamodb.Attribute:

@@ -1,5 +1,5 @@
 """The synthesized stack holds every resource the deployment needs, configured as spotgate
-expects: the settings' names, DESIGN.md's tables, EC2's event names, least privilege."""
+expects: the settings' names, ARCHITECTURE.md's tables, EC2's event names, least privilege."""
 
 from __future__ import annotations
 

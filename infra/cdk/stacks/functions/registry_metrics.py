@@ -1,6 +1,6 @@
 """Publish ready agents and queued streams per model, read from the registry, to CloudWatch.
 
-Runs every minute in Lambda. The registry is the truth about agents (DESIGN.md §2); the
+Runs every minute in Lambda. The registry is the truth about agents (ARCHITECTURE.md); the
 gateways publish their queue depth to the `demand` table. Nothing here imports spotgate: the
 CDK app passes its constants in the environment.
 """
