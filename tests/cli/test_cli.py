@@ -19,6 +19,7 @@ from spotgate.settings import emulator_settings, settings_env
 from stack.emulator import AwsEmulator
 from stack.local import UP_FILE
 from tests.support.agents import wait_for
+from tests.support.wsclient import connect, generate, receive, run_streams, send
 
 SPOTGATE = [sys.executable, "-m", "cli"]
 
@@ -298,6 +299,26 @@ async def test_up_runs_gateways_and_agents_and_stops_cleanly(
     listed = run("keys", "list", cwd=tmp_path).stdout
     assert "  dev  " in listed
     assert "  second  " in listed
+
+    # Each replica names itself in `ws_url`: one token issuer, no public URL shared.
+    async with aiohttp.ClientSession() as http:
+        for url in (first, second):
+            headers = {"Authorization": f"Bearer {info['api_key']}"}
+            async with http.post(f"{url}/v1/token", headers=headers) as response:
+                assert (await response.json())["ws_url"] == f"ws{url[4:]}/v1/ws"
+    # A key's own concurrency, set from the command line, holds over both replicas.
+    narrow = run("keys", "create", "--name", "narrow", "--max-streams", "1", cwd=tmp_path)
+    narrow_key = next(word for word in narrow.stdout.split() if word.startswith("sg-"))
+    async with connect(f"ws{first[4:]}/v1/ws", narrow_key) as held:
+        await send(held, generate("held", info["model"], max_tokens=2_000))
+        assert (await receive(held))["type"] == "start"
+        async with connect(f"ws{second[4:]}/v1/ws", narrow_key) as other:
+            refused = await run_streams(other, generate("more", info["model"], max_tokens=3))
+        await send(held, {"type": "cancel", "id": "held"})
+    assert (refused["more"][-1]["code"], refused["more"][-1]["message"]) == (
+        "rate_limited",
+        "at most 1 concurrent streams",
+    )
 
     # The pool manager runs the agents: status lists them, an interruption replaces one.
     status = run("pool", "status", cwd=tmp_path)
