@@ -172,6 +172,24 @@ def freeze_long_lived_objects() -> None:
     log.info("startup objects frozen", frozen=gc.get_freeze_count())
 
 
+async def process_exited(process: subprocess.Popen[bytes]) -> int:
+    """Wait until `process` has exited (woken by the kernel, not polled); its exit status."""
+    try:
+        descriptor = os.pidfd_open(process.pid)
+    except ProcessLookupError:  # exited and reaped already
+        return process.wait()
+    loop = asyncio.get_running_loop()
+    done = asyncio.Event()
+    loop.add_reader(descriptor, done.set)
+    try:
+        if process.poll() is None:
+            await done.wait()
+    finally:
+        loop.remove_reader(descriptor)
+        os.close(descriptor)
+    return process.wait()
+
+
 class ChildExited(RuntimeError):
     """A child process that should be running has exited; the message names its log."""
 
@@ -194,20 +212,7 @@ class Child:
 
     async def exited(self) -> int:
         """Wait until it has exited (woken by the kernel, not polled); its exit status."""
-        try:
-            descriptor = os.pidfd_open(self.process.pid)
-        except ProcessLookupError:  # exited and reaped already
-            return self.process.wait()
-        loop = asyncio.get_running_loop()
-        done = asyncio.Event()
-        loop.add_reader(descriptor, done.set)
-        try:
-            if self.process.poll() is None:
-                await done.wait()
-        finally:
-            loop.remove_reader(descriptor)
-            os.close(descriptor)
-        return self.process.wait()
+        return await process_exited(self.process)
 
     def log_tail(self, max_lines: int = 20) -> str:
         """The last lines it wrote, to say why it exited."""

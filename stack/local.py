@@ -32,6 +32,7 @@ import aiohttp
 from pydantic import SecretStr
 
 from pool_manager.local_provider import LAUNCHES_FILE
+from spotgate.logging import get_logger
 from spotgate.process import (
     ChildExited,
     ChildProcesses,
@@ -53,7 +54,16 @@ from spotgate.settings import (
 from spotgate.tokens import SigningKey
 from stack.children import GatewaySockets, start_service
 from stack.redis_server import RedisServer
-from stack.supervision import GaveUp, Supervisor
+from stack.supervision import (
+    GiveUp,
+    RestartPolicy,
+    Run,
+    Supervisor,
+    describe_exit,
+    restart_decision,
+)
+
+log = get_logger(__name__)
 
 UP_DIR = Path(".spotgate")
 UP_FILE = UP_DIR / "up.json"
@@ -347,12 +357,12 @@ async def run_up(directory: Path, options: UpOptions, *, announce: Callable[[str
         supervisor = Supervisor(
             processes, lambda _child: True, stop_timeout_seconds=STOP_TIMEOUT_SECONDS
         )
-        gave_up = await _run_until_stopped(supervisor)
+        gave_up = await _run_until_stopped(supervisor, store, directory / LOG_DIR / "redis.log")
         # The pool manager drains and stops its agents before it exits; then the gateway.
         await processes.stop(lambda child: child.name == "pool-manager", STOP_TIMEOUT_SECONDS)
         await processes.stop(lambda child: True, STOP_TIMEOUT_SECONDS)
         if gave_up is not None:
-            raise UpFailed(gave_up.message())
+            raise UpFailed(gave_up)
     finally:
         up_file.unlink(missing_ok=True)
         processes.close()
@@ -363,20 +373,60 @@ async def run_up(directory: Path, options: UpOptions, *, announce: Callable[[str
     return 0
 
 
-async def _run_until_stopped(supervisor: Supervisor) -> GaveUp | None:
-    """Supervise the children until SIGINT or SIGTERM (None), or until one keeps failing."""
+async def _run_until_stopped(
+    supervisor: Supervisor, store: RedisServer, store_log: Path
+) -> str | None:
+    """Supervise the children and the store until SIGINT or SIGTERM (None).
+
+    Or until one of them keeps failing: then what to tell the user.
+    """
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     supervising = asyncio.create_task(supervisor.run(), name="supervise children")
+    keeping = asyncio.create_task(_keep_store_running(store, store_log), name="keep the store")
     stopping = asyncio.create_task(stop.wait(), name="wait for a stop signal")
+    tasks = (supervising, keeping, stopping)
     try:
-        await asyncio.wait((supervising, stopping), return_when=asyncio.FIRST_COMPLETED)
-        return supervising.result() if supervising.done() else None
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        if supervising.done():
+            return supervising.result().message()
+        return keeping.result() if keeping.done() else None
     finally:
-        for task in (supervising, stopping):
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(supervising, stopping, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)
+
+
+async def _keep_store_running(
+    store: RedisServer, log_file: Path, policy: RestartPolicy | None = None
+) -> str:
+    """Start the limit store again, empty, on its port whenever it exits, as the children are.
+
+    The gateways recover exact (what they admitted meanwhile is charged to it). Returns what
+    to tell the user once it keeps failing.
+    """
+    policy = policy or RestartPolicy()
+    runs: list[Run] = []
+    while True:
+        started_at = time.monotonic()
+        returncode = await store.exited()
+        runs.append(Run(started_at, time.monotonic(), returncode))
+        decision = restart_decision(runs, policy)
+        if isinstance(decision, GiveUp):
+            return f"the limit store (redis-server) {decision.reason}; see {log_file}"
+        log.warning(
+            "limit store exited; restarting it",
+            exit=describe_exit(returncode),
+            in_seconds=decision.after_seconds,
+            log=str(log_file),
+        )
+        await asyncio.sleep(decision.after_seconds)
+        store.stop()
+        try:
+            await asyncio.to_thread(store.start)
+        except RuntimeError as err:  # its port taken meanwhile, say: it cannot come back
+            return f"the limit store (redis-server) could not be started again ({err})"

@@ -18,7 +18,7 @@ from pathlib import Path
 import redis
 from pydantic import SecretStr
 
-from spotgate.process import die_with_parent, free_port
+from spotgate.process import die_with_parent, free_port, process_exited
 from spotgate.settings import LimitStoreSettings
 
 REDIS_SERVER = "redis-server"
@@ -95,6 +95,12 @@ class RedisServer:
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"{REDIS_SERVER} did not answer on port {self._port}")
                 time.sleep(0.05)  # a process starting up: polled, nothing to wait on
+
+    async def exited(self) -> int:
+        """Wait until the server exits (woken by the kernel); its exit status."""
+        if self._process is None:
+            raise RuntimeError(f"{REDIS_SERVER} was not started")
+        return await process_exited(self._process)
 
     def flush(self) -> None:
         """Forget every key (what an earlier test left)."""

@@ -260,3 +260,52 @@ async def test_a_pool_manager_that_exits_is_restarted_and_launches_agents_anew(
     async with asyncio.timeout(60):
         await streams.finished()
     assert streams.tally.exact == 2, streams.tally
+
+
+async def test_a_limit_store_that_exits_is_started_again_and_limits_are_shared_anew(
+    up: UpStack, tmp_path: Path
+) -> None:
+    def store_process() -> psutil.Process | None:
+        return next(
+            (child for child in up.descendants() if "redis-server" in " ".join(child.cmdline())),
+            None,
+        )
+
+    first = store_process()
+    assert first is not None
+    first.kill()
+    await asyncio.to_thread(first.wait)
+
+    async def shared_again() -> bool:
+        restarted = store_process()
+        if restarted is None or restarted.pid == first.pid:
+            return False
+        async with aiohttp.ClientSession() as http:
+            for ops in up.info["ops_urls"]:
+                async with http.get(f"{ops}/readyz") as ready:
+                    if (await ready.json())["limits"] != "shared":
+                        return False
+        return True
+
+    await wait_for(shared_again, within=60)
+    assert up.process.poll() is None  # the stack served on meanwhile
+    created = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "cli", "keys", "create", "--name", "one", "--rpm", "1"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    key = next(word for word in created.stdout.split() if word.startswith("sg-"))
+    body = {"model": up.info["model"], "messages": [{"role": "user", "content": "x"}]}
+    statuses = []
+    async with aiohttp.ClientSession() as http:
+        for url in up.gateway_urls:  # the key's one request a minute, over both replicas
+            async with http.post(
+                f"{url}/v1/chat/completions",
+                headers={"Authorization": f"Bearer {key}"},
+                json={**body, "max_tokens": 1},
+            ) as response:
+                statuses.append(response.status)
+    assert statuses == [200, 429]
