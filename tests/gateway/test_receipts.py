@@ -39,20 +39,36 @@ GOOD = delivered_receipt(ReceiptSigner(KeyRing([KEY])), "key-a", request())
 @pytest.mark.parametrize(
     ("key_id", "frame", "ids", "receipt", "delivered"),
     [
-        ("key-a", request(), HELD, GOOD, True),
+        pytest.param("key-a", request(), HELD, GOOD, True, id="delivered"),
         # Sampling settings are not the prompt: a continuation may ask for more tokens.
-        ("key-a", request(max_tokens=99, temperature=0.0), HELD, GOOD, True),
-        ("key-b", request(), HELD, GOOD, False),  # another key's tokens
-        ("key-a", request("tell me more"), HELD, GOOD, False),  # another prompt
-        ("key-a", request(prompt="tell me", messages=None), HELD, GOOD, False),
-        ("key-a", request(), [*HELD, 17], GOOD, False),  # an invented token after them
-        ("key-a", request(), HELD[:-1], GOOD, False),  # fewer than it covers
-        ("key-a", request(), list(reversed(HELD)), GOOD, False),
-        ("key-a", request(), HELD, None, False),  # no receipt
-        ("key-a", request(), HELD, GOOD[:-2] + "AA", False),  # a forged MAC
-        ("key-a", request(), HELD, "r2" + GOOD[2:], False),  # another version
-        ("key-a", request(), HELD, GOOD.rsplit(".", 1)[0], False),  # no MAC at all
-        ("key-a", request(), HELD, "r1.unknown-kid." + GOOD.rsplit(".", 1)[1], False),
+        pytest.param(
+            "key-a",
+            request(max_tokens=99, temperature=0.0),
+            HELD,
+            GOOD,
+            True,
+            id="sampling-is-not-prompt",
+        ),
+        pytest.param("key-b", request(), HELD, GOOD, False, id="other-key"),
+        pytest.param("key-a", request("tell me more"), HELD, GOOD, False, id="other-prompt"),
+        pytest.param(
+            "key-a", request(prompt="tell me", messages=None), HELD, GOOD, False, id="raw-prompt"
+        ),
+        pytest.param("key-a", request(), [*HELD, 17], GOOD, False, id="invented-after"),
+        pytest.param("key-a", request(), HELD[:-1], GOOD, False, id="fewer"),
+        pytest.param("key-a", request(), list(reversed(HELD)), GOOD, False, id="reordered"),
+        pytest.param("key-a", request(), HELD, None, False, id="no-receipt"),
+        pytest.param("key-a", request(), HELD, GOOD[:-2] + "AA", False, id="forged-mac"),
+        pytest.param("key-a", request(), HELD, "r2" + GOOD[2:], False, id="other-version"),
+        pytest.param("key-a", request(), HELD, GOOD.rsplit(".", 1)[0], False, id="no-mac"),
+        pytest.param(
+            "key-a",
+            request(),
+            HELD,
+            "r1.unknown-kid." + GOOD.rsplit(".", 1)[1],
+            False,
+            id="unknown-kid",
+        ),
     ],
 )
 def test_a_receipt_proves_exactly_the_ids_delivered_to_its_key_for_its_prompt(
