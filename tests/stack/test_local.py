@@ -14,19 +14,22 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import aiohttp
+import openai
 import psutil
 import pytest
+from pydantic import BaseModel
 
 from gpu_agent.synthetic_engine import synthetic_reply
 from loadtest.chaos.stack import SYNTHETIC, StackEngine
 from loadtest.chaos.traffic import SseClients, Tally, Traffic
 from spotgate.registry import Registry
 from spotgate.settings import emulator_settings
-from stack.local import UP_FILE
+from stack.local import TOKENIZER_CACHE_ENV, UP_FILE
 from tests.support.agents import wait_for
+from tests.support.tokenizers import CACHE as TOKENIZER_CACHE
 
 UP = [sys.executable, "-m", "cli", "up", "--engine", "synthetic", "--agents", "2", "--port", "0"]
 GRACE_SECONDS = 2.0
@@ -309,3 +312,67 @@ async def test_a_limit_store_that_exits_is_started_again_and_limits_are_shared_a
             ) as response:
                 statuses.append(response.status)
     assert statuses == [200, 429]
+
+
+class Verdict(BaseModel):
+    """A structured reply: the schema the default model's grammar keeps it to."""
+
+    city: Literal["Paris", "Oslo", "Lima"]
+    sunny: bool
+
+
+WEATHER_TOOL: Any = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+
+
+@pytest.fixture
+def default_up(tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """`make up` as a new user first runs it: vLLM, the tiny model on Qwen3's template."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "cli", "up", "--agents", "1", "--port", "0"],
+        cwd=tmp_path,
+        env={**os.environ, TOKENIZER_CACHE_ENV: str(TOKENIZER_CACHE)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    try:
+        line = process.stdout.readline()
+        assert line.startswith("spotgate ready:"), line + (
+            process.stderr.read() if process.stderr and process.poll() is not None else ""
+        )
+        yield json.loads((tmp_path / UP_FILE).read_text())
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=EXIT_TIMEOUT_SECONDS)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+async def test_the_default_model_answers_tools_and_structured_output(
+    default_up: dict[str, Any],
+) -> None:
+    client = openai.AsyncOpenAI(
+        base_url=f"{default_up['gateway_url']}/v1", api_key=default_up["api_key"]
+    )
+    model = default_up["model"]
+    hi: Any = [{"role": "user", "content": "Weather in Oslo?"}]
+    # The SDK's everyday tools request: tool_choice is `auto` when not given.
+    with_tools = await client.chat.completions.create(
+        model=model, messages=hi, tools=[WEATHER_TOOL], max_tokens=16
+    )
+    structured = await client.chat.completions.parse(
+        model=model, messages=hi, response_format=Verdict, max_completion_tokens=64
+    )
+
+    assert model == "tiny"
+    assert with_tools.choices[0].finish_reason in ("length", "stop", "tool_calls")
+    assert isinstance(structured.choices[0].message.parsed, Verdict)
