@@ -188,7 +188,7 @@ async def test_an_agent_that_cannot_register_at_boot_keeps_trying(
     start_agent: AgentFactory, synthetic_engine: SyntheticEngine, aws: AwsEmulator
 ) -> None:
     reset_emulator(aws)  # no tables: DynamoDB refuses every write, as in an outage
-    agent = await start_agent(synthetic_engine)
+    agent = await start_agent(synthetic_engine, vouched=False)  # no launch record either
     metrics = agent.runtime.metrics.registry
 
     async def failed_once() -> bool:

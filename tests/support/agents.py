@@ -186,13 +186,18 @@ AgentFactory = Callable[..., Awaitable[RunningAgent]]
 
 @pytest.fixture
 async def start_agent(aws: AwsEmulator, ring: KeyRing, imds: Imds) -> AsyncIterator[AgentFactory]:
-    """Start agents serving a given engine (not closed with the agent: it is shared)."""
+    """Start agents serving a given engine (not closed with the agent: it is shared).
+
+    Each is vouched for by a launch record, as the pool manager writes one for an agent it
+    launches (`vouched=False`: none, e.g. while the registry is down).
+    """
     servers = contextlib.AsyncExitStack()
 
     async def start(
         engine: Engine | None = None,
         *,
         loader: Callable[[AgentSettings], Awaitable[Engine]] | None = None,
+        vouched: bool = True,
         **overrides: object,
     ) -> RunningAgent:
         sock = loopback_socket()
@@ -212,7 +217,7 @@ async def start_agent(aws: AwsEmulator, ring: KeyRing, imds: Imds) -> AsyncItera
             **overrides,
         }
         settings = AgentSettings.model_validate(values)
-        if settings.agent_id is not None:  # as the pool manager would, had it launched it
+        if settings.agent_id is not None and vouched:  # as the pool manager would have
             model = engine.model if engine is not None else settings.served_model_name
             async with Registry.open(aws.settings()) as registry:
                 await vouch_for_agent(
