@@ -113,12 +113,12 @@ def test_capacity_search_finds_the_synthetic_engines_capacity(
     workload.write_text(json.dumps({"prompt": "steady", "max_tokens": 100}) + "\n")
     base = RunSpec(str(stack.gateway_url), stack.api_key, tmp_path, duration_seconds=8,
                    user_class="ws", workload=workload)  # fmt: skip
-    # Past capacity a stream waits a whole two-second stream for its first token; 1 s tells that
-    # apart from a busy machine (the vLLM tests run beside this one in `make test`).
-    knee, steps = capacity_search(
-        base, [4, 6, 8, 10, 12], Thresholds(ttft_p99_ms=1000), announce=lambda _line: None
-    )
-    assert knee is not None
+    # Past capacity a stream waits for a slot of a two-second stream, up to two seconds (its p99
+    # close to that); 1.5 s tells that apart from a busy machine (the vLLM tests run beside this
+    # one in `make test`: at 1 s a moment of theirs failed a step below capacity).
+    thresholds = Thresholds(ttft_p99_ms=1500)
+    knee, steps = capacity_search(base, [4, 6, 8, 10, 12], thresholds, announce=lambda _line: None)
+    assert knee is not None, [step.llm for step in steps]
     assert 0.75 * SYNTHETIC_CAPACITY <= knee.concurrency <= 1.25 * SYNTHETIC_CAPACITY
-    assert not step_holds(steps[-1].llm, Thresholds(ttft_p99_ms=1000))  # it went past the knee
+    assert not step_holds(steps[-1].llm, thresholds)  # it went past the knee
     assert (tmp_path / "capacity.png").read_bytes().startswith(b"\x89PNG")
