@@ -17,7 +17,7 @@ def _up(args: argparse.Namespace) -> int:
         port=args.port,
         agents=args.agents,
         engine=args.engine,
-        model=args.model,
+        models=tuple(args.model),
         gateways=args.gateways,
         ops_port=args.ops_port,
     )
@@ -63,7 +63,14 @@ def setup_services(commands: Commands) -> None:
         help="gateway replicas, on consecutive ports from --port (default 1)",
     )
     up.add_argument("--engine", choices=["vllm", "synthetic"], default="vllm")
-    up.add_argument("--model", type=Path, help="model directory (default: the tiny model)")
+    up.add_argument(
+        "--model",
+        type=Path,
+        action="append",
+        default=[],
+        help="a model directory, served under its name by --agents agents of its own; "
+        "repeat it for several models (default: the tiny model; with --engine synthetic, names)",
+    )
     up.set_defaults(handler=_up)
 
     gateway = commands.add_parser("gateway", help="run the gateway from the environment")

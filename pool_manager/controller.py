@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pool_manager.events import PoolEvent
 from pool_manager.launches import launch_record, vouched_capacity
@@ -102,8 +102,9 @@ class PoolController:
 
     registry: Registry
     provider: Provider
-    settings: PolicySettings
-    models: Sequence[str] = ()
+    settings: PolicySettings  # the pool's: every placement (spot prices), each model's default
+    models: Sequence[str] = ()  # served: sized by demand; any other model's agents are drained
+    model_settings: Mapping[str, PolicySettings] = field(default_factory=dict)  # of each model
     risky_placement_seconds: float = RISKY_PLACEMENT_SECONDS
     policy: Policy = field(default_factory=HedgedSpotPolicy)
     clock: Callable[[], float] = time.time
@@ -126,15 +127,20 @@ class PoolController:
             await self._vouch(instance)
         demand = await self.registry.read_demand()
         fixed = await self.registry.read_pool_targets()
-        models = sorted(set(self.models) | set(demand) | set(fixed) | {i.model for i in instances})
+        served = {*self.models, *self.model_settings}
+        models = sorted(served | set(demand) | set(fixed) | {i.model for i in instances})
         targets: dict[str, int] = {}
         done: list[Action] = []
         refused: list[Launch] = []
         agents: list[tuple[str, PoolAgent]] = []
         for model in models:
-            targets[model] = self._size(model, demand.get(model, Demand()), fixed.get(model), now)
+            settings = self._settings_of(model)
+            scaled = fixed.get(model) if model in served else None  # `pool scale` of any name
+            targets[model] = self._size(model, demand.get(model, Demand()), scaled, now, settings)
             mine = [i for i in instances if i.model == model]
-            acted, denied = await self._converge(model, targets[model], mine, records, now)
+            acted, denied = await self._converge(
+                model, targets[model], mine, records, now, settings
+            )
             done += acted
             refused += denied
             agents += [(model, pool_agent(i, records.get(i.agent_id), now)) for i in mine]
@@ -185,11 +191,20 @@ class PoolController:
         except ProviderError as err:
             log.warning("spot prices unread; placing by the last known", error=str(err))
 
-    def _size(self, model: str, demand: Demand, fixed: int | None, now: float) -> int:
+    def _settings_of(self, model: str) -> PolicySettings:
+        """The model's own settings; a model the pool does not serve gets no agents."""
+        if model in self.model_settings:
+            return self.model_settings[model]
+        if model in self.models:
+            return self.settings
+        return replace(self.settings, min_agents=0, max_agents=0)
+
+    def _size(
+        self, model: str, demand: Demand, fixed: int | None, now: float, settings: PolicySettings
+    ) -> int:
         sizing = pool_target(
-            self.sizing.get(model, Sizing()), demand.pending, demand.active, fixed, now,
-            self.settings,
-        )  # fmt: skip
+            self.sizing.get(model, Sizing()), demand.pending, demand.active, fixed, now, settings
+        )
         self.sizing[model] = sizing
         return sizing.target
 
@@ -200,10 +215,11 @@ class PoolController:
         instances: list[Instance],
         records: dict[str, AgentRecord],
         now: float,
+        settings: PolicySettings,
     ) -> tuple[list[Action], list[Launch]]:
         step = ReconcilePass(
             policy=self.policy,
-            settings=self.settings,
+            settings=settings,
             now=now,
             target=target,
             agents=[pool_agent(i, records.get(i.agent_id), now) for i in instances],
@@ -281,7 +297,8 @@ class PoolController:
         """
         if instance.agent_id in self.vouched or not instance.model:
             return
-        capacity = vouched_capacity(self.settings.placements, instance.instance_type)
+        placements = self._settings_of(instance.model).placements
+        capacity = vouched_capacity(placements, instance.instance_type)
         if capacity is None:
             if instance.agent_id not in self.unvouched:  # once: it is listed every pass
                 self.unvouched.add(instance.agent_id)

@@ -1,10 +1,12 @@
-"""The `ec2` provider: agents on EC2 instances, launched from the pool's launch template.
+"""The `ec2` provider: agents on EC2 instances, each launched from its model's launch template.
 
 A thin adapter over one long-lived aioboto3 EC2 client. Each launch is one instant EC2 Fleet
 of one instance (spot or on-demand, one instance type, one subnet), so a placement that has
 no capacity answers at once with an error code instead of leaving a request open. Where
 `CreateFleet` is not available (an emulator, or a role not allowed to call it) the launch
-falls back to `RunInstances` with the same template, placement and tags.
+falls back to `RunInstances` with the same template, placement and tags. A model's template
+carries what its agents run (weights, revision, engine arguments: the CDK app writes one per
+model), so a launch for one model can never boot another.
 
 Every instance carries the tags `spotgate:pool`, `spotgate:model` and `spotgate:lifecycle`;
 `instances()` lists the pool by its tag, so instances started by hand are never touched.
@@ -109,6 +111,7 @@ class Ec2Provider:
     ) -> None:
         self._client = client
         self._ec2 = settings.ec2
+        self._settings = settings
         self._account = account
         self._clock = clock
 
@@ -179,7 +182,7 @@ class Ec2Provider:
             "Type": "instant",
             "LaunchTemplateConfigs": [
                 {
-                    "LaunchTemplateSpecification": self._template_spec(),
+                    "LaunchTemplateSpecification": self._template_spec(model),
                     "Overrides": [override],
                 }
             ],
@@ -196,7 +199,7 @@ class Ec2Provider:
         request: dict[str, Any] = {
             "MinCount": 1,
             "MaxCount": 1,
-            "LaunchTemplate": self._template_spec(),
+            "LaunchTemplate": self._template_spec(model),
             "InstanceType": launch.instance_type,
             "TagSpecifications": [
                 {"ResourceType": "instance", "Tags": self._tags(model, launch.lifecycle)}
@@ -248,8 +251,10 @@ class Ec2Provider:
         meta = self._client.meta
         return instance_agent_id(meta.partition, meta.region_name, self._account, instance_id)
 
-    def _template_spec(self) -> dict[str, str]:
-        template = self._ec2.launch_template
+    def _template_spec(self, model: str) -> dict[str, str]:
+        """The model's own launch template (what its agents boot), else the pool's."""
+        served = self._settings.model(model)
+        template = (served and served.launch_template) or self._ec2.launch_template
         key = (
             "LaunchTemplateId"
             if template.startswith(LAUNCH_TEMPLATE_ID_PREFIX)

@@ -27,6 +27,7 @@ from spotgate.process import Child, ChildProcesses, loopback_socket, socket_port
 from spotgate.settings import (
     AgentSettings,
     LocalPoolSettings,
+    PoolModel,
     SharedSettings,
     advertised_url,
     settings_env,
@@ -64,11 +65,13 @@ class LocalProvider:
         self,
         shared: SharedSettings,
         settings: LocalPoolSettings,
+        models: Sequence[PoolModel],
         *,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._shared = shared
         self._settings = settings
+        self._models = tuple(models)
         self._processes = ChildProcesses(Path(settings.log_dir))
         self._clock = clock
         self._agents: dict[str, _LocalAgent] = {}
@@ -77,10 +80,10 @@ class LocalProvider:
 
     async def launch(self, model: str, launch: Launch) -> Instance:
         """Start an IMDS emulator and an agent for `model` in the requested placement."""
-        if model != self._settings.served_model_name:
-            raise ProviderError(
-                f"the local provider serves '{self._settings.served_model_name}', not '{model}'"
-            )
+        served = next((m for m in self._models if m.name == model), None)
+        if served is None:
+            names = ", ".join(m.name for m in self._models)
+            raise ProviderError(f"the local provider serves {names or 'no model'}, not '{model}'")
         self._launched += 1
         self._launches.write_text(str(self._launched))
         agent_id = f"local-{self._launched}"
@@ -105,13 +108,13 @@ class LocalProvider:
             port=socket_port(agent_socket),
             listen_fd=agent_socket.fileno(),
             engine=self._settings.engine,
-            model=self._settings.model,
+            model=served.source,
             served_model_name=model,
             imds_url=imds_url,
             drain_grace_seconds=self._settings.drain_grace_seconds,
             jwks_url=self._settings.jwks_url,
         )
-        env = {**settings_env(agent_settings), **self._settings.agent_env}
+        env = {**settings_env(agent_settings), **self._settings.agent_env, **served.agent_env}
         # `python -m gpu_agent`, as `spotgate agent` runs it on an instance
         agent = self._processes.start(f"agent-{agent_id}", ["gpu_agent"], env, (agent_socket,))
         agent_socket.close()

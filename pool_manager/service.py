@@ -14,6 +14,7 @@ import signal
 import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager, suppress
+from dataclasses import replace
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -32,6 +33,24 @@ from spotgate.registry import PoolForecast, Registry
 from spotgate.settings import PoolSettings
 
 log = get_logger(__name__)
+
+
+def model_policy_settings(settings: PoolSettings) -> dict[str, PolicySettings]:
+    """Each served model's policy settings: the pool's, with the model's own bounds and types."""
+    pool = policy_settings(settings)
+    models: dict[str, PolicySettings] = {}
+    for model in settings.models:
+        types = set(model.instance_types)
+        placements = tuple(p for p in pool.placements if not types or p.instance_type in types)
+        idle = model.scale_to_zero_idle_seconds
+        models[model.name] = replace(
+            pool,
+            placements=placements,
+            min_agents=pool.min_agents if model.min_agents is None else model.min_agents,
+            max_agents=pool.max_agents if model.max_agents is None else model.max_agents,
+            scale_down_idle_seconds=pool.scale_down_idle_seconds if idle is None else idle,
+        )
+    return models
 
 
 def policy_settings(settings: PoolSettings) -> PolicySettings:
@@ -88,7 +107,7 @@ async def open_provider(settings: PoolSettings) -> AsyncIterator[Provider]:
         async with Ec2Provider.open(settings.shared, settings) as ec2:
             yield ec2
         return
-    local = LocalProvider(settings.shared, settings.local)
+    local = LocalProvider(settings.shared, settings.local, settings.models)
     try:
         yield local
     finally:
@@ -154,12 +173,16 @@ async def run_pool(
             registry=registry,
             provider=provider,
             settings=policy_settings(settings),
-            models=settings.models,
+            model_settings=model_policy_settings(settings),
             risky_placement_seconds=settings.risky_placement_seconds,
         )
         cold_starts = ColdStarts(default_seconds=settings.cold_start_seconds)
         forecasts = ForecastPublisher(registry)
-        log.info("pool manager running", provider=settings.provider, models=settings.models)
+        log.info(
+            "pool manager running",
+            provider=settings.provider,
+            models=[model.name for model in settings.models],
+        )
         while not stop.is_set():
             started = time.monotonic()
             try:

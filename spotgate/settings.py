@@ -22,6 +22,7 @@ from pydantic import (
     PositiveInt,
     SecretStr,
     ValidationError,
+    field_validator,
     model_validator,
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -283,6 +284,10 @@ class VllmSettings(_Section):
     # how the calls a model makes of its own accord (`tool_choice: auto`) are read from its
     # text. None: such requests are refused with a 400 naming `tool_choice`.
     tool_call_parser: str | None = None
+    # vLLM's `--reasoning-parser` for this model (`qwen3`, `deepseek_r1`, …): how the model's
+    # thinking is told from its answer, streamed as `reasoning_content`. None: no reasoning
+    # output (a request asking for reasoning settings is refused naming them).
+    reasoning_parser: str | None = None
     # The model's revision on the Hugging Face Hub (a commit hash pins it): weights, tokenizer
     # and chat template of exactly that commit. None: the newest of the default branch.
     revision: str | None = None
@@ -401,12 +406,39 @@ class LocalPoolSettings(_Section):
     """How the `local` provider runs agents: subprocesses of the pool manager on this machine."""
 
     engine: EngineKind = "synthetic"
-    model: str = ""  # the model directory for the vLLM engine
-    served_model_name: str = "synthetic"
     jwks_url: str | None = None  # the gateway's JWKS, for the agents' token checks
     drain_grace_seconds: PositiveFloat = 20.0
     log_dir: str = ".spotgate/logs"
     agent_env: dict[str, str] = Field(default_factory=dict)  # more SPOTGATE_AGENT_… settings
+
+
+class PoolModel(_Section):
+    """One model the pool serves, with its own bounds and capacity (a plain name: the defaults).
+
+    Each model is sized and placed on its own: demand for one never launches another. What the
+    agents run (weights, revision, tensor-parallel size, engine arguments, parsers) is the
+    model's launch configuration: on EC2 its own launch template (the CDK app writes one per
+    model), locally `source` and `agent_env`.
+    """
+
+    name: str = Field(min_length=1)  # what clients ask for: the `spotgate:model` tag
+    min_agents: NonNegativeInt | None = None  # None: the pool's min_agents
+    max_agents: PositiveInt | None = None  # None: the pool's max_agents
+    # Demand gone for this long scales the model down (to min_agents; 0 of them: to zero).
+    scale_to_zero_idle_seconds: PositiveFloat | None = None  # None: the pool's
+    instance_types: tuple[str, ...] = ()  # of the pool's placements; empty: all of them
+    launch_template: str | None = None  # ec2: this model's template; None: ec2.launch_template
+    source: str = ""  # local: the agents' SPOTGATE_AGENT_MODEL (a directory); empty: none
+    agent_env: dict[str, str] = Field(default_factory=dict)  # local: its agents' settings
+
+    @model_validator(mode="after")
+    def _bounds_ordered(self) -> Self:
+        if self.max_agents is not None and self.max_agents < (self.min_agents or 0):
+            raise ValueError(
+                f"model {self.name}: max_agents ({self.max_agents}) must be at least "
+                f"min_agents ({self.min_agents})"
+            )
+        return self
 
 
 class PoolSettings(BaseSettings):
@@ -420,7 +452,9 @@ class PoolSettings(BaseSettings):
     provider: Literal["ec2", "local"] = "local"
     host: str = "127.0.0.1"
     port: Annotated[int, Field(ge=0, le=65535)] = 8090  # /healthz and /metrics; 0: none
-    models: tuple[str, ...] = ()  # served even with no demand yet (min_agents applies to each)
+    # The models the pool serves (min_agents applies to each even with no demand yet); demand
+    # for a model not named here launches nothing. A plain name takes the pool's settings.
+    models: tuple[PoolModel, ...] = ()
     min_agents: NonNegativeInt = 0
     max_agents: PositiveInt = 4
     target_streams_per_agent: PositiveInt = 32
@@ -440,13 +474,34 @@ class PoolSettings(BaseSettings):
     ec2: Ec2PoolSettings = Field(default_factory=Ec2PoolSettings)
     local: LocalPoolSettings = Field(default_factory=LocalPoolSettings)
 
+    @field_validator("models", mode="before")
+    @classmethod
+    def _names_are_models(cls, models: Any) -> Any:
+        if isinstance(models, (list, tuple)):
+            return tuple({"name": m} if isinstance(m, str) else m for m in models)
+        return models
+
     @model_validator(mode="after")
     def _bounds_ordered(self) -> Self:
         if self.max_agents < self.min_agents:
             raise ValueError(
                 f"max_agents ({self.max_agents}) must be at least min_agents ({self.min_agents})"
             )
+        names = [model.name for model in self.models]
+        if len(set(names)) != len(names):
+            raise ValueError(f"models: each name once ({', '.join(names)})")
+        known = {placement.instance_type for placement in self.placements}
+        for model in self.models:
+            unknown = set(model.instance_types) - known if self.placements else set()
+            if unknown:
+                raise ValueError(
+                    f"model {model.name}: instance types {sorted(unknown)} are in no placement"
+                )
         return self
+
+    def model(self, name: str) -> PoolModel | None:
+        """The settings of the model called `name`, if the pool serves it."""
+        return next((model for model in self.models if model.name == name), None)
 
 
 EMULATOR_CREDENTIAL = "local"

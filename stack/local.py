@@ -44,6 +44,7 @@ from spotgate.settings import (
     AgentSettings,
     GatewaySettings,
     LocalPoolSettings,
+    PoolModel,
     PoolSettings,
     SharedSettings,
     TokenSettings,
@@ -100,7 +101,9 @@ class UpOptions:
     port: int = 8080
     agents: int = 1
     engine: str = "vllm"
-    model: Path | None = None
+    # Model directories, each served under its directory's name by `agents` agents of its own
+    # (with the synthetic engine: just the names); none: the tiny model (or `synthetic`).
+    models: tuple[Path, ...] = ()
     gateways: int = 1
     # The first replica's operations port (`/readyz`, `/metrics`); None: the gateway's default,
     # or any free ports when `port` is 0.
@@ -123,7 +126,8 @@ class LocalStackInfo:
     api_key: str
     gateway_url: str | None = None
     chat_url: str | None = None
-    model: str | None = None
+    model: str | None = None  # the first of `models`: what the docs' examples ask for
+    models: list[str] = field(default_factory=list)
     agents: list[dict[str, str]] = field(default_factory=list)
     interruption_queue_url: str | None = None
     # Every gateway replica, `gateway_url` first; clients may use any of them.
@@ -243,17 +247,38 @@ def _gateway_sockets(port: int, ops_port: int, gateways: int) -> list[GatewaySoc
     ]
 
 
-def _model_for(options: UpOptions, directory: Path) -> tuple[str, str, VllmSettings]:
-    """(model path, served name, engine settings) for the agents.
-
-    The default model, generated on the first run, is a tiny one on Qwen3's published
-    tokenizer and chat template, served with Qwen3's tool-call parser: tools, `tool_choice:
-    auto` and structured output answer as they would on the real model.
-    """
+def _models_for(options: UpOptions, directory: Path) -> list[PoolModel]:
+    """The models the pool serves, each with its agents' model source and engine settings."""
+    names = [model.name for model in options.models]
+    if len(set(names)) != len(names):
+        raise UpFailed(
+            f"--model: each model is served by its directory's name, twice here: {names}"
+        )
     if options.engine == "synthetic":
-        return "", SYNTHETIC_SERVED_NAME, LOCAL_VLLM
-    if options.model is not None:
-        return str(options.model), options.model.name, LOCAL_VLLM
+        return [
+            _pool_model(name, "", LOCAL_VLLM, options) for name in names or [SYNTHETIC_SERVED_NAME]
+        ]
+    if options.models:
+        return [_pool_model(path.name, str(path), LOCAL_VLLM, options) for path in options.models]
+    return [_pool_model(TINY_SERVED_NAME, *_tiny_model(directory), options)]
+
+
+def _pool_model(name: str, source: str, engine: VllmSettings, options: UpOptions) -> PoolModel:
+    return PoolModel(
+        name=name,
+        source=source,
+        min_agents=options.agents,
+        agent_env=settings_env(AgentSettings(vllm=engine)),
+    )
+
+
+def _tiny_model(directory: Path) -> tuple[str, VllmSettings]:
+    """The default model, generated on the first run, and its engine settings.
+
+    A tiny model on Qwen3's published tokenizer and chat template, served with Qwen3's
+    tool-call parser: tools, `tool_choice: auto` and structured output answer as they would
+    on the real model.
+    """
     tiny = directory / TINY_MODEL_DIR
     if not (tiny / "config.json").exists():
         cache = os.environ.get(TOKENIZER_CACHE_ENV, str(directory / ".cache" / "tokenizers"))
@@ -266,7 +291,7 @@ def _model_for(options: UpOptions, directory: Path) -> tuple[str, str, VllmSetti
         if result.returncode != 0:
             raise UpFailed(f"could not write the tiny model: {result.stderr.decode()[-500:]}")
     tools = LOCAL_VLLM.model_copy(update={"tool_call_parser": TINY_TOOL_CALL_PARSER})
-    return str(tiny), TINY_SERVED_NAME, tools
+    return str(tiny), tools
 
 
 async def run_up(directory: Path, options: UpOptions, *, announce: Callable[[str], None]) -> int:
@@ -278,7 +303,8 @@ async def run_up(directory: Path, options: UpOptions, *, announce: Callable[[str
             f"the local AWS emulator is not installed ({err}); pip install 'spotgate[local]'"
         ) from err
 
-    model_path, served, engine_settings = _model_for(options, directory)
+    models = _models_for(options, directory)
+    served = tuple(model.name for model in models)
     # Bound here, before anything else takes a port, and handed down: a port in use is one
     # clear line, not a gateway child that exits.
     gateway_sockets = _gateway_sockets(options.port, options.first_ops_port, options.gateways)
@@ -313,7 +339,7 @@ async def run_up(directory: Path, options: UpOptions, *, announce: Callable[[str
                     shared=shared,
                     token_issuer=gateway_url,
                     token=TokenSettings(signing_key_pem=signing_key),
-                    models=(served,),
+                    models=served,
                     chat_dev_api_key=SecretStr(created.api_key),
                     limit_store=store.settings(),
                 )
@@ -327,8 +353,7 @@ async def run_up(directory: Path, options: UpOptions, *, announce: Callable[[str
             pool = PoolSettings(
                 shared=shared,
                 provider="local",
-                models=(served,),
-                min_agents=options.agents,
+                models=tuple(models),
                 max_agents=max(options.agents, LOCAL_MAX_AGENTS),
                 # One machine: exactly the agents asked for, no spare and no on-demand cover
                 # while they boot (each vLLM engine takes real memory).
@@ -342,22 +367,24 @@ async def run_up(directory: Path, options: UpOptions, *, announce: Callable[[str
                 event_wait_seconds=0,
                 local=LocalPoolSettings(
                     engine=options.engine,
-                    model=model_path,
-                    served_model_name=served,
                     jwks_url=f"{gateway_url}/.well-known/jwks.json",
                     log_dir=str(directory / LOG_DIR),
-                    agent_env=settings_env(AgentSettings(vllm=engine_settings)),
                 ),
             )
             start_service(processes, "pool-manager", pool)
-            ready = await _wait_agents_ready(registry, served, options.agents, processes)
+            ready = [
+                agent
+                for model in served
+                for agent in await _wait_agents_ready(registry, model, options.agents, processes)
+            ]
         info = LocalStackInfo(
             aws_endpoint_url=emulator.url,
             region=EMULATOR_REGION,
             api_key=created.api_key,
             gateway_url=gateway_url,
             chat_url=f"{gateway_url}/",
-            model=served,
+            model=served[0],
+            models=list(served),
             agents=[{"agent_id": agent.agent_id, "url": agent.url} for agent in ready],
             interruption_queue_url=queue_url,
             gateways=gateway_urls,

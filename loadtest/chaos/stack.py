@@ -30,6 +30,7 @@ from spotgate.settings import (
     GatewaySettings,
     LocalPoolSettings,
     Placement,
+    PoolModel,
     PoolSettings,
     QueueSettings,
     SyntheticSettings,
@@ -179,7 +180,7 @@ class ChaosStack:
         pool = PoolSettings(
             shared=shared,
             provider="local",
-            models=(self.engine.model,),
+            models=(self._pool_model(),),
             min_agents=self.agents,
             max_agents=self.agents,
             spot_overprovision=0,
@@ -199,7 +200,12 @@ class ChaosStack:
                 )
                 for p in LOCAL_PLACEMENTS
             ),
-            local=self._local_pool(),
+            local=LocalPoolSettings(
+                engine=self.engine.kind,
+                jwks_url=f"{self.gateway_url}/.well-known/jwks.json",
+                drain_grace_seconds=15,
+                log_dir=str(self.directory / "logs"),
+            ),
         )
         start_service(self.processes, POOL_MANAGER, pool)
         self._supervising = asyncio.create_task(self.supervisor.run(), name="supervise the stack")
@@ -218,14 +224,9 @@ class ChaosStack:
         """The pool manager's process now."""
         return self._child(POOL_MANAGER)
 
-    def _local_pool(self) -> LocalPoolSettings:
-        """How the pool manager runs its agents, and their engine."""
-        local = LocalPoolSettings(
-            served_model_name=self.engine.model,
-            jwks_url=f"{self.gateway_url}/.well-known/jwks.json",
-            drain_grace_seconds=15,
-            log_dir=str(self.directory / "logs"),
-        )
+    def _pool_model(self) -> PoolModel:
+        """The model the pool runs, and its agents' engine."""
+        model = PoolModel(name=self.engine.model)
         agent = AgentSettings(
             heartbeat_seconds=AGENT_HEARTBEAT_SECONDS,
             imds_poll_seconds=1,
@@ -237,11 +238,11 @@ class ChaosStack:
                 tokens_per_second=TOKENS_PER_SECOND, capacity=self.agent_capacity
             )
             agent_env = settings_env(agent.model_copy(update={"synthetic": synthetic}))
-            return local.model_copy(update={"agent_env": agent_env})
+            return model.model_copy(update={"agent_env": agent_env})
         vllm = LOCAL_VLLM.model_copy(update={"max_num_seqs": self.agent_capacity})
         agent_env = {**settings_env(agent.model_copy(update={"vllm": vllm})), **VLLM_SHARED_CPU_ENV}
-        model = str(write_tiny_model(self.directory / "tiny"))
-        return local.model_copy(update={"engine": "vllm", "model": model, "agent_env": agent_env})
+        source = str(write_tiny_model(self.directory / "tiny"))
+        return model.model_copy(update={"source": source, "agent_env": agent_env})
 
     def expected_reply(self, prompt: str, max_tokens: int | None = None) -> str:
         """The whole reply a stream of `prompt` must deliver (synthetic: of any length)."""

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.up import running_up
+
 REPOSITORY = Path(__file__).resolve().parents[2]
 MARK = "<!-- runnable -->"
 FENCE = re.compile(r"^```(\w+)\s*$")
@@ -27,7 +29,6 @@ RUNNERS = {
 }
 """How each kind of block runs: its text as the last argument, or (python) on stdin."""
 BLOCK_TIMEOUT_SECONDS = 60.0
-UP_TIMEOUT_SECONDS = 120.0
 
 
 @dataclass(frozen=True)
@@ -73,24 +74,8 @@ def test_the_first_request_of_the_readme_is_among_the_blocks_run() -> None:
 def up_directory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     directory = tmp_path_factory.mktemp("docs-up")
     (directory / ".venv").symlink_to(Path(sys.prefix))
-    command = [sys.executable, "-m", "cli", "up", "--engine", "synthetic", "--port", "0"]
-    process = subprocess.Popen(
-        command, cwd=directory, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    assert process.stdout is not None
-    try:
-        line = process.stdout.readline()
-        assert line.startswith("spotgate ready:"), line + (
-            process.stderr.read() if process.stderr else ""
-        )
+    with running_up(directory, ["--engine", "synthetic", "--port", "0"]):
         yield directory
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=UP_TIMEOUT_SECONDS)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 @pytest.mark.parametrize("block", BLOCKS, ids=[block.where for block in BLOCKS])

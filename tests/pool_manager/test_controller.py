@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pytest
 
@@ -376,3 +377,43 @@ async def test_a_restarted_pool_manager_vouches_for_the_instances_it_finds(
     # Stopped before it ever registered: its record goes all the same.
     await controller.handle_event(PoolEvent("state-change", "i-9", clock(), state="terminated"))
     assert await registry.get_launches(["i-9"]) == {}
+
+
+async def test_each_model_is_sized_and_placed_on_its_own(
+    registry: Registry, provider: MemoryProvider, clock: FakeClock
+) -> None:
+    # "chat" may run on both placements' type, "code" only on its own type, and at most one.
+    code_type = PlacementOption("g6e.xlarge", "zone-a", 0.9, 2.0)
+    pool = replace(SETTINGS, placements=(A, B, code_type))
+    controller = PoolController(
+        registry=registry,
+        provider=provider,
+        settings=pool,
+        model_settings={
+            "chat": replace(pool, placements=(A, B)),
+            "code": replace(pool, placements=(code_type,), max_agents=1),
+        },
+        clock=clock,
+    )
+    await registry.publish_demand("chat", "gw-1", pending=25, active=0)
+    report = await controller.reconcile()
+    # demand for one model never launches the other
+    assert report.targets == {"chat": 3, "code": 0}
+    assert {i.model for i in provider.running.values()} == {"chat"}
+    assert {launch.instance_type for launch in provider.launched} == {"g5.xlarge"}
+
+    await registry.publish_demand("code", "gw-1", pending=25, active=0)
+    report = await controller.reconcile()
+    assert report.targets == {"chat": 3, "code": 1}  # code's own bound
+    code = [i for i in provider.running.values() if i.model == "code"]
+    assert [(i.instance_type, i.zone) for i in code] == [("g6e.xlarge", "zone-a")]
+
+
+async def test_a_model_the_pool_does_not_serve_gets_no_agents(
+    controller: PoolController, registry: Registry, provider: MemoryProvider
+) -> None:
+    await registry.publish_demand("unlisted", "gw-1", pending=5, active=0)
+    await registry.set_pool_target("unlisted", 2)
+    report = await controller.reconcile()
+    assert report.targets == {MODEL: 0, "unlisted": 0}
+    assert provider.launched == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -14,7 +15,7 @@ from pool_manager.ec2_provider import Ec2Provider, latest_spot_prices
 from pool_manager.policy import Launch
 from pool_manager.provider import CapacityRefused, Instance, ProviderError
 from spotgate.registry import aws_session
-from spotgate.settings import Ec2PoolSettings, PoolSettings, SharedSettings
+from spotgate.settings import Ec2PoolSettings, PoolModel, PoolSettings, SharedSettings
 from stack.emulator import AwsEmulator
 from tests.support.clocks import FakeClock
 
@@ -156,6 +157,43 @@ async def test_on_demand_launch_by_template_id(aws: AwsEmulator, network: Networ
     assert [(i.instance_id, i.lifecycle, i.model) for i in listed] == [
         (instance.instance_id, "on-demand", "qwen")
     ]
+
+
+async def test_each_models_launch_boots_that_model_from_its_own_template(
+    aws: AwsEmulator, network: Network
+) -> None:
+    shared = aws.settings()
+    boots = {model: f"SPOTGATE_AGENT_MODEL=org/{model}\n" for model in ("chat", "code")}
+    for model, settings in boots.items():
+        await _ec2_call(
+            shared,
+            "create_launch_template",
+            LaunchTemplateName=f"{TEMPLATE}-{model}",
+            LaunchTemplateData={
+                "ImageId": network.image_id,
+                "UserData": base64.b64encode(settings.encode()).decode(),
+            },
+        )
+    settings = pool_settings(network, shared).model_copy(
+        update={
+            "models": tuple(
+                PoolModel(name=model, launch_template=f"{TEMPLATE}-{model}") for model in boots
+            )
+        }
+    )
+    async with Ec2Provider.open(shared, settings) as provider:
+        launched = {
+            model: await provider.launch(model, Launch(GPU_TYPE, ZONE_A, lifecycle))
+            for model, lifecycle in (("chat", "spot"), ("code", "on-demand"))
+        }
+    for model, instance in launched.items():
+        answer = await _ec2_call(
+            shared, "describe_instance_attribute", InstanceId=instance.instance_id,
+            Attribute="userData",
+        )  # fmt: skip
+        user_data = base64.b64decode(answer["UserData"]["Value"]).decode()
+        assert user_data == boots[model]
+        assert tags_of(await describe(shared, instance.instance_id))["spotgate:model"] == model
 
 
 async def test_instances_lists_only_the_pool(

@@ -71,7 +71,6 @@ def pool_settings(
         "port": 0,
         "local": LocalPoolSettings(
             engine="synthetic",
-            served_model_name=MODEL,
             jwks_url=f"{gateway.url}/.well-known/jwks.json",
             drain_grace_seconds=15.0,
             log_dir=str(logs),

@@ -27,11 +27,12 @@ from loadtest.chaos.stack import SYNTHETIC, StackEngine
 from loadtest.chaos.traffic import SseClients, Tally, Traffic
 from spotgate.registry import Registry
 from spotgate.settings import emulator_settings
-from stack.local import TOKENIZER_CACHE_ENV, UP_FILE
+from stack.local import TOKENIZER_CACHE_ENV
 from tests.support.agents import wait_for
 from tests.support.tokenizers import CACHE as TOKENIZER_CACHE
+from tests.support.up import running_up
 
-UP = [sys.executable, "-m", "cli", "up", "--engine", "synthetic", "--agents", "2", "--port", "0"]
+UP = ["--engine", "synthetic", "--agents", "2", "--port", "0"]
 GRACE_SECONDS = 2.0
 TOKENS_PER_SECOND = 20.0
 LONG_STREAM_TOKENS = 120  # 6 s: longer than the gateway's grace
@@ -95,29 +96,8 @@ class UpStack:
 
 @pytest.fixture
 def up(tmp_path: Path) -> Iterator[UpStack]:
-    process = subprocess.Popen(
-        [*UP, "--gateways", "2"],
-        cwd=tmp_path,
-        env={**os.environ, **UP_ENV},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert process.stdout is not None
-    line = process.stdout.readline()
-    try:
-        assert line.startswith("spotgate ready:"), line + (
-            process.stderr.read() if process.stderr and process.poll() is not None else ""
-        )
-        yield UpStack(process, json.loads((tmp_path / UP_FILE).read_text()))
-    finally:
-        if process.poll() is None:  # the test failed before stopping it: `up` stops the rest
-            process.terminate()
-            try:
-                process.wait(timeout=EXIT_TIMEOUT_SECONDS)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+    with running_up(tmp_path, [*UP, "--gateways", "2"], UP_ENV) as running:
+        yield UpStack(running.process, running.info)
 
 
 def wait_all_exited(pids: dict[int, int], within_seconds: float) -> set[int]:
@@ -330,31 +310,41 @@ WEATHER_TOOL: Any = {
 }
 
 
+async def test_two_models_each_run_by_agents_of_their_own(tmp_path: Path) -> None:
+    arguments = ["--engine", "synthetic", "--agents", "1", "--port", "0"]
+    with running_up(tmp_path, [*arguments, "--model", "chat", "--model", "code"]) as running:
+        info = running.info
+        client = openai.AsyncOpenAI(
+            base_url=f"{info['gateway_url']}/v1", api_key=info["api_key"], max_retries=0
+        )
+        listed = {model.id for model in (await client.models.list()).data}
+        replies = {
+            model: await client.chat.completions.create(
+                model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=3
+            )
+            for model in ("chat", "code")
+        }
+        async with Registry.open(emulator_settings(info["aws_endpoint_url"], info["region"])) as r:
+            serving = {model: {a.agent_id for a in await r.list_ready(model)} for model in replies}
+
+    assert info["models"] == ["chat", "code"]
+    assert info["model"] == "chat"
+    assert listed == {"chat", "code"}
+    assert {model: reply.model for model, reply in replies.items()} == {
+        "chat": "chat",
+        "code": "code",
+    }
+    assert all(len(agents) == 1 for agents in serving.values())
+    assert not serving["chat"] & serving["code"]  # one agent per model, none shared
+    assert len(info["agents"]) == 2
+
+
 @pytest.fixture
 def default_up(tmp_path: Path) -> Iterator[dict[str, Any]]:
     """`make up` as a new user first runs it: vLLM, the tiny model on Qwen3's template."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "cli", "up", "--agents", "1", "--port", "0"],
-        cwd=tmp_path,
-        env={**os.environ, TOKENIZER_CACHE_ENV: str(TOKENIZER_CACHE)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert process.stdout is not None
-    try:
-        line = process.stdout.readline()
-        assert line.startswith("spotgate ready:"), line + (
-            process.stderr.read() if process.stderr and process.poll() is not None else ""
-        )
-        yield json.loads((tmp_path / UP_FILE).read_text())
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=EXIT_TIMEOUT_SECONDS)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    arguments = ["--agents", "1", "--port", "0"]
+    with running_up(tmp_path, arguments, {TOKENIZER_CACHE_ENV: str(TOKENIZER_CACHE)}) as running:
+        yield running.info
 
 
 async def test_the_default_model_answers_tools_and_structured_output(
