@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cli.args import (
     CommandError,
@@ -16,8 +18,57 @@ from cli.args import (
     share,
 )
 
+if TYPE_CHECKING:
+    from pool_manager.sim.simulator import SimModel
+
 REFERENCE_WINDOWS = 10
 """The traces' reference set-up: ten 24-hour windows, averaged (as SpotHedge was measured)."""
+MODEL_SPEC = "NAME=TARGET[:LOAD[:TYPE,TYPE...]]"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One `--model`: its load is `--load` where the spec leaves it out."""
+
+    name: str
+    target: int
+    load: float | None
+    instance_types: tuple[str, ...]
+
+
+def model_spec(text: str) -> ModelSpec:
+    """An argument type: `NAME=TARGET[:LOAD[:TYPE,TYPE...]]`."""
+    name, equals, rest = text.partition("=")
+    parts = rest.split(":")
+    if not name.strip() or not equals or len(parts) > 3:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {MODEL_SPEC}")
+    try:
+        target = non_negative_int(parts[0])
+        load = non_negative_float(parts[1]) if len(parts) > 1 and parts[1] else None
+    except argparse.ArgumentTypeError as err:
+        raise argparse.ArgumentTypeError(f"{text!r}: {err}") from err
+    types = tuple(t.strip() for t in parts[2].split(",")) if len(parts) > 2 else ()
+    if any(not t for t in types):
+        raise argparse.ArgumentTypeError(f"{text!r}: an empty instance type")
+    return ModelSpec(name.strip(), target, load, types)
+
+
+def _models(specs: list[ModelSpec], load: float) -> tuple[SimModel, ...]:
+    """The `--model` specs as the simulator's models; raise for a name given twice."""
+    from pool_manager.sim.simulator import SimModel
+
+    names = [spec.name for spec in specs]
+    if twice := sorted({name for name in names if names.count(name) > 1}):
+        raise CommandError(f"--model {', '.join(twice)} given more than once")
+    return tuple(
+        SimModel(
+            spec.name,
+            spec.target,
+            load if spec.load is None else spec.load,
+            spec.instance_types,
+        )
+        for spec in specs
+    )
 
 
 def _sim(args: argparse.Namespace) -> int:
@@ -43,6 +94,7 @@ def _sim(args: argparse.Namespace) -> int:
         spot_price_step=args.spot_price_step,
         load=args.load,
         seed=args.seed,
+        models=_models(args.model or [], args.load),
     )
     try:
         results = run_policies(
@@ -80,7 +132,9 @@ def setup_sim(commands: Commands) -> None:
         help="spotgate (default), on-demand-only, spot-cheapest-zone, even-spread, "
         "a comma-separated list, or all",
     )
-    sim.add_argument("--target", type=positive_int, default=3, help="agents to keep ready")
+    sim.add_argument(
+        "--target", type=positive_int, default=3, help="agents to keep ready (one model)"
+    )
     sim.add_argument(
         "--cold-start", type=non_negative_float, default=120.0, help="launch to ready, seconds"
     )
@@ -113,6 +167,15 @@ def setup_sim(commands: Commands) -> None:
         type=non_negative_float,
         default=0.5,
         help="streams offered, as a share of the target's capacity",
+    )
+    sim.add_argument(
+        "--model",
+        type=model_spec,
+        action="append",
+        metavar=MODEL_SPEC,
+        help="a model sharing the pool's spot capacity, sized and placed on its own: its "
+        "target, its load (default --load) and the instance types it may use (default all); "
+        "repeat for each model, instead of --target",
     )
     sim.add_argument(
         "--on-demand-refusal-rate",

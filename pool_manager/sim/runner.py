@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pool_manager.policy import POLICIES, Policy
-from pool_manager.sim.simulator import SimConfig, SimResult, simulate_windows
+from pool_manager.sim.simulator import ModelResult, SimConfig, SimResult, simulate_windows
 from pool_manager.sim.traces import load_traces
 
 DEFAULT_POLICY = "spotgate"
@@ -49,15 +49,29 @@ def render_json(results: Sequence[SimResult]) -> str:
 
 
 def render_table(results: Sequence[SimResult]) -> str:
-    """A plain-text table, one row per policy."""
+    """A plain-text table, one row per policy; under it, one per model when there are several."""
+    several = any(len(r.models) > 1 for r in results)
     header = (
         f"{'policy':<20} {'availability':>12} {'cost vs OD':>10} {'preempted':>9} "
         f"{'launches':>8} {'refused':>8} {'resumed':>8} {'rejected':>8} {'lost':>6}"
     )
-    rows = [
-        f"{r.policy:<20} {r.availability * 100:>11.3f}% {r.cost_vs_on_demand * 100:>9.1f}% "
-        f"{r.preemptions:>9} {r.launches:>8} {r.refused_launches:>8} {r.streams_resumed:>8} "
-        f"{r.streams_rejected:>8} {r.lost_streams:>6}"
-        for r in results
-    ]
-    return "\n".join([header, *rows])
+    rows = [header + ("  types" if several else "")]
+    for r in results:
+        rows.append(
+            f"{r.policy:<20} {r.availability * 100:>11.3f}% {r.cost_vs_on_demand * 100:>9.1f}% "
+            f"{r.preemptions:>9} {r.launches:>8} {r.refused_launches:>8} {r.streams_resumed:>8} "
+            f"{r.streams_rejected:>8} {r.lost_streams:>6}"
+        )
+        if len(r.models) > 1:
+            rows += [_model_row(m) for m in r.models]
+    return "\n".join(rows)
+
+
+def _model_row(m: ModelResult) -> str:
+    """One model's figures, indented under its policy's row."""
+    label = f"  {m.name} ({m.target})"
+    return (
+        f"{label:<20} {m.availability * 100:>11.3f}% {m.cost_vs_on_demand * 100:>9.1f}% "
+        f"{m.preemptions:>9} {m.launches:>8} {'':>8} {m.streams_resumed:>8} "
+        f"{m.streams_rejected:>8} {m.lost_streams:>6}  {','.join(m.instance_types) or '-'}"
+    )

@@ -1,30 +1,41 @@
 """Replay spot traces through a placement policy, with a stream workload on the pool.
 
+The pool serves one model (`SimConfig.target`, `SimConfig.load`) or several
+(`SimConfig.models`). Each model is sized and placed on its own: its own policy settings
+(its placements: the traces of its instance types), sizing, reconcile pass, instances and
+streams. They share the pool's spot capacity: spot instances of every model count against
+the same (instance type, zone) trace, so a launch into a zone that is full is refused whoever
+holds it, and a zone that shrinks preempts among all models' spot instances there. They also
+share what the live controller shares between models: the placements marked risky or
+refusing on-demand, and the spot prices.
+
 Time advances in ticks. At each tick the simulator applies the traces (a zone whose capacity
 falls below the spot instances we hold there preempts the excess: each victim gets the spot
 notice and disappears `notice_seconds` later), brings instances up after `cold_start_seconds`
 (or after a cold start drawn from `cold_start_samples`: those the live pool observed, as
 `spotgate pool boots --json` lists them), moves streams (arrivals, completions, and streams
-of a disappearing agent resumed elsewhere), then runs the live controller's reconcile step
-(`pool_manager.reconcile.ReconcilePass`: sizing, reaping, the policy, the retry after a
-refusal) and carries out its actions. A spot launch into a zone that is full is refused, as
-the EC2 provider refuses it (an on-demand one at `on_demand_refusal_rate`), and the pass
-marks the placement and asks again. Spot prices may move (`spot_price_step`): the policy
-sees the current ones and the cost counts them. A scale-down drain gives streams
+of a disappearing agent resumed on another agent of its model), then runs the live
+controller's reconcile step for each model (`pool_manager.reconcile.ReconcilePass`: sizing,
+reaping, the policy, the retry after a refusal; the models take turns going first) and
+carries out its actions. A spot launch into a zone that is full is refused, as the EC2
+provider refuses it (an on-demand one at `on_demand_refusal_rate`), and the pass marks the
+placement and asks again. Spot prices may move (`spot_price_step`): the policy sees the
+current ones and the cost counts them. A scale-down drain gives streams
 `DRAIN_DEADLINE_SECONDS` to finish and hands back the rest.
 
-Measures: availability (share of ticks with at least `target` agents ready and not
-draining), cost relative to running `target` on-demand instances the whole time, spot notices
-(preemptions), launches, refused launches, and streams: started, resumed on another agent,
-rejected (no capacity within the queue deadline: a clear error, nothing lost) and lost (a
-started stream that could not be resumed before the deadline).
+Measures, for the pool and for each model: availability (share of ticks with at least the
+target agents ready and not draining; for the pool, every model at once), cost relative to
+running the target on-demand the whole time, spot notices (preemptions), launches, refused
+launches, and streams: started, resumed on another agent, rejected (no capacity within the
+queue deadline: a clear error, nothing lost) and lost (a started stream that could not be
+resumed before the deadline).
 """
 
 from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -47,10 +58,22 @@ from pool_manager.reconcile import (
     note_interruption,
     pool_target,
 )
-from pool_manager.sim.traces import ZoneTrace
+from pool_manager.sim.traces import TraceError, ZoneTrace
 
 SECONDS_PER_HOUR = 3600.0
 SPOT_PRICE_PER_HOUR = 1.0  # prices are relative: on-demand costs `on_demand_price_ratio`
+DEFAULT_MODEL = "model"
+"""The name of the one model of a pool configured by `SimConfig.target` and `load` alone."""
+
+
+@dataclass(frozen=True)
+class SimModel:
+    """One model the pool serves: its target, its offered load and where it may run."""
+
+    name: str
+    target: int
+    load: float  # offered streams as a share of this model's target capacity
+    instance_types: tuple[str, ...] = ()  # the placements it may use; empty: all
 
 
 @dataclass(frozen=True)
@@ -75,11 +98,39 @@ class SimConfig:
     # kept between half and twice its starting price (0: prices never move).
     spot_price_step: float = 0.0
     seed: int = 0
+    # The models sharing the pool; empty: one model of `target` agents at `load`.
+    models: tuple[SimModel, ...] = ()
+
+    def pool_models(self) -> tuple[SimModel, ...]:
+        """The models the pool serves: `models`, else one from `target` and `load`."""
+        return self.models or (SimModel(DEFAULT_MODEL, self.target, self.load),)
+
+
+@dataclass(frozen=True)
+class ModelResult:
+    """What one model of the pool got: its own availability, cost and streams."""
+
+    name: str
+    target: int
+    availability: float
+    cost_vs_on_demand: float
+    preemptions: int
+    launches: int
+    streams_started: int
+    streams_resumed: int
+    streams_rejected: int
+    lost_streams: int
+    instance_types: tuple[str, ...]  # those it launched
 
 
 @dataclass
 class SimResult:
-    """What one policy achieved over one span of the traces."""
+    """What one policy achieved over one span of the traces, for the whole pool.
+
+    Availability counts the ticks in which every model had its target; the cost is relative
+    to running every model's target on-demand; counts are summed over the models, whose own
+    figures are in `models`.
+    """
 
     policy: str
     availability: float
@@ -93,6 +144,7 @@ class SimResult:
     lost_streams: int
     hours: float
     on_demand_share_of_hours: float
+    models: list[ModelResult] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
         """Plain dict for `spotgate sim --json`."""
@@ -115,6 +167,10 @@ class _Instance:
     @property
     def active(self) -> int:
         return int(sum(count for _, count in self.streams))
+
+    @property
+    def serving(self) -> bool:
+        return self.ready and not self.noticed and not self.drained
 
     def as_agent(self, now: float) -> PoolAgent:
         """The policy's view: a ready agent heartbeats, a booting one has not registered."""
@@ -143,6 +199,118 @@ class _Waiting:
     resumed: bool
 
 
+_COUNTS = ("preemptions", "launches", "refused", "started", "resumed", "rejected", "lost")
+
+
+@dataclass
+class _ModelPool:
+    """One model's share of the pool: its settings, sizing, instances, streams and figures."""
+
+    model: SimModel
+    settings: PolicySettings
+    config: SimConfig
+    instances: list[_Instance] = field(default_factory=list)
+    waiting: list[_Waiting] = field(default_factory=list)
+    sizing: Sizing = field(default_factory=Sizing)
+    arrival_credit: float = 0.0
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_COUNTS, 0))
+    available_ticks: int = 0
+    cost: float = 0.0
+    launched_types: set[str] = field(default_factory=set)
+
+    @property
+    def arrivals_per_tick(self) -> float:
+        config = self.config
+        per_second = self.model.load * self.model.target * config.streams_per_agent
+        return per_second / config.stream_seconds * config.tick_seconds
+
+    def available(self) -> bool:
+        """At least the target ready and not draining."""
+        return sum(1 for i in self.instances if i.serving) >= self.model.target
+
+    def advance(self, now: float) -> None:
+        """Instances past their end disappear; booted ones become ready."""
+        for instance in list(self.instances):
+            if instance.dies_at is not None and instance.dies_at <= now:
+                self.remove(instance, now)
+            elif not instance.ready and not instance.noticed and instance.ready_at <= now:
+                instance.ready = True
+
+    def remove(self, instance: _Instance, now: float) -> None:
+        """The instance is gone: its unfinished streams wait to be resumed elsewhere."""
+        self.instances.remove(instance)
+        for end, count in instance.streams:
+            if end > now:
+                deadline = now + self.config.queue_deadline_seconds
+                self.waiting.append(_Waiting(deadline, int(count), end - now, True))
+
+    def move_streams(self, now: float) -> None:
+        """Completions, this tick's arrivals, and waiting streams placed on this model's agents."""
+        for instance in self.instances:
+            instance.streams = [s for s in instance.streams if s[0] > now]
+        self.arrival_credit += self.arrivals_per_tick
+        arrivals = int(self.arrival_credit)
+        self.arrival_credit -= arrivals
+        if arrivals:
+            deadline = now + self.config.queue_deadline_seconds
+            self.waiting.append(_Waiting(deadline, arrivals, self.config.stream_seconds, False))
+        self.waiting.sort(key=lambda w: not w.resumed)  # resumes go first
+        serving = [i for i in self.instances if i.serving]
+        room = {id(i): self.config.streams_per_agent - i.active for i in serving}
+        still_waiting = []
+        for waiting in self.waiting:
+            for instance in sorted(serving, key=lambda i: -room[id(i)]):
+                if waiting.count == 0:
+                    break
+                placed = min(waiting.count, room[id(instance)])
+                if placed <= 0:
+                    continue
+                instance.streams.append([now + waiting.remaining_seconds, placed])
+                room[id(instance)] -= placed
+                waiting.count -= placed
+                self.counts["resumed" if waiting.resumed else "started"] += placed
+            if waiting.count == 0:
+                continue
+            if waiting.deadline <= now:
+                self.counts["lost" if waiting.resumed else "rejected"] += waiting.count
+            else:
+                still_waiting.append(waiting)
+        self.waiting = still_waiting
+
+    def resize(self, now: float) -> int:
+        """The model's target for this pass, sized from its streams."""
+        self.sizing = pool_target(
+            self.sizing,
+            pending=sum(w.count for w in self.waiting),
+            active=sum(i.active for i in self.instances),
+            fixed=None,
+            now=now,
+            settings=self.settings,
+        )
+        return self.sizing.target
+
+    def result(self, ticks: int) -> ModelResult:
+        """The model's figures over `ticks` ticks."""
+        config, counts = self.config, self.counts
+        on_demand_cost = (
+            self.model.target * SPOT_PRICE_PER_HOUR * config.on_demand_price_ratio
+            * ticks * config.tick_seconds / SECONDS_PER_HOUR
+        )  # fmt: skip
+        return ModelResult(
+            name=self.model.name,
+            target=self.model.target,
+            availability=self.available_ticks / ticks if ticks else 0.0,
+            cost_vs_on_demand=self.cost / on_demand_cost if on_demand_cost else 0.0,
+            preemptions=counts["preemptions"],
+            launches=counts["launches"],
+            streams_started=counts["started"],
+            streams_resumed=counts["resumed"],
+            streams_rejected=counts["rejected"],
+            lost_streams=counts["lost"],
+            instance_types=tuple(sorted(self.launched_types)),
+        )
+
+
 def placements_for(
     traces: Sequence[ZoneTrace], on_demand_price_ratio: float
 ) -> list[PlacementOption]:
@@ -156,6 +324,36 @@ def placements_for(
         )
         for trace in traces
     ]
+
+
+def placements_of(model: SimModel, placements: Sequence[PlacementOption]) -> list[PlacementOption]:
+    """The placements `model` may use; raise `TraceError` for an instance type with no trace."""
+    known = {p.instance_type for p in placements}
+    if unknown := sorted(set(model.instance_types) - known):
+        raise TraceError(
+            f"model {model.name}: no spot trace for instance type {', '.join(unknown)} "
+            f"(the traces have {', '.join(sorted(known))})"
+        )
+    wanted = set(model.instance_types) or known
+    return [p for p in placements if p.instance_type in wanted]
+
+
+def settings_for(
+    config: SimConfig, target: int, placements: Sequence[PlacementOption]
+) -> PolicySettings:
+    """One model's policy settings, kept at its target (`min_agents == max_agents`)."""
+    return PolicySettings(
+        placements=tuple(placements),
+        min_agents=target,
+        max_agents=target,
+        target_streams_per_agent=config.streams_per_agent,
+        spot_overprovision=config.spot_overprovision,
+        on_demand_hold_seconds=config.on_demand_hold_seconds,
+    )
+
+
+TickObserver = Callable[[float], None]
+"""Called at the end of each tick with its time (see `Simulation.run`)."""
 
 
 class Simulation:
@@ -174,14 +372,14 @@ class Simulation:
         self._policy = policy
         self._config = config
         self._placements = placements_for(traces, config.on_demand_price_ratio)
-        self._settings = PolicySettings(
-            placements=tuple(self._placements),
-            min_agents=config.target,
-            max_agents=config.target,
-            target_streams_per_agent=config.streams_per_agent,
-            spot_overprovision=config.spot_overprovision,
-            on_demand_hold_seconds=config.on_demand_hold_seconds,
-        )
+        self._pools = [
+            _ModelPool(
+                model=model,
+                settings=settings_for(config, model.target, placements_of(model, self._placements)),
+                config=config,
+            )
+            for model in config.pool_models()
+        ]
         longest = max(t.duration_seconds for t in traces)
         self._start = start_seconds
         self._end = min(longest, start_seconds + (duration_seconds or longest))
@@ -193,29 +391,22 @@ class Simulation:
         self._price_rng = random.Random(f"{config.seed}/spot-prices")  # noqa: S311
         self._spot_prices = {p.key: p.spot_price_per_hour for p in self._placements}
         self._prices_at = start_seconds
-        self._instances: list[_Instance] = []
-        self._waiting: list[_Waiting] = []
         self._risky_until: dict[PlacementKey, float] = {}
-        self._sizing = Sizing()
         self.decisions: list[tuple[float, Action]] = []
         """What each reconcile pass carried out, with its time (refused launches left out)."""
         self._next_id = 0
-        self._arrival_credit = 0.0
-        rate_per_second = (
-            config.load * config.target * config.streams_per_agent / config.stream_seconds
-        )
-        self._arrivals_per_tick = rate_per_second * config.tick_seconds
-        self._counts = dict.fromkeys(
-            ("preemptions", "launches", "refused", "started", "resumed", "rejected", "lost"), 0
-        )
 
     @property
     def settings(self) -> PolicySettings:
-        """The policy settings the simulated pool runs with."""
-        return self._settings
+        """The policy settings the simulated pool runs with (its first model's, if several)."""
+        return self._pools[0].settings
 
-    def run(self) -> SimResult:
-        """Step through the span and report."""
+    def spot_held(self, key: PlacementKey) -> dict[str, int]:
+        """Spot instances each model holds in a placement (those not yet given notice)."""
+        return {pool.model.name: len(self._holding(pool, key)) for pool in self._pools}
+
+    def run(self, observe: TickObserver | None = None) -> SimResult:
+        """Step through the span and report; `observe` sees the pool after each tick."""
         config = self._config
         tick = config.tick_seconds
         ticks = available = 0
@@ -224,38 +415,60 @@ class Simulation:
         while now < self._end:
             self._move_prices(now)
             self._apply_traces(now)
-            self._advance(now)
-            self._move_streams(now)
-            ready = sum(1 for i in self._instances if i.ready and not i.noticed and not i.drained)
+            for pool in self._pools:
+                pool.advance(now)
+                pool.move_streams(now)
             ticks += 1
-            available += ready >= config.target
-            for instance in self._instances:
-                hours += tick / SECONDS_PER_HOUR
-                if instance.lifecycle == "on-demand":
-                    on_demand_hours += tick / SECONDS_PER_HOUR
-                    cost += instance.placement.on_demand_price_per_hour * tick / SECONDS_PER_HOUR
-                else:
-                    cost += self._spot_prices[instance.placement.key] * tick / SECONDS_PER_HOUR
-            self._decide(now)
+            available += self._count_available()
+            for pool in self._pools:
+                for instance in pool.instances:
+                    hours += tick / SECONDS_PER_HOUR
+                    if instance.lifecycle == "on-demand":
+                        on_demand_hours += tick / SECONDS_PER_HOUR
+                    spent = self._price_of(instance) * tick / SECONDS_PER_HOUR
+                    cost += spent
+                    pool.cost += spent
+            self._decide(now, ticks)
+            if observe is not None:
+                observe(now)
             now += tick
+        targets = sum(pool.model.target for pool in self._pools)
         on_demand_cost = (
-            config.target * SPOT_PRICE_PER_HOUR * config.on_demand_price_ratio * ticks * tick
+            targets * SPOT_PRICE_PER_HOUR * config.on_demand_price_ratio * ticks * tick
         ) / SECONDS_PER_HOUR
-        counts = self._counts
         return SimResult(
             policy=self._policy.name,
             availability=available / ticks if ticks else 0.0,
             cost_vs_on_demand=cost / on_demand_cost if on_demand_cost else 0.0,
-            preemptions=counts["preemptions"],
-            launches=counts["launches"],
-            refused_launches=counts["refused"],
-            streams_started=counts["started"],
-            streams_resumed=counts["resumed"],
-            streams_rejected=counts["rejected"],
-            lost_streams=counts["lost"],
+            preemptions=self._total("preemptions"),
+            launches=self._total("launches"),
+            refused_launches=self._total("refused"),
+            streams_started=self._total("started"),
+            streams_resumed=self._total("resumed"),
+            streams_rejected=self._total("rejected"),
+            lost_streams=self._total("lost"),
             hours=ticks * tick / SECONDS_PER_HOUR,
             on_demand_share_of_hours=on_demand_hours / hours if hours else 0.0,
+            models=[pool.result(ticks) for pool in self._pools],
         )
+
+    def _count_available(self) -> bool:
+        """Count this tick for each model that has its target, and say whether all do."""
+        every = True
+        for pool in self._pools:
+            if pool.available():
+                pool.available_ticks += 1
+            else:
+                every = False
+        return every
+
+    def _price_of(self, instance: _Instance) -> float:
+        if instance.lifecycle == "on-demand":
+            return instance.placement.on_demand_price_per_hour
+        return self._spot_prices[instance.placement.key]
+
+    def _total(self, count: str) -> int:
+        return sum(pool.counts[count] for pool in self._pools)
 
     def _move_prices(self, now: float) -> None:
         """Once an hour, each spot price takes a step of its random walk."""
@@ -271,91 +484,43 @@ class Simulation:
     def _capacity(self, key: PlacementKey, now: float) -> int:
         return self._traces[key].capacity_at(now)
 
-    def _holding(self, key: PlacementKey) -> list[_Instance]:
+    @staticmethod
+    def _holding(pool: _ModelPool, key: PlacementKey) -> list[_Instance]:
         return [
             i
-            for i in self._instances
+            for i in pool.instances
             if i.lifecycle == "spot" and not i.noticed and i.placement.key == key
         ]
 
     def _apply_traces(self, now: float) -> None:
+        """A zone holding more spot than its trace allows preempts the excess, any model's."""
         for key in self._traces:
-            holders = self._holding(key)
+            holders = [(pool, i) for pool in self._pools for i in self._holding(pool, key)]
             excess = len(holders) - self._capacity(key, now)
             if excess <= 0:
                 continue
-            for victim in self._rng.sample(holders, excess):
+            for pool, victim in self._rng.sample(holders, excess):
                 victim.noticed = True
                 victim.dies_at = now + self._config.notice_seconds
-                self._counts["preemptions"] += 1
+                pool.counts["preemptions"] += 1
             self._risky_until = note_interruption(
                 self._risky_until, key, now, self._config.risky_placement_seconds
             )
 
-    def _advance(self, now: float) -> None:
-        for instance in list(self._instances):
-            if instance.dies_at is not None and instance.dies_at <= now:
-                self._remove(instance, now)
-            elif not instance.ready and not instance.noticed and instance.ready_at <= now:
-                instance.ready = True
+    def _decide(self, now: float, tick: int) -> None:
+        """Each model's reconcile pass; the models take turns going first."""
+        first = tick % len(self._pools)
+        for pool in self._pools[first:] + self._pools[:first]:
+            self._reconcile(pool, now)
 
-    def _remove(self, instance: _Instance, now: float) -> None:
-        """The instance is gone: its unfinished streams wait to be resumed elsewhere."""
-        self._instances.remove(instance)
-        for end, count in instance.streams:
-            if end > now:
-                self._waiting.append(
-                    _Waiting(now + self._config.queue_deadline_seconds, int(count), end - now, True)
-                )
-
-    def _move_streams(self, now: float) -> None:
-        for instance in self._instances:
-            instance.streams = [s for s in instance.streams if s[0] > now]
-        self._arrival_credit += self._arrivals_per_tick
-        arrivals = int(self._arrival_credit)
-        self._arrival_credit -= arrivals
-        if arrivals:
-            deadline = now + self._config.queue_deadline_seconds
-            self._waiting.append(_Waiting(deadline, arrivals, self._config.stream_seconds, False))
-        self._waiting.sort(key=lambda w: not w.resumed)  # resumes go first
-        serving = [i for i in self._instances if i.ready and not i.noticed and not i.drained]
-        room = {id(i): self._config.streams_per_agent - i.active for i in serving}
-        still_waiting = []
-        for waiting in self._waiting:
-            for instance in sorted(serving, key=lambda i: -room[id(i)]):
-                if waiting.count == 0:
-                    break
-                placed = min(waiting.count, room[id(instance)])
-                if placed <= 0:
-                    continue
-                instance.streams.append([now + waiting.remaining_seconds, placed])
-                room[id(instance)] -= placed
-                waiting.count -= placed
-                self._counts["resumed" if waiting.resumed else "started"] += placed
-            if waiting.count == 0:
-                continue
-            if waiting.deadline <= now:
-                self._counts["lost" if waiting.resumed else "rejected"] += waiting.count
-            else:
-                still_waiting.append(waiting)
-        self._waiting = still_waiting
-
-    def _decide(self, now: float) -> None:
-        """One reconcile pass, as the live controller runs it (`ReconcilePass`)."""
-        self._sizing = pool_target(
-            self._sizing,
-            pending=sum(w.count for w in self._waiting),
-            active=sum(i.active for i in self._instances),
-            fixed=None,
-            now=now,
-            settings=self._settings,
-        )
+    def _reconcile(self, pool: _ModelPool, now: float) -> None:
+        """One model's reconcile pass, as the live controller runs it (`ReconcilePass`)."""
         step = ReconcilePass(
             policy=self._policy,
-            settings=self._settings,
+            settings=pool.settings,
             now=now,
-            target=self._sizing.target,
-            agents=[i.as_agent(now) for i in self._instances],
+            target=pool.resize(now),
+            agents=[i.as_agent(now) for i in pool.instances],
             risky_until=self._risky_until,
             risky_seconds=self._config.risky_placement_seconds,
             on_demand_refused_until=self._on_demand_refused_until,
@@ -364,15 +529,9 @@ class Simulation:
         while actions := step.next_actions():
             for action in actions:
                 if isinstance(action, Launch):
-                    launched = self._launch(action, now)
-                    if launched is None:
-                        self._counts["refused"] += 1
-                        step.refused(action)
-                    else:
-                        step.launched(launched.as_agent(now))
-                        self.decisions.append((now, action))
+                    self._carry_out_launch(pool, step, action, now)
                     continue
-                instance = next((i for i in self._instances if i.agent_id == action.agent_id), None)
+                instance = next((i for i in pool.instances if i.agent_id == action.agent_id), None)
                 if instance is None:
                     continue
                 if isinstance(action, Drain):  # its streams get the drain deadline to finish
@@ -382,11 +541,22 @@ class Simulation:
                     )
                     step.drained(instance.as_agent(now))
                 else:
-                    self._remove(instance, now)
+                    pool.remove(instance, now)
                     step.terminated(instance.agent_id)
                 self.decisions.append((now, action))
         self._risky_until = step.risky_until
         self._on_demand_refused_until = step.on_demand_refused_until
+
+    def _carry_out_launch(
+        self, pool: _ModelPool, step: ReconcilePass, action: Launch, now: float
+    ) -> None:
+        launched = self._launch(pool, action, now)
+        if launched is None:
+            pool.counts["refused"] += 1
+            step.refused(action)
+        else:
+            step.launched(launched.as_agent(now))
+            self.decisions.append((now, action))
 
     def _cold_start_seconds(self) -> float:
         """A launch's cold start: one of the observed ones, else the fixed figure."""
@@ -394,15 +564,15 @@ class Simulation:
             return self._boot_rng.choice(self._config.cold_start_samples)
         return self._config.cold_start_seconds
 
-    def _launch(self, action: Launch, now: float) -> _Instance | None:
-        """Start one instance; None when its placement has no capacity for it.
+    def _launch(self, pool: _ModelPool, action: Launch, now: float) -> _Instance | None:
+        """Start one instance of `pool`'s model; None when its placement has no capacity.
 
-        Spot is refused when the trace says the zone is full; on-demand, at random, for the
-        configured share of launches.
+        Spot is refused when the trace says the zone is full, whichever models fill it;
+        on-demand, at random, for the configured share of launches.
         """
         key = action.placement
         if action.lifecycle == "spot":
-            if len(self._holding(key)) >= self._capacity(key, now):
+            if sum(self.spot_held(key).values()) >= self._capacity(key, now):
                 return None
         elif self._on_demand_rng.random() < self._config.on_demand_refusal_rate:
             return None
@@ -415,8 +585,9 @@ class Simulation:
             launched_at=now,
             ready_at=now + self._cold_start_seconds(),
         )
-        self._instances.append(instance)
-        self._counts["launches"] += 1
+        pool.instances.append(instance)
+        pool.counts["launches"] += 1
+        pool.launched_types.add(placement.instance_type)
         return instance
 
 
@@ -452,4 +623,23 @@ def simulate_windows(
         lost_streams=sum(r.lost_streams for r in results),
         hours=sum(r.hours for r in results),
         on_demand_share_of_hours=sum(r.on_demand_share_of_hours for r in results) / windows,
+        models=[_merged(list(same)) for same in zip(*(r.models for r in results), strict=True)],
+    )
+
+
+def _merged(windows: list[ModelResult]) -> ModelResult:
+    """One model's figures over several windows: rates averaged, counts summed."""
+    first = windows[0]
+    return ModelResult(
+        name=first.name,
+        target=first.target,
+        availability=sum(w.availability for w in windows) / len(windows),
+        cost_vs_on_demand=sum(w.cost_vs_on_demand for w in windows) / len(windows),
+        preemptions=sum(w.preemptions for w in windows),
+        launches=sum(w.launches for w in windows),
+        streams_started=sum(w.streams_started for w in windows),
+        streams_resumed=sum(w.streams_resumed for w in windows),
+        streams_rejected=sum(w.streams_rejected for w in windows),
+        lost_streams=sum(w.lost_streams for w in windows),
+        instance_types=tuple(sorted({t for w in windows for t in w.instance_types})),
     )

@@ -6,8 +6,16 @@ from dataclasses import replace
 import pytest
 
 from pool_manager.policy import POLICIES
-from pool_manager.sim.simulator import SimConfig, Simulation, simulate_windows
-from pool_manager.sim.traces import BUNDLED_TRACES_DIR, ZoneTrace, load_traces
+from pool_manager.sim.simulator import (
+    DEFAULT_MODEL,
+    ModelResult,
+    SimConfig,
+    SimModel,
+    SimResult,
+    Simulation,
+    simulate_windows,
+)
+from pool_manager.sim.traces import BUNDLED_TRACES_DIR, TraceError, ZoneTrace, load_traces
 
 GAP_SECONDS = 300.0
 
@@ -16,7 +24,7 @@ def zone(name: str, *capacity: int) -> ZoneTrace:
     return ZoneTrace(name, "p3.2xlarge", GAP_SECONDS, tuple(capacity))
 
 
-def run(policy: str, traces: list[ZoneTrace], **config: float) -> object:
+def run(policy: str, traces: list[ZoneTrace], **config: float) -> SimResult:
     settings = SimConfig(**{"tick_seconds": 60.0, "cold_start_seconds": 120.0, **config})  # type: ignore[arg-type]
     return Simulation(traces, POLICIES[policy], settings).run()
 
@@ -136,3 +144,78 @@ def test_windows_cover_only_their_span() -> None:
         traces, POLICIES["on-demand-only"], SimConfig(), windows=3, window_hours=2
     )
     assert result.hours == pytest.approx(6.0)
+
+
+def shared(traces: list[ZoneTrace], *models: SimModel, **config: float) -> Simulation:
+    settings = SimConfig(tick_seconds=60.0, cold_start_seconds=120.0, models=models, **config)  # type: ignore[arg-type]
+    return Simulation(traces, POLICIES["spotgate"], settings)
+
+
+def by_name(result: SimResult) -> dict[str, ModelResult]:
+    return {model.name: model for model in result.models}
+
+
+def test_an_idle_model_beside_a_busy_one_gets_nothing_and_costs_the_pool_nothing() -> None:
+    traces = [zone("a", *[4] * 12), zone("b", *[4] * 12)]
+    result = shared(traces, SimModel("busy", 2, 0.5), SimModel("idle", 0, 0.0)).run()
+    busy, idle = by_name(result)["busy"], by_name(result)["idle"]
+    assert (idle.launches, idle.instance_types, idle.streams_started) == (0, (), 0)
+    assert busy.launches >= 3  # its target and the spare
+    assert busy.streams_started > 0
+    assert (result.launches, result.streams_started) == (busy.launches, busy.streams_started)
+    # the idle model always has its target of none: the pool is available when the busy one is
+    assert idle.availability == 1.0
+    assert result.availability == busy.availability == pytest.approx(58 / 60)
+    assert result.cost_vs_on_demand == pytest.approx(busy.cost_vs_on_demand)
+
+
+def test_each_model_launches_only_its_own_instance_types() -> None:
+    # No p3 spot at all: a v100 model that ignored its types would take the plentiful g5 spot.
+    v100 = [zone("a", *[0] * 12), zone("b", *[0] * 12)]
+    a10 = [ZoneTrace(name, "g5.xlarge", GAP_SECONDS, (8,) * 12) for name in ("c", "d")]
+    models = (SimModel("v100", 2, 0.3, ("p3.2xlarge",)), SimModel("a10", 2, 0.3, ("g5.xlarge",)))
+    simulation = shared([*v100, *a10], *models, on_demand_hold_seconds=0.0)
+    result = by_name(simulation.run())
+    assert result["v100"].instance_types == ("p3.2xlarge",)
+    assert result["a10"].instance_types == ("g5.xlarge",)
+    assert result["v100"].cost_vs_on_demand > 0.9  # on-demand throughout
+    assert result["a10"].cost_vs_on_demand < 0.7  # spot, once the first cold start is over
+    with pytest.raises(TraceError, match="no spot trace for instance type g6"):
+        shared(v100, SimModel("l4", 1, 0.3, ("g6",)))
+
+
+def test_models_competing_for_a_scarce_zone_never_hold_more_spot_than_it_allows() -> None:
+    # Zone a holds four spot instances, then one, then four again: each model wants three.
+    scarce = zone("a", *[4] * 4 + [1] * 4 + [4] * 4)
+    models = (SimModel("first", 2, 0.3), SimModel("second", 2, 0.3))
+    simulation = shared([scarce], *models, on_demand_hold_seconds=0.0)
+    held: list[dict[str, int]] = []
+
+    def check(now: float) -> None:
+        holdings = simulation.spot_held(("p3.2xlarge", "a"))
+        assert sum(holdings.values()) <= scarce.capacity_at(now)
+        held.append(holdings)
+
+    result = simulation.run(check)
+    assert len(held) == 60
+    assert {"first": 1, "second": 3} in held  # the zone full, with both models in it
+    assert result.refused_launches > 0  # launches into the zone the other model filled
+    first, second = by_name(result)["first"], by_name(result)["second"]
+    # the drop to one preempted three, victims drawn from both models' instances
+    assert (first.preemptions, second.preemptions, result.preemptions) == (1, 2, 3)
+    assert result.availability <= min(first.availability, second.availability)
+    assert result.cost_vs_on_demand == pytest.approx(
+        (first.cost_vs_on_demand + second.cost_vs_on_demand) / 2
+    )
+
+
+def test_one_model_named_alone_is_the_pool_configured_by_its_target() -> None:
+    traces = load_traces(BUNDLED_TRACES_DIR / "aws-16node-3zone")
+    config = SimConfig(target=3, load=0.6, stream_seconds=1800.0, seed=4)
+    alone = replace(config, target=1, load=0.0, models=(SimModel(DEFAULT_MODEL, 3, 0.6),))
+    pool = simulate_windows(traces, POLICIES["spotgate"], config, windows=1, window_hours=24)
+    assert pool.preemptions > 0  # the seeded draws mattered
+    assert pool.streams_resumed > 0
+    assert simulate_windows(traces, POLICIES["spotgate"], alone, windows=1, window_hours=24) == pool
+    assert [m.name for m in pool.models] == [DEFAULT_MODEL]
+    assert pool.models[0].launches == pool.launches
