@@ -4,13 +4,41 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+import shlex
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
 from constructs import Node
 
+from gpu_agent.engine_args import ENGINE_ARGS_ENV, own_flag_refusal
+
 AGENT_SETTING_PREFIX = "SPOTGATE_AGENT_"
+MODEL_SETTINGS = {
+    "SPOTGATE_AGENT_MODEL": "models[].model",
+    "SPOTGATE_AGENT_SERVED_MODEL_NAME": "models[].name",
+    "SPOTGATE_AGENT_MODEL_FETCH": "models[].fetch",
+    "SPOTGATE_AGENT_VLLM__REVISION": "models[].revision",
+    "SPOTGATE_AGENT_VLLM__TENSOR_PARALLEL_SIZE": "models[].tensorParallelSize",
+    "SPOTGATE_AGENT_VLLM__ENGINE_ARGS": "models[].engineArgs",
+    "SPOTGATE_AGENT_VLLM__TOOL_CALL_PARSER": "models[].toolCallParser",
+    "SPOTGATE_AGENT_VLLM__REASONING_PARSER": "models[].reasoningParser",
+}
+"""Agent settings each model entry sets from its own keys: agentSettings may not set them too."""
+MOVED_KEYS = {
+    "model": "models[].model",
+    "modelRevision": "models[].revision",
+    "servedModelName": "models[].name",
+    "modelFetch": "models[].fetch",
+    "minAgents": "models[].minAgents",
+    "maxAgents": "models[].maxAgents",
+}
+"""Context keys of a one-model pool, and where each moved when the pool took a list of models."""
+MODEL_TAG_VALUE = re.compile(r"[\w .:/=+@-]{1,256}")
+"""An EC2 tag value (the model's name is its agents' `spotgate:model` tag), on one line."""
+TEMPLATE_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9().\-_]")
+"""What a launch template name may not hold (`/` is allowed there, but not in a construct id)."""
+LAUNCH_TEMPLATE_NAME_MAX = 128
 POOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,40}")
 """The pool name prefixes table names and tags: DynamoDB's table name characters."""
 ECR_IMAGE = re.compile(
@@ -40,17 +68,110 @@ class InstanceOption:
 
 
 @dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """One model the pool serves: what its agents run, on which instance types, how many."""
+
+    name: str
+    model: str
+    revision: str = ""
+    # A staged model's weights (`model: s3://…`): streamed into the engine, or downloaded to
+    # instance storage first (the agent's `model_fetch`).
+    fetch: str = "stream"
+    instance_types: tuple[str, ...] = ()
+    tensor_parallel_size: int = 1
+    engine_args: str = ""
+    tool_call_parser: str = ""
+    reasoning_parser: str = ""
+    min_agents: int = 1
+    max_agents: int = 4
+    scale_to_zero_idle_seconds: int | None = None
+    agent_settings: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def safe_name(self) -> str:
+        """The name with what a launch template name or construct id cannot hold made `-`."""
+        return TEMPLATE_NAME_UNSAFE.sub("-", self.name)
+
+    def validate(self, where: str, catalog: frozenset[str]) -> None:
+        """Raise `ConfigError`, naming `where` (`models[0]`), for values that cannot deploy."""
+        if not MODEL_TAG_VALUE.fullmatch(self.name):
+            raise ConfigError(
+                f"{where}.name: 1 to 256 letters, digits, spaces or _.:/=+-@ (an EC2 tag value)"
+            )
+        if not self.model:
+            raise ConfigError(f"{where}.model: must name a model (a Hugging Face id or a path)")
+        for key, text in (
+            ("model", self.model),
+            ("revision", self.revision),
+            ("engineArgs", self.engine_args),
+            ("toolCallParser", self.tool_call_parser),
+            ("reasoningParser", self.reasoning_parser),
+        ):
+            # Each becomes one line of the agents' environment file.
+            if "\n" in text or "\r" in text:
+                raise ConfigError(f"{where}.{key}: one line")
+        if self.fetch not in ("stream", "download"):
+            raise ConfigError(f"{where}.fetch: stream or download")
+        unknown = sorted(set(self.instance_types) - catalog)
+        if unknown:
+            raise ConfigError(
+                f"{where}.instanceTypes: {', '.join(unknown)} not in the pool's instanceTypes"
+            )
+        if self.tensor_parallel_size < 1:
+            raise ConfigError(f"{where}.tensorParallelSize: must be at least 1")
+        if self.max_agents < max(self.min_agents, 1):
+            raise ConfigError(f"{where}.maxAgents: must be at least 1 and at least minAgents")
+        if self.scale_to_zero_idle_seconds is not None and self.scale_to_zero_idle_seconds < 1:
+            raise ConfigError(f"{where}.scaleToZeroIdleSeconds: must be at least 1")
+        # The agent refuses these at its start; said here, it is said before anything launches.
+        try:
+            flags = shlex.split(self.engine_args)
+        except ValueError as err:
+            raise ConfigError(f"{where}.engineArgs: {err}") from err
+        refusal = own_flag_refusal(flags)
+        if refusal is not None:
+            raise ConfigError(f"{where}.engineArgs: {refusal.removeprefix(ENGINE_ARGS_ENV + ': ')}")
+        _check_agent_settings(f"{where}.agentSettings", self.agent_settings)
+
+
+def _check_agent_settings(key: str, settings: tuple[tuple[str, str], ...]) -> None:
+    for name, setting in settings:
+        if not name.startswith(AGENT_SETTING_PREFIX):
+            raise ConfigError(f"{key}: {name!r} does not start with SPOTGATE_AGENT_")
+        # Each setting is one line of the agents' environment file.
+        if "\n" in setting or "\n" in name:
+            raise ConfigError(f"{key}: {name!r} spans more than one line")
+        # Setting names are case-insensitive to the agent.
+        owner = MODEL_SETTINGS.get(name.upper())
+        if owner is not None:
+            raise ConfigError(f"{key}: {name} is set by {owner}, not here")
+
+
+DEFAULT_MODEL = ModelConfig(
+    name="Qwen/Qwen3-4B",
+    model="Qwen/Qwen3-4B",
+    # The Hub commit of Qwen/Qwen3-4B's weights, tokenizer and chat template.
+    revision="1cfa9a7208912126459214e8b04321603b3df60c",
+    tool_call_parser="hermes",
+    reasoning_parser="qwen3",
+)
+"""A current open model with tool calls and reasoning that fits one 24 GB GPU (g5/g6.xlarge).
+
+Of the 0.9 share of an A10G's or L4's 22.5 GiB that vLLM takes by default, Qwen3-4B's bf16
+weights use about 7.5 GiB, leaving about 11 GiB of KV cache (about 80,000 tokens at 144 KiB
+each): its whole 40,960-token context and dozens of streams at once. Qwen3-8B's 16.4 GB
+would leave about 3.5 GiB, fewer tokens than one full context, so it would need a shorter
+max_model_len and would hold few streams per agent.
+"""
+
+
+@dataclass(frozen=True, slots=True)
 class DeployConfig:
     """Every deployment knob, with the defaults `cdk.json` also documents."""
 
     region: str = "us-east-1"
     pool_name: str = "spotgate"
-    model: str = "Qwen/Qwen2.5-1.5B-Instruct"
-    model_revision: str = ""
-    served_model_name: str = ""
-    # A staged model's weights (`model: s3://…`): streamed into the engine, or downloaded to
-    # instance storage first (the agent's `model_fetch`).
-    model_fetch: str = "stream"
+    models: tuple[ModelConfig, ...] = (DEFAULT_MODEL,)
     instance_types: tuple[InstanceOption, ...] = (
         InstanceOption("g5.xlarge", 0.45, 1.006),
         InstanceOption("g6.xlarge", 0.40, 0.8048),
@@ -58,8 +179,6 @@ class DeployConfig:
     availability_zones: tuple[str, ...] = ()
     max_azs: int = 2
     nat_gateways: int = 1
-    min_agents: int = 1
-    max_agents: int = 4
     spot_overprovision: int = 1
     on_demand_fallback: bool = True
     launch_timeout_seconds: int = 1800
@@ -90,9 +209,13 @@ class DeployConfig:
     alarm_topic_arn: str = ""
 
     @property
-    def served_model(self) -> str:
-        """The name clients ask for: `servedModelName`, else the model itself."""
-        return self.served_model_name or self.model
+    def model_names(self) -> list[str]:
+        """The names clients ask for, one per model."""
+        return [model.name for model in self.models]
+
+    def launch_template_name(self, model: ModelConfig) -> str:
+        """The name of `model`'s launch template: `<poolName>-agent-<name made safe>`."""
+        return f"{self.pool_name}-agent-{model.safe_name}"
 
     @property
     def jwks_parameter(self) -> str:
@@ -125,8 +248,6 @@ class DeployConfig:
         ):
             if number < 1:
                 raise ConfigError(f"{key}: must be at least 1")
-        if not self.model:
-            raise ConfigError("model: must name a model (a Hugging Face id or a path)")
         if not self.certificate_arn and not self.allow_plain_http:
             raise ConfigError(
                 "certificateArn: the gateway serves HTTPS only; give an ACM certificate for "
@@ -135,8 +256,6 @@ class DeployConfig:
             )
         if not self.instance_types:
             raise ConfigError("instanceTypes: give at least one GPU instance type")
-        if self.max_agents < max(self.min_agents, 1):
-            raise ConfigError("maxAgents: must be at least 1 and at least minAgents")
         if self.max_azs < 2 and len(self.availability_zones) < 2:
             raise ConfigError("maxAzs: the VPC spans at least two availability zones")
         if 0 < len(self.availability_zones) < 2:
@@ -153,12 +272,8 @@ class DeployConfig:
             )
         if not 1 <= self.alb_idle_timeout_seconds <= 4000:
             raise ConfigError("albIdleTimeoutSeconds: the ALB accepts 1 to 4000 seconds")
-        for name, setting in self.agent_settings:
-            if not name.startswith(AGENT_SETTING_PREFIX):
-                raise ConfigError(f"agentSettings: {name!r} does not start with SPOTGATE_AGENT_")
-            # Each setting is one line of the agents' environment file.
-            if "\n" in setting or "\n" in name:
-                raise ConfigError(f"agentSettings: {name!r} spans more than one line")
+        _check_agent_settings("agentSettings", self.agent_settings)
+        self._validate_models()
         image = ECR_IMAGE.fullmatch(self.agent_image)
         if self.agent_image and (image is None or image["region"] != self.region):
             raise ConfigError(
@@ -170,25 +285,44 @@ class DeployConfig:
             self.ops_scraper_security_group
         ):
             raise ConfigError("opsScraperSecurityGroup: a security group id, sg-…, or empty")
-        if self.model_fetch not in ("stream", "download"):
-            raise ConfigError("modelFetch: stream or download")
-        if "\n" in self.model or "\n" in self.served_model or "\n" in self.model_revision:
-            raise ConfigError("model/modelRevision/servedModelName: one line each")
+
+    def _validate_models(self) -> None:
+        if not self.models:
+            raise ConfigError("models: give at least one model")
+        catalog = frozenset(option.instance_type for option in self.instance_types)
+        names: dict[str, int] = {}
+        templates: dict[str, int] = {}
+        for index, model in enumerate(self.models):
+            where = f"models[{index}]"
+            model.validate(where, catalog)
+            if model.name in names:
+                raise ConfigError(
+                    f"{where}.name: {model.name!r} is models[{names[model.name]}]'s already"
+                )
+            names[model.name] = index
+            template = self.launch_template_name(model)
+            if template in templates:
+                raise ConfigError(
+                    f"{where}.name: its launch template name {template} is "
+                    f"models[{templates[template]}]'s too; make the names differ in letters "
+                    "or digits"
+                )
+            templates[template] = index
+            if len(template) > LAUNCH_TEMPLATE_NAME_MAX:
+                raise ConfigError(
+                    f"{where}.name: its launch template name {template} is longer than "
+                    f"{LAUNCH_TEMPLATE_NAME_MAX} characters"
+                )
 
 
 _CONTEXT_KEYS: dict[str, str] = {
     "region": "region",
     "poolName": "pool_name",
-    "model": "model",
-    "modelRevision": "model_revision",
-    "servedModelName": "served_model_name",
-    "modelFetch": "model_fetch",
+    "models": "models",
     "instanceTypes": "instance_types",
     "availabilityZones": "availability_zones",
     "maxAzs": "max_azs",
     "natGateways": "nat_gateways",
-    "minAgents": "min_agents",
-    "maxAgents": "max_agents",
     "spotOverprovision": "spot_overprovision",
     "onDemandFallback": "on_demand_fallback",
     "launchTimeoutSeconds": "launch_timeout_seconds",
@@ -269,9 +403,74 @@ def _as_instance_types(key: str, value: Any) -> tuple[InstanceOption, ...]:
     return tuple(options)
 
 
+def _as_settings(key: str, value: Any) -> tuple[tuple[str, str], ...]:
+    if not isinstance(value, dict):
+        raise ConfigError(f"{key}: expected an object of SPOTGATE_AGENT_… settings")
+    return tuple(sorted((str(name), str(setting)) for name, setting in value.items()))
+
+
+def _as_names(key: str, value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise ConfigError(f"{key}: expected a list of names")
+    return tuple(_as_str(key, name) for name in value)
+
+
+def _as_seconds(key: str, value: Any) -> int | None:
+    return None if value is None else _as_int(key, value)
+
+
+_MODEL_KEYS: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
+    "name": ("name", _as_str),
+    "model": ("model", _as_str),
+    "revision": ("revision", _as_str),
+    "fetch": ("fetch", _as_str),
+    "instanceTypes": ("instance_types", _as_names),
+    "tensorParallelSize": ("tensor_parallel_size", _as_int),
+    "engineArgs": ("engine_args", _as_str),
+    "toolCallParser": ("tool_call_parser", _as_str),
+    "reasoningParser": ("reasoning_parser", _as_str),
+    "minAgents": ("min_agents", _as_int),
+    "maxAgents": ("max_agents", _as_int),
+    "scaleToZeroIdleSeconds": ("scale_to_zero_idle_seconds", _as_seconds),
+    "agentSettings": ("agent_settings", _as_settings),
+}
+"""Key of a `models` entry → field of `ModelConfig`, and how its value is read."""
+
+MODEL_KEYS = tuple(_MODEL_KEYS)
+REQUIRED_MODEL_KEYS = ("name", "model")
+
+
+def _as_model(where: str, entry: Any) -> ModelConfig:
+    if not isinstance(entry, dict):
+        raise ConfigError(f"{where}: expected an object with at least name and model")
+    # A misspelt key would otherwise be dropped without a word.
+    unknown = sorted(set(entry) - set(_MODEL_KEYS))
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown keys {', '.join(unknown)} (known: {', '.join(MODEL_KEYS)})"
+        )
+    for key in REQUIRED_MODEL_KEYS:
+        if key not in entry:
+            raise ConfigError(f"{where}.{key}: required")
+    values = {
+        field_name: read(f"{where}.{key}", entry[key])
+        for key, (field_name, read) in _MODEL_KEYS.items()
+        if key in entry
+    }
+    return ModelConfig(**values)
+
+
+def _as_models(key: str, value: Any) -> tuple[ModelConfig, ...]:
+    if not isinstance(value, list):
+        raise ConfigError(f"{key}: expected a list of model entries")
+    return tuple(_as_model(f"{key}[{index}]", entry) for index, entry in enumerate(value))
+
+
 def _convert(key: str, field_name: str, raw: Any) -> Any:
     value = _decoded(raw)
     default = getattr(DeployConfig(), field_name)
+    if field_name == "models":
+        return _as_models(key, value)
     if field_name == "instance_types":
         return _as_instance_types(key, value)
     if field_name == "availability_zones":
@@ -279,9 +478,7 @@ def _convert(key: str, field_name: str, raw: Any) -> Any:
             raise ConfigError(f"{key}: expected a list of zone names")
         return tuple(str(zone) for zone in value)
     if field_name == "agent_settings":
-        if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected an object of SPOTGATE_AGENT_… settings")
-        return tuple(sorted((str(name), str(setting)) for name, setting in value.items()))
+        return _as_settings(key, value)
     if isinstance(default, bool):
         return _as_bool(key, value)
     if isinstance(default, int):
@@ -291,6 +488,9 @@ def _convert(key: str, field_name: str, raw: Any) -> Any:
 
 def config_from_context(node: Node) -> DeployConfig:
     """The deployment settings: each context key that is set, the defaults for the rest."""
+    for key, moved_to in MOVED_KEYS.items():
+        if node.try_get_context(key) is not None:
+            raise ConfigError(f"{key}: moved into {moved_to}; see README.md, Deploy to AWS")
     values: dict[str, Any] = {}
     for key, field_name in _CONTEXT_KEYS.items():
         raw = node.try_get_context(key)
@@ -299,6 +499,21 @@ def config_from_context(node: Node) -> DeployConfig:
     config = DeployConfig(**values)
     config.validate()
     return config
+
+
+def model_as_context(model: ModelConfig) -> dict[str, Any]:
+    """The `models` entry that reproduces `model` (every key; an unset idle time left out)."""
+    by_field = {field_name: key for key, (field_name, _read) in _MODEL_KEYS.items()}
+    entry: dict[str, Any] = {}
+    for item in fields(model):
+        value = getattr(model, item.name)
+        if item.name == "agent_settings":
+            entry[by_field[item.name]] = dict(value)
+        elif isinstance(value, tuple):
+            entry[by_field[item.name]] = list(value)
+        elif value is not None:
+            entry[by_field[item.name]] = value
+    return entry
 
 
 def config_as_context(config: DeployConfig) -> Mapping[str, Any]:
@@ -317,6 +532,8 @@ def config_as_context(config: DeployConfig) -> Mapping[str, Any]:
                 }
                 for option in value
             ]
+        elif item.name == "models":
+            context[key] = [model_as_context(model) for model in value]
         elif item.name == "agent_settings":
             context[key] = dict(value)
         elif isinstance(value, tuple):

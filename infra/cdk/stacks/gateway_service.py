@@ -123,7 +123,7 @@ class GatewayService(Construct):
             "SPOTGATE_GATEWAY_PUBLIC_URL": self.public_url,
             # Agents read the public keys there with their role, never through the internet.
             "SPOTGATE_GATEWAY_JWKS_PARAMETER": config.jwks_parameter,
-            "SPOTGATE_GATEWAY_MODELS": json.dumps([config.served_model]),
+            "SPOTGATE_GATEWAY_MODELS": json.dumps(config.model_names),
             "SPOTGATE_GATEWAY_SHUTDOWN_GRACE_SECONDS": str(config.gateway_drain_seconds),
             # Agents live in this VPC: a registry row naming any other address is ignored.
             "SPOTGATE_GATEWAY_AGENT_NETWORKS": f'["{vpc.vpc_cidr_block}"]',

@@ -5,8 +5,9 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from pathlib import Path
+from typing import cast
 
-from aws_cdk import Annotations, RemovalPolicy, Stack, Tags
+from aws_cdk import Annotations, CfnElement, RemovalPolicy, Stack, Tags
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
@@ -21,7 +22,7 @@ from stacks.common import (
     log_group,
     parameter_arn,
 )
-from stacks.config import DeployConfig
+from stacks.config import DeployConfig, ModelConfig
 from stacks.source import agent_image
 
 BOOT_SCRIPT = Path(__file__).with_name("agent_boot.sh")
@@ -52,6 +53,31 @@ def render_boot_script(values: Mapping[str, str]) -> str:
     if left:
         raise ValueError(f"{BOOT_SCRIPT.name}: placeholders left unfilled: {', '.join(left)}")
     return script
+
+
+def is_pinned_copy(model: str) -> bool:
+    """Whether `model` names a fixed copy (a path on the AMI, a staged prefix): no revision."""
+    return model.startswith("/") or is_s3_uri(model)
+
+
+def agent_settings(pool_settings: Mapping[str, str], model: ModelConfig) -> dict[str, str]:
+    """The settings of `model`'s agents: the pool's, then the model's, its agentSettings last."""
+    vllm = {
+        "SPOTGATE_AGENT_VLLM__TENSOR_PARALLEL_SIZE": str(model.tensor_parallel_size),
+        "SPOTGATE_AGENT_VLLM__REVISION": model.revision,
+        "SPOTGATE_AGENT_VLLM__ENGINE_ARGS": model.engine_args,
+        "SPOTGATE_AGENT_VLLM__TOOL_CALL_PARSER": model.tool_call_parser,
+        "SPOTGATE_AGENT_VLLM__REASONING_PARSER": model.reasoning_parser,
+    }
+    return {
+        **pool_settings,
+        "SPOTGATE_AGENT_MODEL": model.model,
+        "SPOTGATE_AGENT_SERVED_MODEL_NAME": model.name,
+        "SPOTGATE_AGENT_MODEL_FETCH": model.fetch,
+        # Unset ones are left to the agent's defaults (an empty value is not "none" to it).
+        **{name: value for name, value in vllm.items() if value},
+        **dict(model.agent_settings),
+    }
 
 
 class GpuPool(Construct):
@@ -102,9 +128,10 @@ class GpuPool(Construct):
                 resources=[self.model_bucket.bucket_arn, self.model_bucket.arn_for_objects("*")],
             )
         )
+        bucket = self.model_bucket.node.default_child  # a bucket's is its CfnBucket
         acknowledge_wildcard_resource(
             self.role,
-            f"<{Stack.of(self).get_logical_id(self.model_bucket.node.default_child)}.Arn>/*",
+            f"<{Stack.of(self).get_logical_id(cast(CfnElement, bucket))}.Arn>/*",
             "Any staged model in the pool's own bucket: the model is a setting.",
         )
         self.role.add_to_policy(
@@ -139,77 +166,81 @@ class GpuPool(Construct):
             allow_all_outbound=True,
         )
 
-        settings = {
+        pool_settings = {
             **shared_environment,
             "SPOTGATE_LOG_FORMAT": "json",
             "SPOTGATE_AGENT_ENGINE": "vllm",
-            "SPOTGATE_AGENT_MODEL": config.model,
-            "SPOTGATE_AGENT_SERVED_MODEL_NAME": config.served_model,
             "SPOTGATE_AGENT_MODEL_CACHE_DIR": AGENT_CACHE_DIR,
-            "SPOTGATE_AGENT_MODEL_FETCH": config.model_fetch,
             "SPOTGATE_AGENT_HOST": "0.0.0.0",  # noqa: S104 — reached by the gateways' tasks
             "SPOTGATE_AGENT_PORT": str(AGENT_PORT),
             # The gateways' public keys, read with this role: no path through the internet.
             "SPOTGATE_AGENT_JWKS_PARAMETER": config.jwks_parameter,
             "SPOTGATE_AGENT_TOKEN_ISSUER": token_issuer,
             "SPOTGATE_AGENT_DRAIN_GRACE_SECONDS": str(AGENT_DRAIN_GRACE_SECONDS),
-            **(
-                {"SPOTGATE_AGENT_VLLM__REVISION": config.model_revision}
-                if config.model_revision
-                else {}
-            ),
+            # agentSettings cannot set what a model sets (validated): the order is free.
             **dict(config.agent_settings),
         }
-        pinned = config.model.startswith("/") or is_s3_uri(config.model)  # staged: a copy
-        if not config.model_revision and not pinned:
-            Annotations.of(self).add_warning_v2(
-                "spotgate:unpinned-model",
-                f"model {config.model} has no modelRevision: each new agent downloads the "
-                "newest commit of its default branch, which may not be what was tested. Set "
-                "modelRevision to the commit hash.",
-            )
-        self.agent_settings = settings
+        # One profile for every template: a template given the role alone would make its own.
+        instance_profile = iam.InstanceProfile(self, "InstanceProfile", role=self.role)
+        machine_image = ec2.MachineImage.from_ssm_parameter(config.ami_ssm_parameter)
         drain_stop_seconds = AGENT_DRAIN_GRACE_SECONDS + DOCKER_STOP_MARGIN_SECONDS
-        self.boot_script = render_boot_script(
-            {
-                "REGION": config.region,
-                "AGENT_PORT": str(AGENT_PORT),
-                "AGENT_IMAGE": self.image_uri,
-                "LOG_GROUP": self.log_group.log_group_name,
-                "AGENT_SETTINGS": "\n".join(f"{name}={value}" for name, value in settings.items()),
-                "DRAIN_STOP_SECONDS": str(drain_stop_seconds),
-                "STOP_TIMEOUT_SECONDS": str(drain_stop_seconds + DOCKER_STOP_MARGIN_SECONDS),
-            }
-        )
-
-        self.launch_template = ec2.LaunchTemplate(
-            self,
-            "LaunchTemplate",
-            launch_template_name=f"{config.pool_name}-agent",
-            machine_image=ec2.MachineImage.from_ssm_parameter(config.ami_ssm_parameter),
-            http_endpoint=True,
-            http_tokens=ec2.LaunchTemplateHttpTokens.REQUIRED,
-            http_put_response_hop_limit=IMDS_HOP_LIMIT,
-            block_devices=[
-                ec2.BlockDevice(
-                    device_name=config.ami_root_device_name,
-                    volume=ec2.BlockDeviceVolume.ebs(
-                        config.root_volume_gib,
-                        encrypted=True,
-                        delete_on_termination=True,
-                        volume_type=ec2.EbsDeviceVolumeType.GP3,
-                    ),
+        self.agent_settings: dict[str, dict[str, str]] = {}
+        self.boot_scripts: dict[str, str] = {}
+        self.launch_templates: dict[str, ec2.LaunchTemplate] = {}
+        for model in config.models:
+            if not model.revision and not is_pinned_copy(model.model):
+                Annotations.of(self).add_warning_v2(
+                    "spotgate:unpinned-model",
+                    f"model {model.name} ({model.model}) has no revision: each new agent "
+                    "downloads the newest commit of its default branch, which may not be what "
+                    "was tested. Set its revision to the commit hash.",
                 )
-            ],
-            role=self.role,
-            security_group=self.security_group,
-            user_data=ec2.UserData.custom(self.boot_script),
-            # A shutdown from inside (or EC2 reclaiming a spot instance) ends the instance; the
-            # pool manager replaces agents, it never restarts stopped ones.
-            instance_initiated_shutdown_behavior=ec2.InstanceInitiatedShutdownBehavior.TERMINATE,
-        )
-        # The pool manager names each instance `<pool>-<model>`; the construct path is noise.
-        Tags.of(self.launch_template).remove("Name")
+            settings = agent_settings(pool_settings, model)
+            boot_script = render_boot_script(
+                {
+                    "REGION": config.region,
+                    "AGENT_PORT": str(AGENT_PORT),
+                    "AGENT_IMAGE": self.image_uri,
+                    "LOG_GROUP": self.log_group.log_group_name,
+                    "AGENT_SETTINGS": "\n".join(f"{k}={v}" for k, v in settings.items()),
+                    "DRAIN_STOP_SECONDS": str(drain_stop_seconds),
+                    "STOP_TIMEOUT_SECONDS": str(drain_stop_seconds + DOCKER_STOP_MARGIN_SECONDS),
+                }
+            )
+            template = ec2.LaunchTemplate(
+                self,
+                f"LaunchTemplate-{model.safe_name}",
+                launch_template_name=config.launch_template_name(model),
+                machine_image=machine_image,
+                http_endpoint=True,
+                http_tokens=ec2.LaunchTemplateHttpTokens.REQUIRED,
+                http_put_response_hop_limit=IMDS_HOP_LIMIT,
+                block_devices=[
+                    ec2.BlockDevice(
+                        device_name=config.ami_root_device_name,
+                        volume=ec2.BlockDeviceVolume.ebs(
+                            config.root_volume_gib,
+                            encrypted=True,
+                            delete_on_termination=True,
+                            volume_type=ec2.EbsDeviceVolumeType.GP3,
+                        ),
+                    )
+                ],
+                instance_profile=instance_profile,
+                security_group=self.security_group,
+                # The model is the template's, never the image's: one image serves every model.
+                user_data=ec2.UserData.custom(boot_script),
+                # A shutdown from inside (or EC2 reclaiming a spot instance) ends the instance;
+                # the pool manager replaces agents, it never restarts stopped ones.
+                instance_initiated_shutdown_behavior=(
+                    ec2.InstanceInitiatedShutdownBehavior.TERMINATE
+                ),
+            )
+            # The pool manager names each instance `<pool>-<model>`; the construct path is noise.
+            Tags.of(template).remove("Name")
+            self.agent_settings[model.name] = settings
+            self.boot_scripts[model.name] = boot_script
+            self.launch_templates[model.name] = template
 
     def allow_from(self, peer: ec2.ISecurityGroup) -> None:
         """Let `peer` (the gateways) reach the agents' port."""
@@ -217,17 +248,21 @@ class GpuPool(Construct):
             peer, ec2.Port.tcp(AGENT_PORT), "gateways relay streams to agents"
         )
 
-    @property
-    def launch_template_id(self) -> str:
-        """The `lt-…` id the pool manager launches from (`SPOTGATE_POOL_EC2__LAUNCH_TEMPLATE`)."""
-        template_id = self.launch_template.launch_template_id
+    def launch_template_id(self, model: str) -> str:
+        """The `lt-…` id the pool manager launches `model`'s agents from."""
+        template_id = self.launch_templates[model].launch_template_id
         if template_id is None:
-            raise RuntimeError("the agents' launch template has no id")
+            raise RuntimeError(f"the launch template of {model} has no id")
         return template_id
 
     @property
-    def launch_template_arn(self) -> str:
-        """The template's ARN, for the pool manager's launch permissions."""
-        return Stack.of(self).format_arn(
-            service="ec2", resource="launch-template", resource_name=self.launch_template_id
-        )
+    def launch_template_arns(self) -> list[str]:
+        """Every model's template ARN, for the pool manager's launch permissions."""
+        return [
+            Stack.of(self).format_arn(
+                service="ec2",
+                resource="launch-template",
+                resource_name=self.launch_template_id(name),
+            )
+            for name in self.launch_templates
+        ]

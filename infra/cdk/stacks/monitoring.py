@@ -27,7 +27,7 @@ from constructs import Construct
 
 from spotgate.registry import POOL_TARGET_SOURCE, AgentState
 from stacks.common import acknowledge_wildcard_resource, log_group
-from stacks.config import DeployConfig
+from stacks.config import DeployConfig, ModelConfig
 
 METRICS_NAMESPACE = "spotgate"
 FUNCTIONS_DIR = Path(__file__).parent / "functions"
@@ -58,58 +58,14 @@ class Monitoring(Construct):
         dead_letters: sqs.IQueue,
     ) -> None:
         super().__init__(scope, construct_id)
-        model = config.served_model
         self._publish_registry_metrics(config, agents_table, demand_table)
-
-        dimensions = {"Model": model}
         period = Duration.minutes(METRICS_PERIOD_MINUTES)
-        ready = cloudwatch.Metric(
-            namespace=METRICS_NAMESPACE,
-            metric_name="ReadyAgents",
-            dimensions_map=dimensions,
-            statistic="Minimum",
-            period=period,
-        )
-        queued = cloudwatch.Metric(
-            namespace=METRICS_NAMESPACE,
-            metric_name="QueuedStreams",
-            dimensions_map=dimensions,
-            statistic="Minimum",
-            period=period,
-        )
-        # With minAgents 0 an empty pool is normal until someone asks; then it is an outage.
-        wanted = 1 if config.min_agents > 0 else 0
-        no_ready = cloudwatch.MathExpression(
-            expression=f"IF(ready < 1 AND (queued > 0 OR {wanted} > 0), 1, 0)",
-            using_metrics={"ready": ready, "queued": queued},
-            period=period,
-            label="no ready agent while one is needed",
-        )
-        self.no_ready_agents = no_ready.create_alarm(
-            self,
-            "NoReadyAgents",
-            alarm_description=(
-                f"No agent of {model} is ready while one is needed (minAgents, or queued "
-                "streams); missing data (the registry metrics stopped) counts as no agent."
-            ),
-            threshold=1,
-            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
-            evaluation_periods=NO_READY_AGENTS_MINUTES,
-            treat_missing_data=cloudwatch.TreatMissingData.BREACHING,
-        )
-        self.high_queue_time = queued.create_alarm(
-            self,
-            "HighQueueTime",
-            alarm_description=(
-                f"Streams for {model} have waited for an agent in every sample for "
-                f"{config.queue_alarm_minutes} minutes: queue time is at the gateways' deadline "
-                "and requests end in no_capacity. The pool is short of capacity."
-            ),
-            threshold=1,
-            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
-            evaluation_periods=config.queue_alarm_minutes,
-            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
-        )
+        self.model_alarms: list[cloudwatch.Alarm] = []
+        # The first model's ids are the ones a one-model pool had: its alarms stay put.
+        model_graphs: list[cloudwatch.IWidget] = [
+            self._model_alarms(config, model, "" if index == 0 else f"-{model.safe_name}", period)
+            for index, model in enumerate(config.models)
+        ]
 
         interruptions = logs.MetricFilter(
             self,
@@ -167,16 +123,13 @@ class Monitoring(Construct):
                 [
                     cloudwatch.AlarmStatusWidget(title="Alarms", alarms=self.alarms, width=24),
                 ],
+                # Two models' graphs to a row, the interruptions after the last.
+                *(model_graphs[start : start + 2] for start in range(0, len(model_graphs), 2)),
                 [
-                    cloudwatch.GraphWidget(
-                        title=f"Ready agents and queued streams ({model})",
-                        left=[ready.with_(statistic="Average"), queued.with_(statistic="Maximum")],
-                        width=12,
-                    ),
                     cloudwatch.GraphWidget(
                         title="Spot interruptions acted on (per hour)",
                         left=[interruptions.metric(statistic="Sum", period=Duration.hours(1))],
-                        width=12,
+                        width=24,
                     ),
                 ],
                 [
@@ -199,12 +152,78 @@ class Monitoring(Construct):
     def alarms(self) -> list[cloudwatch.Alarm]:
         """Every alarm this construct made."""
         return [
-            self.no_ready_agents,
-            self.high_queue_time,
+            *self.model_alarms,
             self.interruption_rate,
             self.stalled_events,
             self.dead_letters,
         ]
+
+    def _model_alarms(
+        self, config: DeployConfig, model: ModelConfig, suffix: str, period: Duration
+    ) -> cloudwatch.GraphWidget:
+        """`model`'s NoReadyAgents and HighQueueTime alarms; its dashboard graph."""
+        dimensions = {"Model": model.name}
+        ready = cloudwatch.Metric(
+            namespace=METRICS_NAMESPACE,
+            metric_name="ReadyAgents",
+            dimensions_map=dimensions,
+            statistic="Minimum",
+            period=period,
+        )
+        queued = cloudwatch.Metric(
+            namespace=METRICS_NAMESPACE,
+            metric_name="QueuedStreams",
+            dimensions_map=dimensions,
+            statistic="Minimum",
+            period=period,
+        )
+        # With minAgents 0 an empty pool is normal until someone asks; then it is an outage.
+        wanted = 1 if model.min_agents > 0 else 0
+        no_ready = cloudwatch.MathExpression(
+            expression=f"IF(ready < 1 AND (queued > 0 OR {wanted} > 0), 1, 0)",
+            using_metrics={"ready": ready, "queued": queued},
+            period=period,
+            label="no ready agent while one is needed",
+        )
+        self.model_alarms.append(
+            no_ready.create_alarm(
+                self,
+                f"NoReadyAgents{suffix}",
+                alarm_description=(
+                    f"No agent of {model.name} is ready while one is needed (its minAgents, or "
+                    "queued streams); missing data (the registry metrics stopped) counts as no "
+                    "agent."
+                ),
+                threshold=1,
+                comparison_operator=(
+                    cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD
+                ),
+                evaluation_periods=NO_READY_AGENTS_MINUTES,
+                treat_missing_data=cloudwatch.TreatMissingData.BREACHING,
+            )
+        )
+        self.model_alarms.append(
+            queued.create_alarm(
+                self,
+                f"HighQueueTime{suffix}",
+                alarm_description=(
+                    f"Streams for {model.name} have waited for an agent in every sample for "
+                    f"{config.queue_alarm_minutes} minutes: queue time is at the gateways' "
+                    "deadline and requests end in no_capacity. The model is short of capacity."
+                ),
+                threshold=1,
+                comparison_operator=(
+                    cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD
+                ),
+                evaluation_periods=config.queue_alarm_minutes,
+                treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+            )
+        )
+        return cloudwatch.GraphWidget(
+            title=f"Ready agents and queued streams ({model.name})",
+            left=[ready.with_(statistic="Average"), queued.with_(statistic="Maximum")],
+            width=12,
+        )
 
     def _publish_registry_metrics(
         self,
@@ -261,7 +280,7 @@ class Monitoring(Construct):
             environment={
                 "AGENTS_TABLE": agents_table.table_name,
                 "DEMAND_TABLE": demand_table.table_name,
-                "MODELS": json.dumps([config.served_model]),
+                "MODELS": json.dumps(config.model_names),
                 "NAMESPACE": METRICS_NAMESPACE,
                 "READY_STATE": AgentState.READY.value,
                 "POOL_TARGET_SOURCE": POOL_TARGET_SOURCE,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from aws_cdk import Duration, Stack
 from aws_cdk import aws_ec2 as ec2
@@ -58,6 +58,27 @@ def placements_json(config: DeployConfig, zones: Sequence[str]) -> str:
     )
 
 
+def pool_models_json(config: DeployConfig, templates: Mapping[str, str]) -> str:
+    """`SPOTGATE_POOL_MODELS`: each model's bounds, instance types and launch template."""
+    return json.dumps(
+        [
+            {
+                "name": model.name,
+                "min_agents": model.min_agents,
+                "max_agents": model.max_agents,
+                **(
+                    {"scale_to_zero_idle_seconds": model.scale_to_zero_idle_seconds}
+                    if model.scale_to_zero_idle_seconds is not None
+                    else {}
+                ),
+                "instance_types": list(model.instance_types),
+                "launch_template": templates[model.name],
+            }
+            for model in config.models
+        ]
+    )
+
+
 class PoolManagerService(Construct):
     """`spotgate pool run` with the `ec2` provider, fed by the EC2 events queue."""
 
@@ -83,16 +104,17 @@ class PoolManagerService(Construct):
             "SPOTGATE_LOG_FORMAT": "json",
             "SPOTGATE_POOL_PROVIDER": "ec2",
             "SPOTGATE_POOL_PORT": str(POOL_HEALTH_PORT),
-            "SPOTGATE_POOL_MODELS": json.dumps([config.served_model]),
-            "SPOTGATE_POOL_MIN_AGENTS": str(config.min_agents),
-            "SPOTGATE_POOL_MAX_AGENTS": str(config.max_agents),
+            # Each model carries its own bounds and template, so the pool-wide ones
+            # (SPOTGATE_POOL_MIN_AGENTS, _MAX_AGENTS, _EC2__LAUNCH_TEMPLATE) would never be read.
+            "SPOTGATE_POOL_MODELS": pool_models_json(
+                config, {name: gpu_pool.launch_template_id(name) for name in config.model_names}
+            ),
             "SPOTGATE_POOL_SPOT_OVERPROVISION": str(config.spot_overprovision),
             "SPOTGATE_POOL_ON_DEMAND_FALLBACK": json.dumps(config.on_demand_fallback),
             "SPOTGATE_POOL_LAUNCH_TIMEOUT_SECONDS": str(config.launch_timeout_seconds),
             "SPOTGATE_POOL_INTERRUPTION_QUEUE_URL": spot_events.queue.queue_url,
             "SPOTGATE_POOL_PLACEMENTS": placements_json(config, zones),
             "SPOTGATE_POOL_EC2__POOL_NAME": config.pool_name,
-            "SPOTGATE_POOL_EC2__LAUNCH_TEMPLATE": gpu_pool.launch_template_id,
             # Agents go into the private subnets only: one per zone.
             "SPOTGATE_POOL_EC2__SUBNETS": json.dumps(
                 {subnet.availability_zone: subnet.subnet_id for subnet in subnets}
@@ -163,8 +185,8 @@ class PoolManagerService(Construct):
             )
 
         statements = [
-            # An instance of the pool, from the agents' launch template, of a configured type:
-            # the role cannot start anything else (another AMI, another size).
+            # An instance of the pool, from one of the models' launch templates, of a configured
+            # type: the role cannot start anything else (another AMI, another size).
             iam.PolicyStatement(
                 sid="LaunchPoolInstances",
                 actions=list(LAUNCH_ACTIONS),
@@ -176,14 +198,14 @@ class PoolManagerService(Construct):
                             option.instance_type for option in config.instance_types
                         ],
                     },
-                    "ArnLike": {"ec2:LaunchTemplate": gpu_pool.launch_template_arn},
+                    "ArnLike": {"ec2:LaunchTemplate": gpu_pool.launch_template_arns},
                 },
             ),
             iam.PolicyStatement(
                 sid="LaunchFromAgentTemplate",
                 actions=list(LAUNCH_ACTIONS),
                 resources=[
-                    gpu_pool.launch_template_arn,
+                    *gpu_pool.launch_template_arns,
                     ec2_arn("security-group", gpu_pool.security_group.security_group_id),
                     *(ec2_arn("subnet", subnet.subnet_id) for subnet in subnets),
                     *(ec2_arn(resource) for resource in LAUNCH_SIDE_RESOURCES),

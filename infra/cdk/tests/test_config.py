@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
 
 import aws_cdk as cdk
 import pytest
 from stacks.common import retention
-from stacks.config import ConfigError, DeployConfig, config_from_context
+from stacks.config import (
+    DEFAULT_MODEL,
+    MOVED_KEYS,
+    ConfigError,
+    DeployConfig,
+    ModelConfig,
+    config_as_context,
+    config_from_context,
+)
 
 
 def _config(context: dict[str, Any]) -> DeployConfig:
@@ -30,8 +40,6 @@ def test_no_context_gives_the_defaults_which_need_a_certificate() -> None:
 @pytest.mark.parametrize(
     ("context", "key"),
     [
-        ({"minAgents": 5, "maxAgents": 2}, "maxAgents"),
-        ({"minAgents": "-1"}, "minAgents"),
         ({"maxAzs": 1}, "maxAzs"),
         ({"availabilityZones": ["us-east-1a"]}, "availabilityZones"),
         ({"gatewayDrainSeconds": 110}, "gatewayDrainSeconds"),
@@ -40,14 +48,16 @@ def test_no_context_gives_the_defaults_which_need_a_certificate() -> None:
         ({"instanceTypes": [{"instanceType": "g5.xlarge"}]}, "instanceTypes"),
         ({"instanceTypes": []}, "instanceTypes"),
         ({"onDemandFallback": "yes"}, "onDemandFallback"),
-        ({"model": ""}, "model"),
         ({"poolName": "my pool"}, "poolName"),
         ({"rootVolumeGiB": 0}, "rootVolumeGiB"),
         ({"agentSettings": {"SPOTGATE_AGENT_MODEL": "a\nb"}}, "agentSettings"),
+        # What a model entry sets is its own: the pool-wide settings cannot override it.
+        ({"agentSettings": {"SPOTGATE_AGENT_VLLM__ENGINE_ARGS": "-q awq"}}, "agentSettings"),
+        ({"models": []}, "models"),
+        ({"models": {"name": "a", "model": "a"}}, "models"),
         ({"agentImage": "docker.io/vllm/vllm-openai:latest"}, "agentImage"),
         # ECR logins are per region: the agents log in to the stack's
         ({"agentImage": "123456789012.dkr.ecr.eu-west-1.amazonaws.com/a:1"}, "agentImage"),
-        ({"modelFetch": "copy"}, "modelFetch"),
         ({"opsScraperSecurityGroup": "0.0.0.0/0"}, "opsScraperSecurityGroup"),
     ],
 )
@@ -60,3 +70,124 @@ def test_log_retention_must_be_a_cloudwatch_period() -> None:
     assert retention(30).name == "ONE_MONTH"
     with pytest.raises(ConfigError, match=r"^logRetentionDays: 31 is not one of"):
         retention(31)
+
+
+def _one_model(**entry: Any) -> dict[str, Any]:
+    """A context whose only model is `entry` (name and model filled in unless given)."""
+    return {"models": [{"name": "m", "model": "org/m", **entry}]}
+
+
+def test_a_model_entry_reads_every_key() -> None:
+    entry = {
+        "name": "qwen3-8b",
+        "model": "s3://bucket/qwen3-8b",
+        "revision": "",
+        "fetch": "download",
+        "instanceTypes": ["g6.xlarge"],
+        "tensorParallelSize": 2,
+        "engineArgs": "--kv-cache-dtype fp8",
+        "toolCallParser": "hermes",
+        "reasoningParser": "qwen3",
+        "minAgents": 0,
+        "maxAgents": 3,
+        "scaleToZeroIdleSeconds": 900,
+        "agentSettings": {"SPOTGATE_AGENT_VLLM__MAX_MODEL_LEN": "16384"},
+    }
+    (model,) = _plain({"models": [entry]}).models
+    assert model == ModelConfig(
+        name="qwen3-8b",
+        model="s3://bucket/qwen3-8b",
+        fetch="download",
+        instance_types=("g6.xlarge",),
+        tensor_parallel_size=2,
+        engine_args="--kv-cache-dtype fp8",
+        tool_call_parser="hermes",
+        reasoning_parser="qwen3",
+        min_agents=0,
+        max_agents=3,
+        scale_to_zero_idle_seconds=900,
+        agent_settings=(("SPOTGATE_AGENT_VLLM__MAX_MODEL_LEN", "16384"),),
+    )
+    # `cdk deploy -c models='[…]'` hands the list in as text.
+    assert _plain({"models": json.dumps([entry])}).models == (model,)
+
+
+def test_an_entry_needs_only_a_name_and_a_model() -> None:
+    (model,) = _plain({"models": [{"name": "m", "model": "org/m"}]}).models
+    assert model == ModelConfig(name="m", model="org/m")
+    assert (model.min_agents, model.max_agents, model.instance_types) == (1, 4, ())
+
+
+def test_models_round_trip_through_the_context() -> None:
+    config = DeployConfig(
+        allow_plain_http=True,
+        models=(
+            DEFAULT_MODEL,
+            ModelConfig(
+                name="big",
+                model="org/big",
+                instance_types=("g5.xlarge",),
+                tensor_parallel_size=1,
+                scale_to_zero_idle_seconds=300,
+                agent_settings=(("SPOTGATE_AGENT_VLLM__MAX_MODEL_LEN", "8192"),),
+            ),
+        ),
+    )
+    assert _config(dict(config_as_context(config))) == config
+
+
+def test_the_default_model_is_pinned_and_serves_tools_and_reasoning() -> None:
+    (model,) = DeployConfig().models
+    assert re.fullmatch(r"[0-9a-f]{40}", model.revision)
+    assert model.tool_call_parser
+    assert model.reasoning_parser
+
+
+@pytest.mark.parametrize("key", sorted(MOVED_KEYS))
+def test_a_key_of_the_one_model_pool_says_where_it_moved(key: str) -> None:
+    with pytest.raises(ConfigError, match=rf"^{key}: moved into {re.escape(MOVED_KEYS[key])}; "):
+        _plain({key: "1"})
+
+
+@pytest.mark.parametrize(
+    ("context", "key"),
+    [
+        ({"models": [{"model": "org/m"}]}, "models[0].name"),
+        ({"models": [{"name": "m"}]}, "models[0].model"),
+        ({"models": ["org/m"]}, "models[0]"),
+        (_one_model(servedModelName="x"), "models[0]"),  # a key no entry has
+        (_one_model(name=""), "models[0].name"),
+        (_one_model(name="a\nb"), "models[0].name"),
+        (_one_model(name="a|b"), "models[0].name"),  # not an EC2 tag value
+        (_one_model(name="x" * 120), "models[0].name"),  # its template name is too long
+        (_one_model(model=""), "models[0].model"),
+        (_one_model(revision="a\nb"), "models[0].revision"),
+        (_one_model(fetch="copy"), "models[0].fetch"),
+        (_one_model(instanceTypes=["p5.48xlarge"]), "models[0].instanceTypes"),
+        (_one_model(instanceTypes="g5.xlarge"), "models[0].instanceTypes"),
+        (_one_model(tensorParallelSize=0), "models[0].tensorParallelSize"),
+        (_one_model(engineArgs="--kv-cache-dtype fp8\n--x"), "models[0].engineArgs"),
+        (_one_model(engineArgs="--max-model-len 8192"), "models[0].engineArgs"),
+        (_one_model(engineArgs="--quantization 'awq"), "models[0].engineArgs"),
+        (_one_model(toolCallParser="a\nb"), "models[0].toolCallParser"),
+        (_one_model(reasoningParser="a\nb"), "models[0].reasoningParser"),
+        (_one_model(minAgents=-1), "models[0].minAgents"),
+        (_one_model(minAgents=5, maxAgents=2), "models[0].maxAgents"),
+        (_one_model(minAgents=0, maxAgents=0), "models[0].maxAgents"),
+        (_one_model(scaleToZeroIdleSeconds=0), "models[0].scaleToZeroIdleSeconds"),
+        (_one_model(agentSettings={"SPOTGATE_POOL_X": "1"}), "models[0].agentSettings"),
+        (_one_model(agentSettings={"spotgate_agent_model": "x"}), "models[0].agentSettings"),
+        (
+            {"models": [{"name": "m", "model": "a"}, {"name": "m", "model": "b"}]},
+            "models[1].name",
+        ),
+        # Both make the launch template spotgate-agent-org-m.
+        (
+            {"models": [{"name": "org/m", "model": "a"}, {"name": "org m", "model": "b"}]},
+            "models[1].name",
+        ),
+    ],
+)
+def test_bad_model_entries_name_their_key(context: dict[str, Any], key: str) -> None:
+    with pytest.raises(ConfigError, match=rf"^{re.escape(key)}: "):
+        _plain(context)

@@ -20,7 +20,7 @@ from conftest import (
     statements,
     synthesize,
 )
-from stacks.config import CONTEXT_KEYS, DeployConfig, config_as_context
+from stacks.config import CONTEXT_KEYS, MODEL_KEYS, DeployConfig, config_as_context
 
 from gateway.server import GOING_AWAY_WRITE_SECONDS
 from pool_manager.ec2_provider import POOL_TAG
@@ -31,10 +31,11 @@ from pool_manager.events import (
     STATE_CHANGE_DETAIL_TYPE,
 )
 from spotgate.registry import BY_CHANGE_INDEX, BY_MODEL_INDEX, FEED_FIELDS
-from spotgate.settings import GatewaySettings, PoolSettings
+from spotgate.settings import GatewaySettings, PoolModel, PoolSettings
 from spotgate.tokens import SigningKey
 
 DEFAULTS = DeployConfig()
+(DEFAULT_MODEL,) = DEFAULTS.models
 
 
 def _ref(logical_id: str) -> str:
@@ -89,7 +90,7 @@ def test_cdk_json_holds_every_setting_with_its_default_and_a_description() -> No
     assert json.loads((CDK_DIR / "cdk.json").read_text())["app"] == "python3 app.py"
     assert set(context) == set(CONTEXT_KEYS)
     assert context == config_as_context(DEFAULTS)
-    assert set(docs) == set(CONTEXT_KEYS)
+    assert set(docs) == {*CONTEXT_KEYS, *(f"models[].{key}" for key in MODEL_KEYS)}
     assert all(isinstance(text, str) and text for text in docs.values())
 
 
@@ -113,7 +114,7 @@ def test_services_accept_every_setting_the_stack_gives_them(
     assert gateway.host == "0.0.0.0"  # noqa: S104 — what the task must bind
     balancer_id, _balancer = synthesized.one("AWS::ElasticLoadBalancingV2::LoadBalancer")
     assert gateway.public_url == f"http://<{balancer_id}.DNSName>"
-    assert gateway.models == (DEFAULTS.served_model,)
+    assert gateway.models == (DEFAULT_MODEL.name,)
     assert gateway.shutdown_grace_seconds == DEFAULTS.gateway_drain_seconds
     assert gateway.shared.tables.agents == _ref(_table_id(synthesized, "Agents"))
     assert gateway.shared.tables.keys == _ref(_table_id(synthesized, "Keys"))
@@ -127,13 +128,17 @@ def test_services_accept_every_setting_the_stack_gives_them(
         monkeypatch.setenv(name, value)
     pool = PoolSettings()
     assert pool.provider == "ec2"
-    assert pool.models == (DEFAULTS.served_model,)
-    assert (pool.min_agents, pool.max_agents) == (DEFAULTS.min_agents, DEFAULTS.max_agents)
+    (model,) = pool.models
+    template_id, _template = synthesized.one("AWS::EC2::LaunchTemplate")
+    assert model == PoolModel(
+        name=DEFAULT_MODEL.name,
+        min_agents=DEFAULT_MODEL.min_agents,
+        max_agents=DEFAULT_MODEL.max_agents,
+        launch_template=_ref(template_id),
+    )
     assert pool.spot_overprovision == DEFAULTS.spot_overprovision
     assert pool.on_demand_fallback is DEFAULTS.on_demand_fallback
     assert pool.ec2.pool_name == DEFAULTS.pool_name
-    template_id, _template = synthesized.one("AWS::EC2::LaunchTemplate")
-    assert pool.ec2.launch_template == _ref(template_id)
     queue_id = _logical_id(synthesized, "AWS::SQS::Queue", "SpotEventsQueue")
     assert pool.interruption_queue_url == _ref(queue_id)
     assert {p.instance_type for p in pool.placements} == {
@@ -304,6 +309,12 @@ def test_launch_template_requires_imdsv2_and_encrypts_a_sized_root_volume(
     assert parameter["Type"] == "AWS::SSM::Parameter::Value<AWS::EC2::Image::Id>"
     assert parameter["Default"] == DEFAULTS.ami_ssm_parameter
     assert "InstanceType" not in data  # the pool manager picks it per placement
+    name = template["Properties"]["LaunchTemplateName"]
+    assert (
+        name
+        == f"{DEFAULTS.pool_name}-agent-Qwen-Qwen3-4B"
+        == DEFAULTS.launch_template_name(DEFAULT_MODEL)
+    )
 
 
 def test_agents_role_writes_only_the_agents_table(synthesized: Synthesized) -> None:
@@ -426,7 +437,8 @@ def test_pool_manager_may_only_launch_and_end_its_own_pool(synthesized: Synthesi
         f"aws:RequestTag/{POOL_TAG}": pool,
         "ec2:InstanceType": [option.instance_type for option in DEFAULTS.instance_types],
     }
-    assert template_id in render(launch["Condition"]["ArnLike"]["ec2:LaunchTemplate"])
+    (template_arn,) = as_list(launch["Condition"]["ArnLike"]["ec2:LaunchTemplate"])
+    assert render(template_arn).endswith(f":launch-template/<Ref:{template_id}>")
     image = by_sid["TemplateImageOnly"]
     assert render(image["Resource"]).endswith(":image/*")
     assert image["Condition"] == {"Bool": {"ec2:IsLaunchTemplateResource": "true"}}
@@ -547,21 +559,27 @@ def test_the_gateway_connects_only_to_agents_inside_the_vpc(synthesized: Synthes
     assert render(networks) == f'["<{vpc_id}.CidrBlock>"]'
 
 
-def test_an_unpinned_model_is_a_warning_and_a_revision_reaches_the_agents(
+def test_a_revision_reaches_the_agents_and_an_unpinned_model_is_a_warning(
     synthesized: Synthesized, tmp_path: Path
 ) -> None:
-    warnings = Annotations.from_stack(synthesized.stack).find_warning(
-        "*", Match.string_like_regexp("has no modelRevision")
+    # The default model is pinned.
+    assert not Annotations.from_stack(synthesized.stack).find_warning(
+        "*", Match.string_like_regexp("has no revision")
+    )
+    _id, template = synthesized.one("AWS::EC2::LaunchTemplate")
+    boot = render(template["Properties"]["LaunchTemplateData"]["UserData"])
+    assert f"SPOTGATE_AGENT_VLLM__REVISION={DEFAULT_MODEL.revision}\n" in boot
+    unpinned = synthesize(
+        tmp_path, {**PLAIN_HTTP, "models": [{"name": "m", "model": "org/newest"}]}
+    )
+    warnings = Annotations.from_stack(unpinned.stack).find_warning(
+        "*", Match.string_like_regexp("model m \\(org/newest\\) has no revision")
     )
     assert len(warnings) == 1
-    revision = "a" * 40
-    pinned = synthesize(tmp_path, {**PLAIN_HTTP, "modelRevision": revision})
-    assert not Annotations.from_stack(pinned.stack).find_warning(
-        "*", Match.string_like_regexp("has no modelRevision")
+    _id, template = unpinned.one("AWS::EC2::LaunchTemplate")
+    assert "SPOTGATE_AGENT_VLLM__REVISION" not in render(
+        template["Properties"]["LaunchTemplateData"]["UserData"]
     )
-    _id, template = pinned.one("AWS::EC2::LaunchTemplate")
-    boot = render(template["Properties"]["LaunchTemplateData"]["UserData"])
-    assert f"SPOTGATE_AGENT_VLLM__REVISION={revision}\n" in boot
 
 
 def test_plain_http_is_synthesized_only_when_asked_and_then_with_a_warning(
@@ -798,7 +816,7 @@ def test_alarms_on_ready_agents_queue_time_and_interruptions(synthesized: Synthe
         if "RegistryMetrics" in i
     )
     variables = function["Properties"]["Environment"]["Variables"]
-    assert json.loads(variables["MODELS"]) == [DEFAULTS.served_model]
+    assert json.loads(variables["MODELS"]) == [DEFAULT_MODEL.name]
     assert variables["NAMESPACE"] == "spotgate"
 
 

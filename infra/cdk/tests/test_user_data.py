@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 from conftest import Synthesized, render
+from stacks.config import DeployConfig
 
-from gpu_agent.server import advertised_url, token_issuer
-from spotgate.settings import AgentSettings
+from gpu_agent.server import token_issuer
+from spotgate.settings import AgentSettings, advertised_url
 
 PRIVATE_IP = "10.0.1.7"
 INSTANCE_ID = "i-0abc"
@@ -175,7 +176,10 @@ def test_agent_accepts_the_settings_file(booted: Path, monkeypatch: pytest.Monke
         monkeypatch.setenv(name, value)
     agent = AgentSettings()
     assert agent.engine == "vllm"
-    assert agent.model == "Qwen/Qwen2.5-1.5B-Instruct"
+    (model,) = DeployConfig().models
+    assert (agent.model, agent.served_model_name) == (model.model, model.name)
+    assert agent.vllm.revision == model.revision
+    assert (agent.vllm.tool_call_parser, agent.vllm.reasoning_parser) == ("hermes", "qwen3")
     assert agent.host == "0.0.0.0"  # noqa: S104 — what the agent must bind
     assert advertised_url(agent) == f"http://{PRIVATE_IP}:8000"
     # The gateway's public keys come from its SSM parameter, never over the internet; tokens

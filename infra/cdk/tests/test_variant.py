@@ -27,9 +27,17 @@ def variant(tmp_path_factory: pytest.TempPathFactory) -> Synthesized:
             "certificateArn": CERTIFICATE,
             "containerImage": IMAGE,
             "agentImage": AGENT_IMAGE,
-            "model": "s3://models-bucket/qwen/v1",
-            "modelFetch": "download",
-            "minAgents": "0",
+            "models": json.dumps(
+                [
+                    {
+                        "name": "qwen",
+                        "model": "s3://models-bucket/qwen/v1",
+                        "fetch": "download",
+                        "minAgents": 0,
+                        "scaleToZeroIdleSeconds": 300,
+                    }
+                ]
+            ),
             "availabilityZones": json.dumps(ZONES),
             "onDemandFallback": "false",
             "agentSettings": json.dumps({"SPOTGATE_AGENT_VLLM__MAX_MODEL_LEN": "8192"}),
@@ -87,13 +95,18 @@ def test_a_staged_model_is_fetched_as_asked_and_needs_no_revision(variant: Synth
     assert "SPOTGATE_AGENT_MODEL=s3://models-bucket/qwen/v1\n" in script
     assert "SPOTGATE_AGENT_MODEL_FETCH=download\n" in script
     assert not Annotations.from_stack(variant.stack).find_warning(
-        "*", Match.string_like_regexp("has no modelRevision")
+        "*", Match.string_like_regexp("has no revision")
     )
 
 
 def test_text_context_values_are_parsed(variant: Synthesized) -> None:
     env = variant.container_env("pool-manager")
-    assert env["SPOTGATE_POOL_MIN_AGENTS"] == "0"
+    (model,) = json.loads(render(env["SPOTGATE_POOL_MODELS"]))
+    assert (model["name"], model["min_agents"], model["scale_to_zero_idle_seconds"]) == (
+        "qwen",
+        0,
+        300,
+    )
     assert env["SPOTGATE_POOL_ON_DEMAND_FALLBACK"] == "false"
     subnets = json.loads(render(env["SPOTGATE_POOL_EC2__SUBNETS"]))
     assert sorted(subnets) == ZONES
