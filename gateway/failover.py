@@ -298,6 +298,7 @@ class Failover:
             ids=delta.ids if self.request.want_ids else None,
             logprobs=delta.logprobs,
             content=delta.content,
+            reasoning=delta.reasoning,
             receipt=receipt,
         )
 

@@ -84,11 +84,12 @@ async def relay_stream(
         chosen: Candidate | None = None
         try:
             async for event in dispatcher.acquire(
-                frame.model,
+                frame.base_model,
                 session=tenant_session(frame.tenant or "", frame.session),
                 exclude=stream.excluded,
                 deadline=stream.deadline,
                 prefix=prefix,
+                adapter=frame.adapter,
             ):
                 if isinstance(event, Queued):
                     queued = stream.on_queued(event.position, event.eta_seconds)
@@ -142,7 +143,7 @@ async def relay_stream(
                         agent_first_token_at=channel.first_delta_at,
                     )
                 elif isinstance(item, StartFrame):
-                    dispatcher.taken(agent_id, prefix)
+                    dispatcher.taken(agent_id, prefix, frame.adapter)
                     start = stream.on_start(item)
                     if start is not None:
                         yield start

@@ -35,6 +35,8 @@ class Candidate:
     """Streams the agent said it served at its last heartbeat, over every gateway."""
     full: bool = False
     """The agent just refused a stream for capacity (other gateways' streams fill it)."""
+    adapters: frozenset[str] = frozenset()
+    """LoRA adapters this gateway sent it lately: most likely loaded there still."""
 
     def routable(self, now: float) -> bool:
         """Ready and not expired."""
@@ -80,9 +82,17 @@ def choose_agent(
     session: str | None = None,
     exclude: Collection[str] = (),
     affinity: PrefixAffinity | None = None,
+    adapter: str | None = None,
 ) -> Candidate | None:
-    """The agent for a new stream, or None when no healthy agent has room."""
+    """The agent for a new stream, or None when no healthy agent has room.
+
+    A stream with a LoRA adapter goes among the agents that have it loaded, if one has room:
+    elsewhere it would wait for the adapter to load.
+    """
     healthy = [c for c in candidates if c.routable(now) and c.agent_id not in exclude]
+    if adapter is not None:
+        loaded = [c for c in healthy if adapter in c.adapters and c.has_room()]
+        healthy = loaded or healthy
     if session:
         ranked = sorted(healthy, key=lambda c: rendezvous_score(session, c.agent_id), reverse=True)
         return next((c for c in ranked if c.has_room()), None)

@@ -57,8 +57,8 @@ def stream_refusal(
     conditions = GatewayConditions(
         shutting_down=state.shutting_down,
         max_prompt_chars=state.settings.limits.max_prompt_chars,
-        context=dispatcher.view.context_limits(frame.model),
-        model_known=dispatcher.knows(frame.model),
+        context=dispatcher.view.context_limits(frame.base_model),
+        model_known=dispatcher.knows(frame.base_model),
         resume_delivered=resume_delivered(state, frame, principal),
     )
     return gateway_refusal(frame, principal.grant, conditions, state.clock())

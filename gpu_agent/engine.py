@@ -7,10 +7,11 @@ exactly. Cancelling the consumer of `generate` (or closing it) aborts the reques
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from gpu_agent.reasoning import ThinkTags
 from gpu_agent.tool_calls import ToolCallReader
 from spotgate.protocol import ChatMessage, GenerateFrame, Tool
 from spotgate.settings import EngineKind
@@ -28,6 +29,10 @@ class EngineRequestError(ValueError):
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.param = param
+
+
+class EngineBusy(Exception):
+    """The engine has no room for this request now (another agent may): a capacity refusal."""
 
 
 class NoChatTemplate(EngineRequestError):
@@ -85,6 +90,9 @@ class GenerationRequest:
     cache_salt: str | None = None
     """Keeps the prompt's cached KV blocks apart from those of other salts (`spotgate.tenancy`);
     an engine with no prefix cache ignores it."""
+    adapter: str | None = None
+    """The LoRA adapter to generate with (one of `Engine.adapter_names`); None: the model's own
+    weights."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +134,8 @@ class Engine(Protocol):
     """An upper bound on the prompt characters one token stands for (see `spotgate.context`)."""
     held_token_ids: frozenset[int]
     """Ids whose text waits for the ids after them (`gpu_agent.detokenizer.held_token_ids`)."""
+    think_tags: ThinkTags | None
+    """The tags the model thinks between (its reasoning parser's); None: it does not reason."""
     prefix_cache: PrefixCacheCounts
     """Prompt tokens the engine looked up in its prefix cache and those it found, since start;
     an engine with no cache keeps zeros."""
@@ -135,9 +145,14 @@ class Engine(Protocol):
         ...
 
     def chat_prompt_ids(
-        self, messages: Sequence[ChatMessage], tools: Sequence[Tool] = ()
+        self,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[Tool] = (),
+        template_kwargs: Mapping[str, object] | None = None,
     ) -> list[int]:
         """Token ids of the chat template applied to `messages` and tools, ready for the reply.
+
+        `template_kwargs`: more of the template's variables (`enable_thinking`, …).
 
         Raises `NoChatTemplate` for a model that has none.
         """
@@ -159,6 +174,10 @@ class Engine(Protocol):
 
     def tool_calls(self, tools: Sequence[Tool]) -> ToolCallReader | None:
         """A reader of the calls the model makes of its own accord; None: it has no parser."""
+        ...
+
+    def adapter_names(self) -> Collection[str]:
+        """The LoRA adapters a request may name (`model: "<model>:<adapter>"`)."""
         ...
 
     def decode(self, token_ids: Sequence[int]) -> str:

@@ -33,6 +33,11 @@ OWN_FLAGS = {
     "--load-format": "SPOTGATE_AGENT_MODEL (an s3:// model is streamed)",
     "--logits-processors": "the agent's own (exact resumes, JSON schemas)",
     "--disable-log-stats": "the agent's own (it reads the prefix cache's counters)",
+    "--enable-lora": "SPOTGATE_AGENT_VLLM__LORA_ADAPTERS",
+    "--lora-modules": "SPOTGATE_AGENT_VLLM__LORA_ADAPTERS",
+    "--max-loras": "SPOTGATE_AGENT_VLLM__MAX_LORAS",
+    "--max-cpu-loras": "SPOTGATE_AGENT_VLLM__MAX_LORAS",
+    "--max-lora-rank": "SPOTGATE_AGENT_VLLM__MAX_LORA_RANK",
 }
 """Flags the agent sets itself, and the setting that sets each instead."""
 
@@ -65,6 +70,12 @@ def agent_flags(settings: AgentSettings) -> list[str]:
         flags += ["--revision", vllm.revision, "--tokenizer-revision", vllm.revision]
     if is_s3_uri(settings.model):  # staged, `model_fetch: stream`
         flags += ["--load-format", "runai_streamer"]
+    if vllm.lora_adapters:
+        # One slot more than the agent ever fills (`gpu_agent.adapters`): vLLM's CPU kernels
+        # give a request without an adapter the last slot's, when that slot holds one.
+        slots = str(vllm.max_loras + 1)
+        flags += ["--enable-lora", "--max-loras", slots, "--max-cpu-loras", slots,
+                  "--max-lora-rank", str(vllm.max_lora_rank)]  # fmt: skip
     return flags
 
 

@@ -18,7 +18,7 @@ from aiohttp import WSCloseCode, web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gpu_agent.auth import HttpJwks, JwksSource, SsmJwks, TokenVerifier
-from gpu_agent.engine import EngineFailed, EngineRequestError, ReplyBroken
+from gpu_agent.engine import EngineBusy, EngineFailed, EngineRequestError, ReplyBroken
 from gpu_agent.engine_loader import load_engine
 from gpu_agent.imds import ImdsClient, watch_notices
 from gpu_agent.runtime import AgentRuntime, EngineLoader, StreamHandle
@@ -190,6 +190,9 @@ async def _serve_stream(
     except StreamRefused as err:
         outcome = err.code.value
         await send(ErrorFrame(id=frame.id, code=err.code, message=err.message, param=err.param))
+    except EngineBusy as err:
+        outcome = ErrorCode.NO_CAPACITY.value
+        await send(ErrorFrame(id=frame.id, code=ErrorCode.NO_CAPACITY, message=str(err)))
     except EngineRequestError as err:
         outcome = "invalid_request"
         await send(

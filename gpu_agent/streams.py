@@ -15,6 +15,11 @@ from dataclasses import dataclass, field
 from gpu_agent.detokenizer import IncrementalDetokenizer, ResumeMismatch
 from gpu_agent.engine import Engine, FinishReason, GenerationRequest, PromptTooLong, TokenLogprobs
 from gpu_agent.grammar import JSON_OBJECT_SCHEMA, schema_text
+from gpu_agent.reasoning import (
+    GENERATION_PROMPT_TOKENS,
+    ReasoningTokens,
+    ReplyReasoning,
+)
 from gpu_agent.tool_calls import ReplyContent, ToolCallReader
 from spotgate.admission import agent_stream_refusal
 from spotgate.context import (
@@ -34,6 +39,7 @@ from spotgate.protocol import (
     Timings,
     TokenLogprob,
     Tool,
+    ToolCall,
     TopLogprob,
     Usage,
 )
@@ -75,7 +81,11 @@ def check_request(
     Raises `StreamRefused` with `spotgate.admission.agent_stream_refusal`'s answer.
     """
     refusal = agent_stream_refusal(
-        frame, claims.grant, served_model=engine.model, max_prompt_chars=max_prompt_chars
+        frame,
+        claims.grant,
+        served_model=engine.model,
+        max_prompt_chars=max_prompt_chars,
+        adapters=engine.adapter_names(),
     )
     if refusal is not None:
         raise StreamRefused(refusal.code, refusal.message, refusal.param)
@@ -229,8 +239,9 @@ class _StopFilter:
         return out
 
 
-def _tokenless_delta(frame: GenerateFrame, text: str, content: str | None) -> DeltaFrame:
+def _tokenless_delta(frame: GenerateFrame, text: str, parts: ReplyParts) -> DeltaFrame:
     """Text that was held back, sent with no token of its own."""
+    content, reasoning = parts
     return DeltaFrame(
         id=frame.id,
         text=text,
@@ -238,7 +249,95 @@ def _tokenless_delta(frame: GenerateFrame, text: str, content: str | None) -> De
         ids=[] if frame.want_ids else None,
         logprobs=[] if frame.logprobs is not None else None,
         content=content,
+        reasoning=reasoning,
     )
+
+
+ReplyParts = tuple[str | None, str | None]
+"""What a delta adds to the reply's content and to its thinking (None: not told apart)."""
+
+
+class ReplyReader:
+    """A reply's text told apart as it streams: thinking, content, tool-call markup.
+
+    Thinking comes first (`gpu_agent.reasoning`); what follows it is content, in which the
+    calls the model makes of its own accord are markup (`gpu_agent.tool_calls`). Both are
+    pure functions of the text so far, so a reader started from a moved stream's text goes on
+    exactly where the client is.
+    """
+
+    def __init__(
+        self,
+        reasoning: ReplyReasoning | None,
+        tools: ToolCallReader | None,
+        text: str,
+        *,
+        show_reasoning: bool,
+    ) -> None:
+        self._reasoning = reasoning
+        self._tools = tools
+        self._show_reasoning = show_reasoning
+        answer = text if reasoning is None else reasoning.initial_answer
+        self._content = ReplyContent(tools.markers, answer) if tools is not None else None
+
+    @property
+    def reasons(self) -> bool:
+        """Whether the reply's thinking is told from its answer."""
+        return self._reasoning is not None
+
+    @property
+    def splits(self) -> bool:
+        """Whether deltas say what is content (else all their text is)."""
+        return self._reasoning is not None or self._tools is not None
+
+    def feed(self, text: str) -> ReplyParts:
+        """What `text`, appended to the reply, adds to its content and thinking."""
+        if not self.splits:
+            return None, None
+        if self._reasoning is None:
+            return self._answer(text), None
+        thinking, answer = self._reasoning.feed(text)
+        return self._answer(answer), self._shown(thinking)
+
+    def finish(self) -> tuple[ReplyParts, list[ToolCall] | None]:
+        """What the whole reply still adds (held back), and the calls it made, if any."""
+        thinking, answer = self._reasoning.finish() if self._reasoning is not None else ("", "")
+        content = self._answer(answer) if self.splits else None
+        calls = None
+        if self._tools is not None and self._content is not None:
+            parsed = self._tools.read(self._content.text)
+            calls = parsed.calls or None
+            content = (content or "") + self._content.finish(parsed.content)
+        return (content, self._shown(thinking) if self._reasoning is not None else None), calls
+
+    def _answer(self, text: str) -> str:
+        return self._content.feed(text) if self._content is not None else text
+
+    def _shown(self, thinking: str) -> str:
+        return thinking if self._show_reasoning else ""
+
+
+def reply_reader(
+    frame: GenerateFrame, engine: Engine, prompt_ids: Sequence[int], sent_text: str
+) -> ReplyReader:
+    """How this stream's reply is told apart, from the text its client already has.
+
+    The thinking is told from the answer for a model that reasons, unless the prompt already
+    ended it (the template turned thinking off) or a grammar holds the reply to a shape.
+    """
+    tags = engine.think_tags
+    reasoning = None
+    if tags is not None and json_schema_of(frame) is None:
+        tail = engine.decode(prompt_ids[-GENERATION_PROMPT_TOKENS:])
+        if not tags.closed_in_prompt(tail):
+            reasoning = ReplyReasoning(tags, sent_text)
+    reader = ReplyReader(
+        reasoning,
+        tool_call_reader(frame, engine),
+        sent_text,
+        show_reasoning=frame.include_reasoning,
+    )
+    return reader
 
 
 def _check_resume(resume: Resume, engine: Engine, budget: int) -> None:
@@ -296,8 +395,12 @@ async def generate_frames(
     remaining = budget - len(resumed_ids)
     progress.completion_tokens = len(resumed_ids)
     stop_filter = _StopFilter(frame.stop, sent_text)
-    reader = tool_call_reader(frame, engine)
-    content = ReplyContent(reader.markers, sent_text) if reader is not None else None
+    reader = reply_reader(frame, engine, prompt_ids, sent_text)
+    thinking = (
+        ReasoningTokens(engine.think_tags, resumed_ids)
+        if reader.reasons and engine.think_tags is not None
+        else None
+    )
     first_token_ms: float | None = None
 
     yield StartFrame(id=frame.id, agent=agent_id, engine=engine.kind, prompt_tokens=len(prompt_ids))
@@ -305,7 +408,7 @@ async def generate_frames(
     if remaining <= 0:  # moved after its last token: only text held back is left to send
         text = stop_filter.feed(detokenizer.flush(), final=True)
         if text:
-            yield _tokenless_delta(frame, text, content.feed(text) if content is not None else None)
+            yield _tokenless_delta(frame, text, reader.feed(text))
         finish = "stop" if stop_filter.stopped else "length"
     else:
         request = GenerationRequest(
@@ -328,6 +431,7 @@ async def generate_frames(
             logprobs=frame.logprobs,
             json_schema=json_schema_of(frame),
             cache_salt=cache_salt(frame.tenant) if frame.tenant is not None else None,
+            adapter=frame.adapter,
         )
         async with aclosing(engine.generate(request)) as steps:
             async for step in steps:
@@ -346,6 +450,9 @@ async def generate_frames(
                 opens_reply = not resumed_ids and progress.completion_tokens == 0
                 progress.completion_tokens += len(step.token_ids)
                 progress.last_token_at = time.monotonic()
+                if thinking is not None:
+                    thinking.add(step.token_ids)
+                content, reasoning = reader.feed(text)
                 yield DeltaFrame(
                     id=frame.id,
                     text=text,
@@ -356,22 +463,26 @@ async def generate_frames(
                         if frame.logprobs is not None
                         else None
                     ),
-                    content=content.feed(text) if content is not None else None,
+                    content=content,
+                    reasoning=reasoning,
                 )
                 if stop_filter.stopped or final:
                     break
-    calls = None
-    if reader is not None and content is not None:
-        parsed = reader.read(content.text)
-        calls = parsed.calls or None
-        rest = content.finish(parsed.content)
-        if rest:  # the content held back in case it opened a call, when none was made
-            yield _tokenless_delta(frame, "", rest)
+    rest, calls = reader.finish()
+    if any(rest):  # held back in case it opened a call or a tag, when none came
+        yield _tokenless_delta(frame, "", rest)
     total_ms = (time.monotonic() - started) * 1000
     yield DoneFrame(
         id=frame.id,
         finish_reason=finish,
-        usage=Usage(prompt_tokens=len(prompt_ids), completion_tokens=progress.completion_tokens),
+        usage=Usage(
+            prompt_tokens=len(prompt_ids),
+            completion_tokens=progress.completion_tokens,
+            # A model that reasons, told not to think this time, thought for no token.
+            reasoning_tokens=(
+                thinking.count if thinking is not None else 0 if engine.think_tags else None
+            ),
+        ),
         timings=Timings(
             queue_ms=queue_ms,
             ttft_ms=first_token_ms if first_token_ms is not None else total_ms,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Collection, Mapping, Sequence
 
 from gpu_agent.engine import (
     EngineRequestError,
@@ -17,6 +17,7 @@ from gpu_agent.engine import (
     GenerationRequest,
     PrefixCacheCounts,
 )
+from gpu_agent.reasoning import ThinkTags
 from gpu_agent.tool_calls import ToolCallReader
 from spotgate.protocol import ChatMessage, GenerateFrame, Tool
 from spotgate.settings import AgentSettings, EngineKind
@@ -103,6 +104,7 @@ class SyntheticEngine:
     kind: EngineKind = "synthetic"
     max_token_chars = 1  # a prompt is one token per UTF-8 byte, so per character at least
     held_token_ids: frozenset[int] = frozenset()
+    think_tags: ThinkTags | None = None  # it does not reason
 
     def __init__(self, settings: AgentSettings) -> None:
         self.model = settings.served_model_name or settings.model or "synthetic"
@@ -115,9 +117,12 @@ class SyntheticEngine:
         self.prefix_cache = PrefixCacheCounts()  # zeros: it has no prefix cache
 
     def chat_prompt_ids(
-        self, messages: Sequence[ChatMessage], tools: Sequence[Tool] = ()
+        self,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[Tool] = (),
+        template_kwargs: Mapping[str, object] | None = None,
     ) -> list[int]:
-        """Bytes of a simple transcript, one id per byte (tools are not shown to it)."""
+        """Bytes of a simple transcript, one id per byte (tools and kwargs are not shown to it)."""
         transcript = "".join(f"<{m.role}>{m.content}" for m in messages) + "<assistant>"
         return list(transcript.encode())
 
@@ -134,6 +139,10 @@ class SyntheticEngine:
     def tool_calls(self, tools: Sequence[Tool]) -> ToolCallReader | None:
         """None: synthetic text never holds a tool call."""
         return None
+
+    def adapter_names(self) -> Collection[str]:
+        """None: it has no weights to adapt."""
+        return ()
 
     def known_token(self, token_id: int) -> bool:
         """A word's id, or an echoed byte's."""

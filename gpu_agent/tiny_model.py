@@ -326,3 +326,53 @@ def teach_reply(model: Any, tokenizer: Any, reply: str) -> None:
     with torch.no_grad():
         model.lm_head.weight.zero_()
         model.lm_head.weight[rows] = head * TAUGHT_SHARPNESS
+
+
+ADAPTER_RANK = 8
+ADAPTER_TARGETS = {  # module: (its block, its input and output sizes from the model's config)
+    "q_proj": ("self_attn", "hidden_size", "hidden_size"),
+    "v_proj": ("self_attn", "hidden_size", "hidden_size"),
+    "o_proj": ("self_attn", "hidden_size", "hidden_size"),
+    "down_proj": ("mlp", "intermediate_size", "hidden_size"),
+}
+"""The layers a tiny adapter changes: attention's and the MLP's, so its replies differ."""
+
+
+def write_tiny_adapter(out: Path, base: Path, seed: int) -> Path:
+    """Write a random LoRA adapter (PEFT's layout) for the tiny model at `base` into `out`.
+
+    Its weights come from `seed` (each seed a different adapter, every build the same) and are
+    large enough that greedy replies differ from the base model's.
+    """
+    import torch
+    from safetensors.torch import save_file
+
+    config = json.loads((base / "config.json").read_text())
+    generator = torch.Generator().manual_seed(seed)
+    weights = {}
+    for layer in range(config["num_hidden_layers"]):
+        for module, (block, fan_in, fan_out) in ADAPTER_TARGETS.items():
+            name = f"base_model.model.model.layers.{layer}.{block}.{module}"
+            weights[f"{name}.lora_A.weight"] = torch.randn(
+                ADAPTER_RANK, config[fan_in], generator=generator
+            )
+            weights[f"{name}.lora_B.weight"] = torch.randn(
+                config[fan_out], ADAPTER_RANK, generator=generator
+            )
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(weights, str(out / "adapter_model.safetensors"))
+    adapter_config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "r": ADAPTER_RANK,
+        "lora_alpha": 2 * ADAPTER_RANK,
+        "lora_dropout": 0.0,
+        "bias": "none",
+        "target_modules": list(ADAPTER_TARGETS),
+        "base_model_name_or_path": str(base),
+        "fan_in_fan_out": False,
+        "use_rslora": False,
+        "use_dora": False,
+    }
+    (out / "adapter_config.json").write_text(json.dumps(adapter_config, indent=1))
+    return out

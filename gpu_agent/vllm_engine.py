@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import os
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Collection, Mapping, Sequence
 from contextlib import aclosing
 from pathlib import Path
 from typing import Any
@@ -12,9 +13,11 @@ from typing import Any
 from vllm.v1.metrics.loggers import StatLoggerBase
 from vllm.v1.metrics.stats import IterationStats, MultiModalCacheStats, SchedulerStats
 
+from gpu_agent.adapters import Adapters, AdaptersBusy, AdapterUnknown
 from gpu_agent.bounded_encode import encode_within
 from gpu_agent.detokenizer import held_token_ids
 from gpu_agent.engine import (
+    EngineBusy,
     EngineFailed,
     EngineRequestError,
     EngineStep,
@@ -27,12 +30,13 @@ from gpu_agent.engine import (
 )
 from gpu_agent.engine_args import engine_args
 from gpu_agent.grammar import GrammarError, Grammars
+from gpu_agent.reasoning import think_tags
 from gpu_agent.token_bytes import TokenBytes
 from gpu_agent.tool_calls import ToolCallReader
-from gpu_agent.vllm_logits import EXTRA_ARGS_KEY, StreamSpec
+from gpu_agent.vllm_logits import EXTRA_ARGS_KEY, SeededSampling, StreamSpec
 from gpu_agent.worker_thread import WorkerThread
 from spotgate.context import UNICODE_COMPOSITION_FACTOR
-from spotgate.model_store import is_s3_uri
+from spotgate.model_store import fetch_model, is_s3_uri
 from spotgate.protocol import ChatMessage, GenerateFrame, Tool
 from spotgate.settings import AgentSettings, EngineKind
 
@@ -106,6 +110,8 @@ class VllmEngine:
         max_model_len: int,
         tool_call_parser: str | None = None,
         prefix_cache: PrefixCacheCounts | None = None,
+        reasoning_parser: str | None = None,
+        adapters: Adapters | None = None,
     ) -> None:
         self._llm = llm
         # Filled by `llm`'s `PrefixCacheStatLogger`; built without one, it stays at zero.
@@ -130,6 +136,11 @@ class VllmEngine:
             if tool_call_parser is not None
             else []
         )
+        self.think_tags = (
+            think_tags(reasoning_parser, tokenizer) if reasoning_parser is not None else None
+        )
+        self._adapters = adapters
+        self._adapters_changing = asyncio.Lock()  # one load or unload at a time
 
     @classmethod
     async def start(cls, settings: AgentSettings) -> VllmEngine:
@@ -168,12 +179,28 @@ class VllmEngine:
             max_model_len,
             engine_settings.tool_call_parser,
             prefix_cache,
+            engine_settings.reasoning_parser,
+            Adapters(
+                engine_settings.lora_adapters,
+                engine_settings.max_loras,
+                functools.partial(
+                    fetch_model, cache=Path(settings.model_cache_dir), aws=settings.shared.aws
+                ),
+            )
+            if engine_settings.lora_adapters
+            else None,
         )
 
-    def chat_prompt_text(self, messages: Sequence[ChatMessage], tools: Sequence[Tool] = ()) -> str:
+    def chat_prompt_text(
+        self,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[Tool] = (),
+        template_kwargs: Mapping[str, object] | None = None,
+    ) -> str:
         """The model's own chat template (its `tokenizer_config.json`), assistant turn opened.
 
-        Tools and tool calls go to the template in OpenAI's shapes, as vLLM passes them.
+        Tools and tool calls go to the template in OpenAI's shapes, as vLLM passes them, and
+        `template_kwargs` as its variables (`enable_thinking`, …), as vLLM's do.
         """
         if not self._tokenizer.chat_template:
             raise NoChatTemplate(
@@ -185,14 +212,19 @@ class VllmEngine:
             tools=[tool.model_dump(exclude_none=True) for tool in tools] or None,
             add_generation_prompt=True,
             tokenize=False,
+            **(template_kwargs or {}),
         )
         return text
 
     def chat_prompt_ids(
-        self, messages: Sequence[ChatMessage], tools: Sequence[Tool] = ()
+        self,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[Tool] = (),
+        template_kwargs: Mapping[str, object] | None = None,
     ) -> list[int]:
         """The chat template's text tokenized, as `apply_chat_template` does (no tokens added)."""
-        return self._encode(self.chat_prompt_text(messages, tools), special_tokens=False)
+        text = self.chat_prompt_text(messages, tools, template_kwargs)
+        return self._encode(text, special_tokens=False)
 
     def text_prompt_ids(self, prompt: str) -> list[int]:
         """The prompt tokenized as vLLM's completions endpoint does (special tokens added)."""
@@ -213,7 +245,9 @@ class VllmEngine:
         if frame.messages is None:
             text, special_tokens = frame.prompt or "", True
         else:
-            text, special_tokens = self.chat_prompt_text(frame.messages, frame.tools or ()), False
+            kwargs = frame.chat_template_kwargs()
+            text = self.chat_prompt_text(frame.messages, frame.tools or (), kwargs)
+            special_tokens = False
         token_chars = max(1, self.max_token_chars)
         if len(text) > max_prompt_tokens * token_chars:  # too long, whatever its tokens
             raise PromptTooLong(-(-len(text) // token_chars))
@@ -225,6 +259,45 @@ class VllmEngine:
         if self._tool_call_parser is None:
             return None
         return ToolCallReader(self._tool_call_parser, self._tokenizer, tools, self._tool_markers)
+
+    def adapter_names(self) -> Collection[str]:
+        """The LoRA adapters in the settings."""
+        return self._adapters.sources.keys() if self._adapters is not None else ()
+
+    async def _adapter_request(self, name: str) -> Any:
+        """The adapter's request for vLLM, loaded into the engine first if it is not there.
+
+        Loaded through `add_lora`, which answers a bad adapter with an error and leaves the
+        engine serving (a bad adapter met inside a generation would stop the engine core).
+        Raises `EngineRequestError` for an adapter that cannot load and `EngineBusy` when
+        every slot holds one in use.
+        """
+        from vllm.lora.request import LoRARequest
+
+        adapters = self._adapters
+        if adapters is None:
+            raise EngineRequestError(f"model '{self.model}' serves no adapters", param="model")
+        async with self._adapters_changing:
+            try:
+                unload = adapters.to_unload(name)
+            except AdapterUnknown as err:
+                raise EngineRequestError(str(err), param="model") from err
+            except AdaptersBusy as err:
+                raise EngineBusy(str(err)) from err
+            if unload is not None:
+                await self._llm.remove_lora(adapters.id_of(unload.name))
+                adapters.unloaded(unload.name)
+            try:
+                path = await adapters.path(name)
+                request = LoRARequest(name, adapters.id_of(name), str(path))
+                if not adapters.is_loaded(name):
+                    await self._llm.add_lora(request)
+            except Exception as err:  # vLLM wraps a worker's failure in a plain Exception
+                raise EngineRequestError(
+                    f"adapter '{name}' could not be loaded: {err}", param="model"
+                ) from err
+            adapters.acquired(name, path)
+        return request
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """Text of the ids, special tokens left out, no clean-up of spaces."""
@@ -291,8 +364,10 @@ class VllmEngine:
         prompt = TokensPrompt(prompt_token_ids=[*request.prompt_ids, *request.resume_ids])
         if request.cache_salt is not None:  # its KV blocks match only prompts of this salt
             prompt["cache_salt"] = request.cache_salt
+        adapter = request.adapter
+        lora = await self._adapter_request(adapter) if adapter is not None else None
         try:
-            outputs = self._llm.generate(prompt, params, request.request_id)
+            outputs = self._llm.generate(prompt, params, request.request_id, lora_request=lora)
             async with aclosing(outputs):
                 async for output in outputs:
                     completion = output.outputs[0]
@@ -312,6 +387,9 @@ class VllmEngine:
             raise EngineFailed(ENGINE_DEAD_REASON) from err
         except (ValueError, VLLMClientError) as err:
             raise EngineRequestError(str(err), param=getattr(err, "parameter", None)) from err
+        finally:
+            if adapter is not None and self._adapters is not None:
+                self._adapters.released(adapter)
 
     async def close(self) -> None:
         """Shut the engine's processes and threads down."""
@@ -321,31 +399,55 @@ class VllmEngine:
 
 
 def sampling_params(request: GenerationRequest) -> Any:
-    """The `SamplingParams` of a request; what spans a resume goes to `StreamConstraints`."""
+    """The `SamplingParams` of a request; what spans a resume goes to `StreamConstraints`.
+
+    A seeded, sampled request is drawn there too, each token with a seed of its place in the
+    completion, so it draws the same wherever it moved; vLLM then takes the one token left.
+    """
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
     spec: StreamSpec = {}
     presence, frequency = request.presence_penalty, request.frequency_penalty
-    if request.resume_ids and (presence or frequency):
+    seeded = request.seed is not None and request.temperature > 0
+    if (request.resume_ids or seeded) and (presence or frequency):
         # vLLM's own would count only the tokens generated after the resume.
         spec["presence_penalty"], spec["frequency_penalty"] = presence, frequency
         presence = frequency = 0.0
     if request.json_schema is not None:
         spec["json_schema"] = request.json_schema
+    draw = {
+        "temperature": request.temperature,
+        "top_p": request.top_p,
+        "top_k": request.top_k or 0,
+        "min_p": request.min_p,
+        "repetition_penalty": request.repetition_penalty,
+    }
+    if seeded and request.seed is not None:
+        spec["sampling"] = SeededSampling(
+            seed=request.seed,
+            temperature=request.temperature,
+            top_p=request.top_p,
+            top_k=request.top_k or 0,
+            min_p=request.min_p,
+            repetition_penalty=request.repetition_penalty,
+        )
+        # vLLM greedy over the one token left; no penalty, filter or seed of its own.
+        draw = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0,
+                "repetition_penalty": 1.0}  # fmt: skip
     if spec:
         spec["resumed"] = len(request.resume_ids)
     return SamplingParams(
         max_tokens=request.max_tokens,
-        temperature=request.temperature,
-        top_p=request.top_p,
-        seed=request.seed,
+        seed=None if seeded else request.seed,
         presence_penalty=presence,
         frequency_penalty=frequency,
         logit_bias=dict(request.logit_bias) if request.logit_bias else None,
-        top_k=request.top_k or 0,
-        min_p=request.min_p,
-        repetition_penalty=request.repetition_penalty,
+        temperature=draw["temperature"],
+        top_p=draw["top_p"],
+        top_k=int(draw["top_k"]),
+        min_p=draw["min_p"],
+        repetition_penalty=draw["repetition_penalty"],
         min_tokens=request.min_tokens,
         ignore_eos=request.ignore_eos,
         logprobs=request.logprobs,

@@ -1,18 +1,22 @@
-"""What vLLM cannot carry over a resume: a grammar's state and penalties over earlier tokens.
+"""What vLLM cannot carry over a resume: a grammar's state, penalties, a seeded sampler's draws.
 
 A resumed stream reaches vLLM as its prompt followed by the tokens already generated. vLLM's
-own structured outputs would start the grammar again at the first new token, and its
-presence/frequency penalties count only the new tokens. `StreamConstraints`, a logits
-processor loaded into vLLM's engine core, does both over the whole completion instead: the
-request names what it needs in `SamplingParams.extra_args[EXTRA_ARGS_KEY]` (`StreamSpec`),
-including how many of the prompt's last tokens were generated before the resume.
+own structured outputs would start the grammar again at the first new token, its
+presence/frequency penalties count only the new tokens, and its seeded sampler starts its
+random draws afresh. `StreamConstraints`, a logits processor loaded into vLLM's engine core,
+does all three over the whole completion instead: the request names what it needs in
+`SamplingParams.extra_args[EXTRA_ARGS_KEY]` (`StreamSpec`), including how many of the
+prompt's last tokens were generated before the resume.
 
 Structured output always takes this path, fresh or resumed, so one grammar runs on both sides
-of a move. Penalties use vLLM's own unless the stream was resumed.
+of a move. Penalties use vLLM's own unless the stream was resumed. A seeded, sampled stream
+always takes it too: its token at each place in the completion is drawn with a seed of that
+place's own (`place_seed`), so a stream moved anywhere draws what it would have drawn unmoved.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypedDict
 
@@ -37,6 +41,49 @@ class StreamSpec(TypedDict, total=False):
     json_schema: str
     presence_penalty: float
     frequency_penalty: float
+    sampling: SeededSampling
+
+
+class SeededSampling(TypedDict):
+    """A seeded, sampled stream's sampling, done here (vLLM then only takes the token drawn)."""
+
+    seed: int
+    temperature: float
+    top_p: float
+    top_k: int  # 0: every token
+    min_p: float
+    repetition_penalty: float
+
+
+def place_seed(seed: int, place: int) -> int:
+    """The seed of the draw for the completion's token at `place` (0: its first)."""
+    digest = hashlib.blake2b(f"{seed}:{place}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1  # torch takes a seed below 2^63
+
+
+def seeded_draw(logits: torch.Tensor, sampling: SeededSampling, place: int) -> int:
+    """The token drawn from one row's logits as vLLM's sampler draws, with the place's seed.
+
+    Temperature, then `min_p`, then top-k and top-p, then an exponential race (what vLLM's
+    own random sampling is): the same distribution as vLLM's, other random numbers.
+    """
+    scaled = logits / sampling["temperature"]
+    probs = torch.softmax(scaled, dim=-1)
+    if sampling["min_p"] > 0:
+        scaled = scaled.masked_fill(probs < sampling["min_p"] * probs.max(), float("-inf"))
+    top_k = sampling["top_k"]
+    if 0 < top_k < scaled.shape[-1]:
+        kth = torch.topk(scaled, top_k).values[-1]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    if sampling["top_p"] < 1.0:
+        ordered, order = torch.sort(scaled, descending=True)
+        cumulative = torch.softmax(ordered, dim=-1).cumsum(dim=-1)
+        beyond = cumulative - torch.softmax(ordered, dim=-1) >= sampling["top_p"]
+        scaled = scaled.index_fill(0, order[beyond], float("-inf"))
+    probs = torch.softmax(scaled, dim=-1)
+    generator = torch.Generator().manual_seed(place_seed(sampling["seed"], place))
+    race = torch.empty_like(probs).exponential_(generator=generator)
+    return int((probs / race).argmax())
 
 
 @dataclass(eq=False)
@@ -51,11 +98,20 @@ class _Row:
     counts: torch.Tensor | None = None
     seen: int = 0  # output tokens already accepted and counted
     failed: bool = False
+    sampling: SeededSampling | None = None
+    repeated: torch.Tensor | None = None  # tokens of the prompt or completion (repetition)
+
+    @property
+    def place(self) -> int:
+        """The place in the completion of the token drawn next (a token in flight counted)."""
+        return len(self.resumed) + len(self.output)
 
     def advance(self) -> None:
         """Take in the tokens generated since the last step."""
         new = [token for token in self.output[self.seen :] if token >= 0]
         self.seen = len(self.output)
+        if self.repeated is not None and new:
+            self.repeated[torch.tensor(new)] = True
         if self.matcher is not None and not self.failed:
             for token in new:
                 if not self.matcher.accept_token(token):  # only a masked step can lead here
@@ -120,13 +176,19 @@ class StreamConstraints(LogitsProcessor):
         resumed_count = spec.get("resumed", 0)
         resumed = list(prompt_ids[len(prompt_ids) - resumed_count :]) if resumed_count else []
         schema = spec.get("json_schema")
+        sampling = spec.get("sampling")
         row = _Row(
             resumed=resumed,
             output=output_ids,
             matcher=self._grammar_matcher(schema, resumed) if schema is not None else None,
             presence_penalty=spec.get("presence_penalty", 0.0),
             frequency_penalty=spec.get("frequency_penalty", 0.0),
+            sampling=sampling,
         )
+        if sampling is not None and sampling["repetition_penalty"] != 1.0:
+            row.repeated = torch.zeros(self._vocab_size, dtype=torch.bool)
+            if prompt_ids:  # the resumed tokens are the prompt's last ones: counted with it
+                row.repeated[torch.tensor(prompt_ids)] = True
         if row.penalised:
             row.counts = torch.zeros(self._vocab_size)
             if resumed:
@@ -134,7 +196,10 @@ class StreamConstraints(LogitsProcessor):
         return row
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        """Mask what each row's grammar forbids; penalise what its completion repeats."""
+        """Mask grammars' forbidden tokens, penalise repeats, draw seeded rows' tokens.
+
+        A seeded row's drawn token is the only one vLLM is left to choose.
+        """
         if not self._rows:
             return logits
         import xgrammar
@@ -156,4 +221,17 @@ class StreamConstraints(LogitsProcessor):
             counts = row.counts[:width].to(logits.device, logits.dtype)
             logits[index] -= row.frequency_penalty * counts
             logits[index] -= row.presence_penalty * (counts > 0).to(logits.dtype)
+        for index, row in self._rows.items():
+            if row.sampling is None:
+                continue
+            scores = logits[index].to(torch.float32)
+            if row.repeated is not None:  # as vLLM's repetition penalty: over prompt and reply
+                penalty = row.sampling["repetition_penalty"]
+                seen = row.repeated[:width].to(logits.device)
+                scores = torch.where(
+                    seen, torch.where(scores > 0, scores / penalty, scores * penalty), scores
+                )
+            token = seeded_draw(scores, row.sampling, row.place)
+            logits[index] = float("-inf")
+            logits[index, token] = 0.0
         return logits

@@ -17,7 +17,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from spotgate.context import ContextLimits, early_refusal
-from spotgate.protocol import ErrorCode, GenerateFrame
+from spotgate.protocol import ErrorCode, GenerateFrame, split_model
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,8 +66,11 @@ class AgentConditions:
 
 
 def model_allowed(models: Collection[str], model: str) -> bool:
-    """Whether a credential limited to `models` may use `model` (no models: every one)."""
-    return not models or model in models
+    """Whether a credential limited to `models` may use `model` (no models: every one).
+
+    An adapter of a model the credential may use is allowed too.
+    """
+    return not models or model in models or split_model(model)[0] in models
 
 
 def expiry_refusal(grant: Grant, now: float, leeway_seconds: float = 0.0) -> Refusal | None:
@@ -191,12 +194,26 @@ def agent_refusal(grant: Grant, agent: AgentConditions, now: float) -> Refusal |
 
 
 def agent_stream_refusal(
-    frame: GenerateFrame, grant: Grant, *, served_model: str, max_prompt_chars: int
+    frame: GenerateFrame,
+    grant: Grant,
+    *,
+    served_model: str,
+    max_prompt_chars: int,
+    adapters: Collection[str] = (),
 ) -> Refusal | None:
-    """The agent's check before its engine sees a stream: its model, the key's, the prompt."""
-    if frame.model != served_model:
+    """The agent's check before its engine sees a stream: model, adapter, key, prompt."""
+    if frame.base_model != served_model:
         return Refusal(
             ErrorCode.INVALID_REQUEST,
             f"model '{frame.model}' is not served here; this agent serves '{served_model}'",
+        )
+    adapter = frame.adapter
+    if adapter is not None and adapter not in adapters:
+        served = ", ".join(sorted(adapters)) or "none"
+        return Refusal(
+            ErrorCode.MODEL_NOT_FOUND,
+            f"model '{frame.model}': no adapter '{adapter}' of '{served_model}' is served here; "
+            f"its adapters: {served}",
+            param="model",
         )
     return grant_refusal(frame, grant) or prompt_refusal(frame, max_prompt_chars)

@@ -145,14 +145,21 @@ def _model_files(directory: Path) -> Iterator[Path]:
             yield path
 
 
+STAGEABLE_CONFIGS = ("config.json", "adapter_config.json")
+"""What a directory to stage holds: a model's config, or a LoRA adapter's."""
+
+
 async def stage_model(directory: Path, uri: str, aws: AwsSettings) -> ModelManifest:
-    """Copy a model directory to `uri`, every file then the manifest; return the manifest."""
+    """Copy a model (or adapter) directory to `uri`, every file then the manifest."""
     bucket, prefix = split_s3_uri(uri)
     if not prefix:  # staging clears what else is under its prefix: never a whole bucket
         raise ModelStoreError(f"{uri} names no prefix: stage to s3://{bucket}/<model>")
     files = list(_model_files(directory))
-    if not (directory / "config.json").is_file():
-        raise ModelStoreError(f"{directory} holds no config.json: not a model directory")
+    if not any((directory / name).is_file() for name in STAGEABLE_CONFIGS):
+        raise ModelStoreError(
+            f"{directory} holds no config.json (a model) or adapter_config.json (a LoRA "
+            "adapter): nothing to stage"
+        )
     hashes = await asyncio.gather(*(asyncio.to_thread(sha256_of, path) for path in files))
     manifest = ModelManifest(
         files=tuple(

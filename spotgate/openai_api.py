@@ -32,6 +32,7 @@ from spotgate.protocol import (
     ErrorCode,
     GenerateFrame,
     Penalty,
+    ReasoningEffort,
     RepetitionPenalty,
     ResponseFormat,
     TokenLogprob,
@@ -80,8 +81,6 @@ NO_EFFECT_VALUES: dict[str, tuple[object, ...]] = {
     "function_call": (None, "none"),
     "modalities": (None, ["text"]),
     "prediction": (None,),
-    "reasoning_effort": (None,),
-    "reasoning": (None,),
     "verbosity": (None, "medium"),
     "web_search_options": (None,),
     "moderation": (None,),
@@ -109,8 +108,6 @@ REFUSAL_REASONS: dict[str, str] = {
     "image": "the models here read text only",
     "functions": "the legacy function-calling fields are not supported: send 'tools'",
     "function_call": "the legacy function-calling fields are not supported: send 'tool_choice'",
-    "reasoning_effort": "reasoning settings are not supported by the models here",
-    "reasoning": "reasoning settings are not supported by the models here",
     "web_search_options": "there is no built-in web search here",
     "background": "responses are not stored here, so none runs in the background",
     "conversation": "responses are not stored here: send the whole conversation in 'input'",
@@ -156,6 +153,10 @@ class RequestMessage(BaseModel):
     name: Annotated[str, Field(max_length=256)] | None = None
     tool_calls: Annotated[list[ToolCall], Field(max_length=MAX_TOOLS)] | None = None
     tool_call_id: ToolCallId | None = None
+    # An assistant turn's thinking, as a reasoning model's reply gave it (vLLM's newer name
+    # for it is `reasoning`); its chat template decides whether the model sees it again.
+    reasoning_content: str | None = None
+    reasoning: str | None = None
 
     @field_validator("content")
     @classmethod
@@ -185,6 +186,9 @@ class RequestMessage(BaseModel):
             content=text,
             tool_calls=(self.tool_calls or None) if role == "assistant" else None,
             tool_call_id=self.tool_call_id if role == "tool" else None,
+            reasoning_content=(
+                (self.reasoning_content or self.reasoning) if role == "assistant" else None
+            ),
         )
 
 
@@ -281,6 +285,14 @@ def _session(name: str | None) -> str | None:
     return hashlib.sha256(name.encode()).hexdigest()
 
 
+class ChatTemplateKwargs(BaseModel):
+    """vLLM's `chat_template_kwargs`: the template variables a request may set (thinking)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enable_thinking: bool | None = None
+
+
 class ChatCompletionRequest(SamplingRequest):
     """`POST /v1/chat/completions`."""
 
@@ -293,6 +305,10 @@ class ChatCompletionRequest(SamplingRequest):
     tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    # A reasoning model's thinking: OpenAI's effort, and vLLM's switches for it.
+    reasoning_effort: ReasoningEffort | None = None
+    chat_template_kwargs: ChatTemplateKwargs | None = None
+    include_reasoning: bool = True
 
     @model_validator(mode="after")
     def _top_logprobs_need_logprobs(self) -> ChatCompletionRequest:
@@ -321,6 +337,11 @@ class ChatCompletionRequest(SamplingRequest):
             tools=self.tools or None,
             tool_choice=self.tool_choice,
             parallel_tool_calls=self.parallel_tool_calls is not False,
+            reasoning_effort=self.reasoning_effort,
+            enable_thinking=(
+                self.chat_template_kwargs.enable_thinking if self.chat_template_kwargs else None
+            ),
+            include_reasoning=self.include_reasoning,
         )
 
 
@@ -356,14 +377,17 @@ def error_body(code: ErrorCode, message: str, param: str | None = None) -> dict[
     return {"error": {"message": message, "type": error_type, "param": param, "code": code.value}}
 
 
-def usage_body(done: DoneFrame) -> dict[str, int]:
-    """OpenAI's usage object."""
+def usage_body(done: DoneFrame) -> dict[str, Any]:
+    """OpenAI's usage object; a reasoning model's says how many completion tokens were thinking."""
     prompt, completion = done.usage.prompt_tokens, done.usage.completion_tokens
-    return {
+    body: dict[str, Any] = {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
     }
+    if done.usage.reasoning_tokens is not None:
+        body["completion_tokens_details"] = {"reasoning_tokens": done.usage.reasoning_tokens}
+    return body
 
 
 def openai_finish_reason(done: DoneFrame) -> str:
@@ -400,8 +424,9 @@ def completion_body(
     done: DoneFrame,
     logprobs: list[TokenLogprob] | None = None,
     forced: ForcedTools | None = None,
+    reasoning: str | None = None,
 ) -> dict[str, Any]:
-    """A whole (non-streamed) chat or text completion."""
+    """A whole (non-streamed) chat or text completion; `reasoning`: the model's thinking."""
     choice: dict[str, Any] = {"index": 0, "finish_reason": openai_finish_reason(done)}
     if kind == "text":
         choice["text"] = text
@@ -417,6 +442,8 @@ def completion_body(
             choice["finish_reason"] = "tool_calls"
         else:
             choice["message"] = {"role": "assistant", "content": text}
+        if reasoning is not None:
+            choice["message"]["reasoning_content"] = reasoning
     return {
         "id": cid,
         "object": "chat.completion" if kind == "chat" else "text_completion",
@@ -471,6 +498,10 @@ class ChunkEncoder:
         self._text_offset += sum(len(entry.token) for entry in logprobs)
         return self._choice(fields)
 
+    def reasoning(self, text: str) -> bytes:
+        """A chunk carrying more of a reasoning model's thinking."""
+        return self._choice({"delta": {"reasoning_content": text}})
+
     def tool_calls(self, calls: list[dict[str, Any]]) -> bytes:
         """A chunk with whole tool calls (or, named in the first, the opening of a streamed one)."""
         indexed = [{"index": index, **call} for index, call in enumerate(calls)]
@@ -487,7 +518,7 @@ class ChunkEncoder:
             return self._choice({"delta": {}, "finish_reason": finish_reason})
         return self._choice({"text": "", "logprobs": None, "finish_reason": finish_reason})
 
-    def usage(self, usage: dict[str, int]) -> bytes:
+    def usage(self, usage: dict[str, Any]) -> bytes:
         """The final chunk with token counts and no choices (`stream_options.include_usage`)."""
         return self._head + b'],"usage":' + _compact_json(usage).encode() + b"}\n\n"
 

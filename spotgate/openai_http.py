@@ -105,7 +105,10 @@ async def respond(
             if forced is not None and forced.name is not None:  # a named call streams its args
                 await response.write(chunks.first("") + chunks.tool_calls(forced.calls("") or []))
             elif isinstance(frame, DeltaFrame) and forced is None:
-                await response.write(chunks.first(shown_text(frame), frame.logprobs))
+                if frame.reasoning:
+                    await response.write(chunks.first("") + _delta_chunks(chunks, frame))
+                else:
+                    await response.write(chunks.first(shown_text(frame), frame.logprobs))
                 continue  # the role and the first token in one write
             else:
                 await response.write(chunks.first(""))
@@ -114,8 +117,8 @@ async def respond(
                 calls_text.append(frame.text)
                 if forced.name is not None and frame.text:
                     await response.write(chunks.tool_arguments(frame.text))
-            elif (text := shown_text(frame)) or frame.logprobs:
-                await response.write(chunks.content(text, frame.logprobs))
+            elif written := _delta_chunks(chunks, frame):
+                await response.write(written)
         elif isinstance(frame, ErrorFrame):
             await response.write(sse_event(error_body(frame.code, frame.message, frame.param)))
         else:
@@ -136,6 +139,13 @@ async def respond(
     return response
 
 
+def _delta_chunks(chunks: ChunkEncoder, delta: DeltaFrame) -> bytes:
+    """A delta's chunks: its thinking first, then its content (and logprobs), where it has any."""
+    thinking = chunks.reasoning(delta.reasoning) if delta.reasoning else b""
+    text = shown_text(delta)
+    return thinking + (chunks.content(text, delta.logprobs) if text or delta.logprobs else b"")
+
+
 def _forced_ending(chunks: ChunkEncoder, forced: ForcedTools, text: str) -> bytes:
     """What a forced reply still owes at its end: `required` calls, whole, or its text if cut."""
     if forced.name is not None:
@@ -153,17 +163,24 @@ async def _collect(
     forced: ForcedTools | None = None,
 ) -> web.Response:
     text: list[str] = []
+    thinking: list[str] | None = None  # a reasoning model's
     logprobs: list[TokenLogprob] | None = None
     async for frame in frames:
         if isinstance(frame, DeltaFrame):
             text.append(shown_text(frame))
+            if frame.reasoning is not None:
+                thinking = thinking or []
+                thinking.append(frame.reasoning)
             if frame.logprobs is not None:
                 logprobs = logprobs or []
                 logprobs.extend(frame.logprobs)
         elif isinstance(frame, ErrorFrame):
             return json_error(frame.code, frame.message, frame.retry_after, frame.param)
         elif isinstance(frame, DoneFrame):
-            body = completion_body(kind, cid, model, "".join(text), frame, logprobs, forced)
+            reasoning = "".join(thinking) if thinking is not None else None
+            body = completion_body(
+                kind, cid, model, "".join(text), frame, logprobs, forced, reasoning
+            )
             return web.json_response(body)
     return json_error(ErrorCode.INTERNAL, "stream ended without a result")
 
@@ -185,7 +202,7 @@ async def respond_response(
             continue  # queued / start: nothing to show an OpenAI client
         if not stream:
             if isinstance(frame, DeltaFrame):
-                writer.delta(shown_text(frame))
+                writer.delta(shown_text(frame), frame.reasoning)
                 continue
             if isinstance(frame, DoneFrame):
                 return web.json_response(writer.body("completed", frame))
@@ -194,9 +211,10 @@ async def respond_response(
                 headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
             )
             await response.prepare(request)
-            await response.write(writer.opening())
+            reasons = isinstance(frame, DeltaFrame) and frame.reasoning is not None
+            await response.write(writer.opening(reasons=reasons))
         if isinstance(frame, DeltaFrame):
-            await response.write(writer.delta(shown_text(frame)))
+            await response.write(writer.delta(shown_text(frame), frame.reasoning))
         elif isinstance(frame, ErrorFrame):
             await response.write(
                 writer.error(frame.code, frame.message, responses_param(frame.param))

@@ -28,6 +28,7 @@ from spotgate.protocol import (
     JsonSchemaFormat,
     NamedFunction,
     NamedToolChoice,
+    ReasoningEffort,
     ResponseFormat,
     Tool,
     ToolCall,
@@ -82,9 +83,49 @@ class FunctionCallOutputItem(BaseModel):
     output: str
 
 
+class ReasoningText(BaseModel):
+    """A part of a reasoning item: its text (`reasoning_text`, or a `summary_text`)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["reasoning_text", "summary_text"]
+    text: str
+
+
+class ReasoningItem(BaseModel):
+    """A reasoning model's thinking in an earlier reply, sent back with the conversation.
+
+    It goes to the assistant turn after it, as the chat template reads it; the template
+    decides whether the model sees it again (Qwen3's keeps it within a tool loop).
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["reasoning"]
+    content: list[ReasoningText] | None = None
+    summary: list[ReasoningText] = []
+
+    def text(self) -> str:
+        """The thinking: its text, else its summary."""
+        return "".join(part.text for part in self.content or self.summary)
+
+
 InputItem = Annotated[
-    InputMessage | FunctionCallItem | FunctionCallOutputItem, Field(union_mode="left_to_right")
+    InputMessage | FunctionCallItem | FunctionCallOutputItem | ReasoningItem,
+    Field(union_mode="left_to_right"),
 ]
+
+
+class ReasoningOptions(BaseModel):
+    """`reasoning`: how much a reasoning model thinks.
+
+    A summary is not made: the thinking itself comes, whole, as a reasoning item's text.
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    effort: ReasoningEffort | None = None
+    summary: Literal["auto", "concise", "detailed"] | None = None
 
 
 class FunctionTool(BaseModel):
@@ -162,6 +203,7 @@ class ResponsesRequest(SamplingRequest):
     tool_choice: Literal["none", "auto", "required"] | NamedFunctionChoice | None = None
     parallel_tool_calls: bool | None = None
     text: TextOptions | None = None
+    reasoning: ReasoningOptions | None = None
     previous_response_id: str | None = None
 
     @model_validator(mode="after")
@@ -202,14 +244,26 @@ class ResponsesRequest(SamplingRequest):
             if isinstance(self.input, str)
             else self.input
         )
+        thinking: str | None = None  # a reasoning item's, for the assistant turn after it
         for item in items:
-            if isinstance(item, InputMessage):
-                messages.append(item.to_chat_message())
+            if isinstance(item, ReasoningItem):
+                thinking = item.text()
+            elif isinstance(item, InputMessage):
+                message = item.to_chat_message()
+                if message.role == "assistant" and thinking is not None:
+                    message = message.model_copy(update={"reasoning_content": thinking})
+                    thinking = None
+                messages.append(message)
             elif isinstance(item, FunctionCallItem):
                 call = ToolCall(
                     id=item.call_id, function=FunctionCall(name=item.name, arguments=item.arguments)
                 )
-                messages.append(ChatMessage(role="assistant", content="", tool_calls=[call]))
+                messages.append(
+                    ChatMessage(
+                        role="assistant", content="", tool_calls=[call], reasoning_content=thinking
+                    )
+                )
+                thinking = None
             else:
                 messages.append(
                     ChatMessage(role="tool", content=item.output, tool_call_id=item.call_id)
@@ -227,6 +281,7 @@ class ResponsesRequest(SamplingRequest):
             tools=self._tools(),
             tool_choice=self._tool_choice(),
             parallel_tool_calls=self.parallel_tool_calls is not False,
+            reasoning_effort=self.reasoning.effort if self.reasoning is not None else None,
         )
 
 
@@ -251,7 +306,8 @@ class ResponseWriter:
     """A response's output items and its streamed events, from the frames of its stream.
 
     Text becomes one `message` item; a forced tool call, `function_call` items (a named call's
-    arguments stream as they come, `required` calls arrive whole).
+    arguments stream as they come, `required` calls arrive whole). A reasoning model's thinking
+    comes first, as a `reasoning` item (its text as `reasoning_text`), as vLLM writes it.
     """
 
     def __init__(self, request: ResponsesRequest, rid: str, forced: ForcedTools | None) -> None:
@@ -260,8 +316,11 @@ class ResponseWriter:
         self.forced = forced
         self.created_at = int(time.time())
         self.text: list[str] = []
+        self.reasoning: list[str] | None = None  # a reasoning model's thinking
         self._sequence = 0
         self._item_id = f"{'fc' if forced else 'msg'}_{uuid.uuid4().hex}"
+        self._reasoning_id = f"rs_{uuid.uuid4().hex}"
+        self._thinking_open = False  # streamed: the reasoning item is open, the message not yet
 
     # -- whole objects --
 
@@ -293,7 +352,11 @@ class ResponseWriter:
         }
 
     def output(self, done: DoneFrame | None) -> list[dict[str, Any]]:
-        """The output items of the whole reply."""
+        """The output items of the whole reply: its thinking, then its message or calls."""
+        thinking = [] if self.reasoning is None else [self._thinking("completed")]
+        return thinking + self._answer(done)
+
+    def _answer(self, done: DoneFrame | None) -> list[dict[str, Any]]:
         text = "".join(self.text)
         status = "completed" if done is None or done.finish_reason != "length" else "incomplete"
         calls = self.forced.calls(text) if self.forced is not None else None
@@ -306,6 +369,21 @@ class ResponseWriter:
             self._function_call(call, status, self._item_id if index == 0 else None)
             for index, call in enumerate(calls)
         ]
+
+    @property
+    def _answer_index(self) -> int:
+        """The output index of the message (or first call): after the thinking, if any."""
+        return 0 if self.reasoning is None else 1
+
+    def _thinking(self, status: str) -> dict[str, Any]:
+        text = "".join(self.reasoning or ())
+        return {
+            "type": "reasoning",
+            "id": self._reasoning_id,
+            "summary": [],
+            "content": [{"type": "reasoning_text", "text": text}],
+            "status": status,
+        }
 
     def _message(self, text: str, status: str) -> dict[str, Any]:
         return {
@@ -336,25 +414,23 @@ class ResponseWriter:
         data = json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
         return f"event: {kind}\ndata: {data}\n\n".encode()
 
-    def opening(self) -> bytes:
-        """`response.created`, `response.in_progress`, and the item text or a call streams into."""
+    def opening(self, *, reasons: bool = False) -> bytes:
+        """`response.created`, `response.in_progress`, and the item text or a call streams into.
+
+        `reasons`: the model's thinking comes first, into a reasoning item.
+        """
         events = [
             self.event("response.created", response=self.body("in_progress")),
             self.event("response.in_progress", response=self.body("in_progress")),
         ]
-        if self.forced is None:
-            item = {**self._message("", "in_progress"), "content": []}
+        if self.forced is None and reasons:
+            self.reasoning = []
+            self._thinking_open = True
+            item = {**self._thinking("in_progress"), "content": []}
             events.append(self.event("response.output_item.added", output_index=0, item=item))
-            part = {"type": "output_text", "text": "", "annotations": []}
-            events.append(
-                self.event(
-                    "response.content_part.added",
-                    item_id=self._item_id,
-                    output_index=0,
-                    content_index=0,
-                    part=part,
-                )
-            )
+            events.append(self._part_event("added", self._reasoning_id, 0, _reasoning_part("")))
+        elif self.forced is None:
+            events.append(self._message_opening())
         elif self.forced.name is not None:
             call = {
                 "id": self.forced.call_id,
@@ -364,20 +440,66 @@ class ResponseWriter:
             events.append(self.event("response.output_item.added", output_index=0, item=item))
         return b"".join(events)
 
-    def delta(self, text: str) -> bytes:
-        """More of the reply: text, or a named call's arguments (a `required` reply waits)."""
+    def _message_opening(self) -> bytes:
+        index = self._answer_index
+        item = {**self._message("", "in_progress"), "content": []}
+        added = self.event("response.output_item.added", output_index=index, item=item)
+        part = {"type": "output_text", "text": "", "annotations": []}
+        return added + self._part_event("added", self._item_id, index, part)
+
+    def _part_event(self, what: str, item_id: str, index: int, part: dict[str, Any]) -> bytes:
+        return self.event(
+            f"response.content_part.{what}",
+            item_id=item_id,
+            output_index=index,
+            content_index=0,
+            part=part,
+        )
+
+    def _thinking_closing(self) -> bytes:
+        """The reasoning item's `done` events, then the message it is followed by, opened."""
+        self._thinking_open = False
+        text = "".join(self.reasoning or ())
+        done = self.event(
+            "response.reasoning_text.done",
+            item_id=self._reasoning_id,
+            output_index=0,
+            content_index=0,
+            text=text,
+        )
+        part = self._part_event("done", self._reasoning_id, 0, _reasoning_part(text))
+        item = self.event(
+            "response.output_item.done", output_index=0, item=self._thinking("completed")
+        )
+        return done + part + item + self._message_opening()
+
+    def delta(self, text: str, reasoning: str | None = None) -> bytes:
+        """More of the reply: thinking, text, or a named call's arguments (`required` waits)."""
+        events = b""
+        if reasoning is not None:
+            self.reasoning = [*(self.reasoning or ()), reasoning]
+            if reasoning and self._thinking_open:
+                events += self.event(
+                    "response.reasoning_text.delta",
+                    item_id=self._reasoning_id,
+                    output_index=0,
+                    content_index=0,
+                    delta=reasoning,
+                )
         self.text.append(text)
         if not text or (self.forced is not None and self.forced.name is None):
-            return b""
+            return events
+        if self._thinking_open:
+            events += self._thinking_closing()
         if self.forced is None:
-            return self.event(
+            return events + self.event(
                 "response.output_text.delta",
                 item_id=self._item_id,
-                output_index=0,
+                output_index=self._answer_index,
                 content_index=0,
                 delta=text,
             )
-        return self.event(
+        return events + self.event(
             "response.function_call_arguments.delta",
             item_id=self._item_id,
             output_index=0,
@@ -386,8 +508,9 @@ class ResponseWriter:
 
     def closing(self, done: DoneFrame) -> bytes:
         """The items' `done` events and `response.completed` (`response.incomplete` if cut)."""
-        items = self.output(done)
-        events = []
+        first = self._answer_index
+        items = self._answer(done)
+        events = [self._thinking_closing()] if self._thinking_open else []
         if self.forced is None:
             text = "".join(self.text)
             part = items[0]["content"][0]
@@ -395,21 +518,15 @@ class ResponseWriter:
                 self.event(
                     "response.output_text.done",
                     item_id=self._item_id,
-                    output_index=0,
+                    output_index=first,
                     content_index=0,
                     text=text,
                 ),
-                self.event(
-                    "response.content_part.done",
-                    item_id=self._item_id,
-                    output_index=0,
-                    content_index=0,
-                    part=part,
-                ),
+                self._part_event("done", self._item_id, first, part),
             ]
-        for index, item in enumerate(items):
+        for index, item in enumerate(items, start=first):
             if item["type"] == "function_call":
-                if index > 0 or self.forced is None or self.forced.name is None:
+                if index > first or self.forced is None or self.forced.name is None:
                     added = {**item, "arguments": "", "status": "in_progress"}
                     events.append(
                         self.event("response.output_item.added", output_index=index, item=added)
@@ -440,9 +557,13 @@ def _usage(done: DoneFrame) -> dict[str, Any]:
         "input_tokens": prompt,
         "input_tokens_details": {"cached_tokens": 0},
         "output_tokens": completion,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": done.usage.reasoning_tokens or 0},
         "total_tokens": prompt + completion,
     }
+
+
+def _reasoning_part(text: str) -> dict[str, Any]:
+    return {"type": "reasoning_text", "text": text}
 
 
 def _dumped(value: Any) -> Any:

@@ -58,6 +58,16 @@ class ErrorCode(StrEnum):
 
 StreamId = Annotated[str, StringConstraints(min_length=1, max_length=MAX_STREAM_ID_CHARS)]
 ModelName = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+ADAPTER_SEPARATOR = ":"
+"""`<model>:<adapter>` names a LoRA adapter of a served model (Hugging Face ids have no `:`)."""
+
+
+def split_model(name: str) -> tuple[str, str | None]:
+    """(the served model, the LoRA adapter or None) a request's `model` names."""
+    base, separator, adapter = name.partition(ADAPTER_SEPARATOR)
+    return (base, adapter) if separator and adapter else (name, None)
+
+
 Count = Annotated[int, Field(ge=0)]
 TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]
 Milliseconds = Annotated[float, Field(ge=0)]
@@ -101,14 +111,18 @@ class ChatMessage(_Strict):
     content: str
     tool_calls: Annotated[list[ToolCall], Field(min_length=1, max_length=MAX_TOOLS)] | None = None
     tool_call_id: ToolCallId | None = None
+    # An assistant turn's thinking, as a reasoning model wrote it: its chat template decides
+    # whether the model sees it again (Qwen3's keeps it only in the turns of a tool loop).
+    reasoning_content: str | None = None
 
     def chars(self) -> int:
-        """Characters of the turn's text: its content, and its tool calls' ids, names, arguments."""
+        """Characters of the turn's text: content, reasoning, tool calls' ids, names, arguments."""
         calls = sum(
             len(call.id) + len(call.function.name) + len(call.function.arguments)
             for call in self.tool_calls or ()
         )
-        return len(self.content) + len(self.tool_call_id or "") + calls
+        reasoning = len(self.reasoning_content or "")
+        return len(self.content) + len(self.tool_call_id or "") + calls + reasoning
 
 
 class FunctionDefinition(_Strict):
@@ -149,6 +163,9 @@ ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 
 
 Penalty = Annotated[float, Field(ge=-2, le=2)]
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
+"""OpenAI's `reasoning_effort`; a chat template that takes it reads it, "none" turns thinking
+off (vLLM's `enable_thinking`)."""
 Bias = Annotated[float, Field(ge=-100, le=100)]
 RepetitionPenalty = Annotated[float, Field(gt=0, le=2)]
 """vLLM's: logits of tokens already in the prompt or the reply divided (or multiplied) by it."""
@@ -247,6 +264,12 @@ class GenerateFrame(_Strict):
     # None: "auto" with tools, "none" without (OpenAI's defaults).
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True
+    # A reasoning model's thinking: how much (read by chat templates that take it), whether at
+    # all (`enable_thinking`, Qwen3's template switch; None: the template's default, or off
+    # for an effort of "none"), and whether deltas carry it (`include_reasoning`, vLLM's).
+    reasoning_effort: ReasoningEffort | None = None
+    enable_thinking: bool | None = None
+    include_reasoning: bool = True
     session: Annotated[str, StringConstraints(max_length=256)] | None = None
     want_ids: bool = False
     # What the stream already produced: set by a gateway moving it to another agent, or by a
@@ -274,6 +297,31 @@ class GenerateFrame(_Strict):
         if problem is not None:
             raise ValueError(problem)
         return self
+
+    @property
+    def base_model(self) -> str:
+        """The served model the stream runs on (`model` less any adapter)."""
+        return split_model(self.model)[0]
+
+    @property
+    def adapter(self) -> str | None:
+        """The LoRA adapter the stream runs with, if its `model` names one."""
+        return split_model(self.model)[1]
+
+    def chat_template_kwargs(self) -> dict[str, object]:
+        """What a chat template reads of the request beside its turns and tools: its thinking.
+
+        As vLLM passes them: `reasoning_effort` to a template that takes it, and an effort of
+        "none" turns thinking off where the request does not say (`enable_thinking`).
+        """
+        kwargs: dict[str, object] = {}
+        thinking = self.enable_thinking
+        if self.reasoning_effort is not None:
+            kwargs["reasoning_effort"] = self.reasoning_effort
+            thinking = self.reasoning_effort != "none" if thinking is None else thinking
+        if thinking is not None:
+            kwargs["enable_thinking"] = thinking
+        return kwargs
 
     def forced_tools(self) -> list[Tool] | None:
         """The tools a reply must call (a named one, or any with `required`); None: free text."""
@@ -374,9 +422,11 @@ class DeltaFrame(_Strict):
     """`n` more tokens of text; `ids` only when the stream asked with `want_ids`.
 
     `logprobs` (one per token, when the stream asked for them) are OpenAI's chat logprobs.
-    `content`: set when the model may call tools of its own accord (`tool_choice: auto`), the
-    reply content this frame adds; the rest of the reply's `text` is tool-call markup, which
-    the `done` frame's `tool_calls` carry as OpenAI's calls.
+    `content`: set when the model may call tools of its own accord (`tool_choice: auto`) or
+    reasons, the reply content this frame adds; `reasoning`: set when the model reasons (its
+    agents have a reasoning parser), the thinking this frame adds. The rest of the reply's
+    `text` is markup: the thinking's tags, and tool calls, which the `done` frame's
+    `tool_calls` carry as OpenAI's calls.
     """
 
     type: Literal["delta"] = "delta"
@@ -386,6 +436,7 @@ class DeltaFrame(_Strict):
     ids: list[TokenId] | None = None
     logprobs: list[TokenLogprob] | None = None
     content: str | None = None
+    reasoning: str | None = None
     # With `ids`, from a gateway: proof that it delivered every id so far, for `resume`.
     receipt: str | None = None
 
@@ -403,6 +454,8 @@ class Usage(_Strict):
 
     prompt_tokens: Count
     completion_tokens: Count
+    # Of the completion tokens, those of the model's thinking (None: the model does not reason).
+    reasoning_tokens: Count | None = None
 
 
 class Timings(_Strict):

@@ -291,6 +291,13 @@ class VllmSettings(_Section):
     # The model's revision on the Hugging Face Hub (a commit hash pins it): weights, tokenizer
     # and chat template of exactly that commit. None: the newest of the default branch.
     revision: str | None = None
+    # LoRA adapters a request may name (`model: "<served name>:<adapter>"`): each a directory,
+    # or `s3://bucket/prefix` staged with `spotgate model stage` (fetched into
+    # `model_cache_dir` on first use). Loaded on demand, at most `max_loras` at once, each of
+    # rank `max_lora_rank` at most.
+    lora_adapters: dict[str, str] = Field(default_factory=dict)
+    max_loras: PositiveInt = 4
+    max_lora_rank: PositiveInt = 16
     # Every other engine argument of vLLM's, as `vllm serve` takes it (`--quantization awq
     # --kv-cache-dtype fp8 --max-num-batched-tokens 8192`): read by vLLM's own parser when the
     # engine starts; one it does not know, or of the wrong type, stops the start naming it.

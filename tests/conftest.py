@@ -16,6 +16,8 @@ from stack.redis_server import RedisServer
 from tests.support.agents import (  # fixtures for every suite  # noqa: F401
     imds,
     llama2_model_dir,
+    lora_adapter_dirs,
+    reasoning_model_dir,
     reset_emulator,
     ring,
     start_agent,
@@ -25,6 +27,8 @@ from tests.support.agents import (  # fixtures for every suite  # noqa: F401
     tool_model_dir,
     vllm_engine,
     vllm_llama2_engine,
+    vllm_lora_engine,
+    vllm_reasoning_engine,
     vllm_tool_engine,
 )
 from tests.support.clocks import FakeClock
@@ -46,7 +50,15 @@ WORKER_GROUPS = {
 }
 """Tests that must share a worker when `make test` runs the suite on several (pytest-xdist);
 every other test goes to whichever worker is free."""
-VLLM_ENGINE_FIXTURES = frozenset({"vllm_engine", "vllm_llama2_engine", "vllm_tool_engine"})
+VLLM_ENGINE_FIXTURES = frozenset(
+    {
+        "vllm_engine",
+        "vllm_llama2_engine",
+        "vllm_tool_engine",
+        "vllm_reasoning_engine",
+        "vllm_lora_engine",
+    }
+)
 
 
 def worker_group(nodeid: str) -> str:

@@ -64,6 +64,7 @@ def one_line(text: str) -> str:
             ["model", "tiny", "--out", "/no/such/out", "--tokenizer", "llama2", "--reply", "Hi"],
             "no chat template",
         ),
+        (["model", "tiny-adapter", "--base", "/no/such/model", "--out", "x"], "holds no model"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(args: list[str], reason: str) -> None:

@@ -18,8 +18,9 @@ def agent(
     expires_at: float = NOW + 30,
     reported: int = 0,
     full: bool = False,
+    adapters: frozenset[str] = frozenset(),
 ) -> Candidate:
-    return Candidate(agent_id, state, capacity, outstanding, expires_at, reported, full)
+    return Candidate(agent_id, state, capacity, outstanding, expires_at, reported, full, adapters)
 
 
 def chosen(candidates: list[Candidate], **kwargs: object) -> str | None:
@@ -154,3 +155,24 @@ def test_an_explicit_session_outranks_the_prefix() -> None:
 def test_with_zero_skew_the_prefix_only_breaks_ties_of_load() -> None:
     pool = [agent("a", 1), agent("b", 0), agent("c", 0)]
     assert chosen(pool, affinity=affinity({"a": 9, "c": 2}, skew=0.0)) == "c"
+
+
+ADAPTER_CASES = {
+    "goes where the adapter was sent, though busier": (
+        [agent("a", outstanding=1), agent("b", outstanding=5, adapters=frozenset({"x"}))], "b"),
+    "the least loaded of those that have it": (
+        [agent("a", 3, adapters=frozenset({"x"})), agent("b", 1, adapters=frozenset({"x", "y"})),
+         agent("c")], "b"),
+    "where it was sent is full: anywhere with room": (
+        [agent("a", outstanding=10, adapters=frozenset({"x"})), agent("b", outstanding=2)], "b"),
+    "sent nowhere yet: the least loaded": (
+        [agent("a", outstanding=4, adapters=frozenset({"y"})), agent("b", outstanding=2)], "b"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("candidates", "expected"), ADAPTER_CASES.values(), ids=ADAPTER_CASES)
+def test_a_stream_with_an_adapter_prefers_an_agent_it_was_sent_to(
+    candidates: list[Candidate], expected: str
+) -> None:
+    assert chosen(candidates, adapter="x") == expected
+    assert chosen(candidates) != "b" or expected == "b"  # without one, load alone decides

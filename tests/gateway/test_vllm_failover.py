@@ -14,6 +14,12 @@ from spotgate.registry import CreatedApiKey
 from tests.gateway.conftest import Gateway, GatewayAgentFactory, serving
 from tests.support.agents import (
     LLAMA2_MODEL,
+    LORA_MODEL,
+    REASONING_ANSWER,
+    REASONING_MODEL,
+    REASONING_REPLY,
+    REASONING_THINKING,
+    REASONING_THINKING_TOKENS,
     TINY_MODEL,
     TOOL_CALL_ARGUMENTS,
     TOOL_CALL_CONTENT,
@@ -104,6 +110,15 @@ FEATURES: dict[str, dict[str, Any]] = {
         "seed": 11,
     },
     "json_schema sampled": {"response_format": STRUCTURED, "temperature": 1.0, "seed": 7},
+    "sampled with a seed": {
+        "temperature": 1.2,
+        "top_p": 0.95,
+        "top_k": 200,
+        "min_p": 0.01,
+        "repetition_penalty": 1.1,
+        "presence_penalty": 0.3,
+        "seed": 13,
+    },
     "penalties": {"frequency_penalty": 1.5, "presence_penalty": 0.5, "temperature": 0},
     "repetition_penalty": {"repetition_penalty": 1.5, "temperature": 0},
     "logprobs": {"logprobs": 3, "temperature": 0},
@@ -170,7 +185,9 @@ async def test_a_stream_moved_by_a_kill_keeps_each_feature(
     if "response_format" in request or "tools" in request:  # the reply, or the call's arguments
         jsonschema.validate(json.loads(text_of(frames)), WORDS_SCHEMA)
         assert frames[-1]["finish_reason"] == "stop"
-    if request.get("temperature") == 0:  # greedy: exactly the reply of an unmoved stream
+    # Greedy, or sampled with a seed (each token's draw seeded by its place): exactly the reply
+    # of an unmoved stream.
+    if request.get("temperature") == 0 or "seed" in request:
         assert ids_of(frames) == ids_of(reference)
         assert text_of(frames) == text_of(reference)
     if "logprobs" in request:
@@ -280,3 +297,63 @@ async def test_an_sdk_stream_moved_by_a_kill_reads_as_one_unbroken_reply(
     assert moved == unmoved
     jsonschema.validate(json.loads(moved), WORDS_SCHEMA)
     assert all(agent.runtime.streams == {} for agent in agents)
+
+
+@pytest.mark.parametrize(
+    "after_tokens", [8, 26], ids=["killed inside the thinking", "killed inside the answer"]
+)
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+async def test_a_reasoning_models_thinking_and_answer_stay_apart_exactly_across_a_kill(
+    gateway: Gateway,
+    gateway_agent: GatewayAgentFactory,
+    vllm_reasoning_engine: Engine,
+    api_key: CreatedApiKey,
+    after_tokens: int,
+    temperature: float,
+) -> None:
+    request = generate(
+        "ref",
+        REASONING_MODEL,
+        content="Umbrella in Oslo?",
+        max_tokens=100,
+        want_ids=True,
+        temperature=temperature,
+        seed=5,
+    )
+    reference, frames = await moved_by_a_kill(
+        gateway, gateway_agent, vllm_reasoning_engine, api_key, request, after_tokens
+    )
+
+    for stream in (frames, reference):
+        deltas = [frame for frame in stream if frame["type"] == "delta"]
+        assert "".join(frame["reasoning"] for frame in deltas) == REASONING_THINKING
+        assert "".join(frame["content"] for frame in deltas) == REASONING_ANSWER
+        assert stream[-1]["usage"]["reasoning_tokens"] == REASONING_THINKING_TOKENS
+    moved_at = next(i for i, f in enumerate(frames) if f["type"] == "start" and i > 0)
+    before = [f for f in frames[:moved_at] if f["type"] == "delta"]
+    thought_before = "".join(f["reasoning"] for f in before)
+    answered_before = "".join(f["content"] for f in before)
+    # The move fell where the test meant it: inside the thinking, or inside the answer.
+    assert (answered_before == "") == (after_tokens == 8), (thought_before, answered_before)
+    assert text_of(frames) == text_of(reference) == REASONING_REPLY
+
+
+async def test_a_stream_with_an_adapter_moved_by_a_kill_goes_on_under_the_same_adapter(
+    gateway: Gateway,
+    gateway_agent: GatewayAgentFactory,
+    vllm_lora_engine: Engine,
+    api_key: CreatedApiKey,
+) -> None:
+    adapted = f"{LORA_MODEL}:a2"
+    request = generate(
+        "ref", adapted, content="List words", max_tokens=60, want_ids=True, temperature=0
+    )
+    reference, frames = await moved_by_a_kill(
+        gateway, gateway_agent, vllm_lora_engine, api_key, request, after_tokens=20
+    )
+    async with connect(gateway.ws_url, api_key.api_key) as ws:
+        base = (await run_streams(ws, {**request, "model": LORA_MODEL}))["ref"]
+
+    assert ids_of(frames) == ids_of(reference)  # the new agent went on with a2's weights
+    assert text_of(frames) == text_of(reference)
+    assert ids_of(reference)[:20] != ids_of(base)[:20]  # which are not the model's own

@@ -20,6 +20,12 @@ from gpu_agent.engine import Engine
 from spotgate.registry import CreatedApiKey
 from tests.gateway.conftest import Gateway, GatewayAgentFactory
 from tests.support.agents import (
+    LORA_ADAPTERS,
+    LORA_MODEL,
+    REASONING_ANSWER,
+    REASONING_MODEL,
+    REASONING_THINKING,
+    REASONING_THINKING_TOKENS,
     TINY_MODEL,
     TOOL_CALL_ARGUMENTS,
     TOOL_CALL_CONTENT,
@@ -646,3 +652,170 @@ async def test_vllms_own_benchmark_client_gets_every_request_served(
 
     assert (result["completed"], result["failed"]) == (40, 0), set(result["errors"])
     assert result["total_output_tokens"] == 40 * 16  # every stream whole, to its last token
+
+
+ASKED_TO_THINK: Any = {
+    "model": REASONING_MODEL,
+    "messages": [{"role": "user", "content": "Should I take an umbrella in Oslo?"}],
+    "max_tokens": 100,
+}
+
+
+@pytest.fixture
+async def reasoning_client(
+    sdk_client: SdkClient, vllm_reasoning_engine: Engine
+) -> openai.AsyncOpenAI:
+    return await sdk_client(REASONING_MODEL, vllm_reasoning_engine)
+
+
+async def test_a_reasoning_models_thinking_is_reasoning_content_whole_and_streamed(
+    reasoning_client: openai.AsyncOpenAI,
+) -> None:
+    whole = await reasoning_client.chat.completions.create(**ASKED_TO_THINK)
+    chunks = [
+        chunk
+        async for chunk in await reasoning_client.chat.completions.create(
+            **ASKED_TO_THINK, stream=True, stream_options={"include_usage": True}
+        )
+    ]
+
+    message = whole.choices[0].message
+    assert (message.model_extra or {}).get("reasoning_content") == REASONING_THINKING, message
+    assert message.content == REASONING_ANSWER
+    assert whole.usage is not None
+    assert whole.usage.completion_tokens_details is not None
+    assert whole.usage.completion_tokens_details.reasoning_tokens == REASONING_THINKING_TOKENS
+    deltas = [chunk.choices[0].delta for chunk in chunks if chunk.choices]
+    thinking = [(delta.model_extra or {}).get("reasoning_content") or "" for delta in deltas]
+    assert "".join(thinking) == REASONING_THINKING
+    assert len([part for part in thinking if part]) > 1  # the thinking streams as it comes
+    assert "".join(delta.content or "" for delta in deltas) == REASONING_ANSWER
+    usage = chunks[-1].usage
+    assert usage is not None
+    assert usage.completion_tokens_details is not None
+    assert usage.completion_tokens_details.reasoning_tokens == REASONING_THINKING_TOKENS
+
+
+@pytest.mark.parametrize(
+    "switch",
+    [
+        {"reasoning_effort": "none"},
+        {"extra_body": {"chat_template_kwargs": {"enable_thinking": False}}},
+    ],
+    ids=["reasoning_effort none", "enable_thinking false"],
+)
+async def test_thinking_turned_off_in_the_template_leaves_all_of_the_reply_content(
+    reasoning_client: openai.AsyncOpenAI, switch: dict[str, Any]
+) -> None:
+    reply = await reasoning_client.chat.completions.create(**ASKED_TO_THINK, **switch)
+
+    message = reply.choices[0].message
+    assert "reasoning_content" not in (message.model_extra or {})
+    assert message.content  # whatever the model wrote after the closed tags: its answer
+    assert reply.usage is not None
+    assert reply.usage.completion_tokens_details is not None
+    assert reply.usage.completion_tokens_details.reasoning_tokens == 0
+
+
+async def test_a_turns_thinking_sent_back_reaches_the_template(
+    reasoning_client: openai.AsyncOpenAI,
+) -> None:
+    earlier: Any = [
+        {"role": "user", "content": "Umbrella?"},
+        {"role": "assistant", "content": "Yes.", "reasoning_content": "Rain is forecast."},
+        {"role": "user", "content": "And tomorrow?"},
+    ]
+    reply = await reasoning_client.chat.completions.create(
+        model=REASONING_MODEL, messages=earlier, max_tokens=40
+    )
+    assert reply.choices[0].message.content == REASONING_ANSWER
+
+
+async def test_the_responses_api_gives_the_thinking_as_a_reasoning_item(
+    reasoning_client: openai.AsyncOpenAI,
+) -> None:
+    asked: Any = {
+        "model": REASONING_MODEL,
+        "input": "Umbrella in Oslo?",
+        "max_output_tokens": 100,
+        "reasoning": {"effort": "high"},
+    }
+    whole = await reasoning_client.responses.create(**asked)
+    async with reasoning_client.responses.stream(**asked) as events:
+        kinds = []
+        thinking = []
+        async for event in events:
+            kinds.append(event.type)
+            if event.type == "response.reasoning_text.delta":
+                thinking.append(event.delta)
+        final = await events.get_final_response()
+
+    for response in (whole, final):
+        reasoning, message = response.output
+        assert reasoning.type == "reasoning"
+        assert [part.text for part in reasoning.content or ()] == [REASONING_THINKING]
+        assert message.type == "message"
+        assert response.output_text == REASONING_ANSWER
+        assert response.usage is not None
+        assert response.usage.output_tokens_details.reasoning_tokens == REASONING_THINKING_TOKENS
+    assert "".join(thinking) == REASONING_THINKING
+    # The reasoning item closes before the message opens, as OpenAI's and vLLM's streams do.
+    assert kinds.index("response.output_item.done") < kinds.index("response.output_text.delta")
+    # Sent back as input (a conversation the client keeps), the reasoning item is taken.
+    follow_up: Any = [*whole.output, {"role": "user", "content": "Thanks!"}]
+    again = await reasoning_client.responses.create(
+        model=REASONING_MODEL, input=follow_up, max_output_tokens=100
+    )
+    assert again.output_text == REASONING_ANSWER
+
+
+@pytest.fixture
+async def lora_client(sdk_client: SdkClient, vllm_lora_engine: Engine) -> openai.AsyncOpenAI:
+    return await sdk_client(LORA_MODEL, vllm_lora_engine)
+
+
+async def greedy_reply(client: openai.AsyncOpenAI, model: str) -> str:
+    reply = await client.chat.completions.create(
+        model=model, messages=MESSAGES, max_tokens=24, temperature=0
+    )
+    return reply.choices[0].message.content or ""
+
+
+async def test_an_adapter_named_in_the_model_changes_the_reply_alone_or_batched(
+    lora_client: openai.AsyncOpenAI,
+) -> None:
+    names = [LORA_MODEL, f"{LORA_MODEL}:a1", f"{LORA_MODEL}:a2"]
+    alone = {name: await greedy_reply(lora_client, name) for name in names}
+    # Base and adapters in one batch, twice over: each gets its own weights' reply.
+    batched = await asyncio.gather(*(greedy_reply(lora_client, name) for name in names * 2))
+
+    assert len(set(alone.values())) == 3  # each adapter's weights change the reply
+    assert batched == [alone[name] for name in names * 2]
+
+
+async def test_more_adapters_than_slots_take_turns_and_each_stays_its_own(
+    lora_client: openai.AsyncOpenAI,
+) -> None:
+    names = [f"{LORA_MODEL}:{adapter}" for adapter in LORA_ADAPTERS]  # one more than MAX_LORAS
+    alone = {name: await greedy_reply(lora_client, name) for name in names}
+    together = await asyncio.gather(*(greedy_reply(lora_client, name) for name in names))
+    assert together == [alone[name] for name in names]
+
+
+@pytest.mark.parametrize(
+    ("model", "status", "says"),
+    [
+        (f"{LORA_MODEL}:nope", 404, "no adapter 'nope' of 'tiny-lora' is served here"),
+        (f"{LORA_MODEL}:broken", 400, "adapter 'broken' could not be loaded"),
+    ],
+    ids=["unknown adapter", "adapter that cannot load"],
+)
+async def test_an_adapter_that_cannot_serve_is_a_clear_error_and_harms_no_other_stream(
+    lora_client: openai.AsyncOpenAI, model: str, status: int, says: str
+) -> None:
+    with pytest.raises(openai.APIStatusError) as refused:
+        await greedy_reply(lora_client, model)
+    assert refused.value.status_code == status
+    assert says in refused.value.message
+    assert refused.value.body["param"] == "model"  # type: ignore[index]
+    assert await greedy_reply(lora_client, f"{LORA_MODEL}:a1")  # the engine serves on

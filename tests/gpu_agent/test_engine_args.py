@@ -28,9 +28,14 @@ def settings(model: str = "/models/tiny", **vllm: object) -> AgentSettings:
             "SPOTGATE_AGENT_VLLM__MAX_NUM_SEQS, not here",
         ),
         (
-            ["--enable-lora", "--max-model-len=4096"],
+            ["--enable-prefix-caching", "--max-model-len=4096"],
             "SPOTGATE_AGENT_VLLM__ENGINE_ARGS: --max-model-len is set by "
             "SPOTGATE_AGENT_VLLM__MAX_MODEL_LEN, not here",
+        ),
+        (
+            ["--enable-lora", "--lora-modules", "sql=/adapters/sql"],
+            "SPOTGATE_AGENT_VLLM__ENGINE_ARGS: --enable-lora is set by "
+            "SPOTGATE_AGENT_VLLM__LORA_ADAPTERS, not here",
         ),
         (
             ["--model", "other"],
@@ -54,6 +59,15 @@ def test_the_settings_become_the_flags_vllm_serve_takes() -> None:
     assert "--load-format" not in flags
     streamed = agent_flags(settings(model="s3://bucket/models/tiny"))
     assert streamed[streamed.index("--load-format") + 1] == "runai_streamer"
+    assert "--enable-lora" not in flags
+
+
+def test_adapters_turn_lora_on_with_one_slot_more_than_the_agent_fills() -> None:
+    flags = agent_flags(settings(lora_adapters={"sql": "/a/sql"}, max_loras=2, max_lora_rank=8))
+
+    assert "--enable-lora" in flags
+    for flag, value in (("--max-loras", "3"), ("--max-cpu-loras", "3"), ("--max-lora-rank", "8")):
+        assert flags[flags.index(flag) + 1] == value
 
 
 @pytest.mark.vllm

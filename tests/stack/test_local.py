@@ -27,7 +27,7 @@ from loadtest.chaos.stack import SYNTHETIC, StackEngine
 from loadtest.chaos.traffic import SseClients, Tally, Traffic
 from spotgate.registry import Registry
 from spotgate.settings import emulator_settings
-from stack.local import TOKENIZER_CACHE_ENV
+from stack.local import TINY_ANSWER, TINY_THINKING, TOKENIZER_CACHE_ENV
 from tests.support.agents import wait_for
 from tests.support.tokenizers import CACHE as TOKENIZER_CACHE
 from tests.support.up import running_up
@@ -347,7 +347,7 @@ def default_up(tmp_path: Path) -> Iterator[dict[str, Any]]:
         yield running.info
 
 
-async def test_the_default_model_answers_tools_and_structured_output(
+async def test_the_default_model_answers_tools_structured_output_and_reasoning(
     default_up: dict[str, Any],
 ) -> None:
     client = openai.AsyncOpenAI(
@@ -362,7 +362,12 @@ async def test_the_default_model_answers_tools_and_structured_output(
     structured = await client.chat.completions.parse(
         model=model, messages=hi, response_format=Verdict, max_completion_tokens=64
     )
+    thought = await client.chat.completions.create(model=model, messages=hi, max_tokens=64)
 
     assert model == "tiny"
     assert with_tools.choices[0].finish_reason in ("length", "stop", "tool_calls")
     assert isinstance(structured.choices[0].message.parsed, Verdict)
+    # It thinks, then answers: the thinking apart, as `reasoning_content`.
+    message = thought.choices[0].message
+    assert (message.model_extra or {}).get("reasoning_content") == TINY_THINKING
+    assert message.content == TINY_ANSWER

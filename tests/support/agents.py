@@ -24,7 +24,7 @@ from gpu_agent.imds_emulator import create_app as create_imds_app
 from gpu_agent.runtime import AgentRuntime
 from gpu_agent.server import RUNTIME, create_app
 from gpu_agent.synthetic_engine import SyntheticEngine, synthetic_reply
-from gpu_agent.tiny_model import write_tiny_model
+from gpu_agent.tiny_model import write_tiny_adapter, write_tiny_model
 from pool_manager.launches import vouch_for_agent
 from spotgate.process import loopback_socket, serving_on_loopback, socket_port
 from spotgate.registry import Registry
@@ -54,6 +54,22 @@ TOOL_CALL_REPLY = (
 )
 """Some content, then a call in Qwen3's markup: what the tool model answers every chat with.
 No word repeats in it: a model this small tells its place in the reply by the last tokens."""
+REASONING_MODEL = "tiny-qwen3-reasoning"
+"""A tiny Llama on Qwen3's published tokenizer and chat template, taught `REASONING_REPLY`,
+served with vLLM's `qwen3` reasoning parser and `hermes` tool-call parser, as Qwen3 is."""
+REASONING_THINKING = (
+    "\nThe user asks about Oslo; rain seems likely there today, so an umbrella helps.\n"
+)
+REASONING_ANSWER = "\n\nYes: bring one along, since showers are expected this afternoon."
+REASONING_REPLY = f"<think>{REASONING_THINKING}</think>{REASONING_ANSWER}"
+"""Thinking between Qwen3's tags, then the answer: 34 tokens, the closing tag the 20th."""
+REASONING_THINKING_TOKENS = 18
+"""`REASONING_THINKING`'s tokens: those before `</think>`, the opening tag left out."""
+LORA_MODEL = "tiny-lora"
+"""The tiny Llama served with LoRA adapters `LORA_ADAPTERS` (random, one per seed) and one
+that cannot load (`broken`: a config and no weights)."""
+LORA_ADAPTERS = {"a1": 1, "a2": 2, "a3": 3}
+MAX_LORAS = 2
 
 
 def reset_emulator(emulator: AwsEmulator) -> None:
@@ -91,6 +107,27 @@ def llama2_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def reasoning_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("models") / "reasoning"
+    return write_tiny_model(out, tokenizer_dir("qwen3"), reply=REASONING_REPLY)
+
+
+@pytest.fixture(scope="session")
+def lora_adapter_dirs(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, str]:
+    out = tmp_path_factory.mktemp("adapters")
+    adapters = {
+        name: str(write_tiny_adapter(out / name, tiny_model_dir, seed))
+        for name, seed in LORA_ADAPTERS.items()
+    }
+    broken = out / "broken"
+    broken.mkdir()
+    (broken / "adapter_config.json").write_text((out / "a1" / "adapter_config.json").read_text())
+    return {**adapters, "broken": str(broken)}
+
+
+@pytest.fixture(scope="session")
 def tool_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("models") / "tools"
     return write_tiny_model(out, tokenizer_dir("qwen3"), reply=TOOL_CALL_REPLY)
@@ -101,7 +138,10 @@ ENGINE_BATCHED_TOKENS = 4096
 
 
 def vllm_settings(
-    model_dir: Path, served_model_name: str = TINY_MODEL, tool_call_parser: str | None = None
+    model_dir: Path,
+    served_model_name: str = TINY_MODEL,
+    tool_call_parser: str | None = None,
+    reasoning_parser: str | None = None,
 ) -> AgentSettings:
     return AgentSettings(
         engine="vllm",
@@ -115,6 +155,7 @@ def vllm_settings(
             # On the CPU backend: the share of the NUMA node's memory taken at start.
             gpu_memory_utilization=0.3,
             tool_call_parser=tool_call_parser,
+            reasoning_parser=reasoning_parser,
             # Any `vllm serve` flag besides: the tests' engines take one.
             engine_args=f"--max-num-batched-tokens {ENGINE_BATCHED_TOKENS}",
         ),
@@ -144,6 +185,30 @@ async def vllm_tool_engine(tool_model_dir: Path) -> AsyncIterator[Engine]:
     from gpu_agent.vllm_engine import VllmEngine
 
     engine = await VllmEngine.start(vllm_settings(tool_model_dir, TOOL_MODEL, "hermes"))
+    yield engine
+    await engine.close()
+
+
+@pytest.fixture(scope="session")
+async def vllm_reasoning_engine(reasoning_model_dir: Path) -> AsyncIterator[Engine]:
+    from gpu_agent.vllm_engine import VllmEngine
+
+    settings = vllm_settings(reasoning_model_dir, REASONING_MODEL, "hermes", "qwen3")
+    engine = await VllmEngine.start(settings)
+    yield engine
+    await engine.close()
+
+
+@pytest.fixture(scope="session")
+async def vllm_lora_engine(
+    tiny_model_dir: Path, lora_adapter_dirs: dict[str, str]
+) -> AsyncIterator[Engine]:
+    from gpu_agent.vllm_engine import VllmEngine
+
+    settings = vllm_settings(tiny_model_dir, LORA_MODEL)
+    lora = {"lora_adapters": lora_adapter_dirs, "max_loras": MAX_LORAS}
+    vllm = settings.vllm.model_copy(update=lora)
+    engine = await VllmEngine.start(settings.model_copy(update={"vllm": vllm}))
     yield engine
     await engine.close()
 
