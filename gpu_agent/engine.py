@@ -184,6 +184,10 @@ class Engine(Protocol):
         """Text of generated token ids (special tokens left out)."""
         ...
 
+    def prompt_text(self, prompt_ids: Sequence[int]) -> str:
+        """Text of prompt token ids, special tokens kept (what a template wrote)."""
+        ...
+
     def token_bytes(self, token_id: int, *, first: bool) -> bytes:
         """The bytes a token adds to a reply; `first`: it opens the reply.
 

@@ -328,7 +328,7 @@ def reply_reader(
     tags = engine.think_tags
     reasoning = None
     if tags is not None and json_schema_of(frame) is None:
-        tail = engine.decode(prompt_ids[-GENERATION_PROMPT_TOKENS:])
+        tail = engine.prompt_text(prompt_ids[-GENERATION_PROMPT_TOKENS:])
         if not tags.closed_in_prompt(tail):
             reasoning = ReplyReasoning(tags, sent_text)
     reader = ReplyReader(

@@ -98,13 +98,16 @@ def synthetic_reply(user_message: str, max_tokens: int) -> str:
     return "".join(f"{SYNTHETIC_WORDS[synthetic_token(seed, n)]} " for n in range(max_tokens))
 
 
+SYNTHETIC_THINK_TAGS = ThinkTags("<think>", "</think>")
+"""The tags a synthetic engine set to reason tells thinking by (Qwen3's and DeepSeek-R1's)."""
+
+
 class SyntheticEngine:
     """Deterministic text at a configured pace; no model, no accelerator."""
 
     kind: EngineKind = "synthetic"
     max_token_chars = 1  # a prompt is one token per UTF-8 byte, so per character at least
     held_token_ids: frozenset[int] = frozenset()
-    think_tags: ThinkTags | None = None  # it does not reason
 
     def __init__(self, settings: AgentSettings) -> None:
         self.model = settings.served_model_name or settings.model or "synthetic"
@@ -113,6 +116,8 @@ class SyntheticEngine:
         self._ttft_seconds = settings.synthetic.ttft_seconds
         self._tokens_per_second = settings.synthetic.tokens_per_second
         self._echo = settings.synthetic.echo
+        # Its text has no thinking of its own: an echoed message's tags stand in for a model's.
+        self.think_tags = SYNTHETIC_THINK_TAGS if settings.synthetic.reasoning else None
         self._running = 0
         self.prefix_cache = PrefixCacheCounts()  # zeros: it has no prefix cache
 
@@ -147,6 +152,10 @@ class SyntheticEngine:
     def known_token(self, token_id: int) -> bool:
         """A word's id, or an echoed byte's."""
         return 0 <= token_id < len(SYNTHETIC_WORDS) or 0 <= token_id - ECHO_ID_BASE < 256
+
+    def prompt_text(self, prompt_ids: Sequence[int]) -> str:
+        """The transcript's bytes as text (a prompt is one id per UTF-8 byte)."""
+        return bytes(token % 256 for token in prompt_ids).decode(errors="replace")
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """One word and a space per word token; echoed bytes as UTF-8."""

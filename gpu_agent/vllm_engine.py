@@ -299,6 +299,11 @@ class VllmEngine:
             adapters.acquired(name, path)
         return request
 
+    def prompt_text(self, prompt_ids: Sequence[int]) -> str:
+        """The prompt's text as its template wrote it, special tokens kept."""
+        text: str = self._backend.decode(list(prompt_ids), skip_special_tokens=False)
+        return text
+
     def decode(self, token_ids: Sequence[int]) -> str:
         """Text of the ids, special tokens left out, no clean-up of spaces."""
         text: str = self._backend.decode(list(token_ids), skip_special_tokens=True)

@@ -141,9 +141,9 @@ async def respond(
 
 def _delta_chunks(chunks: ChunkEncoder, delta: DeltaFrame) -> bytes:
     """A delta's chunks: its thinking first, then its content (and logprobs), where it has any."""
-    thinking = chunks.reasoning(delta.reasoning) if delta.reasoning else b""
     text = shown_text(delta)
-    return thinking + (chunks.content(text, delta.logprobs) if text or delta.logprobs else b"")
+    content = chunks.content(text, delta.logprobs) if text or delta.logprobs else b""
+    return chunks.reasoning(delta.reasoning) + content if delta.reasoning else content
 
 
 def _forced_ending(chunks: ChunkEncoder, forced: ForcedTools, text: str) -> bytes:

@@ -316,6 +316,9 @@ class SyntheticSettings(_Section):
     max_model_len: PositiveInt = 32_768
     # Reply to a chat with its last user message, a byte per token (UI tests: exact text).
     echo: bool = False
+    # Tell `<think>…</think>` in its replies from the answer, as a reasoning model's agent does
+    # (UI tests of reasoning, with `echo`).
+    reasoning: bool = False
     # How long it takes to come up, standing in for a model's load (cold-start tests).
     load_seconds: Annotated[float, Field(ge=0)] = 0.0
 

@@ -135,7 +135,7 @@ async function connect() {
 function resumeRequest(stream) {
   const resume = {
     token_ids: stream.ids,
-    text: stream.message.content,
+    text: stream.text,
     completion_tokens: stream.ids.length,
     // Proof the gateway delivered these ids: without it they are charged again, as prompt.
     receipt: stream.receipt,
@@ -214,7 +214,13 @@ function onFrame(frame) {
     stream.tokens += frame.n;
     stream.ids.push(...frame.ids);
     if (frame.receipt) stream.receipt = frame.receipt;
-    stream.message.content += frame.text;
+    stream.text += frame.text;
+    // A model that reasons says which text is its thinking and which its answer.
+    if (frame.reasoning) {
+      stream.message.reasoning = (stream.message.reasoning ?? "") + frame.reasoning;
+      showThinking(stream.view, stream.message.reasoning);
+    }
+    stream.message.content += frame.content ?? frame.text;
     stream.view.body.set(stream.message.content); // rendered on the next frame
   } else if (frame.type === "done") {
     if (stream.resuming) sayResumed(stream);
@@ -253,10 +259,12 @@ function finishStream(done) {
   message.finish = done.finish_reason;
   learnReplyCount(message, stream.ids.length);
   // The ids go on with "Continue" (a resume: the model carries on exactly where it stopped).
-  if (done.finish_reason === "length") Object.assign(message, { ids: stream.ids, receipt: stream.receipt });
-  else {
+  if (done.finish_reason === "length") {
+    Object.assign(message, { ids: stream.ids, receipt: stream.receipt, text: stream.text });
+  } else {
     delete message.ids;
     delete message.receipt;
+    delete message.text;
   }
   stream.view.meta.textContent = message.meta;
   endStream();
@@ -266,7 +274,9 @@ function failStream(text) {
   const stream = state.streaming;
   stream.message.error = text;
   // A continuation that failed can be continued again from what it got.
-  if (stream.continuedFrom > 0) Object.assign(stream.message, { ids: stream.ids, receipt: stream.receipt });
+  if (stream.continuedFrom > 0) {
+    Object.assign(stream.message, { ids: stream.ids, receipt: stream.receipt, text: stream.text });
+  }
   stream.view.meta.textContent = "";
   stream.view.meta.append(errorNode(text));
   endStream();
@@ -313,7 +323,7 @@ async function send(text) {
 /** Ask for `reply` again: the same conversation up to it, a fresh answer. */
 async function regenerate(chat, reply) {
   if (!(await ready())) return;
-  for (const field of ["content", "meta", "error", "moved", "trimmed", "finish", "ids", "receipt", "tokens"]) {
+  for (const field of ["content", "reasoning", "text", "meta", "error", "moved", "trimmed", "finish", "ids", "receipt", "tokens"]) {
     delete reply[field];
   }
   reply.content = "";
@@ -370,6 +380,8 @@ function generate(chat, reply, continuing = [], receipt = undefined) {
     id, chat, request, message: reply, view: reply.view,
     started: performance.now(), tokens: 0, agent: null, ids: [...continuing], receipt,
     continuedFrom: continuing.length, interrupted: false,
+    // All the model wrote, thinking and its tags included: what a resume continues after.
+    text: continuing.length ? reply.text ?? reply.content : "",
   };
   state.streaming = stream;
   $("stop").hidden = false;
@@ -549,6 +561,20 @@ function appendMessages(...messages) {
   scrollIfFollowing();
 }
 
+/** A reasoning model's thinking, above its answer, folded away once read. */
+function showThinking(view, text) {
+  if (!view.thinking) {
+    const details = document.createElement("details");
+    details.className = "thinking";
+    const summary = document.createElement("summary");
+    summary.textContent = "Thinking";
+    view.thinking = document.createElement("div");
+    details.append(summary, view.thinking);
+    view.root.prepend(details);
+  }
+  view.thinking.textContent = text;
+}
+
 function messageView(message) {
   const root = document.createElement("article");
   root.className = `message ${message.role}`;
@@ -572,6 +598,7 @@ function messageView(message) {
     bodyNode.textContent = message.content;
   }
   message.view = view;
+  if (message.reasoning) showThinking(view, message.reasoning);
   if (message.moved) note(view, "moved", message.moved);
   if (message.trimmed) note(view, "trimmed", message.trimmed);
   if (message.error) meta.append(errorNode(message.error));

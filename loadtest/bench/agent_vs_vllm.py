@@ -27,6 +27,7 @@ from pathlib import Path
 
 import aiohttp
 
+from loadtest.bench.cpu_engine import BenchEngine
 from loadtest.bench.harness import (
     Sample,
     Server,
@@ -39,7 +40,7 @@ from loadtest.bench.harness import (
     wait_ready,
 )
 from loadtest.bench.report import machine_facts, median, percentile, write_section
-from loadtest.bench.vllm_agent import BenchEngine, create_tables, start_vllm_agent
+from loadtest.bench.vllm_agent import create_tables, start_vllm_agent
 from spotgate.process import free_port
 from spotgate.tokens import KeyRing, SigningKey
 

@@ -31,6 +31,7 @@ from typing import Any
 
 import aiohttp
 
+from loadtest.bench.cpu_engine import BenchEngine
 from loadtest.bench.harness import (
     Server,
     emulator_process,
@@ -39,7 +40,7 @@ from loadtest.bench.harness import (
     wait_ready,
 )
 from loadtest.bench.report import machine_facts, percentile, write_section
-from loadtest.bench.vllm_agent import BenchEngine, create_tables, start_vllm_agent
+from loadtest.bench.vllm_agent import create_tables, start_vllm_agent
 from spotgate.admission import GatewayConditions, Grant, gateway_refusal
 from spotgate.context import ContextLimits
 from spotgate.protocol import MAX_TOOLS, GenerateFrame

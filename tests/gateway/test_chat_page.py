@@ -156,7 +156,9 @@ async def send_prompt(page: Page, text: str, wait: bool = True) -> None:
         await expect(meta).to_contain_text("tokens/s")
 
 
-def echo(tokens_per_second: float, max_model_len: int = 32_768) -> SyntheticEngine:
+def echo(
+    tokens_per_second: float, max_model_len: int = 32_768, *, reasoning: bool = False
+) -> SyntheticEngine:
     """A synthetic engine that replies with the prompt's last message, a byte per token."""
     return SyntheticEngine(
         AgentSettings(
@@ -167,6 +169,7 @@ def echo(tokens_per_second: float, max_model_len: int = 32_768) -> SyntheticEngi
                 tokens_per_second=tokens_per_second,
                 echo=True,
                 max_model_len=max_model_len,
+                reasoning=reasoning,
             ),
         )
     )
@@ -193,6 +196,22 @@ async def test_a_prompt_streams_in_and_the_stats_fill(
     assert "TTFT" in stats
     assert "(synthetic engine)" in stats
     assert f"{len(prompt.encode())} tokens" in stats
+
+
+async def test_a_reasoning_models_thinking_shows_apart_from_its_answer(
+    browser: Browser, gateway: Gateway, gateway_agent: GatewayAgentFactory
+) -> None:
+    await gateway_agent(engine=echo(tokens_per_second=200, reasoning=True))
+    page = await open_page(browser, gateway.url)
+
+    await send_prompt(page, "<think>Spot is cheap; notices are short.</think>Use spot.")
+
+    reply = page.locator(".message.assistant")
+    await expect(reply.locator(".thinking")).to_contain_text("Spot is cheap; notices are short.")
+    assert await reply.locator(".body").inner_text() == "Use spot."
+    await page.reload()  # kept with the conversation
+    await page.click("#chats li >> nth=0 >> .open")
+    await expect(page.locator(".message.assistant .thinking")).to_contain_text("notices are short")
 
 
 RICH = """## Spot or on-demand?
