@@ -23,7 +23,7 @@ from pydantic import (
     model_validator,
 )
 
-from spotgate.settings import DEFAULT_MAX_FRAME_BYTES, MAX_REQUEST_BYTES
+from spotgate.settings import ADAPTER_SEPARATOR, DEFAULT_MAX_FRAME_BYTES, MAX_REQUEST_BYTES
 
 PROTOCOL_VERSION = "spotgate.v1"
 MAX_STREAM_ID_CHARS = 128
@@ -58,8 +58,6 @@ class ErrorCode(StrEnum):
 
 StreamId = Annotated[str, StringConstraints(min_length=1, max_length=MAX_STREAM_ID_CHARS)]
 ModelName = Annotated[str, StringConstraints(min_length=1, max_length=256)]
-ADAPTER_SEPARATOR = ":"
-"""`<model>:<adapter>` names a LoRA adapter of a served model (Hugging Face ids have no `:`)."""
 
 
 def split_model(name: str) -> tuple[str, str | None]:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -41,6 +42,20 @@ LogFormat = Literal["auto", "json", "console"]
 Lifecycle = Literal["spot", "on-demand", "local"]
 EngineKind = Literal["vllm", "synthetic"]
 NonNegativeInt = Annotated[int, Field(ge=0)]
+ADAPTER_SEPARATOR = ":"
+"""`<model>:<adapter>` names a LoRA adapter of a served model, so no served name holds it."""
+
+
+def _served_name(name: str) -> str:
+    if ADAPTER_SEPARATOR in name:
+        raise ValueError(
+            f"{name!r}: a served model's name has no '{ADAPTER_SEPARATOR}' "
+            f"('<model>{ADAPTER_SEPARATOR}<adapter>' names a LoRA adapter of a model)"
+        )
+    return name
+
+
+ServedName = Annotated[str, AfterValidator(_served_name)]
 
 
 class _Section(BaseModel):
@@ -247,7 +262,7 @@ class GatewaySettings(BaseSettings):
     # so the balancer, not the gateway, closes idle connections (else: occasional 502s). A new
     # connection that has not sent its request headers by then is closed too (slow senders).
     keepalive_seconds: PositiveFloat = 75.0
-    models: tuple[str, ...] = ()
+    models: tuple[ServedName, ...] = ()
     # Local mode only (`spotgate up` sets it): the chat page offers this key so it works at
     # once. Anyone who can load the page can read it, so it needs a loopback `host`.
     chat_dev_api_key: SecretStr | None = None
@@ -348,7 +363,7 @@ class AgentSettings(BaseSettings):
     # `stream` (vLLM's Run:ai streamer reads them from S3 straight into the engine; the
     # `gpu` extra installs it).
     model_fetch: Literal["download", "stream"] = "download"
-    served_model_name: str | None = None
+    served_model_name: ServedName | None = None
     vllm: VllmSettings = VllmSettings()
     synthetic: SyntheticSettings = SyntheticSettings()
     limits: SocketLimits = SocketLimits()
@@ -431,7 +446,7 @@ class PoolModel(_Section):
     model), locally `source` and `agent_env`.
     """
 
-    name: str = Field(min_length=1)  # what clients ask for: the `spotgate:model` tag
+    name: Annotated[ServedName, Field(min_length=1)]  # what clients ask for: `spotgate:model`
     min_agents: NonNegativeInt | None = None  # None: the pool's min_agents
     max_agents: PositiveInt | None = None  # None: the pool's max_agents
     # Demand gone for this long scales the model down (to min_agents; 0 of them: to zero).

@@ -341,13 +341,37 @@ def test_agent_unavailable(agent: AgentConditions, expected: Refusal | None) -> 
         ),
         # an agent's stream check leaves expiry to the socket (and the token's verification)
         pytest.param(frame(), Grant(expires_at=NOW - 1), None, id="expiry-not-checked-here"),
+        pytest.param(frame("m:sql"), TOKEN, None, id="an-adapter-it-serves"),
+        pytest.param(
+            frame("m:sql"), Grant(models=frozenset({"m"})), None, id="a-granted-models-adapter"
+        ),
+        pytest.param(
+            frame("m:legal"),
+            TOKEN,
+            Refusal(
+                ErrorCode.MODEL_NOT_FOUND,
+                "model 'm:legal': no adapter 'legal' of 'm' is served here; its adapters: sql",
+                param="model",
+            ),
+            id="an-adapter-it-does-not-serve",
+        ),
+        pytest.param(
+            frame("m:sql"),
+            Grant(models=frozenset({"m:legal"})),
+            forbidden("m:sql"),
+            id="another-adapter-granted",
+        ),
     ],
 )
 def test_agent_stream_refusal(
     request_frame: GenerateFrame, grant: Grant, expected: Refusal | None
 ) -> None:
     refusal = agent_stream_refusal(
-        request_frame, grant, served_model="m", max_prompt_chars=MAX_PROMPT_CHARS
+        request_frame,
+        grant,
+        served_model="m",
+        max_prompt_chars=MAX_PROMPT_CHARS,
+        adapters=("sql",),
     )
     assert refusal == expected
 

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from pydantic import SecretStr, ValidationError
 from pydantic_settings import BaseSettings
@@ -175,3 +177,17 @@ def test_only_what_was_set_is_written() -> None:
         "SPOTGATE_GATEWAY_PORT": "9001",
         "SPOTGATE_GATEWAY_LIMITS__MAX_FRAME_BYTES": "1024",
     }
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: AgentSettings(served_model_name="qwen3:8b"),
+        lambda: GatewaySettings(models=("tiny", "qwen3:8b")),
+        lambda: PoolSettings(models=("qwen3:8b",)),
+    ],
+    ids=["agent", "gateway", "pool"],
+)
+def test_a_served_name_with_the_adapter_separator_is_refused_naming_why(make: Any) -> None:
+    with pytest.raises(ValidationError, match="a served model's name has no ':'"):
+        make()

@@ -34,8 +34,9 @@ MOVED_KEYS = {
     "maxAgents": "models[].maxAgents",
 }
 """Context keys of a one-model pool, and where each moved when the pool took a list of models."""
-MODEL_TAG_VALUE = re.compile(r"[\w .:/=+@-]{1,256}")
-"""An EC2 tag value (the model's name is its agents' `spotgate:model` tag), on one line."""
+MODEL_TAG_VALUE = re.compile(r"[\w ./=+@-]{1,256}")
+"""An EC2 tag value (the model's name is its agents' `spotgate:model` tag), on one line, with
+no `:` (`<name>:<adapter>` names a LoRA adapter)."""
 TEMPLATE_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9().\-_]")
 """What a launch template name may not hold (`/` is allowed there, but not in a construct id)."""
 LAUNCH_TEMPLATE_NAME_MAX = 128
@@ -96,7 +97,8 @@ class ModelConfig:
         """Raise `ConfigError`, naming `where` (`models[0]`), for values that cannot deploy."""
         if not MODEL_TAG_VALUE.fullmatch(self.name):
             raise ConfigError(
-                f"{where}.name: 1 to 256 letters, digits, spaces or _.:/=+-@ (an EC2 tag value)"
+                f"{where}.name: 1 to 256 letters, digits, spaces or _./=+-@ (an EC2 tag value; "
+                "no ':', which names a LoRA adapter: '<name>:<adapter>')"
             )
         if not self.model:
             raise ConfigError(f"{where}.model: must name a model (a Hugging Face id or a path)")

@@ -159,6 +159,7 @@ def test_a_key_of_the_one_model_pool_says_where_it_moved(key: str) -> None:
         (_one_model(name=""), "models[0].name"),
         (_one_model(name="a\nb"), "models[0].name"),
         (_one_model(name="a|b"), "models[0].name"),  # not an EC2 tag value
+        (_one_model(name="qwen3:8b"), "models[0].name"),  # `:` names a LoRA adapter
         (_one_model(name="x" * 120), "models[0].name"),  # its template name is too long
         (_one_model(model=""), "models[0].model"),
         (_one_model(revision="a\nb"), "models[0].revision"),
