@@ -84,7 +84,13 @@ class Adapters:
         return adapter_to_unload(self._loaded, self._in_use, self.max_loaded)
 
     async def path(self, name: str) -> Path:
-        """The adapter's local directory (a staged one is fetched first)."""
+        """The adapter's local directory.
+
+        Where it was loaded from while it is loaded; else its source, a staged one fetched first
+        (so a stream with a loaded adapter reads nothing from S3).
+        """
+        if name in self._loaded:
+            return self._loaded[name]
         source = self.sources[name]
         return await self._fetch(source) if is_s3_uri(source) else Path(source)
 

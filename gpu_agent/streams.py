@@ -318,7 +318,12 @@ class ReplyReader:
 
 
 def reply_reader(
-    frame: GenerateFrame, engine: Engine, prompt_ids: Sequence[int], sent_text: str
+    frame: GenerateFrame,
+    engine: Engine,
+    prompt_ids: Sequence[int],
+    sent_text: str,
+    *,
+    grammar: bool,
 ) -> ReplyReader:
     """How this stream's reply is told apart, from the text its client already has.
 
@@ -327,7 +332,7 @@ def reply_reader(
     """
     tags = engine.think_tags
     reasoning = None
-    if tags is not None and json_schema_of(frame) is None:
+    if tags is not None and not grammar:
         tail = engine.prompt_text(prompt_ids[-GENERATION_PROMPT_TOKENS:])
         if not tags.closed_in_prompt(tail):
             reasoning = ReplyReasoning(tags, sent_text)
@@ -395,7 +400,8 @@ async def generate_frames(
     remaining = budget - len(resumed_ids)
     progress.completion_tokens = len(resumed_ids)
     stop_filter = _StopFilter(frame.stop, sent_text)
-    reader = reply_reader(frame, engine, prompt_ids, sent_text)
+    schema = json_schema_of(frame)
+    reader = reply_reader(frame, engine, prompt_ids, sent_text, grammar=schema is not None)
     thinking = (
         ReasoningTokens(engine.think_tags, resumed_ids)
         if reader.reasons and engine.think_tags is not None
@@ -429,7 +435,7 @@ async def generate_frames(
             min_tokens=max(0, frame.min_tokens - len(resumed_ids)),
             ignore_eos=frame.ignore_eos,
             logprobs=frame.logprobs,
-            json_schema=json_schema_of(frame),
+            json_schema=schema,
             cache_salt=cache_salt(frame.tenant) if frame.tenant is not None else None,
             adapter=frame.adapter,
         )

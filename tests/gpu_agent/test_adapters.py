@@ -68,3 +68,17 @@ async def test_a_staged_adapter_is_fetched_from_s3_on_first_use(
     assert local != written
     for name in ("adapter_config.json", "adapter_model.safetensors"):
         assert (local / name).read_bytes() == (written / name).read_bytes()
+
+
+async def test_a_loaded_staged_adapter_is_not_fetched_again(tmp_path: Path) -> None:
+    fetched: list[str] = []
+
+    async def fetch(uri: str) -> Path:
+        fetched.append(uri)
+        return tmp_path / "a1"
+
+    adapters = Adapters({"a1": "s3://adapters/tiny/a1"}, max_loaded=1, fetch=fetch)
+    adapters.acquired("a1", await adapters.path("a1"))
+    adapters.released("a1")
+    assert await adapters.path("a1") == tmp_path / "a1"
+    assert fetched == ["s3://adapters/tiny/a1"]  # once, for its load
