@@ -81,7 +81,10 @@ def seeded_draw(logits: torch.Tensor, sampling: SeededSampling, place: int) -> i
         beyond = cumulative - torch.softmax(ordered, dim=-1) >= sampling["top_p"]
         scaled = scaled.index_fill(0, order[beyond], float("-inf"))
     probs = torch.softmax(scaled, dim=-1)
-    generator = torch.Generator().manual_seed(place_seed(sampling["seed"], place))
+    # On the logits' own device: a CUDA tensor cannot draw from a CPU generator.
+    generator = torch.Generator(device=probs.device).manual_seed(
+        place_seed(sampling["seed"], place)
+    )
     race = torch.empty_like(probs).exponential_(generator=generator)
     return int((probs / race).argmax())
 
