@@ -63,6 +63,7 @@ class PoolAgent:
     drain_deadline: float | None = None
     ready_at: float | None = None
     at_risk: bool = False  # AWS recommended rebalancing it: replace first, then drain
+    for_warm_pool: bool = False  # launched to boot once, then be stopped into the warm pool
 
     @property
     def placement(self) -> PlacementKey:
@@ -84,6 +85,7 @@ class PolicySettings:
     launch_timeout_seconds: float = 900.0
     heartbeat_timeout_seconds: float = 60.0
     on_demand_hold_seconds: float = 1800.0
+    warm_pool_size: int = 0  # stopped on-demand instances kept to start in a warm start
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +94,21 @@ class Sizing:
 
     target: int = 0
     needed_at: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class WarmInstance:
+    """A stopped on-demand instance that booted once: its volume keeps the image and weights."""
+
+    instance_id: str
+    instance_type: str
+    zone: str
+    stopped_at: float
+
+    @property
+    def placement(self) -> PlacementKey:
+        """The (type, zone) it starts in."""
+        return (self.instance_type, self.zone)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +123,8 @@ class PoolSnapshot:
     on_demand_refused_until: Mapping[PlacementKey, float] = field(default_factory=dict)
     # Spot prices now, where known (they move); the others are the configured ones.
     spot_prices: Mapping[PlacementKey, float] = field(default_factory=dict)
+    # The model's warm pool: stopped on-demand instances that booted once.
+    warm: tuple[WarmInstance, ...] = ()
 
     def spot_price(self, placement: PlacementOption) -> float:
         """The placement's spot price per hour now: the latest known, else the configured one."""
@@ -119,6 +138,7 @@ class Launch:
     instance_type: str
     zone: str
     lifecycle: LaunchLifecycle
+    for_warm_pool: bool = False  # boot once, then stop into the warm pool (on-demand only)
 
     @property
     def placement(self) -> PlacementKey:
@@ -142,7 +162,32 @@ class Terminate:
     reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class StartWarm:
+    """Start a stopped instance of the warm pool: on-demand capacity in a warm start's time."""
+
+    instance_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class StopToWarm:
+    """Stop an idle on-demand agent's instance into the warm pool (its volume is kept)."""
+
+    agent_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class TerminateWarm:
+    """Terminate a stopped instance of the warm pool (more than the pool keeps)."""
+
+    instance_id: str
+    reason: str
+
+
 Action = Launch | Drain | Terminate
+WarmAction = StartWarm | StopToWarm | TerminateWarm
 
 
 def agents_for_demand(pending: int, active: int, settings: PolicySettings) -> int:
