@@ -180,6 +180,45 @@ class AgentOperations(RegistryBase):
                 raise
             raise AgentNotFound(f"agent {agent_id} is not registered") from err
 
+    async def remove_gone(self, agent_id: str) -> None:
+        """Delete a `gone` entry, so its instance's next boot registers afresh (idempotent).
+
+        Only the pool manager calls it, for an instance of the warm pool it is about to start
+        again (the instance keeps its id, its agent its row's key). A live entry is never
+        removed: that is refused, as is bringing a `gone` one back in place.
+        """
+        try:
+            await self._client.delete_item(
+                TableName=self._tables.agents,
+                Key={"agent_id": encode(agent_id)},
+                ConditionExpression="attribute_not_exists(agent_id) OR #state = :gone",
+                ExpressionAttributeNames={"#state": "state"},
+                ExpressionAttributeValues={":gone": encode(AgentState.GONE.value)},
+            )
+        except ClientError as err:
+            if not is_condition_failure(err):
+                raise
+            raise await self._refusal(agent_id, "remove") from err
+
+    async def record_warm_boot(self, agent_id: str) -> None:
+        """Mark the agent's boot a warm start (the pool manager started its stopped instance)."""
+        try:
+            await self._client.update_item(
+                TableName=self._tables.agents,
+                Key={"agent_id": encode(agent_id)},
+                UpdateExpression="SET boot_kind = :warm",
+                ConditionExpression="attribute_exists(agent_id) AND #state <> :gone",
+                ExpressionAttributeNames={"#state": "state"},
+                ExpressionAttributeValues={
+                    ":warm": encode("warm"),
+                    ":gone": encode(AgentState.GONE.value),
+                },
+            )
+        except ClientError as err:
+            if not is_condition_failure(err):
+                raise
+            raise await self._refusal(agent_id, "record a warm boot for") from err
+
     async def get_agent(self, agent_id: str) -> AgentRecord | None:
         """The agent's entry (read consistently), or None if there is none."""
         response = await self._client.get_item(

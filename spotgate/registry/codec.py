@@ -74,6 +74,8 @@ def agent_from_item(item: Mapping[str, Mapping[str, Any]]) -> AgentRecord:
     values["boot"] = BootTimeline(
         **{phase: float(boot[phase]) for phase in BOOT_PHASES if phase in boot}
     )
+    # An entry written before boots had kinds, or with one unknown here: a cold boot.
+    values["boot_kind"] = "warm" if values.get("boot_kind") == "warm" else "cold"
     known = AgentRecord.__dataclass_fields__
     return AgentRecord(**{name: value for name, value in values.items() if name in known})
 

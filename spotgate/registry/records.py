@@ -60,6 +60,10 @@ BOOT_PHASES: tuple[BootPhase, ...] = (
 the weights were on hand (staged ones fetched), the engine loaded them, the warm-up generation
 came back, the agent registered ready."""
 
+BootKind = Literal["cold", "warm"]
+"""A cold boot is an instance's first (a new volume: the image pulled, the weights fetched);
+a warm one, an instance of the warm pool started again (its volume kept them)."""
+
 
 @dataclass(frozen=True, slots=True)
 class BootTimeline:
@@ -115,6 +119,9 @@ class AgentRecord:
     # of the change feed gateways read (`BY_CHANGE_INDEX`).
     changed_at: float = 0.0
     boot: BootTimeline = field(default_factory=BootTimeline)
+    # Whether this boot was the instance's first or a start from the warm pool: written by
+    # the pool manager, which started it (`Registry.record_warm_boot`).
+    boot_kind: BootKind = "cold"
 
     def is_live(self, now: float) -> bool:
         """Whether the entry has not expired (heartbeats keep pushing `expires_at`)."""

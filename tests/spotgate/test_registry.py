@@ -164,6 +164,59 @@ async def test_gone_is_never_resurrected(registry: Registry) -> None:
     assert await registry.list_ready("m") == []
 
 
+async def test_a_stopped_instance_started_again_registers_afresh_once_its_gone_entry_is_removed(
+    registry: Registry, clock: FakeClock
+) -> None:
+    """The warm pool: an instance keeps its id (its agent's key) over a stop and a start."""
+    first = await registry.register(replace(agent(), boot=BootTimeline(instance_start=1.0)))
+    await registry.set_gone("i-0abc")  # stopped into the warm pool
+    with pytest.raises(AgentGone):  # the row itself never comes back
+        await registry.register(agent())
+
+    await registry.remove_gone("i-0abc")  # the pool manager, just before it starts it
+    await registry.remove_gone("i-0abc")  # idempotent
+    assert await registry.get_agent("i-0abc") is None
+    clock.advance(600)
+    again = await registry.register(replace(agent(), boot=BootTimeline(instance_start=clock.now)))
+    assert again.ready_at == clock.now > (first.ready_at or 0)
+    assert again.boot_kind == "cold"  # what the agent writes: the pool manager knows better
+
+    await registry.record_warm_boot("i-0abc")
+    stored = await registry.get_agent("i-0abc")
+    assert stored is not None
+    assert stored == replace(again, boot_kind="warm")
+
+
+@pytest.mark.parametrize(
+    "state", [AgentState.STARTING, AgentState.READY, AgentState.DRAINING], ids=str
+)
+async def test_a_live_entry_is_never_removed(registry: Registry, state: AgentState) -> None:
+    """No one takes over a live row by having it removed: only a `gone` one goes."""
+    await registry.register(agent(state=AgentState.STARTING))
+    if state is AgentState.READY:
+        await registry.register(agent())
+    elif state is AgentState.DRAINING:
+        await registry.set_draining("i-0abc", deadline=2_000_000_000.0)
+
+    with pytest.raises(InvalidTransition):
+        await registry.remove_gone("i-0abc")
+
+    record = await registry.get_agent("i-0abc")
+    assert record is not None
+    assert record.state is state
+
+
+async def test_a_warm_boot_is_recorded_only_for_a_registered_live_agent(
+    registry: Registry,
+) -> None:
+    with pytest.raises(AgentNotFound):
+        await registry.record_warm_boot("i-nobody")
+    await registry.register(agent())
+    await registry.set_gone("i-0abc")
+    with pytest.raises(AgentGone):
+        await registry.record_warm_boot("i-0abc")
+
+
 async def test_draining_never_goes_back_to_ready(registry: Registry) -> None:
     await registry.register(agent())
     await registry.set_draining("i-0abc", deadline=2_000_000_000.0)
