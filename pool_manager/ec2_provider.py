@@ -10,6 +10,12 @@ model), so a launch for one model can never boot another.
 
 Every instance carries the tags `spotgate:pool`, `spotgate:model` and `spotgate:lifecycle`;
 `instances()` lists the pool by its tag, so instances started by hand are never touched.
+
+An on-demand instance may be stopped into its model's warm pool (`StopInstances`: the root
+volume keeps the image and, on the volume, the weights) and started again
+(`StartInstances`). EC2 keeps its id, its private address and its tags; the provider tags
+when it was stopped and started (`spotgate:stopped-at`, `spotgate:started-at`) and that a
+boot is warm (`spotgate:boot`), as EC2's own `LaunchTime` need not say so.
 """
 
 from __future__ import annotations
@@ -24,9 +30,15 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from pool_manager.policy import Launch, LaunchLifecycle, PlacementKey
-from pool_manager.provider import CapacityRefused, Instance, ProviderError
+from pool_manager.provider import (
+    CapacityRefused,
+    Instance,
+    ProviderError,
+    StartRefused,
+    StoppedInstance,
+)
 from spotgate.logging import get_logger
-from spotgate.registry import aws_session, instance_agent_id
+from spotgate.registry import BootKind, aws_session, instance_agent_id
 from spotgate.settings import PoolSettings, SharedSettings
 
 log = get_logger(__name__)
@@ -40,10 +52,17 @@ POOL_TAG = "spotgate:pool"
 MODEL_TAG = "spotgate:model"
 LIFECYCLE_TAG = "spotgate:lifecycle"
 NAME_TAG = "Name"
+WARM_POOL_TAG = "spotgate:warm-pool"  # "true": launched to boot once, then be stopped
+BOOT_TAG = "spotgate:boot"  # "warm" once started again from the warm pool
+STARTED_AT_TAG = "spotgate:started-at"  # epoch seconds of its last start from the warm pool
+STOPPED_AT_TAG = "spotgate:stopped-at"  # epoch seconds of its last stop into the warm pool
 
 LAUNCH_TEMPLATE_ID_PREFIX = "lt-"
 LAUNCH_TEMPLATE_VERSION = "$Latest"
 LISTED_STATES = ("pending", "running")
+STOPPED_STATES = ("stopping", "stopped")
+"""A stopping instance is in the warm pool already: counted, though it starts only once
+stopped (EC2 refuses the start until then)."""
 CLIENT_CONNECT_TIMEOUT_SECONDS = 5
 CLIENT_MAX_ATTEMPTS = 3
 
@@ -190,9 +209,7 @@ class Ec2Provider:
                 "TotalTargetCapacity": 1,
                 "DefaultTargetCapacityType": launch.lifecycle,
             },
-            "TagSpecifications": [
-                {"ResourceType": "instance", "Tags": self._tags(model, launch.lifecycle)}
-            ],
+            "TagSpecifications": [{"ResourceType": "instance", "Tags": self._tags(model, launch)}],
         }
 
     async def _run_instance(self, model: str, launch: Launch) -> Instance:
@@ -201,9 +218,7 @@ class Ec2Provider:
             "MaxCount": 1,
             "LaunchTemplate": self._template_spec(model),
             "InstanceType": launch.instance_type,
-            "TagSpecifications": [
-                {"ResourceType": "instance", "Tags": self._tags(model, launch.lifecycle)}
-            ],
+            "TagSpecifications": [{"ResourceType": "instance", "Tags": self._tags(model, launch)}],
         }
         subnet = self._ec2.subnets.get(launch.zone)
         if subnet is not None:
@@ -245,6 +260,7 @@ class Ec2Provider:
             instance_type=launch.instance_type,
             zone=launch.zone,
             launched_at=self._clock(),
+            for_warm_pool=launch.for_warm_pool,
         )
 
     def _agent_id(self, instance_id: str) -> str:
@@ -262,38 +278,104 @@ class Ec2Provider:
         )
         return {key: template, "Version": LAUNCH_TEMPLATE_VERSION}
 
-    def _tags(self, model: str, lifecycle: LaunchLifecycle) -> list[dict[str, str]]:
+    def _tags(self, model: str, launch: Launch) -> list[dict[str, str]]:
         pool = self._ec2.pool_name
-        return [
+        tags = [
             {"Key": POOL_TAG, "Value": pool},
             {"Key": MODEL_TAG, "Value": model},
-            {"Key": LIFECYCLE_TAG, "Value": lifecycle},
+            {"Key": LIFECYCLE_TAG, "Value": launch.lifecycle},
             {"Key": NAME_TAG, "Value": f"{pool}-{model}"},
         ]
+        if launch.for_warm_pool:
+            tags.append({"Key": WARM_POOL_TAG, "Value": "true"})
+        return tags
 
     # -- list --
 
     async def instances(self) -> list[Instance]:
         """The pool's pending and running instances (found by the `spotgate:pool` tag)."""
+        return [
+            _instance_from_description(item, self._agent_id(item["InstanceId"]))
+            for item in await self._described(LISTED_STATES)
+        ]
+
+    async def stopped(self) -> list[StoppedInstance]:
+        """The pool's stopping and stopped instances: its models' warm pools."""
+        return [
+            _stopped_from_description(item, self._agent_id(item["InstanceId"]))
+            for item in await self._described(STOPPED_STATES)
+        ]
+
+    async def _described(self, states: Sequence[str]) -> list[Mapping[str, Any]]:
+        """The pool's instances in these states, as `describe_instances` gives them."""
         paginator = self._client.get_paginator("describe_instances")
-        found: list[Instance] = []
+        found: list[Mapping[str, Any]] = []
         try:
             async for page in paginator.paginate(
                 Filters=[
                     {"Name": f"tag:{POOL_TAG}", "Values": [self._ec2.pool_name]},
-                    {"Name": "instance-state-name", "Values": list(LISTED_STATES)},
+                    {"Name": "instance-state-name", "Values": list(states)},
                 ]
             ):
                 for reservation in page.get("Reservations", []):
-                    found.extend(
-                        _instance_from_description(item, self._agent_id(item["InstanceId"]))
-                        for item in reservation.get("Instances", [])
-                    )
+                    found.extend(reservation.get("Instances", []))
         except (ClientError, BotoCoreError) as err:
             raise ProviderError(
                 _one_line(f"describe_instances failed: {_error_text(err)}")
             ) from err
         return found
+
+    # -- the warm pool --
+
+    async def stop(self, instance_id: str) -> None:
+        """Stop an on-demand instance into the warm pool (EC2 refuses a spot one)."""
+        await self._tag(instance_id, {STOPPED_AT_TAG: repr(self._clock())}, "stop")
+        try:
+            await self._client.stop_instances(InstanceIds=[instance_id])
+        except (ClientError, BotoCoreError) as err:
+            raise ProviderError(
+                _one_line(f"stop {instance_id} failed: {_error_text(err)}")
+            ) from err
+        log.info("stopped", instance_id=instance_id)
+
+    async def start(self, stopped: StoppedInstance) -> Instance:
+        """Start a stopped instance of the warm pool: a warm start.
+
+        EC2 may have no capacity for its type in its zone right now (the instance cannot
+        move): that is `StartRefused`, and the pool launches elsewhere instead.
+        """
+        started_at = self._clock()
+        tags = {BOOT_TAG: "warm", STARTED_AT_TAG: repr(started_at)}
+        await self._tag(stopped.instance_id, tags, "start")
+        try:
+            await self._client.start_instances(InstanceIds=[stopped.instance_id])
+        except (ClientError, BotoCoreError) as err:
+            failure = _one_line(f"start {stopped.instance_id} failed: {_error_text(err)}")
+            if isinstance(err, ClientError) and is_capacity_error(_error_code(err)):
+                raise StartRefused(failure) from err
+            raise ProviderError(failure) from err
+        log.info("started from the warm pool", instance_id=stopped.instance_id)
+        return Instance(
+            instance_id=stopped.instance_id,
+            agent_id=stopped.agent_id,
+            model=stopped.model,
+            lifecycle="on-demand",
+            instance_type=stopped.instance_type,
+            zone=stopped.zone,
+            launched_at=started_at,
+            boot="warm",
+        )
+
+    async def _tag(self, instance_id: str, tags: Mapping[str, str], action: str) -> None:
+        try:
+            await self._client.create_tags(
+                Resources=[instance_id],
+                Tags=[{"Key": key, "Value": value} for key, value in tags.items()],
+            )
+        except (ClientError, BotoCoreError) as err:
+            raise ProviderError(
+                _one_line(f"{action} {instance_id} failed: tagging it: {_error_text(err)}")
+            ) from err
 
     # -- terminate --
 
@@ -377,16 +459,32 @@ def _fleet_refusal(launch: Launch, errors: Sequence[Mapping[str, Any]]) -> Provi
     return ProviderError(_launch_failure(launch, "create_fleet", reasons))
 
 
+def _tags_of(item: Mapping[str, Any]) -> dict[str, str]:
+    return {str(tag["Key"]): str(tag["Value"]) for tag in item.get("Tags", [])}
+
+
+def _tagged_seconds(tags: Mapping[str, str], key: str) -> float:
+    """Epoch seconds the provider tagged the instance with (0: none, or unreadable)."""
+    try:
+        return float(tags.get(key, "0"))
+    except ValueError:
+        return 0.0
+
+
+def _launch_seconds(item: Mapping[str, Any]) -> float:
+    launch_time = item.get("LaunchTime")
+    return launch_time.timestamp() if isinstance(launch_time, datetime) else 0.0
+
+
 def _instance_from_description(item: Mapping[str, Any], agent_id: str) -> Instance:
-    tags = {str(tag["Key"]): str(tag["Value"]) for tag in item.get("Tags", [])}
+    tags = _tags_of(item)
     lifecycle: LaunchLifecycle
     # EC2's own field is the truth for spot; the tag covers emulators that do not record it.
     if item.get("InstanceLifecycle") == "spot" or tags.get(LIFECYCLE_TAG) == "spot":
         lifecycle = "spot"
     else:
         lifecycle = "on-demand"
-    launch_time = item.get("LaunchTime")
-    launched_at = launch_time.timestamp() if isinstance(launch_time, datetime) else 0.0
+    boot: BootKind = "warm" if tags.get(BOOT_TAG) == "warm" else "cold"
     return Instance(
         instance_id=str(item["InstanceId"]),
         agent_id=agent_id,
@@ -396,5 +494,21 @@ def _instance_from_description(item: Mapping[str, Any], agent_id: str) -> Instan
         lifecycle=lifecycle,
         instance_type=str(item.get("InstanceType", "")),
         zone=str(item.get("Placement", {}).get("AvailabilityZone", "")),
-        launched_at=launched_at,
+        # This boot's start: EC2 moves `LaunchTime` to a restart, an emulator may not.
+        launched_at=max(_launch_seconds(item), _tagged_seconds(tags, STARTED_AT_TAG)),
+        boot=boot,
+        for_warm_pool=boot == "cold" and tags.get(WARM_POOL_TAG) == "true",
+    )
+
+
+def _stopped_from_description(item: Mapping[str, Any], agent_id: str) -> StoppedInstance:
+    tags = _tags_of(item)
+    return StoppedInstance(
+        instance_id=str(item["InstanceId"]),
+        agent_id=agent_id,
+        model=tags.get(MODEL_TAG, ""),
+        instance_type=str(item.get("InstanceType", "")),
+        zone=str(item.get("Placement", {}).get("AvailabilityZone", "")),
+        # Stopped by hand (no tag): it has been stopped at least since it last started.
+        stopped_at=_tagged_seconds(tags, STOPPED_AT_TAG) or _launch_seconds(item),
     )

@@ -12,8 +12,14 @@ import pytest
 from botocore.exceptions import ClientError
 
 from pool_manager.ec2_provider import Ec2Provider, latest_spot_prices
-from pool_manager.policy import Launch
-from pool_manager.provider import CapacityRefused, Instance, ProviderError
+from pool_manager.policy import Launch, WarmInstance
+from pool_manager.provider import (
+    CapacityRefused,
+    Instance,
+    ProviderError,
+    StartRefused,
+    StoppedInstance,
+)
 from spotgate.registry import aws_session
 from spotgate.settings import Ec2PoolSettings, PoolModel, PoolSettings, SharedSettings
 from stack.emulator import AwsEmulator
@@ -475,3 +481,79 @@ async def test_an_unreadable_price_history_is_a_provider_error(
     async with Ec2Provider.open(shared, settings, wrap_client=wrap) as provider:
         with pytest.raises(ProviderError, match="RequestLimitExceeded"):
             await provider.spot_prices([(GPU_TYPE, ZONE_A)])
+
+
+async def test_an_instance_stopped_into_the_warm_pool_starts_again_as_a_warm_boot(
+    aws: AwsEmulator, network: Network, provider: Ec2Provider, clock: FakeClock
+) -> None:
+    shared = aws.settings()
+    launched = await provider.launch("llama", Launch(GPU_TYPE, ZONE_A, "on-demand", True))
+    assert launched.for_warm_pool
+    assert tags_of(await describe(shared, launched.instance_id))["spotgate:warm-pool"] == "true"
+    (listed,) = await provider.instances()
+    assert (listed.boot, listed.for_warm_pool) == ("cold", True)
+    # Another pool's stopped instance is none of ours.
+    other = await _ec2_call(
+        shared, "run_instances", ImageId=network.image_id, MinCount=1, MaxCount=1,
+        TagSpecifications=[
+            {"ResourceType": "instance", "Tags": [{"Key": "spotgate:pool", "Value": "other"}]}
+        ],
+    )  # fmt: skip
+    await _ec2_call(shared, "stop_instances", InstanceIds=[other["Instances"][0]["InstanceId"]])
+
+    clock.advance(600)
+    await provider.stop(launched.instance_id)
+
+    assert await provider.instances() == []
+    (stopped,) = await provider.stopped()
+    assert stopped == StoppedInstance(
+        instance_id=launched.instance_id,
+        agent_id=launched.agent_id,
+        model="llama",
+        instance_type=GPU_TYPE,
+        zone=ZONE_A,
+        stopped_at=clock.now,
+    )
+    assert stopped.warm() == WarmInstance(launched.instance_id, GPU_TYPE, ZONE_A, clock.now)
+    assert (await describe(shared, launched.instance_id))["State"]["Name"] == "stopped"
+
+    clock.advance(3600)
+    started = await provider.start(stopped)
+
+    assert await provider.stopped() == []
+    assert await provider.instances() == [started]
+    assert (started.instance_id, started.agent_id) == (launched.instance_id, launched.agent_id)
+    assert (started.boot, started.for_warm_pool) == ("warm", False)  # it serves now
+    assert started.launched_at == clock.now  # this boot's start, not the first launch
+    assert (started.lifecycle, started.model, started.placement) == (
+        "on-demand", "llama", (GPU_TYPE, ZONE_A),
+    )  # fmt: skip
+
+    await provider.stop(started.instance_id)
+    await provider.terminate(started.instance_id)  # a stopped instance ends as a running one
+    assert await provider.stopped() == []
+    assert (await describe(shared, started.instance_id))["State"]["Name"] in (
+        "shutting-down", "terminated",
+    )  # fmt: skip
+
+
+async def test_a_warm_start_refused_for_capacity_says_so(
+    aws: AwsEmulator, network: Network
+) -> None:
+    shared = aws.settings()
+
+    def wrap(client: Any) -> Any:
+        async def start_instances(**request: Any) -> Any:
+            raise client_error("InsufficientInstanceCapacity", "StartInstances")
+
+        return WrappedClient(client, start_instances=start_instances)
+
+    settings = pool_settings(network, shared)
+    async with Ec2Provider.open(shared, settings, wrap_client=wrap) as provider:
+        instance = await provider.launch("llama", Launch(GPU_TYPE, ZONE_A, "on-demand"))
+        await provider.stop(instance.instance_id)
+        (stopped,) = await provider.stopped()
+        with pytest.raises(StartRefused, match="InsufficientInstanceCapacity") as refused:
+            await provider.start(stopped)
+        assert [i.instance_id for i in await provider.stopped()] == [instance.instance_id]
+    assert f"start {instance.instance_id} failed" in str(refused.value)
