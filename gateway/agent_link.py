@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import suppress
 from dataclasses import dataclass
@@ -68,7 +69,12 @@ class StreamStalled:
     seconds: float
 
 
-ChannelItem = ServerFrame | LinkLost | StreamStalled | GatewayGoingAway
+@dataclass(frozen=True, slots=True)
+class Wakeup:
+    """Not from the agent: the stream's reader has its own event to see (a move prepared)."""
+
+
+ChannelItem = ServerFrame | LinkLost | StreamStalled | GatewayGoingAway | Wakeup
 
 
 class _PendingDelta:
@@ -118,7 +124,7 @@ class StreamChannel:
     """Frames of one stream, in order, with consecutive deltas merged."""
 
     def __init__(self) -> None:
-        self._items: list[ChannelItem | _PendingDelta] = []
+        self._items: deque[ChannelItem | _PendingDelta] = deque()
         self._backlog_tokens = 0
         self._ready = asyncio.Event()
         self.closed = False
@@ -155,23 +161,38 @@ class StreamChannel:
             self.closed = isinstance(item, DoneFrame | ErrorFrame | LinkLost | GatewayGoingAway)
         self._ready.set()
 
+    def unread_ids(self) -> list[int]:
+        """Token ids of the deltas pushed and not yet read, in order."""
+        return [
+            token
+            for entry in self._items
+            if isinstance(entry, _PendingDelta) and entry.ids is not None
+            for token in entry.ids
+        ]
+
     async def items(self, stall_seconds: float | None = None) -> AsyncIterator[ChannelItem]:
-        """Everything pushed until the stream ends, or `StreamStalled` after a silent stall."""
+        """Everything pushed until the stream ends, or `StreamStalled` after a silent stall.
+
+        Taken one entry at a time: a reader that stops early leaves the rest unread.
+        """
         while True:
-            try:
-                async with asyncio.timeout(stall_seconds):
-                    await self._ready.wait()
-            except TimeoutError:
-                yield StreamStalled(stall_seconds or 0.0)
-                return
-            batch, self._items = self._items, []
-            self._backlog_tokens = 0
-            self._ready.clear()
-            for entry in batch:
-                item = entry.frame() if isinstance(entry, _PendingDelta) else entry
-                yield item
-                if isinstance(item, DoneFrame | ErrorFrame | LinkLost | GatewayGoingAway):
+            if not self._items:
+                self._ready.clear()
+                try:
+                    async with asyncio.timeout(stall_seconds):
+                        await self._ready.wait()
+                except TimeoutError:
+                    yield StreamStalled(stall_seconds or 0.0)
                     return
+            entry = self._items.popleft()
+            if isinstance(entry, _PendingDelta):
+                self._backlog_tokens -= entry.n
+                item: ChannelItem = entry.frame()
+            else:
+                item = entry
+            yield item
+            if isinstance(item, DoneFrame | ErrorFrame | LinkLost | GatewayGoingAway):
+                return
 
 
 TokenSource = Callable[[], tuple[str, float]]

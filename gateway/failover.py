@@ -32,6 +32,14 @@ The rules (ARCHITECTURE.md):
   agent continues after them, as after a move.
 - A client that asked for token ids gets with each delta a receipt for every id it holds
   (gateway/receipts.py), which its own `resume` brings back.
+- Make-before-break: an agent that drains says `moving` for a stream that cannot finish
+  in time, and streams on. The stream's next agent is chosen and warmed meanwhile (a
+  one-token continuation of the tokens so far fills its prefix cache); then the stream is
+  switched at a token boundary: the continuation opens there, the client's stream goes on
+  from the next agent, whose prefill is now only the tokens since the warm-up. The draining
+  agent's tokens after the switch are dropped, once the next agent's first ones were
+  matched against them (`early_move_checks`). Any failure on the way falls back to a move
+  at the break.
 """
 
 from __future__ import annotations
@@ -78,6 +86,12 @@ class RelayOutcome:
     ttft_ms: float | None = None
     added_ttft_ms: float | None = None  # the gateway's own share of `ttft_ms`, if not queued
     error: ErrorCode | None = None
+    early_moves: int = 0  # moves made before the break (`moving`)
+    # Of those, the checks of the next agent's first tokens against the draining agent's:
+    # tokens compared, and how many differed (batch-dependent numerics; either continues
+    # what the client holds).
+    early_move_checked_tokens: int = 0
+    early_move_diverged: int = 0
     # Counts agents reported above what the gateway measured (`gateway.charges`), by agent.
     capped: list[tuple[str, Capped]] = field(default_factory=list)
 
@@ -144,6 +158,10 @@ class Failover:
     serving: str | None = None  # the agent whose stream is open, until it ends
     announced_agent: str | None = None  # the agent the client's last `start` named
     receipts: ReceiptChain | None = None  # receipts for the ids the client holds
+    move_early: bool = True  # agents are asked to say `moving` rather than break the stream
+    moving: bool = False  # the serving agent said `moving`: its successor is being prepared
+    switched_at: int | None = None  # tokens the client held at the last early switch
+    switched_from: str | None = None  # the draining agent, until the next one's first token
 
     @classmethod
     def begin(
@@ -156,6 +174,7 @@ class Failover:
         handle_key: bytes,
         outcome: RelayOutcome | None = None,
         receipts: ReceiptChain | None = None,
+        move_early: bool = True,
     ) -> Failover:
         """A stream that has just arrived (with `resume`: one the client holds part of)."""
         held = request.resume
@@ -171,6 +190,7 @@ class Failover:
             ids=list(held.token_ids) if held is not None else [],
             text=[held.text] if held is not None else [],
             receipts=receipts,
+            move_early=move_early,
         )
 
     @property
@@ -229,8 +249,77 @@ class Failover:
             else None
         )
         return self.request.model_copy(
-            update={"id": agent_stream_id, "want_ids": True, "resume": resume}
+            update={
+                "id": agent_stream_id,
+                "want_ids": True,
+                "resume": resume,
+                "move_early": self.move_early,
+            }
         )
+
+    def warm_frame(self, agent_stream_id: str) -> GenerateFrame:
+        """The next agent's warm-up: one token after those the client has, then `done`.
+
+        It prefills the prompt and the tokens so far into the agent's prefix cache, so the
+        continuation opened at the switch prefills only what came meanwhile. It is never
+        relayed nor charged.
+        """
+        frame = self.agent_frame(agent_stream_id)
+        return frame.model_copy(
+            update={"max_tokens": len(self.ids) + 1, "min_tokens": 0, "move_early": False}
+        )
+
+    def on_moving(self) -> bool:
+        """The serving agent drains and said `moving`: whether to prepare a move now."""
+        if self.moving or self.serving is None:
+            return False
+        self.moving = True
+        return True
+
+    def on_warmed(self, warm_from: int, warm_ids: list[int]) -> None:
+        """The next agent's warm-up gave `warm_ids` after `warm_from` tokens: check them."""
+        self._check_move(self.ids[warm_from : warm_from + len(warm_ids)], warm_ids)
+
+    def on_switch(self) -> str:
+        """The continuation is open on the next agent: the client's stream goes on from it.
+
+        Returns the draining agent, whose stream the relay cancels once the next agent's
+        first tokens were checked against what it sent after the switch.
+        """
+        failed = self._leave_agent()
+        self.excluded.add(failed)
+        self.moving = False
+        self.switched_from = failed
+        self.switched_at = len(self.ids)
+        self.outcome.early_moves += 1
+        return failed
+
+    def on_switch_checked(self, draining_ids: list[int], next_ids: list[int]) -> None:
+        """The draining agent's tokens after the switch, against the next agent's first ones."""
+        self.switched_from = None
+        self._check_move(draining_ids[: len(next_ids)], next_ids[: len(draining_ids)])
+
+    def on_switch_failed(self) -> None:
+        """The next agent failed before its first token: the draining agent streams on."""
+        next_agent = self._leave_agent()
+        self.excluded.add(next_agent)
+        if self.switched_from is not None:
+            self.excluded.discard(self.switched_from)
+        self.switched_from = None
+        self.switched_at = None
+        self.outcome.early_moves -= 1
+
+    def on_move_abandoned(self) -> None:
+        """Preparing the move failed: the stream stays, and moves at the break if it comes."""
+        self.moving = False
+
+    def _check_move(self, expected: list[int], got: list[int]) -> None:
+        compared = min(len(expected), len(got))
+        if compared == 0:
+            return
+        self.outcome.early_move_checked_tokens += compared
+        if expected[:compared] != got[:compared]:
+            self.outcome.early_move_diverged += 1
 
     def on_opened(self, agent_id: str) -> None:
         """The agent's stream is open: its frames follow."""

@@ -54,6 +54,23 @@ class GatewayMetrics:
         self.resumes = Counter(
             "spotgate_gateway_resumes_total", "streams moved to another agent", registry=r
         )
+        self.early_moves = Counter(
+            "spotgate_gateway_early_moves_total",
+            "streams moved make-before-break: their next agent prefilled while the draining "
+            "one streamed on (also counted in resumes)",
+            registry=r,
+        )
+        self.early_move_checked_tokens = Counter(
+            "spotgate_gateway_early_move_checked_tokens_total",
+            "tokens of the next agent compared with the draining agent's at an early move",
+            registry=r,
+        )
+        self.early_move_divergences = Counter(
+            "spotgate_gateway_early_move_divergences_total",
+            "early moves whose next agent went on differently from the draining one "
+            "(batch-dependent numerics; either continues what the client holds)",
+            registry=r,
+        )
         self.rejections = Counter(
             "spotgate_gateway_rejections_total",
             "refused requests by reason",
@@ -125,6 +142,10 @@ class GatewayMetrics:
             self.added_ttft.observe(outcome.added_ttft_ms / 1000)
         if outcome.resumes:
             self.resumes.inc(outcome.resumes)
+        if outcome.early_moves:
+            self.early_moves.inc(outcome.early_moves)
+            self.early_move_checked_tokens.inc(outcome.early_move_checked_tokens)
+            self.early_move_divergences.inc(outcome.early_move_diverged)
         if outcome.error is not None:
             self.rejections.labels(reason=outcome.error.value).inc()
 

@@ -109,6 +109,7 @@ async def admitted_frames(
                 link_for=state.link_for,
                 deadline_seconds=state.settings.queue.deadline_seconds,
                 stall_seconds=state.settings.queue.stall_seconds,
+                move_early=state.settings.queue.move_before_break,
                 outcome=outcome,
                 receipts=state.receipts.chain(principal.key_id, frame) if frame.want_ids else None,
             )

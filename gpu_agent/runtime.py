@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
-from gpu_agent.drain import StreamLoad, streams_to_hand_back
+from gpu_agent.drain import StreamLoad, plan_hand_back
 from gpu_agent.engine import Engine, EngineConfigError, GenerationRequest, PrefixCacheCounts
 from gpu_agent.health import EngineCheck, engine_check
 from gpu_agent.imds import ImdsClient, ImdsUnavailable, InstanceIdentity, SpotNotice
@@ -60,12 +60,22 @@ class StreamHandle:
     task: asyncio.Task[None]
     progress: StreamProgress
     end_reason: EndReason | None = None
+    # Sends the stream's `moving` frame: its gateway moves it make-before-break (`move_early`).
+    send_moving: Callable[[], Awaitable[None]] | None = None
+    told_to_move: bool = False
 
     def end(self, reason: EndReason) -> None:
         """End the stream early; its task reports `reason` to the client."""
         if self.end_reason is None:
             self.end_reason = reason
             self.task.cancel()
+
+    async def tell_moving(self) -> None:
+        """Tell the gateway to move the stream now; it streams on meanwhile (once)."""
+        if self.send_moving is None or self.told_to_move or self.end_reason is not None:
+            return
+        self.told_to_move = True
+        await self.send_moving()
 
     def load(self, key: Hashable) -> StreamLoad:
         """Remaining work and observed rate, for the drain planner."""
@@ -75,7 +85,13 @@ class StreamHandle:
         if progress.first_token_at is not None and now > progress.first_token_at:
             produced = max(0, progress.completion_tokens)
             rate = produced / (now - progress.first_token_at) if produced else None
-        return StreamLoad(key, progress.max_tokens - progress.completion_tokens, rate)
+        return StreamLoad(
+            key,
+            progress.max_tokens - progress.completion_tokens,
+            rate,
+            moves_early=self.send_moving is not None,
+            told_to_move=self.told_to_move,
+        )
 
 
 @dataclass
@@ -379,10 +395,15 @@ class AgentRuntime:
     async def _drain_until_empty(self, deadline: float) -> None:
         while self.streams:
             loads = [handle.load(key) for key, handle in self.streams.items()]
-            for key in streams_to_hand_back(loads, now=time.time(), deadline=deadline):
+            plan = plan_hand_back(loads, now=time.time(), deadline=deadline)
+            for key in plan.end:
                 handle = self.streams.get(key)
                 if handle is not None:
                     handle.end("interrupted")
+            for key in plan.move:
+                handle = self.streams.get(key)
+                if handle is not None:
+                    await handle.tell_moving()
             await asyncio.sleep(DRAIN_CHECK_SECONDS)
         log.info("drained; leaving")
         await self.leave()

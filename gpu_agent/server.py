@@ -38,6 +38,7 @@ from spotgate.protocol import (
     ErrorCode,
     ErrorFrame,
     GenerateFrame,
+    MovingFrame,
     max_gateway_frame_bytes,
 )
 from spotgate.registry import Registry
@@ -269,7 +270,14 @@ def _start_stream(
         # A callback, not a `finally`: a task cancelled before it first runs skips its body.
         runtime.streams.pop(key, None)
 
-    handle = StreamHandle(asyncio.create_task(run(), name=f"stream {frame.id}"), progress)
+    async def send_moving() -> None:
+        await send(MovingFrame(id=frame.id))
+
+    handle = StreamHandle(
+        asyncio.create_task(run(), name=f"stream {frame.id}"),
+        progress,
+        send_moving=send_moving if frame.move_early else None,
+    )
     slot.append(handle)
     runtime.streams[key] = handle
     handle.task.add_done_callback(forget)

@@ -276,6 +276,9 @@ class GenerateFrame(_Strict):
     # Whose prefix cache the stream may use (`spotgate.tenancy`): set by a gateway from the
     # client's API key, refused from anyone else.
     tenant: Annotated[str, StringConstraints(min_length=1, max_length=128)] | None = None
+    # Set by a gateway that moves streams make-before-break: a draining agent says `moving`
+    # and streams on until the gateway cancels or the drain's margin, instead of `interrupted`.
+    move_early: bool = False
 
     @model_validator(mode="after")
     def _messages_or_prompt(self) -> Self:
@@ -489,6 +492,17 @@ class ErrorFrame(_Strict):
     param: Annotated[str, StringConstraints(max_length=256)] | None = None
 
 
+class MovingFrame(_Strict):
+    """The agent drains and the stream cannot finish in time: move it now (agent → gateway).
+
+    The agent streams on until the gateway cancels the stream, or until the drain's margin,
+    where it ends it with `interrupted`. Sent only for a `generate` with `move_early`.
+    """
+
+    type: Literal["moving"] = "moving"
+    id: StreamId
+
+
 class PongFrame(_Strict):
     """Answer to `ping`."""
 
@@ -499,7 +513,7 @@ ClientFrame = Annotated[
     GenerateFrame | CancelFrame | AuthFrame | PingFrame, Field(discriminator="type")
 ]
 ServerFrame = Annotated[
-    QueuedFrame | StartFrame | DeltaFrame | DoneFrame | ErrorFrame | PongFrame,
+    QueuedFrame | StartFrame | DeltaFrame | DoneFrame | ErrorFrame | MovingFrame | PongFrame,
     Field(discriminator="type"),
 ]
 AnyFrame = (
@@ -512,13 +526,14 @@ AnyFrame = (
     | DeltaFrame
     | DoneFrame
     | ErrorFrame
+    | MovingFrame
     | PongFrame
 )
 
 _CLIENT_ADAPTER: TypeAdapter[ClientFrame] = TypeAdapter(ClientFrame)
 _SERVER_ADAPTER: TypeAdapter[ServerFrame] = TypeAdapter(ServerFrame)
 CLIENT_FRAME_TYPES = frozenset({"generate", "cancel", "auth", "ping"})
-SERVER_FRAME_TYPES = frozenset({"queued", "start", "delta", "done", "error", "pong"})
+SERVER_FRAME_TYPES = frozenset({"queued", "start", "delta", "done", "error", "moving", "pong"})
 
 Origin = Literal["client", "server"]
 

@@ -159,6 +159,11 @@ class QueueSettings(_Section):
     # agent still answers (a wedged GPU) must not hold a client. Well above the slowest
     # legitimate gap: a long prompt's prefill on a busy agent.
     stall_seconds: PositiveFloat = 30.0
+    # On a drain (a spot notice, a scale-down), move a stream that cannot finish in time
+    # before its agent breaks it: its next agent prefills while it streams on, and the client
+    # sees no gap. Off: it moves when its agent ends it, and waits for the next agent to
+    # prefill the whole conversation.
+    move_before_break: bool = True
 
 
 class RoutingSettings(_Section):

@@ -167,8 +167,12 @@ def test_the_next_agent_is_sent_what_the_client_already_has(
 
     second = place(stream, "b")
 
-    assert first == REQUEST.model_copy(update={"id": "to-a", "want_ids": True, "resume": None})
-    assert second == REQUEST.model_copy(update={"id": "to-b", "want_ids": True, "resume": resume})
+    assert first == REQUEST.model_copy(
+        update={"id": "to-a", "want_ids": True, "resume": None, "move_early": True}
+    )
+    assert second == REQUEST.model_copy(
+        update={"id": "to-b", "want_ids": True, "resume": resume, "move_early": True}
+    )
 
 
 @pytest.mark.parametrize(
@@ -555,3 +559,111 @@ def test_a_stream_open_when_its_gateway_stops_ends_with_going_away(
     assert f"{advice} through another gateway" in error.message
     assert stream.outcome.error is ErrorCode.GOING_AWAY
     assert stream.serving == "a"  # the relay still tells the agent to stop
+
+
+# Make-before-break: a draining agent says `moving`; the next agent is warmed, then switched to.
+
+
+def test_a_moving_stream_is_prepared_once_and_its_warm_up_asks_for_one_token_more() -> None:
+    stream = arrive()
+    place(stream, "a")
+    relay(stream, [5, 6, 7], "abc")
+
+    assert stream.on_moving() is True
+    assert stream.on_moving() is False  # already being prepared
+    warm = stream.warm_frame("warm-b")
+
+    assert warm.resume is not None
+    assert warm.resume.token_ids == [5, 6, 7]
+    assert (warm.max_tokens, warm.min_tokens, warm.move_early) == (4, 0, False)
+    assert stream.agent_frame("to-b").move_early is True  # a continuation may move early again
+
+
+def test_a_stream_not_asked_to_move_early_tells_its_agent_so() -> None:
+    stream = Failover.begin(
+        REQUEST,
+        deadline_seconds=DEADLINE_SECONDS,
+        now=ARRIVED,
+        monotonic=STARTED,
+        handle_key=HANDLE_KEY,
+        move_early=False,
+    )
+    assert place(stream, "a").move_early is False
+
+
+@pytest.mark.parametrize(
+    ("held_after_warm", "warm_ids", "draining_after", "next_first", "checked", "diverged"),
+    [
+        ([8, 9], [8], [10, 11], [10, 11, 12], 3, 0),  # all the same
+        ([8, 9], [4], [10, 11], [10, 11], 3, 1),  # the warm-up's token differed
+        ([8, 9], [8], [10, 11], [10, 99], 3, 1),  # the continuation's second token differed
+        ([], [8], [], [10], 0, 0),  # nothing held to compare with
+        ([8], [8], [], [], 1, 0),  # the draining agent sent nothing after the switch
+    ],
+)
+def test_an_early_switch_checks_the_next_agents_first_tokens_against_the_draining_ones(
+    held_after_warm: list[int],
+    warm_ids: list[int],
+    draining_after: list[int],
+    next_first: list[int],
+    checked: int,
+    diverged: int,
+) -> None:
+    stream = arrive()
+    place(stream, "a")
+    relay(stream, [5, 6, 7], "abc")
+    stream.on_moving()
+    warm_from = len(stream.ids)  # the warm-up continues after these
+    if held_after_warm:  # the draining agent streamed on meanwhile
+        relay(stream, held_after_warm, "x" * len(held_after_warm))
+    stream.on_warmed(warm_from, warm_ids)
+
+    next_frame = stream.agent_frame("to-b")
+    assert stream.on_switch() == "a"
+    stream.on_opened("b")
+    stream.on_switch_checked(draining_after, next_first)
+
+    # The continuation starts at what the client held at the switch.
+    assert next_frame.resume is not None
+    assert next_frame.resume.token_ids == [5, 6, 7, *held_after_warm]
+    assert stream.switched_at == 3 + len(held_after_warm)
+    assert stream.excluded == {"a"}
+    assert stream.outcome.early_moves == 1
+    assert stream.outcome.early_move_checked_tokens == checked
+    assert stream.outcome.early_move_diverged == diverged
+
+
+def test_a_next_agent_failing_before_its_first_token_leaves_the_stream_on_the_draining_one() -> (
+    None
+):
+    stream = arrive()
+    place(stream, "a")
+    relay(stream, [5, 6], "ab")
+    stream.on_moving()
+    stream.on_switch()
+    stream.on_opened("b")
+
+    stream.on_switch_failed()
+    stream.on_opened("a")  # the relay reads the draining agent's stream again
+
+    assert stream.serving == "a"
+    assert stream.excluded == {"b"}
+    assert stream.outcome.early_moves == 0
+    # At the break, it moves as any stream does, never back to the failed agent.
+    assert end(stream, ErrorCode.INTERRUPTED) == ResumeElsewhere(failed_agent="a", tokens_so_far=2)
+    assert stream.excluded == {"a", "b"}
+
+
+def test_an_abandoned_move_can_be_prepared_again() -> None:
+    stream = arrive()
+    place(stream, "a")
+    assert stream.on_moving() is True
+    stream.on_move_abandoned()
+    assert stream.on_moving() is True
+
+
+def test_a_stream_between_agents_is_not_moved_early() -> None:
+    stream = arrive()
+    place(stream, "a")
+    end(stream, ErrorCode.INTERRUPTED)
+    assert stream.on_moving() is False

@@ -362,6 +362,34 @@ async def test_spot_notice_moves_the_stream_exactly(
     assert len({f["agent"] for f in frames if f["type"] == "start"}) == 2
 
 
+async def test_a_spot_notice_moves_the_stream_before_its_agent_breaks_it(
+    gateway: Gateway, gateway_agent: GatewayAgentFactory, api_key: CreatedApiKey, imds: Imds
+) -> None:
+    stream_tokens = 1200  # 30 s at 40 tokens/s: it cannot finish before a notice's margin
+    slow = await gateway_agent(tokens_per_second=40.0)
+    async with connect(gateway.ws_url, api_key.api_key) as ws:
+        await send(ws, generate("s", MODEL, content="move me early", max_tokens=stream_tokens))
+        frames = [await receive(ws)]
+        await gateway_agent(tokens_per_second=400.0, imds_url="http://127.0.0.1:9")
+        # 25 s to the deadline, 15 s margin: the agent says `moving` at once and streams on;
+        # the gateway prepares the other agent and switches well before the margin.
+        await spot_notice(imds, in_seconds=25)
+        while frames[-1]["type"] not in ("done", "error"):
+            frames.append(await receive(ws))
+
+    assert frames[-1]["type"] == "done", frames[-1]
+    assert text_of(frames) == expected_text("move me early", stream_tokens)
+    assert frames[-1]["usage"]["completion_tokens"] == stream_tokens
+    assert len({f["agent"] for f in frames if f["type"] == "start"}) == 2
+    metrics = gateway.state.metrics
+    assert metrics.early_moves._value.get() == 1  # switched before the break
+    assert metrics.early_move_checked_tokens._value.get() >= 1  # the warm-up's token at least
+    assert metrics.early_move_divergences._value.get() == 0
+    streams = slow.runtime.metrics.streams
+    assert streams.labels(outcome="cancelled")._value.get() == 1  # stopped by the gateway
+    assert streams.labels(outcome="interrupted")._value.get() == 0  # never broken
+
+
 async def test_scale_from_zero_queues_then_serves(
     aws: AwsEmulator, gateway_key: SigningKey, start_agent: AgentFactory, api_key: CreatedApiKey
 ) -> None:

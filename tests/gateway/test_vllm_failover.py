@@ -84,6 +84,48 @@ async def test_a_vllm_stream_moved_mid_reply_resumes_byte_for_byte(
     assert frames[-1]["usage"] == reference[-1]["usage"]
 
 
+async def test_a_vllm_stream_moved_before_the_break_equals_its_unmoved_run(
+    gateway: Gateway,
+    gateway_agent: GatewayAgentFactory,
+    vllm_engine: Engine,
+    api_key: CreatedApiKey,
+    imds: Imds,
+) -> None:
+    request = generate(
+        "ref",
+        TINY_MODEL,
+        content="Tell me about spot",
+        max_tokens=1800,
+        temperature=0,
+        ignore_eos=True,
+        want_ids=True,
+    )
+    doomed = await gateway_agent(model=TINY_MODEL, engine=vllm_engine)
+    async with connect(gateway.ws_url, api_key.api_key) as ws:
+        reference = (await run_streams(ws, request))["ref"]
+        await send(ws, {**request, "id": "moved"})
+        frames = [await receive(ws)]
+        await gateway_agent(model=TINY_MODEL, engine=vllm_engine, imds_url="http://127.0.0.1:9")
+        while sum(f.get("n", 0) for f in frames) < 20:  # mid-reply, its rate known
+            frames.append(await receive(ws))
+        # 21 s to the deadline, 15 s margin: the agent says `moving` and streams on; the
+        # gateway warms the other agent with the stream and switches to it.
+        await spot_notice(imds, in_seconds=21)
+        while frames[-1]["type"] not in ("done", "error"):
+            frames.append(await receive(ws))
+
+    assert frames[-1]["type"] == "done", frames[-1]
+    assert len({f["agent"] for f in frames if f["type"] == "start"}) == 2
+    assert ids_of(frames) == ids_of(reference)
+    assert text_of(frames) == text_of(reference) == vllm_engine.decode(ids_of(reference))
+    assert frames[-1]["usage"] == reference[-1]["usage"]
+    metrics = gateway.state.metrics
+    assert metrics.early_moves._value.get() == 1
+    assert metrics.early_move_checked_tokens._value.get() >= 1
+    streams = doomed.runtime.metrics.streams
+    assert streams.labels(outcome="interrupted")._value.get() == 0  # never broken
+
+
 WORDS_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
