@@ -237,7 +237,10 @@ async def fetch_model(
                             Key=_key(prefix, staged.path),
                             Range=f"bytes={start}-{end}",
                         )
-                        data = await response["Body"].read()
+                        # Released however the read ends: a part cancelled mid-read (a
+                        # sibling failed) must not leave its connection to the GC.
+                        async with response["Body"] as body:
+                            data = await body.read()
                         break
                     except TRANSFER_ERRORS as err:
                         if attempt + 1 == PART_ATTEMPTS:
@@ -286,7 +289,8 @@ async def _read_manifest(s3: Any, uri: str) -> ModelManifest:
     bucket, prefix = split_s3_uri(uri)
     try:
         response = await s3.get_object(Bucket=bucket, Key=_key(prefix, MANIFEST_NAME))
-        return ModelManifest.from_json(await response["Body"].read())
+        async with response["Body"] as body:
+            return ModelManifest.from_json(await body.read())
     except ClientError as err:
         code = err.response.get("Error", {}).get("Code", "")
         if code in ("NoSuchKey", "404", "NoSuchBucket"):
