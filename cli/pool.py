@@ -75,19 +75,23 @@ async def _pool_boots(args: argparse.Namespace) -> int:
         if "ready" in (phases := agent.boot.elapsed_seconds())
     ]
     if args.json:
+        # A cold boot's `cold_start_seconds`, a warm one's `warm_start_seconds`: a reader of
+        # cold starts never takes a warm start for one.
         timed = [
             {"agent_id": agent.agent_id, "model": agent.model,
              "instance_type": agent.instance_type, "zone": agent.zone,
-             "phases_seconds": phases, "cold_start_seconds": phases["ready"]}
+             "kind": agent.boot_kind, "phases_seconds": phases,
+             f"{agent.boot_kind}_start_seconds": phases["ready"]}
             for agent, phases in booted
         ]  # fmt: skip
         print(json.dumps(timed, indent=2))
         return 0
-    rows = [("AGENT", "TYPE", "ZONE", *(f"{phase.upper()} s" for phase in BOOT_PHASES[1:]))]
+    phase_names = BOOT_PHASES[1:]
+    rows = [("AGENT", "KIND", "TYPE", "ZONE", *(f"{phase.upper()} s" for phase in phase_names))]
     for agent, phases in booted:
         rows.append(
-            (agent.agent_id, agent.instance_type, agent.zone,
-             *(f"{phases[phase]:.1f}" if phase in phases else "-" for phase in BOOT_PHASES[1:]))
+            (agent.agent_id, agent.boot_kind, agent.instance_type, agent.zone,
+             *(f"{phases[phase]:.1f}" if phase in phases else "-" for phase in phase_names))
         )  # fmt: skip
     _print_table(rows)
     return 0
@@ -147,7 +151,9 @@ def setup_pool(commands: Commands) -> None:
         "status", help="agents by state, lifecycle, type, zone, load"
     ).set_defaults(handler=run_async(_pool_status))
     boots = pool_commands.add_parser(
-        "boots", help="each agent's boot: seconds from launch to the end of each phase"
+        "boots",
+        help="each agent's boot, cold (launch) or warm (start from the warm pool): seconds "
+        "from its launch or start to the end of each phase",
     )
     boots.add_argument("--json", action="store_true", help="JSON, as `spotgate sim` reads it")
     boots.set_defaults(handler=run_async(_pool_boots))

@@ -14,7 +14,14 @@ import openai
 import pytest
 
 from spotgate.process import loopback_socket, socket_port
-from spotgate.registry import Registry, UsageCounts, minute_of
+from spotgate.registry import (
+    AgentRecord,
+    AgentState,
+    BootTimeline,
+    Registry,
+    UsageCounts,
+    minute_of,
+)
 from spotgate.settings import emulator_settings, settings_env
 from stack.emulator import AwsEmulator
 from stack.local import UP_FILE
@@ -191,6 +198,31 @@ async def test_keys_usage_sums_each_key_and_model_over_the_window(
     bad = run("keys", "usage", "--since", "yesterday", cwd=tmp_path, env=env)
     assert bad.returncode == 2
     assert "not a duration like 90m, 24h or 7d" in one_line(bad.stderr)
+
+
+async def test_pool_boots_tells_cold_boots_from_warm_starts(
+    tables: AwsEmulator, tmp_path: Path
+) -> None:
+    booted = BootTimeline(instance_start=1000.0, agent_start=1010.0, engine_loaded=1030.0)
+    async with Registry.open(tables.settings(), clock=lambda: 1040.0) as registry:
+        for agent_id in ("i-cold", "i-warm"):
+            await registry.register(
+                AgentRecord(agent_id, "http://10.0.0.1:8000", "m", AgentState.READY, 8, boot=booted)
+            )
+        await registry.record_warm_boot("i-warm")
+    env = emulator_env(tables)
+
+    listed = {
+        boot["agent_id"]: boot
+        for boot in json.loads(run("pool", "boots", "--json", cwd=tmp_path, env=env).stdout)
+    }
+
+    assert (listed["i-cold"]["kind"], listed["i-cold"]["cold_start_seconds"]) == ("cold", 40.0)
+    assert (listed["i-warm"]["kind"], listed["i-warm"]["warm_start_seconds"]) == ("warm", 40.0)
+    assert "cold_start_seconds" not in listed["i-warm"]  # no reader of cold starts takes it
+    table = run("pool", "boots", cwd=tmp_path, env=env).stdout.splitlines()
+    assert table[0].split()[:3] == ["AGENT", "KIND", "TYPE"]
+    assert sorted(row.split()[1] for row in table[1:]) == ["cold", "warm"]
 
 
 def test_unreachable_aws_is_one_line(tmp_path: Path) -> None:
