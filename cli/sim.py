@@ -17,6 +17,12 @@ from cli.args import (
     positive_int,
     share,
 )
+from pool_manager.sim.simulator import (
+    ON_DEMAND_DOLLARS_PER_HOUR,
+    VOLUME_DOLLARS_PER_GIB_MONTH,
+    VOLUME_GIB,
+    WARM_START_SECONDS,
+)
 
 if TYPE_CHECKING:
     from pool_manager.sim.simulator import SimModel
@@ -80,10 +86,19 @@ def _sim(args: argparse.Namespace) -> int:
         policies = policies_named(args.policy)
     except ValueError as err:
         raise CommandError(str(err)) from err
+    cold_starts, warm_starts = _boots(args.boots) if args.boots else ((), ())
     config = SimConfig(
         target=args.target,
         cold_start_seconds=args.cold_start,
-        cold_start_samples=_cold_starts(args.cold_starts) if args.cold_starts else (),
+        cold_start_samples=cold_starts,
+        warm_pool_size=args.warm_pool,
+        warm_pool_filled=not args.warm_pool_empty,
+        warm_start_seconds=args.warm_start,
+        warm_start_samples=warm_starts,
+        on_demand_margin=args.on_demand_margin,
+        volume_gib=args.volume_gib,
+        volume_dollars_per_gib_month=args.volume_price,
+        on_demand_dollars_per_hour=args.on_demand_dollars,
         notice_seconds=args.notice,
         tick_seconds=args.tick,
         on_demand_price_ratio=args.on_demand_price_ratio,
@@ -106,21 +121,28 @@ def _sim(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cold_starts(path: Path) -> tuple[float, ...]:
-    """Observed cold starts: `spotgate pool boots --json` output, or a JSON list of seconds."""
+def _boots(path: Path) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Observed (cold, warm) starts: `spotgate pool boots --json`, or a JSON list of seconds.
+
+    Each boot feeds the distribution its `kind` names (cold where it names none, as older
+    listings and a plain list of seconds are).
+    """
+    starts: dict[str, list[float]] = {"cold": [], "warm": []}
     try:
-        document = json.loads(path.read_text())
-        samples = tuple(
-            float(item["cold_start_seconds"] if isinstance(item, dict) else item)
-            for item in document
-        )
+        for item in json.loads(path.read_text()):
+            if isinstance(item, dict):
+                kind = item.get("kind", "cold")
+                starts[kind].append(float(item[f"{kind}_start_seconds"]))
+            else:
+                starts["cold"].append(float(item))
     except (OSError, ValueError, TypeError, KeyError) as err:
         raise CommandError(
-            f"{path}: not a list of cold starts (`spotgate pool boots --json`): {err}"
+            f"{path}: not a list of boots (`spotgate pool boots --json`): {err}"
         ) from err
+    samples = starts["cold"] + starts["warm"]
     if not samples or min(samples) < 0:
-        raise CommandError(f"{path}: needs at least one cold start, none negative")
-    return samples
+        raise CommandError(f"{path}: needs at least one boot, none negative")
+    return tuple(starts["cold"]), tuple(starts["warm"])
 
 
 def setup_sim(commands: Commands) -> None:
@@ -129,7 +151,7 @@ def setup_sim(commands: Commands) -> None:
     sim.add_argument("--traces", type=Path, required=True, help="directory of zone traces")
     sim.add_argument(
         "--policy",
-        help="spotgate (default), on-demand-only, spot-cheapest-zone, even-spread, "
+        help="spotgate (default), spothedge, on-demand-only, spot-cheapest-zone, even-spread, "
         "a comma-separated list, or all",
     )
     sim.add_argument(
@@ -139,10 +161,54 @@ def setup_sim(commands: Commands) -> None:
         "--cold-start", type=non_negative_float, default=120.0, help="launch to ready, seconds"
     )
     sim.add_argument(
+        "--boots",
         "--cold-starts",
         type=Path,
-        help="observed cold starts to draw each launch's from: `spotgate pool boots --json` "
-        "output or a JSON list of seconds (instead of --cold-start)",
+        help="observed boots to draw each launch's cold start and each warm start from: "
+        "`spotgate pool boots --json` output (each boot's kind says which) or a JSON list of "
+        "cold starts in seconds (instead of --cold-start and --warm-start)",
+    )
+    sim.add_argument(
+        "--warm-pool",
+        type=non_negative_int,
+        default=0,
+        help="stopped on-demand instances kept per model, started for on-demand cover before "
+        "any launch (0: no warm pool)",
+    )
+    sim.add_argument(
+        "--warm-start",
+        type=non_negative_float,
+        default=WARM_START_SECONDS,
+        help="a stopped instance's start to ready, seconds",
+    )
+    sim.add_argument(
+        "--warm-pool-empty",
+        action="store_true",
+        help="start each window with the warm pool empty (default: full, as it is kept while "
+        "the model is at zero)",
+    )
+    sim.add_argument(
+        "--on-demand-margin",
+        action="store_true",
+        help="cover the spot margin on-demand too while spot cannot place it (as SpotHedge)",
+    )
+    sim.add_argument(
+        "--volume-gib",
+        type=non_negative_float,
+        default=VOLUME_GIB,
+        help="a stopped instance's volume, GiB (the deployment's rootVolumeGiB)",
+    )
+    sim.add_argument(
+        "--volume-price",
+        type=non_negative_float,
+        default=VOLUME_DOLLARS_PER_GIB_MONTH,
+        help="its price, dollars per GiB-month (EBS gp3 in us-east-1: 0.08)",
+    )
+    sim.add_argument(
+        "--on-demand-dollars",
+        type=positive_float,
+        default=ON_DEMAND_DOLLARS_PER_HOUR,
+        help="the on-demand price per hour in dollars, against which the volume is priced",
     )
     sim.add_argument(
         "--notice", type=non_negative_float, default=120.0, help="spot notice, seconds"

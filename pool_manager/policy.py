@@ -12,6 +12,13 @@ model needs) and placement (which spot or on-demand capacity holds them) are sep
   for the part of the target that ready spot agents cannot hold, and drains them once spot
   holds the target with its margin ready, or has held the target for `on_demand_hold_seconds`
   (zones that just came back often go again: the margin absorbs the next loss).
+  With a warm pool (`warm_pool_size`), on-demand cover comes from stopped instances that
+  booted once (`StartWarm`, a warm start) before any launch; an idle on-demand agent it no
+  longer needs is stopped back into the pool (`StopToWarm`) while the pool has room; the
+  pool is topped up with on-demand agents that boot once and stop (`Launch.for_warm_pool`)
+  and trimmed (`TerminateWarm`). Only on-demand instances are stopped: EC2 does not stop spot
+  instances that serve, as Auto Scaling warm pools take no spot.
+- `SpotHedge` is the policy SpotHedge (EuroSys '25) runs, as the spot traces' README states it.
 - `OnDemandOnly`, `SpotCheapestZone` and `EvenSpread` are the simulator's baselines.
 """
 
@@ -86,6 +93,9 @@ class PolicySettings:
     heartbeat_timeout_seconds: float = 60.0
     on_demand_hold_seconds: float = 1800.0
     warm_pool_size: int = 0  # stopped on-demand instances kept to start in a warm start
+    # Cover the spot margin on-demand too where spot has nowhere to place it (SpotHedge covers
+    # it wherever it is missing).
+    on_demand_margin: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +198,9 @@ class TerminateWarm:
 
 Action = Launch | Drain | Terminate
 WarmAction = StartWarm | StopToWarm | TerminateWarm
+PoolAction = Action | WarmAction
+"""What a policy asks for. It proposes a `WarmAction` only where `warm_pool_size` > 0 or the
+snapshot holds stopped instances, so a driver that keeps no warm pool never gets one."""
 
 
 def agents_for_demand(pending: int, active: int, settings: PolicySettings) -> int:
@@ -205,20 +218,72 @@ def size_pool(previous: Sizing, needed: int, now: float, settings: PolicySetting
     return previous
 
 
-def reap(snapshot: PoolSnapshot, settings: PolicySettings) -> list[Terminate]:
-    """Agents to terminate because they are dead: heartbeat stopped, or never came up."""
-    dead = []
+def _dead(agent: PoolAgent, now: float, settings: PolicySettings) -> str | None:
+    """Why the agent is dead (never came up, or its heartbeat stopped); None while it lives."""
+    if agent.heartbeat_at is None:
+        if now - agent.launched_at > settings.launch_timeout_seconds:
+            return "not ready within the launch timeout"
+    elif now - agent.heartbeat_at > settings.heartbeat_timeout_seconds:
+        return "heartbeat stopped"
+    return None
+
+
+def _drained(agent: PoolAgent, now: float) -> bool:
+    """A draining agent whose streams are done, or whose drain deadline has passed."""
+    deadline = agent.drain_deadline
+    return agent.phase == "draining" and (
+        agent.active_streams == 0 or (deadline is not None and now >= deadline)
+    )
+
+
+def _listed(snapshot: PoolSnapshot, settings: PolicySettings) -> list[WarmInstance]:
+    """The stopped instances in placements the model still uses."""
+    keys = {p.key for p in settings.placements}
+    return [w for w in snapshot.warm if w.placement in keys]
+
+
+def _warm_bound(snapshot: PoolSnapshot, settings: PolicySettings) -> list[PoolAgent]:
+    """Agents booting once for the warm pool (still alive): they are stopped into it once up."""
+    return [
+        a
+        for a in snapshot.agents
+        if a.for_warm_pool and a.phase != "draining" and _dead(a, snapshot.now, settings) is None
+    ]
+
+
+def drained_into_warm(snapshot: PoolSnapshot, settings: PolicySettings) -> list[PoolAgent]:
+    """Drained on-demand agents the warm pool has room for: stopped into it, not terminated."""
+    room = (
+        settings.warm_pool_size
+        - len(_listed(snapshot, settings))
+        - len(_warm_bound(snapshot, settings))
+    )
+    drained = [
+        a
+        for a in snapshot.agents
+        if a.lifecycle == "on-demand"
+        and not a.for_warm_pool
+        and _dead(a, snapshot.now, settings) is None
+        and _drained(a, snapshot.now)
+    ]
+    return sorted(drained, key=lambda a: a.agent_id)[: max(0, room)]
+
+
+def reap(snapshot: PoolSnapshot, settings: PolicySettings) -> list[Terminate | StopToWarm]:
+    """Agents to end because they are dead (heartbeat stopped, never came up) or drained.
+
+    A drained on-demand agent is stopped into the warm pool while it has room.
+    """
+    into_warm = {a.agent_id for a in drained_into_warm(snapshot, settings)}
+    ended: list[Terminate | StopToWarm] = []
     for agent in snapshot.agents:
-        if agent.heartbeat_at is None:
-            if snapshot.now - agent.launched_at > settings.launch_timeout_seconds:
-                dead.append(Terminate(agent.agent_id, "not ready within the launch timeout"))
-        elif snapshot.now - agent.heartbeat_at > settings.heartbeat_timeout_seconds:
-            dead.append(Terminate(agent.agent_id, "heartbeat stopped"))
-        elif agent.phase == "draining":
-            deadline = agent.drain_deadline
-            if agent.active_streams == 0 or (deadline is not None and snapshot.now >= deadline):
-                dead.append(Terminate(agent.agent_id, "drained"))
-    return dead
+        if (reason := _dead(agent, snapshot.now, settings)) is not None:
+            ended.append(Terminate(agent.agent_id, reason))
+        elif agent.agent_id in into_warm:
+            ended.append(StopToWarm(agent.agent_id, "drained, into the warm pool"))
+        elif _drained(agent, snapshot.now):
+            ended.append(Terminate(agent.agent_id, "drained"))
+    return ended
 
 
 class Policy(Protocol):
@@ -229,8 +294,8 @@ class Policy(Protocol):
         """What `spotgate sim --policy` calls it."""
         ...
 
-    def decide(self, snapshot: PoolSnapshot, settings: PolicySettings) -> list[Action]:
-        """Launches, drains and terminations for this instant."""
+    def decide(self, snapshot: PoolSnapshot, settings: PolicySettings) -> Sequence[PoolAction]:
+        """Launches, drains and terminations (and warm-pool actions) for this instant."""
         ...
 
 
@@ -289,19 +354,137 @@ def cheapest_on_demand(snapshot: PoolSnapshot, settings: PolicySettings) -> Plac
     return min(settings.placements, key=lambda p: refused_until.get(p.key, 0.0), default=None)
 
 
+def without_warm_pool(snapshot: PoolSnapshot) -> list[TerminateWarm]:
+    """A policy that uses no warm pool terminates the stopped instances it finds."""
+    return [TerminateWarm(w.instance_id, "this policy keeps no warm pool") for w in snapshot.warm]
+
+
+def startable(snapshot: PoolSnapshot, settings: PolicySettings) -> list[WarmInstance]:
+    """Stopped instances a warm start may use now, cheapest on-demand placement first.
+
+    Each starts only in its own placement (its volume is in that zone): one the model uses,
+    that has not just refused on-demand capacity, and not one stopped in this very pass.
+    """
+    prices = {p.key: p.on_demand_price_per_hour for p in settings.placements}
+    refused_until = snapshot.on_demand_refused_until
+    usable = [
+        w
+        for w in _listed(snapshot, settings)
+        if refused_until.get(w.placement, 0.0) <= snapshot.now and w.stopped_at < snapshot.now
+    ]
+    return sorted(usable, key=lambda w: (prices[w.placement], w.stopped_at, w.instance_id))
+
+
+def cover_on_demand(
+    count: int, snapshot: PoolSnapshot, settings: PolicySettings
+) -> list[Launch | StartWarm]:
+    """`count` on-demand agents: warm starts from the warm pool first, launches for the rest."""
+    starts = [
+        StartWarm(w.instance_id, "on-demand cover, from the warm pool")
+        for w in startable(snapshot, settings)[:count]
+    ]
+    placement = cheapest_on_demand(snapshot, settings)
+    if placement is None or len(starts) >= count:
+        return list(starts)
+    launch = Launch(placement.instance_type, placement.zone, "on-demand")
+    return [*starts, *[launch] * (count - len(starts))]
+
+
+def shed_on_demand(
+    agents: Sequence[PoolAgent], count: int, snapshot: PoolSnapshot, settings: PolicySettings
+) -> list[PoolAction]:
+    """Remove `count` on-demand agents as `_shed` does, stopping idle ones into the warm pool.
+
+    A busy one drains first; the reaper stops it into the pool once drained, if there is room.
+    """
+    room = (
+        settings.warm_pool_size
+        - len(_listed(snapshot, settings))
+        - len(_warm_bound(snapshot, settings))
+        - len(drained_into_warm(snapshot, settings))
+    )
+    actions: list[PoolAction] = []
+    ready = {a.agent_id for a in agents if a.phase == "ready"}
+    for action in _shed(agents, count, "spot holds the target"):
+        if isinstance(action, Terminate) and action.agent_id in ready and room > 0:
+            room -= 1
+            actions.append(StopToWarm(action.agent_id, "spot holds the target: into the warm pool"))
+        else:
+            actions.append(action)
+    return actions
+
+
+def tend_warm_pool(
+    snapshot: PoolSnapshot, settings: PolicySettings, planned: Sequence[PoolAction]
+) -> list[Launch | WarmAction]:
+    """Keep `warm_pool_size` stopped instances, counting those on their way there.
+
+    Agents booted for the pool are stopped into it; stopped instances in placements the model
+    no longer uses are terminated, and so are the oldest beyond the size. On-demand agents
+    serving now count as the pool's too (they are stopped back into it when spot takes over
+    again), so a warm start is not followed by a cold launch to refill the pool.
+    """
+    actions: list[Launch | WarmAction] = [
+        TerminateWarm(w.instance_id, "its placement is not the model's")
+        for w in snapshot.warm
+        if w not in _listed(snapshot, settings)
+    ]
+    actions += [
+        StopToWarm(a.agent_id, "booted once: into the warm pool")
+        for a in _warm_bound(snapshot, settings)
+        if a.phase == "ready"
+    ]
+    started = {a.instance_id for a in planned if isinstance(a, StartWarm)}
+    ending = {a.agent_id for a in planned if isinstance(a, Terminate | StopToWarm)}
+    kept = [w for w in _listed(snapshot, settings) if w.instance_id not in started]
+    into_warm = drained_into_warm(snapshot, settings)
+    pool = (
+        len(kept)
+        + len(_warm_bound(snapshot, settings))
+        + sum(1 for a in planned if isinstance(a, StopToWarm))
+        + len(into_warm)
+    )
+    size = settings.warm_pool_size
+    if pool > size:
+        prices = {p.key: p.on_demand_price_per_hour for p in settings.placements}
+        oldest_dearest = sorted(kept, key=lambda w: (-prices[w.placement], w.stopped_at))
+        actions += [
+            TerminateWarm(w.instance_id, "more than the warm pool keeps")
+            for w in oldest_dearest[: pool - size]
+        ]
+        return actions
+    returning = [
+        a
+        for a in snapshot.agents
+        if a.lifecycle == "on-demand"
+        and not a.for_warm_pool
+        and a.agent_id not in ending
+        and a not in into_warm
+        and _dead(a, snapshot.now, settings) is None
+    ]
+    # On-demand cover launched in this same pass returns to the pool too.
+    launched = sum(1 for a in planned if isinstance(a, Launch) and a.lifecycle == "on-demand")
+    missing = size - pool - len(returning) - len(started) - launched
+    placement = cheapest_on_demand(snapshot, settings)
+    if missing > 0 and placement is not None:
+        launch = Launch(placement.instance_type, placement.zone, "on-demand", for_warm_pool=True)
+        actions += [launch] * missing
+    return actions
+
+
 @dataclass(frozen=True)
 class HedgedSpotPolicy:
     """spotgate's policy: spread spot with a margin, on-demand only for what spot cannot hold."""
 
     name: str = "spotgate"
 
-    def decide(self, snapshot: PoolSnapshot, settings: PolicySettings) -> list[Action]:
+    def decide(self, snapshot: PoolSnapshot, settings: PolicySettings) -> list[PoolAction]:
         """Launch or shed spot towards target + margin; cover the ready-spot gap on-demand."""
         target = snapshot.target
         spot = _live(snapshot.agents, "spot")
-        on_demand = _live(snapshot.agents, "on-demand")
+        on_demand = [a for a in _live(snapshot.agents, "on-demand") if not a.for_warm_pool]
         spot_goal = target + settings.spot_overprovision if target > 0 else 0
-        actions: list[Action] = []
+        actions: list[PoolAction] = []
         # An agent AWS wants to rebalance keeps serving until its replacement is ready.
         safe = [a for a in spot if not a.at_risk]
         if len(safe) < spot_goal:
@@ -312,12 +495,18 @@ class HedgedSpotPolicy:
             at_risk = [a for a in spot if a.at_risk]
             actions += _shed(at_risk, len(at_risk), "replaced ahead of a rebalance")
         ready_spot = sorted(a.ready_at or 0.0 for a in spot if a.phase == "ready")
-        od_goal = max(0, target - len(ready_spot)) if settings.on_demand_fallback else 0
+        # Where spot has nowhere left to place its margin (every placement preempted or
+        # refused lately), the margin can be covered on-demand too: the next loss then finds
+        # cover ready.
+        nowhere = all(
+            snapshot.risky_until.get(p.key, 0.0) > snapshot.now for p in settings.placements
+        )
+        margin = spot_goal - target if settings.on_demand_margin and nowhere else 0
+        od_goal = max(0, min(target, target + margin - len(ready_spot)))
+        if not settings.on_demand_fallback:
+            od_goal = 0
         if len(on_demand) < od_goal:
-            placement = cheapest_on_demand(snapshot, settings)
-            if placement is not None:
-                launch = Launch(placement.instance_type, placement.zone, "on-demand")
-                actions += [launch] * (od_goal - len(on_demand))
+            actions += cover_on_demand(od_goal - len(on_demand), snapshot, settings)
         elif len(on_demand) > od_goal:
             # Spot that just came back often goes again (zones flap): keep the on-demand
             # agents until spot could lose one agent and still hold the target (its margin is
@@ -327,7 +516,41 @@ class HedgedSpotPolicy:
             held_since = holding[-1] if holding else 0.0
             margin_ready = settings.spot_overprovision > 0 and len(ready_spot) >= spot_goal
             if margin_ready or snapshot.now - held_since >= settings.on_demand_hold_seconds:
-                actions += _shed(on_demand, len(on_demand) - od_goal, "spot holds the target")
+                shed = len(on_demand) - od_goal
+                actions += shed_on_demand(on_demand, shed, snapshot, settings)
+        return actions + tend_warm_pool(snapshot, settings, actions)
+
+
+@dataclass(frozen=True)
+class SpotHedge:
+    """SpotHedge as the spot traces' README states it, for comparison.
+
+    Target + 1 spot agents spread over zones that have not just failed; max(0, min(target,
+    target + 1 - ready spot)) on-demand ones, dropped as soon as spot recovers. The margin is
+    `spot_overprovision` (1 there).
+    """
+
+    name: str = "spothedge"
+
+    def decide(self, snapshot: PoolSnapshot, settings: PolicySettings) -> list[PoolAction]:
+        """Keep target + margin spot; on-demand for each ready spot agent short of that."""
+        target = snapshot.target
+        spot = _live(snapshot.agents, "spot")
+        on_demand = _live(snapshot.agents, "on-demand")
+        spot_goal = target + settings.spot_overprovision if target > 0 else 0
+        actions: list[PoolAction] = [*without_warm_pool(snapshot)]
+        if len(spot) < spot_goal:
+            actions += spread_spot_launches(spot_goal - len(spot), spot, snapshot, settings)
+        elif len(spot) > spot_goal:
+            actions += _shed(spot, len(spot) - spot_goal, "more spot than the target needs")
+        ready_spot = sum(1 for a in spot if a.phase == "ready")
+        od_goal = max(0, min(target, spot_goal - ready_spot))
+        placement = cheapest_on_demand(snapshot, settings)
+        if len(on_demand) < od_goal and placement is not None:
+            launch = Launch(placement.instance_type, placement.zone, "on-demand")
+            actions += [launch] * (od_goal - len(on_demand))
+        elif len(on_demand) > od_goal:
+            actions += _shed(on_demand, len(on_demand) - od_goal, "spot recovered")
         return actions
 
 
@@ -337,14 +560,15 @@ class OnDemandOnly:
 
     name: str = "on-demand-only"
 
-    def decide(self, snapshot: PoolSnapshot, settings: PolicySettings) -> list[Action]:
+    def decide(self, snapshot: PoolSnapshot, settings: PolicySettings) -> list[PoolAction]:
         """Keep exactly `target` on-demand agents."""
+        actions: list[PoolAction] = [*without_warm_pool(snapshot)]
         on_demand = _live(snapshot.agents, "on-demand")
         placement = cheapest_on_demand(snapshot, settings)
         if len(on_demand) < snapshot.target and placement is not None:
             launch = Launch(placement.instance_type, placement.zone, "on-demand")
-            return [launch] * (snapshot.target - len(on_demand))
-        return _shed(on_demand, len(on_demand) - snapshot.target, "above target")
+            return actions + [launch] * (snapshot.target - len(on_demand))
+        return actions + _shed(on_demand, len(on_demand) - snapshot.target, "above target")
 
 
 @dataclass(frozen=True)
@@ -353,14 +577,15 @@ class SpotCheapestZone:
 
     name: str = "spot-cheapest-zone"
 
-    def decide(self, snapshot: PoolSnapshot, settings: PolicySettings) -> list[Action]:
+    def decide(self, snapshot: PoolSnapshot, settings: PolicySettings) -> list[PoolAction]:
         """Keep `target` spot agents in the cheapest placement, retrying it when refused."""
+        actions: list[PoolAction] = [*without_warm_pool(snapshot)]
         spot = _live(snapshot.agents, "spot")
         cheapest = min(settings.placements, key=snapshot.spot_price, default=None)
         if cheapest is None or len(spot) >= snapshot.target:
-            return _shed(spot, len(spot) - snapshot.target, "above target")
+            return actions + _shed(spot, len(spot) - snapshot.target, "above target")
         launch = Launch(cheapest.instance_type, cheapest.zone, "spot")
-        return [launch] * (snapshot.target - len(spot))
+        return actions + [launch] * (snapshot.target - len(spot))
 
 
 @dataclass(frozen=True)
@@ -369,17 +594,24 @@ class EvenSpread:
 
     name: str = "even-spread"
 
-    def decide(self, snapshot: PoolSnapshot, settings: PolicySettings) -> list[Action]:
+    def decide(self, snapshot: PoolSnapshot, settings: PolicySettings) -> list[PoolAction]:
         """Keep target + over-provision spot agents, each launch where we hold fewest."""
+        actions: list[PoolAction] = [*without_warm_pool(snapshot)]
         spot = _live(snapshot.agents, "spot")
         goal = snapshot.target + settings.spot_overprovision if snapshot.target > 0 else 0
         if len(spot) >= goal:
-            return _shed(spot, len(spot) - goal, "above target")
+            return actions + _shed(spot, len(spot) - goal, "above target")
         blind = replace(snapshot, risky_until={})
-        return list(spread_spot_launches(goal - len(spot), spot, blind, settings))
+        return actions + spread_spot_launches(goal - len(spot), spot, blind, settings)
 
 
 POLICIES: dict[str, Policy] = {
     policy.name: policy
-    for policy in (HedgedSpotPolicy(), OnDemandOnly(), SpotCheapestZone(), EvenSpread())
+    for policy in (
+        HedgedSpotPolicy(),
+        SpotHedge(),
+        OnDemandOnly(),
+        SpotCheapestZone(),
+        EvenSpread(),
+    )
 }

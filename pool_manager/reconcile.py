@@ -7,7 +7,9 @@ pass. `ReconcilePass` holds that loop as plain data: a driver asks it for `next_
 carries each out wherever agents run (EC2, local processes, the simulator's instances) and
 reports back what happened; the pass decides, the driver does I/O. Spot interruptions mark
 their placement risky through `note_interruption`, for the live manager's events and the
-simulator's trace drops alike.
+simulator's trace drops alike. With a warm pool the pass also holds the model's stopped
+instances: a driver that starts, stops or terminates one reports it, and a warm start refused
+for capacity passes its placement over for on-demand as a refused launch does.
 """
 
 from __future__ import annotations
@@ -22,9 +24,14 @@ from pool_manager.policy import (
     PlacementKey,
     Policy,
     PolicySettings,
+    PoolAction,
     PoolAgent,
     PoolSnapshot,
     Sizing,
+    StartWarm,
+    StopToWarm,
+    Terminate,
+    WarmInstance,
     agents_for_demand,
     reap,
     size_pool,
@@ -75,6 +82,7 @@ class ReconcilePass:
     risky_seconds: float = RISKY_PLACEMENT_SECONDS
     on_demand_refused_until: dict[PlacementKey, float] = field(default_factory=dict)
     spot_prices: Mapping[PlacementKey, float] = field(default_factory=dict)
+    warm: list[WarmInstance] = field(default_factory=list)  # the model's stopped instances
 
     def __post_init__(self) -> None:
         self._refused_here: set[tuple[PlacementKey, LaunchLifecycle]] = set()
@@ -90,29 +98,42 @@ class ReconcilePass:
             risky_until=dict(self.risky_until),
             on_demand_refused_until=dict(self.on_demand_refused_until),
             spot_prices=dict(self.spot_prices),
+            warm=tuple(self.warm),
         )
 
-    def next_actions(self) -> list[Action]:
-        """The next round's actions to carry out; [] once the pass is done.
+    def next_round(self) -> list[PoolAction]:
+        """The next round's actions to carry out, warm-pool ones included; [] once done.
 
         Dead agents are terminated and the policy plans without them, so their replacements
-        start in the same round. A launch into a placement that refused its lifecycle in
-        this pass is left for the next pass.
+        start in the same round; a drained agent being stopped into the warm pool stays in its
+        view (as draining) so that the pool counts it. A launch or warm start into a placement
+        that refused its lifecycle in this pass is left for the next pass.
         """
         if not self._ask_again or self._rounds_left <= 0:
             return []
         self._rounds_left -= 1
         self._ask_again = False
         snapshot = self.snapshot()
-        dead = reap(snapshot, self.settings)
-        reaped = {action.agent_id for action in dead}
+        ended = reap(snapshot, self.settings)
+        dead = {action.agent_id for action in ended if isinstance(action, Terminate)}
         alive = replace(
-            snapshot, agents=tuple(a for a in snapshot.agents if a.agent_id not in reaped)
+            snapshot, agents=tuple(a for a in snapshot.agents if a.agent_id not in dead)
         )
-        planned = [*dead, *self.policy.decide(alive, self.settings)]
+        planned = [*ended, *self.policy.decide(alive, self.settings)]
         return [action for action in planned if not self._refused_before(action)]
 
-    def _refused_before(self, action: Action) -> bool:
+    def next_actions(self) -> list[Action]:
+        """The next round's launches, drains and terminations, for a driver with no warm pool.
+
+        The policy proposes warm-pool actions only where the settings keep a warm pool or the
+        pass holds stopped instances, so such a driver loses none here.
+        """
+        return [action for action in self.next_round() if isinstance(action, Action)]
+
+    def _refused_before(self, action: PoolAction) -> bool:
+        if isinstance(action, StartWarm):
+            warm = next((w for w in self.warm if w.instance_id == action.instance_id), None)
+            return warm is not None and (warm.placement, "on-demand") in self._refused_here
         return (
             isinstance(action, Launch)
             and (action.placement, action.lifecycle) in self._refused_here
@@ -134,11 +155,35 @@ class ReconcilePass:
                 self.risky_until, launch.placement, self.now, self.risky_seconds
             )
         else:
-            self.on_demand_refused_until = {
-                **self.on_demand_refused_until,
-                launch.placement: self.now + ON_DEMAND_REFUSED_SECONDS,
-            }
+            self._pass_over_on_demand(launch.placement)
         self._ask_again = True
+
+    def start_refused(self, start: StartWarm) -> None:
+        """A warm start was refused for capacity: its placement is passed over for on-demand."""
+        warm = next(w for w in self.warm if w.instance_id == start.instance_id)
+        self._refused_here.add((warm.placement, "on-demand"))
+        self._pass_over_on_demand(warm.placement)
+        self._ask_again = True
+
+    def _pass_over_on_demand(self, placement: PlacementKey) -> None:
+        self.on_demand_refused_until = {
+            **self.on_demand_refused_until,
+            placement: self.now + ON_DEMAND_REFUSED_SECONDS,
+        }
+
+    def started(self, start: StartWarm, agent: PoolAgent) -> None:
+        """A stopped instance started: it left the warm pool and its agent is booting."""
+        self.warm = [w for w in self.warm if w.instance_id != start.instance_id]
+        self.agents.append(agent)
+
+    def stopped(self, stop: StopToWarm, warm: WarmInstance) -> None:
+        """An agent's instance was stopped into the warm pool."""
+        self.agents = [a for a in self.agents if a.agent_id != stop.agent_id]
+        self.warm.append(warm)
+
+    def terminated_warm(self, instance_id: str) -> None:
+        """A stopped instance of the warm pool was terminated."""
+        self.warm = [w for w in self.warm if w.instance_id != instance_id]
 
     def drained(self, agent: PoolAgent) -> None:
         """An agent now drains (its view after the drain)."""

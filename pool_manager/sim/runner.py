@@ -53,13 +53,14 @@ def render_table(results: Sequence[SimResult]) -> str:
     several = any(len(r.models) > 1 for r in results)
     header = (
         f"{'policy':<20} {'availability':>12} {'cost vs OD':>10} {'preempted':>9} "
-        f"{'launches':>8} {'refused':>8} {'resumed':>8} {'rejected':>8} {'lost':>6}"
+        f"{'launches':>8} {'warm':>6} {'refused':>8} {'resumed':>8} {'rejected':>8} {'lost':>6}"
     )
     rows = [header + ("  types" if several else "")]
     for r in results:
         rows.append(
             f"{r.policy:<20} {r.availability * 100:>11.3f}% {r.cost_vs_on_demand * 100:>9.1f}% "
-            f"{r.preemptions:>9} {r.launches:>8} {r.refused_launches:>8} {r.streams_resumed:>8} "
+            f"{r.preemptions:>9} {r.launches:>8} {r.warm_starts:>6} {r.refused_launches:>8} "
+            f"{r.streams_resumed:>8} "
             f"{r.streams_rejected:>8} {r.lost_streams:>6}"
         )
         if len(r.models) > 1:
@@ -72,6 +73,6 @@ def _model_row(m: ModelResult) -> str:
     label = f"  {m.name} ({m.target})"
     return (
         f"{label:<20} {m.availability * 100:>11.3f}% {m.cost_vs_on_demand * 100:>9.1f}% "
-        f"{m.preemptions:>9} {m.launches:>8} {'':>8} {m.streams_resumed:>8} "
+        f"{m.preemptions:>9} {m.launches:>8} {m.warm_starts:>6} {'':>8} {m.streams_resumed:>8} "
         f"{m.streams_rejected:>8} {m.lost_streams:>6}  {','.join(m.instance_types) or '-'}"
     )

@@ -13,22 +13,27 @@ Time advances in ticks. At each tick the simulator applies the traces (a zone wh
 falls below the spot instances we hold there preempts the excess: each victim gets the spot
 notice and disappears `notice_seconds` later), brings instances up after `cold_start_seconds`
 (or after a cold start drawn from `cold_start_samples`: those the live pool observed, as
-`spotgate pool boots --json` lists them), moves streams (arrivals, completions, and streams
-of a disappearing agent resumed on another agent of its model), then runs the live
-controller's reconcile step for each model (`pool_manager.reconcile.ReconcilePass`: sizing,
-reaping, the policy, the retry after a refusal; the models take turns going first) and
-carries out its actions. A spot launch into a zone that is full is refused, as the EC2
-provider refuses it (an on-demand one at `on_demand_refusal_rate`), and the pass marks the
-placement and asks again. Spot prices may move (`spot_price_step`): the policy sees the
-current ones and the cost counts them. A scale-down drain gives streams
-`DRAIN_DEADLINE_SECONDS` to finish and hands back the rest.
+`spotgate pool boots --json` lists them) and stopped instances of the warm pool after
+`warm_start_seconds` (or a warm start drawn from `warm_start_samples`), moves streams
+(arrivals, completions, and streams of a disappearing agent resumed on another agent of its
+model), then runs the live controller's reconcile step for each model
+(`pool_manager.reconcile.ReconcilePass`: sizing, reaping, the policy, the retry after a
+refusal; the models take turns going first) and carries out its actions: launches, drains,
+terminations, and the warm pool's starts, stops and terminations. A stopped instance serves
+nothing and costs its volume only (`SimConfig.stopped_price_per_hour`); an agent booted for
+the warm pool serves nothing before it is stopped; only on-demand instances are stopped. A
+spot launch into a zone that is full is refused, as the EC2 provider refuses it (an on-demand
+one, or a warm start, at `on_demand_refusal_rate`), and the pass marks the placement and asks
+again. Spot prices may move (`spot_price_step`): the policy sees the current ones and the cost
+counts them. A scale-down drain gives streams `DRAIN_DEADLINE_SECONDS` to finish and hands
+back the rest.
 
 Measures, for the pool and for each model: availability (share of ticks with at least the
 target agents ready and not draining; for the pool, every model at once), cost relative to
-running the target on-demand the whole time, spot notices (preemptions), launches, refused
-launches, and streams: started, resumed on another agent, rejected (no capacity within the
-queue deadline: a clear error, nothing lost) and lost (a started stream that could not be
-resumed before the deadline).
+running the target on-demand the whole time (stopped volumes included), spot notices
+(preemptions), launches, warm starts, refused launches, and streams: started, resumed on
+another agent, rejected (no capacity within the queue deadline: a clear error, nothing lost)
+and lost (a started stream that could not be resumed before the deadline).
 """
 
 from __future__ import annotations
@@ -40,7 +45,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pool_manager.policy import (
-    Action,
     AgentPhase,
     Drain,
     Launch,
@@ -49,8 +53,13 @@ from pool_manager.policy import (
     PlacementOption,
     Policy,
     PolicySettings,
+    PoolAction,
     PoolAgent,
     Sizing,
+    StartWarm,
+    StopToWarm,
+    TerminateWarm,
+    WarmInstance,
 )
 from pool_manager.reconcile import (
     DRAIN_DEADLINE_SECONDS,
@@ -64,6 +73,16 @@ SECONDS_PER_HOUR = 3600.0
 SPOT_PRICE_PER_HOUR = 1.0  # prices are relative: on-demand costs `on_demand_price_ratio`
 DEFAULT_MODEL = "model"
 """The name of the one model of a pool configured by `SimConfig.target` and `load` alone."""
+HOURS_PER_MONTH = 730.0  # as AWS bills a GB-month
+WARM_START_SECONDS = 60.0
+"""A stopped instance's start to ready: EC2 brings a warm pool's instance into service in as
+little as 30 s (AWS, announcing EC2 Auto Scaling warm pools), then vLLM loads the weights from
+the instance's own volume and captures its CUDA graphs (20-60 s, docs/cold-start.md); the
+image pull and weight fetch of a cold start are skipped."""
+VOLUME_GIB = 200.0  # the deployment's root volume (infra/cdk/cdk.json rootVolumeGiB)
+VOLUME_DOLLARS_PER_GIB_MONTH = 0.08  # EBS gp3, us-east-1: https://aws.amazon.com/ebs/pricing/
+ON_DEMAND_DOLLARS_PER_HOUR = 3.06
+"""p3.2xlarge, the traces' type, on-demand in us-east-1: https://aws.amazon.com/ec2/pricing/on-demand/"""
 
 
 @dataclass(frozen=True)
@@ -83,6 +102,16 @@ class SimConfig:
     target: int = 4
     cold_start_seconds: float = 180.0
     cold_start_samples: tuple[float, ...] = ()  # observed cold starts, drawn from at each launch
+    warm_pool_size: int = 0  # stopped on-demand instances each model keeps (0: no warm pool)
+    on_demand_margin: bool = False  # cover the spot margin on-demand where spot cannot place it
+    # The span opens with each model's warm pool full: topped up while the model was at zero.
+    warm_pool_filled: bool = True
+    warm_start_seconds: float = WARM_START_SECONDS
+    warm_start_samples: tuple[float, ...] = ()  # observed warm starts, drawn from at each start
+    # What a stopped instance costs: its volume (the sim's prices are relative; these scale it).
+    volume_gib: float = VOLUME_GIB
+    volume_dollars_per_gib_month: float = VOLUME_DOLLARS_PER_GIB_MONTH
+    on_demand_dollars_per_hour: float = ON_DEMAND_DOLLARS_PER_HOUR
     notice_seconds: float = 120.0
     tick_seconds: float = 30.0
     on_demand_price_ratio: float = 3.0
@@ -105,6 +134,13 @@ class SimConfig:
         """The models the pool serves: `models`, else one from `target` and `load`."""
         return self.models or (SimModel(DEFAULT_MODEL, self.target, self.load),)
 
+    @property
+    def stopped_price_per_hour(self) -> float:
+        """A stopped instance's hourly cost (its volume), in the simulator's spot-price units."""
+        volume_dollars = self.volume_gib * self.volume_dollars_per_gib_month / HOURS_PER_MONTH
+        spot_dollars = self.on_demand_dollars_per_hour / self.on_demand_price_ratio
+        return volume_dollars / spot_dollars * SPOT_PRICE_PER_HOUR
+
 
 @dataclass(frozen=True)
 class ModelResult:
@@ -116,6 +152,7 @@ class ModelResult:
     cost_vs_on_demand: float
     preemptions: int
     launches: int
+    warm_starts: int
     streams_started: int
     streams_resumed: int
     streams_rejected: int
@@ -137,13 +174,15 @@ class SimResult:
     cost_vs_on_demand: float
     preemptions: int
     launches: int
+    warm_starts: int  # stopped instances of the warm pool started (not counted as launches)
     refused_launches: int
     streams_started: int
     streams_resumed: int
     streams_rejected: int
     lost_streams: int
-    hours: float
+    hours: float  # instance-hours running
     on_demand_share_of_hours: float
+    stopped_hours: float  # instance-hours stopped in the warm pool
     models: list[ModelResult] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
@@ -159,6 +198,7 @@ class _Instance:
     launched_at: float
     ready_at: float
     ready: bool = False
+    for_warm_pool: bool = False  # boots once, then is stopped into the warm pool
     noticed: bool = False
     drained: bool = False
     dies_at: float | None = None
@@ -170,7 +210,7 @@ class _Instance:
 
     @property
     def serving(self) -> bool:
-        return self.ready and not self.noticed and not self.drained
+        return self.ready and not self.noticed and not self.drained and not self.for_warm_pool
 
     def as_agent(self, now: float) -> PoolAgent:
         """The policy's view: a ready agent heartbeats, a booting one has not registered."""
@@ -188,6 +228,7 @@ class _Instance:
             heartbeat_at=now if self.ready else None,
             drain_deadline=self.dies_at,
             ready_at=self.ready_at if self.ready else None,
+            for_warm_pool=self.for_warm_pool,
         )
 
 
@@ -199,7 +240,9 @@ class _Waiting:
     resumed: bool
 
 
-_COUNTS = ("preemptions", "launches", "refused", "started", "resumed", "rejected", "lost")
+_COUNTS = (
+    "preemptions", "launches", "warm_starts", "refused", "started", "resumed", "rejected", "lost"
+)  # fmt: skip
 
 
 @dataclass
@@ -210,6 +253,7 @@ class _ModelPool:
     settings: PolicySettings
     config: SimConfig
     instances: list[_Instance] = field(default_factory=list)
+    stopped: list[WarmInstance] = field(default_factory=list)  # its warm pool
     waiting: list[_Waiting] = field(default_factory=list)
     sizing: Sizing = field(default_factory=Sizing)
     arrival_credit: float = 0.0
@@ -303,6 +347,7 @@ class _ModelPool:
             cost_vs_on_demand=self.cost / on_demand_cost if on_demand_cost else 0.0,
             preemptions=counts["preemptions"],
             launches=counts["launches"],
+            warm_starts=counts["warm_starts"],
             streams_started=counts["started"],
             streams_resumed=counts["resumed"],
             streams_rejected=counts["rejected"],
@@ -349,6 +394,8 @@ def settings_for(
         target_streams_per_agent=config.streams_per_agent,
         spot_overprovision=config.spot_overprovision,
         on_demand_hold_seconds=config.on_demand_hold_seconds,
+        warm_pool_size=config.warm_pool_size,
+        on_demand_margin=config.on_demand_margin,
     )
 
 
@@ -386,15 +433,28 @@ class Simulation:
         self._rng = random.Random(config.seed)  # noqa: S311 (a reproducible simulation)
         # Its own stream, seeded apart: cold-start draws neither shift nor mirror the others.
         self._boot_rng = random.Random(f"{config.seed}/cold-starts")  # noqa: S311
+        self._warm_rng = random.Random(f"{config.seed}/warm-starts")  # noqa: S311
         self._on_demand_rng = random.Random(f"{config.seed}/on-demand")  # noqa: S311
         self._on_demand_refused_until: dict[PlacementKey, float] = {}
         self._price_rng = random.Random(f"{config.seed}/spot-prices")  # noqa: S311
         self._spot_prices = {p.key: p.spot_price_per_hour for p in self._placements}
         self._prices_at = start_seconds
         self._risky_until: dict[PlacementKey, float] = {}
-        self.decisions: list[tuple[float, Action]] = []
+        self.decisions: list[tuple[float, PoolAction]] = []
         """What each reconcile pass carried out, with its time (refused launches left out)."""
         self._next_id = 0
+        if config.warm_pool_filled:
+            for pool in self._pools:
+                pool.stopped = [self._stopped_before(pool) for _ in range(config.warm_pool_size)]
+
+    def _stopped_before(self, pool: _ModelPool) -> WarmInstance:
+        """A stopped instance the warm pool holds as the span opens, in its cheapest placement."""
+        cheapest = min(pool.settings.placements, key=lambda p: p.on_demand_price_per_hour)
+        self._next_id += 1
+        stopped_at = self._start - self._config.tick_seconds
+        return WarmInstance(
+            f"sim-{self._next_id}", cheapest.instance_type, cheapest.zone, stopped_at
+        )
 
     @property
     def settings(self) -> PolicySettings:
@@ -410,7 +470,8 @@ class Simulation:
         config = self._config
         tick = config.tick_seconds
         ticks = available = 0
-        cost = on_demand_hours = hours = 0.0
+        cost = on_demand_hours = hours = stopped_hours = 0.0
+        stopped_price = config.stopped_price_per_hour
         now = self._start
         while now < self._end:
             self._move_prices(now)
@@ -428,6 +489,10 @@ class Simulation:
                     spent = self._price_of(instance) * tick / SECONDS_PER_HOUR
                     cost += spent
                     pool.cost += spent
+                stopped = len(pool.stopped) * tick / SECONDS_PER_HOUR
+                stopped_hours += stopped
+                cost += stopped * stopped_price
+                pool.cost += stopped * stopped_price
             self._decide(now, ticks)
             if observe is not None:
                 observe(now)
@@ -442,6 +507,7 @@ class Simulation:
             cost_vs_on_demand=cost / on_demand_cost if on_demand_cost else 0.0,
             preemptions=self._total("preemptions"),
             launches=self._total("launches"),
+            warm_starts=self._total("warm_starts"),
             refused_launches=self._total("refused"),
             streams_started=self._total("started"),
             streams_resumed=self._total("resumed"),
@@ -449,6 +515,7 @@ class Simulation:
             lost_streams=self._total("lost"),
             hours=ticks * tick / SECONDS_PER_HOUR,
             on_demand_share_of_hours=on_demand_hours / hours if hours else 0.0,
+            stopped_hours=stopped_hours,
             models=[pool.result(ticks) for pool in self._pools],
         )
 
@@ -525,38 +592,85 @@ class Simulation:
             risky_seconds=self._config.risky_placement_seconds,
             on_demand_refused_until=self._on_demand_refused_until,
             spot_prices=self._spot_prices,
+            warm=list(pool.stopped),
         )
-        while actions := step.next_actions():
+        while actions := step.next_round():
             for action in actions:
-                if isinstance(action, Launch):
-                    self._carry_out_launch(pool, step, action, now)
-                    continue
-                instance = next((i for i in pool.instances if i.agent_id == action.agent_id), None)
-                if instance is None:
-                    continue
-                if isinstance(action, Drain):  # its streams get the drain deadline to finish
-                    instance.drained = True
-                    instance.dies_at = min(
-                        instance.dies_at or math.inf, now + DRAIN_DEADLINE_SECONDS
-                    )
-                    step.drained(instance.as_agent(now))
-                else:
-                    pool.remove(instance, now)
-                    step.terminated(instance.agent_id)
-                self.decisions.append((now, action))
+                if self._carry_out(pool, step, action, now):
+                    self.decisions.append((now, action))
         self._risky_until = step.risky_until
         self._on_demand_refused_until = step.on_demand_refused_until
 
+    def _carry_out(
+        self, pool: _ModelPool, step: ReconcilePass, action: PoolAction, now: float
+    ) -> bool:
+        """Carry out one action and report it to the pass; False if refused or moot."""
+        if isinstance(action, Launch):
+            return self._carry_out_launch(pool, step, action, now)
+        if isinstance(action, StartWarm):
+            return self._start_warm(pool, step, action, now)
+        if isinstance(action, TerminateWarm):
+            pool.stopped = [w for w in pool.stopped if w.instance_id != action.instance_id]
+            step.terminated_warm(action.instance_id)
+            return True
+        instance = next((i for i in pool.instances if i.agent_id == action.agent_id), None)
+        if instance is None:
+            return False
+        if isinstance(action, Drain):  # its streams get the drain deadline to finish
+            instance.drained = True
+            instance.dies_at = min(instance.dies_at or math.inf, now + DRAIN_DEADLINE_SECONDS)
+            step.drained(instance.as_agent(now))
+            return True
+        pool.remove(instance, now)
+        if isinstance(action, StopToWarm):
+            placement = instance.placement
+            warm = WarmInstance(instance.agent_id, placement.instance_type, placement.zone, now)
+            pool.stopped.append(warm)
+            step.stopped(action, warm)
+        else:
+            step.terminated(instance.agent_id)
+        return True
+
     def _carry_out_launch(
         self, pool: _ModelPool, step: ReconcilePass, action: Launch, now: float
-    ) -> None:
+    ) -> bool:
         launched = self._launch(pool, action, now)
         if launched is None:
             pool.counts["refused"] += 1
             step.refused(action)
-        else:
-            step.launched(launched.as_agent(now))
-            self.decisions.append((now, action))
+            return False
+        step.launched(launched.as_agent(now))
+        return True
+
+    def _start_warm(
+        self, pool: _ModelPool, step: ReconcilePass, action: StartWarm, now: float
+    ) -> bool:
+        """Start a stopped instance: on-demand capacity, refused as often as a launch."""
+        warm = next((w for w in pool.stopped if w.instance_id == action.instance_id), None)
+        if warm is None:
+            return False
+        if self._on_demand_rng.random() < self._config.on_demand_refusal_rate:
+            pool.counts["refused"] += 1
+            step.start_refused(action)
+            return False
+        pool.stopped.remove(warm)
+        instance = _Instance(
+            agent_id=warm.instance_id,
+            lifecycle="on-demand",
+            placement=next(p for p in self._placements if p.key == warm.placement),
+            launched_at=now,
+            ready_at=now + self._warm_start_seconds(),
+        )
+        pool.instances.append(instance)
+        pool.counts["warm_starts"] += 1
+        step.started(action, instance.as_agent(now))
+        return True
+
+    def _warm_start_seconds(self) -> float:
+        """A warm start: one of the observed ones, else the fixed figure."""
+        if self._config.warm_start_samples:
+            return self._warm_rng.choice(self._config.warm_start_samples)
+        return self._config.warm_start_seconds
 
     def _cold_start_seconds(self) -> float:
         """A launch's cold start: one of the observed ones, else the fixed figure."""
@@ -584,6 +698,7 @@ class Simulation:
             placement=placement,
             launched_at=now,
             ready_at=now + self._cold_start_seconds(),
+            for_warm_pool=action.for_warm_pool,
         )
         pool.instances.append(instance)
         pool.counts["launches"] += 1
@@ -616,6 +731,7 @@ def simulate_windows(
         cost_vs_on_demand=sum(r.cost_vs_on_demand for r in results) / windows,
         preemptions=sum(r.preemptions for r in results),
         launches=sum(r.launches for r in results),
+        warm_starts=sum(r.warm_starts for r in results),
         refused_launches=sum(r.refused_launches for r in results),
         streams_started=sum(r.streams_started for r in results),
         streams_resumed=sum(r.streams_resumed for r in results),
@@ -623,6 +739,7 @@ def simulate_windows(
         lost_streams=sum(r.lost_streams for r in results),
         hours=sum(r.hours for r in results),
         on_demand_share_of_hours=sum(r.on_demand_share_of_hours for r in results) / windows,
+        stopped_hours=sum(r.stopped_hours for r in results),
         models=[_merged(list(same)) for same in zip(*(r.models for r in results), strict=True)],
     )
 
@@ -637,6 +754,7 @@ def _merged(windows: list[ModelResult]) -> ModelResult:
         cost_vs_on_demand=sum(w.cost_vs_on_demand for w in windows) / len(windows),
         preemptions=sum(w.preemptions for w in windows),
         launches=sum(w.launches for w in windows),
+        warm_starts=sum(w.warm_starts for w in windows),
         streams_started=sum(w.streams_started for w in windows),
         streams_resumed=sum(w.streams_resumed for w in windows),
         streams_rejected=sum(w.streams_rejected for w in windows),

@@ -61,3 +61,48 @@ def test_each_model_gets_its_own_figures_with_the_default_load(
     assert main([*SHORT, *models]) == 0
     rows = capsys.readouterr().out.splitlines()
     assert [row.split()[0] for row in rows[1:]] == ["spotgate", "chat", "batch"]
+
+
+def boots_file(tmp_path: Path, warm_seconds: float) -> Path:
+    """`spotgate pool boots --json` as it lists a cold boot and a warm start."""
+    listed = [
+        {"agent_id": "i-1", "kind": "cold", "phases_seconds": {}, "cold_start_seconds": 200.0},
+        {
+            "agent_id": "i-2",
+            "kind": "warm",
+            "phases_seconds": {},
+            "warm_start_seconds": warm_seconds,
+        },
+    ]
+    path = tmp_path / f"boots-{warm_seconds:.0f}.json"
+    path.write_text(json.dumps(listed))
+    return path
+
+
+def test_observed_boots_feed_the_cold_and_the_warm_starts_by_their_kind(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    day = ["sim", "--traces", str(TRACES), "--windows", "1", "--window-hours", "24", "--json"]
+    warm_pool = [*day, "--warm-pool", "3", "--target", "3"]
+    runs = {}
+    for warm_seconds in (30.0, 600.0):
+        assert main([*warm_pool, "--boots", str(boots_file(tmp_path, warm_seconds))]) == 0
+        runs[warm_seconds] = json.loads(capsys.readouterr().out)
+    assert runs[30.0]["warm_starts"] > 0
+    assert runs[30.0]["availability"] > runs[600.0]["availability"]  # the warm boot counted
+    assert runs[30.0]["stopped_hours"] > 0
+    # without a warm pool only the cold boot counts: the warm one changes nothing
+    plain = [main([*day, "--boots", str(boots_file(tmp_path, w))]) for w in (30.0, 600.0)]
+    first, second = (json.loads(out) for out in capsys.readouterr().out.splitlines())
+    assert plain == [0, 0]
+    assert first == second
+    assert first["warm_starts"] == 0
+
+
+def test_a_boot_of_an_unknown_kind_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    odd = tmp_path / "boots.json"
+    odd.write_text(json.dumps([{"kind": "lukewarm", "lukewarm_start_seconds": 5}]))
+    assert main([*SHORT, "--boots", str(odd)]) == 2
+    assert "not a list of boots" in capsys.readouterr().err

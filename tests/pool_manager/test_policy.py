@@ -12,11 +12,17 @@ from pool_manager.policy import (
     OnDemandOnly,
     PlacementOption,
     PolicySettings,
+    PoolAction,
     PoolAgent,
     PoolSnapshot,
     Sizing,
     SpotCheapestZone,
+    SpotHedge,
+    StartWarm,
+    StopToWarm,
     Terminate,
+    TerminateWarm,
+    WarmInstance,
     agents_for_demand,
     reap,
     size_pool,
@@ -354,3 +360,253 @@ def test_rebalanced_agent_is_drained_once_its_replacement_is_ready() -> None:
     ]
     booting = (*pool[:3], agent("new", placement=A, phase="starting"))
     assert POLICY.decide(snapshot(2, *booting), SETTINGS) == []
+
+
+# --- the warm pool -----------------------------------------------------------------------
+
+WARM = replace(SETTINGS, warm_pool_size=2)
+EVERYWHERE_RISKY = {A.key: NOW + 600, B.key: NOW + 600, C.key: NOW + 600}
+
+
+def stopped(
+    instance_id: str, placement: PlacementOption = C, stopped_at: float = NOW - 600
+) -> WarmInstance:
+    return WarmInstance(instance_id, placement.instance_type, placement.zone, stopped_at)
+
+
+def warm_bound(agent_id: str, phase: str = "starting") -> PoolAgent:
+    return replace(agent(agent_id, "on-demand", C, phase), for_warm_pool=True)
+
+
+def on_demand_and_warm(actions: list[PoolAction]) -> list[PoolAction]:
+    """The actions on on-demand capacity and the warm pool (spot launches left out)."""
+    return [
+        a
+        for a in actions
+        if not (isinstance(a, Launch) and a.lifecycle == "spot")
+        and not (isinstance(a, Drain | Terminate) and a.agent_id.startswith("spot"))
+    ]
+
+
+def od(zone: PlacementOption, *, for_warm_pool: bool = False) -> Launch:
+    return Launch(zone.instance_type, zone.zone, "on-demand", for_warm_pool=for_warm_pool)
+
+
+COVER = "on-demand cover, from the warm pool"
+A_OTHER_TYPE = PlacementOption("g4dn.xlarge", "us-east-1a", 0.20, 0.50)
+
+
+@pytest.mark.parametrize(
+    ("warm", "refused", "expected"),
+    [
+        # two needed, two stopped: both started, the cheaper placement's first
+        (
+            (stopped("w-a", A), stopped("w-c", C)),
+            {},
+            [StartWarm("w-c", COVER), StartWarm("w-a", COVER)],
+        ),
+        # one stopped: started; the other launched where on-demand is cheapest
+        ((stopped("w-c", C),), {}, [StartWarm("w-c", COVER), od(C)]),
+        # its placement just refused on-demand: launches go to the next cheapest placement
+        ((stopped("w-c", C),), {C.key: NOW + 60}, [od(A), od(A)]),
+        # stopped in this very pass (still stopping): not started
+        ((stopped("w-c", C, stopped_at=NOW),), {}, [od(C), od(C)]),
+        # in a placement the model no longer uses: terminated, never started
+        (
+            (stopped("w-x", A_OTHER_TYPE),),
+            {},
+            [od(C), od(C), TerminateWarm("w-x", "its placement is not the model's")],
+        ),
+    ],
+)
+def test_on_demand_cover_starts_the_warm_pool_first(
+    warm: tuple[WarmInstance, ...],
+    refused: dict[tuple[str, str], float],
+    expected: list[PoolAction],
+) -> None:
+    pool = replace(
+        snapshot(3, agent("spot-a", placement=A), risky=EVERYWHERE_RISKY),
+        warm=warm,
+        on_demand_refused_until=refused,
+    )
+    assert on_demand_and_warm(POLICY.decide(pool, WARM)) == expected
+
+
+INTO_WARM = "spot holds the target: into the warm pool"
+HOLDS = "spot holds the target"
+
+
+@pytest.mark.parametrize(
+    ("size", "warm", "expected"),
+    [
+        (
+            2,
+            (),
+            [Drain("od-busy", HOLDS), StopToWarm("od-1", INTO_WARM), StopToWarm("od-2", INTO_WARM)],
+        ),
+        (
+            2,
+            (stopped("w"),),
+            # the newest goes first, as when shedding
+            [Drain("od-busy", HOLDS), StopToWarm("od-2", INTO_WARM), Terminate("od-1", HOLDS)],
+        ),
+        (0, (), [Drain("od-busy", HOLDS), Terminate("od-1", HOLDS), Terminate("od-2", HOLDS)]),
+    ],
+)
+def test_shedding_stops_idle_on_demand_agents_into_the_warm_pool_while_it_has_room(
+    size: int, warm: tuple[WarmInstance, ...], expected: list[PoolAction]
+) -> None:
+    spot = (
+        agent("spot-a", placement=A),
+        agent("spot-b", placement=B),
+        agent("spot-c", placement=C),
+    )
+    on_demand = (
+        agent("od-1", "on-demand", C, launched_at=NOW - 900),
+        agent("od-2", "on-demand", C, launched_at=NOW - 600),
+        agent("od-busy", "on-demand", C, active=4),
+    )
+    pool = replace(snapshot(2, *spot, *on_demand), warm=warm)
+    actions = POLICY.decide(pool, replace(SETTINGS, warm_pool_size=size))
+    assert sorted(actions, key=str) == expected  # a busy one drains: the reaper stops it
+
+
+BOOTED = "booted once: into the warm pool"
+TRIM = "more than the warm pool keeps"
+
+
+@pytest.mark.parametrize(
+    ("size", "agents", "warm", "expected"),
+    [
+        # empty: topped up by on-demand agents that boot once, even with the model at zero
+        (2, (), (), [od(C, for_warm_pool=True), od(C, for_warm_pool=True)]),
+        # one stopped and one on its way: nothing to do
+        (2, (warm_bound("wb"),), (stopped("w"),), []),
+        # the one on its way is up: stopped into the pool
+        (2, (warm_bound("wb", "ready"),), (stopped("w"),), [StopToWarm("wb", BOOTED)]),
+        # more than the size: the dearest placement's, then the oldest, go
+        (
+            1,
+            (),
+            (
+                stopped("w-c", C, NOW - 100),
+                stopped("w-a1", A, NOW - 50),
+                stopped("w-a2", A, NOW - 900),
+            ),
+            [TerminateWarm("w-a2", TRIM), TerminateWarm("w-a1", TRIM)],
+        ),
+    ],
+)
+def test_the_warm_pool_is_topped_up_and_trimmed(
+    size: int,
+    agents: tuple[PoolAgent, ...],
+    warm: tuple[WarmInstance, ...],
+    expected: list[PoolAction],
+) -> None:
+    pool = replace(snapshot(0, *agents), warm=warm)
+    assert POLICY.decide(pool, replace(SETTINGS, warm_pool_size=size)) == expected
+
+
+def test_on_demand_agents_serving_as_cover_count_towards_the_warm_pool() -> None:
+    # The cover came from the warm pool and goes back to it once spot holds the target again:
+    # refilling the pool now would boot an instance only to terminate one later.
+    cover = (agent("od-1", "on-demand", C), agent("od-2", "on-demand", C))
+    pool = replace(snapshot(2, *cover, risky=EVERYWHERE_RISKY), warm=())
+    assert not [a for a in POLICY.decide(pool, WARM) if isinstance(a, Launch) and a.for_warm_pool]
+
+
+@pytest.mark.parametrize(
+    ("pool_agent", "warm", "expected"),
+    [
+        (
+            agent("od", "on-demand", C, "draining"),
+            (),
+            StopToWarm("od", "drained, into the warm pool"),
+        ),
+        (
+            agent("od", "on-demand", C, "draining"),
+            (stopped("w1"), stopped("w2")),
+            Terminate("od", "drained"),
+        ),
+        (agent("spot", "spot", C, "draining"), (), Terminate("spot", "drained")),
+        (
+            agent("od", "on-demand", C, "draining", heartbeat_at=NOW - 61),
+            (),
+            Terminate("od", "heartbeat stopped"),
+        ),
+    ],
+)
+def test_the_reaper_stops_drained_on_demand_agents_into_the_warm_pool_while_it_has_room(
+    pool_agent: PoolAgent, warm: tuple[WarmInstance, ...], expected: PoolAction
+) -> None:
+    assert reap(replace(snapshot(1, pool_agent), warm=warm), WARM) == [expected]
+
+
+def test_no_warm_actions_without_a_warm_pool() -> None:
+    """A driver that keeps no warm pool (warm_pool_size 0, nothing stopped) gets none."""
+    on_demand = (agent("od-1", "on-demand", C), agent("od-2", "on-demand", C, "draining"))
+    for target in (0, 1, 3):
+        pool = snapshot(target, *on_demand, risky=EVERYWHERE_RISKY)
+        actions = [*reap(pool, SETTINGS), *POLICY.decide(pool, SETTINGS)]
+        assert all(isinstance(a, Launch | Drain | Terminate) for a in actions)
+        assert not any(isinstance(a, Launch) and a.for_warm_pool for a in actions)
+
+
+@pytest.mark.parametrize(
+    ("risky", "cover"),
+    [
+        ({}, 0),  # spot can still place its margin somewhere: no cover while target holds
+        ({A.key: NOW + 600}, 0),
+        (EVERYWHERE_RISKY, 1),  # nowhere left: the margin is covered on-demand too
+    ],
+)
+def test_the_on_demand_margin_covers_spot_s_margin_only_where_spot_has_nowhere_to_go(
+    risky: dict[tuple[str, str], float], cover: int
+) -> None:
+    spot = (agent("spot-a", placement=A), agent("spot-b", placement=B))  # target 2, no margin
+    margin = replace(SETTINGS, on_demand_margin=True)
+    actions = POLICY.decide(snapshot(2, *spot, risky=risky), margin)
+    assert launches(actions).count(("us-east-1c", "on-demand")) == cover
+    assert (
+        launches(POLICY.decide(snapshot(2, *spot, risky=risky), SETTINGS)).count(
+            ("us-east-1c", "on-demand")
+        )
+        == 0
+    )
+
+
+# --- SpotHedge, for comparison -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("ready_spot", "on_demand", "expected"),
+    [
+        # max(0, min(target, target + 1 - ready spot)) on-demand, target 2
+        (3, 0, []),
+        (2, 0, [od(C)]),  # unlike spotgate's: the margin missing is covered too
+        (1, 0, [od(C), od(C)]),
+        (0, 0, [od(C), od(C)]),  # never more than the target
+        (3, 2, [Terminate("od-1", "spot recovered"), Terminate("od-0", "spot recovered")]),
+        (2, 2, [Terminate("od-1", "spot recovered")]),  # dropped as soon as spot recovers
+    ],
+)
+def test_spothedge_runs_on_demand_for_each_ready_spot_agent_short_of_target_plus_one(
+    ready_spot: int, on_demand: int, expected: list[PoolAction]
+) -> None:
+    placements = (A, B, C)
+    spot = [agent(f"spot-{n}", placement=placements[n]) for n in range(ready_spot)]
+    booting = [
+        agent(f"spot-new-{n}", placement=placements[n], phase="starting")
+        for n in range(ready_spot, 3)
+    ]
+    cover = [agent(f"od-{n}", "on-demand", C, launched_at=NOW - 900 + n) for n in range(on_demand)]
+    pool = replace(snapshot(2, *spot, *booting, *cover), warm=(stopped("w"),))
+    actions = SpotHedge().decide(pool, WARM)
+    assert actions[0] == TerminateWarm("w", "this policy keeps no warm pool")
+    assert on_demand_and_warm(actions[1:]) == expected
+
+
+def test_the_baselines_keep_no_warm_pool() -> None:
+    pool = replace(snapshot(1), warm=(stopped("w"),))
+    for policy in (OnDemandOnly(), SpotCheapestZone(), EvenSpread()):
+        assert TerminateWarm("w", "this policy keeps no warm pool") in policy.decide(pool, WARM)

@@ -12,9 +12,13 @@ from pool_manager.policy import (
     Launch,
     PlacementOption,
     PolicySettings,
+    PoolAction,
     PoolAgent,
     Sizing,
+    StartWarm,
+    StopToWarm,
     Terminate,
+    WarmInstance,
 )
 from pool_manager.reconcile import (
     ON_DEMAND_REFUSED_SECONDS,
@@ -143,3 +147,50 @@ def test_an_interruption_marks_its_placement_without_touching_the_old_map() -> N
     after = note_interruption(before, A.key, NOW)
     assert after == {B.key: NOW + 5, A.key: NOW + RISKY_PLACEMENT_SECONDS}
     assert before == {B.key: NOW + 5}
+
+
+WARM = replace(SETTINGS, on_demand_fallback=True, warm_pool_size=1)
+EVERYWHERE_RISKY = {A.key: NOW + 600, B.key: NOW + 600}
+
+
+def cover_pass() -> tuple[ReconcilePass, StartWarm]:
+    """Target 1, spot refused everywhere, one stopped instance in zone-a: a warm start."""
+    stopped = WarmInstance("i-warm", "g5.xlarge", "zone-a", NOW - 600)
+    step = replace(new_pass(1, settings=WARM), risky_until=dict(EVERYWHERE_RISKY), warm=[stopped])
+    return step, StartWarm("i-warm", "on-demand cover, from the warm pool")
+
+
+def on_demand(actions: list[PoolAction]) -> list[PoolAction]:
+    return [a for a in actions if not (isinstance(a, Launch) and a.lifecycle == "spot")]
+
+
+def test_a_warm_start_refused_for_capacity_passes_its_placement_over_and_launches_elsewhere() -> (
+    None
+):
+    step, start = cover_pass()
+    assert on_demand(step.next_round()) == [start]
+    step.start_refused(start)
+    assert step.on_demand_refused_until == {A.key: NOW + ON_DEMAND_REFUSED_SECONDS}
+    assert on_demand(step.next_round()) == [Launch("g5.xlarge", "zone-b", "on-demand")]
+
+
+def test_a_driver_without_a_warm_pool_gets_no_warm_actions() -> None:
+    step, _ = cover_pass()
+    assert on_demand(step.next_actions()) == []  # the round's only on-demand cover: warm
+
+
+def test_a_drained_agent_stopped_into_the_warm_pool_is_counted_in_it_in_the_same_round() -> None:
+    drained = PoolAgent(
+        "i-od", "on-demand", "g5.xlarge", "zone-b", "draining", NOW - 900,
+        heartbeat_at=NOW - 1, drain_deadline=NOW + 200, ready_at=NOW - 800,
+    )  # fmt: skip
+    step = new_pass(0, drained, settings=WARM)
+    # stopped into the pool (it has room for one), and no launch to fill the pool besides
+    assert step.next_round() == [StopToWarm("i-od", "drained, into the warm pool")]
+    step.stopped(StopToWarm("i-od", "drained"), WarmInstance("i-od", "g5.xlarge", "zone-b", NOW))
+    assert (step.agents, [w.instance_id for w in step.warm]) == ([], ["i-od"])
+    step.started(
+        StartWarm("i-od", "cover"),
+        replace(drained, phase="starting", heartbeat_at=None, drain_deadline=None),
+    )
+    assert (step.warm, [a.agent_id for a in step.agents]) == ([], ["i-od"])

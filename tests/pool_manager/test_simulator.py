@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from pool_manager.policy import POLICIES
+from pool_manager.policy import POLICIES, StopToWarm
 from pool_manager.sim.simulator import (
     DEFAULT_MODEL,
     ModelResult,
@@ -49,6 +49,66 @@ def test_launches_draw_their_cold_starts_from_the_observed_ones() -> None:
              for n in range(8)]  # fmt: skip
     # one launch each: ready after one tick or after ten, as its draw fell
     assert {round(r.availability * 60) for r in draws} == {59, 50}
+
+
+def test_a_warm_pool_covers_in_a_warm_start_and_its_volumes_are_paid_while_stopped() -> None:
+    traces = [zone("a", *[0] * 12)]  # no spot at all: on-demand covers the target of 2
+    cold = run("spotgate", traces, target=2)
+    assert cold.availability == pytest.approx(58 / 60)  # launched: two-minute cold starts
+    warm = run("spotgate", traces, target=2, warm_pool_size=2, warm_start_seconds=60.0)
+    assert warm.availability == pytest.approx(59 / 60)  # started: one-minute warm starts
+    assert (warm.warm_starts, warm.launches) == (2, 0)
+    # both stopped during the first tick (their volumes), then both on-demand from the next
+    stopped_price = SimConfig().stopped_price_per_hour
+    assert warm.stopped_hours == pytest.approx(2 / 60)
+    assert warm.cost_vs_on_demand == pytest.approx((59 / 60 * 2 * 3 + 2 * stopped_price / 60) / 6)
+    empty = run("spotgate", traces, target=2, warm_pool_size=2, warm_pool_filled=False)
+    # nothing stopped yet: launched cold, and the cover goes back to the pool later
+    assert (empty.availability, empty.warm_starts, empty.stopped_hours) == (cold.availability, 0, 0)
+
+
+def test_a_stopped_volume_is_priced_from_ebs_and_the_on_demand_price() -> None:
+    config = SimConfig(on_demand_price_ratio=3.0)
+    # 200 GiB of gp3 at $0.08 per GiB-month against p3.2xlarge's $3.06 on-demand (spot: a third)
+    assert config.stopped_price_per_hour == pytest.approx(200 * 0.08 / 730 / (3.06 / 3))
+    assert replace(config, volume_gib=100).stopped_price_per_hour == pytest.approx(
+        config.stopped_price_per_hour / 2
+    )
+
+
+def test_warm_and_cold_starts_are_drawn_from_their_own_samples() -> None:
+    traces = [zone("a", *[0] * 12)]
+    slow_warm = {"warm_pool_size": 1, "warm_start_samples": (180.0,), "cold_start_samples": (60.0,)}
+    assert run("spotgate", traces, target=1, **slow_warm).availability == pytest.approx(57 / 60)
+    # with the pool empty the cover is launched: its cold start comes from the cold samples
+    launched = run("spotgate", traces, target=1, warm_pool_filled=False, **slow_warm)
+    assert launched.availability == pytest.approx(59 / 60)
+
+
+def test_cover_goes_back_into_the_warm_pool_once_spot_holds_the_target_again() -> None:
+    traces = [zone("a", *[0] * 4 + [16] * 8), zone("b", *[0] * 4 + [16] * 8)]  # spot at 20 min
+    config = SimConfig(
+        tick_seconds=60.0, cold_start_seconds=120.0, target=1, warm_pool_size=1,
+        on_demand_hold_seconds=0.0,
+    )  # fmt: skip
+    simulation = Simulation(traces, POLICIES["spotgate"], config)
+    result = simulation.run()
+    stops = [action for _, action in simulation.decisions if isinstance(action, StopToWarm)]
+    assert len(stops) == 1  # the cover, drained of its streams, then stopped (not terminated)
+    assert result.warm_starts == 1
+    assert result.launches == 2  # target + margin on spot, once the zones came back
+    assert 30 / 60 < result.stopped_hours < 40 / 60  # stopped again for the last half hour
+
+
+def test_a_published_day_is_more_available_with_a_warm_pool_at_about_the_same_cost() -> None:
+    traces = load_traces(BUNDLED_TRACES_DIR / "aws-16node-3zone")
+    config = SimConfig(target=3, cold_start_seconds=120.0, on_demand_hold_seconds=0.0, seed=1)
+    plain = simulate_windows(traces, POLICIES["spotgate"], config, windows=1, window_hours=24)
+    warm = replace(config, warm_pool_size=3)
+    pooled = simulate_windows(traces, POLICIES["spotgate"], warm, windows=1, window_hours=24)
+    assert pooled.warm_starts > 0
+    assert pooled.availability > plain.availability
+    assert abs(pooled.cost_vs_on_demand - plain.cost_vs_on_demand) < 0.02
 
 
 def test_steady_spot_costs_a_third_per_agent_and_keeps_the_margin() -> None:
