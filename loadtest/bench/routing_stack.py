@@ -31,6 +31,7 @@ from spotgate.registry import Registry
 from spotgate.settings import (
     AgentSettings,
     GatewaySettings,
+    QueueSettings,
     RoutingSettings,
     SharedSettings,
     TokenSettings,
@@ -53,6 +54,8 @@ MEMORY_UTILIZATION = 0.2
 # several times one run's conversations (16 × ~2,000 tokens) even if all went to one agent.
 KV_CACHE_GIB = "1"
 HEARTBEAT_SECONDS = 1.0
+# No IMDS (a closed port): the agent takes its identity from its settings, and no notice comes.
+NO_IMDS_URL = "http://127.0.0.1:9"
 READY_AGENTS_SAMPLE = 'spotgate_gateway_agents{state="ready"}'
 GATEWAY_VIEW_TIMEOUT_SECONDS = 60.0
 
@@ -117,9 +120,22 @@ async def _prepare(aws: SharedSettings) -> str:
 
 
 def start_agent(
-    model: Path, aws: SharedSettings, key: SigningKey, issuer: str, n: int, cpu: int, logs: Path
+    model: Path,
+    aws: SharedSettings,
+    key: SigningKey,
+    issuer: str,
+    n: int,
+    cpu: int,
+    logs: Path,
+    *,
+    imds_url: str = NO_IMDS_URL,
+    imds_poll_seconds: float = AgentSettings.model_fields["imds_poll_seconds"].default,
+    max_model_len: int = MAX_MODEL_LEN,
 ) -> Server:
-    """Agent `n + 1` on vLLM's CPU engine, pinned to `cpu`, taking tokens of `key`."""
+    """Agent `n + 1` on vLLM's CPU engine, pinned to `cpu`, taking tokens of `key`.
+
+    `imds_url`: an IMDS (emulator) it polls for spot notices every `imds_poll_seconds`.
+    """
     port = free_port()
     settings = AgentSettings(
         shared=bench_shared(aws),
@@ -130,11 +146,12 @@ def start_agent(
         port=port,
         pinned_public_key=key.verify_key.to_pem(),
         token_issuer=issuer,
-        imds_url="http://127.0.0.1:9",
+        imds_url=imds_url,
+        imds_poll_seconds=imds_poll_seconds,
         heartbeat_seconds=HEARTBEAT_SECONDS,
         vllm=VllmSettings(
             dtype=ENGINE_DTYPE,
-            max_model_len=MAX_MODEL_LEN,
+            max_model_len=max_model_len,
             max_num_seqs=MAX_NUM_SEQS,
             enforce_eager=True,
             gpu_memory_utilization=MEMORY_UTILIZATION,
@@ -156,6 +173,7 @@ def start_gateway(
     logs: Path,
     load_skew: float,
     shared_prompt_sha256: tuple[str, ...] = (),
+    move_before_break: bool = True,
 ) -> Server:
     """Gateway `name` on `port`, signing with `key`: prefix-aware unless named LEAST_LOAD."""
     ops_port = free_port()
@@ -170,6 +188,7 @@ def start_gateway(
             prefix_load_skew=load_skew,
             shared_prompt_sha256=shared_prompt_sha256,
         ),
+        queue=QueueSettings(move_before_break=move_before_break),
     )
     process = spawn_service(settings, logs / f"gateway-{name.replace(' ', '-')}.log")
     headers = {"Authorization": f"Bearer {api_key}"}
