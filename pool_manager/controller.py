@@ -1,10 +1,16 @@
 """The reconcile loop's body: read the world, ask the policy, carry out its actions.
 
-Each pass joins what the provider runs (instances) with what the registry knows (agents:
-state, heartbeat, load) and what gateways publish (demand), and carries out each model's
-`pool_manager.reconcile.ReconcilePass` (sizing, reaping, placement, the retry after a capacity
-refusal), the pure step the simulator runs too. Interruption events are handled before the pass that
-follows them, so a replacement is launched in the same loop iteration.
+Each pass joins what the provider runs (instances) and keeps stopped (each model's warm
+pool) with what the registry knows (agents: state, heartbeat, load) and what gateways publish
+(demand), and carries out each model's `pool_manager.reconcile.ReconcilePass` (sizing,
+reaping, placement, the retry after a capacity refusal, the warm pool), the pure step the
+simulator runs too. Interruption events are handled before the pass that follows them, so a
+replacement is launched in the same loop iteration.
+
+A warm start reuses the instance and so its agent's id: the pool manager removes the `gone`
+entry of its last boot just before starting it, so the new boot registers afresh (nothing
+else may remove an entry, and only a `gone` one), and marks the new boot warm once its agent
+has registered.
 """
 
 from __future__ import annotations
@@ -27,9 +33,21 @@ from pool_manager.policy import (
     PolicySettings,
     PoolAgent,
     Sizing,
+    StartWarm,
+    StopToWarm,
     Terminate,
+    TerminateWarm,
+    WarmAction,
+    WarmInstance,
 )
-from pool_manager.provider import CapacityRefused, Instance, Provider, ProviderError
+from pool_manager.provider import (
+    CapacityRefused,
+    Instance,
+    Provider,
+    ProviderError,
+    StartRefused,
+    StoppedInstance,
+)
 from pool_manager.reconcile import (
     DRAIN_DEADLINE_SECONDS,
     RISKY_PLACEMENT_SECONDS,
@@ -39,6 +57,7 @@ from pool_manager.reconcile import (
 )
 from spotgate.logging import get_logger
 from spotgate.registry import (
+    AgentNotFound,
     AgentRecord,
     AgentState,
     Demand,
@@ -69,6 +88,7 @@ def pool_agent(instance: Instance, record: AgentRecord | None, now: float) -> Po
             zone=instance.zone,
             phase="starting",
             launched_at=instance.launched_at,
+            for_warm_pool=instance.for_warm_pool,
         )
     gone = record.state is AgentState.GONE
     return PoolAgent(
@@ -83,6 +103,7 @@ def pool_agent(instance: Instance, record: AgentRecord | None, now: float) -> Po
         drain_deadline=now if gone else record.drain_deadline,
         ready_at=record.ready_at,
         at_risk=record.rebalance_at is not None,
+        for_warm_pool=instance.for_warm_pool,
     )
 
 
@@ -91,9 +112,11 @@ class PassReport:
     """What one reconcile pass did (for logs, metrics and tests)."""
 
     targets: Mapping[str, int]
-    actions: Sequence[Action]
+    actions: Sequence[Action | WarmAction]
     refused: Sequence[Launch]
     agents: Sequence[tuple[str, PoolAgent]]  # (model, agent) once the pass was done
+    warm: Sequence[tuple[str, WarmInstance]] = ()  # (model, stopped instance) likewise
+    warm_started: frozenset[str] = frozenset()  # agents booting or serving after a warm start
 
 
 @dataclass
@@ -123,28 +146,45 @@ class PoolController:
         await self._read_spot_prices(now)
         records = {r.agent_id: r for r in await self.registry.list_agents(include_expired=True)}
         instances = await self.provider.instances()
+        stopped = await self.provider.stopped()
         for instance in instances:  # after a restart, or a write that failed, once more
             await self._vouch(instance)
         demand = await self.registry.read_demand()
         fixed = await self.registry.read_pool_targets()
         served = {*self.models, *self.model_settings}
-        models = sorted(served | set(demand) | set(fixed) | {i.model for i in instances})
+        held = {i.model for i in instances} | {s.model for s in stopped}
+        models = sorted(served | set(demand) | set(fixed) | held)
         targets: dict[str, int] = {}
-        done: list[Action] = []
+        done: list[Action | WarmAction] = []
         refused: list[Launch] = []
         agents: list[tuple[str, PoolAgent]] = []
+        warm_pools: list[tuple[str, WarmInstance]] = []
+        warm_started: set[str] = set()
         for model in models:
             settings = self._settings_of(model)
             scaled = fixed.get(model) if model in served else None  # `pool scale` of any name
             targets[model] = self._size(model, demand.get(model, Demand()), scaled, now, settings)
-            mine = [i for i in instances if i.model == model]
+            mine = _Pool(
+                [i for i in instances if i.model == model],
+                [s for s in stopped if s.model == model],
+            )
             acted, denied = await self._converge(
                 model, targets[model], mine, records, now, settings
             )
             done += acted
             refused += denied
-            agents += [(model, pool_agent(i, records.get(i.agent_id), now)) for i in mine]
-        return PassReport(targets=targets, actions=done, refused=refused, agents=agents)
+            agents += [(model, pool_agent(i, records.get(i.agent_id), now)) for i in mine.running]
+            warm_pools += [(model, s.warm()) for s in mine.stopped]
+            warm_started |= {i.agent_id for i in mine.running if i.boot == "warm"}
+            await self._record_warm_boots(mine.running, records)
+        return PassReport(
+            targets=targets,
+            actions=done,
+            refused=refused,
+            agents=agents,
+            warm=warm_pools,
+            warm_started=frozenset(warm_started),
+        )
 
     async def handle_event(self, event: PoolEvent) -> None:
         """Act on one EC2 event: an interruption drains the agent and marks its placement."""
@@ -192,12 +232,15 @@ class PoolController:
             log.warning("spot prices unread; placing by the last known", error=str(err))
 
     def _settings_of(self, model: str) -> PolicySettings:
-        """The model's own settings; a model the pool does not serve gets no agents."""
+        """The model's own settings; a model the pool does not serve gets no agents.
+
+        Nor a warm pool: its stopped instances are terminated.
+        """
         if model in self.model_settings:
             return self.model_settings[model]
         if model in self.models:
             return self.settings
-        return replace(self.settings, min_agents=0, max_agents=0)
+        return replace(self.settings, min_agents=0, max_agents=0, warm_pool_size=0)
 
     def _size(
         self, model: str, demand: Demand, fixed: int | None, now: float, settings: PolicySettings
@@ -212,25 +255,26 @@ class PoolController:
         self,
         model: str,
         target: int,
-        instances: list[Instance],
+        pool: _Pool,
         records: dict[str, AgentRecord],
         now: float,
         settings: PolicySettings,
-    ) -> tuple[list[Action], list[Launch]]:
+    ) -> tuple[list[Action | WarmAction], list[Launch]]:
         step = ReconcilePass(
             policy=self.policy,
             settings=settings,
             now=now,
             target=target,
-            agents=[pool_agent(i, records.get(i.agent_id), now) for i in instances],
+            agents=[pool_agent(i, records.get(i.agent_id), now) for i in pool.running],
             risky_until=self.risky_until,
             risky_seconds=self.risky_placement_seconds,
             on_demand_refused_until=self.on_demand_refused_until,
             spot_prices=self.spot_prices,
+            warm=[s.warm() for s in pool.stopped],
         )
-        done: list[Action] = []
+        done: list[Action | WarmAction] = []
         refused: list[Launch] = []
-        while actions := step.next_actions():
+        while actions := step.next_round():
             for action in actions:
                 if isinstance(action, Launch):
                     try:
@@ -243,22 +287,141 @@ class PoolController:
                     except ProviderError as err:
                         log.warning("launch failed", model=model, error=str(err))
                         continue
-                    instances.append(launched)
+                    pool.running.append(launched)
                     await self._vouch(launched)
                     step.launched(pool_agent(launched, None, now))
                     log.info("launched", agent_id=launched.agent_id, model=model,
-                             lifecycle=action.lifecycle, zone=action.zone)  # fmt: skip
+                             lifecycle=action.lifecycle, zone=action.zone,
+                             for_warm_pool=action.for_warm_pool)  # fmt: skip
                 elif isinstance(action, Drain):
                     await self._drain(action, records, now)
-                    if (instance := _instance_of(action.agent_id, instances)) is not None:
+                    if (instance := _instance_of(action.agent_id, pool.running)) is not None:
                         step.drained(pool_agent(instance, records.get(action.agent_id), now))
-                else:
-                    await self._terminate(action, instances, records)
+                elif isinstance(action, Terminate):
+                    await self._terminate(action, pool.running, records)
                     step.terminated(action.agent_id)
+                elif not await self._carry_out_warm(action, pool, records, step, now):
+                    continue
                 done.append(action)
         self.risky_until = step.risky_until
         self.on_demand_refused_until = step.on_demand_refused_until
         return done, refused
+
+    async def _carry_out_warm(
+        self,
+        action: WarmAction,
+        pool: _Pool,
+        records: dict[str, AgentRecord],
+        step: ReconcilePass,
+        now: float,
+    ) -> bool:
+        """Start, stop into or terminate in the model's warm pool; whether it was done."""
+        if isinstance(action, StopToWarm):
+            instance = _instance_of(action.agent_id, pool.running)
+            if instance is None:
+                return False
+            stopped = await self._stop_to_warm(instance, action.reason, now)
+            if stopped is None:
+                return False
+            pool.running.remove(instance)
+            pool.stopped.append(stopped)
+            step.stopped(action, stopped.warm())
+            return True
+        warm = next((s for s in pool.stopped if s.instance_id == action.instance_id), None)
+        if warm is None:
+            return False
+        if isinstance(action, TerminateWarm):
+            try:
+                await self.provider.terminate(warm.instance_id)
+            except ProviderError as err:
+                log.warning("terminate failed", instance_id=warm.instance_id, error=str(err))
+                return False
+            pool.stopped.remove(warm)
+            await self._forget(warm.agent_id)  # gone at the stop; after a restart, maybe not
+            step.terminated_warm(warm.instance_id)
+            log.info("terminated a warm instance", agent_id=warm.agent_id, reason=action.reason)
+            return True
+        started = await self._start_warm(warm, action, step, records)
+        if started is None:
+            return False
+        pool.stopped.remove(warm)
+        pool.running.append(started)
+        await self._vouch(started)
+        step.started(action, pool_agent(started, None, now))
+        log.info("started from the warm pool", agent_id=started.agent_id, reason=action.reason)
+        return True
+
+    async def _stop_to_warm(
+        self, instance: Instance, reason: str, now: float
+    ) -> StoppedInstance | None:
+        """Stop an idle (or drained) on-demand agent's instance into the warm pool.
+
+        As a termination: the agent hands back what it still holds as it shuts down, its
+        entry goes `gone` and its launch record goes (it is written again at the start).
+        """
+        if instance.lifecycle == "spot":  # EC2 stops no spot instance that serves
+            log.warning("a spot instance is never stopped", agent_id=instance.agent_id)
+            return None
+        try:
+            await self.provider.stop(instance.instance_id)
+        except ProviderError as err:
+            log.warning("stop failed", agent_id=instance.agent_id, error=str(err))
+            return None
+        with suppress(RegistryError):  # never registered (booting): nothing routes to it
+            await self.registry.set_gone(instance.agent_id)
+        await self._forget(instance.agent_id)
+        log.info("stopped into the warm pool", agent_id=instance.agent_id, reason=reason)
+        return StoppedInstance(
+            instance_id=instance.instance_id,
+            agent_id=instance.agent_id,
+            model=instance.model,
+            instance_type=instance.instance_type,
+            zone=instance.zone,
+            stopped_at=now,
+            url=instance.url,
+        )
+
+    async def _start_warm(
+        self,
+        warm: StoppedInstance,
+        action: StartWarm,
+        step: ReconcilePass,
+        records: dict[str, AgentRecord],
+    ) -> Instance | None:
+        """Start a stopped instance, its last boot's entry removed first (None: it did not)."""
+        try:
+            with suppress(AgentNotFound):  # a last boot that never wrote `gone` is ended here
+                await self.registry.set_gone(warm.agent_id)
+            await self.registry.remove_gone(warm.agent_id)
+        except RegistryError as err:
+            log.warning("warm start skipped", agent_id=warm.agent_id, error=str(err))
+            return None
+        records.pop(warm.agent_id, None)  # the last boot's: this one has not registered yet
+        try:
+            return await self.provider.start(warm)
+        except StartRefused as err:
+            log.info("warm start refused; covering elsewhere", reason=str(err))
+            step.start_refused(action)
+        except ProviderError as err:
+            log.warning("warm start failed", agent_id=warm.agent_id, error=str(err))
+        return None
+
+    async def _record_warm_boots(
+        self, instances: Sequence[Instance], records: Mapping[str, AgentRecord]
+    ) -> None:
+        """Mark the boot of each agent started warm as warm, once it has registered."""
+        for instance in instances:
+            record = records.get(instance.agent_id)
+            if (
+                instance.boot == "warm"
+                and record is not None
+                and record.state is not AgentState.GONE
+                and record.boot_kind != "warm"
+            ):
+                try:
+                    await self.registry.record_warm_boot(instance.agent_id)
+                except RegistryError as err:  # gone meanwhile: nothing left to mark
+                    log.info("warm boot not recorded", agent_id=instance.agent_id, error=str(err))
 
     async def _drain(self, action: Drain, records: dict[str, AgentRecord], now: float) -> None:
         try:
@@ -316,6 +479,14 @@ class PoolController:
         await self.registry.forget_launch(agent_id)
         self.vouched.discard(agent_id)
         self.unvouched.discard(agent_id)
+
+
+@dataclass
+class _Pool:
+    """One model's instances during a pass: running, and stopped (its warm pool)."""
+
+    running: list[Instance]
+    stopped: list[StoppedInstance]
 
 
 def _instance_of(agent_id: str, instances: Sequence[Instance]) -> Instance | None:

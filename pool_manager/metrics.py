@@ -8,13 +8,33 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from pool_manager.cold_starts import TimedBoot
 from pool_manager.controller import PassReport
 from pool_manager.events import PoolEvent
-from pool_manager.policy import Drain, Launch, PlacementKey, PoolAgent, Terminate
+from pool_manager.policy import (
+    Drain,
+    Launch,
+    PoolAgent,
+    StartWarm,
+    StopToWarm,
+    Terminate,
+    TerminateWarm,
+    WarmInstance,
+)
 from spotgate.settings import Placement
 
 COLD_START_BUCKETS_SECONDS = (30, 60, 90, 120, 180, 240, 300, 450, 600, 900, 1200, 1800)
 """Launch to ready: a CPU agent in seconds, a GPU instance pulling a model in minutes."""
+WARM_START_BUCKETS_SECONDS = (5, 10, 20, 30, 45, 60, 90, 120, 180, 240, 300, 600)
+"""Start to ready of a stopped instance: no image pull, the weights on its volume."""
+HOURS_PER_MONTH = 730.0
+"""AWS's month for prices per GB-month (8,760 hours a year over 12)."""
+WARM_POOL_ACTIONS = {StartWarm: "start", StopToWarm: "stop", TerminateWarm: "terminate"}
+
+
+def stopped_volume_dollars_per_hour(volume_gib: float, price_per_gib_month: float) -> float:
+    """What a stopped instance still costs an hour: its EBS volume (EC2 bills no compute)."""
+    return volume_gib * price_per_gib_month / HOURS_PER_MONTH
 
 
 @dataclass
@@ -23,6 +43,7 @@ class PoolMetrics:
 
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     placements: Sequence[Placement] = ()  # for the hourly prices of the pool's instances
+    stopped_dollars_per_hour: float = 0.0  # what each instance of a warm pool costs stopped
     last_pass_at: float = 0.0  # epoch seconds; 0 before the first pass
 
     def __post_init__(self) -> None:
@@ -59,8 +80,21 @@ class PoolMetrics:
         )
         self.cost = Gauge(
             "spotgate_pool_cost_dollars_per_hour",
-            "what the pool's instances cost an hour at their placements' listed prices",
+            "what the pool's instances cost an hour: running ones at their placements' listed "
+            "prices, stopped ones (lifecycle stopped: the warm pools) their volumes",
             ["lifecycle"],
+            registry=r,
+        )
+        self.warm = Gauge(
+            "spotgate_pool_warm_instances",
+            "stopped instances kept per model, to start in a warm start",
+            ["model"],
+            registry=r,
+        )
+        self.warm_actions = Counter(
+            "spotgate_pool_warm_pool_actions_total",
+            "instances started from, stopped into and terminated in the warm pools",
+            ["action"],
             registry=r,
         )
         self.cold_start = Histogram(
@@ -68,6 +102,13 @@ class PoolMetrics:
             "from an instance's launch to its agent's first ready",
             ["instance_type", "zone"],
             buckets=COLD_START_BUCKETS_SECONDS,
+            registry=r,
+        )
+        self.warm_start = Histogram(
+            "spotgate_pool_warm_start_seconds",
+            "from a stopped instance's start to its agent's first ready",
+            ["instance_type", "zone"],
+            buckets=WARM_START_BUCKETS_SECONDS,
             registry=r,
         )
         self._prices = {
@@ -85,32 +126,44 @@ class PoolMetrics:
                 self.drains.inc()
             elif isinstance(action, Terminate):
                 self.terminations.labels(reason=action.reason).inc()
+            else:
+                self.warm_actions.labels(action=WARM_POOL_ACTIONS[type(action)]).inc()
         for refused in report.refused:
             self.refused.labels(lifecycle=refused.lifecycle).inc()
         for model, target in report.targets.items():
             self.target.labels(model=model).set(target)
-        self.observe_agents(report.agents)
+        self.observe_agents(report.agents, report.warm)
         self.last_pass.set(now)
         self.last_pass_at = now
 
-    def observe_agents(self, agents: Sequence[tuple[str, PoolAgent]]) -> None:
-        """Set the agent and cost gauges to the pool the last pass saw."""
+    def observe_agents(
+        self,
+        agents: Sequence[tuple[str, PoolAgent]],
+        warm: Sequence[tuple[str, WarmInstance]] = (),
+    ) -> None:
+        """Set the agent, warm-pool and cost gauges to the pool the last pass saw."""
         self.agents.clear()
         counts = Tally((model, agent.phase, agent.lifecycle) for model, agent in agents)
         for (model, phase, lifecycle), count in counts.items():
             self.agents.labels(model=model, phase=phase, lifecycle=lifecycle).set(count)
+        self.warm.clear()
+        for model, count in Tally(model for model, _ in warm).items():
+            self.warm.labels(model=model).set(count)
         cost = {"spot": 0.0, "on-demand": 0.0}
         for _model, agent in agents:
             prices = self._prices.get((agent.instance_type, agent.zone))
             if prices is not None:
                 cost[agent.lifecycle] += prices[agent.lifecycle]
+        cost["stopped"] = len(warm) * self.stopped_dollars_per_hour
         for kind, dollars in cost.items():
             self.cost.labels(lifecycle=kind).set(dollars)
 
-    def record_cold_starts(self, timed: Sequence[tuple[PlacementKey, float]]) -> None:
-        """Observe cold starts just timed (`ColdStarts.observe`), per placement."""
-        for (instance_type, zone), seconds in timed:
-            self.cold_start.labels(instance_type=instance_type, zone=zone).observe(seconds)
+    def record_boots(self, timed: Sequence[TimedBoot]) -> None:
+        """Observe boots just timed (`ColdStarts.observe`), per kind and placement."""
+        for boot in timed:
+            histogram = self.warm_start if boot.kind == "warm" else self.cold_start
+            instance_type, zone = boot.placement
+            histogram.labels(instance_type=instance_type, zone=zone).observe(boot.seconds)
 
     def record_event(self, event: PoolEvent) -> None:
         """Count one EC2 event."""

@@ -24,7 +24,7 @@ from pool_manager.controller import PoolController
 from pool_manager.ec2_provider import Ec2Provider
 from pool_manager.events import InterruptionQueue
 from pool_manager.local_provider import LOCAL_PLACEMENTS, LocalProvider
-from pool_manager.metrics import PoolMetrics
+from pool_manager.metrics import PoolMetrics, stopped_volume_dollars_per_hour
 from pool_manager.policy import PlacementOption, PolicySettings
 from pool_manager.provider import Provider
 from spotgate.logging import get_logger
@@ -36,19 +36,21 @@ log = get_logger(__name__)
 
 
 def model_policy_settings(settings: PoolSettings) -> dict[str, PolicySettings]:
-    """Each served model's policy settings: the pool's, with the model's own bounds and types."""
+    """Each served model's policy settings: the pool's, with the model's own where it has some."""
     pool = policy_settings(settings)
     models: dict[str, PolicySettings] = {}
     for model in settings.models:
         types = set(model.instance_types)
         placements = tuple(p for p in pool.placements if not types or p.instance_type in types)
         idle = model.scale_to_zero_idle_seconds
+        warm = model.warm_pool_size
         models[model.name] = replace(
             pool,
             placements=placements,
             min_agents=pool.min_agents if model.min_agents is None else model.min_agents,
             max_agents=pool.max_agents if model.max_agents is None else model.max_agents,
             scale_down_idle_seconds=pool.scale_down_idle_seconds if idle is None else idle,
+            warm_pool_size=pool.warm_pool_size if warm is None else warm,
         )
     return models
 
@@ -74,6 +76,7 @@ def policy_settings(settings: PoolSettings) -> PolicySettings:
         launch_timeout_seconds=settings.launch_timeout_seconds,
         heartbeat_timeout_seconds=settings.shared.registry.agent_ttl_seconds,
         on_demand_hold_seconds=settings.on_demand_hold_seconds,
+        warm_pool_size=settings.warm_pool_size,
     )
 
 
@@ -159,7 +162,12 @@ async def run_pool(
     settings: PoolSettings, stop: asyncio.Event, metrics: PoolMetrics | None = None
 ) -> None:
     """Reconcile until `stop` is set."""
-    metrics = metrics or PoolMetrics(placements=settings.placements)
+    metrics = metrics or PoolMetrics(
+        placements=settings.placements,
+        stopped_dollars_per_hour=stopped_volume_dollars_per_hour(
+            settings.volume_gib, settings.volume_price_per_gib_month
+        ),
+    )
     async with AsyncExitStack() as stack:
         await stack.enter_async_context(serving(settings, metrics))
         registry = await stack.enter_async_context(Registry.open(settings.shared))
@@ -196,8 +204,10 @@ async def run_pool(
                 report = await controller.reconcile()
                 now = time.time()
                 metrics.record_pass(report, now)
-                metrics.record_cold_starts(cold_starts.observe(report.agents))
-                booting = cold_starts.forecasts(report.agents, list(report.targets), now)
+                metrics.record_boots(cold_starts.observe(report.agents, report.warm_started))
+                booting = cold_starts.forecasts(
+                    report.agents, list(report.targets), now, report.warm_started
+                )
                 await forecasts.publish(booting)
                 if report.actions:
                     log.info(

@@ -456,6 +456,8 @@ class PoolModel(_Section):
     max_agents: PositiveInt | None = None  # None: the pool's max_agents
     # Demand gone for this long scales the model down (to min_agents; 0 of them: to zero).
     scale_to_zero_idle_seconds: PositiveFloat | None = None  # None: the pool's
+    # Stopped on-demand instances kept to start in a warm start (EC2 stop/start); None: the pool's
+    warm_pool_size: NonNegativeInt | None = None
     instance_types: tuple[str, ...] = ()  # of the pool's placements; empty: all of them
     launch_template: str | None = None  # ec2: this model's template; None: ec2.launch_template
     source: str = ""  # local: the agents' SPOTGATE_AGENT_MODEL (a directory); empty: none
@@ -492,6 +494,13 @@ class PoolSettings(BaseSettings):
     on_demand_fallback: bool = True
     on_demand_hold_seconds: NonNegativeFloat = 1800.0
     scale_to_zero_idle_seconds: PositiveFloat = 600.0
+    # Per model: stopped on-demand instances that booted once, started first for on-demand
+    # cover or a scale from zero (their volume keeps the image and weights).
+    warm_pool_size: NonNegativeInt = 0
+    # What a stopped instance still costs: its volume (GiB: the launch template's root
+    # volume), at EBS gp3's price in us-east-1, $0.08 per GB-month.
+    volume_gib: PositiveFloat = 200.0
+    volume_price_per_gib_month: NonNegativeFloat = 0.08
     launch_timeout_seconds: PositiveFloat = 900.0
     # Launch to ready, assumed until the pool has timed a cold start of its own.
     cold_start_seconds: PositiveFloat = 600.0

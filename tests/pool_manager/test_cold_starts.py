@@ -4,9 +4,9 @@ from dataclasses import replace
 
 import pytest
 
-from pool_manager.cold_starts import COLD_START_SAMPLES, ColdStarts, quantile
+from pool_manager.cold_starts import COLD_START_SAMPLES, ColdStarts, TimedBoot, quantile
 from pool_manager.policy import PoolAgent
-from spotgate.registry import PoolForecast
+from spotgate.registry import BootKind, PoolForecast
 
 DEFAULT_SECONDS = 600.0
 
@@ -38,9 +38,9 @@ def test_quantile_is_the_nearest_rank(samples: list[float], q: float, expected: 
 def test_each_agent_is_timed_once_when_first_seen_ready() -> None:
     cold = ColdStarts(DEFAULT_SECONDS)
     ready = agent("1", launched_at=100.0, ready_at=190.0)
-    assert cold.observe([("m", ready), ("m", agent("2"))]) == [(("g6", "a"), 90.0)]
+    assert cold.observe([("m", ready), ("m", agent("2"))]) == [TimedBoot("cold", ("g6", "a"), 90.0)]
     assert cold.observe([("m", ready)]) == []  # seen again: not timed again
-    assert list(cold.samples[("g6", "a")]) == [90.0]
+    assert list(cold.samples[("cold", ("g6", "a"))]) == [90.0]
 
 
 def test_estimates_fall_back_from_the_placement_to_every_placement_to_the_default() -> None:
@@ -66,8 +66,11 @@ def test_an_agent_that_left_is_forgotten_but_its_cold_start_kept() -> None:
     cold = ColdStarts(DEFAULT_SECONDS)
     cold.observe([("m", agent("1", ready_at=50.0))])
     cold.observe([])
-    assert cold.observe([("m", agent("1", ready_at=50.0))]) == [(("g6", "a"), 50.0)]
-    assert len(cold.samples[("g6", "a")]) == 2  # its id came back: a new boot of that name
+    assert cold.observe([("m", agent("1", ready_at=50.0))], warm={"1"}) == [
+        TimedBoot("warm", ("g6", "a"), 50.0)
+    ]  # its id came back: a new boot of that instance (started from the warm pool)
+    assert len(cold.samples[("cold", ("g6", "a"))]) == 1
+    assert len(cold.samples[("warm", ("g6", "a"))]) == 1
 
 
 @pytest.mark.parametrize(
@@ -106,3 +109,60 @@ def test_forecasts_use_the_booting_agents_own_placement() -> None:
     cold.observe([("m", agent("slow", ready_at=400.0, placement=("g5", "b")))])
     booting = replace(agent("x", launched_at=1000.0), instance_type="g5", zone="b")
     assert cold.forecasts([("m", booting)], ["m"], 1000.0) == {"m": PoolForecast(1400.0, 400.0)}
+
+
+A, B = ("g6", "a"), ("g5", "b")
+
+
+@pytest.mark.parametrize(
+    ("cold_boots", "warm_boots", "kind", "expected"),
+    [
+        # nothing timed: a cold start is the default, a warm one no longer than that
+        ([], [], "cold", DEFAULT_SECONDS),
+        ([], [], "warm", DEFAULT_SECONDS),
+        # cold starts only: a warm start is expected within a cold one's time
+        ([(A, 200.0)], [], "warm", 200.0),
+        # each kind its own samples
+        ([(A, 200.0)], [(A, 40.0)], "warm", 40.0),
+        ([(A, 200.0)], [(A, 40.0)], "cold", 200.0),
+        # a placement without warm starts of its own: every placement's warm starts
+        ([(A, 200.0)], [(B, 70.0)], "warm", 70.0),
+        # warm starts never stand in for cold ones
+        ([], [(A, 40.0)], "cold", DEFAULT_SECONDS),
+    ],
+)
+def test_warm_and_cold_starts_are_estimated_apart(
+    cold_boots: list[tuple[tuple[str, str], float]],
+    warm_boots: list[tuple[tuple[str, str], float]],
+    kind: BootKind,
+    expected: float,
+) -> None:
+    cold = ColdStarts(DEFAULT_SECONDS)
+    booted = [
+        (f"{boot_kind}{n}", placement, seconds)
+        for boot_kind, boots in (("cold", cold_boots), ("warm", warm_boots))
+        for n, (placement, seconds) in enumerate(boots)
+    ]
+    cold.observe(
+        [("m", agent(name, ready_at=seconds, placement=where)) for name, where, seconds in booted],
+        warm={name for name, _, _ in booted if name.startswith("warm")},
+    )
+    assert cold.estimate_seconds(A, kind) == expected
+
+
+def test_a_model_with_a_warm_instance_starting_is_forecast_by_the_warm_start() -> None:
+    """A scale from zero through the warm pool: the gateways hear the warm start's ETA."""
+    cold = ColdStarts(DEFAULT_SECONDS)
+    cold.observe([("m", agent("c", ready_at=240.0))])  # a cold start: 240 s
+    cold.observe([("m", agent("w", launched_at=1000.0, ready_at=1030.0))], warm={"w"})  # 30 s
+    starting = agent("w", launched_at=5000.0)  # stopped, then started again
+    cold_booting = agent("c2", launched_at=5000.0)
+    assert cold.forecasts([("m", starting)], ["m"], 5000.0, warm={"w"}) == {
+        "m": PoolForecast(5030.0, 30.0)
+    }
+    assert cold.forecasts([("m", cold_booting)], ["m"], 5000.0) == {
+        "m": PoolForecast(5240.0, 240.0)
+    }
+    # both booting: the first expected ready is the warm one
+    both = [("m", cold_booting), ("m", starting)]
+    assert cold.forecasts(both, ["m"], 5000.0, warm={"w"}) == {"m": PoolForecast(5030.0, 30.0)}

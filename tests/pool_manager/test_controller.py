@@ -2,24 +2,39 @@
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 import pytest
 
+from pool_manager.cold_starts import ColdStarts
 from pool_manager.controller import SPOT_PRICES_READ_SECONDS, PoolController
 from pool_manager.events import PoolEvent
 from pool_manager.policy import (
+    Action,
     HedgedSpotPolicy,
     Launch,
     PlacementOption,
     PolicySettings,
+    PoolSnapshot,
+    StartWarm,
+    StopToWarm,
     Terminate,
+    TerminateWarm,
+    WarmAction,
+    WarmInstance,
 )
-from pool_manager.provider import CapacityRefused, Instance, ProviderError
+from pool_manager.provider import (
+    CapacityRefused,
+    Instance,
+    ProviderError,
+    StartRefused,
+    StoppedInstance,
+)
 from pool_manager.sim.simulator import SimConfig, Simulation
 from pool_manager.sim.traces import ZoneTrace
-from spotgate.registry import AgentRecord, AgentState, LaunchRecord, Registry
+from spotgate.registry import AgentRecord, AgentState, LaunchRecord, PoolForecast, Registry
 from tests.support.clocks import FakeClock
 
 MODEL = "m"
@@ -40,12 +55,15 @@ SETTINGS = PolicySettings(
 
 
 class MemoryProvider:
-    """Instances as plain records; placements in `full` refuse spot launches."""
+    """Instances as plain records; placements in `full` refuse spot launches, those in
+    `no_on_demand` warm starts."""
 
     def __init__(self, clock: FakeClock) -> None:
         self.clock = clock
         self.running: dict[str, Instance] = {}
+        self.stopped_instances: dict[str, StoppedInstance] = {}
         self.full: set[tuple[str, str]] = set()
+        self.no_on_demand: set[tuple[str, str]] = set()
         self.noticed: dict[str, float] = {}
         self.launched: list[Launch] = []
         self.prices: dict[tuple[str, str], float] = {}
@@ -59,7 +77,7 @@ class MemoryProvider:
         self._count += 1
         instance = Instance(
             f"i-{self._count}", f"i-{self._count}", model, launch.lifecycle,
-            launch.instance_type, launch.zone, self.clock(),
+            launch.instance_type, launch.zone, self.clock(), for_warm_pool=launch.for_warm_pool,
         )  # fmt: skip
         self.running[instance.instance_id] = instance
         self.launched.append(launch)
@@ -70,6 +88,27 @@ class MemoryProvider:
 
     async def terminate(self, instance_id: str) -> None:
         self.running.pop(instance_id, None)
+        self.stopped_instances.pop(instance_id, None)
+
+    async def stop(self, instance_id: str) -> None:
+        i = self.running.pop(instance_id)
+        self.stopped_instances[instance_id] = StoppedInstance(
+            i.instance_id, i.agent_id, i.model, i.instance_type, i.zone, self.clock()
+        )
+
+    async def start(self, stopped: StoppedInstance) -> Instance:
+        if (stopped.instance_type, stopped.zone) in self.no_on_demand:
+            raise StartRefused("InsufficientInstanceCapacity")
+        del self.stopped_instances[stopped.instance_id]
+        instance = Instance(
+            stopped.instance_id, stopped.agent_id, stopped.model, "on-demand",
+            stopped.instance_type, stopped.zone, self.clock(), boot="warm",
+        )  # fmt: skip
+        self.running[instance.instance_id] = instance
+        return instance
+
+    async def stopped(self) -> list[StoppedInstance]:
+        return list(self.stopped_instances.values())
 
     async def interruption_noticed(self, instance_id: str, deadline: float) -> None:
         self.noticed[instance_id] = deadline
@@ -417,3 +456,159 @@ async def test_a_model_the_pool_does_not_serve_gets_no_agents(
     report = await controller.reconcile()
     assert report.targets == {MODEL: 0, "unlisted": 0}
     assert provider.launched == []
+
+
+@dataclass
+class Scripted:
+    """A policy that asks, round after round, for what the test says, and keeps what it saw."""
+
+    rounds: list[list[Action | WarmAction]] = field(default_factory=list)
+    seen: list[PoolSnapshot] = field(default_factory=list)
+    name: str = "scripted"
+
+    def decide(self, snapshot: PoolSnapshot, settings: PolicySettings) -> list[Action | WarmAction]:
+        self.seen.append(snapshot)
+        return self.rounds.pop(0) if self.rounds else []
+
+
+def scripted(
+    registry: Registry, provider: MemoryProvider, clock: FakeClock
+) -> tuple[PoolController, Scripted]:
+    policy = Scripted()
+    controller = PoolController(
+        registry=registry, provider=provider, settings=SETTINGS, models=(MODEL,),
+        policy=policy, clock=clock,
+    )  # fmt: skip
+    return controller, policy
+
+
+async def test_an_agent_stopped_into_the_warm_pool_starts_again_as_a_warm_boot(
+    registry: Registry, provider: MemoryProvider, clock: FakeClock
+) -> None:
+    controller, policy = scripted(registry, provider, clock)
+    policy.rounds = [[Launch(A.instance_type, A.zone, "on-demand")]]
+    await controller.reconcile()
+    (first,) = provider.running.values()
+    await register_ready(registry, first)
+
+    clock.advance(10)
+    policy.rounds = [[StopToWarm(first.agent_id, "idle")]]
+    report = await controller.reconcile()
+
+    assert report.actions == [StopToWarm(first.agent_id, "idle")]
+    warm = WarmInstance(first.instance_id, A.instance_type, A.zone, clock.now)
+    assert report.warm == [(MODEL, warm)]
+    assert report.agents == []
+    assert set(provider.stopped_instances) == {first.instance_id}
+    record = await registry.get_agent(first.agent_id)
+    assert record is not None
+    assert record.state is AgentState.GONE  # nothing routes to it
+    assert await registry.get_launches([first.agent_id]) == {}  # nor vouches for it
+    await controller.reconcile()
+    assert policy.seen[-1].warm == (warm,)  # the next pass's policy sees its warm pool
+
+    clock.advance(3600)
+    policy.rounds = [[StartWarm(first.instance_id, "on-demand cover")]]
+    report = await controller.reconcile()
+
+    assert report.actions == [StartWarm(first.instance_id, "on-demand cover")]
+    assert report.warm == []
+    assert report.warm_started == frozenset({first.agent_id})
+    [(_, booting)] = report.agents
+    assert (booting.agent_id, booting.phase, booting.launched_at) == (
+        first.agent_id, "starting", clock.now,
+    )  # fmt: skip
+    assert await registry.get_agent(first.agent_id) is None  # its last boot's entry removed
+    assert set(await registry.get_launches([first.agent_id])) == {first.agent_id}
+    started = provider.running[first.instance_id]
+    await register_ready(registry, started)  # the same id registers again: a new boot
+    await controller.reconcile()
+    record = await registry.get_agent(first.agent_id)
+    assert record is not None
+    assert (record.state, record.boot_kind) == (AgentState.READY, "warm")
+
+
+async def test_a_warm_start_refused_for_capacity_is_covered_elsewhere_in_the_same_pass(
+    registry: Registry, provider: MemoryProvider, clock: FakeClock
+) -> None:
+    controller, policy = scripted(registry, provider, clock)
+    provider.stopped_instances["i-9"] = StoppedInstance(
+        "i-9", "i-9", MODEL, A.instance_type, A.zone, clock() - 60
+    )
+    provider.no_on_demand.add(A.key)
+    launch = Launch(B.instance_type, B.zone, "on-demand")
+    policy.rounds = [[StartWarm("i-9", "cover")], [launch]]
+    report = await controller.reconcile()
+
+    assert report.actions == [launch]  # asked again once the start was refused
+    # asked again with the refused placement passed over for on-demand, as a refused launch's
+    assert policy.seen[1].on_demand_refused_until[A.key] > clock()
+    assert controller.on_demand_refused_until[A.key] > clock()
+    assert set(provider.stopped_instances) == {"i-9"}  # still in the warm pool
+
+
+async def test_warm_instances_are_terminated_and_spot_agents_never_stopped(
+    registry: Registry, provider: MemoryProvider, clock: FakeClock
+) -> None:
+    controller, policy = scripted(registry, provider, clock)
+    provider.stopped_instances["i-9"] = StoppedInstance(
+        "i-9", "i-9", MODEL, A.instance_type, A.zone, clock() - 60
+    )
+    policy.rounds = [[Launch(A.instance_type, A.zone, "spot")]]
+    await controller.reconcile()
+    (spot,) = provider.running.values()
+    await register_ready(registry, spot)
+    policy.rounds = [
+        [TerminateWarm("i-9", "more than the warm pool keeps"), StopToWarm(spot.agent_id, "idle")]
+    ]
+    report = await controller.reconcile()
+
+    assert report.actions == [TerminateWarm("i-9", "more than the warm pool keeps")]
+    assert provider.stopped_instances == {}
+    assert set(provider.running) == {spot.instance_id}  # EC2 stops no spot instance that serves
+
+
+async def test_a_request_for_a_model_at_zero_starts_its_warm_instance(
+    registry: Registry, provider: MemoryProvider, clock: FakeClock
+) -> None:
+    """Scale from zero through the warm pool, with spotgate's policy: the stopped instance
+    starts (not a cold on-demand launch), and it is what the forecast waits for."""
+    settings = replace(SETTINGS, on_demand_fallback=True, warm_pool_size=1)
+    controller = PoolController(
+        registry=registry, provider=provider, settings=settings, models=(MODEL,), clock=clock
+    )
+    provider.stopped_instances["i-9"] = StoppedInstance(
+        "i-9", "i-9", MODEL, A.instance_type, A.zone, clock() - 3600
+    )
+    assert (await controller.reconcile()).actions == []  # idle, and the warm pool is full
+
+    await registry.publish_demand(MODEL, "gw-1", pending=1, active=0)
+    report = await controller.reconcile()
+
+    assert StartWarm("i-9", "on-demand cover, from the warm pool") in report.actions
+    assert [launch.lifecycle for launch in provider.launched] == ["spot"]  # no cold on-demand
+    assert report.warm_started == {"i-9"}
+    cold_starts = ColdStarts(default_seconds=600.0)
+    cold_starts.observe([(MODEL, agent) for _, agent in report.agents], report.warm_started)
+    forecast = cold_starts.forecasts(report.agents, [MODEL], clock(), report.warm_started)
+    assert forecast[MODEL] == PoolForecast(clock() + 600.0, 600.0)  # none timed: a cold one's
+    cold_starts.samples[("warm", A.key)] = deque([45.0])
+    forecast = cold_starts.forecasts(report.agents, [MODEL], clock(), report.warm_started)
+    assert forecast[MODEL] == PoolForecast(clock() + 45.0, 45.0)  # the warm start first
+
+
+async def test_a_model_no_longer_served_loses_its_warm_pool(
+    registry: Registry, provider: MemoryProvider, clock: FakeClock
+) -> None:
+    controller = PoolController(
+        registry=registry, provider=provider, settings=replace(SETTINGS, warm_pool_size=1),
+        models=(MODEL,), clock=clock,
+    )  # fmt: skip
+    provider.stopped_instances["i-9"] = StoppedInstance(
+        "i-9", "i-9", "retired", A.instance_type, A.zone, clock() - 3600
+    )
+    report = await controller.reconcile()
+    assert TerminateWarm("i-9", "more than the warm pool keeps") in report.actions
+    assert provider.stopped_instances == {}
+    # the model served tops its own warm pool up: an on-demand agent that boots once
+    assert provider.launched == [Launch(A.instance_type, A.zone, "on-demand", for_warm_pool=True)]

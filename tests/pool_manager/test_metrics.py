@@ -2,12 +2,23 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 from prometheus_client import generate_latest
 
+from pool_manager.cold_starts import TimedBoot
 from pool_manager.controller import PassReport
 from pool_manager.events import PoolEvent
-from pool_manager.metrics import PoolMetrics
-from pool_manager.policy import Drain, Launch, PoolAgent, Terminate
+from pool_manager.metrics import PoolMetrics, stopped_volume_dollars_per_hour
+from pool_manager.policy import (
+    Drain,
+    Launch,
+    PoolAgent,
+    StartWarm,
+    StopToWarm,
+    Terminate,
+    TerminateWarm,
+    WarmInstance,
+)
 from spotgate.settings import Placement
 
 
@@ -61,13 +72,55 @@ def test_cost_per_hour_and_cold_starts_per_placement() -> None:
     ready = replace(agent("1", "ready"), launched_at=100.0, ready_at=190.0)
     booting = agent("2", "starting", lifecycle="on-demand")
     metrics.record_pass(PassReport({"m": 2}, [], [], [("m", ready), ("m", booting)]), 200.0)
-    metrics.record_cold_starts([(("g5", "a"), 90.0)])
+    metrics.record_boots(
+        [TimedBoot("cold", ("g5", "a"), 90.0), TimedBoot("warm", ("g5", "a"), 20.0)]
+    )
     text = generate_latest(metrics.registry).decode()
     for line in (
         'spotgate_pool_cost_dollars_per_hour{lifecycle="spot"} 0.45',
         'spotgate_pool_cost_dollars_per_hour{lifecycle="on-demand"} 1.0',
+        'spotgate_pool_cost_dollars_per_hour{lifecycle="stopped"} 0.0',
         'spotgate_pool_cold_start_seconds_count{instance_type="g5",zone="a"} 1.0',
         'spotgate_pool_cold_start_seconds_sum{instance_type="g5",zone="a"} 90.0',
         'spotgate_pool_cold_start_seconds_bucket{instance_type="g5",le="90.0",zone="a"} 1.0',
+        'spotgate_pool_warm_start_seconds_count{instance_type="g5",zone="a"} 1.0',
+        'spotgate_pool_warm_start_seconds_sum{instance_type="g5",zone="a"} 20.0',
     ):
         assert line in text, line
+
+
+@pytest.mark.parametrize(
+    ("gib", "price", "dollars_per_hour"),
+    [
+        (200, 0.08, 200 * 0.08 / 730),  # the default: a 200 GiB gp3 root volume, $0.0219/h
+        (730, 0.08, 0.08),
+        (100, 0.0, 0.0),
+    ],
+)
+def test_a_stopped_instance_costs_its_volume(
+    gib: float, price: float, dollars_per_hour: float
+) -> None:
+    assert stopped_volume_dollars_per_hour(gib, price) == pytest.approx(dollars_per_hour)
+
+
+def test_the_warm_pools_are_counted_and_their_volumes_costed() -> None:
+    metrics = PoolMetrics(stopped_dollars_per_hour=0.25)
+    warm = [
+        ("m", WarmInstance("i-1", "g5", "a", 10.0)),
+        ("m", WarmInstance("i-2", "g5", "b", 20.0)),
+        ("n", WarmInstance("i-3", "g5", "a", 30.0)),
+    ]
+    actions = [StartWarm("i-4", "cover"), StopToWarm("x", "idle"), TerminateWarm("i-5", "extra")]
+    metrics.record_pass(PassReport({"m": 0, "n": 0}, actions, [], [], warm=warm), now=1.0)
+    text = generate_latest(metrics.registry).decode()
+    for line in (
+        'spotgate_pool_warm_instances{model="m"} 2.0',
+        'spotgate_pool_warm_instances{model="n"} 1.0',
+        'spotgate_pool_cost_dollars_per_hour{lifecycle="stopped"} 0.75',
+        'spotgate_pool_warm_pool_actions_total{action="start"} 1.0',
+        'spotgate_pool_warm_pool_actions_total{action="stop"} 1.0',
+        'spotgate_pool_warm_pool_actions_total{action="terminate"} 1.0',
+    ):
+        assert line in text, line
+    metrics.record_pass(PassReport({"m": 0}, [], [], []), now=2.0)  # the pools were emptied
+    assert "spotgate_pool_warm_instances{" not in generate_latest(metrics.registry).decode()

@@ -16,12 +16,13 @@ import pytest
 
 from pool_manager.events import interruption_warning
 from pool_manager.metrics import PoolMetrics
-from pool_manager.service import create_app, run_pool
+from pool_manager.service import create_app, model_policy_settings, policy_settings, run_pool
 from spotgate.process import free_port
 from spotgate.registry import AgentState, CreatedApiKey, Registry, aws_session
 from spotgate.settings import (
     AgentSettings,
     LocalPoolSettings,
+    PoolModel,
     PoolSettings,
     QueueSettings,
     SyntheticSettings,
@@ -253,3 +254,22 @@ async def test_healthz_fails_once_reconcile_passes_stall(aiohttp_client) -> None
     response = await client.get("/healthz")
     assert response.status == 503
     assert (await response.json())["status"] == "stalled"
+
+
+@pytest.mark.parametrize(
+    ("model", "warm_pool_size", "idle_seconds"),
+    [
+        (PoolModel(name="plain"), 2, 600.0),  # the pool's
+        (PoolModel(name="own", warm_pool_size=0, scale_to_zero_idle_seconds=90), 0, 90.0),
+        (PoolModel(name="warm", warm_pool_size=3), 3, 600.0),
+    ],
+)
+def test_each_model_keeps_its_own_warm_pool_and_idle_time_else_the_pools(
+    model: PoolModel, warm_pool_size: int, idle_seconds: float
+) -> None:
+    settings = PoolSettings(models=(model,), warm_pool_size=2, scale_to_zero_idle_seconds=600)
+    policy = model_policy_settings(settings)[model.name]
+    assert (policy.warm_pool_size, policy.scale_down_idle_seconds) == (
+        warm_pool_size, idle_seconds,
+    )  # fmt: skip
+    assert policy_settings(settings).warm_pool_size == 2
