@@ -11,7 +11,7 @@ from aws_cdk import aws_ecs as ecs
 from aws_cdk import aws_iam as iam
 from constructs import Construct
 
-from pool_manager.ec2_provider import POOL_TAG
+from pool_manager.ec2_provider import BOOT_TAG, POOL_TAG, STARTED_AT_TAG, STOPPED_AT_TAG
 from stacks.common import (
     ECR_AUTH_REASON,
     acknowledge,
@@ -33,6 +33,9 @@ CONTAINER_HEALTH_COMMAND = (
     f"urllib.request.urlopen('http://127.0.0.1:{POOL_HEALTH_PORT}/healthz', timeout=3)"
 )
 LAUNCH_ACTIONS = ("ec2:CreateFleet", "ec2:RunInstances")
+WARM_POOL_ACTIONS = ("ec2:StopInstances", "ec2:StartInstances")
+WARM_POOL_TAGS = (STOPPED_AT_TAG, STARTED_AT_TAG, BOOT_TAG)
+"""What the provider tags an instance of the pool with as it stops and starts it."""
 # Launches create these alongside the instance; they cannot carry the pool's tag beforehand.
 LAUNCH_SIDE_RESOURCES = ("volume", "network-interface", "spot-instances-request", "fleet")
 SPOT_SERVICE_LINKED_ROLES = {
@@ -230,6 +233,25 @@ class PoolManagerService(Construct):
                 resources=[ec2_arn("instance")],
                 conditions={"StringEquals": {f"aws:ResourceTag/{POOL_TAG}": config.pool_name}},
             ),
+            # Stop into the warm pool and start from it: the pool's own instances only (EC2
+            # itself refuses to stop a spot one).
+            iam.PolicyStatement(
+                sid="StopStartPoolInstances",
+                actions=list(WARM_POOL_ACTIONS),
+                resources=[ec2_arn("instance")],
+                conditions={"StringEquals": {f"aws:ResourceTag/{POOL_TAG}": config.pool_name}},
+            ),
+            # The stop and start times and the boot's kind, on the pool's instances: no other
+            # key, so the pool and model tags a launch set stay as they are.
+            iam.PolicyStatement(
+                sid="TagWarmPoolInstances",
+                actions=["ec2:CreateTags"],
+                resources=[ec2_arn("instance")],
+                conditions={
+                    "StringEquals": {f"aws:ResourceTag/{POOL_TAG}": config.pool_name},
+                    "ForAllValues:StringEquals": {"aws:TagKeys": list(WARM_POOL_TAGS)},
+                },
+            ),
             # The Describe calls have no resource-level permissions in IAM; the provider filters
             # on the pool's tag itself, and reads the prices of its own placements.
             iam.PolicyStatement(
@@ -265,8 +287,14 @@ class PoolManagerService(Construct):
                 resources=[spot_events.queue.queue_arn],
             ),
             iam.PolicyStatement(
+                # Read, drain, mark gone; delete a gone entry before a warm start (conditional).
                 sid="ManageAgentEntries",
-                actions=["dynamodb:Scan", "dynamodb:GetItem", "dynamodb:UpdateItem"],
+                actions=[
+                    "dynamodb:Scan",
+                    "dynamodb:GetItem",
+                    "dynamodb:UpdateItem",
+                    "dynamodb:DeleteItem",
+                ],
                 resources=[registry.agents.table_arn],
             ),
             iam.PolicyStatement(
@@ -291,7 +319,7 @@ class PoolManagerService(Construct):
         wildcards = {
             "*": "ec2:DescribeInstances and ec2:DescribeSpotPriceHistory have no resource-level "
             "permissions in IAM.",
-            f"{mine}:instance/*": "Launch and terminate are bound by the "
+            f"{mine}:instance/*": "Launch, terminate, stop, start and tagging are bound by the "
             "spotgate:pool request/resource tag; instance ids are unknown before launch.",
             f"{mine}:volume/*": "The root volume is created by the launch.",
             f"{mine}:network-interface/*": "The launch creates the interface.",

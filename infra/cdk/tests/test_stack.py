@@ -23,7 +23,7 @@ from conftest import (
 from stacks.config import CONTEXT_KEYS, MODEL_KEYS, DeployConfig, config_as_context
 
 from gateway.server import GOING_AWAY_WRITE_SECONDS
-from pool_manager.ec2_provider import POOL_TAG
+from pool_manager.ec2_provider import BOOT_TAG, POOL_TAG, STARTED_AT_TAG, STOPPED_AT_TAG
 from pool_manager.events import (
     EC2_EVENT_PATTERN,
     INTERRUPTION_DETAIL_TYPE,
@@ -413,7 +413,9 @@ def test_no_policy_allows_wildcard_actions(synthesized: Synthesized) -> None:
     assert checked > 20
 
 
-def test_pool_manager_may_only_launch_and_end_its_own_pool(synthesized: Synthesized) -> None:
+def test_pool_manager_may_only_launch_stop_start_and_end_its_own_pool(
+    synthesized: Synthesized,
+) -> None:
     found = _policy_statements_of_role(synthesized, _task_role(synthesized, "pool-manager"))
     by_sid = {statement["Sid"]: statement for statement in found}
     ec2_actions = {
@@ -426,6 +428,8 @@ def test_pool_manager_may_only_launch_and_end_its_own_pool(synthesized: Synthesi
         "ec2:CreateFleet",
         "ec2:RunInstances",
         "ec2:TerminateInstances",
+        "ec2:StopInstances",
+        "ec2:StartInstances",
         "ec2:DescribeInstances",
         "ec2:DescribeSpotPriceHistory",
         "ec2:CreateTags",
@@ -450,6 +454,33 @@ def test_pool_manager_may_only_launch_and_end_its_own_pool(synthesized: Synthesi
     assert terminate["Condition"] == {"StringEquals": {f"aws:ResourceTag/{POOL_TAG}": pool}}
     tags = by_sid["TagAtLaunchOnly"]
     assert tags["Condition"]["StringEquals"]["ec2:CreateAction"] == ["CreateFleet", "RunInstances"]
+    # The warm pool: stop and start the pool's instances, and tag them with the stop and start
+    # times and the boot's kind, no other key (the pool's and model's tags stay as launched).
+    instances = f"arn:<Ref:AWS::Partition>:ec2:{DEFAULTS.region}:<Ref:AWS::AccountId>:instance/*"
+    own_pool = {f"aws:ResourceTag/{POOL_TAG}": pool}
+    stop_start = by_sid["StopStartPoolInstances"]
+    assert stop_start["Action"] == ["ec2:StopInstances", "ec2:StartInstances"]
+    assert render(stop_start["Resource"]) == instances
+    assert stop_start["Condition"] == {"StringEquals": own_pool}
+    warm_tags = by_sid["TagWarmPoolInstances"]
+    assert warm_tags["Action"] == "ec2:CreateTags"
+    assert render(warm_tags["Resource"]) == instances
+    assert warm_tags["Condition"] == {
+        "StringEquals": own_pool,
+        "ForAllValues:StringEquals": {"aws:TagKeys": [STOPPED_AT_TAG, STARTED_AT_TAG, BOOT_TAG]},
+    }
+    assert {sid for sid, s in by_sid.items() if "ec2:CreateTags" in as_list(s["Action"])} == {
+        "TagAtLaunchOnly",
+        "TagWarmPoolInstances",
+    }
+    # Every action on an existing instance is bound to the pool's own.
+    for statement in found:
+        if set(as_list(statement["Action"])) & {
+            "ec2:TerminateInstances",
+            "ec2:StopInstances",
+            "ec2:StartInstances",
+        }:
+            assert statement["Condition"]["StringEquals"] == own_pool
     # Only the Describe calls run on every resource: IAM cannot scope them.
     everywhere = [s for s in found if "*" in as_list(s["Resource"])]
     assert [s["Action"] for s in everywhere] == [
@@ -482,6 +513,20 @@ def test_pool_manager_may_only_launch_and_end_its_own_pool(synthesized: Synthesi
         f"<{_table_id(synthesized, 'Agents')}.Arn>",
         f"<{_table_id(synthesized, 'Demand')}.Arn>",
         f"<{_table_id(synthesized, 'Launches')}.Arn>",
+    }
+    # A gone entry is deleted before its instance starts again from the warm pool.
+    agents = f"<{_table_id(synthesized, 'Agents')}.Arn>"
+    on_agents = {
+        action
+        for statement in found
+        if [render(resource) for resource in as_list(statement["Resource"])] == [agents]
+        for action in as_list(statement["Action"])
+    }
+    assert on_agents == {
+        "dynamodb:Scan",
+        "dynamodb:GetItem",
+        "dynamodb:UpdateItem",
+        "dynamodb:DeleteItem",
     }
 
 
