@@ -17,10 +17,14 @@ IMAGE='@@AGENT_IMAGE@@'
 REGISTRY="${IMAGE%%/*}"
 REGION=@@REGION@@
 AGENT_PORT=@@AGENT_PORT@@
-# Where staged models are fetched (the container's /var/cache/spotgate): the instance's
-# NVMe storage where it has some (the Deep Learning AMI mounts it here), else the root volume.
+# Where staged models are fetched and Hugging Face downloads and vLLM's caches go (the
+# container's /var/cache/spotgate). A model with a warm pool keeps them on the root volume,
+# which a stop keeps, so a warm start finds its weights; for the others, the instance's NVMe
+# storage where it has some (the Deep Learning AMI mounts it here; a stop wipes it), else the
+# root volume.
 CACHE=/var/cache/spotgate
-if [ -d "${ROOT}/opt/dlami/nvme" ]; then
+KEEP_CACHE_ON_STOP=@@KEEP_CACHE_ON_STOP@@
+if [ "${KEEP_CACHE_ON_STOP}" = false ] && [ -d "${ROOT}/opt/dlami/nvme" ]; then
   CACHE=/opt/dlami/nvme/spotgate
 fi
 
@@ -34,9 +38,7 @@ imds() {
 
 INSTANCE_ID=$(imds instance-id)
 PRIVATE_IP=$(imds local-ipv4)
-mkdir -p "${ROOT}${CACHE}" "${ROOT}/etc/spotgate" "${ROOT}/etc/systemd/system"
-# The image runs as uid 10001; the cache is its to write.
-chown 10001 "${ROOT}${CACHE}"
+mkdir -p "${ROOT}/etc/spotgate" "${ROOT}/etc/systemd/system"
 
 # The agent's settings. Nothing secret: tokens are checked against the gateway's public JWKS.
 (
@@ -57,6 +59,10 @@ After=network-online.target docker.service
 [Service]
 ExecStartPre=/bin/sh -c 'aws ecr get-login-password --region ${REGION} | docker login --username AWS --password-stdin ${REGISTRY}'
 ExecStartPre=-/usr/bin/docker rm --force ${CONTAINER}
+# The image runs as uid 10001; the cache is its to write. Made on every start: a stop wipes
+# instance storage, and an instance that booted before its model kept a warm pool may be
+# stopped into one.
+ExecStartPre=/usr/bin/install -d -o 10001 ${CACHE}
 ExecStartPre=/usr/bin/docker pull ${IMAGE}
 ExecStart=/usr/bin/docker run --rm --init --name ${CONTAINER} --gpus all --network host --ipc host --ulimit nofile=65536:65536 --env-file ${ENV_FILE} --volume ${CACHE}:/var/cache/spotgate --log-driver awslogs --log-opt awslogs-region=${REGION} --log-opt awslogs-group=@@LOG_GROUP@@ --log-opt awslogs-stream=${INSTANCE_ID}/agent ${IMAGE}
 # SIGTERM starts the agent's drain: Docker waits that long before SIGKILL, systemd longer.

@@ -86,7 +86,15 @@ class ModelConfig:
     min_agents: int = 1
     max_agents: int = 4
     scale_to_zero_idle_seconds: int | None = None
+    # Stopped on-demand instances kept for warm starts; their root volume keeps the model cache.
+    warm_pool_size: int = 0
+    root_volume_gib: int | None = None  # None: the pool's rootVolumeGiB
     agent_settings: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def keeps_cache_on_stop(self) -> bool:
+        """Whether its agents keep the model cache on the root volume, which a stop keeps."""
+        return self.warm_pool_size > 0
 
     @property
     def safe_name(self) -> str:
@@ -125,6 +133,11 @@ class ModelConfig:
             raise ConfigError(f"{where}.maxAgents: must be at least 1 and at least minAgents")
         if self.scale_to_zero_idle_seconds is not None and self.scale_to_zero_idle_seconds < 1:
             raise ConfigError(f"{where}.scaleToZeroIdleSeconds: must be at least 1")
+        if self.root_volume_gib is not None and self.root_volume_gib < 1:
+            raise ConfigError(f"{where}.rootVolumeGiB: must be at least 1")
+        # No more of its instances ever serve at once: stopped ones beyond that only cost.
+        if self.warm_pool_size > self.max_agents:
+            raise ConfigError(f"{where}.warmPoolSize: at most maxAgents ({self.max_agents})")
         # The agent refuses these at its start; said here, it is said before anything launches.
         try:
             flags = shlex.split(self.engine_args)
@@ -215,6 +228,19 @@ class DeployConfig:
         """The names clients ask for, one per model."""
         return [model.name for model in self.models]
 
+    def root_volume_of(self, model: ModelConfig) -> int:
+        """The size in GiB of `model`'s agents' root volume: its own, else the pool's."""
+        return self.root_volume_gib if model.root_volume_gib is None else model.root_volume_gib
+
+    @property
+    def stopped_volume_gib(self) -> int:
+        """GiB the pool manager prices each stopped volume at: the largest warm pool model's."""
+        # Where no model keeps a warm pool nothing is stopped: the pool's size stands in.
+        return max(
+            (self.root_volume_of(m) for m in self.models if m.warm_pool_size > 0),
+            default=self.root_volume_gib,
+        )
+
     def launch_template_name(self, model: ModelConfig) -> str:
         """The name of `model`'s launch template: `<poolName>-agent-<name made safe>`."""
         return f"{self.pool_name}-agent-{model.safe_name}"
@@ -297,6 +323,11 @@ class DeployConfig:
         for index, model in enumerate(self.models):
             where = f"models[{index}]"
             model.validate(where, catalog)
+            if model.warm_pool_size > 0 and not self.on_demand_fallback:
+                raise ConfigError(
+                    f"{where}.warmPoolSize: the warm pool's instances are on-demand cover, which "
+                    "onDemandFallback false never starts; set it to true or the size to 0"
+                )
             if model.name in names:
                 raise ConfigError(
                     f"{where}.name: {model.name!r} is models[{names[model.name]}]'s already"
@@ -417,7 +448,7 @@ def _as_names(key: str, value: Any) -> tuple[str, ...]:
     return tuple(_as_str(key, name) for name in value)
 
 
-def _as_seconds(key: str, value: Any) -> int | None:
+def _as_optional_int(key: str, value: Any) -> int | None:
     return None if value is None else _as_int(key, value)
 
 
@@ -433,7 +464,9 @@ _MODEL_KEYS: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
     "reasoningParser": ("reasoning_parser", _as_str),
     "minAgents": ("min_agents", _as_int),
     "maxAgents": ("max_agents", _as_int),
-    "scaleToZeroIdleSeconds": ("scale_to_zero_idle_seconds", _as_seconds),
+    "scaleToZeroIdleSeconds": ("scale_to_zero_idle_seconds", _as_optional_int),
+    "warmPoolSize": ("warm_pool_size", _as_int),
+    "rootVolumeGiB": ("root_volume_gib", _as_optional_int),
     "agentSettings": ("agent_settings", _as_settings),
 }
 """Key of a `models` entry → field of `ModelConfig`, and how its value is read."""
@@ -504,7 +537,7 @@ def config_from_context(node: Node) -> DeployConfig:
 
 
 def model_as_context(model: ModelConfig) -> dict[str, Any]:
-    """The `models` entry that reproduces `model` (every key; an unset idle time left out)."""
+    """The `models` entry that reproduces `model` (every key; those left unset left out)."""
     by_field = {field_name: key for key, (field_name, _read) in _MODEL_KEYS.items()}
     entry: dict[str, Any] = {}
     for item in fields(model):

@@ -35,8 +35,8 @@ DOCKER_STOP_MARGIN_SECONDS = 30
 IMDS_HOP_LIMIT = 2
 """Two hops: a container on the instance can still reach IMDSv2 for the spot notice."""
 AGENT_CACHE_DIR = "/var/cache/spotgate"
-"""Inside the agent's container: where staged models are fetched (the boot script mounts
-instance storage there)."""
+"""Inside the agent's container: where staged models are fetched, Hugging Face downloads and
+vLLM's caches go (the boot script mounts instance storage or a root volume directory there)."""
 AGENT_REGISTRY_ACTIONS = ("dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:GetItem")
 """Register, heartbeat, drain, gone (conditional writes) and the read that explains a refusal."""
 OWN_ROW_ONLY = {"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": ["${ec2:SourceInstanceARN}"]}}
@@ -203,6 +203,7 @@ class GpuPool(Construct):
                     "AGENT_IMAGE": self.image_uri,
                     "LOG_GROUP": self.log_group.log_group_name,
                     "AGENT_SETTINGS": "\n".join(f"{k}={v}" for k, v in settings.items()),
+                    "KEEP_CACHE_ON_STOP": "true" if model.keeps_cache_on_stop else "false",
                     "DRAIN_STOP_SECONDS": str(drain_stop_seconds),
                     "STOP_TIMEOUT_SECONDS": str(drain_stop_seconds + DOCKER_STOP_MARGIN_SECONDS),
                 }
@@ -219,7 +220,7 @@ class GpuPool(Construct):
                     ec2.BlockDevice(
                         device_name=config.ami_root_device_name,
                         volume=ec2.BlockDeviceVolume.ebs(
-                            config.root_volume_gib,
+                            config.root_volume_of(model),
                             encrypted=True,
                             delete_on_termination=True,
                             volume_type=ec2.EbsDeviceVolumeType.GP3,
@@ -230,8 +231,8 @@ class GpuPool(Construct):
                 security_group=self.security_group,
                 # The model is the template's, never the image's: one image serves every model.
                 user_data=ec2.UserData.custom(boot_script),
-                # A shutdown from inside (or EC2 reclaiming a spot instance) ends the instance;
-                # the pool manager replaces agents, it never restarts stopped ones.
+                # A shutdown from inside ends the instance (a reclaimed spot one ends anyway);
+                # only the pool manager stops one, into its model's warm pool, with the EC2 API.
                 instance_initiated_shutdown_behavior=(
                     ec2.InstanceInitiatedShutdownBehavior.TERMINATE
                 ),

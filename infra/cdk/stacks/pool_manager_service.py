@@ -62,7 +62,7 @@ def placements_json(config: DeployConfig, zones: Sequence[str]) -> str:
 
 
 def pool_models_json(config: DeployConfig, templates: Mapping[str, str]) -> str:
-    """`SPOTGATE_POOL_MODELS`: each model's bounds, instance types and launch template."""
+    """`SPOTGATE_POOL_MODELS`: each model's bounds, warm pool, types and launch template."""
     return json.dumps(
         [
             {
@@ -74,6 +74,7 @@ def pool_models_json(config: DeployConfig, templates: Mapping[str, str]) -> str:
                     if model.scale_to_zero_idle_seconds is not None
                     else {}
                 ),
+                "warm_pool_size": model.warm_pool_size,
                 "instance_types": list(model.instance_types),
                 "launch_template": templates[model.name],
             }
@@ -115,6 +116,8 @@ class PoolManagerService(Construct):
             "SPOTGATE_POOL_SPOT_OVERPROVISION": str(config.spot_overprovision),
             "SPOTGATE_POOL_ON_DEMAND_FALLBACK": json.dumps(config.on_demand_fallback),
             "SPOTGATE_POOL_LAUNCH_TIMEOUT_SECONDS": str(config.launch_timeout_seconds),
+            # What a stopped instance of a warm pool costs is its root volume.
+            "SPOTGATE_POOL_VOLUME_GIB": str(config.stopped_volume_gib),
             "SPOTGATE_POOL_INTERRUPTION_QUEUE_URL": spot_events.queue.queue_url,
             "SPOTGATE_POOL_PLACEMENTS": placements_json(config, zones),
             "SPOTGATE_POOL_EC2__POOL_NAME": config.pool_name,

@@ -91,6 +91,8 @@ def test_a_model_entry_reads_every_key() -> None:
         "minAgents": 0,
         "maxAgents": 3,
         "scaleToZeroIdleSeconds": 900,
+        "warmPoolSize": 2,
+        "rootVolumeGiB": 300,
         "agentSettings": {"SPOTGATE_AGENT_VLLM__MAX_MODEL_LEN": "16384"},
     }
     (model,) = _plain({"models": [entry]}).models
@@ -106,6 +108,8 @@ def test_a_model_entry_reads_every_key() -> None:
         min_agents=0,
         max_agents=3,
         scale_to_zero_idle_seconds=900,
+        warm_pool_size=2,
+        root_volume_gib=300,
         agent_settings=(("SPOTGATE_AGENT_VLLM__MAX_MODEL_LEN", "16384"),),
     )
     # `cdk deploy -c models='[…]'` hands the list in as text.
@@ -116,6 +120,31 @@ def test_an_entry_needs_only_a_name_and_a_model() -> None:
     (model,) = _plain({"models": [{"name": "m", "model": "org/m"}]}).models
     assert model == ModelConfig(name="m", model="org/m")
     assert (model.min_agents, model.max_agents, model.instance_types) == (1, 4, ())
+    assert (model.warm_pool_size, model.root_volume_gib) == (0, None)
+    # No warm pool: its cache on instance storage, its root volume the pool's.
+    assert not model.keeps_cache_on_stop
+    assert DeployConfig().root_volume_of(model) == 200
+
+
+@pytest.mark.parametrize(
+    ("models", "root_volume_gib", "stopped_gib"),
+    [
+        # Nothing is ever stopped: the pool's size stands in.
+        ([{}, {"rootVolumeGiB": 500}], 200, 200),
+        # The warm pool's model's own volume, or the pool's where it has none.
+        ([{"warmPoolSize": 1}, {"rootVolumeGiB": 500}], 250, 250),
+        ([{"warmPoolSize": 1, "rootVolumeGiB": 300}, {"rootVolumeGiB": 500}], 200, 300),
+        # Two warm pools of two sizes: the larger, so the cost is never understated.
+        ([{"warmPoolSize": 1, "rootVolumeGiB": 300}, {"warmPoolSize": 2}], 400, 400),
+    ],
+)
+def test_a_stopped_instance_is_priced_at_its_warm_pools_volume(
+    models: list[dict[str, Any]], root_volume_gib: int, stopped_gib: int
+) -> None:
+    entries = [{"name": f"m{i}", "model": "org/m", **e} for i, e in enumerate(models)]
+    config = _plain({"models": entries, "rootVolumeGiB": root_volume_gib})
+    assert config.stopped_volume_gib == stopped_gib
+    assert [m.keeps_cache_on_stop for m in config.models] == ["warmPoolSize" in e for e in models]
 
 
 def test_models_round_trip_through_the_context() -> None:
@@ -129,6 +158,8 @@ def test_models_round_trip_through_the_context() -> None:
                 instance_types=("g5.xlarge",),
                 tensor_parallel_size=1,
                 scale_to_zero_idle_seconds=300,
+                warm_pool_size=1,
+                root_volume_gib=400,
                 agent_settings=(("SPOTGATE_AGENT_VLLM__MAX_MODEL_LEN", "8192"),),
             ),
         ),
@@ -176,6 +207,15 @@ def test_a_key_of_the_one_model_pool_says_where_it_moved(key: str) -> None:
         (_one_model(minAgents=5, maxAgents=2), "models[0].maxAgents"),
         (_one_model(minAgents=0, maxAgents=0), "models[0].maxAgents"),
         (_one_model(scaleToZeroIdleSeconds=0), "models[0].scaleToZeroIdleSeconds"),
+        (_one_model(warmPoolSize=-1), "models[0].warmPoolSize"),
+        (_one_model(warmPoolSize=1.5), "models[0].warmPoolSize"),
+        (_one_model(warmPoolSize="2"), "models[0].warmPoolSize"),
+        # More stopped instances than could ever serve at once only cost.
+        (_one_model(maxAgents=2, warmPoolSize=3), "models[0].warmPoolSize"),
+        # Only on-demand cover starts a warm instance.
+        ({**_one_model(warmPoolSize=1), "onDemandFallback": False}, "models[0].warmPoolSize"),
+        (_one_model(rootVolumeGiB=0), "models[0].rootVolumeGiB"),
+        (_one_model(rootVolumeGiB="big"), "models[0].rootVolumeGiB"),
         (_one_model(agentSettings={"SPOTGATE_POOL_X": "1"}), "models[0].agentSettings"),
         (_one_model(agentSettings={"spotgate_agent_model": "x"}), "models[0].agentSettings"),
         (

@@ -1,16 +1,19 @@
 """A pool of two models: each its own launch template telling its agents their model, its own
-bounds, instance types and template in the pool manager's settings, its own alarms; the pool
-manager may launch from those two templates and no other."""
+root volume, bounds, warm pool, instance types and template in the pool manager's settings,
+its own alarms; the pool manager may launch from those two templates and no other."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import shlex
+from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import PLAIN_HTTP, Json, Synthesized, as_list, cdk_json_context, render, synthesize
+from test_user_data import boot_in_sandbox
 
 from spotgate.settings import AgentSettings, PoolModel, PoolSettings
 
@@ -24,6 +27,8 @@ SMALL = {
     "reasoningParser": "qwen3",
     "minAgents": 1,
     "maxAgents": 2,
+    "warmPoolSize": 1,
+    "rootVolumeGiB": 300,
 }
 BIG = {
     "name": "org/big",
@@ -35,6 +40,7 @@ BIG = {
     "minAgents": 0,
     "maxAgents": 3,
     "scaleToZeroIdleSeconds": 900,
+    "rootVolumeGiB": 400,
     "agentSettings": {"SPOTGATE_AGENT_VLLM__MAX_MODEL_LEN": "32768"},
 }
 TEMPLATE_NAMES = {"small": "spotgate-agent-small", "org/big": "spotgate-agent-org-big"}
@@ -82,16 +88,26 @@ def test_two_models_pass_the_checks(two_models: Synthesized) -> None:
     assert two_models.validation_error is None, two_models.validation_error
 
 
-def test_each_model_has_a_template_that_differs_only_in_its_name_and_boot_script(
+def test_each_model_has_a_template_that_differs_only_in_its_boot_script_and_root_volume(
     two_models: Synthesized,
 ) -> None:
     templates = _templates(two_models)
     assert set(templates) == set(TEMPLATE_NAMES.values())
     small, big = (templates[TEMPLATE_NAMES[name]][1] for name in ("small", "org/big"))
     assert small["UserData"] != big["UserData"]
+    # Each its own size (the warm pool's volume keeps the weights), the same kind of volume.
+    (small_root,) = small["BlockDeviceMappings"]
+    (big_root,) = big["BlockDeviceMappings"]
+    assert (small_root["Ebs"]["VolumeSize"], big_root["Ebs"]["VolumeSize"]) == (300, 400)
+    assert {**small_root["Ebs"], "VolumeSize": 400} == big_root["Ebs"]
+    assert small_root["DeviceName"] == big_root["DeviceName"]
 
     def rest(data: Json) -> Json:
-        return {key: value for key, value in data.items() if key != "UserData"}
+        return {
+            key: value
+            for key, value in data.items()
+            if key not in ("UserData", "BlockDeviceMappings")
+        }
 
     assert rest(small) == rest(big)
     assert small["MetadataOptions"]["HttpTokens"] == "required"
@@ -156,6 +172,7 @@ def test_the_pool_manager_gets_each_models_bounds_types_and_template(
             name="small",
             min_agents=1,
             max_agents=2,
+            warm_pool_size=1,
             instance_types=("g6.xlarge",),
             launch_template=f"<Ref:{templates[TEMPLATE_NAMES['small']][0]}>",
         ),
@@ -164,11 +181,38 @@ def test_the_pool_manager_gets_each_models_bounds_types_and_template(
             min_agents=0,
             max_agents=3,
             scale_to_zero_idle_seconds=900,
+            warm_pool_size=0,
             instance_types=("g6.12xlarge",),
             launch_template=f"<Ref:{templates[TEMPLATE_NAMES['org/big']][0]}>",
         ),
     )
     assert "g6.12xlarge" in {placement.instance_type for placement in pool.placements}
+    # A stopped instance is priced at the volume of the model that keeps a warm pool.
+    assert pool.volume_gib == 300
+
+
+def _cache_mount(script: str, sandbox: Path) -> str:
+    """What the agent's cache is mounted from on an instance with NVMe storage."""
+    booted = boot_in_sandbox(script, sandbox, nvme=True)
+    unit = (booted / "root/etc/systemd/system/spotgate-agent.service").read_text()
+    (start,) = [line for line in unit.splitlines() if line.startswith("ExecStart=")]
+    run = shlex.split(start.removeprefix("ExecStart="))
+    host, _container = run[run.index("--volume") + 1].split(":")
+    assert f"ExecStartPre=/usr/bin/install -d -o 10001 {host}" in unit.splitlines()
+    return host
+
+
+def test_a_model_with_a_warm_pool_keeps_its_cache_where_a_stop_keeps_it(
+    two_models: Synthesized, tmp_path: Path
+) -> None:
+    templates = _templates(two_models)
+    small, big = (render(templates[TEMPLATE_NAMES[n]][1]["UserData"]) for n in ("small", "org/big"))
+    (tmp_path / "small").mkdir()
+    (tmp_path / "big").mkdir()
+    # The root volume, stopped with the instance: a warm start finds the weights there.
+    assert _cache_mount(small, tmp_path / "small") == "/var/cache/spotgate"
+    # Instance storage, fastest for a cold boot, wiped by a stop.
+    assert _cache_mount(big, tmp_path / "big") == "/opt/dlami/nvme/spotgate"
 
 
 def test_the_gateway_serves_both_names(two_models: Synthesized) -> None:

@@ -134,8 +134,10 @@ def test_services_accept_every_setting_the_stack_gives_them(
         name=DEFAULT_MODEL.name,
         min_agents=DEFAULT_MODEL.min_agents,
         max_agents=DEFAULT_MODEL.max_agents,
+        warm_pool_size=0,
         launch_template=_ref(template_id),
     )
+    assert pool.volume_gib == DEFAULTS.root_volume_gib == 200
     assert pool.spot_overprovision == DEFAULTS.spot_overprovision
     assert pool.on_demand_fallback is DEFAULTS.on_demand_fallback
     assert pool.ec2.pool_name == DEFAULTS.pool_name

@@ -27,7 +27,6 @@ INSTALLERS = ("pip", "apt-get", "apt", "dpkg", "snap", "conda", "uv", "yum", "dn
 
 # Stand-ins for what the script calls on an instance; each appends its arguments to calls.log.
 STUBS = {
-    "chown": "",
     "systemctl": "",
     "curl": f"""case "$*" in
   *api/token*) echo token ;;
@@ -107,7 +106,7 @@ def test_the_boot_installs_nothing(synthesized: Synthesized, booted: Path) -> No
     for installer in INSTALLERS:
         assert not [c for c in commands if re.search(rf"(^|[ |;&/]){installer}\b", c)], installer
     ran = {call.split()[0] for call in (booted / "calls.log").read_text().splitlines()}
-    assert ran == {"curl", "chown", "systemctl"}  # IMDS, the cache's owner, the unit
+    assert ran == {"curl", "systemctl"}  # IMDS, the unit
 
 
 def test_systemd_runs_the_agents_image_with_the_settings_it_wrote(booted: Path) -> None:
@@ -125,7 +124,6 @@ def test_systemd_runs_the_agents_image_with_the_settings_it_wrote(booted: Path) 
     # Staged models go to instance storage, mounted where the agent's settings point.
     assert options["--volume"] == "/opt/dlami/nvme/spotgate:/var/cache/spotgate"
     assert _settings(booted)["SPOTGATE_AGENT_MODEL_CACHE_DIR"] == "/var/cache/spotgate"
-    assert (booted / "root/opt/dlami/nvme/spotgate").is_dir()
     # Its log to CloudWatch Logs by Docker itself, under the instance's name.
     assert options["--log-driver"] == "awslogs"
     assert f"awslogs-stream={INSTANCE_ID}/agent" in run
@@ -134,6 +132,9 @@ def test_systemd_runs_the_agents_image_with_the_settings_it_wrote(booted: Path) 
     ]
     assert any("aws ecr get-login-password" in line and "docker login" in line for line in starts)
     assert any(line == f"/usr/bin/docker pull {image}" for line in starts)
+    # Made (the agent's uid its owner) on every start, before the container mounts it: a stop
+    # wipes instance storage.
+    assert "/usr/bin/install -d -o 10001 /opt/dlami/nvme/spotgate" in starts
     assert unit["Restart"] == "on-failure"
     calls = (booted / "calls.log").read_text().splitlines()
     assert "systemctl enable --now --no-block spotgate-agent.service" in calls
