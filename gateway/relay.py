@@ -149,6 +149,7 @@ async def relay_stream(
             stream.on_opened(agent_id)
             full = False  # the agent refused the stream for capacity
             mover: asyncio.Task[str | None] | None = None
+            warmed: str | None = None  # the next agent, warmed: the switch comes at a token
             try:
                 async for item in leg.channel.items(stall_seconds):
                     if draining is not None and not isinstance(item, StartFrame):
@@ -170,6 +171,22 @@ async def relay_stream(
                             agent_sent_at=leg.channel.sent_at,
                             agent_first_token_at=leg.channel.first_delta_at,
                         )
+                        if warmed is not None:
+                            # Right after a token, so the client's wait starts at the switch.
+                            opened = await _open(stream.agent_frame, warmed, dispatcher, link_for)
+                            warmed = None
+                            if opened is None:
+                                stream.on_move_abandoned()
+                                continue
+                            # From here the client's tokens come from the next agent.
+                            stream.on_switch()
+                            switched, draining = opened, leg
+                            log.info(
+                                "stream moved before the break",
+                                stream_id=frame.id,
+                                tokens_so_far=len(stream.ids),
+                            )
+                            break
                     elif isinstance(item, StartFrame):
                         dispatcher.taken(agent_id, prefix, frame.adapter)
                         start = stream.on_start(item)
@@ -194,25 +211,10 @@ async def relay_stream(
                     elif isinstance(item, Wakeup):
                         if mover is None or not mover.done():
                             continue
+                        # The switch waits for the draining agent's next token (above).
                         warmed, mover = _warmed(mover), None
-                        # Opened now, so the continuation starts at the tokens the client has.
-                        opened = (
-                            await _open(stream.agent_frame, warmed, dispatcher, link_for)
-                            if warmed is not None
-                            else None
-                        )
-                        if opened is None:
+                        if warmed is None:
                             stream.on_move_abandoned()
-                            continue
-                        # The switch: from here the client's tokens come from the next agent.
-                        stream.on_switch()
-                        switched, draining = opened, leg
-                        log.info(
-                            "stream moved before the break",
-                            stream_id=frame.id,
-                            tokens_so_far=len(stream.ids),
-                        )
-                        break
                     elif isinstance(item, GatewayGoingAway):  # the agent's stream is cancelled
                         yield stream.on_going_away()
                         return
@@ -250,6 +252,7 @@ async def relay_stream(
                 if mover is not None:  # the stream ended or broke before its move was ready
                     mover.cancel()
                     await asyncio.wait([mover])  # its own `finally` ends the warm-up
+                if mover is not None or warmed is not None:
                     stream.on_move_abandoned()
                 if leg not in (draining, switched):
                     # The client went away mid-stream (still serving): tell the agent to stop.
@@ -340,10 +343,25 @@ async def _prepare_move(
         return None
     if chosen is None:
         return None
-    warm_from = len(stream.ids)
-    warm = await _open(stream.warm_frame, chosen.agent_id, dispatcher, link_for)
-    if warm is None:
+    if not await _warm_up(stream, chosen.agent_id, dispatcher, link_for, prefix, stall_seconds):
         return None
+    return chosen.agent_id
+
+
+async def _warm_up(
+    stream: Failover,
+    agent_id: str,
+    dispatcher: Dispatcher,
+    link_for: Callable[[str], AgentLink | None],
+    prefix: PromptPrefix | None,
+    stall_seconds: float,
+) -> bool:
+    """One warm-up of the agent with the tokens the client has now: whether it ended well."""
+    frame = stream.request
+    warm_from = len(stream.ids)
+    warm = await _open(stream.warm_frame, agent_id, dispatcher, link_for)
+    if warm is None:
+        return False
     warmed = False
     warm_ids: list[int] = []
     try:
@@ -357,7 +375,6 @@ async def _prepare_move(
                 break
     finally:
         await _close_leg(warm, dispatcher, cancel=not warmed)
-    if not warmed:
-        return None
-    stream.on_warmed(warm_from, warm_ids)
-    return warm.agent_id
+    if warmed:
+        stream.on_warmed(warm_from, warm_ids)
+    return warmed

@@ -383,7 +383,6 @@ async def test_a_spot_notice_moves_the_stream_before_its_agent_breaks_it(
     assert len({f["agent"] for f in frames if f["type"] == "start"}) == 2
     metrics = gateway.state.metrics
     assert metrics.early_moves._value.get() == 1  # switched before the break
-    assert metrics.early_move_checked_tokens._value.get() >= 1  # the warm-up's token at least
     assert metrics.early_move_divergences._value.get() == 0
     streams = slow.runtime.metrics.streams
     assert streams.labels(outcome="cancelled")._value.get() == 1  # stopped by the gateway

@@ -121,7 +121,7 @@ async def test_a_vllm_stream_moved_before_the_break_equals_its_unmoved_run(
     assert frames[-1]["usage"] == reference[-1]["usage"]
     metrics = gateway.state.metrics
     assert metrics.early_moves._value.get() == 1
-    assert metrics.early_move_checked_tokens._value.get() >= 1
+    assert metrics.early_move_divergences._value.get() == 0
     streams = doomed.runtime.metrics.streams
     assert streams.labels(outcome="interrupted")._value.get() == 0  # never broken
 

@@ -1,0 +1,51 @@
+"""The move-gap benchmark reads a stream's arrivals into the gap its move left."""
+
+from __future__ import annotations
+
+import pytest
+
+from loadtest.bench.move_gap import StreamRecord, first_difference, move_figures
+
+
+def record(times: list[float], notice_at: float, switch_at: float) -> StreamRecord:
+    return StreamRecord(
+        delta_times=times,
+        delta_tokens=[1] * len(times),
+        starts=[(0.0, "a", 0), (switch_at, "b", 4)],
+        notice_at=notice_at,
+    )
+
+
+def test_the_move_gap_is_the_longest_wait_after_the_notice() -> None:
+    # Deltas every 20 ms; the switch at 0.095 s, the next agent's first token at 0.150 s.
+    times = [0.02, 0.04, 0.06, 0.08, 0.15, 0.17, 0.19]
+    figures = move_figures(record(times, notice_at=0.05, switch_at=0.095))
+
+    assert figures.median_gap == pytest.approx(0.02)
+    assert figures.move_gap == pytest.approx(0.07)
+    assert figures.ratio == pytest.approx(3.5)
+    assert figures.last_delta_to_start == pytest.approx(0.015)
+    assert figures.continuation_ttft == pytest.approx(0.055)
+    assert figures.switched_at == 4
+
+
+def test_a_longer_wait_before_the_notice_is_not_the_moves() -> None:
+    times = [0.02, 0.5, 0.52, 0.54, 0.56, 0.58]  # a slow first token, then the move
+    figures = move_figures(record(times, notice_at=0.51, switch_at=0.55))
+    assert figures.move_gap == pytest.approx(0.02)
+
+
+def test_a_stream_that_never_moved_has_no_figures() -> None:
+    unmoved = StreamRecord(delta_times=[0.1, 0.2, 0.3], starts=[(0.0, "a", 0)], notice_at=0.15)
+    with pytest.raises(ValueError, match="second `start`"):
+        move_figures(unmoved)
+
+
+@pytest.mark.parametrize(
+    ("moved", "reference", "expected"),
+    [([1, 2, 3], [1, 2, 3], None), ([1, 9, 3], [1, 2, 3], 1), ([1, 2], [1, 2, 3], 2)],
+)
+def test_where_a_moved_reply_first_differs(
+    moved: list[int], reference: list[int], expected: int | None
+) -> None:
+    assert first_difference(moved, reference) == expected
