@@ -3,7 +3,7 @@
 A pass over one model's pool sizes it from demand (`pool_target`), reaps the dead, asks the
 placement policy, and, when a spot launch is refused for capacity, marks the placement risky
 and asks again, at most once per placement, without retrying a placement refused in the same
-pass. `ReconcilePass` holds that loop as plain data: a driver asks it for `next_actions`,
+pass. `ReconcilePass` holds that loop as plain data: a driver asks it for `next_round`,
 carries each out wherever agents run (EC2, local processes, the simulator's instances) and
 reports back what happened; the pass decides, the driver does I/O. Spot interruptions mark
 their placement risky through `note_interruption`, for the live manager's events and the
@@ -18,7 +18,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from pool_manager.policy import (
-    Action,
     Launch,
     LaunchLifecycle,
     PlacementKey,
@@ -121,14 +120,6 @@ class ReconcilePass:
         )
         planned = [*ended, *self.policy.decide(alive, self.settings)]
         return [action for action in planned if not self._refused_before(action)]
-
-    def next_actions(self) -> list[Action]:
-        """The next round's launches, drains and terminations, for a driver with no warm pool.
-
-        The policy proposes warm-pool actions only where the settings keep a warm pool or the
-        pass holds stopped instances, so such a driver loses none here.
-        """
-        return [action for action in self.next_round() if isinstance(action, Action)]
 
     def _refused_before(self, action: PoolAction) -> bool:
         if isinstance(action, StartWarm):

@@ -58,36 +58,40 @@ def new_pass(target: int, *agents: PoolAgent, settings: PolicySettings = SETTING
     )
 
 
+def launches(actions: list[PoolAction]) -> list[Launch]:
+    return [action for action in actions if isinstance(action, Launch)]
+
+
 def test_a_refusal_marks_the_placement_and_the_next_round_tries_another() -> None:
     step = new_pass(1)
-    assert step.next_actions() == [Launch("g5.xlarge", "zone-a", "spot")]  # cheapest
+    assert step.next_round() == [Launch("g5.xlarge", "zone-a", "spot")]  # cheapest
     step.refused(Launch("g5.xlarge", "zone-a", "spot"))
     assert step.risky_until == {A.key: NOW + RISKY_PLACEMENT_SECONDS}
-    assert step.next_actions() == [Launch("g5.xlarge", "zone-b", "spot")]
+    assert step.next_round() == [Launch("g5.xlarge", "zone-b", "spot")]
     step.launched(booting("i-1", B))
-    assert step.next_actions() == []  # nothing refused in that round: the pass is done
+    assert step.next_round() == []  # nothing refused in that round: the pass is done
 
 
 def test_a_placement_refused_in_this_pass_is_not_tried_again_in_it() -> None:
     step = new_pass(2)
-    for launch in step.next_actions():
+    for launch in launches(step.next_round()):
         step.refused(launch)  # both placements full
     # every placement is risky: the policy would retry the first to clear, the pass waits
-    assert step.next_actions() == []
+    assert step.next_round() == []
 
 
 def test_an_on_demand_refusal_moves_on_demand_on_and_leaves_spot_alone() -> None:
     fallback = replace(SETTINGS, on_demand_fallback=True)
     step = new_pass(1, settings=fallback)
     step.risky_until = {A.key: NOW + 60, B.key: NOW + 90}  # spot refused everywhere lately
-    actions = step.next_actions()
+    actions = step.next_round()
     on_demand = Launch("g5.xlarge", "zone-a", "on-demand")
     assert on_demand in actions
-    for action in actions:
-        step.refused(action)
+    for launch in launches(actions):
+        step.refused(launch)
     assert step.on_demand_refused_until == {A.key: NOW + ON_DEMAND_REFUSED_SECONDS}
     assert step.risky_until[A.key] == NOW + RISKY_PLACEMENT_SECONDS  # the spot launch's
-    assert step.next_actions() == [  # zone-b, whose spot risk clears first, for both
+    assert step.next_round() == [  # zone-b, whose spot risk clears first, for both
         Launch("g5.xlarge", "zone-b", "spot"),
         Launch("g5.xlarge", "zone-b", "on-demand"),
     ]
@@ -96,7 +100,7 @@ def test_an_on_demand_refusal_moves_on_demand_on_and_leaves_spot_alone() -> None
 def test_the_rounds_end_after_one_per_placement_and_one_more() -> None:
     step = new_pass(1)
     rounds = 0
-    while actions := step.next_actions():
+    while actions := launches(step.next_round()):
         rounds += 1
         step.refused(replace(actions[0], zone=f"elsewhere-{rounds}"))  # keeps asking again
     assert rounds == len(SETTINGS.placements) + 1
@@ -105,7 +109,7 @@ def test_the_rounds_end_after_one_per_placement_and_one_more() -> None:
 def test_the_dead_are_reaped_and_replaced_in_the_same_round() -> None:
     silent = replace(ready("i-dead", B), heartbeat_at=NOW - 60)
     step = new_pass(1, silent)
-    assert step.next_actions() == [
+    assert step.next_round() == [
         Terminate("i-dead", "heartbeat stopped"),
         Launch("g5.xlarge", "zone-a", "spot"),
     ]
@@ -115,7 +119,7 @@ def test_what_a_driver_did_is_not_asked_for_again() -> None:
     busy = ready("i-2", B, active=3)
     step = new_pass(0, ready("i-1"), busy, booting("i-3", B))
     shed = "more spot than the target needs"
-    assert sorted(step.next_actions(), key=str) == [
+    assert sorted(step.next_round(), key=str) == [
         Drain("i-2", shed),  # has streams: drained, never cut
         Terminate("i-1", shed),
         Terminate("i-3", shed),
@@ -124,7 +128,7 @@ def test_what_a_driver_did_is_not_asked_for_again() -> None:
     step.terminated("i-3")
     step.drained(replace(busy, phase="draining", drain_deadline=NOW + 300))
     step.refused(Launch("g5.xlarge", "zone-x", "spot"))  # a refusal elsewhere: ask again
-    assert step.next_actions() == []
+    assert step.next_round() == []
 
 
 @pytest.mark.parametrize(
@@ -172,11 +176,6 @@ def test_a_warm_start_refused_for_capacity_passes_its_placement_over_and_launche
     step.start_refused(start)
     assert step.on_demand_refused_until == {A.key: NOW + ON_DEMAND_REFUSED_SECONDS}
     assert on_demand(step.next_round()) == [Launch("g5.xlarge", "zone-b", "on-demand")]
-
-
-def test_a_driver_without_a_warm_pool_gets_no_warm_actions() -> None:
-    step, _ = cover_pass()
-    assert on_demand(step.next_actions()) == []  # the round's only on-demand cover: warm
 
 
 def test_a_drained_agent_stopped_into_the_warm_pool_is_counted_in_it_in_the_same_round() -> None:
