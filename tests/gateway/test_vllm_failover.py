@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import jsonschema
 import openai
 import pytest
 
+from gpu_agent.drain import HANDBACK_MARGIN_SECONDS
 from gpu_agent.engine import Engine
 from spotgate.registry import CreatedApiKey
 from tests.gateway.conftest import Gateway, GatewayAgentFactory, serving
@@ -94,7 +96,8 @@ async def test_a_vllm_stream_moved_before_the_break_equals_its_unmoved_run(
     request = generate(
         "ref",
         TINY_MODEL,
-        content="Tell me about spot",
+        # Long enough for whole prefix blocks: the stream goes where its reference went.
+        content="Tell me about spot capacity and what it costs. " * 6,
         max_tokens=1800,
         temperature=0,
         ignore_eos=True,
@@ -103,14 +106,22 @@ async def test_a_vllm_stream_moved_before_the_break_equals_its_unmoved_run(
     doomed = await gateway_agent(model=TINY_MODEL, engine=vllm_engine)
     async with connect(gateway.ws_url, api_key.api_key) as ws:
         reference = (await run_streams(ws, request))["ref"]
+        # The other agent shares the engine (identical weights); it gets no notice.
+        await gateway_agent(model=TINY_MODEL, engine=vllm_engine, imds_url="http://127.0.0.1:9")
         await send(ws, {**request, "id": "moved"})
         frames = [await receive(ws)]
-        await gateway_agent(model=TINY_MODEL, engine=vllm_engine, imds_url="http://127.0.0.1:9")
-        while sum(f.get("n", 0) for f in frames) < 20:  # mid-reply, its rate known
+        assert serving(gateway) == {doomed.runtime.identity.agent_id}, frames  # type: ignore[union-attr]
+        frames.append(await receive(ws))
+        counted_from, since = sum(f.get("n", 0) for f in frames), time.monotonic()
+        while sum(f.get("n", 0) for f in frames) < counted_from + 20:  # its rate known
             frames.append(await receive(ws))
-        # 21 s to the deadline, 15 s margin: the agent says `moving` and streams on; the
-        # gateway warms the other agent with the stream and switches to it.
-        await spot_notice(imds, in_seconds=21)
+        produced = sum(f.get("n", 0) for f in frames)
+        rate = (produced - counted_from) / (time.monotonic() - since)
+        # The notice leaves the stream less time before the drain's margin than its rest
+        # needs at this rate, whatever the machine's pace: the agent says `moving` and streams
+        # on, and the gateway warms the other agent and switches to it within that window.
+        window = min(6.0, 0.4 * (request["max_tokens"] - produced) / rate)
+        await spot_notice(imds, in_seconds=HANDBACK_MARGIN_SECONDS + window)
         while frames[-1]["type"] not in ("done", "error"):
             frames.append(await receive(ws))
 
