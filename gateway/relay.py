@@ -21,7 +21,7 @@ import asyncio
 import secrets
 import time
 import uuid
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Collection
 from dataclasses import dataclass
 from functools import partial
 
@@ -111,13 +111,8 @@ async def relay_stream(
             else:
                 chosen: Candidate | None = None
                 try:
-                    async for event in dispatcher.acquire(
-                        frame.base_model,
-                        session=tenant_session(frame.tenant or "", frame.session),
-                        exclude=stream.excluded,
-                        deadline=stream.deadline,
-                        prefix=prefix,
-                        adapter=frame.adapter,
+                    async for event in _acquire(
+                        dispatcher, frame, prefix, exclude=stream.excluded, deadline=stream.deadline
                     ):
                         if isinstance(event, Queued):
                             queued = stream.on_queued(event.position, event.eta_seconds)
@@ -265,6 +260,25 @@ async def relay_stream(
                 await _close_leg(left, dispatcher, cancel=True)
 
 
+def _acquire(
+    dispatcher: Dispatcher,
+    frame: GenerateFrame,
+    prefix: PromptPrefix | None,
+    *,
+    exclude: Collection[str],
+    deadline: float,
+) -> AsyncIterator[Queued | Candidate]:
+    """The dispatcher's wait for an agent for the client's stream (its session, prefix, adapter)."""
+    return dispatcher.acquire(
+        frame.base_model,
+        session=tenant_session(frame.tenant or "", frame.session),
+        exclude=exclude,
+        deadline=deadline,
+        prefix=prefix,
+        adapter=frame.adapter,
+    )
+
+
 async def _open(
     frame_for: Callable[[str], GenerateFrame],
     agent_id: str,
@@ -329,13 +343,12 @@ async def _prepare_move(
     serving = stream.serving
     chosen: Candidate | None = None
     try:
-        async for event in dispatcher.acquire(
-            frame.base_model,
-            session=tenant_session(frame.tenant or "", frame.session),
+        async for event in _acquire(
+            dispatcher,
+            frame,
+            prefix,
             exclude=stream.excluded | ({serving} if serving else set()),
             deadline=time.time() + stream.deadline_seconds,
-            prefix=prefix,
-            adapter=frame.adapter,
         ):
             if not isinstance(event, Queued):
                 chosen = event
