@@ -118,7 +118,8 @@ def test_capacity_search_finds_the_synthetic_engines_capacity(
     # one in `make test`: at 1 s a moment of theirs failed a step below capacity).
     thresholds = Thresholds(ttft_p99_ms=1500)
     knee, steps = capacity_search(base, [4, 6, 8, 10, 12], thresholds, announce=lambda _line: None)
-    assert knee is not None, [step.llm for step in steps]
-    assert 0.75 * SYNTHETIC_CAPACITY <= knee.concurrency <= 1.25 * SYNTHETIC_CAPACITY
+    measured = [(step.concurrency, step.llm["ttft_ms"], step.llm["error_rate"]) for step in steps]
+    assert knee is not None, measured
+    assert 0.75 * SYNTHETIC_CAPACITY <= knee.concurrency <= 1.25 * SYNTHETIC_CAPACITY, measured
     assert not step_holds(steps[-1].llm, thresholds)  # it went past the knee
     assert (tmp_path / "capacity.png").read_bytes().startswith(b"\x89PNG")
