@@ -129,6 +129,8 @@ class StreamChannel:
         self._ready = asyncio.Event()
         self.closed = False
         self.overflowed = False  # the client did not read: the agent must be told to stop
+        # Off while each delta must stay as the agent sent it (a move's token boundaries).
+        self.merge_deltas = True
         self.sent_at = time.monotonic()
         self.first_delta_at: float | None = None  # when the agent's first token came in
 
@@ -140,7 +142,7 @@ class StreamChannel:
             if self.first_delta_at is None:
                 self.first_delta_at = time.monotonic()
             last = self._items[-1] if self._items else None
-            if isinstance(last, _PendingDelta):
+            if isinstance(last, _PendingDelta) and self.merge_deltas:
                 last.add(item)
             else:
                 self._items.append(_PendingDelta(item))
@@ -161,13 +163,10 @@ class StreamChannel:
             self.closed = isinstance(item, DoneFrame | ErrorFrame | LinkLost | GatewayGoingAway)
         self._ready.set()
 
-    def unread_ids(self) -> list[int]:
-        """Token ids of the deltas pushed and not yet read, in order."""
+    def unread(self) -> list[ChannelItem]:
+        """What was pushed and not yet read, in order (deltas merged as they waited)."""
         return [
-            token
-            for entry in self._items
-            if isinstance(entry, _PendingDelta) and entry.ids is not None
-            for token in entry.ids
+            entry.frame() if isinstance(entry, _PendingDelta) else entry for entry in self._items
         ]
 
     async def items(self, stall_seconds: float | None = None) -> AsyncIterator[ChannelItem]:
@@ -227,11 +226,14 @@ class AgentLink:
         """Streams on this link right now."""
         return len(self._channels)
 
-    async def open_stream(self, frame: GenerateFrame) -> StreamChannel:
+    async def open_stream(
+        self, frame: GenerateFrame, *, merge_deltas: bool = True
+    ) -> StreamChannel:
         """Send a `generate` frame; the returned channel yields the agent's frames for it."""
         ws = await self._connected()
         await self._refresh_token_if_due(ws)
         channel = StreamChannel()
+        channel.merge_deltas = merge_deltas
         self._channels[frame.id] = channel
         try:
             await ws.send_str(encode_frame(frame))

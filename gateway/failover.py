@@ -33,18 +33,24 @@ The rules (ARCHITECTURE.md):
 - A client that asked for token ids gets with each delta a receipt for every id it holds
   (gateway/receipts.py), which its own `resume` brings back.
 - Make-before-break: an agent that drains says `moving` for a stream that cannot finish
-  in time, and streams on. The stream's next agent is chosen and warmed meanwhile (a
-  one-token continuation of the tokens so far fills its prefix cache); then the stream is
-  switched at a token boundary: the continuation opens there, the client's stream goes on
-  from the next agent, whose prefill is now only the tokens since the warm-up. The draining
-  agent's tokens after the switch are dropped, once the next agent's first ones were
-  matched against them (`early_move_checks`). Any failure on the way falls back to a move
-  at the break.
+  in time, and streams on. The stream's next agent is chosen meanwhile and its continuation
+  opened there at once, from the tokens the client holds then: it prefills while the
+  draining agent's tokens still reach the client, paced a little slower than they come
+  (`MOVE_PACE_GAP_MULTIPLE`), so the client's stream falls back to where the next agent
+  stands. The stream switches at the first token boundary where the next agent's tokens
+  equal what the client holds (`early_move_checked_tokens`): the client sees no wait, the
+  draining agent's later tokens are dropped and the next agent's repeats of held ones too.
+  If the draining agent breaks first, the next agent takes over where it stands. A next
+  agent that goes another way (`early_move_diverged`), fails or stays silent is dropped: the
+  stream moves at the break as any stream does.
 """
 
 from __future__ import annotations
 
 import hashlib
+import statistics
+from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -71,6 +77,14 @@ HANDLE_KEY_BYTES = 32
 """The length of the random key each stream names its agents with."""
 QUEUE_FULL_RETRY_AFTER_SECONDS = 1.0
 NO_CAPACITY_RETRY_AFTER_SECONDS = 5.0
+MOVE_PACE_GAP_MULTIPLE = 1.25
+"""While a moving stream's next agent catches up, the draining agent's tokens reach the
+client at most this many of the stream's median gaps apart (never faster than they come):
+the client's stream falls back a quarter of a gap per token, so a next agent that took P
+seconds to its first token stands where the client does about 4·P seconds later, and no
+gap the client sees on the way is much longer than the stream's usual ones."""
+GAPS_REMEMBERED = 32
+"""Gaps between a stream's deltas its pace is measured over."""
 
 
 @dataclass
@@ -134,6 +148,15 @@ class GiveUp:
 Decision = ResumeElsewhere | WaitForRoom | GiveUp
 
 
+class CatchUp(Enum):
+    """Where a moving stream's next agent stands against what the client holds."""
+
+    BEHIND = "behind"  # not yet at a token boundary where the client is: keep pacing
+    CAUGHT_UP = "caught_up"  # it repeated exactly what the client holds: switch to it now
+    DIVERGED = "diverged"  # it went another way than the client's tokens: drop it
+    FAILED = "failed"  # it ended or broke: drop it
+
+
 def agent_handle(handle_key: bytes, agent_id: str) -> str:
     """What a stream's `start` calls its agent: a keyed hash of its id, the key the stream's own."""
     digest = hashlib.blake2b(agent_id.encode(), key=handle_key, digest_size=AGENT_HANDLE_BYTES)
@@ -160,8 +183,17 @@ class Failover:
     receipts: ReceiptChain | None = None  # receipts for the ids the client holds
     move_early: bool = True  # agents are asked to say `moving` rather than break the stream
     moving: bool = False  # the serving agent said `moving`: its successor is being prepared
-    switched_at: int | None = None  # tokens the client held at the last early switch
-    switched_from: str | None = None  # the draining agent, until the next one's first token
+    # The next agent's continuation starts after this many of the client's tokens (and this
+    # many of its text parts), once opened: the draining agent's tokens are paced meanwhile.
+    next_from: int | None = None
+    next_text_from: int = 0
+    # After a switch: held ids the next agent repeats first (dropped), and their text.
+    repeats: list[int] = field(default_factory=list)
+    repeats_text: str = ""
+    repeated_text: list[str] = field(default_factory=list)
+    # Gaps between the client's deltas (seconds), measured while no move paces them.
+    recent_gaps: deque[float] = field(default_factory=lambda: deque(maxlen=GAPS_REMEMBERED))
+    last_delta_at: float | None = None  # monotonic
 
     @classmethod
     def begin(
@@ -192,6 +224,11 @@ class Failover:
             receipts=receipts,
             move_early=move_early,
         )
+
+    @property
+    def repeating(self) -> bool:
+        """Whether the agent's next deltas repeat tokens the client holds (after a switch)."""
+        return bool(self.repeats)
 
     @property
     def has_tokens(self) -> bool:
@@ -257,18 +294,6 @@ class Failover:
             }
         )
 
-    def warm_frame(self, agent_stream_id: str) -> GenerateFrame:
-        """The next agent's warm-up: one token after those the client has, then `done`.
-
-        It prefills the prompt and the tokens so far into the agent's prefix cache, so the
-        continuation opened at the switch prefills only what came meanwhile. It is never
-        relayed nor charged.
-        """
-        frame = self.agent_frame(agent_stream_id)
-        return frame.model_copy(
-            update={"max_tokens": len(self.ids) + 1, "min_tokens": 0, "move_early": False}
-        )
-
     def on_moving(self) -> bool:
         """The serving agent drains and said `moving`: whether to prepare a move now."""
         if self.moving or self.serving is None:
@@ -276,50 +301,115 @@ class Failover:
         self.moving = True
         return True
 
-    def on_warmed(self, warm_from: int, warm_ids: list[int]) -> None:
-        """The next agent's warm-up gave `warm_ids` after `warm_from` tokens: check them."""
-        self._check_move(self.ids[warm_from : warm_from + len(warm_ids)], warm_ids)
+    def next_agent_frame(self, agent_stream_id: str) -> GenerateFrame:
+        """The next agent's continuation of a moving stream, from the tokens the client has now.
+
+        The draining agent's tokens are paced from here until the stream switches.
+        """
+        self.next_from = len(self.ids)
+        self.next_text_from = len(self.text)
+        return self.agent_frame(agent_stream_id)
+
+    def pace_until(self) -> float | None:
+        """When the draining agent's next delta may reach the client (monotonic; None: now)."""
+        if self.next_from is None or self.last_delta_at is None or not self.recent_gaps:
+            return None
+        return self.last_delta_at + MOVE_PACE_GAP_MULTIPLE * statistics.median(self.recent_gaps)
+
+    def on_next_agent_frames(self, frames: Sequence[object]) -> CatchUp:
+        """The next agent's frames so far, against the client's tokens since it started.
+
+        It is caught up at a delta that ends exactly where the client stands, having repeated
+        the client's ids and text: the stream switches to it there (`on_switch`).
+        """
+        if self.next_from is None:
+            return CatchUp.FAILED
+        held = self.ids[self.next_from :]
+        held_text = "".join(self.text[self.next_text_from :])
+        repeated: list[int] = []
+        text: list[str] = []
+        for frame in frames:
+            if isinstance(frame, StartFrame):
+                continue
+            if isinstance(frame, DeltaFrame):
+                repeated.extend(frame.ids or ())
+                text.append(frame.text)
+                if repeated[: len(held)] != held[: len(repeated)]:
+                    return self._drop_next_agent(
+                        CatchUp.DIVERGED, compared=min(len(repeated), len(held))
+                    )
+                if len(repeated) == len(held) and "".join(text) == held_text:
+                    return CatchUp.CAUGHT_UP
+                if len(repeated) >= len(held):  # past the client: its next delta may end here
+                    return CatchUp.BEHIND
+                continue
+            if isinstance(frame, DoneFrame):  # it ended short of the client's tokens
+                return self._drop_next_agent(CatchUp.DIVERGED, compared=len(repeated))
+            # An error, its link lost, or its own agent draining (`moving`).
+            return self._drop_next_agent(CatchUp.FAILED, compared=0)
+        return CatchUp.BEHIND
 
     def on_switch(self) -> str:
-        """The continuation is open on the next agent: the client's stream goes on from it.
+        """The next agent takes the stream over (caught up, or its draining agent broke first).
 
-        Returns the draining agent, whose stream the relay cancels once the next agent's
-        first tokens were checked against what it sent after the switch.
+        Returns the draining agent, whose stream is over for this client: its later tokens
+        are dropped, and so are the next agent's repeats of the tokens the client holds.
         """
-        failed = self._leave_agent()
-        self.excluded.add(failed)
+        draining = self._leave_agent()
+        self.excluded.add(draining)
+        self.on_next_agent_takes_over()
+        return draining
+
+    def on_next_agent_takes_over(self) -> None:
+        """The next agent's stream is the client's now: its repeats of held tokens are dropped."""
+        if self.next_from is None:
+            raise RuntimeError("a stream switched with no next agent")
+        self.repeats = self.ids[self.next_from :]
+        self.repeats_text = "".join(self.text[self.next_text_from :])
+        self.repeated_text = []
         self.moving = False
-        self.switched_from = failed
-        self.switched_at = len(self.ids)
+        self.next_from = None
         self.outcome.early_moves += 1
-        return failed
 
-    def on_switch_checked(self, draining_ids: list[int], next_ids: list[int]) -> None:
-        """The draining agent's tokens after the switch, against the next agent's first ones."""
-        self.switched_from = None
-        self._check_move(draining_ids[: len(next_ids)], next_ids[: len(draining_ids)])
+    def on_repeated_delta(self, delta: DeltaFrame) -> bool:
+        """A delta of the next agent while it repeats held tokens: whether it repeats them.
 
-    def on_switch_failed(self) -> None:
-        """The next agent failed before its first token: the draining agent streams on."""
-        next_agent = self._leave_agent()
-        self.excluded.add(next_agent)
-        if self.switched_from is not None:
-            self.excluded.discard(self.switched_from)
-        self.switched_from = None
-        self.switched_at = None
-        self.outcome.early_moves -= 1
+        A delta that does (its ids and, at the end, their text) is dropped; one that does not
+        ends the switch (`on_repeat_failed`).
+        """
+        ids = list(delta.ids or ())
+        compared = min(len(ids), len(self.repeats))
+        self.outcome.early_move_checked_tokens += compared
+        if ids[:compared] != self.repeats[:compared]:
+            self.outcome.early_move_diverged += 1
+            return False
+        if len(ids) > len(self.repeats):  # it ends past what the client holds: no boundary
+            return False
+        self.repeats = self.repeats[len(ids) :]
+        self.repeated_text.append(delta.text)
+        return bool(self.repeats) or "".join(self.repeated_text) == self.repeats_text
+
+    def on_repeat_failed(self, *, now: float) -> ResumeElsewhere:
+        """The next agent did not repeat the client's tokens: move on from them elsewhere.
+
+        It is not excluded: a continuation there from the client's tokens is as good as any.
+        """
+        self.repeats = []
+        agent = self._leave_agent()
+        self.deadline = now + self.deadline_seconds
+        return ResumeElsewhere(failed_agent=agent, tokens_so_far=len(self.ids))
 
     def on_move_abandoned(self) -> None:
         """Preparing the move failed: the stream stays, and moves at the break if it comes."""
         self.moving = False
+        self.next_from = None
 
-    def _check_move(self, expected: list[int], got: list[int]) -> None:
-        compared = min(len(expected), len(got))
-        if compared == 0:
-            return
+    def _drop_next_agent(self, verdict: CatchUp, *, compared: int) -> CatchUp:
         self.outcome.early_move_checked_tokens += compared
-        if expected[:compared] != got[:compared]:
+        if verdict is CatchUp.DIVERGED:
             self.outcome.early_move_diverged += 1
+        self.on_move_abandoned()
+        return verdict
 
     def on_opened(self, agent_id: str) -> None:
         """The agent's stream is open: its frames follow."""
@@ -366,6 +456,9 @@ class Failover:
         the agent's stream was sent (`agent_sent_at`) and its first token came in.
         """
         outcome = self.outcome
+        if self.last_delta_at is not None and self.next_from is None:
+            self.recent_gaps.append(monotonic - self.last_delta_at)
+        self.last_delta_at = monotonic
         if outcome.ttft_ms is None:
             outcome.ttft_ms = (monotonic - self.started_at) * 1000
             first_try = self.placements == 1 and not self.queued

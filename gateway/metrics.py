@@ -56,19 +56,20 @@ class GatewayMetrics:
         )
         self.early_moves = Counter(
             "spotgate_gateway_early_moves_total",
-            "streams moved make-before-break: their next agent prefilled while the draining "
-            "one streamed on (also counted in resumes)",
+            "streams moved make-before-break: their continuation prefilled on the next agent "
+            "while the draining one streamed on (also counted in resumes)",
             registry=r,
         )
         self.early_move_checked_tokens = Counter(
             "spotgate_gateway_early_move_checked_tokens_total",
-            "tokens of the next agent compared with the draining agent's at an early move",
+            "tokens of the next agent compared with those the client held at an early move "
+            "(its repeats, dropped)",
             registry=r,
         )
         self.early_move_divergences = Counter(
             "spotgate_gateway_early_move_divergences_total",
-            "early moves whose next agent went on differently from the draining one "
-            "(batch-dependent numerics; either continues what the client holds)",
+            "early moves whose next agent went another way than the client's tokens "
+            "(batch-dependent numerics): dropped, the stream moved at the break",
             registry=r,
         )
         self.rejections = Counter(

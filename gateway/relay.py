@@ -10,9 +10,11 @@ still open when its gateway stops (the drain's grace is over) with `going_away`.
 What to do at each turn is decided by the stream's `Failover` (gateway/failover.py, pure);
 this module only does the I/O: it waits in the dispatcher, opens the agent's stream, reads
 its frames, hands each to the Failover and forwards what that returns. A move made before
-the break (`moving`) prepares the next agent in a task of its own while the draining
-agent's frames are relayed; the task's end wakes the relay up through the draining agent's
-channel, and the relay switches the stream there.
+the break (`moving`) opens the stream's continuation on the next agent in a task of its
+own while the draining agent's frames are relayed; the task's end wakes the relay up
+through the draining agent's channel. From then the draining agent's deltas are paced, and
+after each the relay shows the Failover what the next agent has sent, switching the
+stream there once it caught up.
 """
 
 from __future__ import annotations
@@ -42,7 +44,15 @@ from gateway.dispatch import (
     QueueFull,
     UnknownModel,
 )
-from gateway.failover import HANDLE_KEY_BYTES, Failover, GiveUp, RelayOutcome, Unplaced, WaitForRoom
+from gateway.failover import (
+    HANDLE_KEY_BYTES,
+    CatchUp,
+    Failover,
+    GiveUp,
+    RelayOutcome,
+    Unplaced,
+    WaitForRoom,
+)
 from gateway.prefix import PromptPrefix, tenant_session
 from gateway.receipts import ReceiptChain
 from gateway.router import Candidate
@@ -102,162 +112,163 @@ async def relay_stream(
     )
     # Hashed once: a moved stream's prompt is the same, and goes where it is most likely cached.
     prefix = dispatcher.prompt_prefix(frame)
-    switched: _Leg | None = None  # the next agent's stream, opened at an early switch
-    draining: _Leg | None = None  # the draining agent's, until the next agent's first token
-    try:
-        while True:
-            if switched is not None:
-                leg, switched = switched, None
-            else:
-                chosen: Candidate | None = None
-                try:
-                    async for event in _acquire(
-                        dispatcher, frame, prefix, exclude=stream.excluded, deadline=stream.deadline
-                    ):
-                        if isinstance(event, Queued):
-                            queued = stream.on_queued(event.position, event.eta_seconds)
-                            if queued is not None:
-                                yield queued
-                        else:
-                            chosen = event
-                except UnknownModel:
-                    yield stream.on_unplaced(Unplaced.UNKNOWN_MODEL)
+    switched: _Leg | None = None  # the next agent's stream, taking over at an early switch
+    while True:
+        if switched is not None:
+            leg, switched = switched, None
+        else:
+            chosen: Candidate | None = None
+            try:
+                async for event in _acquire(
+                    dispatcher, frame, prefix, exclude=stream.excluded, deadline=stream.deadline
+                ):
+                    if isinstance(event, Queued):
+                        queued = stream.on_queued(event.position, event.eta_seconds)
+                        if queued is not None:
+                            yield queued
+                    else:
+                        chosen = event
+            except UnknownModel:
+                yield stream.on_unplaced(Unplaced.UNKNOWN_MODEL)
+                return
+            except QueueFull:
+                yield stream.on_unplaced(Unplaced.QUEUE_FULL)
+                return
+            except NoCapacity:
+                yield stream.on_unplaced(Unplaced.NO_CAPACITY)
+                return
+            except GatewayClosing:
+                yield stream.on_going_away()
+                return
+            if chosen is None:  # acquire always ends with an agent or an exception
+                continue
+            stream.on_agent_chosen(monotonic=time.monotonic())
+            opened = await _open(stream.agent_frame, chosen.agent_id, dispatcher, link_for)
+            if opened is None:
+                stream.on_unavailable(chosen.agent_id)
+                continue
+            leg = opened
+        agent_id, link = leg.agent_id, leg.link
+        stream.on_opened(agent_id)
+        full = False  # the agent refused the stream for capacity
+        left_running = False  # the stream went on elsewhere while this agent's still ran
+        mover: asyncio.Task[_Leg | None] | None = None
+        following: _Leg | None = None  # the next agent's stream, catching up with the client
+        try:
+            async for item in leg.channel.items(stall_seconds):
+                if isinstance(item, DeltaFrame) and stream.repeating:
+                    # The next agent, switched to, repeating what the client holds.
+                    if stream.on_repeated_delta(item):
+                        leg.channel.merge_deltas = not stream.repeating
+                        continue
+                    resumed = stream.on_repeat_failed(now=time.time())
+                    left_running = True
+                    log.info(
+                        "next agent did not repeat the stream; resuming elsewhere",
+                        stream_id=frame.id,
+                        tokens_so_far=resumed.tokens_so_far,
+                    )
+                    break
+                if isinstance(item, DeltaFrame):
+                    paced = stream.pace_until()
+                    if paced is not None:  # a move is catching up: the client's pace eases
+                        await asyncio.sleep(max(0.0, paced - time.monotonic()))
+                    yield stream.on_delta(
+                        item,
+                        monotonic=time.monotonic(),
+                        agent_sent_at=leg.channel.sent_at,
+                        agent_first_token_at=leg.channel.first_delta_at,
+                    )
+                    if following is None:
+                        continue
+                    caught_up = stream.on_next_agent_frames(following.channel.unread())
+                    if caught_up is CatchUp.CAUGHT_UP:
+                        stream.on_switch()
+                        switched, following, left_running = _switched(stream, following), None, True
+                        log.info(
+                            "stream moved before the break",
+                            stream_id=frame.id,
+                            tokens_so_far=len(stream.ids),
+                        )
+                        break
+                    if caught_up is not CatchUp.BEHIND or _silent(following, stall_seconds):
+                        stream.on_move_abandoned()
+                        await _close_leg(following, dispatcher, cancel=True)
+                        following = None
+                        leg.channel.merge_deltas = True
+                elif isinstance(item, StartFrame):
+                    dispatcher.taken(agent_id, prefix, frame.adapter)
+                    start = stream.on_start(item)
+                    if start is not None:
+                        yield start
+                elif isinstance(item, DoneFrame):
+                    yield stream.on_done(item, monotonic=time.monotonic())
                     return
-                except QueueFull:
-                    yield stream.on_unplaced(Unplaced.QUEUE_FULL)
-                    return
-                except NoCapacity:
-                    yield stream.on_unplaced(Unplaced.NO_CAPACITY)
-                    return
-                except GatewayClosing:
+                elif isinstance(item, MovingFrame):
+                    if stream.on_moving():
+                        mover = asyncio.create_task(
+                            _prepare_move(
+                                stream, dispatcher=dispatcher, link_for=link_for, prefix=prefix
+                            ),
+                            name=f"move {frame.id}",
+                        )
+                        mover.add_done_callback(partial(_wake, leg.channel))
+                elif isinstance(item, Wakeup):
+                    if mover is None or not mover.done():
+                        continue
+                    following, mover = _prepared(mover), None
+                    if following is None:
+                        stream.on_move_abandoned()
+                    else:  # paced one token at a time, so it switches at any of them
+                        leg.channel.merge_deltas = False
+                elif isinstance(item, GatewayGoingAway):  # the agent's stream is cancelled
                     yield stream.on_going_away()
                     return
-                if chosen is None:  # acquire always ends with an agent or an exception
-                    continue
-                stream.on_agent_chosen(monotonic=time.monotonic())
-                opened = await _open(stream.agent_frame, chosen.agent_id, dispatcher, link_for)
-                if opened is None:
-                    stream.on_unavailable(chosen.agent_id)
-                    continue
-                leg = opened
-            agent_id, link = leg.agent_id, leg.link
-            stream.on_opened(agent_id)
-            full = False  # the agent refused the stream for capacity
-            mover: asyncio.Task[str | None] | None = None
-            warmed: str | None = None  # the next agent, warmed: the switch comes at a token
-            try:
-                async for item in leg.channel.items(stall_seconds):
-                    if draining is not None and not isinstance(item, StartFrame):
-                        # The next agent's first word after an early switch.
-                        if isinstance(item, ErrorFrame | LinkLost | StreamStalled):
-                            # It failed before its first token: the draining agent streams on.
-                            await _close_leg(leg, dispatcher, cancel=True)
-                            stream.on_switch_failed()
-                            switched, draining = draining, None
-                            break
-                        next_ids = list(item.ids or ()) if isinstance(item, DeltaFrame) else []
-                        stream.on_switch_checked(draining.channel.unread_ids(), next_ids)
-                        await _close_leg(draining, dispatcher, cancel=True)
-                        draining = None
-                    if isinstance(item, DeltaFrame):
-                        yield stream.on_delta(
-                            item,
-                            monotonic=time.monotonic(),
-                            agent_sent_at=leg.channel.sent_at,
-                            agent_first_token_at=leg.channel.first_delta_at,
-                        )
-                        if warmed is not None:
-                            # Right after a token, so the client's wait starts at the switch.
-                            opened = await _open(stream.agent_frame, warmed, dispatcher, link_for)
-                            warmed = None
-                            if opened is None:
-                                stream.on_move_abandoned()
-                                continue
-                            # From here the client's tokens come from the next agent.
-                            stream.on_switch()
-                            switched, draining = opened, leg
-                            log.info(
-                                "stream moved before the break",
-                                stream_id=frame.id,
-                                tokens_so_far=len(stream.ids),
-                            )
-                            break
-                    elif isinstance(item, StartFrame):
-                        dispatcher.taken(agent_id, prefix, frame.adapter)
-                        start = stream.on_start(item)
-                        if start is not None:
-                            yield start
-                    elif isinstance(item, DoneFrame):
-                        yield stream.on_done(item, monotonic=time.monotonic())
+                elif isinstance(item, StreamStalled):  # nothing for too long: stop it there
+                    stalled = stream.on_stalled(now=time.time())
+                    await link.cancel(leg.frame_id)
+                    log.warning(
+                        "agent stream stalled; resuming elsewhere",
+                        stream_id=frame.id,
+                        failed_agent=stalled.failed_agent,
+                        stalled_seconds=item.seconds,
+                        tokens_so_far=stalled.tokens_so_far,
+                    )
+                    switched, following = _taking_over(stream, following), None
+                    break
+                elif isinstance(item, ErrorFrame | LinkLost):  # the agent's stream ended early
+                    decision = (
+                        stream.on_agent_error(item, now=time.time())
+                        if isinstance(item, ErrorFrame)
+                        else stream.on_link_lost(now=time.time())
+                    )
+                    if isinstance(decision, GiveUp):
+                        yield decision.error
                         return
-                    elif isinstance(item, MovingFrame):
-                        if stream.on_moving():
-                            mover = asyncio.create_task(
-                                _prepare_move(
-                                    stream,
-                                    dispatcher=dispatcher,
-                                    link_for=link_for,
-                                    prefix=prefix,
-                                    stall_seconds=stall_seconds,
-                                ),
-                                name=f"move {frame.id}",
-                            )
-                            mover.add_done_callback(partial(_wake, leg.channel))
-                    elif isinstance(item, Wakeup):
-                        if mover is None or not mover.done():
-                            continue
-                        # The switch waits for the draining agent's next token (above).
-                        warmed, mover = _warmed(mover), None
-                        if warmed is None:
-                            stream.on_move_abandoned()
-                    elif isinstance(item, GatewayGoingAway):  # the agent's stream is cancelled
-                        yield stream.on_going_away()
-                        return
-                    elif isinstance(item, StreamStalled):  # nothing for too long: stop it there
-                        stalled = stream.on_stalled(now=time.time())
-                        await link.cancel(leg.frame_id)
-                        log.warning(
-                            "agent stream stalled; resuming elsewhere",
+                    if isinstance(decision, WaitForRoom):
+                        full = True
+                    else:
+                        log.info(
+                            "resuming stream",
                             stream_id=frame.id,
-                            failed_agent=stalled.failed_agent,
-                            stalled_seconds=item.seconds,
-                            tokens_so_far=stalled.tokens_so_far,
+                            failed_agent=decision.failed_agent,
+                            tokens_so_far=decision.tokens_so_far,
                         )
-                        break
-                    elif isinstance(item, ErrorFrame | LinkLost):  # the agent's stream ended early
-                        decision = (
-                            stream.on_agent_error(item, now=time.time())
-                            if isinstance(item, ErrorFrame)
-                            else stream.on_link_lost(now=time.time())
-                        )
-                        if isinstance(decision, GiveUp):
-                            yield decision.error
-                            return
-                        if isinstance(decision, WaitForRoom):
-                            full = True
-                        else:
-                            log.info(
-                                "resuming stream",
-                                stream_id=frame.id,
-                                failed_agent=decision.failed_agent,
-                                tokens_so_far=decision.tokens_so_far,
-                            )
-                        break
-            finally:
-                if mover is not None:  # the stream ended or broke before its move was ready
-                    mover.cancel()
-                    await asyncio.wait([mover])  # its own `finally` ends the warm-up
-                if mover is not None or warmed is not None:
-                    stream.on_move_abandoned()
-                if leg not in (draining, switched):
-                    # The client went away mid-stream (still serving): tell the agent to stop.
-                    await _close_leg(leg, dispatcher, cancel=stream.serving is not None)
-            if full:  # after `finished`, which takes the mark off: this stream never ran there
-                dispatcher.refused_for_capacity(agent_id)
-    finally:
-        for left in (switched, draining):
-            if left is not None:
-                await _close_leg(left, dispatcher, cancel=True)
+                        switched, following = _taking_over(stream, following), None
+                    break
+        finally:
+            if mover is not None:  # the stream ended or broke before its move was ready
+                mover.cancel()
+                await asyncio.wait([mover])
+                following = _prepared(mover)
+            if mover is not None or following is not None:
+                stream.on_move_abandoned()
+            if following is not None:
+                await _close_leg(following, dispatcher, cancel=True)
+            # The client went away mid-stream (still serving), or the stream went on elsewhere.
+            await _close_leg(leg, dispatcher, cancel=stream.serving is not None or left_running)
+        if full:  # after `finished`, which takes the mark off: this stream never ran there
+            dispatcher.refused_for_capacity(agent_id)
 
 
 def _acquire(
@@ -284,6 +295,8 @@ async def _open(
     agent_id: str,
     dispatcher: Dispatcher,
     link_for: Callable[[str], AgentLink | None],
+    *,
+    merge_deltas: bool = True,
 ) -> _Leg | None:
     """Open a stream on the agent (None: it cannot be reached; it is marked busy meanwhile)."""
     link = link_for(agent_id)
@@ -302,6 +315,8 @@ async def _open(
     except BaseException:
         dispatcher.finished(agent_id)
         raise
+    # Set before any delta can come: the agent has the frame only now, and prefills first.
+    channel.merge_deltas = merge_deltas
     return _Leg(agent_id, link, agent_frame.id, channel)
 
 
@@ -319,8 +334,8 @@ def _wake(channel: StreamChannel, _task: asyncio.Task[str | None]) -> None:
     channel.push(Wakeup())
 
 
-def _warmed(task: asyncio.Task[str | None]) -> str | None:
-    """The agent a finished move warmed (None: it found none, or failed)."""
+def _prepared(task: asyncio.Task[_Leg | None]) -> _Leg | None:
+    """The next agent's stream a finished move opened (None: it found none, or failed)."""
     if task.cancelled():
         return None
     error = task.exception()
@@ -330,15 +345,35 @@ def _warmed(task: asyncio.Task[str | None]) -> str | None:
     return task.result()
 
 
+def _switched(stream: Failover, following: _Leg) -> _Leg:
+    """The next agent's stream, the client's now (its deltas unmerged while it repeats)."""
+    following.channel.merge_deltas = not stream.repeating
+    return following
+
+
+def _taking_over(stream: Failover, following: _Leg | None) -> _Leg | None:
+    """At the break: the next agent's stream, if one is catching up, takes over where it is."""
+    if following is None:
+        return None
+    stream.on_next_agent_takes_over()
+    log.info("next agent takes over at the break", stream_id=stream.request.id)
+    return _switched(stream, following)
+
+
+def _silent(following: _Leg, stall_seconds: float) -> bool:
+    """Whether the next agent has sent no token for longer than a stream may stall."""
+    channel = following.channel
+    return channel.first_delta_at is None and time.monotonic() - channel.sent_at > stall_seconds
+
+
 async def _prepare_move(
     stream: Failover,
     *,
     dispatcher: Dispatcher,
     link_for: Callable[[str], AgentLink | None],
     prefix: PromptPrefix | None,
-    stall_seconds: float,
-) -> str | None:
-    """The stream's next agent, its prefix cache warmed with the stream (None: none could be)."""
+) -> _Leg | None:
+    """The stream's continuation opened on its next agent (None: none could be)."""
     frame = stream.request
     serving = stream.serving
     chosen: Candidate | None = None
@@ -356,38 +391,6 @@ async def _prepare_move(
         return None
     if chosen is None:
         return None
-    if not await _warm_up(stream, chosen.agent_id, dispatcher, link_for, prefix, stall_seconds):
-        return None
-    return chosen.agent_id
-
-
-async def _warm_up(
-    stream: Failover,
-    agent_id: str,
-    dispatcher: Dispatcher,
-    link_for: Callable[[str], AgentLink | None],
-    prefix: PromptPrefix | None,
-    stall_seconds: float,
-) -> bool:
-    """One warm-up of the agent with the tokens the client has now: whether it ended well."""
-    frame = stream.request
-    warm_from = len(stream.ids)
-    warm = await _open(stream.warm_frame, agent_id, dispatcher, link_for)
-    if warm is None:
-        return False
-    warmed = False
-    warm_ids: list[int] = []
-    try:
-        async for item in warm.channel.items(stall_seconds):
-            if isinstance(item, DeltaFrame):
-                warm_ids.extend(item.ids or ())
-            elif isinstance(item, StartFrame):
-                dispatcher.taken(warm.agent_id, prefix, frame.adapter)
-            else:
-                warmed = isinstance(item, DoneFrame)
-                break
-    finally:
-        await _close_leg(warm, dispatcher, cancel=not warmed)
-    if warmed:
-        stream.on_warmed(warm_from, warm_ids)
-    return warmed
+    return await _open(
+        stream.next_agent_frame, chosen.agent_id, dispatcher, link_for, merge_deltas=False
+    )

@@ -8,8 +8,8 @@ its own, serve a tiny model on Qwen3's tokenizer behind two gateways: one with
 `queue.move_before_break=false` (*today's move*: the draining agent ends the stream with
 `interrupted`, and the next agent prefills the whole conversation before the client's next
 token) and one with the default (*make-before-break*: the draining agent says `moving` and
-streams on while the next agent is warmed with the stream; then the stream switches, and
-the next agent prefills only the tokens since the warm-up). Each run streams one greedy
+streams on, paced, while the stream's continuation prefills on the next agent; the stream
+switches once that caught up with the client). Each run streams one greedy
 reply to a fresh ~4,000-token conversation, and once the reply is going, the serving agent
 gets a spot notice whose deadline it cannot make; the gateways take turns run by run. The
 client records each delta's arrival: the largest gap across the move over the stream's
@@ -41,6 +41,7 @@ from typing import Any
 
 import aiohttp
 
+from gateway.failover import MOVE_PACE_GAP_MULTIPLE
 from gpu_agent.drain import HANDBACK_MARGIN_SECONDS
 from loadtest.bench.conversations import WORDS
 from loadtest.bench.harness import (
@@ -82,15 +83,18 @@ GOAL_GAP_RATIO = 2.0
 TODAY, EARLY = "today's move", "make-before-break"
 """The two gateways: `queue.move_before_break` false, and true (the default)."""
 # The notice comes once the reply runs at its pace, and its deadline leaves the drain
-# MOVE_WINDOW_SECONDS before its margin: enough for the next agent's warm-up (a ~4,000-token
-# prefill, ~0.6 s here), too little for the rest of the reply (checked at the notice).
+# MOVE_WINDOW_SECONDS before its margin: enough for the next agent's prefill (a ~4,000-token
+# conversation, ~0.6 s here) and its catching up (about four times that), too little for the
+# rest of the reply (checked at the notice).
 NOTICE_AFTER_TOKENS = 40
 MOVE_WINDOW_SECONDS = 6.0
 IMDS_POLL_SECONDS = 0.2
-CPU_BLOCK_TOKENS = 128  # vLLM's CPU backend's KV block, its prefix cache's unit
 # The reply's rest must take this many times the window at the notice: the drain's rate
 # estimate then finds it late for sure.
 LATE_FACTOR = 1.25
+AFTER_SWITCH_DELTAS = 10
+SPOT_NOTICE_SECONDS = 120.0  # EC2's interruption warning
+"""How far past the switch the move's gap is looked for: the next agent's first deltas."""
 EARLY_MOVES = "spotgate_gateway_early_moves_total"
 EARLY_DIVERGENCES = "spotgate_gateway_early_move_divergences_total"
 EARLY_CHECKED = "spotgate_gateway_early_move_checked_tokens_total"
@@ -127,7 +131,9 @@ class MoveFigures:
     """One moved stream's timing, in seconds, and where its switch fell."""
 
     median_gap: float
-    move_gap: float  # the largest gap between deltas from the notice on
+    move_gap: float  # the largest gap from the notice to AFTER_SWITCH_DELTAS after the switch
+    paced_gap: float  # the largest from the notice to the switch (the draining agent's)
+    after_gap: float  # the largest after the switch's (the next agent's)
     notice_to_switch: float  # the notice posted → the next agent's `start`
     last_delta_to_start: float  # the draining agent's last delta relayed → that `start`
     continuation_ttft: float  # that `start` → the next agent's first delta
@@ -147,15 +153,18 @@ def move_figures(record: StreamRecord) -> MoveFigures:
     if len(times) < 3 or record.notice_at is None or len(record.starts) < 2:
         raise ValueError("a moved stream needs a notice, a second `start` and three deltas")
     gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
-    after_notice = [gap for gap, end in zip(gaps, times[1:], strict=True) if end > record.notice_at]
     switch, _agent, held = record.starts[1]
     before = [t for t in times if t < switch]
     after = [t for t in times if t > switch]
     if not before or not after:
         raise ValueError("the second `start` came before the first delta or after the last")
+    move_ends = after[min(AFTER_SWITCH_DELTAS, len(after)) - 1]
+    pairs = list(zip(gaps, times[1:], strict=True))
     return MoveFigures(
         median_gap=median(gaps),
-        move_gap=max(after_notice, default=0.0),
+        move_gap=max((g for g, end in pairs if record.notice_at < end <= move_ends), default=0.0),
+        paced_gap=max((g for g, end in pairs if record.notice_at < end < switch), default=0.0),
+        after_gap=max((g for g, end in pairs if end > after[0]), default=0.0),
         notice_to_switch=switch - record.notice_at,
         last_delta_to_start=switch - before[-1],
         continuation_ttft=after[0] - switch,
@@ -192,13 +201,11 @@ class MoveRun:
     next_agent_hit: float  # and found there
     next_agent_streams: float  # streams the next agent started (its TTFT histogram's count)
     next_agent_ttft_sum: float  # their TTFTs, summed (s)
-    reference_ttft: float  # the unmoved reply's TTFT, on a cache holding the conversation
-    reference_start_to_first: float  # its `start` → its first delta
 
     @property
-    def recomputed_tokens(self) -> float:
-        """Tokens the continuation prefilled: the prompt and tokens held, less the cache's hits."""
-        return self.prompt_tokens + self.figures.switched_at - self.next_agent_hit
+    def prefilled_tokens(self) -> float:
+        """Tokens the next agent prefilled: those it looked up, less its cache's hits."""
+        return self.next_agent_queried - self.next_agent_hit
 
 
 # -- imperative shell ------------------------------------------------------------------------
@@ -464,8 +471,6 @@ async def one_run(
         next_agent_hit=hit,
         next_agent_streams=streams,
         next_agent_ttft_sum=ttft_sum,
-        reference_ttft=reference.delta_times[0] - reference.sent_at,
-        reference_start_to_first=reference.delta_times[0] - reference.starts[0][0],
     )
 
 
@@ -515,14 +520,14 @@ def summary(run: MoveRun) -> str:
     f = run.figures
     return (
         f"{run.mode}: gap {f.move_gap * 1000:.0f} ms = {f.ratio:.1f}× median "
-        f"{f.median_gap * 1000:.1f} ms; notice→start {_ms(f.notice_to_switch)}, last delta→start "
+        f"{f.median_gap * 1000:.1f} ms (paced {_ms(f.paced_gap)}, after {_ms(f.after_gap)}); "
+        f"notice→start {_ms(f.notice_to_switch)}, last delta→start "
         f"{_ms(f.last_delta_to_start)}, start→delta {_ms(f.continuation_ttft)}; switched at "
         f"{f.switched_at}; next agent's cache "
-        f"{run.next_agent_hit:.0f}/{run.next_agent_queried:.0f} ({run.recomputed_tokens:.0f} "
-        f"prefilled at the switch), its TTFTs {run.next_agent_ttft_sum * 1000:.0f} ms over "
-        f"{run.next_agent_streams:.0f} streams; reference TTFT {_ms(run.reference_ttft)} "
-        f"({_ms(run.reference_start_to_first)} from start); "
-        f"differs at {run.differs_at}; counters {run.counters}"
+        f"{run.next_agent_hit:.0f}/{run.next_agent_queried:.0f} ({run.prefilled_tokens:.0f} "
+        f"prefilled), its TTFTs {run.next_agent_ttft_sum * 1000:.0f} ms over "
+        f"{run.next_agent_streams:.0f} streams; differs at {run.differs_at}; counters "
+        f"{run.counters}"
     )
 
 
@@ -585,10 +590,11 @@ def render(results: Sequence[MoveRun], args: argparse.Namespace, where: str) -> 
         f"Two agents, each its own engine, behind two gateways on one registry (the AWS "
         f"emulator): *{TODAY}* (`queue.move_before_break=false`: the draining agent ends the "
         f"stream with `interrupted`, the next one prefills the whole conversation) and "
-        f"*{EARLY}* (the default: the draining agent says `moving` and streams on while the "
-        f"next one is warmed with a one-token continuation of the stream; then the stream "
-        f"switches). {where} Each agent polls an IMDS emulator of its own every "
-        f"{IMDS_POLL_SECONDS:g} s; a drained agent exits and a fresh one takes its CPU.",
+        f"*{EARLY}* (the default: the draining agent says `moving` and streams on, its "
+        f"tokens paced at most {MOVE_PACE_GAP_MULTIPLE:g}× the stream's median gap apart, "
+        f"while the stream's continuation prefills on the next one; the stream switches once "
+        f"that caught up with the client). {where} Each agent polls an IMDS emulator of its "
+        f"own every {IMDS_POLL_SECONDS:g} s; a drained agent exits and a fresh one takes its CPU.",
         f"Each run: one greedy stream (`ignore_eos`) of a fresh conversation of "
         f"{_span(prompts)} prompt tokens, replies of {_span(replies)} tokens; after "
         f"{NOTICE_AFTER_TOKENS} tokens the serving agent gets a spot notice "
@@ -602,37 +608,39 @@ def render(results: Sequence[MoveRun], args: argparse.Namespace, where: str) -> 
         "a delta carrying n tokens is one arrival (deltas carrying more than one token: "
         f"{sum(r.figures.multi_token_deltas for r in results)} of "
         f"{sum(r.figures.deltas for r in results)}). *Move gap*: the largest gap from the "
-        "notice to the end of the stream; *ratio*: move gap over the same stream's median "
-        "gap. The switch, as the client saw it: *notice → start*: from posting the notice to "
-        "the next agent's `start` (make-before-break: the IMDS poll, the drain's check, "
-        "`moving`, the warm-up, opening the continuation); *last delta → start*: from the "
-        "draining agent's last delta to that `start`; *start → delta*: from that `start` to "
-        "the next agent's first delta. *Held*: tokens the client held at the switch; *next "
-        "agent's cache*: prompt tokens it found in its prefix cache over those it looked up "
-        "during the run (warm-up and continuation together for make-before-break); "
-        "*prefilled*: the continuation's prompt (conversation and tokens held) less those "
-        "hits; *agent TTFTs*: the next agent's own TTFTs in the run, summed over its streams "
-        "(warm-up and continuation for make-before-break). *Cached TTFT*: the unmoved "
-        "reference's TTFT (and from its `start`), streamed on the next agent right after, the "
-        "conversation in its cache but for its last partial block: what a stream opened there "
-        "costs with only that block to prefill.",
+        f"notice to the next agent's {AFTER_SWITCH_DELTAS}th delta; *ratio*: move gap over "
+        "the same stream's median gap; *paced*: the largest gap from the notice to the "
+        "switch (the draining agent's tokens, paced while the next agent catches up); "
+        "*after*: the largest after the switch's own, to the end of the stream (the stream's "
+        "own jitter, away from the move). The switch, as the client saw it: *notice → start*: "
+        "from posting the "
+        "notice to the next agent's `start` (make-before-break: the IMDS poll, the drain's "
+        "check, `moving`, opening the continuation, its prefill, its catching up); *last delta "
+        "→ start*: from the draining agent's last delta to that `start`; *start → delta*: from "
+        "that `start` to the next agent's first delta. *Held*: tokens the client held at the "
+        "switch; *checked*: the next agent's tokens compared with those the client held "
+        "(make-before-break: its repeats, dropped); *prefilled*: prompt tokens the next agent "
+        "computed during the run, those it looked up (*next agent's cache*) less those it "
+        "found cached; *agent TTFTs*: the next agent's own TTFTs in the run, summed over its "
+        "streams.",
         "",
-        "| gateway | run | median gap | move gap | ratio | notice → start | last delta → start "
-        "| start → delta | held | prefilled | next agent's cache | agent TTFTs | cached TTFT "
-        "| reply vs unmoved |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| gateway | run | median gap | move gap | ratio | paced | after | notice → start "
+        "| last delta → start | start → delta | held | checked | prefilled | next agent's cache "
+        "| agent TTFTs | reply vs unmoved |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for mode in (TODAY, EARLY):
         for index, run in enumerate(r for r in results if r.mode == mode):
             f = run.figures
             lines.append(
                 f"| {mode} | {index + 1} | {f.median_gap * 1000:.1f} ms | "
-                f"{f.move_gap * 1000:.0f} ms | {f.ratio:.1f}× | {_ms(f.notice_to_switch)} | "
+                f"{f.move_gap * 1000:.0f} ms | {f.ratio:.1f}× | {_ms(f.paced_gap)} | "
+                f"{_ms(f.after_gap)} | {_ms(f.notice_to_switch)} | "
                 f"{_ms(f.last_delta_to_start)} | {_ms(f.continuation_ttft)} | "
-                f"{f.switched_at} | {run.recomputed_tokens:,.0f} | "
+                f"{f.switched_at} | {run.counters[EARLY_CHECKED]:.0f} | "
+                f"{run.prefilled_tokens:,.0f} | "
                 f"{run.next_agent_hit:,.0f} / {run.next_agent_queried:,.0f} | "
                 f"{_ms(run.next_agent_ttft_sum)} / {run.next_agent_streams:.0f} | "
-                f"{_ms(run.reference_ttft)} ({_ms(run.reference_start_to_first)}) | "
                 f"{_differs(run.differs_at)} |"
             )
     lines += ["", "| gateway | median ratio | worst ratio | median move gap | worst move gap |"]
@@ -665,25 +673,31 @@ def render(results: Sequence[MoveRun], args: argparse.Namespace, where: str) -> 
 
 
 def where_the_gap_goes(early: Sequence[MoveRun]) -> list[str]:
-    """The make-before-break gap's parts, medians over its runs, against a cached stream's."""
+    """What the make-before-break move took, medians over its runs, and where its gap fell."""
 
     def mid(values: Sequence[float]) -> float:
         return median(list(values))
 
     gap = mid([r.figures.median_gap for r in early])
-    cached = mid([r.reference_start_to_first for r in early])
+    switch = mid([r.figures.last_delta_to_start + r.figures.continuation_ttft for r in early])
     return [
-        f"Where the {EARLY} gap goes (medians over its runs): "
-        f"{_ms(mid([r.figures.last_delta_to_start for r in early]))} from the draining agent's "
-        f"last delta to the next agent's `start` (what was left of the warm-up after that "
-        f"delta, opening the continuation, the agent templating and tokenizing the "
-        f"conversation), then {_ms(mid([r.figures.continuation_ttft for r in early]))} to its "
-        f"first delta, having prefilled {mid([r.recomputed_tokens for r in early]):.0f} tokens: "
-        f"vLLM's CPU backend caches whole blocks of {CPU_BLOCK_TOKENS} tokens, so the warm-up "
-        f"leaves its prompt's last partial block uncached, and the tokens streamed during the "
-        f"warm-up follow it. A stream of the same conversation opened on that agent with all "
-        f"but its last partial block cached took {_ms(cached)} from `start` to first delta: "
-        f"{cached / gap:.1f}× the median gap.",
+        f"What the {EARLY} move took (medians over its runs): the switch came "
+        f"{_ms(mid([r.figures.notice_to_switch for r in early]))} after the notice, the next "
+        f"agent's TTFT {_ms(mid([r.next_agent_ttft_sum for r in early]))}, having repeated "
+        f"{mid([r.counters[EARLY_CHECKED] for r in early]):.0f} tokens the client held; the "
+        f"paced gaps came to {mid([r.figures.paced_gap for r in early]) / gap:.1f}× the median "
+        f"gap at most, the switch's own (last delta → start → delta) "
+        f"{switch / gap:.1f}×, "
+        f"and the next agent's gaps after it "
+        f"{mid([r.figures.after_gap for r in early]) / gap:.1f}× at most: the stream's own "
+        f"jitter on these shared CPUs is larger than the move's. The price is time: the "
+        f"client's stream runs at 1/{MOVE_PACE_GAP_MULTIPLE:g} of its pace from the next "
+        f"agent's opening until it caught up, about "
+        f"{MOVE_PACE_GAP_MULTIPLE / (MOVE_PACE_GAP_MULTIPLE - 1):g}× that agent's TTFT, so a "
+        f"move needs that much "
+        f"of the drain's window ({MOVE_WINDOW_SECONDS:g} s here; a spot notice leaves "
+        f"{SPOT_NOTICE_SECONDS - HANDBACK_MARGIN_SECONDS:g} s); if the break comes first, the "
+        f"next agent's stream takes over where it stands.",
     ]
 
 

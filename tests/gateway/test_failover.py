@@ -7,6 +7,8 @@ import itertools
 import pytest
 
 from gateway.failover import (
+    MOVE_PACE_GAP_MULTIPLE,
+    CatchUp,
     Decision,
     Failover,
     GiveUp,
@@ -22,6 +24,7 @@ from spotgate.protocol import (
     ErrorCode,
     ErrorFrame,
     GenerateFrame,
+    MovingFrame,
     QueuedFrame,
     Resume,
     StartFrame,
@@ -561,22 +564,31 @@ def test_a_stream_open_when_its_gateway_stops_ends_with_going_away(
     assert stream.serving == "a"  # the relay still tells the agent to stop
 
 
-# Make-before-break: a draining agent says `moving`; the next agent is warmed, then switched to.
+# Make-before-break: a draining agent says `moving`; the next agent's continuation opens at
+# once, the draining agent's tokens are paced until it caught up, then the stream switches.
 
 
-def test_a_moving_stream_is_prepared_once_and_its_warm_up_asks_for_one_token_more() -> None:
-    stream = arrive()
+def moving(stream: Failover, held: list[int]) -> GenerateFrame:
+    """The stream, on "a", holds `held`, hears `moving`, and its continuation opens on "b"."""
     place(stream, "a")
-    relay(stream, [5, 6, 7], "abc")
-
+    stream.on_start(start("a"))
+    for i, token in enumerate(held):
+        relay(stream, [token], chr(ord("a") + i), at=STARTED + 1 + 0.02 * i)
     assert stream.on_moving() is True
-    assert stream.on_moving() is False  # already being prepared
-    warm = stream.warm_frame("warm-b")
+    return stream.next_agent_frame("to-b")
 
-    assert warm.resume is not None
-    assert warm.resume.token_ids == [5, 6, 7]
-    assert (warm.max_tokens, warm.min_tokens, warm.move_early) == (4, 0, False)
-    assert stream.agent_frame("to-b").move_early is True  # a continuation may move early again
+
+def test_a_moving_stream_is_prepared_once_and_its_next_agent_continues_where_the_client_is() -> (
+    None
+):
+    stream = arrive()
+    frame = moving(stream, [5, 6, 7])
+
+    assert stream.on_moving() is False  # already being prepared
+    assert frame.resume is not None
+    assert frame.resume.token_ids == [5, 6, 7]
+    assert frame.move_early is True  # the continuation may move early again
+    assert (frame.max_tokens, frame.want_ids) == (REQUEST.max_tokens, True)
 
 
 def test_a_stream_not_asked_to_move_early_tells_its_agent_so() -> None:
@@ -591,67 +603,129 @@ def test_a_stream_not_asked_to_move_early_tells_its_agent_so() -> None:
     assert place(stream, "a").move_early is False
 
 
+def test_the_draining_agents_tokens_are_paced_only_while_a_next_agent_catches_up() -> None:
+    stream = arrive()
+    place(stream, "a")
+    for i in range(4):  # deltas 20 ms apart
+        relay(stream, [i], "x", at=STARTED + 1 + 0.02 * i)
+    assert stream.pace_until() is None  # no move: as fast as they come
+    stream.on_moving()
+    assert stream.pace_until() is None  # no next agent yet
+    stream.next_agent_frame("to-b")
+    last = STARTED + 1 + 0.06
+    assert stream.pace_until() == pytest.approx(last + MOVE_PACE_GAP_MULTIPLE * 0.02)
+    relay(stream, [9], "x", at=last + 0.03)  # a paced delta is no measure of the pace
+    assert stream.pace_until() == pytest.approx(last + 0.03 + MOVE_PACE_GAP_MULTIPLE * 0.02)
+    stream.on_move_abandoned()
+    assert stream.pace_until() is None
+
+
+def deltas(*parts: tuple[list[int], str]) -> list[DeltaFrame]:
+    return [delta(ids, text) for ids, text in parts]
+
+
 @pytest.mark.parametrize(
-    ("held_after_warm", "warm_ids", "draining_after", "next_first", "checked", "diverged"),
+    ("held_since", "next_frames", "verdict", "checked", "diverged"),
     [
-        ([8, 9], [8], [10, 11], [10, 11, 12], 3, 0),  # all the same
-        ([8, 9], [4], [10, 11], [10, 11], 3, 1),  # the warm-up's token differed
-        ([8, 9], [8], [10, 11], [10, 99], 3, 1),  # the continuation's second token differed
-        ([], [8], [], [10], 0, 0),  # nothing held to compare with
-        ([8], [8], [], [], 1, 0),  # the draining agent sent nothing after the switch
+        # Behind: nothing yet, its start only, or fewer tokens than the client holds since.
+        ([8, 9], [], CatchUp.BEHIND, 0, 0),
+        ([8, 9], [start("b"), *deltas(([8], "a"))], CatchUp.BEHIND, 0, 0),
+        # Caught up at a token boundary, with the same text: switch.
+        ([8, 9], [start("b"), *deltas(([8], "a"), ([9], "b"))], CatchUp.CAUGHT_UP, 0, 0),
+        ([8, 9], [*deltas(([8], "a"), ([9], "b"), ([10], "c"))], CatchUp.CAUGHT_UP, 0, 0),
+        ([8, 9], [*deltas(([8, 9], "ab"), ([10], "c"))], CatchUp.CAUGHT_UP, 0, 0),
+        # Past the client with no boundary where it stands: the client's next delta may be one.
+        ([8, 9], [*deltas(([8], "a"), ([9, 10], "bc"))], CatchUp.BEHIND, 0, 0),
+        # The same ids, the text not yet the same (held back): wait.
+        ([8, 9], [*deltas(([8], "a"), ([9], ""))], CatchUp.BEHIND, 0, 0),
+        # Another way than the client's tokens, or ended short of them: dropped.
+        ([8, 9], [*deltas(([8], "a"), ([4], "z"))], CatchUp.DIVERGED, 2, 1),
+        ([8, 9], [*deltas(([8], "a")), done(1)], CatchUp.DIVERGED, 1, 1),
+        # It failed, or its own agent drains too: dropped.
+        (
+            [8, 9],
+            [start("b"), ErrorFrame(id="x", code=ErrorCode.INTERNAL, message="agent says")],
+            CatchUp.FAILED,
+            0,
+            0,
+        ),
+        ([8, 9], [start("b"), MovingFrame(id="x")], CatchUp.FAILED, 0, 0),
     ],
 )
-def test_an_early_switch_checks_the_next_agents_first_tokens_against_the_draining_ones(
-    held_after_warm: list[int],
-    warm_ids: list[int],
-    draining_after: list[int],
-    next_first: list[int],
+def test_a_next_agent_is_caught_up_where_it_repeated_the_clients_tokens_to_a_boundary(
+    held_since: list[int],
+    next_frames: list[object],
+    verdict: CatchUp,
     checked: int,
     diverged: int,
 ) -> None:
     stream = arrive()
-    place(stream, "a")
-    relay(stream, [5, 6, 7], "abc")
-    stream.on_moving()
-    warm_from = len(stream.ids)  # the warm-up continues after these
-    if held_after_warm:  # the draining agent streamed on meanwhile
-        relay(stream, held_after_warm, "x" * len(held_after_warm))
-    stream.on_warmed(warm_from, warm_ids)
+    moving(stream, [5, 6, 7])
+    relay(stream, held_since[:1], "a")
+    relay(stream, held_since[1:], "b")
 
-    next_frame = stream.agent_frame("to-b")
-    assert stream.on_switch() == "a"
-    stream.on_opened("b")
-    stream.on_switch_checked(draining_after, next_first)
-
-    # The continuation starts at what the client held at the switch.
-    assert next_frame.resume is not None
-    assert next_frame.resume.token_ids == [5, 6, 7, *held_after_warm]
-    assert stream.switched_at == 3 + len(held_after_warm)
-    assert stream.excluded == {"a"}
-    assert stream.outcome.early_moves == 1
+    assert stream.on_next_agent_frames(next_frames) is verdict
     assert stream.outcome.early_move_checked_tokens == checked
     assert stream.outcome.early_move_diverged == diverged
+    # A dropped next agent ends the move: the stream moves at the break, if it comes.
+    assert (stream.next_from is None) is (verdict in (CatchUp.DIVERGED, CatchUp.FAILED))
 
 
-def test_a_next_agent_failing_before_its_first_token_leaves_the_stream_on_the_draining_one() -> (
-    None
-):
+def test_a_switch_drops_the_next_agents_repeats_and_leaves_the_draining_agent() -> None:
     stream = arrive()
-    place(stream, "a")
-    relay(stream, [5, 6], "ab")
-    stream.on_moving()
-    stream.on_switch()
+    moving(stream, [5, 6, 7])
+    relay(stream, [8], "h")
+    relay(stream, [9], "i")
+    repeats = deltas(([8], "h"), ([9], "i"))
+    assert stream.on_next_agent_frames([start("b"), *repeats]) is CatchUp.CAUGHT_UP
+
+    assert stream.on_switch() == "a"
+    stream.on_opened("b")
+    assert stream.on_start(start("b")) is not None  # the client hears it moved
+    assert stream.repeating
+    assert all(stream.on_repeated_delta(d) for d in repeats)
+    assert not stream.repeating
+    relay(stream, [10], "j")  # its next token goes on from what the client held
+
+    assert stream.ids == [5, 6, 7, 8, 9, 10]
+    assert stream.excluded == {"a"}
+    assert (stream.outcome.early_moves, stream.outcome.resumes) == (1, 1)
+    assert (stream.outcome.early_move_checked_tokens, stream.outcome.early_move_diverged) == (2, 0)
+    assert stream.on_moving() is True  # its own agent may drain too, later
+
+
+@pytest.mark.parametrize(
+    ("repeated", "taken", "diverged"),
+    [
+        (deltas(([8], "h"), ([9], "i")), [True, True], 0),  # exactly: the stream goes on
+        (deltas(([8], "h"), ([4], "z")), [True, False], 1),  # another token
+        (deltas(([8], "h"), ([9, 10], "ij")), [True, False], 0),  # no boundary where it stood
+        (deltas(([8], "h"), ([9], "I")), [True, False], 0),  # the same ids, another text
+    ],
+)
+def test_a_next_agent_taking_over_at_the_break_must_repeat_the_clients_tokens(
+    repeated: list[DeltaFrame], taken: list[bool], diverged: int
+) -> None:
+    stream = arrive()
+    moving(stream, [5, 6, 7])
+    relay(stream, [8], "h")
+    relay(stream, [9], "i")
+    decision = end(stream, ErrorCode.INTERRUPTED)  # before the next agent caught up
+    assert decision == ResumeElsewhere(failed_agent="a", tokens_so_far=5)
+    stream.on_next_agent_takes_over()
     stream.on_opened("b")
 
-    stream.on_switch_failed()
-    stream.on_opened("a")  # the relay reads the draining agent's stream again
-
-    assert stream.serving == "a"
-    assert stream.excluded == {"b"}
-    assert stream.outcome.early_moves == 0
-    # At the break, it moves as any stream does, never back to the failed agent.
-    assert end(stream, ErrorCode.INTERRUPTED) == ResumeElsewhere(failed_agent="a", tokens_so_far=2)
-    assert stream.excluded == {"a", "b"}
+    assert [stream.on_repeated_delta(d) for d in repeated] == taken
+    assert stream.outcome.early_moves == 1
+    assert stream.outcome.early_move_diverged == diverged
+    if not all(taken):  # it goes on from the client's tokens elsewhere, "b" not excluded
+        resumed = stream.on_repeat_failed(now=ARRIVED + 2)
+        assert resumed == ResumeElsewhere(failed_agent="b", tokens_so_far=5)
+        assert stream.excluded == {"a"}
+        assert not stream.repeating
+        assert stream.agent_frame("to-c").resume == Resume(
+            token_ids=[5, 6, 7, 8, 9], text="abchi", completion_tokens=5
+        )
 
 
 def test_an_abandoned_move_can_be_prepared_again() -> None:

@@ -362,18 +362,37 @@ async def test_spot_notice_moves_the_stream_exactly(
     assert len({f["agent"] for f in frames if f["type"] == "start"}) == 2
 
 
+@pytest.mark.parametrize(
+    ("stream_tokens", "next_ttft_seconds", "next_tokens_per_second", "in_seconds", "ended"),
+    [
+        # 25 s to the deadline, 15 s margin: the agent says `moving` at once and streams on
+        # (30 s of tokens left); the other agent catches up and the stream switches there,
+        # the draining agent's stream cancelled well before the margin.
+        (1200, 0.01, 400.0, 25, "cancelled"),
+        # 18 s to the deadline (IMDS gives it to the second): the stream breaks 2–3 s after
+        # `moving`, while its continuation on the other agent is still in its 5 s prefill;
+        # that one takes over.
+        (400, 5.0, 40.0, 18, "interrupted"),
+    ],
+)
 async def test_a_spot_notice_moves_the_stream_before_its_agent_breaks_it(
-    gateway: Gateway, gateway_agent: GatewayAgentFactory, api_key: CreatedApiKey, imds: Imds
+    gateway: Gateway,
+    gateway_agent: GatewayAgentFactory,
+    api_key: CreatedApiKey,
+    imds: Imds,
+    stream_tokens: int,
+    next_ttft_seconds: float,
+    next_tokens_per_second: float,
+    in_seconds: float,
+    ended: str,
 ) -> None:
-    stream_tokens = 1200  # 30 s at 40 tokens/s: it cannot finish before a notice's margin
-    slow = await gateway_agent(tokens_per_second=40.0)
+    draining = await gateway_agent(tokens_per_second=40.0)
     async with connect(gateway.ws_url, api_key.api_key) as ws:
         await send(ws, generate("s", MODEL, content="move me early", max_tokens=stream_tokens))
         frames = [await receive(ws)]
-        await gateway_agent(tokens_per_second=400.0, imds_url="http://127.0.0.1:9")
-        # 25 s to the deadline, 15 s margin: the agent says `moving` at once and streams on;
-        # the gateway prepares the other agent and switches well before the margin.
-        await spot_notice(imds, in_seconds=25)
+        next_engine = synthetic(next_tokens_per_second, model=MODEL, ttft_seconds=next_ttft_seconds)
+        await gateway_agent(engine=next_engine, imds_url="http://127.0.0.1:9")
+        await spot_notice(imds, in_seconds=in_seconds)
         while frames[-1]["type"] not in ("done", "error"):
             frames.append(await receive(ws))
 
@@ -382,11 +401,12 @@ async def test_a_spot_notice_moves_the_stream_before_its_agent_breaks_it(
     assert frames[-1]["usage"]["completion_tokens"] == stream_tokens
     assert len({f["agent"] for f in frames if f["type"] == "start"}) == 2
     metrics = gateway.state.metrics
-    assert metrics.early_moves._value.get() == 1  # switched before the break
+    assert metrics.early_moves._value.get() == 1  # its continuation was open before the break
+    assert metrics.resumes._value.get() == 1
     assert metrics.early_move_divergences._value.get() == 0
-    streams = slow.runtime.metrics.streams
-    assert streams.labels(outcome="cancelled")._value.get() == 1  # stopped by the gateway
-    assert streams.labels(outcome="interrupted")._value.get() == 0  # never broken
+    streams = draining.runtime.metrics.streams
+    assert streams.labels(outcome=ended)._value.get() == 1
+    assert sum(streams.labels(outcome=o)._value.get() for o in ("cancelled", "interrupted")) == 1
 
 
 async def test_scale_from_zero_queues_then_serves(

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from loadtest.bench.move_gap import StreamRecord, first_difference, move_figures
+from loadtest.bench.move_gap import (
+    AFTER_SWITCH_DELTAS,
+    StreamRecord,
+    first_difference,
+    move_figures,
+)
 
 
 def record(times: list[float], notice_at: float, switch_at: float) -> StreamRecord:
@@ -24,9 +29,19 @@ def test_the_move_gap_is_the_longest_wait_after_the_notice() -> None:
     assert figures.median_gap == pytest.approx(0.02)
     assert figures.move_gap == pytest.approx(0.07)
     assert figures.ratio == pytest.approx(3.5)
+    assert figures.paced_gap == pytest.approx(0.02)  # 0.06 and 0.08, before the switch
+    assert figures.after_gap == pytest.approx(0.02)  # 0.17 and 0.19, after the switch's
     assert figures.last_delta_to_start == pytest.approx(0.015)
     assert figures.continuation_ttft == pytest.approx(0.055)
     assert figures.switched_at == 4
+
+
+def test_the_move_gap_ends_a_few_deltas_past_the_switch() -> None:
+    # After the switch at 0.095 s, a stall well past the next agent's first deltas.
+    times = [0.02, 0.04, 0.06, 0.08, *(0.10 + 0.02 * i for i in range(AFTER_SWITCH_DELTAS)), 0.5]
+    figures = move_figures(record(times, notice_at=0.05, switch_at=0.095))
+    assert figures.move_gap == pytest.approx(0.02)
+    assert figures.after_gap == pytest.approx(0.5 - 0.08 - 0.02 * AFTER_SWITCH_DELTAS)
 
 
 def test_a_longer_wait_before_the_notice_is_not_the_moves() -> None:
