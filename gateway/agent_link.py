@@ -327,8 +327,11 @@ class AgentLink:
                     if isinstance(frame, ErrorFrame) and frame.id is None:
                         log.warning("agent error", agent_id=self.agent_id, message=frame.message)
                     continue
+                was_closed = channel.closed
                 channel.push(frame)
-                if channel.closed:
+                if channel.closed and not was_closed:  # the agent's last frame of the stream
+                    # A channel the gateway closed itself (`going_away`) stays until its relay
+                    # cancels it: the agent must still hear that.
                     self._channels.pop(stream_id or "", None)
                 if channel.overflowed and stream_id:
                     log.warning("client not reading; stream stopped", agent_stream_id=stream_id)

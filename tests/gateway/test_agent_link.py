@@ -1,9 +1,29 @@
-"""A stream's channel: deltas merged in order, and a bounded backlog for a client that stalls."""
+"""A stream's channel (deltas merged in order, a bounded backlog), and the link's cancels."""
 
 from __future__ import annotations
 
-from gateway.agent_link import MAX_STREAM_BACKLOG_TOKENS, StreamChannel
-from spotgate.protocol import DeltaFrame, DoneFrame, ErrorCode, ErrorFrame
+import asyncio
+import json
+import time
+
+import aiohttp
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from gateway.agent_link import (
+    MAX_STREAM_BACKLOG_TOKENS,
+    AgentLink,
+    GatewayGoingAway,
+    StreamChannel,
+)
+from spotgate.protocol import (
+    DeltaFrame,
+    DoneFrame,
+    ErrorCode,
+    ErrorFrame,
+    GenerateFrame,
+    encode_frame,
+)
 
 
 def delta(text: str, ids: list[int] | None) -> DeltaFrame:
@@ -75,3 +95,42 @@ async def test_a_client_that_keeps_up_never_hits_the_bound() -> None:
         taken += item.n
     assert not channel.closed
     assert taken == 3 * MAX_STREAM_BACKLOG_TOKENS // len(chunk) * len(chunk)
+
+
+async def test_a_stream_the_gateway_ended_itself_is_still_cancelled_on_its_agent() -> None:
+    """`going_away` closes a channel; the agent's next frame for it must not make it unknown."""
+    cancelled: asyncio.Queue[str] = asyncio.Queue()
+    go_on = asyncio.Event()
+
+    async def agent(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        async for message in ws:
+            frame = json.loads(message.data)
+            if frame["type"] == "cancel":
+                await cancelled.put(frame["id"])
+            elif frame["id"] == "a":
+                await ws.send_str(encode_frame(DeltaFrame(id="a", text="x", n=1, ids=[1])))
+            elif frame["id"] == "b":
+                await go_on.wait()
+                # The stream the gateway ended goes on until told; then another stream's token.
+                await ws.send_str(encode_frame(DeltaFrame(id="a", text="y", n=1, ids=[2])))
+                await ws.send_str(encode_frame(DeltaFrame(id="b", text="z", n=1, ids=[3])))
+        return ws
+
+    app = web.Application()
+    app.router.add_get("/v1/ws", agent)
+    async with TestServer(app) as server, aiohttp.ClientSession() as session:
+        link = AgentLink("agent", str(server.make_url("")).rstrip("/"), session,
+                         lambda: ("token", time.time() + 3600))  # fmt: skip
+        first = await link.open_stream(GenerateFrame(id="a", model="m", prompt="p"))
+        second = await link.open_stream(GenerateFrame(id="b", model="m", prompt="p"))
+        assert isinstance(await anext(first.items()), DeltaFrame)
+        first.push(GatewayGoingAway())  # what `going_away` does to every channel
+        go_on.set()
+        assert isinstance(await anext(second.items()), DeltaFrame)  # "a"'s token came before
+
+        await link.cancel("a")
+        async with asyncio.timeout(5):
+            assert await cancelled.get() == "a"
+        await link.close()
