@@ -190,7 +190,8 @@ def setup_sim(commands: Commands) -> None:
     sim.add_argument(
         "--on-demand-margin",
         action="store_true",
-        help="cover the spot margin on-demand too while spot cannot place it (as SpotHedge)",
+        help="cover the spot margin on-demand too while spot cannot place it and its loss is "
+        "likely (SpotHedge covers it wherever it is missing)",
     )
     sim.add_argument(
         "--volume-gib",

@@ -12,6 +12,8 @@ model needs) and placement (which spot or on-demand capacity holds them) are sep
   for the part of the target that ready spot agents cannot hold, and drains them once spot
   holds the target with its margin ready, or has held the target for `on_demand_hold_seconds`
   (zones that just came back often go again: the margin absorbs the next loss).
+  With `on_demand_margin`, the spot margin is covered on-demand too while spot has nowhere
+  to place it and its loss is likely (`margin_cover`).
   With a warm pool (`warm_pool_size`), on-demand cover comes from stopped instances that
   booted once (`StartWarm`, a warm start) before any launch; an idle on-demand agent it no
   longer needs is stopped back into the pool (`StopToWarm`) while the pool has room; the
@@ -93,9 +95,15 @@ class PolicySettings:
     heartbeat_timeout_seconds: float = 60.0
     on_demand_hold_seconds: float = 1800.0
     warm_pool_size: int = 0  # stopped on-demand instances kept to start in a warm start
-    # Cover the spot margin on-demand too where spot has nowhere to place it (SpotHedge covers
-    # it wherever it is missing).
+    # Cover the spot margin on-demand too while spot has nowhere to place it and a loss the
+    # margin absorbs is likely (`margin_cover`); SpotHedge covers it wherever it is missing.
     on_demand_margin: bool = False
+    # ... only while the newest ready spot agent came up this recently (zones that came back
+    # go again; a pool that has held still for hours seldom loses one now) ...
+    on_demand_margin_spot_age_seconds: float = 28800.0
+    # ... and, where on-demand already carries more of the target than the margin, only once
+    # that cover has run this long (the spot agents left just after a collapse seldom go next).
+    on_demand_margin_shortage_seconds: float = 1800.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -472,6 +480,39 @@ def tend_warm_pool(
     return actions
 
 
+def margin_cover(
+    target: int,
+    ready_spot: Sequence[PoolAgent],
+    on_demand: Sequence[PoolAgent],
+    snapshot: PoolSnapshot,
+    settings: PolicySettings,
+) -> int:
+    """On-demand agents held for spot's margin: the margin where its loss is likely, else 0.
+
+    With `on_demand_margin`, the margin is covered on-demand too (the next loss then finds
+    cover ready, not a warm start away) only while all of these hold: spot has nowhere left
+    to place it (every placement preempted or refused lately); no placement holds more ready
+    spot agents than the margin (a drop that takes several at once is beyond it); the newest
+    ready spot agent came up within `on_demand_margin_spot_age_seconds`; and on-demand carries
+    no more of the target than the margin, or its oldest agent has covered for
+    `on_demand_margin_shortage_seconds`.
+    """
+    margin = settings.spot_overprovision if target > 0 else 0
+    if not settings.on_demand_margin or margin == 0 or not ready_spot:
+        return 0
+    now = snapshot.now
+    nowhere = all(snapshot.risky_until.get(p.key, 0.0) > now for p in settings.placements)
+    crowded = max(Counter(a.placement for a in ready_spot).values()) > margin
+    newest = max(a.ready_at if a.ready_at is not None else now for a in ready_spot)
+    covering_since = min((a.launched_at for a in on_demand), default=now)
+    shortage_held = (
+        target - len(ready_spot) <= margin
+        or now - covering_since >= settings.on_demand_margin_shortage_seconds
+    )
+    recent = now - newest < settings.on_demand_margin_spot_age_seconds
+    return margin if nowhere and not crowded and recent and shortage_held else 0
+
+
 @dataclass(frozen=True)
 class HedgedSpotPolicy:
     """spotgate's policy: spread spot with a margin, on-demand only for what spot cannot hold."""
@@ -494,14 +535,9 @@ class HedgedSpotPolicy:
         if sum(1 for a in safe if a.phase == "ready") >= spot_goal:
             at_risk = [a for a in spot if a.at_risk]
             actions += _shed(at_risk, len(at_risk), "replaced ahead of a rebalance")
-        ready_spot = sorted(a.ready_at or 0.0 for a in spot if a.phase == "ready")
-        # Where spot has nowhere left to place its margin (every placement preempted or
-        # refused lately), the margin can be covered on-demand too: the next loss then finds
-        # cover ready.
-        nowhere = all(
-            snapshot.risky_until.get(p.key, 0.0) > snapshot.now for p in settings.placements
-        )
-        margin = spot_goal - target if settings.on_demand_margin and nowhere else 0
+        ready = [a for a in spot if a.phase == "ready"]
+        ready_spot = sorted(a.ready_at or 0.0 for a in ready)
+        margin = margin_cover(target, ready, on_demand, snapshot, settings)
         od_goal = max(0, min(target, target + margin - len(ready_spot)))
         if not settings.on_demand_fallback:
             od_goal = 0

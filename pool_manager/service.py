@@ -77,6 +77,9 @@ def policy_settings(settings: PoolSettings) -> PolicySettings:
         heartbeat_timeout_seconds=settings.shared.registry.agent_ttl_seconds,
         on_demand_hold_seconds=settings.on_demand_hold_seconds,
         warm_pool_size=settings.warm_pool_size,
+        on_demand_margin=settings.on_demand_margin,
+        on_demand_margin_spot_age_seconds=settings.on_demand_margin_spot_age_seconds,
+        on_demand_margin_shortage_seconds=settings.on_demand_margin_shortage_seconds,
     )
 
 

@@ -497,6 +497,13 @@ class PoolSettings(BaseSettings):
     # Per model: stopped on-demand instances that booted once, started first for on-demand
     # cover or a scale from zero (their volume keeps the image and weights).
     warm_pool_size: NonNegativeInt = 0
+    # Cover spot's margin on-demand too while spot has nowhere to place it and its loss is
+    # likely: the newest ready spot agent came up within the age, and, where on-demand already
+    # carries more than the margin, that cover has run for the shortage time (the policy's
+    # `margin_cover`).
+    on_demand_margin: bool = False
+    on_demand_margin_spot_age_seconds: PositiveFloat = 28800.0
+    on_demand_margin_shortage_seconds: NonNegativeFloat = 1800.0
     # What a stopped instance still costs: its volume (GiB: the launch template's root
     # volume), at EBS gp3's price in us-east-1, $0.08 per GB-month.
     volume_gib: PositiveFloat = 200.0

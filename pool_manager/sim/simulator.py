@@ -104,6 +104,8 @@ class SimConfig:
     cold_start_samples: tuple[float, ...] = ()  # observed cold starts, drawn from at each launch
     warm_pool_size: int = 0  # stopped on-demand instances each model keeps (0: no warm pool)
     on_demand_margin: bool = False  # cover the spot margin on-demand where spot cannot place it
+    on_demand_margin_spot_age_seconds: float = 28800.0  # see `PolicySettings`
+    on_demand_margin_shortage_seconds: float = 1800.0
     # The span opens with each model's warm pool full: topped up while the model was at zero.
     warm_pool_filled: bool = True
     warm_start_seconds: float = WARM_START_SECONDS
@@ -396,6 +398,8 @@ def settings_for(
         on_demand_hold_seconds=config.on_demand_hold_seconds,
         warm_pool_size=config.warm_pool_size,
         on_demand_margin=config.on_demand_margin,
+        on_demand_margin_spot_age_seconds=config.on_demand_margin_spot_age_seconds,
+        on_demand_margin_shortage_seconds=config.on_demand_margin_shortage_seconds,
     )
 
 

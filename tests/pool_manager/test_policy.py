@@ -24,6 +24,7 @@ from pool_manager.policy import (
     TerminateWarm,
     WarmInstance,
     agents_for_demand,
+    margin_cover,
     reap,
     size_pool,
 )
@@ -573,6 +574,50 @@ def test_the_on_demand_margin_covers_spot_s_margin_only_where_spot_has_nowhere_t
         )
         == 0
     )
+
+
+HOURS = 3600.0
+MARGIN = replace(SETTINGS, on_demand_margin=True)
+
+
+@pytest.mark.parametrize(
+    ("settings", "target", "spot", "cover_since", "risky", "expected"),
+    [
+        # target 2, one spot agent in each of A and B, ready 50 min ago: the margin is covered
+        (MARGIN, 2, ((A, 3000), (B, 3000)), None, EVERYWHERE_RISKY, 1),
+        (SETTINGS, 2, ((A, 3000), (B, 3000)), None, EVERYWHERE_RISKY, 0),  # not asked for
+        (MARGIN, 2, ((A, 3000), (B, 3000)), None, {A.key: NOW + 600}, 0),  # spot can place it
+        (MARGIN, 2, ((A, 3000), (A, 3000)), None, EVERYWHERE_RISKY, 0),  # one drop takes both
+        # the newest spot agent came up 9 h ago: the pool has held still, no cover
+        (MARGIN, 2, ((A, 9 * HOURS), (B, 10 * HOURS)), None, EVERYWHERE_RISKY, 0),
+        (MARGIN, 2, ((A, 9 * HOURS), (B, 600)), None, EVERYWHERE_RISKY, 1),
+        # target 3 and one ready spot agent: on-demand carries two, more than the margin;
+        # the margin comes only once that cover has run for the shortage time
+        (MARGIN, 3, ((A, 3000),), 600.0, EVERYWHERE_RISKY, 0),
+        (MARGIN, 3, ((A, 3000),), 1800.0, EVERYWHERE_RISKY, 1),
+        (MARGIN, 3, ((A, 3000),), None, EVERYWHERE_RISKY, 0),  # no cover running yet
+        (MARGIN, 2, (), None, EVERYWHERE_RISKY, 0),  # no spot ready: on-demand holds it all
+    ],
+)
+def test_the_on_demand_margin_is_held_only_while_a_loss_it_absorbs_is_likely(
+    settings: PolicySettings,
+    target: int,
+    spot: tuple[tuple[PlacementOption, float], ...],
+    cover_since: float | None,
+    risky: dict[tuple[str, str], float],
+    expected: int,
+) -> None:
+    ready = [
+        agent(f"spot-{n}", placement=p, launched_at=NOW - age - 120, ready_at=NOW - age)
+        for n, (p, age) in enumerate(spot)
+    ]
+    cover = (
+        []
+        if cover_since is None
+        else [agent(f"od-{n}", "on-demand", C, launched_at=NOW - cover_since) for n in range(2)]
+    )
+    pool = snapshot(target, *ready, *cover, risky=risky)
+    assert margin_cover(target, ready, cover, pool, settings) == expected
 
 
 # --- SpotHedge, for comparison -----------------------------------------------------------

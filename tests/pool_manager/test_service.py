@@ -273,3 +273,19 @@ def test_each_model_keeps_its_own_warm_pool_and_idle_time_else_the_pools(
         warm_pool_size, idle_seconds,
     )  # fmt: skip
     assert policy_settings(settings).warm_pool_size == 2
+
+
+def test_the_live_pool_holds_the_on_demand_margin_the_simulator_does() -> None:
+    settings = PoolSettings(
+        models=(PoolModel(name="m"),),
+        on_demand_margin=True,
+        on_demand_margin_spot_age_seconds=3600,
+        on_demand_margin_shortage_seconds=60,
+    )
+    policy = model_policy_settings(settings)["m"]
+    assert (
+        policy.on_demand_margin,
+        policy.on_demand_margin_spot_age_seconds,
+        policy.on_demand_margin_shortage_seconds,
+    ) == (True, 3600.0, 60.0)
+    assert PoolSettings().on_demand_margin is False  # opt-in, as the warm pool
