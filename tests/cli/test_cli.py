@@ -25,8 +25,9 @@ from spotgate.registry import (
 from spotgate.settings import emulator_settings, settings_env
 from stack.emulator import AwsEmulator
 from stack.local import UP_FILE
-from tests.support.agents import wait_for
-from tests.support.wsclient import connect, generate, receive, run_streams, send
+from tests.support.agents import expected_text, wait_for
+from tests.support.metrics import metric_value, scrape
+from tests.support.wsclient import connect, generate, receive, run_streams, send, text_of
 
 SPOTGATE = [sys.executable, "-m", "cli"]
 
@@ -361,8 +362,29 @@ async def test_up_runs_gateways_and_agents_and_stops_cleanly(
         ("local-1", "ready", "spot"),
         ("local-2", "ready", "spot"),
     ]
-    interrupted = run("pool", "interrupt", "local-1", "--in", "5", cwd=tmp_path)
-    assert interrupted.returncode == 0, interrupted.stderr
+    # A spot notice with time to spare moves local-1's stream before its agent breaks it: two
+    # streams of 10 s (50 tokens/s), one on each agent (the least loaded takes the second).
+    # 18 s to the deadline, 15 s margin: too little for the rest, enough for the move.
+    contents = {"one": "go on, first", "two": "go on, second"}
+    streams: dict[str, list[dict[str, object]]] = {sid: [] for sid in contents}
+    async with connect(f"ws{first[4:]}/v1/ws", info["api_key"]) as ws:
+        for sid, content in contents.items():
+            await send(ws, generate(sid, info["model"], content=content, max_tokens=500))
+        while any(not any(f["type"] == "delta" for f in frames) for frames in streams.values()):
+            frame = await receive(ws)
+            streams[frame["id"]].append(frame)
+        interrupted = run("pool", "interrupt", "local-1", "--in", "18", cwd=tmp_path)
+        assert interrupted.returncode == 0, interrupted.stderr
+        while any(frames[-1]["type"] not in ("done", "error") for frames in streams.values()):
+            frame = await receive(ws)
+            streams[frame["id"]].append(frame)
+    for sid, frames in streams.items():  # exact, whether moved or not
+        assert frames[-1]["type"] == "done", frames[-1]
+        assert text_of(frames) == expected_text(contents[sid], 500)
+    assert sorted(len({f["agent"] for f in frames if f["type"] == "start"}) for frames in
+                  streams.values()) == [1, 2]  # fmt: skip
+    exposition = await scrape(f"{ops_urls[0]}/metrics")
+    assert metric_value(exposition, "spotgate_gateway_early_moves_total") == 1
 
     async def replaced() -> bool:
         async with Registry.open(emulator_settings(info["aws_endpoint_url"], info["region"])) as r:

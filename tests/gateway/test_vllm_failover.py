@@ -86,12 +86,23 @@ async def test_a_vllm_stream_moved_mid_reply_resumes_byte_for_byte(
     assert frames[-1]["usage"] == reference[-1]["usage"]
 
 
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        {"temperature": 0},
+        # The next agent's continuation draws each token with its place's seed: its repeats
+        # equal the draining agent's tokens, and so does the rest of the reply.
+        {"temperature": 1.2, "top_p": 0.95, "seed": 13},
+    ],
+    ids=["greedy", "sampled with a seed"],
+)
 async def test_a_vllm_stream_moved_before_the_break_equals_its_unmoved_run(
     gateway: Gateway,
     gateway_agent: GatewayAgentFactory,
     vllm_engine: Engine,
     api_key: CreatedApiKey,
     imds: Imds,
+    sampling: dict[str, Any],
 ) -> None:
     request = generate(
         "ref",
@@ -99,9 +110,9 @@ async def test_a_vllm_stream_moved_before_the_break_equals_its_unmoved_run(
         # Long enough for whole prefix blocks: the stream goes where its reference went.
         content="Tell me about spot capacity and what it costs. " * 6,
         max_tokens=1800,
-        temperature=0,
         ignore_eos=True,
         want_ids=True,
+        **sampling,
     )
     doomed = await gateway_agent(model=TINY_MODEL, engine=vllm_engine)
     async with connect(gateway.ws_url, api_key.api_key) as ws:
@@ -119,7 +130,8 @@ async def test_a_vllm_stream_moved_before_the_break_equals_its_unmoved_run(
         rate = (produced - counted_from) / (time.monotonic() - since)
         # The notice leaves the stream less time before the drain's margin than its rest
         # needs at this rate, whatever the machine's pace: the agent says `moving` and streams
-        # on, and the gateway warms the other agent and switches to it within that window.
+        # on, and the gateway opens its continuation on the other agent, which catches up with
+        # the client and takes the stream over within that window.
         window = min(6.0, 0.4 * (request["max_tokens"] - produced) / rate)
         await spot_notice(imds, in_seconds=HANDBACK_MARGIN_SECONDS + window)
         while frames[-1]["type"] not in ("done", "error"):
