@@ -109,14 +109,14 @@ async def test_a_20_second_run_over_both_gateways_has_throughput_no_failures_and
 def test_capacity_search_finds_the_synthetic_engines_capacity(
     stack: LocalStackInfo, tmp_path: Path
 ) -> None:
-    workload = tmp_path / "two-second-streams.jsonl"
-    workload.write_text(json.dumps({"prompt": "steady", "max_tokens": 100}) + "\n")
+    workload = tmp_path / "four-second-streams.jsonl"
+    workload.write_text(json.dumps({"prompt": "steady", "max_tokens": 200}) + "\n")
     base = RunSpec(str(stack.gateway_url), stack.api_key, tmp_path, duration_seconds=8,
                    user_class="ws", workload=workload)  # fmt: skip
-    # Past capacity a stream waits for a slot of a two-second stream, up to two seconds (its p99
-    # close to that); 1.5 s tells that apart from a busy machine (the vLLM tests run beside this
-    # one in `make test`: at 1 s a moment of theirs failed a step below capacity).
-    thresholds = Thresholds(ttft_p99_ms=1500)
+    # Past capacity a stream waits for a slot of a four-second stream, up to four seconds (its
+    # p99 close to that); 3 s tells that apart from a busy machine (the vLLM tests run beside
+    # this one in `make test`: moments of theirs gave streams below capacity TTFTs of 1.5 s).
+    thresholds = Thresholds(ttft_p99_ms=3000)
     knee, steps = capacity_search(base, [4, 6, 8, 10, 12], thresholds, announce=lambda _line: None)
     measured = [(step.concurrency, step.llm["ttft_ms"], step.llm["error_rate"]) for step in steps]
     assert knee is not None, measured
