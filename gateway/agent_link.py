@@ -80,8 +80,9 @@ ChannelItem = ServerFrame | LinkLost | StreamStalled | GatewayGoingAway | Wakeup
 class _PendingDelta:
     """Consecutive deltas not yet taken by the client, merged only when taken (linear cost)."""
 
-    def __init__(self, first: DeltaFrame) -> None:
+    def __init__(self, first: DeltaFrame, arrived_at: float) -> None:
         self.id = first.id
+        self.arrived_at = arrived_at  # monotonic: when its first part came in
         self.texts = [first.text]
         self.ids: list[int] | None = list(first.ids) if first.ids is not None else None
         self.logprobs = list(first.logprobs) if first.logprobs is not None else None
@@ -133,19 +134,21 @@ class StreamChannel:
         self.merge_deltas = True
         self.sent_at = time.monotonic()
         self.first_delta_at: float | None = None  # when the agent's first token came in
+        self.delta_arrived_at = self.sent_at  # when the delta last taken came in
 
     def push(self, item: ChannelItem) -> None:
         """Add a frame without ever waiting (called by the link's reader)."""
         if self.closed:
             return
         if isinstance(item, DeltaFrame):
+            arrived_at = time.monotonic()
             if self.first_delta_at is None:
-                self.first_delta_at = time.monotonic()
+                self.first_delta_at = arrived_at
             last = self._items[-1] if self._items else None
             if isinstance(last, _PendingDelta) and self.merge_deltas:
                 last.add(item)
             else:
-                self._items.append(_PendingDelta(item))
+                self._items.append(_PendingDelta(item, arrived_at))
             self._backlog_tokens += item.n
             if self._backlog_tokens > MAX_STREAM_BACKLOG_TOKENS:
                 self.overflowed = True
@@ -186,6 +189,7 @@ class StreamChannel:
             entry = self._items.popleft()
             if isinstance(entry, _PendingDelta):
                 self._backlog_tokens -= entry.n
+                self.delta_arrived_at = entry.arrived_at
                 item: ChannelItem = entry.frame()
             else:
                 item = entry

@@ -35,11 +35,12 @@ The rules (ARCHITECTURE.md):
 - Make-before-break: an agent that drains says `moving` for a stream that cannot finish
   in time, and streams on. The stream's next agent is chosen meanwhile and its continuation
   opened there at once, from the tokens the client holds then: it prefills while the
-  draining agent's tokens still reach the client, paced a little slower than they come
-  (`MOVE_PACE_GAP_MULTIPLE`), so the client's stream falls back to where the next agent
-  stands. The stream switches at the first token boundary where the next agent's tokens
-  equal what the client holds (`early_move_checked_tokens`): the client sees no wait, the
-  draining agent's later tokens are dropped and the next agent's repeats of held ones too.
+  draining agent's tokens still reach the client, paced a little slower than they come in
+  (`MOVE_PACE_GAP_MULTIPLE`, by the gaps they come in at, measured on through the move), so
+  the client's stream falls back to where the next agent stands. The stream switches at the
+  first token boundary where the next agent's tokens equal what the client holds
+  (`early_move_checked_tokens`): the client sees no wait, the draining agent's later tokens
+  are dropped and the next agent's repeats of held ones too.
   If the draining agent breaks first, the next agent takes over where it stands. A next
   agent that goes another way (`early_move_diverged`), fails or stays silent is dropped: the
   stream moves at the break as any stream does.
@@ -191,9 +192,11 @@ class Failover:
     repeats: list[int] = field(default_factory=list)
     repeats_text: str = ""
     repeated_text: list[str] = field(default_factory=list)
-    # Gaps between the client's deltas (seconds), measured while no move paces them.
+    # Gaps between the serving agent's deltas as they came in (seconds): its own pace, which
+    # a move's pacing of the client does not change, and which a move may slow.
     recent_gaps: deque[float] = field(default_factory=lambda: deque(maxlen=GAPS_REMEMBERED))
-    last_delta_at: float | None = None  # monotonic
+    last_arrived_at: float | None = None  # monotonic
+    last_delta_at: float | None = None  # monotonic: when the client was sent the last one
 
     @classmethod
     def begin(
@@ -446,18 +449,21 @@ class Failover:
         delta: DeltaFrame,
         *,
         monotonic: float,
+        arrived_at: float,
         agent_sent_at: float,
         agent_first_token_at: float | None,
     ) -> DeltaFrame:
         """More tokens: kept for a resume, and passed on in the client's stream id.
 
-        The first token fixes the stream's time to first token; the gateway's own share of
-        it is known only for a stream served by its first agent without waiting, from when
+        `arrived_at` is when the agent's delta came in, `monotonic` when the client is sent
+        it. The first token fixes the stream's time to first token; the gateway's own share
+        of it is known only for a stream served by its first agent without waiting, from when
         the agent's stream was sent (`agent_sent_at`) and its first token came in.
         """
         outcome = self.outcome
-        if self.last_delta_at is not None and self.next_from is None:
-            self.recent_gaps.append(monotonic - self.last_delta_at)
+        if self.last_arrived_at is not None:
+            self.recent_gaps.append(arrived_at - self.last_arrived_at)
+        self.last_arrived_at = arrived_at
         self.last_delta_at = monotonic
         if outcome.ttft_ms is None:
             outcome.ttft_ms = (monotonic - self.started_at) * 1000
@@ -547,6 +553,7 @@ class Failover:
         if agent is None:
             raise RuntimeError("an agent stream ended that was never opened")
         self.serving = None
+        self.last_arrived_at = None  # the next agent's pace is its own, from its first delta
         return agent
 
     def _resume_elsewhere(self, now: float) -> ResumeElsewhere:

@@ -176,6 +176,7 @@ async def relay_stream(
                     yield stream.on_delta(
                         item,
                         monotonic=time.monotonic(),
+                        arrived_at=leg.channel.delta_arrived_at,
                         agent_sent_at=leg.channel.sent_at,
                         agent_first_token_at=leg.channel.first_delta_at,
                     )

@@ -216,6 +216,15 @@ class ResponsesRequest(SamplingRequest):
         return self
 
     @model_validator(mode="after")
+    def _a_conversation(self) -> ResponsesRequest:
+        only_reasoning = not isinstance(self.input, str) and all(
+            isinstance(item, ReasoningItem) for item in self.input
+        )
+        if only_reasoning and not self.instructions:
+            raise ValueError("input: reasoning items alone are no conversation; add a message")
+        return self
+
+    @model_validator(mode="after")
     def _tool_choice_fits_tools(self) -> ResponsesRequest:
         problem = tool_choice_problem(self._tools(), self._tool_choice(), self._response_format())
         if problem is not None:

@@ -52,6 +52,24 @@ async def test_consecutive_deltas_come_out_merged_and_in_order() -> None:
     assert items == [DeltaFrame(id="s", text="abc", n=3, ids=[1, 2, 3]), done()]
 
 
+async def test_each_delta_taken_tells_when_the_agent_sent_its_first_part() -> None:
+    """The agent's own pace, whatever the reader's: a move paces the client by it."""
+    channel = StreamChannel()
+    before = time.monotonic()
+    channel.push(delta("a", [1]))
+    channel.push(delta("b", [2]))  # merged into the first
+    between = time.monotonic()
+    channel.merge_deltas = False
+    channel.push(delta("c", [3]))
+    after = time.monotonic()
+    items = channel.items()
+
+    await anext(items)
+    assert before <= channel.delta_arrived_at <= between
+    await anext(items)
+    assert between <= channel.delta_arrived_at <= after
+
+
 async def test_a_delta_without_ids_drops_the_ids_of_the_merge() -> None:
     channel = StreamChannel()
     channel.push(delta("a", [1]))

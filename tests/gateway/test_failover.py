@@ -7,6 +7,7 @@ import itertools
 import pytest
 
 from gateway.failover import (
+    GAPS_REMEMBERED,
     MOVE_PACE_GAP_MULTIPLE,
     CatchUp,
     Decision,
@@ -70,9 +71,21 @@ def delta(ids: list[int], text: str) -> DeltaFrame:
     return DeltaFrame(id="agent-stream", text=text, n=len(ids), ids=ids)
 
 
-def relay(stream: Failover, ids: list[int], text: str, *, at: float = STARTED + 1) -> DeltaFrame:
+def relay(
+    stream: Failover,
+    ids: list[int],
+    text: str,
+    *,
+    at: float = STARTED + 1,
+    arrived: float | None = None,
+) -> DeltaFrame:
+    """The client is sent the agent's delta `at`; it came in `arrived` (the same, unless paced)."""
     return stream.on_delta(
-        delta(ids, text), monotonic=at, agent_sent_at=STARTED, agent_first_token_at=None
+        delta(ids, text),
+        monotonic=at,
+        arrived_at=at if arrived is None else arrived,
+        agent_sent_at=STARTED,
+        agent_first_token_at=None,
     )
 
 
@@ -406,6 +419,7 @@ def test_time_to_first_token_and_the_gateways_own_share(
         stream.on_delta(
             delta(ids, "x"),
             monotonic=at,
+            arrived_at=at,
             agent_sent_at=STARTED + 0.010,
             agent_first_token_at=agent_first_token_at,
         )
@@ -614,10 +628,45 @@ def test_the_draining_agents_tokens_are_paced_only_while_a_next_agent_catches_up
     stream.next_agent_frame("to-b")
     last = STARTED + 1 + 0.06
     assert stream.pace_until() == pytest.approx(last + MOVE_PACE_GAP_MULTIPLE * 0.02)
-    relay(stream, [9], "x", at=last + 0.03)  # a paced delta is no measure of the pace
-    assert stream.pace_until() == pytest.approx(last + 0.03 + MOVE_PACE_GAP_MULTIPLE * 0.02)
+    # A paced delta is no measure of the pace: the gaps are those the agent's deltas came at.
+    relay(stream, [9], "x", at=last + 0.025, arrived=last + 0.02)
+    assert stream.pace_until() == pytest.approx(last + 0.025 + MOVE_PACE_GAP_MULTIPLE * 0.02)
     stream.on_move_abandoned()
     assert stream.pace_until() is None
+
+
+def test_a_draining_agent_that_slows_during_a_move_slows_the_pace_with_it() -> None:
+    """The client keeps falling back: a next agent as slow as the draining one still catches up.
+
+    (Sharing its machine, or its batch, the next agent's continuation may slow both.)
+    """
+    stream = arrive()
+    place(stream, "a")
+    arrived = STARTED + 1.0
+    for i in range(GAPS_REMEMBERED):  # deltas 20 ms apart
+        arrived += 0.02
+        relay(stream, [i], "x", at=arrived)
+    stream.on_moving()
+    stream.next_agent_frame("to-b")
+    sent = arrived
+    for i in range(GAPS_REMEMBERED):  # from now on they come 40 ms apart
+        arrived += 0.04
+        sent = max(arrived, stream.pace_until() or arrived)
+        relay(stream, [100 + i], "x", at=sent, arrived=arrived)
+    assert stream.pace_until() == pytest.approx(sent + MOVE_PACE_GAP_MULTIPLE * 0.04)
+
+
+def test_a_next_agents_pace_is_measured_afresh() -> None:
+    """No gap is measured across agents: a break's wait, or one agent's buffered deltas."""
+    stream = arrive()
+    place(stream, "a")
+    for i in range(3):
+        relay(stream, [i], "x", at=STARTED + 1 + 0.02 * i)
+    end(stream, ErrorCode.INTERRUPTED)
+    place(stream, "b")
+    relay(stream, [3], "x", at=STARTED + 9)
+    relay(stream, [4], "x", at=STARTED + 9.02)
+    assert list(stream.recent_gaps) == pytest.approx([0.02, 0.02, 0.02])
 
 
 def deltas(*parts: tuple[list[int], str]) -> list[DeltaFrame]:

@@ -131,8 +131,10 @@ async def test_a_vllm_stream_moved_before_the_break_equals_its_unmoved_run(
         # The notice leaves the stream less time before the drain's margin than its rest
         # needs at this rate, whatever the machine's pace: the agent says `moving` and streams
         # on, and the gateway opens its continuation on the other agent, which catches up with
-        # the client and takes the stream over within that window.
-        window = min(6.0, 0.4 * (request["max_tokens"] - produced) / rate)
+        # the client and takes the stream over within that window. Catching up takes about five
+        # of the continuation's TTFTs (the client falls back a quarter gap a token), so the
+        # window is as long as the stream's rest allows: a fast machine's is short.
+        window = min(8.0, 0.7 * (request["max_tokens"] - produced) / rate)
         await spot_notice(imds, in_seconds=HANDBACK_MARGIN_SECONDS + window)
         while frames[-1]["type"] not in ("done", "error"):
             frames.append(await receive(ws))
