@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from contextlib import suppress
 from typing import TypeVar
 
 from aiohttp import web
@@ -94,48 +95,52 @@ async def respond(
     chunks = ChunkEncoder(kind, cid, model)
     started = False
     calls_text: list[str] = []  # a forced reply's text: its tool calls
-    async for frame in frames:
-        if isinstance(frame, ErrorFrame) and not started:
-            return json_error(frame.code, frame.message, frame.retry_after, frame.param)
-        if not isinstance(frame, DeltaFrame | DoneFrame | ErrorFrame):
-            continue  # queued / start: nothing to show an OpenAI client
-        if not started:
-            started = True
-            await response.prepare(request)
-            if forced is not None and forced.name is not None:  # a named call streams its args
-                await response.write(chunks.first("") + chunks.tool_calls(forced.calls("") or []))
-            elif isinstance(frame, DeltaFrame) and forced is None:
-                if frame.reasoning:
-                    await response.write(chunks.first("") + _delta_chunks(chunks, frame))
+    # A client that hangs up is no server error: its stream is cancelled as `frames` closes.
+    with suppress(ConnectionResetError):
+        async for frame in frames:
+            if isinstance(frame, ErrorFrame) and not started:
+                return json_error(frame.code, frame.message, frame.retry_after, frame.param)
+            if not isinstance(frame, DeltaFrame | DoneFrame | ErrorFrame):
+                continue  # queued / start: nothing to show an OpenAI client
+            if not started:
+                started = True
+                await response.prepare(request)
+                if forced is not None and forced.name is not None:  # a named call streams its args
+                    await response.write(
+                        chunks.first("") + chunks.tool_calls(forced.calls("") or [])
+                    )
+                elif isinstance(frame, DeltaFrame) and forced is None:
+                    if frame.reasoning:
+                        await response.write(chunks.first("") + _delta_chunks(chunks, frame))
+                    else:
+                        await response.write(chunks.first(shown_text(frame), frame.logprobs))
+                    continue  # the role and the first token in one write
                 else:
-                    await response.write(chunks.first(shown_text(frame), frame.logprobs))
-                continue  # the role and the first token in one write
+                    await response.write(chunks.first(""))
+            if isinstance(frame, DeltaFrame):
+                if forced is not None:
+                    calls_text.append(frame.text)
+                    if forced.name is not None and frame.text:
+                        await response.write(chunks.tool_arguments(frame.text))
+                elif written := _delta_chunks(chunks, frame):
+                    await response.write(written)
+            elif isinstance(frame, ErrorFrame):
+                await response.write(sse_event(error_body(frame.code, frame.message, frame.param)))
             else:
-                await response.write(chunks.first(""))
-        if isinstance(frame, DeltaFrame):
-            if forced is not None:
-                calls_text.append(frame.text)
-                if forced.name is not None and frame.text:
-                    await response.write(chunks.tool_arguments(frame.text))
-            elif written := _delta_chunks(chunks, frame):
-                await response.write(written)
-        elif isinstance(frame, ErrorFrame):
-            await response.write(sse_event(error_body(frame.code, frame.message, frame.param)))
-        else:
-            finish_reason = openai_finish_reason(frame)
-            if forced is not None:
-                await response.write(_forced_ending(chunks, forced, "".join(calls_text)))
-                finish_reason = forced.finish_reason(frame, "".join(calls_text))
-            elif (own := own_tool_calls(frame)) is not None:
-                await response.write(chunks.tool_calls(own))
-                finish_reason = "tool_calls"
-            await response.write(chunks.finish(finish_reason))
-            if include_usage:
-                await response.write(chunks.usage(usage_body(frame)))
-    if not started:
-        return json_error(ErrorCode.INTERNAL, "stream ended without a result")
-    await response.write(SSE_DONE)
-    await response.write_eof()
+                finish_reason = openai_finish_reason(frame)
+                if forced is not None:
+                    await response.write(_forced_ending(chunks, forced, "".join(calls_text)))
+                    finish_reason = forced.finish_reason(frame, "".join(calls_text))
+                elif (own := own_tool_calls(frame)) is not None:
+                    await response.write(chunks.tool_calls(own))
+                    finish_reason = "tool_calls"
+                await response.write(chunks.finish(finish_reason))
+                if include_usage:
+                    await response.write(chunks.usage(usage_body(frame)))
+        if not started:
+            return json_error(ErrorCode.INTERNAL, "stream ended without a result")
+        await response.write(SSE_DONE)
+        await response.write_eof()
     return response
 
 
@@ -193,35 +198,36 @@ async def respond_response(
     stream: bool,
 ) -> web.StreamResponse:
     """The Responses API's answer to a stream's frames: one `response` object, or its events."""
-    response: web.StreamResponse | None = None
-    async for frame in frames:
-        if isinstance(frame, ErrorFrame) and response is None:
-            param = responses_param(frame.param)
-            return json_error(frame.code, frame.message, frame.retry_after, param)
-        if not isinstance(frame, DeltaFrame | DoneFrame | ErrorFrame):
-            continue  # queued / start: nothing to show an OpenAI client
-        if not stream:
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    # A client that hangs up is no server error: its stream is cancelled as `frames` closes.
+    with suppress(ConnectionResetError):
+        async for frame in frames:
+            if isinstance(frame, ErrorFrame) and not response.prepared:
+                param = responses_param(frame.param)
+                return json_error(frame.code, frame.message, frame.retry_after, param)
+            if not isinstance(frame, DeltaFrame | DoneFrame | ErrorFrame):
+                continue  # queued / start: nothing to show an OpenAI client
+            if not stream:
+                if isinstance(frame, DeltaFrame):
+                    writer.delta(shown_text(frame), frame.reasoning)
+                    continue
+                if isinstance(frame, DoneFrame):
+                    return web.json_response(writer.body("completed", frame))
+            if not response.prepared:
+                await response.prepare(request)
+                reasons = isinstance(frame, DeltaFrame) and frame.reasoning is not None
+                await response.write(writer.opening(reasons=reasons))
             if isinstance(frame, DeltaFrame):
-                writer.delta(shown_text(frame), frame.reasoning)
-                continue
-            if isinstance(frame, DoneFrame):
-                return web.json_response(writer.body("completed", frame))
-        if response is None:
-            response = web.StreamResponse(
-                headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-            )
-            await response.prepare(request)
-            reasons = isinstance(frame, DeltaFrame) and frame.reasoning is not None
-            await response.write(writer.opening(reasons=reasons))
-        if isinstance(frame, DeltaFrame):
-            await response.write(writer.delta(shown_text(frame), frame.reasoning))
-        elif isinstance(frame, ErrorFrame):
-            await response.write(
-                writer.error(frame.code, frame.message, responses_param(frame.param))
-            )
-        else:
-            await response.write(writer.closing(frame))
-    if response is None:
-        return json_error(ErrorCode.INTERNAL, "stream ended without a result")
-    await response.write_eof()
+                await response.write(writer.delta(shown_text(frame), frame.reasoning))
+            elif isinstance(frame, ErrorFrame):
+                await response.write(
+                    writer.error(frame.code, frame.message, responses_param(frame.param))
+                )
+            else:
+                await response.write(writer.closing(frame))
+        if not response.prepared:
+            return json_error(ErrorCode.INTERNAL, "stream ended without a result")
+        await response.write_eof()
     return response

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import signal
 import time
 from collections.abc import AsyncGenerator
@@ -461,6 +462,41 @@ async def test_no_capacity_unknown_models_and_full_queues_are_clear_errors(
             "model",
             "invalid_request_error",
         )
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/v1/responses"])
+async def test_an_sse_client_that_hangs_up_mid_stream_stops_its_agent_quietly(
+    gateway: Gateway,
+    gateway_agent: GatewayAgentFactory,
+    api_key: CreatedApiKey,
+    caplog: pytest.LogCaptureFixture,
+    path: str,
+) -> None:
+    """A client gone is no server error: its agent's stream is cancelled, nothing is logged."""
+    agent = await gateway_agent(tokens_per_second=200.0)
+    fields = {
+        "/v1/chat/completions": {
+            "messages": [{"role": "user", "content": "x"}],
+            "max_tokens": 5000,
+        },
+        "/v1/completions": {"prompt": "x", "max_tokens": 5000},
+        "/v1/responses": {"input": "x", "max_output_tokens": 5000},
+    }[path]
+    async with aiohttp.ClientSession() as http:
+        response = await http.post(
+            f"{gateway.url}{path}",
+            headers={"Authorization": f"Bearer {api_key.api_key}"},
+            json={"model": MODEL, "stream": True, **fields},
+        )
+        assert response.status == 200
+        await response.content.readuntil(b"\n\n")  # the first event
+        serving = [handle.task for handle in agent.runtime.streams.values()]
+        response.close()  # the connection is dropped mid-stream
+
+        await asyncio.wait_for(asyncio.gather(*serving, return_exceptions=True), 10)
+
+    assert agent.runtime.metrics.streams.labels(outcome="cancelled")._value.get() == 1
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
 
 
 async def test_rate_limits_answer_429_with_retry_after(
