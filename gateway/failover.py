@@ -38,9 +38,10 @@ The rules (ARCHITECTURE.md):
   draining agent's tokens still reach the client, paced a little slower than they come in
   (`MOVE_PACE_GAP_MULTIPLE`, by the gaps they come in at, measured on through the move), so
   the client's stream falls back to where the next agent stands. The stream switches at the
-  first token boundary where the next agent's tokens equal what the client holds
+  first of the next agent's deltas by which its tokens equal what the client holds
   (`early_move_checked_tokens`): the client sees no wait, the draining agent's later tokens
-  are dropped and the next agent's repeats of held ones too.
+  are dropped and the next agent's repeats of held ones too (`past_held`: of a delta that
+  goes on past them, the client is sent the rest).
   If the draining agent breaks first, the next agent takes over where it stands. A next
   agent that goes another way (`early_move_diverged`), fails or stays silent is dropped: the
   stream moves at the break as any stream does.
@@ -84,8 +85,10 @@ client at most this many of the stream's median gaps apart (never faster than th
 the client's stream falls back a quarter of a gap per token, so a next agent that took P
 seconds to its first token stands where the client does about 4·P seconds later, and no
 gap the client sees on the way is much longer than the stream's usual ones."""
-GAPS_REMEMBERED = 32
-"""Gaps between a stream's deltas its pace is measured over."""
+GAPS_REMEMBERED = 128
+"""Gaps between a stream's deltas its pace is measured over: a next agent's prefill that slows
+the draining agent for a few dozen tokens (one machine) barely moves their median, a lasting
+slowdown (one batch) does."""
 
 
 @dataclass
@@ -156,6 +159,52 @@ class CatchUp(Enum):
     CAUGHT_UP = "caught_up"  # it repeated exactly what the client holds: switch to it now
     DIVERGED = "diverged"  # it went another way than the client's tokens: drop it
     FAILED = "failed"  # it ended or broke: drop it
+
+
+@dataclass(frozen=True, slots=True)
+class Repeat:
+    """A next agent's delta after a switch, checked against the held tokens it repeats."""
+
+    repeats: bool  # it repeats them (else the switch ends: `on_repeat_failed`)
+    beyond: DeltaFrame | None = None  # what it adds past them: the client's next tokens
+
+
+def past_held(delta: DeltaFrame, ids_left: Sequence[int], text_left: str) -> DeltaFrame | None:
+    """What a next agent's delta adds to the client's stream past the tokens the client holds.
+
+    The delta must begin with the held `ids_left` and their `text_left` and go on past them
+    (more tokens, or text the draining agent held back). None: it does not, or its parts
+    cannot be cut there (thinking and content both in the one delta).
+    """
+    ids = list(delta.ids or ())
+    held = len(ids_left)
+    repeats = ids[:held] == list(ids_left) and delta.text.startswith(text_left)
+    if not repeats or (len(ids) == held and len(delta.text) == len(text_left)):
+        return None
+    text = delta.text[len(text_left) :]
+    logprobs = delta.logprobs
+    if logprobs is not None:
+        if len(logprobs) != len(ids):
+            return None
+        logprobs = logprobs[held:]
+    content, reasoning = delta.content, delta.reasoning
+    if content is not None or reasoning is not None:
+        if content == delta.text and not reasoning:
+            content = text
+        elif reasoning == delta.text and not content:
+            reasoning = text
+        else:
+            return None
+    return delta.model_copy(
+        update={
+            "ids": ids[held:],
+            "n": len(ids) - held,
+            "text": text,
+            "logprobs": logprobs,
+            "content": content,
+            "reasoning": reasoning,
+        }
+    )
 
 
 def agent_handle(handle_key: bytes, agent_id: str) -> str:
@@ -322,8 +371,9 @@ class Failover:
     def on_next_agent_frames(self, frames: Sequence[object]) -> CatchUp:
         """The next agent's frames so far, against the client's tokens since it started.
 
-        It is caught up at a delta that ends exactly where the client stands, having repeated
-        the client's ids and text: the stream switches to it there (`on_switch`).
+        It is caught up at a delta that ends where the client stands, or goes on past it,
+        having repeated the client's ids and text: the stream switches to it there
+        (`on_switch`), and the client is sent what it adds (`on_repeated_delta`).
         """
         if self.next_from is None:
             return CatchUp.FAILED
@@ -335,17 +385,21 @@ class Failover:
             if isinstance(frame, StartFrame):
                 continue
             if isinstance(frame, DeltaFrame):
+                before, text_before = len(repeated), "".join(text)
                 repeated.extend(frame.ids or ())
                 text.append(frame.text)
                 if repeated[: len(held)] != held[: len(repeated)]:
                     return self._drop_next_agent(
                         CatchUp.DIVERGED, compared=min(len(repeated), len(held))
                     )
-                if len(repeated) == len(held) and "".join(text) == held_text:
+                if len(repeated) < len(held):
+                    continue
+                if "".join(text) == held_text or (
+                    held_text.startswith(text_before)
+                    and past_held(frame, held[before:], held_text[len(text_before) :]) is not None
+                ):
                     return CatchUp.CAUGHT_UP
-                if len(repeated) >= len(held):  # past the client: its next delta may end here
-                    return CatchUp.BEHIND
-                continue
+                return CatchUp.BEHIND  # its text held back, or not to be cut where the client is
             if isinstance(frame, DoneFrame):  # it ended short of the client's tokens
                 return self._drop_next_agent(CatchUp.DIVERGED, compared=len(repeated))
             # An error, its link lost, or its own agent draining (`moving`).
@@ -374,23 +428,31 @@ class Failover:
         self.next_from = None
         self.outcome.early_moves += 1
 
-    def on_repeated_delta(self, delta: DeltaFrame) -> bool:
+    def on_repeated_delta(self, delta: DeltaFrame) -> Repeat:
         """A delta of the next agent while it repeats held tokens: whether it repeats them.
 
-        A delta that does (its ids and, at the end, their text) is dropped; one that does not
-        ends the switch (`on_repeat_failed`).
+        A delta that does (its ids and, at the end, their text) is dropped, but for what it
+        adds past them, which the client is sent; one that does not ends the switch
+        (`on_repeat_failed`).
         """
         ids = list(delta.ids or ())
         compared = min(len(ids), len(self.repeats))
         self.outcome.early_move_checked_tokens += compared
         if ids[:compared] != self.repeats[:compared]:
             self.outcome.early_move_diverged += 1
-            return False
-        if len(ids) > len(self.repeats):  # it ends past what the client holds: no boundary
-            return False
-        self.repeats = self.repeats[len(ids) :]
-        self.repeated_text.append(delta.text)
-        return bool(self.repeats) or "".join(self.repeated_text) == self.repeats_text
+            return Repeat(repeats=False)
+        if len(ids) < len(self.repeats):
+            self.repeats = self.repeats[len(ids) :]
+            self.repeated_text.append(delta.text)
+            return Repeat(repeats=True)
+        text_before = "".join(self.repeated_text)
+        text_left = self.repeats_text.removeprefix(text_before)
+        exact = len(ids) == len(self.repeats) and text_before + delta.text == self.repeats_text
+        beyond = None
+        if not exact and self.repeats_text.startswith(text_before):
+            beyond = past_held(delta, self.repeats, text_left)
+        self.repeats = []
+        return Repeat(repeats=exact or beyond is not None, beyond=beyond)
 
     def on_repeat_failed(self, *, now: float) -> ResumeElsewhere:
         """The next agent did not repeat the client's tokens: move on from them elsewhere.

@@ -158,17 +158,20 @@ async def relay_stream(
             async for item in leg.channel.items(stall_seconds):
                 if isinstance(item, DeltaFrame) and stream.repeating:
                     # The next agent, switched to, repeating what the client holds.
-                    if stream.on_repeated_delta(item):
-                        leg.channel.merge_deltas = not stream.repeating
+                    repeat = stream.on_repeated_delta(item)
+                    if not repeat.repeats:
+                        resumed = stream.on_repeat_failed(now=time.time())
+                        left_running = True
+                        log.info(
+                            "next agent did not repeat the stream; resuming elsewhere",
+                            stream_id=frame.id,
+                            tokens_so_far=resumed.tokens_so_far,
+                        )
+                        break
+                    leg.channel.merge_deltas = not stream.repeating
+                    if repeat.beyond is None:
                         continue
-                    resumed = stream.on_repeat_failed(now=time.time())
-                    left_running = True
-                    log.info(
-                        "next agent did not repeat the stream; resuming elsewhere",
-                        stream_id=frame.id,
-                        tokens_so_far=resumed.tokens_so_far,
-                    )
-                    break
+                    item = repeat.beyond  # the rest of its delta: the client's next tokens
                 if isinstance(item, DeltaFrame):
                     paced = stream.pace_until()
                     if paced is not None:  # a move is catching up: the client's pace eases

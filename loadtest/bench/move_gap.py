@@ -591,7 +591,8 @@ def render(results: Sequence[MoveRun], args: argparse.Namespace, where: str) -> 
         f"emulator): *{TODAY}* (`queue.move_before_break=false`: the draining agent ends the "
         f"stream with `interrupted`, the next one prefills the whole conversation) and "
         f"*{EARLY}* (the default: the draining agent says `moving` and streams on, its "
-        f"tokens paced at most {MOVE_PACE_GAP_MULTIPLE:g}× the stream's median gap apart, "
+        f"tokens paced at most {MOVE_PACE_GAP_MULTIPLE:g}× the median gap they come in at "
+        f"apart, "
         f"while the stream's continuation prefills on the next one; the stream switches once "
         f"that caught up with the client). {where} Each agent polls an IMDS emulator of its "
         f"own every {IMDS_POLL_SECONDS:g} s; a drained agent exits and a fresh one takes its CPU.",

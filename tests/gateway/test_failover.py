@@ -13,10 +13,12 @@ from gateway.failover import (
     Decision,
     Failover,
     GiveUp,
+    Repeat,
     ResumeElsewhere,
     Unplaced,
     WaitForRoom,
     agent_handle,
+    past_held,
 )
 from gateway.receipts import ReceiptSigner
 from spotgate.protocol import (
@@ -30,6 +32,7 @@ from spotgate.protocol import (
     Resume,
     StartFrame,
     Timings,
+    TokenLogprob,
     Usage,
 )
 from spotgate.tokens import KeyRing, SigningKey
@@ -683,10 +686,25 @@ def deltas(*parts: tuple[list[int], str]) -> list[DeltaFrame]:
         ([8, 9], [start("b"), *deltas(([8], "a"), ([9], "b"))], CatchUp.CAUGHT_UP, 0, 0),
         ([8, 9], [*deltas(([8], "a"), ([9], "b"), ([10], "c"))], CatchUp.CAUGHT_UP, 0, 0),
         ([8, 9], [*deltas(([8, 9], "ab"), ([10], "c"))], CatchUp.CAUGHT_UP, 0, 0),
-        # Past the client with no boundary where it stands: the client's next delta may be one.
-        ([8, 9], [*deltas(([8], "a"), ([9, 10], "bc"))], CatchUp.BEHIND, 0, 0),
-        # The same ids, the text not yet the same (held back): wait.
+        # Past the client, in a delta that repeats the rest of its tokens and text: switch
+        # there (the client is sent what the delta adds); the draining agent held text back.
+        ([8, 9], [*deltas(([8], "a"), ([9, 10], "bc"))], CatchUp.CAUGHT_UP, 0, 0),
+        ([8, 9], deltas(([8, 9, 10], "abc")), CatchUp.CAUGHT_UP, 0, 0),
+        ([8, 9], [*deltas(([8], "a"), ([9], "b\u00e9"))], CatchUp.CAUGHT_UP, 0, 0),
+        # The same ids, the text not yet the same (held back), or another text: wait.
         ([8, 9], [*deltas(([8], "a"), ([9], ""))], CatchUp.BEHIND, 0, 0),
+        ([8, 9], [*deltas(([8], "a"), ([9, 10], "Bc"))], CatchUp.BEHIND, 0, 0),
+        # Thinking and content in the delta that goes past the client: not to be cut there.
+        (
+            [8, 9],
+            [
+                delta([8], "a"),
+                DeltaFrame(id="x", text="b</think>c", n=2, ids=[9, 10], content="c", reasoning="b"),
+            ],
+            CatchUp.BEHIND,
+            0,
+            0,
+        ),
         # Another way than the client's tokens, or ended short of them: dropped.
         ([8, 9], [*deltas(([8], "a"), ([4], "z"))], CatchUp.DIVERGED, 2, 1),
         ([8, 9], [*deltas(([8], "a")), done(1)], CatchUp.DIVERGED, 1, 1),
@@ -720,6 +738,41 @@ def test_a_next_agent_is_caught_up_where_it_repeated_the_clients_tokens_to_a_bou
     assert (stream.next_from is None) is (verdict in (CatchUp.DIVERGED, CatchUp.FAILED))
 
 
+def logprob(token: str) -> TokenLogprob:
+    return TokenLogprob(token=token, logprob=-1.0, bytes=None, top_logprobs=[])
+
+
+@pytest.mark.parametrize(
+    ("next_delta", "past"),
+    [
+        # Tokens past the client's, their logprobs with them.
+        (
+            DeltaFrame(id="x", text="ij", n=2, ids=[9, 10], logprobs=[logprob("i"), logprob("j")]),
+            DeltaFrame(id="x", text="j", n=1, ids=[10], logprobs=[logprob("j")]),
+        ),
+        # Within the thinking, or within the content: the part cut as the text is.
+        (
+            DeltaFrame(id="x", text="ij", n=2, ids=[9, 10], content="", reasoning="ij"),
+            DeltaFrame(id="x", text="j", n=1, ids=[10], content="", reasoning="j"),
+        ),
+        (
+            DeltaFrame(id="x", text="ij", n=2, ids=[9, 10], content="ij"),
+            DeltaFrame(id="x", text="j", n=1, ids=[10], content="j"),
+        ),
+        # Thinking ends within it: which part the rest belongs to is not known here.
+        (DeltaFrame(id="x", text="i</think>j", n=2, ids=[9, 10], content="j", reasoning="i"), None),
+        # Exactly the client's (nothing past), or not the client's ids or text.
+        (delta([9], "i"), None),
+        (delta([4, 10], "ij"), None),
+        (delta([9, 10], "Ij"), None),
+    ],
+)
+def test_what_a_next_agents_delta_adds_past_the_clients_tokens(
+    next_delta: DeltaFrame, past: DeltaFrame | None
+) -> None:
+    assert past_held(next_delta, [9], "i") == past
+
+
 def test_a_switch_drops_the_next_agents_repeats_and_leaves_the_draining_agent() -> None:
     stream = arrive()
     moving(stream, [5, 6, 7])
@@ -732,7 +785,7 @@ def test_a_switch_drops_the_next_agents_repeats_and_leaves_the_draining_agent() 
     stream.on_opened("b")
     assert stream.on_start(start("b")) is not None  # the client hears it moved
     assert stream.repeating
-    assert all(stream.on_repeated_delta(d) for d in repeats)
+    assert all(stream.on_repeated_delta(d) == Repeat(repeats=True) for d in repeats)
     assert not stream.repeating
     relay(stream, [10], "j")  # its next token goes on from what the client held
 
@@ -746,14 +799,19 @@ def test_a_switch_drops_the_next_agents_repeats_and_leaves_the_draining_agent() 
 @pytest.mark.parametrize(
     ("repeated", "taken", "diverged"),
     [
-        (deltas(([8], "h"), ([9], "i")), [True, True], 0),  # exactly: the stream goes on
-        (deltas(([8], "h"), ([4], "z")), [True, False], 1),  # another token
-        (deltas(([8], "h"), ([9, 10], "ij")), [True, False], 0),  # no boundary where it stood
-        (deltas(([8], "h"), ([9], "I")), [True, False], 0),  # the same ids, another text
+        # Exactly: the stream goes on.
+        (deltas(([8], "h"), ([9], "i")), [Repeat(True), Repeat(True)], 0),
+        # Past what the client holds: the client is sent the rest (a token, or held-back text).
+        (deltas(([8], "h"), ([9, 10], "ij")), [Repeat(True), Repeat(True, delta([10], "j"))], 0),
+        (deltas(([8, 9, 10], "hij")), [Repeat(True, delta([10], "j"))], 0),
+        (deltas(([8], "h"), ([9], "i!")), [Repeat(True), Repeat(True, delta([], "!"))], 0),
+        (deltas(([8], "h"), ([4], "z")), [Repeat(True), Repeat(False)], 1),  # another token
+        (deltas(([8], "h"), ([9], "I")), [Repeat(True), Repeat(False)], 0),  # another text
+        (deltas(([8], "h"), ([9, 10], "Ij")), [Repeat(True), Repeat(False)], 0),
     ],
 )
 def test_a_next_agent_taking_over_at_the_break_must_repeat_the_clients_tokens(
-    repeated: list[DeltaFrame], taken: list[bool], diverged: int
+    repeated: list[DeltaFrame], taken: list[Repeat], diverged: int
 ) -> None:
     stream = arrive()
     moving(stream, [5, 6, 7])
@@ -767,7 +825,9 @@ def test_a_next_agent_taking_over_at_the_break_must_repeat_the_clients_tokens(
     assert [stream.on_repeated_delta(d) for d in repeated] == taken
     assert stream.outcome.early_moves == 1
     assert stream.outcome.early_move_diverged == diverged
-    if not all(taken):  # it goes on from the client's tokens elsewhere, "b" not excluded
+    if all(repeat.repeats for repeat in taken):
+        assert not stream.repeating  # what follows is new to the client
+    else:  # it goes on from the client's tokens elsewhere, "b" not excluded
         resumed = stream.on_repeat_failed(now=ARRIVED + 2)
         assert resumed == ResumeElsewhere(failed_agent="b", tokens_so_far=5)
         assert stream.excluded == {"a"}

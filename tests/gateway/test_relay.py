@@ -8,7 +8,16 @@ import time
 from gateway.agent_link import StreamChannel
 from gateway.dispatch import Dispatcher
 from gateway.relay import RelayOutcome, relay_stream
-from spotgate.protocol import GenerateFrame, QueuedFrame
+from spotgate.protocol import (
+    DeltaFrame,
+    DoneFrame,
+    GenerateFrame,
+    MovingFrame,
+    QueuedFrame,
+    StartFrame,
+    Timings,
+    Usage,
+)
 from spotgate.registry import AgentRecord, AgentState
 from spotgate.settings import QueueSettings
 
@@ -61,3 +70,95 @@ async def test_a_chosen_agent_counts_the_stream_while_its_link_opens() -> None:
 
     assert link.opened == 1
     assert dict(dispatcher.outstanding) == {}  # the cancelled placement gave its slot back
+
+
+class ScriptedLink:
+    """A link to an agent whose stream's frames the test pushes, as the agent would send them."""
+
+    def __init__(self, agent: str) -> None:
+        self.agent = agent
+        self.frames: list[GenerateFrame] = []
+        self.channel = StreamChannel()
+        self.opened = asyncio.Event()
+        self.cancelled: list[str] = []
+
+    async def open_stream(self, frame: GenerateFrame) -> StreamChannel:
+        self.frames.append(frame)
+        self.opened.set()
+        return self.channel
+
+    async def cancel(self, stream_id: str) -> None:
+        self.cancelled.append(stream_id)
+
+    def forget(self, _stream_id: str) -> None:
+        """Nothing to forget: the test holds the channel."""
+
+    def start(self) -> None:
+        self.channel.push(StartFrame(id=self.frames[-1].id, agent=self.agent, engine="vllm"))
+
+    def delta(self, ids: list[int], text: str) -> None:
+        self.channel.push(DeltaFrame(id=self.frames[-1].id, text=text, n=len(ids), ids=ids))
+
+
+def ready(*agents: str) -> list[AgentRecord]:
+    now = time.time()
+    return [
+        AgentRecord(a, f"http://{a}", MODEL, AgentState.READY, capacity=1, expires_at=now + 60)
+        for a in agents
+    ]
+
+
+async def test_a_move_switches_within_a_next_agent_delta_that_goes_past_the_client() -> None:
+    """Its repeats are dropped and the rest of that delta is the client's next tokens.
+
+    The draining agent sends two more tokens, and the next agent's first delta holds those
+    and one more: no delta of the next agent ends where the client stands.
+    """
+    dispatcher = Dispatcher(QueueSettings(deadline_seconds=5.0))
+    dispatcher.view.replace(ready("a"), time.time())
+    links = {"a": ScriptedLink("a"), "b": ScriptedLink("b")}
+    frames = relay_stream(
+        GenerateFrame(id="s", model=MODEL, prompt="hi", max_tokens=6, want_ids=True),
+        dispatcher=dispatcher,
+        link_for=links.get,  # type: ignore[arg-type]
+        deadline_seconds=5.0,
+        stall_seconds=30.0,
+        outcome=RelayOutcome(),
+    )
+    draining, following = links["a"], links["b"]
+    placing = asyncio.create_task(anext(frames))
+    await draining.opened.wait()
+    draining.start()
+    client = [await placing]
+    for token, text in ((1, "a"), (2, "b")):
+        draining.delta([token], text)
+        client.append(await anext(frames))
+    dispatcher.view.replace(ready("a", "b"), time.time())
+    draining.channel.push(MovingFrame(id=draining.frames[-1].id))
+    reading = asyncio.create_task(anext(frames))
+    await following.opened.wait()
+    assert following.frames[-1].resume is not None
+    assert following.frames[-1].resume.token_ids == [1, 2]  # it continues from the client
+    following.start()
+    following.delta([3, 4, 5], "cde")
+    following.delta([6], "f")
+    following.channel.push(
+        DoneFrame(
+            id=following.frames[-1].id,
+            finish_reason="length",
+            usage=Usage(prompt_tokens=1, completion_tokens=6),
+            timings=Timings(queue_ms=0, ttft_ms=1, total_ms=2),
+        )
+    )
+    draining.delta([3], "c")
+    client.append(await reading)
+    draining.delta([4], "d")  # the client stands within the next agent's first delta
+    async with asyncio.timeout(5):  # no boundary to switch at would leave it waiting
+        client += [frame async for frame in frames]
+
+    deltas = [frame for frame in client if isinstance(frame, DeltaFrame)]
+    assert [token for d in deltas for token in d.ids or ()] == [1, 2, 3, 4, 5, 6]
+    assert "".join(d.text for d in deltas) == "abcdef"
+    assert [type(frame) for frame in client].count(StartFrame) == 2
+    assert isinstance(client[-1], DoneFrame)
+    assert draining.cancelled == [draining.frames[-1].id]
