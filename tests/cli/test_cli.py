@@ -8,6 +8,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import openai
@@ -25,8 +26,9 @@ from spotgate.registry import (
 from spotgate.settings import emulator_settings, settings_env
 from stack.emulator import AwsEmulator
 from stack.local import UP_FILE
-from tests.support.agents import wait_for
-from tests.support.wsclient import connect, generate, receive, run_streams, send
+from tests.support.agents import expected_text, wait_for
+from tests.support.metrics import metric_value, scrape
+from tests.support.wsclient import connect, generate, receive, run_streams, send, text_of
 
 SPOTGATE = [sys.executable, "-m", "cli"]
 
@@ -269,6 +271,19 @@ def spotgate_up(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
             process.wait()
 
 
+async def serving_agent(info: dict[str, Any]) -> str:
+    """The one agent of `spotgate up` generating a stream now, by its own metrics."""
+    async with Registry.open(emulator_settings(info["aws_endpoint_url"], info["region"])) as r:
+        agents = await r.list_ready(info["model"])
+    busy = [
+        agent.agent_id
+        for agent in agents
+        if metric_value(await scrape(f"{agent.url}/metrics"), "spotgate_agent_active_streams")
+    ]
+    assert len(busy) == 1, busy
+    return busy[0]
+
+
 async def test_up_runs_gateways_and_agents_and_stops_cleanly(
     spotgate_up: tuple[subprocess.Popen[str], str], tmp_path: Path
 ) -> None:
@@ -361,15 +376,34 @@ async def test_up_runs_gateways_and_agents_and_stops_cleanly(
         ("local-1", "ready", "spot"),
         ("local-2", "ready", "spot"),
     ]
-    interrupted = run("pool", "interrupt", "local-1", "--in", "5", cwd=tmp_path)
-    assert interrupted.returncode == 0, interrupted.stderr
+    # A spot notice with time to spare moves a stream before its agent breaks it: a stream of
+    # 20 s (50 tokens/s), and the agent serving it interrupted with 24 s to the deadline. The
+    # agent polls its IMDS every 5 s and the deadline is to the second, so it hears of it with
+    # 18–24 s left: past its 15 s margin by too little for the stream's rest, and enough for
+    # the move.
+    reply_tokens, content = 1000, "go on"
+    async with connect(f"ws{first[4:]}/v1/ws", info["api_key"]) as ws:
+        await send(ws, generate("moved", info["model"], content=content, max_tokens=reply_tokens))
+        frames = [await receive(ws)]
+        while frames[-1]["type"] != "delta":
+            frames.append(await receive(ws))
+        serving = await serving_agent(info)
+        interrupted = run("pool", "interrupt", serving, "--in", "24", cwd=tmp_path)
+        assert interrupted.returncode == 0, interrupted.stderr
+        while frames[-1]["type"] not in ("done", "error"):
+            frames.append(await receive(ws))
+    assert frames[-1]["type"] == "done", frames[-1]
+    assert text_of(frames) == expected_text(content, reply_tokens)
+    assert len({f["agent"] for f in frames if f["type"] == "start"}) == 2  # moved once
+    exposition = await scrape(f"{ops_urls[0]}/metrics")
+    assert metric_value(exposition, "spotgate_gateway_early_moves_total") == 1
 
     async def replaced() -> bool:
         async with Registry.open(emulator_settings(info["aws_endpoint_url"], info["region"])) as r:
             ready = {a.agent_id for a in await r.list_ready(info["model"])}
-        return ready == {"local-2", "local-3"}
+        return ready == {"local-1", "local-2", "local-3"} - {serving}
 
-    await wait_for(replaced, within=60)
+    await wait_for(replaced, within=90)  # its deadline, then a fresh agent's boot
     again = await client.chat.completions.create(
         model=info["model"], messages=[{"role": "user", "content": "still"}], max_tokens=3
     )
