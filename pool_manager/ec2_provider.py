@@ -511,4 +511,5 @@ def _stopped_from_description(item: Mapping[str, Any], agent_id: str) -> Stopped
         zone=str(item.get("Placement", {}).get("AvailabilityZone", "")),
         # Stopped by hand (no tag): it has been stopped at least since it last started.
         stopped_at=_tagged_seconds(tags, STOPPED_AT_TAG) or _launch_seconds(item),
+        stopping=item.get("State", {}).get("Name") == "stopping",
     )

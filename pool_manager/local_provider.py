@@ -23,7 +23,7 @@ import socket
 import time
 from collections.abc import Callable, Sequence
 from contextlib import suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import aiohttp
@@ -291,7 +291,10 @@ class LocalProvider:
 
     async def stopped(self) -> list[StoppedInstance]:
         """The instances stopped (or stopping) into the warm pool."""
-        return [entry.stopped for entry in self._stopped.values()]
+        return [
+            replace(entry.stopped, stopping=not entry.shutdown.done())
+            for entry in self._stopped.values()
+        ]
 
     async def interruption_noticed(self, instance_id: str, deadline: float) -> None:
         """Give the agent its spot notice through IMDS, and reclaim it at the deadline."""

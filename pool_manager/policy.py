@@ -122,6 +122,9 @@ class WarmInstance:
     instance_type: str
     zone: str
     stopped_at: float
+    # Still stopping: counted in the warm pool, but EC2 refuses to start it until stopped
+    # (which may take minutes, or hang), so cover does not wait for it.
+    stopping: bool = False
 
     @property
     def placement(self) -> PlacementKey:
@@ -371,14 +374,17 @@ def startable(snapshot: PoolSnapshot, settings: PolicySettings) -> list[WarmInst
     """Stopped instances a warm start may use now, cheapest on-demand placement first.
 
     Each starts only in its own placement (its volume is in that zone): one the model uses,
-    that has not just refused on-demand capacity, and not one stopped in this very pass.
+    that has not just refused on-demand capacity, and not one stopped in this very pass nor
+    one still stopping.
     """
     prices = {p.key: p.on_demand_price_per_hour for p in settings.placements}
     refused_until = snapshot.on_demand_refused_until
     usable = [
         w
         for w in _listed(snapshot, settings)
-        if refused_until.get(w.placement, 0.0) <= snapshot.now and w.stopped_at < snapshot.now
+        if refused_until.get(w.placement, 0.0) <= snapshot.now
+        and w.stopped_at < snapshot.now
+        and not w.stopping
     ]
     return sorted(usable, key=lambda w: (prices[w.placement], w.stopped_at, w.instance_id))
 

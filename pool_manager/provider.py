@@ -51,10 +51,13 @@ class StoppedInstance:
     zone: str
     stopped_at: float
     url: str | None = None  # where its agent listens again once started (local agents)
+    stopping: bool = False  # not stopped yet: it cannot be started
 
     def warm(self) -> WarmInstance:
         """The policy's view of it."""
-        return WarmInstance(self.instance_id, self.instance_type, self.zone, self.stopped_at)
+        return WarmInstance(
+            self.instance_id, self.instance_type, self.zone, self.stopped_at, self.stopping
+        )
 
 
 class ProviderError(Exception):

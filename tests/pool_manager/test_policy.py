@@ -412,6 +412,13 @@ A_OTHER_TYPE = PlacementOption("g4dn.xlarge", "us-east-1a", 0.20, 0.50)
         ((stopped("w-c", C),), {C.key: NOW + 60}, [od(A), od(A)]),
         # stopped in this very pass (still stopping): not started
         ((stopped("w-c", C, stopped_at=NOW),), {}, [od(C), od(C)]),
+        # stopped a while ago and still stopping (EC2 refuses its start): covered elsewhere,
+        # the stopped one started
+        (
+            (replace(stopped("w-a", A), stopping=True), stopped("w-c", C)),
+            {},
+            [StartWarm("w-c", COVER), od(C)],
+        ),
         # in a placement the model no longer uses: terminated, never started
         (
             (stopped("w-x", A_OTHER_TYPE),),

@@ -180,11 +180,12 @@ async def test_a_local_instance_stopped_and_started_again_serves_warm_on_its_own
             assert await provider.instances() == []
             assert [s.agent_id for s in await provider.stopped()] == ["local-1"]
 
-            async def started() -> bool:  # once its agent has exited, the instance starts
-                policy.rounds = [[StartWarm("local-1", "cover")]]
-                return bool((await controller.reconcile()).warm_started)
+            async def stopped() -> bool:  # stopping until its agent has exited
+                return not (await provider.stopped())[0].stopping
 
-            await wait_for(started, within=60)
+            await wait_for(stopped, within=60)
+            policy.rounds = [[StartWarm("local-1", "cover")]]
+            assert (await controller.reconcile()).warm_started  # stopped: it starts at once
             await wait_for(ready, within=60)
             (second,) = await provider.instances()
             assert (second.url, second.boot) == (first.url, "warm")  # its address kept
