@@ -9,7 +9,6 @@ warm-pool actions, not about when it asks for them.
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -59,7 +58,6 @@ async def test_on_ec2_an_instance_stopped_into_the_warm_pool_boots_warm_when_sta
     aws: AwsEmulator, network: Network, registry: Registry, clock: FakeClock
 ) -> None:
     shared = aws.settings()
-    clock.now = time.time()  # the emulator stamps a launch (`LaunchTime`) with its own clock
     policy = Scripted()
     cold_starts = ColdStarts(default_seconds=600.0)
     async with Ec2Provider.open(shared, pool_settings(network, shared), clock=clock) as provider:
@@ -90,10 +88,12 @@ async def test_on_ec2_an_instance_stopped_into_the_warm_pool_boots_warm_when_sta
         # launch -> ready
         policy.rounds = [[Launch(GPU_TYPE, ZONE_A, "on-demand")]]
         await reconciled()
+        (launched,) = await provider.instances()
+        clock.now = launched.launched_at  # the emulator stamps `LaunchTime` with its own clock
         first = await boots(COLD_BOOT_SECONDS)
         (cold,) = await reconciled()
         assert (cold.kind, cold.placement) == ("cold", PLACEMENT.key)
-        assert cold.seconds == pytest.approx(COLD_BOOT_SECONDS, abs=1.0)  # LaunchTime's second
+        assert cold.seconds == COLD_BOOT_SECONDS
 
         # -> stop: its volume kept, its agent gone
         policy.rounds = [[StopToWarm(first.agent_id, "idle")]]
