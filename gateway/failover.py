@@ -207,6 +207,38 @@ def past_held(delta: DeltaFrame, ids_left: Sequence[int], text_left: str) -> Del
     )
 
 
+class Against(Enum):
+    """A next agent's delta against the held tokens it is to repeat."""
+
+    SHORT = "short"  # it repeats held ids, and more of them are to come
+    DIVERGED = "diverged"  # its ids go another way than the held ones
+    REPEATED = "repeated"  # it ends where the held tokens end, or goes on past them
+    UNCUT = "uncut"  # it has all the held ids, but their text held back, or not to be cut there
+
+
+def against_held(
+    delta: DeltaFrame, ids_left: Sequence[int], text_before: str, held_text: str
+) -> tuple[Against, DeltaFrame | None]:
+    """A next agent's delta against the held ids not yet repeated (`ids_left`).
+
+    `text_before` is what its earlier deltas repeated of `held_text`. REPEATED comes with
+    what the delta adds past the held tokens (None when it ends exactly where they do).
+    """
+    ids = list(delta.ids or ())
+    compared = min(len(ids), len(ids_left))
+    if ids[:compared] != list(ids_left[:compared]):
+        return Against.DIVERGED, None
+    if len(ids) < len(ids_left):
+        return Against.SHORT, None
+    if len(ids) == len(ids_left) and text_before + delta.text == held_text:
+        return Against.REPEATED, None
+    if held_text.startswith(text_before):
+        beyond = past_held(delta, ids_left, held_text[len(text_before) :])
+        if beyond is not None:
+            return Against.REPEATED, beyond
+    return Against.UNCUT, None
+
+
 def agent_handle(handle_key: bytes, agent_id: str) -> str:
     """What a stream's `start` calls its agent: a keyed hash of its id, the key the stream's own."""
     digest = hashlib.blake2b(agent_id.encode(), key=handle_key, digest_size=AGENT_HANDLE_BYTES)
@@ -379,29 +411,24 @@ class Failover:
             return CatchUp.FAILED
         held = self.ids[self.next_from :]
         held_text = "".join(self.text[self.next_text_from :])
-        repeated: list[int] = []
-        text: list[str] = []
+        repeated, text_before = 0, ""
         for frame in frames:
             if isinstance(frame, StartFrame):
                 continue
             if isinstance(frame, DeltaFrame):
-                before, text_before = len(repeated), "".join(text)
-                repeated.extend(frame.ids or ())
-                text.append(frame.text)
-                if repeated[: len(held)] != held[: len(repeated)]:
-                    return self._drop_next_agent(
-                        CatchUp.DIVERGED, compared=min(len(repeated), len(held))
-                    )
-                if len(repeated) < len(held):
+                against, _ = against_held(frame, held[repeated:], text_before, held_text)
+                if against is Against.DIVERGED:
+                    compared = repeated + min(len(frame.ids or ()), len(held) - repeated)
+                    return self._drop_next_agent(CatchUp.DIVERGED, compared=compared)
+                if against is Against.SHORT:
+                    repeated += len(frame.ids or ())
+                    text_before += frame.text
                     continue
-                if "".join(text) == held_text or (
-                    held_text.startswith(text_before)
-                    and past_held(frame, held[before:], held_text[len(text_before) :]) is not None
-                ):
+                if against is Against.REPEATED:
                     return CatchUp.CAUGHT_UP
                 return CatchUp.BEHIND  # its text held back, or not to be cut where the client is
             if isinstance(frame, DoneFrame):  # it ended short of the client's tokens
-                return self._drop_next_agent(CatchUp.DIVERGED, compared=len(repeated))
+                return self._drop_next_agent(CatchUp.DIVERGED, compared=repeated)
             # An error, its link lost, or its own agent draining (`moving`).
             return self._drop_next_agent(CatchUp.FAILED, compared=0)
         return CatchUp.BEHIND
@@ -435,24 +462,19 @@ class Failover:
         adds past them, which the client is sent; one that does not ends the switch
         (`on_repeat_failed`).
         """
-        ids = list(delta.ids or ())
-        compared = min(len(ids), len(self.repeats))
-        self.outcome.early_move_checked_tokens += compared
-        if ids[:compared] != self.repeats[:compared]:
+        ids = delta.ids or ()
+        self.outcome.early_move_checked_tokens += min(len(ids), len(self.repeats))
+        text_before = "".join(self.repeated_text)
+        against, beyond = against_held(delta, self.repeats, text_before, self.repeats_text)
+        if against is Against.DIVERGED:
             self.outcome.early_move_diverged += 1
             return Repeat(repeats=False)
-        if len(ids) < len(self.repeats):
+        if against is Against.SHORT:
             self.repeats = self.repeats[len(ids) :]
             self.repeated_text.append(delta.text)
             return Repeat(repeats=True)
-        text_before = "".join(self.repeated_text)
-        text_left = self.repeats_text.removeprefix(text_before)
-        exact = len(ids) == len(self.repeats) and text_before + delta.text == self.repeats_text
-        beyond = None
-        if not exact and self.repeats_text.startswith(text_before):
-            beyond = past_held(delta, self.repeats, text_left)
         self.repeats = []
-        return Repeat(repeats=exact or beyond is not None, beyond=beyond)
+        return Repeat(repeats=against is Against.REPEATED, beyond=beyond)
 
     def on_repeat_failed(self, *, now: float) -> ResumeElsewhere:
         """The next agent did not repeat the client's tokens: move on from them elsewhere.

@@ -9,6 +9,7 @@ import pytest
 from gateway.failover import (
     GAPS_REMEMBERED,
     MOVE_PACE_GAP_MULTIPLE,
+    Against,
     CatchUp,
     Decision,
     Failover,
@@ -17,6 +18,7 @@ from gateway.failover import (
     ResumeElsewhere,
     Unplaced,
     WaitForRoom,
+    against_held,
     agent_handle,
     past_held,
 )
@@ -771,6 +773,29 @@ def test_what_a_next_agents_delta_adds_past_the_clients_tokens(
     next_delta: DeltaFrame, past: DeltaFrame | None
 ) -> None:
     assert past_held(next_delta, [9], "i") == past
+
+
+@pytest.mark.parametrize(
+    ("next_delta", "against"),
+    [
+        # The client holds ids [8, 9] as "hi"; this delta follows one that repeated [8] "h".
+        (delta([9], "i"), (Against.REPEATED, None)),
+        (delta([9, 10], "ij"), (Against.REPEATED, delta([10], "j"))),
+        (delta([9], "i!"), (Against.REPEATED, delta([], "!"))),
+        (delta([4], "i"), (Against.DIVERGED, None)),
+        (delta([9], ""), (Against.UNCUT, None)),  # its text held back
+        (delta([9, 10], "Ij"), (Against.UNCUT, None)),  # its ids, but not the client's text
+        (delta([], ""), (Against.SHORT, None)),  # no token yet
+    ],
+)
+def test_a_next_agents_delta_against_the_tokens_it_is_to_repeat(
+    next_delta: DeltaFrame, against: tuple[Against, DeltaFrame | None]
+) -> None:
+    assert against_held(next_delta, [9], "h", "hi") == against
+
+
+def test_a_next_agents_delta_short_of_the_clients_tokens_is_to_be_followed() -> None:
+    assert against_held(delta([8], "h"), [8, 9], "", "hi") == (Against.SHORT, None)
 
 
 def test_a_switch_drops_the_next_agents_repeats_and_leaves_the_draining_agent() -> None:
