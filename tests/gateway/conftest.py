@@ -9,7 +9,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 from aiohttp import web
@@ -188,14 +188,27 @@ class AgentProcess:
     process: subprocess.Popen[bytes]
 
 
+class AgentProcesses(Protocol):
+    """Starts synthetic agents as processes the gateway routes to (IMDS: none, unless given)."""
+
+    def __call__(
+        self,
+        count: int,
+        tokens_per_second: float,
+        *,
+        ttft_seconds: float = 0.01,
+        imds_url: str = "http://127.0.0.1:9",
+    ) -> Awaitable[list[AgentProcess]]: ...
+
+
 @pytest.fixture
-def agent_processes(
-    aws: AwsEmulator, gateway: Gateway
-) -> Iterator[Callable[[int, float], Awaitable[list[AgentProcess]]]]:
+def agent_processes(aws: AwsEmulator, gateway: Gateway) -> Iterator[AgentProcesses]:
     """Synthetic agents as real processes (so they can be killed with SIGKILL)."""
     started: list[AgentProcess] = []
 
-    def spawn(tokens_per_second: float) -> tuple[AgentSettings, AgentProcess]:
+    def spawn(
+        tokens_per_second: float, ttft_seconds: float, imds_url: str
+    ) -> tuple[AgentSettings, AgentProcess]:
         sock = loopback_socket()  # handed over: the agent serves on it
         port = socket_port(sock)
         agent_id = f"proc-{port}"
@@ -208,9 +221,12 @@ def agent_processes(
             listen_fd=sock.fileno(),
             pinned_public_key=gateway.signing_key.verify_key.to_pem(),
             token_issuer=gateway.url,
-            imds_url="http://127.0.0.1:9",
+            imds_url=imds_url,
             heartbeat_seconds=1,
-            synthetic=SyntheticSettings(tokens_per_second=tokens_per_second, ttft_seconds=0.01),
+            imds_poll_seconds=0.5,
+            synthetic=SyntheticSettings(
+                tokens_per_second=tokens_per_second, ttft_seconds=ttft_seconds
+            ),
         )
         args, env = service_command(settings)
         process = subprocess.Popen(
@@ -224,10 +240,16 @@ def agent_processes(
         started.append(AgentProcess(agent_id, process))
         return settings, started[-1]
 
-    async def start(count: int, tokens_per_second: float) -> list[AgentProcess]:
+    async def start(
+        count: int,
+        tokens_per_second: float,
+        *,
+        ttft_seconds: float = 0.01,
+        imds_url: str = "http://127.0.0.1:9",
+    ) -> list[AgentProcess]:
         batch = []
         for _ in range(count):
-            settings, agent = spawn(tokens_per_second)
+            settings, agent = spawn(tokens_per_second, ttft_seconds, imds_url)
             await vouch_for_agent(  # before it can register ready: it boots in a second or two
                 gateway.state.registry,
                 agent_id=agent.agent_id,

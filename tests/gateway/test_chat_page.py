@@ -14,7 +14,7 @@ import re
 import shutil
 import signal
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -37,7 +37,7 @@ from spotgate.tokens import SigningKey
 from stack.emulator import AwsEmulator
 from tests.gateway.conftest import (
     MODEL,
-    AgentProcess,
+    AgentProcesses,
     Gateway,
     GatewayAgentFactory,
     running_gateway,
@@ -561,7 +561,7 @@ async def test_screenshots_at_desktop_and_phone_width(
 async def test_killing_the_serving_agent_mid_reply_moves_it_and_the_page_says_so(
     browser: Browser,
     gateway: Gateway,
-    agent_processes: Callable[[int, float], Awaitable[list[AgentProcess]]],
+    agent_processes: AgentProcesses,
 ) -> None:
     agents = await agent_processes(2, 30.0)
 

@@ -32,6 +32,7 @@ from stack.emulator import AwsEmulator
 from tests.gateway.conftest import (
     MODEL,
     AgentProcess,
+    AgentProcesses,
     Gateway,
     GatewayAgentFactory,
     agents_of,
@@ -275,9 +276,7 @@ async def test_a_key_disabled_while_its_socket_is_open_gets_no_more_streams_ther
 
 
 async def test_kill_9_of_the_serving_agent_loses_nothing(
-    gateway: Gateway,
-    agent_processes,
-    api_key: CreatedApiKey,  # type: ignore[no-untyped-def]
+    gateway: Gateway, agent_processes: AgentProcesses, api_key: CreatedApiKey
 ) -> None:
     agents: list[AgentProcess] = await agent_processes(2, 40.0)
 
@@ -408,6 +407,92 @@ async def test_a_spot_notice_moves_the_stream_before_its_agent_breaks_it(
     streams = draining.runtime.metrics.streams
     assert streams.labels(outcome=ended)._value.get() == 1
     assert sum(streams.labels(outcome=o)._value.get() for o in ("cancelled", "interrupted")) == 1
+
+
+async def in_view(gateway: Gateway, agent_id: str) -> None:
+    """Wait until the gateway routes to the agent."""
+
+    async def seen() -> bool:
+        record = gateway.state.dispatcher.view.record(agent_id)
+        return record is not None and record.state is AgentState.READY
+
+    await wait_for(seen, within=30)
+
+
+async def streaming_on(gateway: Gateway, agent_id: str) -> None:
+    """Wait until the gateway has a stream open on the agent."""
+
+    async def open_there() -> bool:
+        return agent_id in serving(gateway)
+
+    await wait_for(open_there, within=10)
+
+
+async def test_a_next_agent_killed_while_it_catches_up_leaves_the_stream_to_move_at_the_break(
+    gateway: Gateway,
+    gateway_agent: GatewayAgentFactory,
+    agent_processes: AgentProcesses,
+    api_key: CreatedApiKey,
+    imds: Imds,
+) -> None:
+    stream_tokens = 1200  # 30 s at 40 tokens/s: still streaming at the break
+    draining = await gateway_agent(tokens_per_second=40.0)
+    async with connect(gateway.ws_url, api_key.api_key) as ws:
+        await send(ws, generate("s", MODEL, content="lose the next", max_tokens=stream_tokens))
+        frames = [await receive(ws)]
+        # The only agent to move to, in a 5 s prefill: killed while it catches up.
+        (following,) = await agent_processes(1, 400.0, ttft_seconds=5.0)
+        await in_view(gateway, following.agent_id)
+        await spot_notice(imds, in_seconds=25)  # `moving` at once: 25 s left, 15 s margin
+        await streaming_on(gateway, following.agent_id)
+        following.process.send_signal(signal.SIGKILL)
+        following.process.wait()
+        # Somewhere to go at the break (and no notice of its own).
+        await gateway_agent(tokens_per_second=400.0, imds_url="http://127.0.0.1:9")
+        while frames[-1]["type"] not in ("done", "error"):
+            frames.append(await receive(ws))
+
+    assert frames[-1]["type"] == "done", frames[-1]
+    assert text_of(frames) == expected_text("lose the next", stream_tokens)
+    assert frames[-1]["usage"]["completion_tokens"] == stream_tokens
+    assert len({f["agent"] for f in frames if f["type"] == "start"}) == 2  # not the killed one
+    metrics = gateway.state.metrics
+    assert metrics.early_moves._value.get() == 0  # its move was given up: it moved at the break
+    assert metrics.resumes._value.get() == 1
+    streams = draining.runtime.metrics.streams
+    assert streams.labels(outcome="interrupted")._value.get() == 1  # it streamed to the end
+
+
+async def test_a_draining_agent_killed_while_its_next_agent_catches_up_is_taken_over_there(
+    gateway: Gateway,
+    gateway_agent: GatewayAgentFactory,
+    agent_processes: AgentProcesses,
+    api_key: CreatedApiKey,
+    imds: Imds,
+) -> None:
+    stream_tokens = 1200
+    (draining,) = await agent_processes(1, 40.0, imds_url=imds.url)
+    await in_view(gateway, draining.agent_id)
+    async with connect(gateway.ws_url, api_key.api_key) as ws:
+        await send(ws, generate("s", MODEL, content="lose the old", max_tokens=stream_tokens))
+        frames = [await receive(ws)]
+        next_engine = synthetic(400.0, model=MODEL, ttft_seconds=5.0)  # a 5 s prefill
+        following = await gateway_agent(engine=next_engine, imds_url="http://127.0.0.1:9")
+        following_id = following.runtime.identity.agent_id  # type: ignore[union-attr]
+        await spot_notice(imds, in_seconds=25)
+        await streaming_on(gateway, following_id)
+        draining.process.send_signal(signal.SIGKILL)  # long before its deadline
+        while frames[-1]["type"] not in ("done", "error"):
+            frames.append(await receive(ws))
+
+    assert frames[-1]["type"] == "done", frames[-1]
+    assert text_of(frames) == expected_text("lose the old", stream_tokens)
+    assert frames[-1]["usage"]["completion_tokens"] == stream_tokens
+    assert len({f["agent"] for f in frames if f["type"] == "start"}) == 2
+    metrics = gateway.state.metrics
+    assert metrics.early_moves._value.get() == 1  # the continuation already open took over
+    assert metrics.resumes._value.get() == 1
+    assert metrics.early_move_divergences._value.get() == 0
 
 
 async def test_scale_from_zero_queues_then_serves(
