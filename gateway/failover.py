@@ -105,9 +105,9 @@ class RelayOutcome:
     added_ttft_ms: float | None = None  # the gateway's own share of `ttft_ms`, if not queued
     error: ErrorCode | None = None
     early_moves: int = 0  # moves made before the break (`moving`)
-    # Of those, the checks of the next agent's first tokens against the draining agent's:
-    # tokens compared, and how many differed (batch-dependent numerics; either continues
-    # what the client holds).
+    # The checks of each next agent's first tokens against the draining agent's, switched to
+    # or dropped: tokens compared, and how many next agents differed (batch-dependent
+    # numerics; either continues what the client holds).
     early_move_checked_tokens: int = 0
     early_move_diverged: int = 0
     # Counts agents reported above what the gateway measured (`gateway.charges`), by agent.

@@ -62,8 +62,8 @@ class GatewayMetrics:
         )
         self.early_move_checked_tokens = Counter(
             "spotgate_gateway_early_move_checked_tokens_total",
-            "tokens of the next agent compared with those the client held at an early move "
-            "(its repeats, dropped)",
+            "tokens of next agents compared with those the client held, in moves begun "
+            "before the break (their repeats, dropped)",
             registry=r,
         )
         self.early_move_divergences = Counter(
@@ -143,10 +143,10 @@ class GatewayMetrics:
             self.added_ttft.observe(outcome.added_ttft_ms / 1000)
         if outcome.resumes:
             self.resumes.inc(outcome.resumes)
-        if outcome.early_moves:
-            self.early_moves.inc(outcome.early_moves)
-            self.early_move_checked_tokens.inc(outcome.early_move_checked_tokens)
-            self.early_move_divergences.inc(outcome.early_move_diverged)
+        # A next agent dropped before the switch is no early move, but its check counts.
+        self.early_moves.inc(outcome.early_moves)
+        self.early_move_checked_tokens.inc(outcome.early_move_checked_tokens)
+        self.early_move_divergences.inc(outcome.early_move_diverged)
         if outcome.error is not None:
             self.rejections.labels(reason=outcome.error.value).inc()
 

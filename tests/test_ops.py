@@ -56,7 +56,8 @@ def test_every_panel_queries_metrics_the_services_export() -> None:
 def test_the_dashboard_shows_what_an_operator_of_the_pool_asks() -> None:
     titles = " ".join(panel["title"].lower() for panel in dashboard()["panels"])
     for topic in ("streams", "first token", "queue", "tokens per second", "agents by state",
-                  "interruptions", "resumed", "wedged", "cold start", "cost"):  # fmt: skip
+                  "interruptions", "resumed", "wedged", "cold start", "cost", "warm",
+                  "before the break"):  # fmt: skip
         assert topic in titles, topic
 
 
