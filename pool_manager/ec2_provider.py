@@ -23,6 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Self
 
@@ -43,6 +44,20 @@ from spotgate.settings import PoolSettings, SharedSettings
 
 log = get_logger(__name__)
 
+
+@dataclass(frozen=True, slots=True)
+class TemplateVersion:
+    """One version of a launch template."""
+
+    template_id: str
+    number: str
+
+    @property
+    def tag(self) -> str:
+        """How an instance launched from it is tagged (`spotgate:template`)."""
+        return f"{self.template_id}:{self.number}"
+
+
 # No EC2 type stubs are installed (only DynamoDB's), so the client is untyped.
 Ec2Client = Any
 Clock = Callable[[], float]
@@ -56,6 +71,8 @@ WARM_POOL_TAG = "spotgate:warm-pool"  # "true": launched to boot once, then be s
 BOOT_TAG = "spotgate:boot"  # "warm" once started again from the warm pool
 STARTED_AT_TAG = "spotgate:started-at"  # epoch seconds of its last start from the warm pool
 STOPPED_AT_TAG = "spotgate:stopped-at"  # epoch seconds of its last stop into the warm pool
+# The launch template version it booted ("<id>:<version>"), as the launch resolved it.
+TEMPLATE_TAG = "spotgate:template"
 
 LAUNCH_TEMPLATE_ID_PREFIX = "lt-"
 LAUNCH_TEMPLATE_VERSION = "$Latest"
@@ -165,13 +182,16 @@ class Ec2Provider:
 
     async def launch(self, model: str, launch: Launch) -> Instance:
         """Start one instance for `model` in the launch's placement and lifecycle."""
+        # The template's latest version, named and tagged: a warm instance of an older one
+        # is known for stale once a deploy changes the template.
+        version = await self._latest_version(self._template_name(model))
         try:
-            answer = await self._client.create_fleet(**self._fleet_request(model, launch))
+            answer = await self._client.create_fleet(**self._fleet_request(model, launch, version))
         except ClientError as err:
             code = _error_code(err)
             if code in FLEET_UNAVAILABLE_CODES:
                 log.info("create_fleet unavailable, using run_instances", code=code)
-                return await self._run_instance(model, launch)
+                return await self._run_instance(model, launch, version)
             if is_capacity_error(code):
                 raise CapacityRefused(launch, _one_line(_error_text(err))) from err
             raise ProviderError(_launch_failure(launch, "create_fleet", err)) from err
@@ -188,7 +208,9 @@ class Ec2Provider:
         instance_id = str(instance_ids[0])
         return self._launched(instance_id, model, launch)
 
-    def _fleet_request(self, model: str, launch: Launch) -> dict[str, Any]:
+    def _fleet_request(
+        self, model: str, launch: Launch, version: TemplateVersion | None
+    ) -> dict[str, Any]:
         override: dict[str, str] = {"InstanceType": launch.instance_type}
         subnet = self._ec2.subnets.get(launch.zone)
         if subnet is not None:
@@ -201,7 +223,7 @@ class Ec2Provider:
             "Type": "instant",
             "LaunchTemplateConfigs": [
                 {
-                    "LaunchTemplateSpecification": self._template_spec(model),
+                    "LaunchTemplateSpecification": self._template_spec(model, version),
                     "Overrides": [override],
                 }
             ],
@@ -209,16 +231,22 @@ class Ec2Provider:
                 "TotalTargetCapacity": 1,
                 "DefaultTargetCapacityType": launch.lifecycle,
             },
-            "TagSpecifications": [{"ResourceType": "instance", "Tags": self._tags(model, launch)}],
+            "TagSpecifications": [
+                {"ResourceType": "instance", "Tags": self._tags(model, launch, version)}
+            ],
         }
 
-    async def _run_instance(self, model: str, launch: Launch) -> Instance:
+    async def _run_instance(
+        self, model: str, launch: Launch, version: TemplateVersion | None
+    ) -> Instance:
         request: dict[str, Any] = {
             "MinCount": 1,
             "MaxCount": 1,
-            "LaunchTemplate": self._template_spec(model),
+            "LaunchTemplate": self._template_spec(model, version),
             "InstanceType": launch.instance_type,
-            "TagSpecifications": [{"ResourceType": "instance", "Tags": self._tags(model, launch)}],
+            "TagSpecifications": [
+                {"ResourceType": "instance", "Tags": self._tags(model, launch, version)}
+            ],
         }
         subnet = self._ec2.subnets.get(launch.zone)
         if subnet is not None:
@@ -267,10 +295,16 @@ class Ec2Provider:
         meta = self._client.meta
         return instance_agent_id(meta.partition, meta.region_name, self._account, instance_id)
 
-    def _template_spec(self, model: str) -> dict[str, str]:
-        """The model's own launch template (what its agents boot), else the pool's."""
+    def _template_name(self, model: str) -> str:
+        """The model's own launch template (what its agents boot), else the pool's: id or name."""
         served = self._settings.model(model)
-        template = (served and served.launch_template) or self._ec2.launch_template
+        return (served and served.launch_template) or self._ec2.launch_template
+
+    def _template_spec(self, model: str, version: TemplateVersion | None) -> dict[str, str]:
+        """The model's launch template as a launch names it: this version, else its latest."""
+        if version is not None:
+            return {"LaunchTemplateId": version.template_id, "Version": version.number}
+        template = self._template_name(model)
         key = (
             "LaunchTemplateId"
             if template.startswith(LAUNCH_TEMPLATE_ID_PREFIX)
@@ -278,7 +312,9 @@ class Ec2Provider:
         )
         return {key: template, "Version": LAUNCH_TEMPLATE_VERSION}
 
-    def _tags(self, model: str, launch: Launch) -> list[dict[str, str]]:
+    def _tags(
+        self, model: str, launch: Launch, version: TemplateVersion | None
+    ) -> list[dict[str, str]]:
         pool = self._ec2.pool_name
         tags = [
             {"Key": POOL_TAG, "Value": pool},
@@ -288,6 +324,8 @@ class Ec2Provider:
         ]
         if launch.for_warm_pool:
             tags.append({"Key": WARM_POOL_TAG, "Value": "true"})
+        if version is not None:
+            tags.append({"Key": TEMPLATE_TAG, "Value": version.tag})
         return tags
 
     # -- list --
@@ -300,11 +338,47 @@ class Ec2Provider:
         ]
 
     async def stopped(self) -> list[StoppedInstance]:
-        """The pool's stopping and stopped instances: its models' warm pools."""
-        return [
-            _stopped_from_description(item, self._agent_id(item["InstanceId"]))
-            for item in await self._described(STOPPED_STATES)
-        ]
+        """The pool's stopping and stopped instances: its models' warm pools.
+
+        One launched from an older version of its model's launch template than the latest
+        (a deploy changed it since) is `stale`: started, it would boot what ran before.
+        """
+        described = await self._described(STOPPED_STATES)
+        templates = {
+            self._template_name(model)
+            for model in {_tags_of(i).get(MODEL_TAG, "") for i in described}
+        }
+        latest = {template: await self._latest_version(template) for template in templates}
+        found = []
+        for item in described:
+            tags = _tags_of(item)
+            current = latest[self._template_name(tags.get(MODEL_TAG, ""))]
+            booted = tags.get(TEMPLATE_TAG)  # none: launched before the pool tagged it
+            stale = current is not None and booted is not None and booted != current.tag
+            found.append(_stopped_from_description(item, self._agent_id(item["InstanceId"]), stale))
+        return found
+
+    async def _latest_version(self, template: str) -> TemplateVersion | None:
+        """The launch template's latest version (None: it could not be read)."""
+        key = (
+            "LaunchTemplateIds"
+            if template.startswith(LAUNCH_TEMPLATE_ID_PREFIX)
+            else "LaunchTemplateNames"
+        )
+        try:
+            reply = await self._client.describe_launch_templates(**{key: [template]})
+        except (ClientError, BotoCoreError) as err:
+            # A launch names `$Latest` instead, and a warm pool's instances are not stale.
+            log.warning(
+                "launch template unreadable: its latest version is not known",
+                template=template,
+                error=_one_line(_error_text(err)),
+            )
+            return None
+        (described,) = reply["LaunchTemplates"]  # one asked for: found, or an error
+        return TemplateVersion(
+            str(described["LaunchTemplateId"]), str(described["LatestVersionNumber"])
+        )
 
     async def _described(self, states: Sequence[str]) -> list[Mapping[str, Any]]:
         """The pool's instances in these states, as `describe_instances` gives them."""
@@ -501,7 +575,9 @@ def _instance_from_description(item: Mapping[str, Any], agent_id: str) -> Instan
     )
 
 
-def _stopped_from_description(item: Mapping[str, Any], agent_id: str) -> StoppedInstance:
+def _stopped_from_description(
+    item: Mapping[str, Any], agent_id: str, stale: bool
+) -> StoppedInstance:
     tags = _tags_of(item)
     return StoppedInstance(
         instance_id=str(item["InstanceId"]),
@@ -512,4 +588,5 @@ def _stopped_from_description(item: Mapping[str, Any], agent_id: str) -> Stopped
         # Stopped by hand (no tag): it has been stopped at least since it last started.
         stopped_at=_tagged_seconds(tags, STOPPED_AT_TAG) or _launch_seconds(item),
         stopping=item.get("State", {}).get("Name") == "stopping",
+        stale=stale,
     )

@@ -125,6 +125,9 @@ class WarmInstance:
     # Still stopping: counted in the warm pool, but EC2 refuses to start it until stopped
     # (which may take minutes, or hang), so cover does not wait for it.
     stopping: bool = False
+    # Launched before its launch template last changed (a deploy): started, it would boot
+    # what ran before, so it is never started, and terminated for a fresh one.
+    stale: bool = False
 
     @property
     def placement(self) -> PlacementKey:
@@ -248,9 +251,9 @@ def _drained(agent: PoolAgent, now: float) -> bool:
 
 
 def _listed(snapshot: PoolSnapshot, settings: PolicySettings) -> list[WarmInstance]:
-    """The stopped instances in placements the model still uses."""
+    """The stopped instances in placements the model still uses, booting what it runs now."""
     keys = {p.key for p in settings.placements}
-    return [w for w in snapshot.warm if w.placement in keys]
+    return [w for w in snapshot.warm if w.placement in keys and not w.stale]
 
 
 def _warm_bound(snapshot: PoolSnapshot, settings: PolicySettings) -> list[PoolAgent]:
@@ -434,14 +437,21 @@ def tend_warm_pool(
     """Keep `warm_pool_size` stopped instances, counting those on their way there.
 
     Agents booted for the pool are stopped into it; stopped instances in placements the model
-    no longer uses are terminated, and so are the oldest beyond the size. On-demand agents
-    serving now count as the pool's too (they are stopped back into it when spot takes over
-    again), so a warm start is not followed by a cold launch to refill the pool.
+    no longer uses, or launched before its launch template changed, are terminated, and so
+    are the oldest beyond the size. On-demand agents serving now count as the pool's too
+    (they are stopped back into it when spot takes over again), so a warm start is not
+    followed by a cold launch to refill the pool.
     """
+    listed = _listed(snapshot, settings)
     actions: list[Launch | WarmAction] = [
-        TerminateWarm(w.instance_id, "its placement is not the model's")
+        TerminateWarm(
+            w.instance_id,
+            "launched before its launch template changed"
+            if w.stale
+            else "its placement is not the model's",
+        )
         for w in snapshot.warm
-        if w not in _listed(snapshot, settings)
+        if w not in listed
     ]
     actions += [
         StopToWarm(a.agent_id, "booted once: into the warm pool")
@@ -450,7 +460,7 @@ def tend_warm_pool(
     ]
     started = {a.instance_id for a in planned if isinstance(a, StartWarm)}
     ending = {a.agent_id for a in planned if isinstance(a, Terminate | StopToWarm)}
-    kept = [w for w in _listed(snapshot, settings) if w.instance_id not in started]
+    kept = [w for w in listed if w.instance_id not in started]
     into_warm = drained_into_warm(snapshot, settings)
     pool = (
         len(kept)

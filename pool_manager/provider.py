@@ -52,11 +52,17 @@ class StoppedInstance:
     stopped_at: float
     url: str | None = None  # where its agent listens again once started (local agents)
     stopping: bool = False  # not stopped yet: it cannot be started
+    stale: bool = False  # launched from an older version of its model's launch template
 
     def warm(self) -> WarmInstance:
         """The policy's view of it."""
         return WarmInstance(
-            self.instance_id, self.instance_type, self.zone, self.stopped_at, self.stopping
+            self.instance_id,
+            self.instance_type,
+            self.zone,
+            self.stopped_at,
+            self.stopping,
+            self.stale,
         )
 
 

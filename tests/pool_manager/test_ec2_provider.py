@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError
+from structlog.testing import capture_logs
 
 from pool_manager.ec2_provider import Ec2Provider, latest_spot_prices
 from pool_manager.policy import Launch, WarmInstance
@@ -329,9 +330,10 @@ async def test_fleet_capacity_error_refuses_one_zone_only(
         "DefaultTargetCapacityType": "spot",
     }
     config = request["LaunchTemplateConfigs"][0]
+    # The template's latest version, by number: the instance is tagged with what it boots.
     assert config["LaunchTemplateSpecification"] == {
-        "LaunchTemplateName": TEMPLATE,
-        "Version": "$Latest",
+        "LaunchTemplateId": network.template_id,
+        "Version": "1",
     }
     assert config["Overrides"] == [{"InstanceType": GPU_TYPE, "SubnetId": network.subnets[ZONE_B]}]
 
@@ -411,6 +413,7 @@ async def test_fleet_unsupported_falls_back_to_run_instances(
         "spotgate:model": "llama",
         "spotgate:lifecycle": "spot",
         "Name": f"{POOL}-llama",
+        "spotgate:template": f"{network.template_id}:1",
     }
     on_demand_description = await describe(shared, on_demand.instance_id)
     assert "InstanceLifecycle" not in on_demand_description
@@ -535,6 +538,63 @@ async def test_an_instance_stopped_into_the_warm_pool_starts_again_as_a_warm_boo
     assert (await describe(shared, started.instance_id))["State"]["Name"] in (
         "shutting-down", "terminated",
     )  # fmt: skip
+
+
+async def test_a_warm_instance_launched_before_its_template_changed_is_stale(
+    aws: AwsEmulator, network: Network, provider: Ec2Provider
+) -> None:
+    shared = aws.settings()
+    before = await provider.launch("llama", Launch(GPU_TYPE, ZONE_A, "on-demand"))
+    await provider.stop(before.instance_id)
+    assert [s.stale for s in await provider.stopped()] == [False]
+    booted = tags_of(await describe(shared, before.instance_id))["spotgate:template"]
+    assert booted == f"{network.template_id}:1"  # the version it booted, as the launch named it
+
+    # A deploy: the template's new version boots another image (or agent settings).
+    await _ec2_call(
+        shared, "create_launch_template_version", LaunchTemplateName=TEMPLATE,
+        LaunchTemplateData={"ImageId": network.image_id, "InstanceType": "t3.small"},
+    )  # fmt: skip
+    after = await provider.launch("llama", Launch(GPU_TYPE, ZONE_A, "on-demand"))
+    await provider.stop(after.instance_id)
+
+    stale = {s.instance_id: s.stale for s in await provider.stopped()}
+    assert stale == {before.instance_id: True, after.instance_id: False}
+    (old,) = [s for s in await provider.stopped() if s.instance_id == before.instance_id]
+    assert old.warm().stale  # the policy terminates it, never starts it
+
+
+async def test_a_template_that_cannot_be_read_leaves_the_warm_pool_as_it_is(
+    aws: AwsEmulator, network: Network
+) -> None:
+    shared = aws.settings()
+    readable = True
+
+    def wrap(client: Any) -> Any:
+        async def describe_launch_templates(**request: Any) -> Any:
+            if readable:
+                return await client.describe_launch_templates(**request)
+            raise client_error("UnauthorizedOperation", "DescribeLaunchTemplates")
+
+        return WrappedClient(client, describe_launch_templates=describe_launch_templates)
+
+    settings = pool_settings(network, shared)
+    async with Ec2Provider.open(shared, settings, wrap_client=wrap) as provider:
+        instance = await provider.launch("llama", Launch(GPU_TYPE, ZONE_A, "on-demand"))
+        await provider.stop(instance.instance_id)
+        await _ec2_call(
+            shared, "create_launch_template_version", LaunchTemplateName=TEMPLATE,
+            LaunchTemplateData={"ImageId": network.image_id},
+        )  # fmt: skip
+        readable = False
+        with capture_logs() as logs:
+            assert [s.stale for s in await provider.stopped()] == [False]  # unknown: not stale
+            # A launch still boots the template's latest version, untagged.
+            untagged = await provider.launch("llama", Launch(GPU_TYPE, ZONE_A, "on-demand"))
+    (warning, _) = [log for log in logs if log["log_level"] == "warning"]
+    assert warning["event"] == "launch template unreadable: its latest version is not known"
+    assert "UnauthorizedOperation" in warning["error"]
+    assert "spotgate:template" not in tags_of(await describe(shared, untagged.instance_id))
 
 
 async def test_a_warm_start_refused_for_capacity_says_so(

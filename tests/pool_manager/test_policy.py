@@ -394,6 +394,7 @@ def od(zone: PlacementOption, *, for_warm_pool: bool = False) -> Launch:
 
 
 COVER = "on-demand cover, from the warm pool"
+STALE = "launched before its launch template changed"
 A_OTHER_TYPE = PlacementOption("g4dn.xlarge", "us-east-1a", 0.20, 0.50)
 
 
@@ -424,6 +425,12 @@ A_OTHER_TYPE = PlacementOption("g4dn.xlarge", "us-east-1a", 0.20, 0.50)
             (stopped("w-x", A_OTHER_TYPE),),
             {},
             [od(C), od(C), TerminateWarm("w-x", "its placement is not the model's")],
+        ),
+        # launched before a deploy changed its template: terminated, never started
+        (
+            (replace(stopped("w-c", C), stale=True), stopped("w-a", A)),
+            {},
+            [StartWarm("w-a", COVER), od(C), TerminateWarm("w-c", STALE)],
         ),
     ],
 )
@@ -502,6 +509,13 @@ TRIM = "more than the warm pool keeps"
                 stopped("w-a2", A, NOW - 900),
             ),
             [TerminateWarm("w-a2", TRIM), TerminateWarm("w-a1", TRIM)],
+        ),
+        # one launched before a deploy: terminated, and a fresh one boots in its stead
+        (
+            1,
+            (),
+            (replace(stopped("w-old", C), stale=True),),
+            [TerminateWarm("w-old", STALE), od(C, for_warm_pool=True)],
         ),
     ],
 )

@@ -35,6 +35,11 @@ CONTAINER_HEALTH_COMMAND = (
 LAUNCH_ACTIONS = ("ec2:CreateFleet", "ec2:RunInstances")
 WARM_POOL_ACTIONS = ("ec2:StopInstances", "ec2:StartInstances")
 WARM_POOL_TAGS = (STOPPED_AT_TAG, STARTED_AT_TAG, BOOT_TAG)
+DESCRIBE_ACTIONS = [
+    "ec2:DescribeInstances",
+    "ec2:DescribeSpotPriceHistory",
+    "ec2:DescribeLaunchTemplates",
+]
 """What the provider tags an instance of the pool with as it stops and starts it."""
 # Launches create these alongside the instance; they cannot carry the pool's tag beforehand.
 LAUNCH_SIDE_RESOURCES = ("volume", "network-interface", "spot-instances-request", "fleet")
@@ -256,10 +261,12 @@ class PoolManagerService(Construct):
                 },
             ),
             # The Describe calls have no resource-level permissions in IAM; the provider filters
-            # on the pool's tag itself, and reads the prices of its own placements.
+            # on the pool's tag itself, reads the prices of its own placements, and the
+            # latest version of its own launch templates (a warm instance of an older one is
+            # stale).
             iam.PolicyStatement(
                 sid="ListInstances",
-                actions=["ec2:DescribeInstances", "ec2:DescribeSpotPriceHistory"],
+                actions=DESCRIBE_ACTIONS,
                 resources=["*"],
             ),
             iam.PolicyStatement(
@@ -320,8 +327,7 @@ class PoolManagerService(Construct):
         prefix = f"arn:<AWS::Partition>:ec2:{stack.region}"
         mine = f"{prefix}:<AWS::AccountId>"
         wildcards = {
-            "*": "ec2:DescribeInstances and ec2:DescribeSpotPriceHistory have no resource-level "
-            "permissions in IAM.",
+            "*": f"{', '.join(DESCRIBE_ACTIONS)} have no resource-level permissions in IAM.",
             f"{mine}:instance/*": "Launch, terminate, stop, start and tagging are bound by the "
             "spotgate:pool request/resource tag; instance ids are unknown before launch.",
             f"{mine}:volume/*": "The root volume is created by the launch.",

@@ -434,6 +434,7 @@ def test_pool_manager_may_only_launch_stop_start_and_end_its_own_pool(
         "ec2:StartInstances",
         "ec2:DescribeInstances",
         "ec2:DescribeSpotPriceHistory",
+        "ec2:DescribeLaunchTemplates",
         "ec2:CreateTags",
     }
     pool = DEFAULTS.pool_name
@@ -486,7 +487,7 @@ def test_pool_manager_may_only_launch_stop_start_and_end_its_own_pool(
     # Only the Describe calls run on every resource: IAM cannot scope them.
     everywhere = [s for s in found if "*" in as_list(s["Resource"])]
     assert [s["Action"] for s in everywhere] == [
-        ["ec2:DescribeInstances", "ec2:DescribeSpotPriceHistory"]
+        ["ec2:DescribeInstances", "ec2:DescribeSpotPriceHistory", "ec2:DescribeLaunchTemplates"]
     ]
 
     from_template = [render(r) for r in as_list(by_sid["LaunchFromAgentTemplate"]["Resource"])]
