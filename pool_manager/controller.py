@@ -89,6 +89,7 @@ def pool_agent(instance: Instance, record: AgentRecord | None, now: float) -> Po
             phase="starting",
             launched_at=instance.launched_at,
             for_warm_pool=instance.for_warm_pool,
+            warm_boot=instance.boot == "warm",
         )
     gone = record.state is AgentState.GONE
     return PoolAgent(
@@ -104,6 +105,7 @@ def pool_agent(instance: Instance, record: AgentRecord | None, now: float) -> Po
         ready_at=record.ready_at,
         at_risk=record.rebalance_at is not None,
         for_warm_pool=instance.for_warm_pool,
+        warm_boot=instance.boot == "warm",
     )
 
 

@@ -73,6 +73,7 @@ class PoolAgent:
     ready_at: float | None = None
     at_risk: bool = False  # AWS recommended rebalancing it: replace first, then drain
     for_warm_pool: bool = False  # launched to boot once, then be stopped into the warm pool
+    warm_boot: bool = False  # started from the warm pool (`launched_at`: its start)
 
     @property
     def placement(self) -> PlacementKey:
@@ -92,6 +93,9 @@ class PolicySettings:
     on_demand_fallback: bool = True
     scale_down_idle_seconds: float = 600.0
     launch_timeout_seconds: float = 900.0
+    # A warm start is a minute or two: one far past that is stuck, and cover should not
+    # wait a cold start's timeout for it.
+    warm_start_timeout_seconds: float = 600.0
     heartbeat_timeout_seconds: float = 60.0
     on_demand_hold_seconds: float = 1800.0
     warm_pool_size: int = 0  # stopped on-demand instances kept to start in a warm start
@@ -235,7 +239,10 @@ def size_pool(previous: Sizing, needed: int, now: float, settings: PolicySetting
 def _dead(agent: PoolAgent, now: float, settings: PolicySettings) -> str | None:
     """Why the agent is dead (never came up, or its heartbeat stopped); None while it lives."""
     if agent.heartbeat_at is None:
-        if now - agent.launched_at > settings.launch_timeout_seconds:
+        if agent.warm_boot:
+            if now - agent.launched_at > settings.warm_start_timeout_seconds:
+                return "not ready within the warm start timeout"
+        elif now - agent.launched_at > settings.launch_timeout_seconds:
             return "not ready within the launch timeout"
     elif now - agent.heartbeat_at > settings.heartbeat_timeout_seconds:
         return "heartbeat stopped"

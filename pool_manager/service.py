@@ -74,6 +74,7 @@ def policy_settings(settings: PoolSettings) -> PolicySettings:
         on_demand_fallback=settings.on_demand_fallback,
         scale_down_idle_seconds=settings.scale_to_zero_idle_seconds,
         launch_timeout_seconds=settings.launch_timeout_seconds,
+        warm_start_timeout_seconds=settings.warm_start_timeout_seconds,
         heartbeat_timeout_seconds=settings.shared.registry.agent_ttl_seconds,
         on_demand_hold_seconds=settings.on_demand_hold_seconds,
         warm_pool_size=settings.warm_pool_size,

@@ -509,6 +509,7 @@ class PoolSettings(BaseSettings):
     volume_gib: PositiveFloat = 200.0
     volume_price_per_gib_month: NonNegativeFloat = 0.08
     launch_timeout_seconds: PositiveFloat = 900.0
+    warm_start_timeout_seconds: PositiveFloat = 600.0  # a start from the warm pool to ready
     # Launch to ready, assumed until the pool has timed a cold start of its own.
     cold_start_seconds: PositiveFloat = 600.0
     risky_placement_seconds: PositiveFloat = 1800.0

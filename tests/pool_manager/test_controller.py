@@ -515,9 +515,9 @@ async def test_an_agent_stopped_into_the_warm_pool_starts_again_as_a_warm_boot(
     assert report.warm == []
     assert report.warm_started == frozenset({first.agent_id})
     [(_, booting)] = report.agents
-    assert (booting.agent_id, booting.phase, booting.launched_at) == (
-        first.agent_id, "starting", clock.now,
-    )  # fmt: skip
+    assert (booting.agent_id, booting.phase, booting.launched_at, booting.warm_boot) == (
+        first.agent_id, "starting", clock.now, True,
+    )  # fmt: skip  # the reaper gives it the warm start's timeout
     assert await registry.get_agent(first.agent_id) is None  # its last boot's entry removed
     assert set(await registry.get_launches([first.agent_id])) == {first.agent_id}
     started = provider.running[first.instance_id]

@@ -279,6 +279,11 @@ def test_scale_down_drains_busy_agents_and_terminates_idle_and_booting_ones() ->
     ("pool_agent", "reason"),
     [
         (agent("x", phase="starting", heartbeat_at=None, launched_at=NOW - 901), "launch timeout"),
+        # started from the warm pool 10 minutes ago and still not up: stuck
+        (
+            replace(agent("x", "on-demand", phase="starting", heartbeat_at=None), warm_boot=True),
+            "warm start timeout",
+        ),
         (agent("x", heartbeat_at=NOW - 61), "heartbeat stopped"),
         (agent("x", phase="draining", drain_deadline=NOW + 60), "drained"),
         (agent("x", phase="draining", active=2, drain_deadline=NOW), "drained"),
@@ -295,6 +300,10 @@ def test_reaper_terminates_dead_and_drained_agents(pool_agent: PoolAgent, reason
     "pool_agent",
     [
         agent("x", phase="starting", heartbeat_at=None, launched_at=NOW - 899),
+        replace(
+            agent("x", "on-demand", phase="starting", heartbeat_at=None, launched_at=NOW - 599),
+            warm_boot=True,
+        ),
         agent("x", heartbeat_at=NOW - 59),
         agent("x", phase="draining", active=2, drain_deadline=NOW + 60),
         agent("x", phase="draining", active=1, drain_deadline=None),
