@@ -481,7 +481,6 @@ class Failover:
 
         It is not excluded: a continuation there from the client's tokens is as good as any.
         """
-        self.repeats = []
         agent = self._leave_agent()
         self.deadline = now + self.deadline_seconds
         return ResumeElsewhere(failed_agent=agent, tokens_so_far=len(self.ids))
@@ -638,6 +637,10 @@ class Failover:
             raise RuntimeError("an agent stream ended that was never opened")
         self.serving = None
         self.last_arrived_at = None  # the next agent's pace is its own, from its first delta
+        # Repeats it still owed are no other agent's: one resumed from the client's tokens
+        # sends new ones only (a repeat checked against them could drop one of them).
+        self.repeats = []
+        self.repeated_text = []
         return agent
 
     def _resume_elsewhere(self, now: float) -> ResumeElsewhere:

@@ -862,6 +862,29 @@ def test_a_next_agent_taking_over_at_the_break_must_repeat_the_clients_tokens(
         )
 
 
+@pytest.mark.parametrize("how", [LINK_LOST, STALLED, ErrorCode.NO_CAPACITY])
+def test_a_next_agent_that_breaks_before_its_repeats_leaves_none_owed_to_the_next(
+    how: Ending,
+) -> None:
+    stream = arrive()
+    moving(stream, [5, 6, 7])
+    relay(stream, [8], "h")
+    end(stream, ErrorCode.INTERRUPTED)  # the break: "b" takes over, owing a repeat of [8]
+    stream.on_next_agent_takes_over()
+    stream.on_opened("b")
+    end(stream, how, now=ARRIVED + 2)  # "b" breaks before it repeated anything
+
+    assert not stream.repeating
+    stream.on_agent_chosen(monotonic=STARTED + 3)
+    assert stream.agent_frame("to-c").resume == Resume(
+        token_ids=[5, 6, 7, 8], text="abch", completion_tokens=4
+    )
+    stream.on_opened("c")
+    stream.on_start(start("c"))
+    relay(stream, [8], "h", at=STARTED + 4)  # new from "c": the same token again, sent on
+    assert stream.ids == [5, 6, 7, 8, 8]
+
+
 def test_an_abandoned_move_can_be_prepared_again() -> None:
     stream = arrive()
     place(stream, "a")
