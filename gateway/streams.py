@@ -37,8 +37,11 @@ class RelayHandle:
     task: asyncio.Task[None]
 
     def end(self, reason: str) -> None:
-        """Stop relaying (the client cancelled or went away)."""
-        self.task.cancel()
+        """Stop relaying (the client cancelled or went away); a second call changes nothing."""
+        # Once: a second cancellation would land in the relay's cleanup (cancelling the
+        # agents' streams, giving their slots back, charging the key) and cut it short.
+        if not self.task.done() and not self.task.cancelling():
+            self.task.cancel()
 
 
 def resume_delivered(state: GatewayState, frame: GenerateFrame, principal: Principal) -> bool:

@@ -8,6 +8,7 @@ import time
 from gateway.agent_link import StreamChannel
 from gateway.dispatch import Dispatcher
 from gateway.relay import RelayOutcome, relay_stream
+from gateway.streams import RelayHandle
 from spotgate.protocol import (
     DeltaFrame,
     DoneFrame,
@@ -162,3 +163,43 @@ async def test_a_move_switches_within_a_next_agent_delta_that_goes_past_the_clie
     assert [type(frame) for frame in client].count(StartFrame) == 2
     assert isinstance(client[-1], DoneFrame)
     assert draining.cancelled == [draining.frames[-1].id]
+
+
+async def test_a_client_that_cancels_twice_mid_move_leaves_neither_agent_streaming() -> None:
+    """A second `cancel` (or the socket's close after one) does not cut the first's cleanup."""
+    dispatcher = Dispatcher(QueueSettings(deadline_seconds=5.0))
+    dispatcher.view.replace(ready("a"), time.time())
+    links = {"a": ScriptedLink("a"), "b": ScriptedLink("b")}
+    frames = relay_stream(
+        GenerateFrame(id="s", model=MODEL, prompt="hi", max_tokens=50, want_ids=True),
+        dispatcher=dispatcher,
+        link_for=links.get,  # type: ignore[arg-type]
+        deadline_seconds=5.0,
+        stall_seconds=30.0,
+        outcome=RelayOutcome(),
+    )
+    draining, following = links["a"], links["b"]
+    first_delta = asyncio.Event()
+
+    async def client() -> None:
+        async for frame in frames:
+            if isinstance(frame, DeltaFrame):
+                first_delta.set()
+
+    handle = RelayHandle(asyncio.create_task(client()))
+    await draining.opened.wait()
+    draining.start()
+    draining.delta([1], "a")
+    await first_delta.wait()
+    dispatcher.view.replace(ready("a", "b"), time.time())
+    draining.channel.push(MovingFrame(id=draining.frames[-1].id))
+    await following.opened.wait()  # the move's next agent is open
+
+    handle.end("cancelled")
+    await asyncio.sleep(0)  # its cleanup has begun: it waits on the move's task
+    handle.end("cancelled")
+    await asyncio.gather(handle.task, return_exceptions=True)
+
+    assert draining.cancelled == [draining.frames[-1].id]
+    assert following.cancelled == [following.frames[-1].id]
+    assert dict(dispatcher.outstanding) == {}  # both agents' slots given back
