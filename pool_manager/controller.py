@@ -39,6 +39,7 @@ from pool_manager.policy import (
     TerminateWarm,
     WarmAction,
     WarmInstance,
+    sizing_on_start,
 )
 from pool_manager.provider import (
     CapacityRefused,
@@ -165,11 +166,17 @@ class PoolController:
         for model in models:
             settings = self._settings_of(model)
             scaled = fixed.get(model) if model in served else None  # `pool scale` of any name
-            targets[model] = self._size(model, demand.get(model, Demand()), scaled, now, settings)
             mine = _Pool(
                 [i for i in instances if i.model == model],
                 [s for s in stopped if s.model == model],
             )
+            if model not in self.sizing:  # this run's first pass: the pool so far was needed
+                self.sizing[model] = sizing_on_start(
+                    [pool_agent(i, records.get(i.agent_id), now) for i in mine.running],
+                    now,
+                    settings,
+                )
+            targets[model] = self._size(model, demand.get(model, Demand()), scaled, now, settings)
             acted, denied = await self._converge(
                 model, targets[model], mine, records, now, settings
             )

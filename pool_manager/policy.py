@@ -236,6 +236,16 @@ def size_pool(previous: Sizing, needed: int, now: float, settings: PolicySetting
     return previous
 
 
+def sizing_on_start(agents: Sequence[PoolAgent], now: float, settings: PolicySettings) -> Sizing:
+    """A model's sizing when the pool manager starts: the agents serving it were needed now.
+
+    So a restart in a lull scales the pool down only after the idle time, as the run before
+    it would have, not at once from the demand of that moment.
+    """
+    serving = sum(1 for a in agents if not a.for_warm_pool and a.phase in ("starting", "ready"))
+    return Sizing(target=min(serving, settings.max_agents), needed_at=now)
+
+
 def _dead(agent: PoolAgent, now: float, settings: PolicySettings) -> str | None:
     """Why the agent is dead (never came up, or its heartbeat stopped); None while it lives."""
     if agent.heartbeat_at is None:

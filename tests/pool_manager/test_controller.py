@@ -13,6 +13,7 @@ from pool_manager.controller import SPOT_PRICES_READ_SECONDS, PoolController
 from pool_manager.events import PoolEvent
 from pool_manager.policy import (
     Action,
+    Drain,
     HedgedSpotPolicy,
     Launch,
     PlacementOption,
@@ -296,6 +297,30 @@ async def test_scale_down_waits_for_the_idle_time_and_drains(
     report = await controller.reconcile()
     assert report.targets == {MODEL: 1}
     assert [type(a).__name__ for a in report.actions] == ["Drain"]  # busy: drained, not cut
+
+
+async def test_a_restarted_pool_manager_scales_down_only_after_the_idle_time(
+    registry: Registry, provider: MemoryProvider, clock: FakeClock
+) -> None:
+    def started() -> PoolController:
+        return PoolController(
+            registry=registry, provider=provider, settings=SETTINGS, models=(MODEL,), clock=clock
+        )
+
+    await registry.publish_demand(MODEL, "gw-1", pending=0, active=15)
+    await started().reconcile()
+    for instance in provider.running.values():
+        await register_ready(registry, instance)
+    await registry.publish_demand(MODEL, "gw-1", pending=0, active=0)  # a lull
+
+    restarted = started()  # a deploy, or a crash: what it knew of the pool's sizing is gone
+    report = await restarted.reconcile()
+    assert report.targets == {MODEL: 2}  # as the run before would have held it
+    assert [a for a in report.actions if isinstance(a, Drain | Terminate)] == []
+    clock.advance(601)
+    for instance in provider.running.values():
+        await registry.heartbeat(instance.agent_id, 0)
+    assert (await restarted.reconcile()).targets == {MODEL: 0}
 
 
 async def test_pool_scale_fixes_the_count_until_auto(

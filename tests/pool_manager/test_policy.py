@@ -27,6 +27,7 @@ from pool_manager.policy import (
     margin_cover,
     reap,
     size_pool,
+    sizing_on_start,
 )
 
 NOW = 10_000.0
@@ -270,6 +271,22 @@ def test_scale_down_drains_busy_agents_and_terminates_idle_and_booting_ones() ->
     assert Drain("busy", "more spot than the target needs") in actions
     assert Drain("keep", "more spot than the target needs") in actions
     assert not any(isinstance(a, Launch) for a in actions)
+
+
+@pytest.mark.parametrize(
+    ("agents", "target"),
+    [
+        ((), 0),
+        ((agent("a"), agent("b", phase="starting", heartbeat_at=None)), 2),
+        # one draining, one booting for the warm pool: neither serves the target
+        ((agent("a"), agent("d", phase="draining"), replace(agent("w"), for_warm_pool=True)), 1),
+        (tuple(agent(f"a{n}") for n in range(10)), 8),  # no more than max_agents
+    ],
+)
+def test_a_started_pool_manager_takes_the_agents_serving_as_needed_until_now(
+    agents: tuple[PoolAgent, ...], target: int
+) -> None:
+    assert sizing_on_start(agents, NOW, SETTINGS) == Sizing(target=target, needed_at=NOW)
 
 
 # --- reaper ------------------------------------------------------------------------------
