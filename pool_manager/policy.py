@@ -37,6 +37,10 @@ from spotgate.settings import DEFAULT_AGENT_CAPACITY
 LaunchLifecycle = Literal["spot", "on-demand"]
 AgentPhase = Literal["starting", "ready", "draining"]
 
+STOP_STUCK_SECONDS = 900.0
+"""A stop takes a few minutes: an instance still stopping this long after it began is stuck
+(EC2 stops hang at times), and it is terminated rather than held as the warm pool's."""
+
 
 @dataclass(frozen=True, slots=True)
 class PlacementOption:
@@ -267,10 +271,20 @@ def _drained(agent: PoolAgent, now: float) -> bool:
     )
 
 
+def _unkept(warm: WarmInstance, now: float, settings: PolicySettings) -> str | None:
+    """Why a stopped instance is no longer the warm pool's (None: it is)."""
+    if warm.placement not in {p.key for p in settings.placements}:
+        return "its placement is not the model's"
+    if warm.stale:
+        return "launched before its launch template changed"
+    if warm.stopping and now - warm.stopped_at > STOP_STUCK_SECONDS:
+        return "stuck stopping"
+    return None
+
+
 def _listed(snapshot: PoolSnapshot, settings: PolicySettings) -> list[WarmInstance]:
-    """The stopped instances in placements the model still uses, booting what it runs now."""
-    keys = {p.key for p in settings.placements}
-    return [w for w in snapshot.warm if w.placement in keys and not w.stale]
+    """The stopped instances the warm pool keeps (`_unkept` says why any other is not)."""
+    return [w for w in snapshot.warm if _unkept(w, snapshot.now, settings) is None]
 
 
 def _warm_bound(snapshot: PoolSnapshot, settings: PolicySettings) -> list[PoolAgent]:
@@ -454,21 +468,16 @@ def tend_warm_pool(
     """Keep `warm_pool_size` stopped instances, counting those on their way there.
 
     Agents booted for the pool are stopped into it; stopped instances in placements the model
-    no longer uses, or launched before its launch template changed, are terminated, and so
-    are the oldest beyond the size. On-demand agents serving now count as the pool's too
-    (they are stopped back into it when spot takes over again), so a warm start is not
-    followed by a cold launch to refill the pool.
+    no longer uses, launched before its launch template changed, or stuck stopping are
+    terminated, and so are the oldest beyond the size. On-demand agents serving now count as
+    the pool's too (they are stopped back into it when spot takes over again), so a warm start
+    is not followed by a cold launch to refill the pool.
     """
     listed = _listed(snapshot, settings)
     actions: list[Launch | WarmAction] = [
-        TerminateWarm(
-            w.instance_id,
-            "launched before its launch template changed"
-            if w.stale
-            else "its placement is not the model's",
-        )
+        TerminateWarm(w.instance_id, reason)
         for w in snapshot.warm
-        if w not in listed
+        if (reason := _unkept(w, snapshot.now, settings)) is not None
     ]
     actions += [
         StopToWarm(a.agent_id, "booted once: into the warm pool")

@@ -452,6 +452,12 @@ A_OTHER_TYPE = PlacementOption("g4dn.xlarge", "us-east-1a", 0.20, 0.50)
             {},
             [od(C), od(C), TerminateWarm("w-x", "its placement is not the model's")],
         ),
+        # stopping for longer than a stop takes: stuck, terminated, the cover launched
+        (
+            (replace(stopped("w-c", C, stopped_at=NOW - 901), stopping=True),),
+            {},
+            [od(C), od(C), TerminateWarm("w-c", "stuck stopping")],
+        ),
         # launched before a deploy changed its template: terminated, never started
         (
             (replace(stopped("w-c", C), stale=True), stopped("w-a", A)),
@@ -542,6 +548,13 @@ TRIM = "more than the warm pool keeps"
             (),
             (replace(stopped("w-old", C), stale=True),),
             [TerminateWarm("w-old", STALE), od(C, for_warm_pool=True)],
+        ),
+        # one stuck stopping: no longer counted, so the pool is refilled
+        (
+            1,
+            (),
+            (replace(stopped("w-stuck", C, NOW - 901), stopping=True),),
+            [TerminateWarm("w-stuck", "stuck stopping"), od(C, for_warm_pool=True)],
         ),
     ],
 )
