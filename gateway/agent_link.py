@@ -12,6 +12,7 @@ elsewhere.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -166,10 +167,11 @@ class StreamChannel:
             self.closed = isinstance(item, DoneFrame | ErrorFrame | LinkLost | GatewayGoingAway)
         self._ready.set()
 
-    def unread(self) -> list[ChannelItem]:
-        """What was pushed and not yet read, in order (deltas merged as they waited)."""
+    def unread(self, skipped: int = 0) -> list[ChannelItem]:
+        """What was pushed and not yet read, past the first `skipped`, in order (merged)."""
         return [
-            entry.frame() if isinstance(entry, _PendingDelta) else entry for entry in self._items
+            entry.frame() if isinstance(entry, _PendingDelta) else entry
+            for entry in itertools.islice(self._items, skipped, None)
         ]
 
     async def items(self, stall_seconds: float | None = None) -> AsyncIterator[ChannelItem]:

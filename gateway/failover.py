@@ -269,6 +269,11 @@ class Failover:
     # many of its text parts), once opened: the draining agent's tokens are paced meanwhile.
     next_from: int | None = None
     next_text_from: int = 0
+    # Its first frames, judged already to repeat held tokens with more to come (a verdict
+    # that more held tokens cannot change): their count, and the ids and text they repeat.
+    next_judged: int = 0
+    next_repeated: int = 0
+    next_repeated_text: list[str] = field(default_factory=list)
     # After a switch: held ids the next agent repeats first (dropped), and their text.
     repeats: list[int] = field(default_factory=list)
     repeats_text: str = ""
@@ -392,6 +397,7 @@ class Failover:
         """
         self.next_from = len(self.ids)
         self.next_text_from = len(self.text)
+        self.next_judged, self.next_repeated, self.next_repeated_text = 0, 0, []
         return self.agent_frame(agent_stream_id)
 
     def pace_until(self) -> float | None:
@@ -401,34 +407,39 @@ class Failover:
         return self.last_delta_at + MOVE_PACE_GAP_MULTIPLE * statistics.median(self.recent_gaps)
 
     def on_next_agent_frames(self, frames: Sequence[object]) -> CatchUp:
-        """The next agent's frames so far, against the client's tokens since it started.
+        """The next agent's frames after the `next_judged` first, against the client's tokens.
 
         It is caught up at a delta that ends where the client stands, or goes on past it,
         having repeated the client's ids and text: the stream switches to it there
-        (`on_switch`), and the client is sent what it adds (`on_repeated_delta`).
+        (`on_switch`), and the client is sent what it adds (`on_repeated_delta`). Each frame
+        that repeats held tokens with more to come is judged once, so a long catch-up costs
+        each of the draining agent's deltas the next agent's new frames only.
         """
         if self.next_from is None:
             return CatchUp.FAILED
         held = self.ids[self.next_from :]
         held_text = "".join(self.text[self.next_text_from :])
-        repeated, text_before = 0, ""
         for frame in frames:
             if isinstance(frame, StartFrame):
+                self.next_judged += 1
                 continue
             if isinstance(frame, DeltaFrame):
+                repeated = self.next_repeated
+                text_before = "".join(self.next_repeated_text)
                 against, _ = against_held(frame, held[repeated:], text_before, held_text)
                 if against is Against.DIVERGED:
                     compared = repeated + min(len(frame.ids or ()), len(held) - repeated)
                     return self._drop_next_agent(CatchUp.DIVERGED, compared=compared)
                 if against is Against.SHORT:
-                    repeated += len(frame.ids or ())
-                    text_before += frame.text
+                    self.next_judged += 1
+                    self.next_repeated += len(frame.ids or ())
+                    self.next_repeated_text.append(frame.text)
                     continue
                 if against is Against.REPEATED:
                     return CatchUp.CAUGHT_UP
                 return CatchUp.BEHIND  # its text held back, or not to be cut where the client is
             if isinstance(frame, DoneFrame):  # it ended short of the client's tokens
-                return self._drop_next_agent(CatchUp.DIVERGED, compared=repeated)
+                return self._drop_next_agent(CatchUp.DIVERGED, compared=self.next_repeated)
             # An error, its link lost, or its own agent draining (`moving`).
             return self._drop_next_agent(CatchUp.FAILED, compared=0)
         return CatchUp.BEHIND

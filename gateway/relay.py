@@ -185,7 +185,9 @@ async def relay_stream(
                     )
                     if following is None:
                         continue
-                    caught_up = stream.on_next_agent_frames(following.channel.unread())
+                    caught_up = stream.on_next_agent_frames(
+                        following.channel.unread(skipped=stream.next_judged)
+                    )
                     if caught_up is CatchUp.CAUGHT_UP:
                         stream.on_switch()
                         switched, following, left_running = _switched(stream, following), None, True

@@ -740,6 +740,23 @@ def test_a_next_agent_is_caught_up_where_it_repeated_the_clients_tokens_to_a_bou
     assert (stream.next_from is None) is (verdict in (CatchUp.DIVERGED, CatchUp.FAILED))
 
 
+def test_a_next_agents_frames_are_judged_once_as_they_come() -> None:
+    """Each check takes the frames after those already judged: a catch-up costs no rescans."""
+    stream = arrive()
+    moving(stream, [5, 6, 7])
+    relay(stream, [8], "h")
+    relay(stream, [9], "i")
+    following = [start("b"), delta([8], "h")]
+    assert stream.on_next_agent_frames(following[stream.next_judged :]) is CatchUp.BEHIND
+    assert stream.next_judged == 2
+    relay(stream, [10], "j")  # the client goes on meanwhile, paced
+    following.append(delta([9], "i"))
+    assert stream.on_next_agent_frames(following[stream.next_judged :]) is CatchUp.BEHIND
+    following.append(delta([10, 11], "jk"))
+    assert stream.on_next_agent_frames(following[stream.next_judged :]) is CatchUp.CAUGHT_UP
+    assert stream.next_judged == 3  # the last is where it switches: its rest is the client's
+
+
 def logprob(token: str) -> TokenLogprob:
     return TokenLogprob(token=token, logprob=-1.0, bytes=None, top_logprobs=[])
 
