@@ -135,6 +135,8 @@ class StreamChannel:
         self.merge_deltas = True
         self.sent_at = time.monotonic()
         self.first_delta_at: float | None = None  # when the agent's first token came in
+        self.last_delta_at: float | None = None  # and its latest
+        self.tokens_in = 0  # tokens come in, read or not
         self.delta_arrived_at = self.sent_at  # when the delta last taken came in
 
     def push(self, item: ChannelItem) -> None:
@@ -145,6 +147,8 @@ class StreamChannel:
             arrived_at = time.monotonic()
             if self.first_delta_at is None:
                 self.first_delta_at = arrived_at
+            self.last_delta_at = arrived_at
+            self.tokens_in += item.n
             last = self._items[-1] if self._items else None
             if isinstance(last, _PendingDelta) and self.merge_deltas:
                 last.add(item)
@@ -166,6 +170,12 @@ class StreamChannel:
             self._items.append(item)
             self.closed = isinstance(item, DoneFrame | ErrorFrame | LinkLost | GatewayGoingAway)
         self._ready.set()
+
+    def gap_seconds(self) -> float | None:
+        """The agent's mean time per token after its first (None: too few yet to tell)."""
+        if self.first_delta_at is None or self.last_delta_at is None or self.tokens_in < 2:
+            return None
+        return (self.last_delta_at - self.first_delta_at) / (self.tokens_in - 1)
 
     def unread(self, skipped: int = 0) -> list[ChannelItem]:
         """What was pushed and not yet read, past the first `skipped`, in order (merged)."""

@@ -239,6 +239,21 @@ def against_held(
     return Against.UNCUT, None
 
 
+def worth_taking_over(
+    behind_tokens: int, prefill_seconds: float | None, gap_seconds: float | None
+) -> bool:
+    """Whether a next agent `behind_tokens` short of the client takes over at the break.
+
+    The client waits while it repeats them, `behind_tokens` of its gaps: worth it unless a
+    resume elsewhere, a prefill (about as long as its own took, `prefill_seconds`), is
+    shorter. One still in its prefill (None) or with one token yet takes over: a resume
+    would start a prefill afresh.
+    """
+    if prefill_seconds is None or gap_seconds is None:
+        return True
+    return behind_tokens * gap_seconds <= prefill_seconds
+
+
 def agent_handle(handle_key: bytes, agent_id: str) -> str:
     """What a stream's `start` calls its agent: a keyed hash of its id, the key the stream's own."""
     digest = hashlib.blake2b(agent_id.encode(), key=handle_key, digest_size=AGENT_HANDLE_BYTES)
@@ -443,6 +458,13 @@ class Failover:
             # An error, its link lost, or its own agent draining (`moving`).
             return self._drop_next_agent(CatchUp.FAILED, compared=0)
         return CatchUp.BEHIND
+
+    @property
+    def next_behind(self) -> int:
+        """The client's tokens the next agent has yet to repeat (of those judged so far)."""
+        if self.next_from is None:
+            return 0
+        return len(self.ids) - self.next_from - self.next_repeated
 
     def on_switch(self) -> str:
         """The next agent takes the stream over (caught up, or its draining agent broke first).

@@ -52,6 +52,7 @@ from gateway.failover import (
     RelayOutcome,
     Unplaced,
     WaitForRoom,
+    worth_taking_over,
 )
 from gateway.prefix import PromptPrefix, tenant_session
 from gateway.receipts import ReceiptChain
@@ -240,7 +241,8 @@ async def relay_stream(
                         stalled_seconds=item.seconds,
                         tokens_so_far=stalled.tokens_so_far,
                     )
-                    switched, following = _taking_over(stream, following), None
+                    switched = _taking_over(stream, following)
+                    following = None if switched is not None else following
                     break
                 elif isinstance(item, ErrorFrame | LinkLost):  # the agent's stream ended early
                     decision = (
@@ -260,7 +262,8 @@ async def relay_stream(
                             failed_agent=decision.failed_agent,
                             tokens_so_far=decision.tokens_so_far,
                         )
-                        switched, following = _taking_over(stream, following), None
+                        switched = _taking_over(stream, following)
+                        following = None if switched is not None else following
                     break
         finally:
             if mover is not None:  # the stream ended or broke before its move was ready
@@ -358,8 +361,28 @@ def _switched(stream: Failover, following: _Leg) -> _Leg:
 
 
 def _taking_over(stream: Failover, following: _Leg | None) -> _Leg | None:
-    """At the break: the next agent's stream, if one is catching up, takes over where it is."""
+    """At the break: the next agent's stream, if one is catching up, takes over where it is.
+
+    Unless it has fallen so far behind that repeating what the client holds would take
+    longer than a resume's prefill (`worth_taking_over`): it is left to be closed, and the
+    stream resumes as from any break.
+    """
     if following is None:
+        return None
+    channel = following.channel
+    if stream.on_next_agent_frames(channel.unread(skipped=stream.next_judged)) in (
+        CatchUp.DIVERGED,
+        CatchUp.FAILED,
+    ):
+        return None  # dropped: the move is over
+    prefill = None if channel.first_delta_at is None else channel.first_delta_at - channel.sent_at
+    if not worth_taking_over(stream.next_behind, prefill, channel.gap_seconds()):
+        log.info(
+            "next agent too far behind to take over at the break; resuming elsewhere",
+            stream_id=stream.request.id,
+            behind_tokens=stream.next_behind,
+        )
+        stream.on_move_abandoned()
         return None
     stream.on_next_agent_takes_over()
     log.info("next agent takes over at the break", stream_id=stream.request.id)

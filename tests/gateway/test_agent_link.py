@@ -152,3 +152,18 @@ async def test_a_stream_the_gateway_ended_itself_is_still_cancelled_on_its_agent
         async with asyncio.timeout(5):
             assert await cancelled.get() == "a"
         await link.close()
+
+
+async def test_an_agents_pace_is_told_from_the_tokens_come_in() -> None:
+    """Read or not: a next agent still catching up is judged by what it sent."""
+    channel = StreamChannel()
+    channel.push(delta("a", [1]))
+    assert (channel.tokens_in, channel.gap_seconds()) == (1, None)  # one token: no pace yet
+    before = time.monotonic()
+    channel.push(delta("bc", [2, 3]))
+    after = time.monotonic()
+    assert channel.tokens_in == 3
+    gap = channel.gap_seconds()
+    assert gap is not None
+    assert channel.first_delta_at is not None
+    assert (before - channel.first_delta_at) / 2 <= gap <= (after - channel.first_delta_at) / 2

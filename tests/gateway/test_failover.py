@@ -21,6 +21,7 @@ from gateway.failover import (
     against_held,
     agent_handle,
     past_held,
+    worth_taking_over,
 )
 from gateway.receipts import ReceiptSigner
 from spotgate.protocol import (
@@ -755,6 +756,34 @@ def test_a_next_agents_frames_are_judged_once_as_they_come() -> None:
     following.append(delta([10, 11], "jk"))
     assert stream.on_next_agent_frames(following[stream.next_judged :]) is CatchUp.CAUGHT_UP
     assert stream.next_judged == 3  # the last is where it switches: its rest is the client's
+
+
+@pytest.mark.parametrize(
+    ("behind_tokens", "prefill_seconds", "gap_seconds", "takes_over"),
+    [
+        (200, None, None, True),  # still in its prefill: a resume would start one afresh
+        (200, 0.6, None, True),  # one token yet: its pace unknown
+        (20, 0.75, 0.03125, True),  # 0.625 s of repeats against a 0.75 s prefill
+        (24, 0.75, 0.03125, True),  # as long as a prefill
+        (25, 0.75, 0.03125, False),
+        (130, 0.5, 0.05, False),  # slower than the client's pace: it fell far behind
+    ],
+)
+def test_a_next_agent_takes_over_at_the_break_unless_a_prefill_is_sooner(
+    behind_tokens: int, prefill_seconds: float | None, gap_seconds: float | None, takes_over: bool
+) -> None:
+    assert worth_taking_over(behind_tokens, prefill_seconds, gap_seconds) is takes_over
+
+
+def test_how_far_behind_a_next_agent_is_counts_what_it_repeated() -> None:
+    stream = arrive()
+    moving(stream, [5, 6, 7])
+    relay(stream, [8], "h")
+    relay(stream, [9], "i")
+    relay(stream, [10], "j")
+    assert stream.next_behind == 3
+    stream.on_next_agent_frames([start("b"), delta([8], "h")])
+    assert stream.next_behind == 2
 
 
 def logprob(token: str) -> TokenLogprob:

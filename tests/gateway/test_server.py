@@ -409,6 +409,31 @@ async def test_a_spot_notice_moves_the_stream_before_its_agent_breaks_it(
     assert sum(streams.labels(outcome=o)._value.get() for o in ("cancelled", "interrupted")) == 1
 
 
+async def test_a_next_agent_slower_than_the_clients_pace_resumes_at_the_break_not_behind(
+    gateway: Gateway, gateway_agent: GatewayAgentFactory, api_key: CreatedApiKey, imds: Imds
+) -> None:
+    stream_tokens = 600
+    draining = await gateway_agent(tokens_per_second=40.0)
+    async with connect(gateway.ws_url, api_key.api_key) as ws:
+        await send(ws, generate("s", MODEL, content="outrun me", max_tokens=stream_tokens))
+        frames = [await receive(ws)]
+        # Its only successor runs at half the client's paced rate (32 tokens/s): at the break
+        # (10 s on) it is ~130 tokens behind, 6 s of repeats against a 0.5 s prefill.
+        slow = synthetic(20.0, model=MODEL, ttft_seconds=0.5)
+        await gateway_agent(engine=slow, imds_url="http://127.0.0.1:9")
+        await spot_notice(imds, in_seconds=25)
+        while frames[-1]["type"] not in ("done", "error"):
+            frames.append(await receive(ws))
+
+    assert frames[-1]["type"] == "done", frames[-1]
+    assert text_of(frames) == expected_text("outrun me", stream_tokens)
+    metrics = gateway.state.metrics
+    assert metrics.early_moves._value.get() == 0  # not taken over where it stood
+    assert metrics.resumes._value.get() == 1  # resumed from the client's tokens instead
+    streams = draining.runtime.metrics.streams
+    assert streams.labels(outcome="interrupted")._value.get() == 1
+
+
 async def in_view(gateway: Gateway, agent_id: str) -> None:
     """Wait until the gateway routes to the agent."""
 
