@@ -188,6 +188,13 @@ def agent_url_allowed(url: str, networks: Collection[IPv4Network | IPv6Network])
     return any(address in network for network in networks)
 
 
+@dataclass(eq=False, slots=True)
+class _Waiter:
+    """A stream in a model's queue (each one itself: compared by identity)."""
+
+    under_way: bool
+
+
 class Dispatcher:
     """Chooses agents for streams and queues the streams that must wait."""
 
@@ -213,7 +220,7 @@ class Dispatcher:
         self._queue = queue
         self._scalable = frozenset(scale_from_zero_models)
         self._clock = clock
-        self._waiting: dict[str, list[object]] = {}
+        self._waiting: dict[str, list[_Waiter]] = {}
         self._changed = asyncio.Event()
         self._full_until: dict[str, float] = {}
         self.forecasts: dict[str, PoolForecast] = {}
@@ -337,8 +344,14 @@ class Dispatcher:
         deadline: float,
         prefix: PromptPrefix | None = None,
         adapter: str | None = None,
+        under_way: bool = False,
     ) -> AsyncIterator[Queued | Candidate]:
-        """Yield queue positions while waiting, then the chosen agent (last item)."""
+        """Yield queue positions while waiting, then the chosen agent (last item).
+
+        A stream `under_way` (moved, or resumed after a break) waits ahead of new ones and is
+        never refused for a full queue: its client is mid-reply, and a spot loss, when the
+        queue fills, must not cut it off.
+        """
         if self.closing:
             raise GatewayClosing(model)
         chosen = self.choose(model, session, exclude, prefix, adapter)
@@ -348,10 +361,11 @@ class Dispatcher:
         if not self.knows(model):
             raise UnknownModel(model)
         waiters = self._waiting.setdefault(model, [])
-        if len(waiters) >= self._queue.max_pending_per_model:
+        if not under_way and len(waiters) >= self._queue.max_pending_per_model:
             raise QueueFull(model)
-        me = object()
-        waiters.append(me)
+        me = _Waiter(under_way)
+        # Those under way first, each group first come first served.
+        waiters.insert(sum(w.under_way for w in waiters) if under_way else len(waiters), me)
         queued_at = self._clock()
         until = deadline
         try:

@@ -121,7 +121,12 @@ async def relay_stream(
             chosen: Candidate | None = None
             try:
                 async for event in _acquire(
-                    dispatcher, frame, prefix, exclude=stream.excluded, deadline=stream.deadline
+                    dispatcher,
+                    frame,
+                    prefix,
+                    exclude=stream.excluded,
+                    deadline=stream.deadline,
+                    under_way=stream.placements > 0,  # resumed here after a break
                 ):
                     if isinstance(event, Queued):
                         queued = stream.on_queued(event.position, event.eta_seconds)
@@ -287,6 +292,7 @@ def _acquire(
     *,
     exclude: Collection[str],
     deadline: float,
+    under_way: bool,
 ) -> AsyncIterator[Queued | Candidate]:
     """The dispatcher's wait for an agent for the client's stream (its session, prefix, adapter)."""
     return dispatcher.acquire(
@@ -296,6 +302,7 @@ def _acquire(
         deadline=deadline,
         prefix=prefix,
         adapter=frame.adapter,
+        under_way=under_way,
     )
 
 
@@ -413,6 +420,7 @@ async def _prepare_move(
             prefix,
             exclude=stream.excluded | ({serving} if serving else set()),
             deadline=time.time() + stream.deadline_seconds,
+            under_way=True,
         ):
             if not isinstance(event, Queued):
                 chosen = event

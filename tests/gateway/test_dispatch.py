@@ -21,6 +21,7 @@ from gateway.dispatch import (
     NoCapacity,
     PoolView,
     Queued,
+    QueueFull,
     agent_url_allowed,
     eta_seconds,
     wait_deadline,
@@ -514,3 +515,29 @@ async def test_another_tenants_guesses_go_where_load_and_their_own_text_send_the
     singled_out = [pin for pin in range(4800, 4840) if always_on_b(pin)]
     assert (singled_out == [secret]) is found
     assert (secret in singled_out) is found
+
+
+async def test_a_stream_under_way_waits_ahead_of_new_ones_even_in_a_full_queue() -> None:
+    """A stream moved or resumed mid-reply is never refused for a full queue, nor waits last."""
+    clock = FakeClock(1_000.0)
+    queue = QueueSettings(max_pending_per_model=1)
+    dispatcher = Dispatcher(queue, scale_from_zero_models=(MODEL,), clock=clock)
+    registry: Any = FeedAndForecasts()
+    new = dispatcher.acquire(MODEL, session=None, exclude=(), deadline=clock.now + 60.0)
+    assert await anext(new) == Queued(0, None)
+    refused = dispatcher.acquire(MODEL, session=None, exclude=(), deadline=clock.now + 60.0)
+    with pytest.raises(QueueFull):
+        await anext(refused)
+    moved = dispatcher.acquire(
+        MODEL, session=None, exclude=(), deadline=clock.now + 60.0, under_way=True
+    )
+    assert await anext(moved) == Queued(0, None)  # ahead of the new stream
+    assert dispatcher.pending() == {MODEL: 2}
+
+    registry.records = [replace(entry("a", clock.now, expires_at=clock.now + 100.0), capacity=1)]
+    placing = asyncio.create_task(anext(moved))
+    await dispatcher.refresh(registry)
+    chosen = await placing
+    assert isinstance(chosen, Candidate)
+    assert chosen.agent_id == "a"  # the new stream, behind it, could not choose first
+    await new.aclose()
