@@ -174,7 +174,9 @@ async def relay_stream(
                             tokens_so_far=resumed.tokens_so_far,
                         )
                         break
-                    leg.channel.merge_deltas = not stream.repeating
+                    # One at a time still while a move of its own is prepared or catches up.
+                    moving = mover is not None or following is not None
+                    leg.channel.merge_deltas = not stream.repeating and not moving
                     if repeat.beyond is None:
                         continue
                     item = repeat.beyond  # the rest of its delta: the client's next tokens

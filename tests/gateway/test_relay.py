@@ -12,6 +12,8 @@ from gateway.streams import RelayHandle
 from spotgate.protocol import (
     DeltaFrame,
     DoneFrame,
+    ErrorCode,
+    ErrorFrame,
     GenerateFrame,
     MovingFrame,
     QueuedFrame,
@@ -203,3 +205,46 @@ async def test_a_client_that_cancels_twice_mid_move_leaves_neither_agent_streami
     assert draining.cancelled == [draining.frames[-1].id]
     assert following.cancelled == [following.frames[-1].id]
     assert dict(dispatcher.outstanding) == {}  # both agents' slots given back
+
+
+async def test_a_next_agent_that_drains_while_it_repeats_is_paced_a_token_at_a_time() -> None:
+    """Its own move may switch at any of its tokens: its deltas stay unmerged past its repeats."""
+    dispatcher = Dispatcher(QueueSettings(deadline_seconds=5.0))
+    dispatcher.view.replace(ready("a"), time.time())
+    links = {agent: ScriptedLink(agent) for agent in ("a", "b", "c")}
+    frames = relay_stream(
+        GenerateFrame(id="s", model=MODEL, prompt="hi", max_tokens=50, want_ids=True),
+        dispatcher=dispatcher,
+        link_for=links.get,  # type: ignore[arg-type]
+        deadline_seconds=5.0,
+        stall_seconds=30.0,
+        outcome=RelayOutcome(),
+    )
+    draining, following = links["a"], links["b"]
+    placing = asyncio.create_task(anext(frames))
+    await draining.opened.wait()
+    draining.start()
+    await placing
+    draining.delta([1], "a")
+    assert isinstance(await anext(frames), DeltaFrame)
+    dispatcher.view.replace(ready("a", "b"), time.time())
+    draining.channel.push(MovingFrame(id=draining.frames[-1].id))
+    reading = asyncio.create_task(anext(frames))
+    await following.opened.wait()
+    draining.delta([2], "b")
+    await reading  # the client holds [1, 2]; the next agent continues from [1]
+    draining.channel.push(
+        ErrorFrame(id=draining.frames[-1].id, code=ErrorCode.INTERRUPTED, message="drained")
+    )
+    reading = asyncio.create_task(anext(frames))
+    following.start()
+    assert isinstance(await reading, StartFrame)  # taken over: it owes a repeat of [2]
+    dispatcher.view.replace(ready("a", "b", "c"), time.time())
+    following.channel.push(MovingFrame(id=following.frames[-1].id))  # it drains too
+    reading = asyncio.create_task(anext(frames))
+    await links["c"].opened.wait()
+    following.delta([2], "b")  # its repeat, dropped
+    following.delta([3], "c")
+    assert await reading == DeltaFrame(id="s", text="c", n=1, ids=[3])
+    assert following.channel.merge_deltas is False
+    await frames.aclose()
