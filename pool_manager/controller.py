@@ -216,6 +216,9 @@ class PoolController:
                 await self.registry.record_rebalance(agent_id, event.at)
                 log.info("rebalance recommended: replacing first", agent_id=agent_id)
             elif event.state in STOPPED_INSTANCE_STATES:
+                if event.at < instance.launched_at:  # a late word of a boot before this one
+                    log.info("stop event older than the instance's start", agent_id=agent_id)
+                    return
                 await self._forget(agent_id)  # first: an agent never registered has no row
                 await self.registry.set_gone(agent_id)
                 log.info("instance stopped: agent gone", agent_id=agent_id, state=event.state)

@@ -252,6 +252,31 @@ async def test_a_stopped_instance_marks_its_agent_gone(
     assert record.state is AgentState.GONE
 
 
+async def test_a_stop_event_of_a_boot_before_a_warm_start_leaves_the_new_boot_alone(
+    registry: Registry, provider: MemoryProvider, clock: FakeClock
+) -> None:
+    controller, policy = scripted(registry, provider, clock)
+    policy.rounds = [[Launch(A.instance_type, A.zone, "on-demand")]]
+    await controller.reconcile()
+    (first,) = provider.running.values()
+    policy.rounds = [[StopToWarm(first.agent_id, "idle")]]
+    await controller.reconcile()
+    stopped_at = clock()
+    clock.advance(30)
+    policy.rounds = [[StartWarm(first.instance_id, "cover")]]
+    await controller.reconcile()
+    started = provider.running[first.instance_id]
+    await register_ready(registry, started)
+
+    # EventBridge's word of the stop, read only now (a slow queue, a pool manager restart).
+    late = PoolEvent("state-change", first.instance_id, stopped_at, state="stopped")
+    await controller.handle_event(late)
+    record = await registry.get_agent(first.agent_id)
+    assert record is not None
+    assert record.state is AgentState.READY
+    assert set(await registry.get_launches([first.agent_id])) == {first.agent_id}
+
+
 async def test_events_for_other_instances_are_ignored(
     controller: PoolController, clock: FakeClock
 ) -> None:
