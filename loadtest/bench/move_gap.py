@@ -698,7 +698,8 @@ def where_the_gap_goes(early: Sequence[MoveRun]) -> list[str]:
         f"move needs that much "
         f"of the drain's window ({MOVE_WINDOW_SECONDS:g} s here; a spot notice leaves "
         f"{SPOT_NOTICE_SECONDS - HANDBACK_MARGIN_SECONDS:g} s); if the break comes first, the "
-        f"next agent's stream takes over where it stands.",
+        f"next agent's stream takes over where it stands, unless repeating what the client "
+        f"holds would take it longer than a prefill.",
     ]
 
 
