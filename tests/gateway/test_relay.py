@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
 
 from gateway.agent_link import StreamChannel
 from gateway.dispatch import Dispatcher
-from gateway.relay import RelayOutcome, relay_stream
+from gateway.relay import ClientFrame, RelayOutcome, relay_stream
 from gateway.streams import RelayHandle
 from spotgate.protocol import (
     DeltaFrame,
@@ -111,23 +113,43 @@ def ready(*agents: str) -> list[AgentRecord]:
     ]
 
 
+@dataclass
+class ScriptedRelay:
+    """One client stream relayed to agents whose frames the test scripts; only "a" ready yet."""
+
+    dispatcher: Dispatcher
+    links: dict[str, ScriptedLink]
+    frames: AsyncGenerator[ClientFrame, None]
+
+    @classmethod
+    def open(cls, max_tokens: int, agents: str = "ab") -> ScriptedRelay:
+        """The stream, asking for `max_tokens`, with a scripted link to each of `agents`."""
+        dispatcher = Dispatcher(QueueSettings(deadline_seconds=5.0))
+        dispatcher.view.replace(ready("a"), time.time())
+        links = {agent: ScriptedLink(agent) for agent in agents}
+        frames = relay_stream(
+            GenerateFrame(id="s", model=MODEL, prompt="hi", max_tokens=max_tokens, want_ids=True),
+            dispatcher=dispatcher,
+            link_for=links.get,  # type: ignore[arg-type]
+            deadline_seconds=5.0,
+            stall_seconds=30.0,
+            outcome=RelayOutcome(),
+        )
+        return cls(dispatcher, links, frames)
+
+    def routable(self, *agents: str) -> None:
+        """The agents the dispatcher may choose from now on."""
+        self.dispatcher.view.replace(ready(*agents), time.time())
+
+
 async def test_a_move_switches_within_a_next_agent_delta_that_goes_past_the_client() -> None:
     """Its repeats are dropped and the rest of that delta is the client's next tokens.
 
     The draining agent sends two more tokens, and the next agent's first delta holds those
     and one more: no delta of the next agent ends where the client stands.
     """
-    dispatcher = Dispatcher(QueueSettings(deadline_seconds=5.0))
-    dispatcher.view.replace(ready("a"), time.time())
-    links = {"a": ScriptedLink("a"), "b": ScriptedLink("b")}
-    frames = relay_stream(
-        GenerateFrame(id="s", model=MODEL, prompt="hi", max_tokens=6, want_ids=True),
-        dispatcher=dispatcher,
-        link_for=links.get,  # type: ignore[arg-type]
-        deadline_seconds=5.0,
-        stall_seconds=30.0,
-        outcome=RelayOutcome(),
-    )
+    relay = ScriptedRelay.open(6)
+    links, frames = relay.links, relay.frames
     draining, following = links["a"], links["b"]
     placing = asyncio.create_task(anext(frames))
     await draining.opened.wait()
@@ -136,7 +158,7 @@ async def test_a_move_switches_within_a_next_agent_delta_that_goes_past_the_clie
     for token, text in ((1, "a"), (2, "b")):
         draining.delta([token], text)
         client.append(await anext(frames))
-    dispatcher.view.replace(ready("a", "b"), time.time())
+    relay.routable("a", "b")
     draining.channel.push(MovingFrame(id=draining.frames[-1].id))
     reading = asyncio.create_task(anext(frames))
     await following.opened.wait()
@@ -169,17 +191,8 @@ async def test_a_move_switches_within_a_next_agent_delta_that_goes_past_the_clie
 
 async def test_a_client_that_cancels_twice_mid_move_leaves_neither_agent_streaming() -> None:
     """A second `cancel` (or the socket's close after one) does not cut the first's cleanup."""
-    dispatcher = Dispatcher(QueueSettings(deadline_seconds=5.0))
-    dispatcher.view.replace(ready("a"), time.time())
-    links = {"a": ScriptedLink("a"), "b": ScriptedLink("b")}
-    frames = relay_stream(
-        GenerateFrame(id="s", model=MODEL, prompt="hi", max_tokens=50, want_ids=True),
-        dispatcher=dispatcher,
-        link_for=links.get,  # type: ignore[arg-type]
-        deadline_seconds=5.0,
-        stall_seconds=30.0,
-        outcome=RelayOutcome(),
-    )
+    relay = ScriptedRelay.open(50)
+    dispatcher, links, frames = relay.dispatcher, relay.links, relay.frames
     draining, following = links["a"], links["b"]
     first_delta = asyncio.Event()
 
@@ -193,7 +206,7 @@ async def test_a_client_that_cancels_twice_mid_move_leaves_neither_agent_streami
     draining.start()
     draining.delta([1], "a")
     await first_delta.wait()
-    dispatcher.view.replace(ready("a", "b"), time.time())
+    relay.routable("a", "b")
     draining.channel.push(MovingFrame(id=draining.frames[-1].id))
     await following.opened.wait()  # the move's next agent is open
 
@@ -209,17 +222,8 @@ async def test_a_client_that_cancels_twice_mid_move_leaves_neither_agent_streami
 
 async def test_a_next_agent_that_drains_while_it_repeats_is_paced_a_token_at_a_time() -> None:
     """Its own move may switch at any of its tokens: its deltas stay unmerged past its repeats."""
-    dispatcher = Dispatcher(QueueSettings(deadline_seconds=5.0))
-    dispatcher.view.replace(ready("a"), time.time())
-    links = {agent: ScriptedLink(agent) for agent in ("a", "b", "c")}
-    frames = relay_stream(
-        GenerateFrame(id="s", model=MODEL, prompt="hi", max_tokens=50, want_ids=True),
-        dispatcher=dispatcher,
-        link_for=links.get,  # type: ignore[arg-type]
-        deadline_seconds=5.0,
-        stall_seconds=30.0,
-        outcome=RelayOutcome(),
-    )
+    relay = ScriptedRelay.open(50, "abc")
+    links, frames = relay.links, relay.frames
     draining, following = links["a"], links["b"]
     placing = asyncio.create_task(anext(frames))
     await draining.opened.wait()
@@ -227,7 +231,7 @@ async def test_a_next_agent_that_drains_while_it_repeats_is_paced_a_token_at_a_t
     await placing
     draining.delta([1], "a")
     assert isinstance(await anext(frames), DeltaFrame)
-    dispatcher.view.replace(ready("a", "b"), time.time())
+    relay.routable("a", "b")
     draining.channel.push(MovingFrame(id=draining.frames[-1].id))
     reading = asyncio.create_task(anext(frames))
     await following.opened.wait()
@@ -239,7 +243,7 @@ async def test_a_next_agent_that_drains_while_it_repeats_is_paced_a_token_at_a_t
     reading = asyncio.create_task(anext(frames))
     following.start()
     assert isinstance(await reading, StartFrame)  # taken over: it owes a repeat of [2]
-    dispatcher.view.replace(ready("a", "b", "c"), time.time())
+    relay.routable("a", "b", "c")
     following.channel.push(MovingFrame(id=following.frames[-1].id))  # it drains too
     reading = asyncio.create_task(anext(frames))
     await links["c"].opened.wait()
