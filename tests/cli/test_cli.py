@@ -28,7 +28,15 @@ from stack.emulator import AwsEmulator
 from stack.local import UP_FILE
 from tests.support.agents import expected_text, wait_for
 from tests.support.metrics import metric_value, scrape
-from tests.support.wsclient import connect, generate, receive, run_streams, send, text_of
+from tests.support.wsclient import (
+    connect,
+    generate,
+    receive,
+    receive_to_end,
+    run_streams,
+    send,
+    text_of,
+)
 
 SPOTGATE = [sys.executable, "-m", "cli"]
 
@@ -390,8 +398,7 @@ async def test_up_runs_gateways_and_agents_and_stops_cleanly(
         serving = await serving_agent(info)
         interrupted = run("pool", "interrupt", serving, "--in", "24", cwd=tmp_path)
         assert interrupted.returncode == 0, interrupted.stderr
-        while frames[-1]["type"] not in ("done", "error"):
-            frames.append(await receive(ws))
+        await receive_to_end(ws, frames)
     assert frames[-1]["type"] == "done", frames[-1]
     assert text_of(frames) == expected_text(content, reply_tokens)
     assert len({f["agent"] for f in frames if f["type"] == "start"}) == 2  # moved once

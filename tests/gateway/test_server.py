@@ -51,7 +51,16 @@ from tests.support.agents import (
     wait_for,
 )
 from tests.support.metrics import metric_value, scrape
-from tests.support.wsclient import connect, generate, receive, run_streams, send, text_of
+from tests.support.wsclient import (
+    Frame,
+    connect,
+    generate,
+    receive,
+    receive_to_end,
+    run_streams,
+    send,
+    text_of,
+)
 
 
 async def test_api_key_buys_a_token_that_agents_can_verify(
@@ -294,8 +303,7 @@ async def test_kill_9_of_the_serving_agent_loses_nothing(
         [victim_id] = serving(gateway)
         victim = next(a for a in agents if a.agent_id == victim_id)
         victim.process.send_signal(signal.SIGKILL)
-        while frames[-1]["type"] not in ("done", "error"):
-            frames.append(await receive(ws))
+        await receive_to_end(ws, frames)
 
     done = frames[-1]
     assert done["type"] == "done", done
@@ -306,6 +314,14 @@ async def test_kill_9_of_the_serving_agent_loses_nothing(
     assert starts[0] == start["agent"]
     assert len(set(starts)) == 2  # moved, and the client was told
     assert not any(a.agent_id in str(frames) for a in agents)  # by handles, never agent ids
+
+
+def assert_moved_once_exactly(frames: list[Frame], content: str, tokens: int) -> None:
+    """The reply to `content` came whole and exact, all its tokens counted, from two agents."""
+    assert frames[-1]["type"] == "done", frames[-1]
+    assert text_of(frames) == expected_text(content, tokens)
+    assert frames[-1]["usage"]["completion_tokens"] == tokens
+    assert len({f["agent"] for f in frames if f["type"] == "start"}) == 2  # moved once
 
 
 async def test_a_stream_on_a_wedged_engine_moves_once_the_stall_limit_passes(
@@ -326,14 +342,10 @@ async def test_a_stream_on_a_wedged_engine_moves_once_the_stall_limit_passes(
             assert serving(gw) == {wedged.runtime.identity.agent_id}  # type: ignore[union-attr]
             await engine.wedged.wait()
             await agents(imds_url="http://127.0.0.1:9")  # somewhere to go
-            while frames[-1]["type"] not in ("done", "error"):
-                frames.append(await receive(ws))
+            await receive_to_end(ws, frames)
         streams_left = dict(wedged.runtime.streams)
 
-    assert frames[-1]["type"] == "done", frames[-1]
-    assert text_of(frames) == expected_text("hang on", 60)
-    assert frames[-1]["usage"]["completion_tokens"] == 60
-    assert len({f["agent"] for f in frames if f["type"] == "start"}) == 2
+    assert_moved_once_exactly(frames, "hang on", 60)
     assert streams_left == {}  # the wedged agent was told to stop its stream
 
 
@@ -353,13 +365,9 @@ async def test_spot_notice_moves_the_stream_exactly(
         await gateway_agent(tokens_per_second=400.0, imds_url="http://127.0.0.1:9")
         # 16 s to the deadline, 15 s margin: the long stream is handed back at once.
         await spot_notice(imds, in_seconds=16)
-        while frames[-1]["type"] not in ("done", "error"):
-            frames.append(await receive(ws))
+        await receive_to_end(ws, frames)
 
-    assert frames[-1]["type"] == "done", frames[-1]
-    assert text_of(frames) == expected_text("drain me", stream_tokens)
-    assert frames[-1]["usage"]["completion_tokens"] == stream_tokens
-    assert len({f["agent"] for f in frames if f["type"] == "start"}) == 2
+    assert_moved_once_exactly(frames, "drain me", stream_tokens)
 
 
 @pytest.mark.parametrize(
@@ -393,13 +401,9 @@ async def test_a_spot_notice_moves_the_stream_before_its_agent_breaks_it(
         next_engine = synthetic(next_tokens_per_second, model=MODEL, ttft_seconds=next_ttft_seconds)
         await gateway_agent(engine=next_engine, imds_url="http://127.0.0.1:9")
         await spot_notice(imds, in_seconds=in_seconds)
-        while frames[-1]["type"] not in ("done", "error"):
-            frames.append(await receive(ws))
+        await receive_to_end(ws, frames)
 
-    assert frames[-1]["type"] == "done", frames[-1]
-    assert text_of(frames) == expected_text("move me early", stream_tokens)
-    assert frames[-1]["usage"]["completion_tokens"] == stream_tokens
-    assert len({f["agent"] for f in frames if f["type"] == "start"}) == 2
+    assert_moved_once_exactly(frames, "move me early", stream_tokens)
     metrics = gateway.state.metrics
     assert metrics.early_moves._value.get() == 1  # its continuation was open before the break
     assert metrics.resumes._value.get() == 1
@@ -422,8 +426,7 @@ async def test_a_next_agent_slower_than_the_clients_pace_resumes_at_the_break_no
         slow = synthetic(20.0, model=MODEL, ttft_seconds=0.5)
         await gateway_agent(engine=slow, imds_url="http://127.0.0.1:9")
         await spot_notice(imds, in_seconds=25)
-        while frames[-1]["type"] not in ("done", "error"):
-            frames.append(await receive(ws))
+        await receive_to_end(ws, frames)
 
     assert frames[-1]["type"] == "done", frames[-1]
     assert text_of(frames) == expected_text("outrun me", stream_tokens)
@@ -474,13 +477,9 @@ async def test_a_next_agent_killed_while_it_catches_up_leaves_the_stream_to_move
         following.process.wait()
         # Somewhere to go at the break (and no notice of its own).
         await gateway_agent(tokens_per_second=400.0, imds_url="http://127.0.0.1:9")
-        while frames[-1]["type"] not in ("done", "error"):
-            frames.append(await receive(ws))
+        await receive_to_end(ws, frames)
 
-    assert frames[-1]["type"] == "done", frames[-1]
-    assert text_of(frames) == expected_text("lose the next", stream_tokens)
-    assert frames[-1]["usage"]["completion_tokens"] == stream_tokens
-    assert len({f["agent"] for f in frames if f["type"] == "start"}) == 2  # not the killed one
+    assert_moved_once_exactly(frames, "lose the next", stream_tokens)  # not on the killed one
     metrics = gateway.state.metrics
     assert metrics.early_moves._value.get() == 0  # its move was given up: it moved at the break
     assert metrics.resumes._value.get() == 1
@@ -507,13 +506,9 @@ async def test_a_draining_agent_killed_while_its_next_agent_catches_up_is_taken_
         await spot_notice(imds, in_seconds=25)
         await streaming_on(gateway, following_id)
         draining.process.send_signal(signal.SIGKILL)  # long before its deadline
-        while frames[-1]["type"] not in ("done", "error"):
-            frames.append(await receive(ws))
+        await receive_to_end(ws, frames)
 
-    assert frames[-1]["type"] == "done", frames[-1]
-    assert text_of(frames) == expected_text("lose the old", stream_tokens)
-    assert frames[-1]["usage"]["completion_tokens"] == stream_tokens
-    assert len({f["agent"] for f in frames if f["type"] == "start"}) == 2
+    assert_moved_once_exactly(frames, "lose the old", stream_tokens)
     metrics = gateway.state.metrics
     assert metrics.early_moves._value.get() == 1  # the continuation already open took over
     assert metrics.resumes._value.get() == 1
@@ -540,8 +535,7 @@ async def test_scale_from_zero_queues_then_serves(
         await wait_for(demand_published, within=5)
         await gateway_agent(model="scalable")
         frames = [await receive(ws)]
-        while frames[-1]["type"] not in ("done", "error"):
-            frames.append(await receive(ws))
+        await receive_to_end(ws, frames)
     assert frames[0]["type"] == "start"
     assert frames[-1]["type"] == "done"
     assert frames[-1]["timings"]["queue_ms"] > 0
@@ -825,8 +819,7 @@ async def test_streams_still_open_when_the_grace_ends_hear_going_away_and_their_
             with pytest.raises(openai.APIError) as raised:
                 async for _chunk in chunks:
                     pass
-            while frames[-1]["type"] not in ("done", "error"):
-                frames.append(await receive(ws))
+            await receive_to_end(ws, frames)
             await shutdown
 
             async def agent_stopped() -> bool:

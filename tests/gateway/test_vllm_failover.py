@@ -30,7 +30,16 @@ from tests.support.agents import (
     RunningAgent,
     spot_notice,
 )
-from tests.support.wsclient import connect, generate, ids_of, receive, run_streams, send, text_of
+from tests.support.wsclient import (
+    connect,
+    generate,
+    ids_of,
+    receive,
+    receive_to_end,
+    run_streams,
+    send,
+    text_of,
+)
 
 pytestmark = pytest.mark.vllm
 
@@ -80,8 +89,7 @@ async def test_a_vllm_stream_moved_mid_reply_resumes_byte_for_byte(
             while sum(f.get("n", 0) for f in frames) < 10:  # mid-reply
                 frames.append(await receive(ws))
             cut_links(doomed)
-        while frames[-1]["type"] not in ("done", "error"):
-            frames.append(await receive(ws))
+        await receive_to_end(ws, frames)
 
     assert frames[-1]["type"] == "done", frames[-1]
     assert len({f["agent"] for f in frames if f["type"] == "start"}) == 2
@@ -140,8 +148,7 @@ async def test_a_vllm_stream_moved_before_the_break_equals_its_unmoved_run(
         # window is as long as the stream's rest allows: a fast machine's is short.
         window = min(8.0, 0.7 * (request["max_tokens"] - produced) / rate)
         await spot_notice(imds, in_seconds=HANDBACK_MARGIN_SECONDS + window)
-        while frames[-1]["type"] not in ("done", "error"):
-            frames.append(await receive(ws))
+        await receive_to_end(ws, frames)
 
     assert frames[-1]["type"] == "done", frames[-1]
     assert len({f["agent"] for f in frames if f["type"] == "start"}) == 2
@@ -231,8 +238,7 @@ async def moved_by_a_kill(
             if running:
                 [first] = running
                 cut_links(agents[first])
-            while frames[-1]["type"] not in ("done", "error"):
-                frames.append(await receive(ws))
+            await receive_to_end(ws, frames)
             if running:
                 break
         assert running, f"each of {KILL_ATTEMPTS} replies ended before its agent could be killed"

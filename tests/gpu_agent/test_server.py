@@ -38,6 +38,7 @@ from tests.support.wsclient import (
     generate,
     ids_of,
     receive,
+    receive_to_end,
     run_streams,
     send,
     text_of,
@@ -561,8 +562,7 @@ async def test_a_wedged_engine_takes_the_agent_out_of_the_pool(
             await wait_for(gone, within=5)
         if busy:
             frames = [await receive(ws)]
-            while frames[-1]["type"] not in ("done", "error"):
-                frames.append(await receive(ws))
+            await receive_to_end(ws, frames)
             assert (frames[-1]["type"], frames[-1]["code"]) == ("error", "interrupted")
             # the tokens before it hung (a step may carry more than one), not the 50 asked
             assert 5 <= sum(f["n"] for f in frames if f["type"] == "delta") < 50

@@ -26,6 +26,12 @@ async def receive(ws: ClientConnection) -> Frame:
     return frame
 
 
+async def receive_to_end(ws: ClientConnection, frames: list[Frame]) -> None:
+    """Receive one stream's frames into `frames` until the last is its `done` or `error`."""
+    while frames[-1]["type"] not in ("done", "error"):
+        frames.append(await receive(ws))
+
+
 async def run_streams(ws: ClientConnection, *frames: Frame) -> dict[str, list[Frame]]:
     """Send `generate` frames and collect every stream's frames until each ends."""
     for frame in frames:
