@@ -15,7 +15,9 @@ A report above either is capped to it (`charged_usage`) and the finding counted
 
 from __future__ import annotations
 
-from gateway.vouching import Capped, RogueReason
+from dataclasses import dataclass
+from enum import StrEnum
+
 from spotgate.protocol import GenerateFrame, Usage
 
 PROMPT_FIELDS = frozenset({"prompt", "messages", "tools", "tool_choice", "response_format"})
@@ -26,6 +28,26 @@ TEMPLATE_BASE_TOKENS = 256
 """Tokens a chat template may add of its own (a default system prompt, date lines)."""
 TEMPLATE_TOOLS_TOKENS = 768
 """Tokens a chat template may add to introduce tools, when the request offers some."""
+
+
+class RogueReason(StrEnum):
+    """Why an agent's row or report was not taken at its word."""
+
+    UNKNOWN_AGENT = "unknown_agent"  # no launch record: the pool manager never launched it
+    OTHER_MODEL = "other_model"  # launched for another model
+    OTHER_URL = "other_url"  # launched listening elsewhere
+    CAPACITY = "capacity"  # more streams than its instance type serves: capped
+    PROMPT_TOKENS = "prompt_tokens"  # more prompt than the gateway sent it: capped
+    COMPLETION_TOKENS = "completion_tokens"  # more tokens than the gateway relayed: capped
+
+
+@dataclass(frozen=True, slots=True)
+class Capped:
+    """An agent's count above what the gateway measured, and what was charged instead."""
+
+    reason: RogueReason
+    reported: int
+    charged: int
 
 
 def prompt_token_bound(frame: GenerateFrame) -> int:

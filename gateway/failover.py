@@ -56,9 +56,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
-from gateway.charges import charged_prompt_tokens, charged_usage, prompt_token_bound
+from gateway.charges import Capped, charged_prompt_tokens, charged_usage, prompt_token_bound
 from gateway.receipts import ReceiptChain
-from gateway.vouching import Capped
 from spotgate.admission import unknown_model
 from spotgate.protocol import (
     DeltaFrame,

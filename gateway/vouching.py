@@ -19,11 +19,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
-from enum import StrEnum
 from typing import Protocol
 
 from prometheus_client import Counter
 
+from gateway.charges import Capped, RogueReason
 from spotgate.logging import get_logger
 from spotgate.registry import AgentRecord, AgentState, LaunchRecord
 
@@ -31,26 +31,6 @@ LAUNCH_RECHECK_SECONDS = 2.0
 """How often the launch record of an agent that had none is looked up again."""
 
 log = get_logger(__name__)
-
-
-class RogueReason(StrEnum):
-    """Why an agent's row or report was not taken at its word."""
-
-    UNKNOWN_AGENT = "unknown_agent"  # no launch record: the pool manager never launched it
-    OTHER_MODEL = "other_model"  # launched for another model
-    OTHER_URL = "other_url"  # launched listening elsewhere
-    CAPACITY = "capacity"  # more streams than its instance type serves: capped
-    PROMPT_TOKENS = "prompt_tokens"  # more prompt than the gateway sent it: capped
-    COMPLETION_TOKENS = "completion_tokens"  # more tokens than the gateway relayed: capped
-
-
-@dataclass(frozen=True, slots=True)
-class Capped:
-    """An agent's count above what the gateway measured, and what was charged instead."""
-
-    reason: RogueReason
-    reported: int
-    charged: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,15 +12,15 @@ from transformers import AutoTokenizer
 
 from gateway.charges import (
     TEMPLATE_BASE_TOKENS,
+    Capped,
+    RogueReason,
     charged_usage,
     prompt_token_bound,
     resume_as_prompt,
 )
 from gateway.vouching import (
     LAUNCH_RECHECK_SECONDS,
-    Capped,
     LaunchBook,
-    RogueReason,
     Vouched,
     vouch,
 )
