@@ -24,7 +24,13 @@ class GatewayMetrics:
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
 
     def __post_init__(self) -> None:
-        r = self.registry
+        self._stream_metrics(self.registry)
+        self._move_metrics(self.registry)
+        self._pool_metrics(self.registry)
+        self._limit_metrics(self.registry)
+
+    def _stream_metrics(self, r: CollectorRegistry) -> None:
+        """The streams relayed and refused: how many, their tokens, latencies and usage."""
         self.active_streams = Gauge(
             "spotgate_gateway_active_streams", "streams being relayed", registry=r
         )
@@ -51,6 +57,28 @@ class GatewayMetrics:
             buckets=LATENCY_BUCKETS_SECONDS,
             registry=r,
         )
+        self.rejections = Counter(
+            "spotgate_gateway_rejections_total",
+            "refused requests by reason",
+            ["reason"],
+            registry=r,
+        )
+        self.usage_tokens = Counter(
+            "spotgate_gateway_usage_tokens_total",
+            "tokens of finished streams by model and kind (prompt, completion); per API key: "
+            "`spotgate keys usage`",
+            ["model", "kind"],
+            registry=r,
+        )
+        self.usage_streams = Counter(
+            "spotgate_gateway_usage_streams_total",
+            "finished streams by model",
+            ["model"],
+            registry=r,
+        )
+
+    def _move_metrics(self, r: CollectorRegistry) -> None:
+        """Streams moved to another agent, and the checks of their next agents."""
         self.resumes = Counter(
             "spotgate_gateway_resumes_total", "streams moved to another agent", registry=r
         )
@@ -72,12 +100,9 @@ class GatewayMetrics:
             "(batch-dependent numerics): dropped, the stream moved at the break",
             registry=r,
         )
-        self.rejections = Counter(
-            "spotgate_gateway_rejections_total",
-            "refused requests by reason",
-            ["reason"],
-            registry=r,
-        )
+
+    def _pool_metrics(self, r: CollectorRegistry) -> None:
+        """The agents and registry as this replica sees them, and what agents were caught at."""
         self.agents = Gauge(
             "spotgate_gateway_agents",
             "agents in the registry view by state",
@@ -86,19 +111,6 @@ class GatewayMetrics:
         )
         self.registry_up = Gauge(
             "spotgate_gateway_registry_up", "1 while the registry answers", registry=r
-        )
-        self.usage_tokens = Counter(
-            "spotgate_gateway_usage_tokens_total",
-            "tokens of finished streams by model and kind (prompt, completion); per API key: "
-            "`spotgate keys usage`",
-            ["model", "kind"],
-            registry=r,
-        )
-        self.usage_streams = Counter(
-            "spotgate_gateway_usage_streams_total",
-            "finished streams by model",
-            ["model"],
-            registry=r,
         )
         self.prefix_index_blocks = Gauge(
             "spotgate_gateway_prefix_index_blocks",
@@ -115,6 +127,9 @@ class GatewayMetrics:
             ["reason"],
             registry=r,
         )
+
+    def _limit_metrics(self, r: CollectorRegistry) -> None:
+        """Where per-key limits are decided, and how often the shared store failed."""
         self.limits_shared = Gauge(
             "spotgate_gateway_limits_shared",
             "1 while per-key limits are decided in the limit store shared by every replica; "
