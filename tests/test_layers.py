@@ -86,3 +86,88 @@ def test_no_modules_import_each_other() -> None:
                     seen.add(target)
                     stack.append((target, [*trail, target]))
     assert cycles == []
+
+
+IO_LIBRARIES = {
+    "aiohttp",
+    "aioboto3",
+    "boto3",
+    "botocore",
+    "redis",
+    "prometheus_client",
+    "websockets",
+}
+"""Libraries that do I/O (sockets, AWS, Redis, metrics exposition)."""
+DECISION_MODULES = (
+    "gateway.failover",
+    "pool_manager.policy",
+    "spotgate.admission",
+    "gpu_agent.drain",
+)
+"""Pure decisions over plain data (ARCHITECTURE.md): they run in tests and the simulator
+with no I/O library loaded."""
+
+
+def test_decision_modules_import_no_io_library() -> None:
+    """No decision module imports an I/O library, itself or through any module of ours.
+
+    Imports under `if TYPE_CHECKING:` are left out: they never run, only the type checker
+    reads them. Imports inside functions count: they run when the function is called. A
+    module's packages count too: importing `a.b.c` runs `a/__init__.py` and `a/b/__init__.py`.
+    """
+
+    def path_of(module: str) -> Path | None:
+        base = ROOT.joinpath(*module.split("."))
+        for path in (base.with_suffix(".py"), base / "__init__.py"):
+            if path.is_file():
+                return path
+        return None
+
+    def type_checking_only(node: ast.AST) -> bool:
+        test = node.test if isinstance(node, ast.If) else None
+        return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+            isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+        )
+
+    def imported(module: str, path: Path) -> Iterator[str]:
+        """Every name `module` imports when it runs (`from m import x`: `m` and `m.x`)."""
+        package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+        nodes: list[ast.AST] = [ast.parse(path.read_text(), str(path))]
+        while nodes:
+            node = nodes.pop()
+            if type_checking_only(node):
+                continue
+            nodes.extend(ast.iter_child_nodes(node))
+            if isinstance(node, ast.Import):
+                yield from (alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = package[: len(package) - node.level + 1] if node.level else []
+                source = ".".join([*base, *([node.module] if node.module else [])])
+                yield source
+                yield from (f"{source}.{alias.name}" for alias in node.names)
+
+    def modules_run(name: str) -> list[str]:
+        """The modules of ours importing `name` runs: each package on the way, and itself."""
+        parts = name.split(".")
+        prefixes = (".".join(parts[:end]) for end in range(1, len(parts) + 1))
+        return [prefix for prefix in prefixes if path_of(prefix) is not None]
+
+    found = []
+    for decision in DECISION_MODULES:
+        assert path_of(decision) is not None, decision
+        trail = {module: [module] for module in modules_run(decision)}
+        queue = list(trail)
+        while queue:
+            module = queue.pop()
+            path = path_of(module)
+            assert path is not None
+            for name in imported(module, path):
+                top = name.split(".")[0]
+                if top in IO_LIBRARIES:
+                    found.append(" → ".join([*trail[module], name]))
+                elif top in OURS:
+                    for ran in modules_run(name):
+                        if ran not in trail:
+                            trail[ran] = [*trail[module], ran]
+                            queue.append(ran)
+    assert found == []
