@@ -32,31 +32,39 @@ The rules (ARCHITECTURE.md):
   agent continues after them, as after a move.
 - A client that asked for token ids gets with each delta a receipt for every id it holds
   (gateway/receipts.py), which its own `resume` brings back.
-- Make-before-break: an agent that drains says `moving` for a stream that cannot finish
-  in time, and streams on. The stream's next agent is chosen meanwhile and its continuation
-  opened there at once, from the tokens the client holds then: it prefills while the
-  draining agent's tokens still reach the client, paced a little slower than they come in
-  (`MOVE_PACE_GAP_MULTIPLE`, by the gaps they come in at, measured on through the move), so
-  the client's stream falls back to where the next agent stands. The stream switches at the
-  first of the next agent's deltas by which its tokens equal what the client holds
-  (`early_move_checked_tokens`): the client sees no wait, the draining agent's later tokens
-  are dropped and the next agent's repeats of held ones too (`past_held`: of a delta that
-  goes on past them, the client is sent the rest).
-  If the draining agent breaks first, the next agent takes over where it stands. A next
-  agent that goes another way (`early_move_diverged`), fails or stays silent is dropped: the
-  stream moves at the break as any stream does.
+- Make-before-break (gateway/moves.py): the Failover holds a move's state (`Move`) and
+  answers the relay with the effects to carry out (`OpenNext`, `Pace`, `Switch`…).
 """
 
 from __future__ import annotations
 
 import hashlib
-import statistics
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from enum import Enum
 
-from gateway.charges import Capped, charged_prompt_tokens, charged_usage, prompt_token_bound
+from gateway.charges import charged_prompt_tokens, charged_usage, prompt_token_bound
+from gateway.moves import (
+    Against,
+    CatchUp,
+    DropNext,
+    MergeDeltas,
+    Move,
+    OpenNext,
+    Pace,
+    Repeat,
+    Repeated,
+    Switch,
+    TakeOver,
+    worth_taking_over,
+)
+from gateway.outcome import (
+    Decision,
+    GiveUp,
+    RelayOutcome,
+    ResumeElsewhere,
+    Unplaced,
+    WaitForRoom,
+)
 from gateway.receipts import ReceiptChain
 from spotgate.admission import unknown_model
 from spotgate.protocol import (
@@ -68,7 +76,6 @@ from spotgate.protocol import (
     QueuedFrame,
     Resume,
     StartFrame,
-    Timings,
 )
 
 RETRYABLE_AGENT_ERRORS = frozenset({ErrorCode.INTERRUPTED, ErrorCode.NO_CAPACITY})
@@ -78,179 +85,6 @@ HANDLE_KEY_BYTES = 32
 """The length of the random key each stream names its agents with."""
 QUEUE_FULL_RETRY_AFTER_SECONDS = 1.0
 NO_CAPACITY_RETRY_AFTER_SECONDS = 5.0
-MOVE_PACE_GAP_MULTIPLE = 1.25
-"""While a moving stream's next agent catches up, the draining agent's tokens reach the
-client at most this many of the stream's median gaps apart (never faster than they come):
-the client's stream falls back a quarter of a gap per token, so a next agent that took P
-seconds to its first token stands where the client does about 4·P seconds later, and no
-gap the client sees on the way is much longer than the stream's usual ones."""
-GAPS_REMEMBERED = 128
-"""Gaps between a stream's deltas its pace is measured over: a next agent's prefill that slows
-the draining agent for a few dozen tokens (one machine) barely moves their median, a lasting
-slowdown (one batch) does."""
-
-
-@dataclass
-class RelayOutcome:
-    """How a relayed stream went, for metrics and limits."""
-
-    agent_id: str | None = None
-    resumes: int = 0
-    completion_tokens: int = 0
-    prompt_tokens: int = 0
-    relayed_tokens: int = 0  # sent to the client so far
-    queue_ms: float = 0.0
-    ttft_ms: float | None = None
-    added_ttft_ms: float | None = None  # the gateway's own share of `ttft_ms`, if not queued
-    error: ErrorCode | None = None
-    early_moves: int = 0  # moves made before the break (`moving`)
-    # The checks of each next agent's first tokens against the draining agent's, switched to
-    # or dropped: tokens compared, and how many next agents differed (batch-dependent
-    # numerics; either continues what the client holds).
-    early_move_checked_tokens: int = 0
-    early_move_diverged: int = 0
-    # Counts agents reported above what the gateway measured (`gateway.charges`), by agent.
-    capped: list[tuple[str, Capped]] = field(default_factory=list)
-
-    def timings(self, total_ms: float) -> Timings:
-        """The stream's timings once it ends `total_ms` after it arrived (TTFT: none yet, all)."""
-        ttft_ms = self.ttft_ms if self.ttft_ms is not None else total_ms
-        return Timings(queue_ms=self.queue_ms, ttft_ms=ttft_ms, total_ms=total_ms)
-
-
-class Unplaced(Enum):
-    """Why the dispatcher found no agent for the stream."""
-
-    UNKNOWN_MODEL = "unknown_model"  # no agent serves it, nor can one be started for it
-    QUEUE_FULL = "queue_full"  # too many streams already wait for the model
-    NO_CAPACITY = "no_capacity"  # no agent had room before the deadline
-
-
-@dataclass(frozen=True, slots=True)
-class ResumeElsewhere:
-    """Place the stream again: `failed_agent` is excluded, the wait has a fresh deadline."""
-
-    failed_agent: str
-    tokens_so_far: int
-
-
-@dataclass(frozen=True, slots=True)
-class WaitForRoom:
-    """`full_agent` refused the stream for capacity: place it again within the same deadline."""
-
-    full_agent: str
-
-
-@dataclass(frozen=True, slots=True)
-class GiveUp:
-    """End the client's stream with `error`."""
-
-    error: ErrorFrame
-
-
-Decision = ResumeElsewhere | WaitForRoom | GiveUp
-
-
-class CatchUp(Enum):
-    """Where a moving stream's next agent stands against what the client holds."""
-
-    BEHIND = "behind"  # not yet at a token boundary where the client is: keep pacing
-    CAUGHT_UP = "caught_up"  # it repeated exactly what the client holds: switch to it now
-    DIVERGED = "diverged"  # it went another way than the client's tokens: drop it
-    FAILED = "failed"  # it ended or broke: drop it
-
-
-@dataclass(frozen=True, slots=True)
-class Repeat:
-    """A next agent's delta after a switch, checked against the held tokens it repeats."""
-
-    repeats: bool  # it repeats them (else the switch ends: `on_repeat_failed`)
-    beyond: DeltaFrame | None = None  # what it adds past them: the client's next tokens
-
-
-def past_held(delta: DeltaFrame, ids_left: Sequence[int], text_left: str) -> DeltaFrame | None:
-    """What a next agent's delta adds to the client's stream past the tokens the client holds.
-
-    The delta must begin with the held `ids_left` and their `text_left` and go on past them
-    (more tokens, or text the draining agent held back). None: it does not, or its parts
-    cannot be cut there (thinking and content both in the one delta).
-    """
-    ids = list(delta.ids or ())
-    held = len(ids_left)
-    repeats = ids[:held] == list(ids_left) and delta.text.startswith(text_left)
-    if not repeats or (len(ids) == held and len(delta.text) == len(text_left)):
-        return None
-    text = delta.text[len(text_left) :]
-    logprobs = delta.logprobs
-    if logprobs is not None:
-        if len(logprobs) != len(ids):
-            return None
-        logprobs = logprobs[held:]
-    content, reasoning = delta.content, delta.reasoning
-    if content is not None or reasoning is not None:
-        if content == delta.text and not reasoning:
-            content = text
-        elif reasoning == delta.text and not content:
-            reasoning = text
-        else:
-            return None
-    return delta.model_copy(
-        update={
-            "ids": ids[held:],
-            "n": len(ids) - held,
-            "text": text,
-            "logprobs": logprobs,
-            "content": content,
-            "reasoning": reasoning,
-        }
-    )
-
-
-class Against(Enum):
-    """A next agent's delta against the held tokens it is to repeat."""
-
-    SHORT = "short"  # it repeats held ids, and more of them are to come
-    DIVERGED = "diverged"  # its ids go another way than the held ones
-    REPEATED = "repeated"  # it ends where the held tokens end, or goes on past them
-    UNCUT = "uncut"  # it has all the held ids, but their text held back, or not to be cut there
-
-
-def against_held(
-    delta: DeltaFrame, ids_left: Sequence[int], text_before: str, held_text: str
-) -> tuple[Against, DeltaFrame | None]:
-    """A next agent's delta against the held ids not yet repeated (`ids_left`).
-
-    `text_before` is what its earlier deltas repeated of `held_text`. REPEATED comes with
-    what the delta adds past the held tokens (None when it ends exactly where they do).
-    """
-    ids = list(delta.ids or ())
-    compared = min(len(ids), len(ids_left))
-    if ids[:compared] != list(ids_left[:compared]):
-        return Against.DIVERGED, None
-    if len(ids) < len(ids_left):
-        return Against.SHORT, None
-    if len(ids) == len(ids_left) and text_before + delta.text == held_text:
-        return Against.REPEATED, None
-    if held_text.startswith(text_before):
-        beyond = past_held(delta, ids_left, held_text[len(text_before) :])
-        if beyond is not None:
-            return Against.REPEATED, beyond
-    return Against.UNCUT, None
-
-
-def worth_taking_over(
-    behind_tokens: int, prefill_seconds: float | None, gap_seconds: float | None
-) -> bool:
-    """Whether a next agent `behind_tokens` short of the client takes over at the break.
-
-    The client waits while it repeats them, `behind_tokens` of its gaps: worth it unless a
-    resume elsewhere, a prefill (about as long as its own took, `prefill_seconds`), is
-    shorter. One still in its prefill (None) or with one token yet takes over: a resume
-    would start a prefill afresh.
-    """
-    if prefill_seconds is None or gap_seconds is None:
-        return True
-    return behind_tokens * gap_seconds <= prefill_seconds
 
 
 def agent_handle(handle_key: bytes, agent_id: str) -> str:
@@ -278,25 +112,7 @@ class Failover:
     announced_agent: str | None = None  # the agent the client's last `start` named
     receipts: ReceiptChain | None = None  # receipts for the ids the client holds
     move_early: bool = True  # agents are asked to say `moving` rather than break the stream
-    moving: bool = False  # the serving agent said `moving`: its successor is being prepared
-    # The next agent's continuation starts after this many of the client's tokens (and this
-    # many of its text parts), once opened: the draining agent's tokens are paced meanwhile.
-    next_from: int | None = None
-    next_text_from: int = 0
-    # Its first frames, judged already to repeat held tokens with more to come (a verdict
-    # that more held tokens cannot change): their count, and the ids and text they repeat.
-    next_judged: int = 0
-    next_repeated: int = 0
-    next_repeated_text: list[str] = field(default_factory=list)
-    # After a switch: held ids the next agent repeats first (dropped), and their text.
-    repeats: list[int] = field(default_factory=list)
-    repeats_text: str = ""
-    repeated_text: list[str] = field(default_factory=list)
-    # Gaps between the serving agent's deltas as they came in (seconds): its own pace, which
-    # a move's pacing of the client does not change, and which a move may slow.
-    recent_gaps: deque[float] = field(default_factory=lambda: deque(maxlen=GAPS_REMEMBERED))
-    last_arrived_at: float | None = None  # monotonic
-    last_delta_at: float | None = None  # monotonic: when the client was sent the last one
+    move: Move = field(default_factory=Move)  # make-before-break: its state
 
     @classmethod
     def begin(
@@ -331,7 +147,7 @@ class Failover:
     @property
     def repeating(self) -> bool:
         """Whether the agent's next deltas repeat tokens the client holds (after a switch)."""
-        return bool(self.repeats)
+        return self.move.repeating
 
     @property
     def has_tokens(self) -> bool:
@@ -397,73 +213,86 @@ class Failover:
             }
         )
 
-    def on_moving(self) -> bool:
-        """The serving agent drains and said `moving`: whether to prepare a move now."""
-        if self.moving or self.serving is None:
-            return False
-        self.moving = True
-        return True
+    # Make-before-break (gateway/moves.py): the move's state is `self.move`.
+
+    def on_moving(self) -> OpenNext | None:
+        """The serving agent drains and said `moving`: open its next agent, unless under way."""
+        if self.move.moving or self.serving is None:
+            return None
+        self.move.moving = True
+        return OpenNext()
 
     def next_agent_frame(self, agent_stream_id: str) -> GenerateFrame:
         """The next agent's continuation of a moving stream, from the tokens the client has now.
 
         The draining agent's tokens are paced from here until the stream switches.
         """
-        self.next_from = len(self.ids)
-        self.next_text_from = len(self.text)
-        self.next_judged, self.next_repeated, self.next_repeated_text = 0, 0, []
+        self.move.open_next(len(self.ids), len(self.text))
         return self.agent_frame(agent_stream_id)
 
-    def pace_until(self) -> float | None:
-        """When the draining agent's next delta may reach the client (monotonic; None: now)."""
-        if self.next_from is None or self.last_delta_at is None or not self.recent_gaps:
+    def on_next_opened(self, opened: bool) -> MergeDeltas | None:
+        """The next agent's continuation opened, or none could be (the move is abandoned).
+
+        Opened, the draining agent's deltas reach the client one at a time, paced, so the
+        stream can switch at any of them.
+        """
+        if not opened:
+            self.on_move_abandoned()
             return None
-        return self.last_delta_at + MOVE_PACE_GAP_MULTIPLE * statistics.median(self.recent_gaps)
+        return MergeDeltas(merge=False)
+
+    def pace(self) -> Pace | None:
+        """When the draining agent's next delta may reach the client (None: now)."""
+        until = self.move.pace_until()
+        return None if until is None else Pace(until)
 
     def on_next_agent_frames(self, frames: Sequence[object]) -> CatchUp:
         """The next agent's frames after the `next_judged` first, against the client's tokens.
 
-        It is caught up at a delta that ends where the client stands, or goes on past it,
-        having repeated the client's ids and text: the stream switches to it there
-        (`on_switch`), and the client is sent what it adds (`on_repeated_delta`). Each frame
-        that repeats held tokens with more to come is judged once, so a long catch-up costs
-        each of the draining agent's deltas the next agent's new frames only.
+        The verdict is `Move.judge`'s; a next agent that went another way or failed is
+        dropped, and its check counted.
         """
-        if self.next_from is None:
+        if self.move.next_from is None:
             return CatchUp.FAILED
-        held = self.ids[self.next_from :]
-        held_text = "".join(self.text[self.next_text_from :])
-        for frame in frames:
-            if isinstance(frame, StartFrame):
-                self.next_judged += 1
-                continue
-            if isinstance(frame, DeltaFrame):
-                repeated = self.next_repeated
-                text_before = "".join(self.next_repeated_text)
-                against, _ = against_held(frame, held[repeated:], text_before, held_text)
-                if against is Against.DIVERGED:
-                    compared = repeated + min(len(frame.ids or ()), len(held) - repeated)
-                    return self._drop_next_agent(CatchUp.DIVERGED, compared=compared)
-                if against is Against.SHORT:
-                    self.next_judged += 1
-                    self.next_repeated += len(frame.ids or ())
-                    self.next_repeated_text.append(frame.text)
-                    continue
-                if against is Against.REPEATED:
-                    return CatchUp.CAUGHT_UP
-                return CatchUp.BEHIND  # its text held back, or not to be cut where the client is
-            if isinstance(frame, DoneFrame):  # it ended short of the client's tokens
-                return self._drop_next_agent(CatchUp.DIVERGED, compared=self.next_repeated)
-            # An error, its link lost, or its own agent draining (`moving`).
-            return self._drop_next_agent(CatchUp.FAILED, compared=0)
-        return CatchUp.BEHIND
+        verdict, compared = self.move.judge(frames, self.ids, self.text)
+        if verdict in (CatchUp.DIVERGED, CatchUp.FAILED):
+            self.outcome.early_move_checked_tokens += compared
+            if verdict is CatchUp.DIVERGED:
+                self.outcome.early_move_diverged += 1
+            self.on_move_abandoned()
+        return verdict
 
-    @property
-    def next_behind(self) -> int:
-        """The client's tokens the next agent has yet to repeat (of those judged so far)."""
-        if self.next_from is None:
-            return 0
-        return len(self.ids) - self.next_from - self.next_repeated
+    def on_next_agent_news(
+        self, frames: Sequence[object], *, silent: bool
+    ) -> Switch | DropNext | None:
+        """After a delta of the draining agent, its next agent's new `frames`: switch, or drop it.
+
+        It is dropped when it went another way, failed, or is `silent` past the stall limit.
+        """
+        verdict = self.on_next_agent_frames(frames)
+        if verdict is CatchUp.CAUGHT_UP:
+            return Switch(draining=self.on_switch())
+        if verdict is not CatchUp.BEHIND or silent:
+            self.on_move_abandoned()
+            return DropNext()
+        return None
+
+    def at_break(
+        self, frames: Sequence[object], *, prefill_seconds: float | None, gap_seconds: float | None
+    ) -> TakeOver | DropNext:
+        """The serving agent broke while its next agent caught up: it takes over where it is.
+
+        Unless its new `frames` drop it, or a resume's prefill is sooner than its repeats
+        (`worth_taking_over`): the stream then resumes as from any break.
+        """
+        if self.on_next_agent_frames(frames) in (CatchUp.DIVERGED, CatchUp.FAILED):
+            return DropNext()
+        behind = self.move.behind(len(self.ids))
+        if not worth_taking_over(behind, prefill_seconds, gap_seconds):
+            self.on_move_abandoned()
+            return DropNext(behind_tokens=behind)
+        self.on_next_agent_takes_over()
+        return TakeOver()
 
     def on_switch(self) -> str:
         """The next agent takes the stream over (caught up, or its draining agent broke first).
@@ -478,34 +307,34 @@ class Failover:
 
     def on_next_agent_takes_over(self) -> None:
         """The next agent's stream is the client's now: its repeats of held tokens are dropped."""
-        if self.next_from is None:
-            raise RuntimeError("a stream switched with no next agent")
-        self.repeats = self.ids[self.next_from :]
-        self.repeats_text = "".join(self.text[self.next_text_from :])
-        self.repeated_text = []
-        self.moving = False
-        self.next_from = None
+        self.move.take_over(self.ids, self.text)
         self.outcome.early_moves += 1
+
+    def on_next_agent_delta(self, delta: DeltaFrame, *, now: float) -> Repeated | ResumeElsewhere:
+        """A delta of the next agent, switched to, while it repeats what the client holds.
+
+        `Repeated`: its deltas stay one at a time while a move of its own is prepared or
+        catches up. `ResumeElsewhere`: it did not repeat them (`on_repeat_failed`).
+        """
+        repeat = self.on_repeated_delta(delta)
+        if not repeat.repeats:
+            return self.on_repeat_failed(now=now)
+        merge = not self.repeating and not self.move.moving
+        return Repeated(merge=merge, beyond=repeat.beyond)
 
     def on_repeated_delta(self, delta: DeltaFrame) -> Repeat:
         """A delta of the next agent while it repeats held tokens: whether it repeats them.
 
-        A delta that does (its ids and, at the end, their text) is dropped, but for what it
-        adds past them, which the client is sent; one that does not ends the switch
-        (`on_repeat_failed`).
+        One that does is dropped, but for what it adds past them (`beyond`).
         """
         ids = delta.ids or ()
-        self.outcome.early_move_checked_tokens += min(len(ids), len(self.repeats))
-        text_before = "".join(self.repeated_text)
-        against, beyond = against_held(delta, self.repeats, text_before, self.repeats_text)
+        self.outcome.early_move_checked_tokens += min(len(ids), len(self.move.repeats))
+        against, beyond = self.move.repeat(delta)
         if against is Against.DIVERGED:
             self.outcome.early_move_diverged += 1
             return Repeat(repeats=False)
         if against is Against.SHORT:
-            self.repeats = self.repeats[len(ids) :]
-            self.repeated_text.append(delta.text)
             return Repeat(repeats=True)
-        self.repeats = []
         return Repeat(repeats=against is Against.REPEATED, beyond=beyond)
 
     def on_repeat_failed(self, *, now: float) -> ResumeElsewhere:
@@ -519,15 +348,7 @@ class Failover:
 
     def on_move_abandoned(self) -> None:
         """Preparing the move failed: the stream stays, and moves at the break if it comes."""
-        self.moving = False
-        self.next_from = None
-
-    def _drop_next_agent(self, verdict: CatchUp, *, compared: int) -> CatchUp:
-        self.outcome.early_move_checked_tokens += compared
-        if verdict is CatchUp.DIVERGED:
-            self.outcome.early_move_diverged += 1
-        self.on_move_abandoned()
-        return verdict
+        self.move.abandon()
 
     def on_opened(self, agent_id: str) -> None:
         """The agent's stream is open: its frames follow."""
@@ -576,10 +397,7 @@ class Failover:
         the agent's stream was sent (`agent_sent_at`) and its first token came in.
         """
         outcome = self.outcome
-        if self.last_arrived_at is not None:
-            self.recent_gaps.append(arrived_at - self.last_arrived_at)
-        self.last_arrived_at = arrived_at
-        self.last_delta_at = monotonic
+        self.move.relayed(arrived_at=arrived_at, monotonic=monotonic)
         if outcome.ttft_ms is None:
             outcome.ttft_ms = (monotonic - self.started_at) * 1000
             first_try = self.placements == 1 and not self.queued
@@ -668,11 +486,7 @@ class Failover:
         if agent is None:
             raise RuntimeError("an agent stream ended that was never opened")
         self.serving = None
-        self.last_arrived_at = None  # the next agent's pace is its own, from its first delta
-        # Repeats it still owed are no other agent's: one resumed from the client's tokens
-        # sends new ones only (a repeat checked against them could drop one of them).
-        self.repeats = []
-        self.repeated_text = []
+        self.move.leave_agent()
         return agent
 
     def _resume_elsewhere(self, now: float) -> ResumeElsewhere:

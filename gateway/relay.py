@@ -9,12 +9,13 @@ still open when its gateway stops (the drain's grace is over) with `going_away`.
 
 What to do at each turn is decided by the stream's `Failover` (gateway/failover.py, pure);
 this module only does the I/O: it waits in the dispatcher, opens the agent's stream, reads
-its frames, hands each to the Failover and forwards what that returns. A move made before
-the break (`moving`) opens the stream's continuation on the next agent in a task of its
-own while the draining agent's frames are relayed; the task's end wakes the relay up
-through the draining agent's channel. From then the draining agent's deltas are paced, and
-after each the relay shows the Failover what the next agent has sent, switching the
-stream there once it caught up.
+its frames, hands each to the Failover, forwards what that returns and carries out the
+effects it asks for (gateway/moves.py). A move made before the break (`moving`,
+`OpenNext`) opens the stream's continuation on the next agent in a task of its own while
+the draining agent's frames are relayed; the task's end wakes the relay up through the
+draining agent's channel. From then the draining agent's deltas are paced (`Pace`), and
+after each the relay shows the Failover what the next agent has sent: it switches the
+stream there once it caught up (`Switch`), or drops it (`DropNext`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import secrets
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Collection
+from contextlib import aclosing
 from dataclasses import dataclass
 from functools import partial
 
@@ -44,16 +46,19 @@ from gateway.dispatch import (
     QueueFull,
     UnknownModel,
 )
-from gateway.failover import (
-    HANDLE_KEY_BYTES,
-    CatchUp,
-    Failover,
-    GiveUp,
-    RelayOutcome,
-    Unplaced,
-    WaitForRoom,
-    worth_taking_over,
+from gateway.failover import HANDLE_KEY_BYTES, Failover
+from gateway.moves import (
+    DropNext,
+    MergeDeltas,
+    MoveEffect,
+    OpenNext,
+    Pace,
+    Repeated,
+    Switch,
+    TakeOver,
+    next_silent,
 )
+from gateway.outcome import GiveUp, RelayOutcome, ResumeElsewhere, Unplaced, WaitForRoom
 from gateway.prefix import PromptPrefix, tenant_session
 from gateway.receipts import ReceiptChain
 from gateway.router import Candidate
@@ -112,179 +117,276 @@ async def relay_stream(
         move_early=move_early,
     )
     # Hashed once: a moved stream's prompt is the same, and goes where it is most likely cached.
-    prefix = dispatcher.prompt_prefix(frame)
-    switched: _Leg | None = None  # the next agent's stream, taking over at an early switch
-    while True:
-        if switched is not None:
-            leg, switched = switched, None
-        else:
-            chosen: Candidate | None = None
-            try:
-                async for event in _acquire(
-                    dispatcher,
-                    frame,
-                    prefix,
-                    exclude=stream.excluded,
-                    deadline=stream.deadline,
-                    under_way=stream.placements > 0,  # resumed here after a break
-                ):
-                    if isinstance(event, Queued):
-                        queued = stream.on_queued(event.position, event.eta_seconds)
-                        if queued is not None:
-                            yield queued
-                    else:
-                        chosen = event
-            except UnknownModel:
-                yield stream.on_unplaced(Unplaced.UNKNOWN_MODEL)
-                return
-            except QueueFull:
-                yield stream.on_unplaced(Unplaced.QUEUE_FULL)
-                return
-            except NoCapacity:
-                yield stream.on_unplaced(Unplaced.NO_CAPACITY)
-                return
-            except GatewayClosing:
-                yield stream.on_going_away()
-                return
-            if chosen is None:  # acquire always ends with an agent or an exception
+    relay = _Relay(stream, dispatcher, link_for, stall_seconds, dispatcher.prompt_prefix(frame))
+    while not relay.over:
+        leg, relay.switched = relay.switched, None
+        if leg is None:
+            async with aclosing(relay.place()) as placing:
+                async for client_frame in placing:
+                    yield client_frame
+            leg, relay.placed = relay.placed, None
+            if leg is None:
                 continue
-            stream.on_agent_chosen(monotonic=time.monotonic())
-            opened = await _open(stream.agent_frame, chosen.agent_id, dispatcher, link_for)
-            if opened is None:
-                stream.on_unavailable(chosen.agent_id)
-                continue
-            leg = opened
-        agent_id, link = leg.agent_id, leg.link
-        stream.on_opened(agent_id)
-        full = False  # the agent refused the stream for capacity
-        left_running = False  # the stream went on elsewhere while this agent's still ran
-        mover: asyncio.Task[_Leg | None] | None = None
-        following: _Leg | None = None  # the next agent's stream, catching up with the client
+        async with aclosing(relay.serve(leg)) as serving:
+            async for client_frame in serving:
+                yield client_frame
+
+
+@dataclass
+class _Relay:
+    """The I/O of one client stream: its agents' streams, and a move's task while one is made."""
+
+    stream: Failover
+    dispatcher: Dispatcher
+    link_for: Callable[[str], AgentLink | None]
+    stall_seconds: float
+    prefix: PromptPrefix | None
+    over: bool = False  # the client's stream ended
+    placed: _Leg | None = None  # the agent's stream a placement opened
+    switched: _Leg | None = None  # the next agent's stream, taking over from the serving one
+    mover: asyncio.Task[_Leg | None] | None = None  # opening the next agent's stream
+    following: _Leg | None = None  # the next agent's stream, catching up with the client
+    leg_over: bool = False  # the serving agent's stream is over for the client
+    full: bool = False  # the agent refused the stream for capacity
+    left_running: bool = False  # the stream went on elsewhere while this agent's still ran
+
+    async def place(self) -> AsyncGenerator[ClientFrame, None]:
+        """Wait for an agent and open the stream there (`placed`), or end the client's stream."""
+        stream = self.stream
+        chosen: Candidate | None = None
         try:
-            async for item in leg.channel.items(stall_seconds):
-                if isinstance(item, DeltaFrame) and stream.repeating:
-                    # The next agent, switched to, repeating what the client holds.
-                    repeat = stream.on_repeated_delta(item)
-                    if not repeat.repeats:
-                        resumed = stream.on_repeat_failed(now=time.time())
-                        left_running = True
-                        log.info(
-                            "next agent did not repeat the stream; resuming elsewhere",
-                            stream_id=frame.id,
-                            tokens_so_far=resumed.tokens_so_far,
-                        )
-                        break
-                    # One at a time still while a move of its own is prepared or catches up.
-                    moving = mover is not None or following is not None
-                    leg.channel.merge_deltas = not stream.repeating and not moving
-                    if repeat.beyond is None:
-                        continue
-                    item = repeat.beyond  # the rest of its delta: the client's next tokens
+            async for event in _acquire(
+                self.dispatcher,
+                stream.request,
+                self.prefix,
+                exclude=stream.excluded,
+                deadline=stream.deadline,
+                under_way=stream.placements > 0,  # resumed here after a break
+            ):
+                if isinstance(event, Queued):
+                    queued = stream.on_queued(event.position, event.eta_seconds)
+                    if queued is not None:
+                        yield queued
+                else:
+                    chosen = event
+        except (UnknownModel, QueueFull, NoCapacity, GatewayClosing) as unplaced:
+            self.over = True
+            yield _unplaced(stream, unplaced)
+            return
+        if chosen is None:  # acquire always ends with an agent or an exception
+            return
+        stream.on_agent_chosen(monotonic=time.monotonic())
+        self.placed = await _open(
+            stream.agent_frame, chosen.agent_id, self.dispatcher, self.link_for
+        )
+        if self.placed is None:
+            stream.on_unavailable(chosen.agent_id)
+
+    async def serve(self, leg: _Leg) -> AsyncGenerator[ClientFrame, None]:
+        """The agent's stream relayed to the client, until it ends, breaks or moves on."""
+        self.stream.on_opened(leg.agent_id)
+        self.leg_over = self.full = self.left_running = False
+        try:
+            async for item in leg.channel.items(self.stall_seconds):
                 if isinstance(item, DeltaFrame):
-                    paced = stream.pace_until()
-                    if paced is not None:  # a move is catching up: the client's pace eases
-                        await asyncio.sleep(max(0.0, paced - time.monotonic()))
-                    yield stream.on_delta(
-                        item,
-                        monotonic=time.monotonic(),
-                        arrived_at=leg.channel.delta_arrived_at,
-                        agent_sent_at=leg.channel.sent_at,
-                        agent_first_token_at=leg.channel.first_delta_at,
-                    )
-                    if following is None:
-                        continue
-                    caught_up = stream.on_next_agent_frames(
-                        following.channel.unread(skipped=stream.next_judged)
-                    )
-                    if caught_up is CatchUp.CAUGHT_UP:
-                        stream.on_switch()
-                        switched, following, left_running = _switched(stream, following), None, True
-                        log.info(
-                            "stream moved before the break",
-                            stream_id=frame.id,
-                            tokens_so_far=len(stream.ids),
-                        )
-                        break
-                    if caught_up is not CatchUp.BEHIND or _silent(following, stall_seconds):
-                        stream.on_move_abandoned()
-                        await _close_leg(following, dispatcher, cancel=True)
-                        following = None
-                        leg.channel.merge_deltas = True
-                elif isinstance(item, StartFrame):
-                    dispatcher.taken(agent_id, prefix, frame.adapter)
-                    start = stream.on_start(item)
-                    if start is not None:
-                        yield start
-                elif isinstance(item, DoneFrame):
-                    yield stream.on_done(item, monotonic=time.monotonic())
-                    return
-                elif isinstance(item, MovingFrame):
-                    if stream.on_moving():
-                        mover = asyncio.create_task(
-                            _prepare_move(
-                                stream, dispatcher=dispatcher, link_for=link_for, prefix=prefix
-                            ),
-                            name=f"move {frame.id}",
-                        )
-                        mover.add_done_callback(partial(_wake, leg.channel))
-                elif isinstance(item, Wakeup):
-                    if mover is None or not mover.done():
-                        continue
-                    following, mover = _prepared(mover), None
-                    if following is None:
-                        stream.on_move_abandoned()
-                    else:  # paced one token at a time, so it switches at any of them
-                        leg.channel.merge_deltas = False
-                elif isinstance(item, GatewayGoingAway):  # the agent's stream is cancelled
-                    yield stream.on_going_away()
-                    return
-                elif isinstance(item, StreamStalled):  # nothing for too long: stop it there
-                    stalled = stream.on_stalled(now=time.time())
-                    await link.cancel(leg.frame_id)
-                    log.warning(
-                        "agent stream stalled; resuming elsewhere",
-                        stream_id=frame.id,
-                        failed_agent=stalled.failed_agent,
-                        stalled_seconds=item.seconds,
-                        tokens_so_far=stalled.tokens_so_far,
-                    )
-                    switched = _taking_over(stream, following)
-                    following = None if switched is not None else following
-                    break
-                elif isinstance(item, ErrorFrame | LinkLost):  # the agent's stream ended early
-                    decision = (
-                        stream.on_agent_error(item, now=time.time())
-                        if isinstance(item, ErrorFrame)
-                        else stream.on_link_lost(now=time.time())
-                    )
-                    if isinstance(decision, GiveUp):
-                        yield decision.error
-                        return
-                    if isinstance(decision, WaitForRoom):
-                        full = True
-                    else:
-                        log.info(
-                            "resuming stream",
-                            stream_id=frame.id,
-                            failed_agent=decision.failed_agent,
-                            tokens_so_far=decision.tokens_so_far,
-                        )
-                        switched = _taking_over(stream, following)
-                        following = None if switched is not None else following
+                    delta = await self._delta(leg, item)
+                    if delta is not None:
+                        yield delta
+                        if self.following is not None:
+                            await self._judge_next(leg, self.following)
+                else:
+                    client_frame = await self._event(leg, item)
+                    if client_frame is not None:
+                        yield client_frame
+                if self.over or self.leg_over:
                     break
         finally:
-            if mover is not None:  # the stream ended or broke before its move was ready
-                mover.cancel()
-                await asyncio.wait([mover])
-                following = _prepared(mover)
-            if mover is not None or following is not None:
-                stream.on_move_abandoned()
-            if following is not None:
-                await _close_leg(following, dispatcher, cancel=True)
-            # The client went away mid-stream (still serving), or the stream went on elsewhere.
-            await _close_leg(leg, dispatcher, cancel=stream.serving is not None or left_running)
-        if full:  # after `finished`, which takes the mark off: this stream never ran there
-            dispatcher.refused_for_capacity(agent_id)
+            await self._close(leg)
+        if self.full:  # after `finished`, which takes the mark off: this stream never ran there
+            self.dispatcher.refused_for_capacity(leg.agent_id)
+
+    async def _delta(self, leg: _Leg, item: DeltaFrame) -> DeltaFrame | None:
+        """What the client is sent of the agent's delta (None: nothing), paced while moving."""
+        stream = self.stream
+        if stream.repeating:  # the next agent, switched to, repeating what the client holds
+            repeated = stream.on_next_agent_delta(item, now=time.time())
+            if isinstance(repeated, ResumeElsewhere):
+                self.left_running = self.leg_over = True
+                log.info(
+                    "next agent did not repeat the stream; resuming elsewhere",
+                    stream_id=stream.request.id,
+                    tokens_so_far=repeated.tokens_so_far,
+                )
+                return None
+            await self._carry_out(leg, repeated)
+            if repeated.beyond is None:
+                return None
+            item = repeated.beyond  # the rest of its delta: the client's next tokens
+        await self._carry_out(leg, stream.pace())
+        return stream.on_delta(
+            item,
+            monotonic=time.monotonic(),
+            arrived_at=leg.channel.delta_arrived_at,
+            agent_sent_at=leg.channel.sent_at,
+            agent_first_token_at=leg.channel.first_delta_at,
+        )
+
+    async def _event(self, leg: _Leg, item: object) -> ClientFrame | None:
+        """Any other item of the agent's stream: what the client is sent of it (None: nothing)."""
+        stream = self.stream
+        if isinstance(item, StartFrame):
+            self.dispatcher.taken(leg.agent_id, self.prefix, stream.request.adapter)
+            return stream.on_start(item)
+        if isinstance(item, DoneFrame):
+            self.over = True
+            return stream.on_done(item, monotonic=time.monotonic())
+        if isinstance(item, GatewayGoingAway):  # the agent's stream is cancelled
+            self.over = True
+            return stream.on_going_away()
+        if isinstance(item, MovingFrame):
+            await self._carry_out(leg, stream.on_moving())
+        elif isinstance(item, Wakeup):
+            if self.mover is not None and self.mover.done():
+                self.following, self.mover = _prepared(self.mover), None
+                await self._carry_out(leg, stream.on_next_opened(self.following is not None))
+        elif isinstance(item, StreamStalled):  # nothing for too long: stop it there
+            stalled = stream.on_stalled(now=time.time())
+            await leg.link.cancel(leg.frame_id)
+            log.warning(
+                "agent stream stalled; resuming elsewhere",
+                stream_id=stream.request.id,
+                failed_agent=stalled.failed_agent,
+                stalled_seconds=item.seconds,
+                tokens_so_far=stalled.tokens_so_far,
+            )
+            await self._at_break(leg)
+            self.leg_over = True
+        elif isinstance(item, ErrorFrame | LinkLost):  # the agent's stream ended early
+            decision = (
+                stream.on_agent_error(item, now=time.time())
+                if isinstance(item, ErrorFrame)
+                else stream.on_link_lost(now=time.time())
+            )
+            if isinstance(decision, GiveUp):
+                self.over = True
+                return decision.error
+            if isinstance(decision, WaitForRoom):
+                self.full = True
+            else:
+                log.info(
+                    "resuming stream",
+                    stream_id=stream.request.id,
+                    failed_agent=decision.failed_agent,
+                    tokens_so_far=decision.tokens_so_far,
+                )
+                await self._at_break(leg)
+            self.leg_over = True
+        return None
+
+    async def _judge_next(self, leg: _Leg, following: _Leg) -> None:
+        """After a delta of the draining agent: switch to its next agent, drop it, or wait on."""
+        channel = following.channel
+        silent = next_silent(
+            channel.first_delta_at,
+            channel.sent_at,
+            monotonic=time.monotonic(),
+            stall_seconds=self.stall_seconds,
+        )
+        news = channel.unread(skipped=self.stream.move.next_judged)
+        await self._carry_out(leg, self.stream.on_next_agent_news(news, silent=silent))
+
+    async def _at_break(self, leg: _Leg) -> None:
+        """The serving agent broke: a next agent catching up takes over where it is, or not."""
+        if self.following is None:
+            return
+        channel = self.following.channel
+        prefill = (
+            None if channel.first_delta_at is None else channel.first_delta_at - channel.sent_at
+        )
+        news = channel.unread(skipped=self.stream.move.next_judged)
+        effect = self.stream.at_break(
+            news, prefill_seconds=prefill, gap_seconds=channel.gap_seconds()
+        )
+        await self._carry_out(leg, effect)
+
+    async def _carry_out(self, leg: _Leg, effect: MoveEffect | None) -> None:
+        """Do what the stream's Failover asked for its move (gateway/moves.py)."""
+        stream = self.stream
+        match effect:
+            case None:
+                pass
+            case OpenNext():
+                self.mover = asyncio.create_task(
+                    _prepare_move(
+                        stream,
+                        dispatcher=self.dispatcher,
+                        link_for=self.link_for,
+                        prefix=self.prefix,
+                    ),
+                    name=f"move {stream.request.id}",
+                )
+                self.mover.add_done_callback(partial(_wake, leg.channel))
+            case Pace(until=until):  # a move is catching up: the client's pace eases
+                await asyncio.sleep(max(0.0, until - time.monotonic()))
+            case MergeDeltas(merge=merge) | Repeated(merge=merge):
+                leg.channel.merge_deltas = merge
+            case Switch() | TakeOver():
+                following, self.following = self.following, None
+                if following is None:
+                    raise RuntimeError("a stream switched with no next agent's stream")
+                following.channel.merge_deltas = not stream.repeating  # unmerged while repeating
+                self.switched = following
+                if isinstance(effect, Switch):
+                    self.left_running = self.leg_over = True
+                    log.info(
+                        "stream moved before the break",
+                        stream_id=stream.request.id,
+                        tokens_so_far=len(stream.ids),
+                    )
+                else:
+                    log.info("next agent takes over at the break", stream_id=stream.request.id)
+            case DropNext(behind_tokens=behind_tokens):
+                if behind_tokens is not None:
+                    log.info(
+                        "next agent too far behind to take over at the break; resuming elsewhere",
+                        stream_id=stream.request.id,
+                        behind_tokens=behind_tokens,
+                    )
+                if self.following is not None:
+                    await _close_leg(self.following, self.dispatcher, cancel=True)
+                    self.following = None
+                leg.channel.merge_deltas = True
+
+    async def _close(self, leg: _Leg) -> None:
+        """The agent's stream is over for the client: close it, and any move under way."""
+        stream = self.stream
+        moved = self.mover is not None or self.following is not None
+        if self.mover is not None:  # the stream ended or broke before its move was ready
+            self.mover.cancel()
+            await asyncio.wait([self.mover])
+            self.following, self.mover = _prepared(self.mover), None
+        if moved:
+            stream.on_move_abandoned()
+        if self.following is not None:
+            await _close_leg(self.following, self.dispatcher, cancel=True)
+            self.following = None
+        # The client went away mid-stream (still serving), or the stream went on elsewhere.
+        await _close_leg(
+            leg, self.dispatcher, cancel=stream.serving is not None or self.left_running
+        )
+
+
+def _unplaced(
+    stream: Failover, error: UnknownModel | QueueFull | NoCapacity | GatewayClosing
+) -> ErrorFrame:
+    """The error that ends the client's stream when no agent could be found for it."""
+    if isinstance(error, GatewayClosing):
+        return stream.on_going_away()
+    if isinstance(error, UnknownModel):
+        return stream.on_unplaced(Unplaced.UNKNOWN_MODEL)
+    if isinstance(error, QueueFull):
+        return stream.on_unplaced(Unplaced.QUEUE_FULL)
+    return stream.on_unplaced(Unplaced.NO_CAPACITY)
 
 
 def _acquire(
@@ -361,47 +463,6 @@ def _prepared(task: asyncio.Task[_Leg | None]) -> _Leg | None:
         log.warning("preparing a move failed", error=repr(error))
         return None
     return task.result()
-
-
-def _switched(stream: Failover, following: _Leg) -> _Leg:
-    """The next agent's stream, the client's now (its deltas unmerged while it repeats)."""
-    following.channel.merge_deltas = not stream.repeating
-    return following
-
-
-def _taking_over(stream: Failover, following: _Leg | None) -> _Leg | None:
-    """At the break: the next agent's stream, if one is catching up, takes over where it is.
-
-    Unless it has fallen so far behind that repeating what the client holds would take
-    longer than a resume's prefill (`worth_taking_over`): it is left to be closed, and the
-    stream resumes as from any break.
-    """
-    if following is None:
-        return None
-    channel = following.channel
-    if stream.on_next_agent_frames(channel.unread(skipped=stream.next_judged)) in (
-        CatchUp.DIVERGED,
-        CatchUp.FAILED,
-    ):
-        return None  # dropped: the move is over
-    prefill = None if channel.first_delta_at is None else channel.first_delta_at - channel.sent_at
-    if not worth_taking_over(stream.next_behind, prefill, channel.gap_seconds()):
-        log.info(
-            "next agent too far behind to take over at the break; resuming elsewhere",
-            stream_id=stream.request.id,
-            behind_tokens=stream.next_behind,
-        )
-        stream.on_move_abandoned()
-        return None
-    stream.on_next_agent_takes_over()
-    log.info("next agent takes over at the break", stream_id=stream.request.id)
-    return _switched(stream, following)
-
-
-def _silent(following: _Leg, stall_seconds: float) -> bool:
-    """Whether the next agent has sent no token for longer than a stream may stall."""
-    channel = following.channel
-    return channel.first_delta_at is None and time.monotonic() - channel.sent_at > stall_seconds
 
 
 async def _prepare_move(

@@ -100,6 +100,7 @@ IO_LIBRARIES = {
 """Libraries that do I/O (sockets, AWS, Redis, metrics exposition)."""
 DECISION_MODULES = (
     "gateway.failover",
+    "gateway.moves",
     "pool_manager.policy",
     "spotgate.admission",
     "gpu_agent.drain",

@@ -41,7 +41,7 @@ from typing import Any
 
 import aiohttp
 
-from gateway.failover import MOVE_PACE_GAP_MULTIPLE
+from gateway.moves import MOVE_PACE_GAP_MULTIPLE
 from gpu_agent.drain import HANDBACK_MARGIN_SECONDS
 from loadtest.bench.conversations import WORDS
 from loadtest.bench.harness import (

@@ -6,23 +6,9 @@ import itertools
 
 import pytest
 
-from gateway.failover import (
-    GAPS_REMEMBERED,
-    MOVE_PACE_GAP_MULTIPLE,
-    Against,
-    CatchUp,
-    Decision,
-    Failover,
-    GiveUp,
-    Repeat,
-    ResumeElsewhere,
-    Unplaced,
-    WaitForRoom,
-    against_held,
-    agent_handle,
-    past_held,
-    worth_taking_over,
-)
+from gateway.failover import Failover, agent_handle
+from gateway.moves import GAPS_REMEMBERED, MOVE_PACE_GAP_MULTIPLE, CatchUp, OpenNext, Repeat
+from gateway.outcome import Decision, GiveUp, ResumeElsewhere, Unplaced, WaitForRoom
 from gateway.receipts import ReceiptSigner
 from spotgate.protocol import (
     DeltaFrame,
@@ -35,7 +21,6 @@ from spotgate.protocol import (
     Resume,
     StartFrame,
     Timings,
-    TokenLogprob,
     Usage,
 )
 from spotgate.tokens import KeyRing, SigningKey
@@ -594,7 +579,7 @@ def moving(stream: Failover, held: list[int]) -> GenerateFrame:
     stream.on_start(start("a"))
     for i, token in enumerate(held):
         relay(stream, [token], chr(ord("a") + i), at=STARTED + 1 + 0.02 * i)
-    assert stream.on_moving() is True
+    assert stream.on_moving() == OpenNext()
     return stream.next_agent_frame("to-b")
 
 
@@ -604,7 +589,7 @@ def test_a_moving_stream_is_prepared_once_and_its_next_agent_continues_where_the
     stream = arrive()
     frame = moving(stream, [5, 6, 7])
 
-    assert stream.on_moving() is False  # already being prepared
+    assert stream.on_moving() is None  # already being prepared
     assert frame.resume is not None
     assert frame.resume.token_ids == [5, 6, 7]
     assert frame.move_early is True  # the continuation may move early again
@@ -628,17 +613,17 @@ def test_the_draining_agents_tokens_are_paced_only_while_a_next_agent_catches_up
     place(stream, "a")
     for i in range(4):  # deltas 20 ms apart
         relay(stream, [i], "x", at=STARTED + 1 + 0.02 * i)
-    assert stream.pace_until() is None  # no move: as fast as they come
+    assert stream.move.pace_until() is None  # no move: as fast as they come
     stream.on_moving()
-    assert stream.pace_until() is None  # no next agent yet
+    assert stream.move.pace_until() is None  # no next agent yet
     stream.next_agent_frame("to-b")
     last = STARTED + 1 + 0.06
-    assert stream.pace_until() == pytest.approx(last + MOVE_PACE_GAP_MULTIPLE * 0.02)
+    assert stream.move.pace_until() == pytest.approx(last + MOVE_PACE_GAP_MULTIPLE * 0.02)
     # A paced delta is no measure of the pace: the gaps are those the agent's deltas came at.
     relay(stream, [9], "x", at=last + 0.025, arrived=last + 0.02)
-    assert stream.pace_until() == pytest.approx(last + 0.025 + MOVE_PACE_GAP_MULTIPLE * 0.02)
+    assert stream.move.pace_until() == pytest.approx(last + 0.025 + MOVE_PACE_GAP_MULTIPLE * 0.02)
     stream.on_move_abandoned()
-    assert stream.pace_until() is None
+    assert stream.move.pace_until() is None
 
 
 def test_a_draining_agent_that_slows_during_a_move_slows_the_pace_with_it() -> None:
@@ -657,9 +642,9 @@ def test_a_draining_agent_that_slows_during_a_move_slows_the_pace_with_it() -> N
     sent = arrived
     for i in range(GAPS_REMEMBERED):  # from now on they come 40 ms apart
         arrived += 0.04
-        sent = max(arrived, stream.pace_until() or arrived)
+        sent = max(arrived, stream.move.pace_until() or arrived)
         relay(stream, [100 + i], "x", at=sent, arrived=arrived)
-    assert stream.pace_until() == pytest.approx(sent + MOVE_PACE_GAP_MULTIPLE * 0.04)
+    assert stream.move.pace_until() == pytest.approx(sent + MOVE_PACE_GAP_MULTIPLE * 0.04)
 
 
 def test_a_next_agents_pace_is_measured_afresh() -> None:
@@ -672,7 +657,7 @@ def test_a_next_agents_pace_is_measured_afresh() -> None:
     place(stream, "b")
     relay(stream, [3], "x", at=STARTED + 9)
     relay(stream, [4], "x", at=STARTED + 9.02)
-    assert list(stream.recent_gaps) == pytest.approx([0.02, 0.02, 0.02])
+    assert list(stream.move.recent_gaps) == pytest.approx([0.02, 0.02, 0.02])
 
 
 def deltas(*parts: tuple[list[int], str]) -> list[DeltaFrame]:
@@ -738,7 +723,7 @@ def test_a_next_agent_is_caught_up_where_it_repeated_the_clients_tokens_to_a_bou
     assert stream.outcome.early_move_checked_tokens == checked
     assert stream.outcome.early_move_diverged == diverged
     # A dropped next agent ends the move: the stream moves at the break, if it comes.
-    assert (stream.next_from is None) is (verdict in (CatchUp.DIVERGED, CatchUp.FAILED))
+    assert (stream.move.next_from is None) is (verdict in (CatchUp.DIVERGED, CatchUp.FAILED))
 
 
 def test_a_next_agents_frames_are_judged_once_as_they_come() -> None:
@@ -748,31 +733,14 @@ def test_a_next_agents_frames_are_judged_once_as_they_come() -> None:
     relay(stream, [8], "h")
     relay(stream, [9], "i")
     following = [start("b"), delta([8], "h")]
-    assert stream.on_next_agent_frames(following[stream.next_judged :]) is CatchUp.BEHIND
-    assert stream.next_judged == 2
+    assert stream.on_next_agent_frames(following[stream.move.next_judged :]) is CatchUp.BEHIND
+    assert stream.move.next_judged == 2
     relay(stream, [10], "j")  # the client goes on meanwhile, paced
     following.append(delta([9], "i"))
-    assert stream.on_next_agent_frames(following[stream.next_judged :]) is CatchUp.BEHIND
+    assert stream.on_next_agent_frames(following[stream.move.next_judged :]) is CatchUp.BEHIND
     following.append(delta([10, 11], "jk"))
-    assert stream.on_next_agent_frames(following[stream.next_judged :]) is CatchUp.CAUGHT_UP
-    assert stream.next_judged == 3  # the last is where it switches: its rest is the client's
-
-
-@pytest.mark.parametrize(
-    ("behind_tokens", "prefill_seconds", "gap_seconds", "takes_over"),
-    [
-        (200, None, None, True),  # still in its prefill: a resume would start one afresh
-        (200, 0.6, None, True),  # one token yet: its pace unknown
-        (20, 0.75, 0.03125, True),  # 0.625 s of repeats against a 0.75 s prefill
-        (24, 0.75, 0.03125, True),  # as long as a prefill
-        (25, 0.75, 0.03125, False),
-        (130, 0.5, 0.05, False),  # slower than the client's pace: it fell far behind
-    ],
-)
-def test_a_next_agent_takes_over_at_the_break_unless_a_prefill_is_sooner(
-    behind_tokens: int, prefill_seconds: float | None, gap_seconds: float | None, takes_over: bool
-) -> None:
-    assert worth_taking_over(behind_tokens, prefill_seconds, gap_seconds) is takes_over
+    assert stream.on_next_agent_frames(following[stream.move.next_judged :]) is CatchUp.CAUGHT_UP
+    assert stream.move.next_judged == 3  # the last is where it switches: its rest is the client's
 
 
 def test_how_far_behind_a_next_agent_is_counts_what_it_repeated() -> None:
@@ -781,67 +749,9 @@ def test_how_far_behind_a_next_agent_is_counts_what_it_repeated() -> None:
     relay(stream, [8], "h")
     relay(stream, [9], "i")
     relay(stream, [10], "j")
-    assert stream.next_behind == 3
+    assert stream.move.behind(len(stream.ids)) == 3
     stream.on_next_agent_frames([start("b"), delta([8], "h")])
-    assert stream.next_behind == 2
-
-
-def logprob(token: str) -> TokenLogprob:
-    return TokenLogprob(token=token, logprob=-1.0, bytes=None, top_logprobs=[])
-
-
-@pytest.mark.parametrize(
-    ("next_delta", "past"),
-    [
-        # Tokens past the client's, their logprobs with them.
-        (
-            DeltaFrame(id="x", text="ij", n=2, ids=[9, 10], logprobs=[logprob("i"), logprob("j")]),
-            DeltaFrame(id="x", text="j", n=1, ids=[10], logprobs=[logprob("j")]),
-        ),
-        # Within the thinking, or within the content: the part cut as the text is.
-        (
-            DeltaFrame(id="x", text="ij", n=2, ids=[9, 10], content="", reasoning="ij"),
-            DeltaFrame(id="x", text="j", n=1, ids=[10], content="", reasoning="j"),
-        ),
-        (
-            DeltaFrame(id="x", text="ij", n=2, ids=[9, 10], content="ij"),
-            DeltaFrame(id="x", text="j", n=1, ids=[10], content="j"),
-        ),
-        # Thinking ends within it: which part the rest belongs to is not known here.
-        (DeltaFrame(id="x", text="i</think>j", n=2, ids=[9, 10], content="j", reasoning="i"), None),
-        # Exactly the client's (nothing past), or not the client's ids or text.
-        (delta([9], "i"), None),
-        (delta([4, 10], "ij"), None),
-        (delta([9, 10], "Ij"), None),
-    ],
-)
-def test_what_a_next_agents_delta_adds_past_the_clients_tokens(
-    next_delta: DeltaFrame, past: DeltaFrame | None
-) -> None:
-    assert past_held(next_delta, [9], "i") == past
-
-
-@pytest.mark.parametrize(
-    ("next_delta", "against"),
-    [
-        # The client holds ids [8, 9] as "hi"; this delta follows one that repeated [8] "h".
-        (delta([9], "i"), (Against.REPEATED, None)),
-        (delta([9, 10], "ij"), (Against.REPEATED, delta([10], "j"))),
-        (delta([9], "i!"), (Against.REPEATED, delta([], "!"))),
-        (delta([4], "i"), (Against.DIVERGED, None)),
-        (delta([9], ""), (Against.UNCUT, None)),  # its text held back
-        (delta([9, 10], "Ij"), (Against.UNCUT, None)),  # its ids, but not the client's text
-        (delta([], ""), (Against.SHORT, None)),  # no token yet
-    ],
-)
-def test_a_next_agents_delta_against_the_tokens_it_is_to_repeat(
-    next_delta: DeltaFrame, against: tuple[Against, DeltaFrame | None]
-) -> None:
-    assert against_held(next_delta, [9], "h", "hi") == against
-
-
-def test_a_next_agents_delta_short_of_the_clients_tokens_is_to_be_followed() -> None:
-    assert against_held(delta([8], "h"), [8, 9], "", "hi") == (Against.SHORT, None)
+    assert stream.move.behind(len(stream.ids)) == 2
 
 
 def test_a_switch_drops_the_next_agents_repeats_and_leaves_the_draining_agent() -> None:
@@ -864,7 +774,7 @@ def test_a_switch_drops_the_next_agents_repeats_and_leaves_the_draining_agent() 
     assert stream.excluded == {"a"}
     assert (stream.outcome.early_moves, stream.outcome.resumes) == (1, 1)
     assert (stream.outcome.early_move_checked_tokens, stream.outcome.early_move_diverged) == (2, 0)
-    assert stream.on_moving() is True  # its own agent may drain too, later
+    assert stream.on_moving() == OpenNext()  # its own agent may drain too, later
 
 
 @pytest.mark.parametrize(
@@ -934,13 +844,13 @@ def test_a_next_agent_that_breaks_before_its_repeats_leaves_none_owed_to_the_nex
 def test_an_abandoned_move_can_be_prepared_again() -> None:
     stream = arrive()
     place(stream, "a")
-    assert stream.on_moving() is True
+    assert stream.on_moving() == OpenNext()
     stream.on_move_abandoned()
-    assert stream.on_moving() is True
+    assert stream.on_moving() == OpenNext()
 
 
 def test_a_stream_between_agents_is_not_moved_early() -> None:
     stream = arrive()
     place(stream, "a")
     end(stream, ErrorCode.INTERRUPTED)
-    assert stream.on_moving() is False
+    assert stream.on_moving() is None

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.failover import RelayOutcome
 from gateway.metrics import GatewayMetrics
+from gateway.outcome import RelayOutcome
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,103 @@
+"""The rules of make-before-break, on plain data: a next agent's deltas against the tokens
+the client holds, whether it takes over at the break, whether it is silent."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.moves import Against, against_held, next_silent, past_held, worth_taking_over
+from spotgate.protocol import DeltaFrame, TokenLogprob
+
+
+def delta(ids: list[int], text: str) -> DeltaFrame:
+    return DeltaFrame(id="agent-stream", text=text, n=len(ids), ids=ids)
+
+
+@pytest.mark.parametrize(
+    ("behind_tokens", "prefill_seconds", "gap_seconds", "takes_over"),
+    [
+        (200, None, None, True),  # still in its prefill: a resume would start one afresh
+        (200, 0.6, None, True),  # one token yet: its pace unknown
+        (20, 0.75, 0.03125, True),  # 0.625 s of repeats against a 0.75 s prefill
+        (24, 0.75, 0.03125, True),  # as long as a prefill
+        (25, 0.75, 0.03125, False),
+        (130, 0.5, 0.05, False),  # slower than the client's pace: it fell far behind
+    ],
+)
+def test_a_next_agent_takes_over_at_the_break_unless_a_prefill_is_sooner(
+    behind_tokens: int, prefill_seconds: float | None, gap_seconds: float | None, takes_over: bool
+) -> None:
+    assert worth_taking_over(behind_tokens, prefill_seconds, gap_seconds) is takes_over
+
+
+def logprob(token: str) -> TokenLogprob:
+    return TokenLogprob(token=token, logprob=-1.0, bytes=None, top_logprobs=[])
+
+
+@pytest.mark.parametrize(
+    ("next_delta", "past"),
+    [
+        # Tokens past the client's, their logprobs with them.
+        (
+            DeltaFrame(id="x", text="ij", n=2, ids=[9, 10], logprobs=[logprob("i"), logprob("j")]),
+            DeltaFrame(id="x", text="j", n=1, ids=[10], logprobs=[logprob("j")]),
+        ),
+        # Within the thinking, or within the content: the part cut as the text is.
+        (
+            DeltaFrame(id="x", text="ij", n=2, ids=[9, 10], content="", reasoning="ij"),
+            DeltaFrame(id="x", text="j", n=1, ids=[10], content="", reasoning="j"),
+        ),
+        (
+            DeltaFrame(id="x", text="ij", n=2, ids=[9, 10], content="ij"),
+            DeltaFrame(id="x", text="j", n=1, ids=[10], content="j"),
+        ),
+        # Thinking ends within it: which part the rest belongs to is not known here.
+        (DeltaFrame(id="x", text="i</think>j", n=2, ids=[9, 10], content="j", reasoning="i"), None),
+        # Exactly the client's (nothing past), or not the client's ids or text.
+        (delta([9], "i"), None),
+        (delta([4, 10], "ij"), None),
+        (delta([9, 10], "Ij"), None),
+    ],
+)
+def test_what_a_next_agents_delta_adds_past_the_clients_tokens(
+    next_delta: DeltaFrame, past: DeltaFrame | None
+) -> None:
+    assert past_held(next_delta, [9], "i") == past
+
+
+@pytest.mark.parametrize(
+    ("next_delta", "against"),
+    [
+        # The client holds ids [8, 9] as "hi"; this delta follows one that repeated [8] "h".
+        (delta([9], "i"), (Against.REPEATED, None)),
+        (delta([9, 10], "ij"), (Against.REPEATED, delta([10], "j"))),
+        (delta([9], "i!"), (Against.REPEATED, delta([], "!"))),
+        (delta([4], "i"), (Against.DIVERGED, None)),
+        (delta([9], ""), (Against.UNCUT, None)),  # its text held back
+        (delta([9, 10], "Ij"), (Against.UNCUT, None)),  # its ids, but not the client's text
+        (delta([], ""), (Against.SHORT, None)),  # no token yet
+    ],
+)
+def test_a_next_agents_delta_against_the_tokens_it_is_to_repeat(
+    next_delta: DeltaFrame, against: tuple[Against, DeltaFrame | None]
+) -> None:
+    assert against_held(next_delta, [9], "h", "hi") == against
+
+
+def test_a_next_agents_delta_short_of_the_clients_tokens_is_to_be_followed() -> None:
+    assert against_held(delta([8], "h"), [8, 9], "", "hi") == (Against.SHORT, None)
+
+
+@pytest.mark.parametrize(
+    ("first_token_at", "sent_at", "monotonic", "silent"),
+    [
+        (None, 10.0, 15.0, False),  # within the stall limit (10 s)
+        (None, 10.0, 20.0, False),  # at it
+        (None, 10.0, 20.5, True),  # past it, no token yet
+        (12.0, 10.0, 40.0, False),  # it sent a token: no longer silent, however long ago
+    ],
+)
+def test_a_next_agent_is_silent_once_the_stall_limit_passes_without_a_token(
+    first_token_at: float | None, sent_at: float, monotonic: float, silent: bool
+) -> None:
+    assert next_silent(first_token_at, sent_at, monotonic=monotonic, stall_seconds=10.0) is silent
