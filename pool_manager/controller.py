@@ -22,14 +22,13 @@ from dataclasses import dataclass, field, replace
 
 from pool_manager.events import PoolEvent
 from pool_manager.launches import launch_record, vouched_capacity
-from pool_manager.policy import (
+from pool_manager.policy import HedgedSpotPolicy, Policy
+from pool_manager.pool_view import (
     Action,
     AgentPhase,
     Drain,
-    HedgedSpotPolicy,
     Launch,
     PlacementKey,
-    Policy,
     PolicySettings,
     PoolAgent,
     Sizing,
@@ -39,7 +38,6 @@ from pool_manager.policy import (
     TerminateWarm,
     WarmAction,
     WarmInstance,
-    sizing_on_start,
 )
 from pool_manager.provider import (
     CapacityRefused,
@@ -56,6 +54,7 @@ from pool_manager.reconcile import (
     note_interruption,
     pool_target,
 )
+from pool_manager.sizing import sizing_on_start
 from spotgate.logging import get_logger
 from spotgate.registry import (
     AgentNotFound,

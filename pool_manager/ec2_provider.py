@@ -30,7 +30,7 @@ from typing import Any, Self
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from pool_manager.policy import Launch, LaunchLifecycle, PlacementKey
+from pool_manager.pool_view import Launch, LaunchLifecycle, PlacementKey
 from pool_manager.provider import (
     CapacityRefused,
     Instance,

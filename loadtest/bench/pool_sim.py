@@ -30,14 +30,13 @@ from loadtest.bench.report import machine_facts, write_section
 from pool_manager.policy import POLICIES
 from pool_manager.sim.simulator import (
     SPOT_PRICE_PER_HOUR,
-    VOLUME_DOLLARS_PER_GIB_MONTH,
-    VOLUME_GIB,
     WARM_START_SECONDS,
     SimConfig,
     SimResult,
     simulate_windows,
 )
 from pool_manager.sim.traces import BUNDLED_TRACES_DIR, ZoneTrace, load_traces, shortfall_share
+from spotgate.settings import POOL_DEFAULTS
 
 COMMAND = "python -m loadtest.bench.pool_sim --write docs/benchmarks.md"
 TRACE_SETS = ("aws-16node-3zone", "aws-1node-9zone")
@@ -427,10 +426,10 @@ def _policy_lines(results: dict[str, SimResult], spothedge: PolicyKnobs) -> list
         f"as the target (`--warm-pool`), each started in a {WARM_START_SECONDS:.0f}-second "
         "warm start for on-demand cover before any launch (the assumption below), stopped back "
         f"once spot holds the target again (hold {WARM_HOLD_SECONDS:.0f} s), and pays its "
-        f"volumes while stopped ({VOLUME_GIB:.0f} GiB of gp3 at "
-        f"${VOLUME_DOLLARS_PER_GIB_MONTH} per GiB-month against p3.2xlarge's $3.06 an hour "
-        f"on-demand: {volume_share:.2f} % of the target's on-demand cost for a pool as large "
-        "as the target). "
+        f"volumes while stopped ({POOL_DEFAULTS.volume_gib:.0f} GiB of gp3 at "
+        f"${POOL_DEFAULTS.volume_price_per_gib_month} per GiB-month against p3.2xlarge's "
+        f"$3.06 an hour on-demand: {volume_share:.2f} % of the target's on-demand cost for a "
+        "pool as large as the target). "
         "A window opens with the model at zero and its warm pool full, as a deployed model "
         "keeps it while at zero; SpotHedge and spotgate's policy without one start from "
         "nothing, as in the README's set-up. The *on-demand margin* (`--on-demand-margin`) "

@@ -44,14 +44,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from pool_manager.policy import (
+from pool_manager.policy import Policy
+from pool_manager.pool_view import (
     AgentPhase,
     Drain,
     Launch,
     LaunchLifecycle,
     PlacementKey,
     PlacementOption,
-    Policy,
     PolicySettings,
     PoolAction,
     PoolAgent,
@@ -68,6 +68,7 @@ from pool_manager.reconcile import (
     pool_target,
 )
 from pool_manager.sim.traces import TraceError, ZoneTrace
+from spotgate.settings import POOL_DEFAULTS
 
 SECONDS_PER_HOUR = 3600.0
 SPOT_PRICE_PER_HOUR = 1.0  # prices are relative: on-demand costs `on_demand_price_ratio`
@@ -79,8 +80,6 @@ WARM_START_SECONDS = 60.0
 little as 30 s (AWS, announcing EC2 Auto Scaling warm pools), then vLLM loads the weights from
 the instance's own volume and captures its CUDA graphs (20-60 s, docs/cold-start.md); the
 image pull and weight fetch of a cold start are skipped."""
-VOLUME_GIB = 200.0  # the deployment's root volume (infra/cdk/cdk.json rootVolumeGiB)
-VOLUME_DOLLARS_PER_GIB_MONTH = 0.08  # EBS gp3, us-east-1: https://aws.amazon.com/ebs/pricing/
 ON_DEMAND_DOLLARS_PER_HOUR = 3.06
 """p3.2xlarge, the traces' type, on-demand in us-east-1: https://aws.amazon.com/ec2/pricing/on-demand/"""
 
@@ -102,25 +101,27 @@ class SimConfig:
     target: int = 4
     cold_start_seconds: float = 180.0
     cold_start_samples: tuple[float, ...] = ()  # observed cold starts, drawn from at each launch
-    warm_pool_size: int = 0  # stopped on-demand instances each model keeps (0: no warm pool)
-    on_demand_margin: bool = False  # cover the spot margin on-demand where spot cannot place it
-    on_demand_margin_spot_age_seconds: float = 28800.0  # see `PolicySettings`
-    on_demand_margin_shortage_seconds: float = 1800.0
+    # Stopped on-demand instances each model keeps (0: no warm pool).
+    warm_pool_size: int = POOL_DEFAULTS.warm_pool_size
+    # Cover the spot margin on-demand where spot cannot place it (see `PolicySettings`).
+    on_demand_margin: bool = POOL_DEFAULTS.on_demand_margin
+    on_demand_margin_spot_age_seconds: float = POOL_DEFAULTS.on_demand_margin_spot_age_seconds
+    on_demand_margin_shortage_seconds: float = POOL_DEFAULTS.on_demand_margin_shortage_seconds
     # The span opens with each model's warm pool full: topped up while the model was at zero.
     warm_pool_filled: bool = True
     warm_start_seconds: float = WARM_START_SECONDS
     warm_start_samples: tuple[float, ...] = ()  # observed warm starts, drawn from at each start
     # What a stopped instance costs: its volume (the sim's prices are relative; these scale it).
-    volume_gib: float = VOLUME_GIB
-    volume_dollars_per_gib_month: float = VOLUME_DOLLARS_PER_GIB_MONTH
+    volume_gib: float = POOL_DEFAULTS.volume_gib
+    volume_dollars_per_gib_month: float = POOL_DEFAULTS.volume_price_per_gib_month
     on_demand_dollars_per_hour: float = ON_DEMAND_DOLLARS_PER_HOUR
     notice_seconds: float = 120.0
     tick_seconds: float = 30.0
     on_demand_price_ratio: float = 3.0
-    spot_overprovision: int = 1
-    on_demand_hold_seconds: float = 1800.0
-    risky_placement_seconds: float = 1800.0
-    streams_per_agent: int = 32
+    spot_overprovision: int = POOL_DEFAULTS.spot_overprovision
+    on_demand_hold_seconds: float = POOL_DEFAULTS.on_demand_hold_seconds
+    risky_placement_seconds: float = POOL_DEFAULTS.risky_placement_seconds
+    streams_per_agent: int = POOL_DEFAULTS.target_streams_per_agent
     stream_seconds: float = 60.0
     load: float = 0.5  # offered streams as a share of the target's capacity
     queue_deadline_seconds: float = 60.0

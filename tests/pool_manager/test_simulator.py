@@ -5,7 +5,8 @@ from dataclasses import replace
 
 import pytest
 
-from pool_manager.policy import POLICIES, StopToWarm
+from pool_manager.policy import POLICIES
+from pool_manager.pool_view import StopToWarm
 from pool_manager.sim.simulator import (
     DEFAULT_MODEL,
     ModelResult,
