@@ -6,7 +6,6 @@ import argparse
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from cli.args import (
     CommandError,
@@ -17,10 +16,7 @@ from cli.args import (
     positive_int,
     share,
 )
-from pool_manager.sim.simulator import SimConfig
-
-if TYPE_CHECKING:
-    from pool_manager.sim.simulator import SimModel
+from pool_manager.sim.config import SimConfig, SimModel
 
 DEFAULTS = SimConfig()
 """The options' defaults: the simulator's, whose pool settings are the pool manager's own
@@ -62,8 +58,6 @@ def model_spec(text: str) -> ModelSpec:
 
 def _models(specs: list[ModelSpec], load: float) -> tuple[SimModel, ...]:
     """The `--model` specs as the simulator's models; raise for a name given twice."""
-    from pool_manager.sim.simulator import SimModel
-
     names = [spec.name for spec in specs]
     if twice := sorted({name for name in names if names.count(name) > 1}):
         raise CommandError(f"--model {', '.join(twice)} given more than once")
@@ -174,6 +168,27 @@ def setup_sim(commands: Commands) -> None:
         "`spotgate pool boots --json` output (each boot's kind says which) or a JSON list of "
         "cold starts in seconds (instead of --cold-start and --warm-start)",
     )
+    _add_warm_pool_options(sim)
+    _add_spot_options(sim)
+    _add_workload_options(sim)
+    sim.add_argument(
+        "--tick", type=positive_float, default=DEFAULTS.tick_seconds, help="step, seconds"
+    )
+    sim.add_argument(
+        "--windows",
+        type=non_negative_int,
+        default=REFERENCE_WINDOWS,
+        help="average over this many windows at seeded random offsets (default: ten of 24 "
+        "hours, the traces' reference set-up); 0: the whole trace",
+    )
+    sim.add_argument("--window-hours", type=positive_float, default=24.0)
+    sim.add_argument("--seed", type=int, default=DEFAULTS.seed)
+    sim.add_argument("--json", action="store_true", help="JSON instead of a table")
+    sim.set_defaults(handler=_sim)
+
+
+def _add_warm_pool_options(sim: argparse.ArgumentParser) -> None:
+    """The warm pool and what its stopped volumes cost."""
     sim.add_argument(
         "--warm-pool",
         type=non_negative_int,
@@ -217,6 +232,10 @@ def setup_sim(commands: Commands) -> None:
         default=DEFAULTS.on_demand_dollars_per_hour,
         help="the on-demand price per hour in dollars, against which the volume is priced",
     )
+
+
+def _add_spot_options(sim: argparse.ArgumentParser) -> None:
+    """Spot's notice, its price against on-demand, its margin and the hold."""
     sim.add_argument(
         "--notice",
         type=non_negative_float,
@@ -238,6 +257,10 @@ def setup_sim(commands: Commands) -> None:
         default=DEFAULTS.on_demand_hold_seconds,
         help="seconds spot must hold the target before on-demand agents go",
     )
+
+
+def _add_workload_options(sim: argparse.ArgumentParser) -> None:
+    """The streams offered, the models sharing the pool, refusals and prices."""
     sim.add_argument(
         "--stream-seconds",
         type=positive_float,
@@ -273,17 +296,3 @@ def setup_sim(commands: Commands) -> None:
         help="each hour every spot price moves by up to this share (a seeded random walk "
         "between half and twice the starting price); 0: prices never move",
     )
-    sim.add_argument(
-        "--tick", type=positive_float, default=DEFAULTS.tick_seconds, help="step, seconds"
-    )
-    sim.add_argument(
-        "--windows",
-        type=non_negative_int,
-        default=REFERENCE_WINDOWS,
-        help="average over this many windows at seeded random offsets (default: ten of 24 "
-        "hours, the traces' reference set-up); 0: the whole trace",
-    )
-    sim.add_argument("--window-hours", type=positive_float, default=24.0)
-    sim.add_argument("--seed", type=int, default=DEFAULTS.seed)
-    sim.add_argument("--json", action="store_true", help="JSON instead of a table")
-    sim.set_defaults(handler=_sim)

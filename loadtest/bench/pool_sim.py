@@ -28,13 +28,9 @@ from pathlib import Path
 
 from loadtest.bench.report import machine_facts, write_section
 from pool_manager.policy import POLICIES
-from pool_manager.sim.simulator import (
-    SPOT_PRICE_PER_HOUR,
-    WARM_START_SECONDS,
-    SimConfig,
-    SimResult,
-    simulate_windows,
-)
+from pool_manager.sim.config import SPOT_PRICE_PER_HOUR, WARM_START_SECONDS, SimConfig
+from pool_manager.sim.results import SimResult
+from pool_manager.sim.simulator import simulate_windows
 from pool_manager.sim.traces import BUNDLED_TRACES_DIR, ZoneTrace, load_traces, shortfall_share
 from spotgate.settings import POOL_DEFAULTS
 

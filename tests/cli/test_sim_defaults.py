@@ -7,7 +7,7 @@ from dataclasses import fields
 from cli.main import build_parser
 from pool_manager.pool_view import PolicySettings
 from pool_manager.service import policy_settings
-from pool_manager.sim.simulator import SimConfig, settings_for
+from pool_manager.sim.config import SimConfig, settings_for
 from spotgate.settings import POOL_DEFAULTS, PoolSettings
 
 SIM_OPTIONS = {

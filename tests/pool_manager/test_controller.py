@@ -33,7 +33,8 @@ from pool_manager.provider import (
     StartRefused,
     StoppedInstance,
 )
-from pool_manager.sim.simulator import SimConfig, Simulation
+from pool_manager.sim.config import SimConfig
+from pool_manager.sim.simulator import Simulation
 from pool_manager.sim.traces import ZoneTrace
 from spotgate.registry import AgentRecord, AgentState, LaunchRecord, PoolForecast, Registry
 from tests.support.clocks import FakeClock
