@@ -70,8 +70,10 @@ WARM_HOLD_SECONDS = 0.0
 target (the hold the cross-validation above chose without a warm pool too)."""
 MARGIN_ROW = "spotgate + warm pool + on-demand margin"
 PolicyKnobs = tuple[str, int, float, bool]  # policy, warm pool (× target), hold, margin
+REFERENCE_ROW = "SpotHedge (as the README states it)"
+"""The row SpotHedge runs in, as the traces' README states it: what the others are compared with."""
 POLICY_ROWS: dict[str, PolicyKnobs] = {
-    "SpotHedge (as the README states it)": ("spothedge", 0, 0.0, False),
+    REFERENCE_ROW: ("spothedge", 0, 0.0, False),
     "spotgate (no warm pool, hold 1800 s)": ("spotgate", 0, 1800.0, False),
     "spotgate + warm pool": ("spotgate", 1, WARM_HOLD_SECONDS, False),
     MARGIN_ROW: ("spotgate", 1, WARM_HOLD_SECONDS, True),
@@ -211,6 +213,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="pool simulator benchmark")
     parser.add_argument("--write", type=Path)
     args = parser.parse_args()
+    jobs = _jobs()
+    unique = list(dict.fromkeys(jobs.values()))  # tables share runs: each is done once
+    with ProcessPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        done = dict(zip(unique, pool.map(_run, unique), strict=True))
+    results = {name: done[job] for name, job in jobs.items()}
+
+    spothedge = POLICY_ROWS[REFERENCE_ROW]
+    lines = [*_policy_table_lines(results), *_reference_lines(results), *_shortfall_lines()]
+    lines += _policy_lines(results, spothedge)
+    section = "\n".join(lines)
+    print(section)
+    if args.write:
+        write_section(args.write, "pool-sim", section)
+
+
+def _jobs() -> dict[str, Job]:
+    """Every run the section reports, by name (tables share runs)."""
     base = SimConfig(target=TARGET_AGENTS)
     policies = list(POLICIES)
     jobs: dict[str, Job] = {}
@@ -234,8 +253,7 @@ def main() -> None:
             jobs[f"long {trace_set} {seconds}"] = (
                 trace_set, "spotgate", long_streams, REFERENCE_WINDOWS
             )  # fmt: skip
-    reference_row = "SpotHedge (as the README states it)"
-    spothedge = POLICY_ROWS[reference_row]
+    reference_row = REFERENCE_ROW
     for trace in TRACES:
         for row, knobs in POLICY_ROWS.items():
             jobs |= _seeded_jobs(row, trace, knobs)
@@ -251,11 +269,12 @@ def main() -> None:
         jobs |= _seeded_jobs("warm empty", trace, warm_row, warm_pool_filled=False)
         for knobs in CROSS_KNOBS:
             jobs |= _seeded_jobs(_knobs_label(knobs), trace, knobs)
-    unique = list(dict.fromkeys(jobs.values()))  # tables share runs: each is done once
-    with ProcessPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        done = dict(zip(unique, pool.map(_run, unique), strict=True))
-    results = {name: done[job] for name, job in jobs.items()}
+    return jobs
 
+
+def _policy_table_lines(results: dict[str, SimResult]) -> list[str]:
+    """Every policy on every trace and cold start, then the on-demand hold swept."""
+    policies = list(POLICIES)
     lines = [
         "## Pool simulator: availability and cost vs on-demand",
         "",
@@ -300,6 +319,12 @@ def main() -> None:
         for cold in COLD_STARTS_SECONDS:
             cells = [_cell(results[f"hold {trace_set} {cold} {hold}"]) for hold in HOLDS_SECONDS]
             lines.append(f"| {trace_set} | {cold / 60:.0f} min | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _reference_lines(results: dict[str, SimResult]) -> list[str]:
+    """The reference set-up, the hold cross-validated, harsher conditions, long streams."""
+    lines: list[str] = []
     default_hold = REFERENCE_CONFIG.on_demand_hold_seconds
     lines += [
         "",
@@ -371,6 +396,12 @@ def main() -> None:
                 f"| {r.preemptions} | {r.streams_resumed:,} | {r.lost_streams:,} "
                 f"| {r.streams_rejected:,} |"
             )
+    return lines
+
+
+def _shortfall_lines() -> list[str]:
+    """Where the goal falls short, and why."""
+    lines: list[str] = []
     shortfalls = {
         trace_set: shortfall_share(load_traces(BUNDLED_TRACES_DIR / trace_set), TARGET_AGENTS)
         for trace_set in TRACE_SETS
@@ -395,16 +426,12 @@ def main() -> None:
         "60-second streams finish within the notice, and longer ones are handed back and "
         "resumed (the table above).",
     ]
-    lines += _policy_lines(results, spothedge)
-    section = "\n".join(lines)
-    print(section)
-    if args.write:
-        write_section(args.write, "pool-sim", section)
+    return lines
 
 
 def _policy_lines(results: dict[str, SimResult], spothedge: PolicyKnobs) -> list[str]:
     """The policy table, the warm start's assumption varied, and the cross-validation."""
-    reference = "SpotHedge (as the README states it)"
+    reference = REFERENCE_ROW
     stopped = REFERENCE_CONFIG.stopped_price_per_hour
     volume_share = stopped / (REFERENCE_CONFIG.on_demand_price_ratio * SPOT_PRICE_PER_HOUR) * 100
     lines = [
@@ -495,7 +522,13 @@ def _policy_lines(results: dict[str, SimResult], spothedge: PolicyKnobs) -> list
         moved = [_paired(_seeded(results, name, trace), theirs) for name in MARGIN_VARIANTS]
         cells = [f"{a:+.3f} / {c:+.2f} ({_met(a, c)})" for a, c in [held_out, *moved]]
         lines.append(f"| {trace} | " + " | ".join(cells) + " |")
-    lines += [
+    return [*lines, *_warm_start_lines(results), *_reading_lines(gains)]
+
+
+def _warm_start_lines(results: dict[str, SimResult]) -> list[str]:
+    """The warm start's assumption varied, and the warm pool's knobs cross-validated."""
+    reference = REFERENCE_ROW
+    lines = [
         "",
         "The warm start assumed: a stopped instance's start to ready in "
         f"{WARM_START_SECONDS:.0f} s, half the reference set-up's cold start. EC2 brings a "
@@ -552,7 +585,7 @@ def _policy_lines(results: dict[str, SimResult], spothedge: PolicyKnobs) -> list
             f"| {scored[chosen][0]:+.3f} / {scored[chosen][1]:+.2f} | {measured} "
             f"| {there[0]:+.3f} / {there[1]:+.2f} | {_met(*there)} |"
         )
-    return lines + _reading_lines(gains)
+    return lines
 
 
 def _reading_lines(gains: dict[tuple[str, str], tuple[float, float]]) -> list[str]:
