@@ -6,7 +6,6 @@ import argparse
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from cli.args import (
     CommandError,
@@ -17,15 +16,13 @@ from cli.args import (
     positive_int,
     share,
 )
-from pool_manager.sim.simulator import (
-    ON_DEMAND_DOLLARS_PER_HOUR,
-    VOLUME_DOLLARS_PER_GIB_MONTH,
-    VOLUME_GIB,
-    WARM_START_SECONDS,
-)
+from pool_manager.sim.config import SimConfig, SimModel
 
-if TYPE_CHECKING:
-    from pool_manager.sim.simulator import SimModel
+DEFAULTS = SimConfig()
+"""The options' defaults: the simulator's, whose pool settings are the pool manager's own
+(`spotgate.settings.POOL_DEFAULTS`); only the target and the cold start differ, below."""
+DEFAULT_TARGET = 3
+DEFAULT_COLD_START_SECONDS = 120.0
 
 REFERENCE_WINDOWS = 10
 """The traces' reference set-up: ten 24-hour windows, averaged (as SpotHedge was measured)."""
@@ -61,8 +58,6 @@ def model_spec(text: str) -> ModelSpec:
 
 def _models(specs: list[ModelSpec], load: float) -> tuple[SimModel, ...]:
     """The `--model` specs as the simulator's models; raise for a name given twice."""
-    from pool_manager.sim.simulator import SimModel
-
     names = [spec.name for spec in specs]
     if twice := sorted({name for name in names if names.count(name) > 1}):
         raise CommandError(f"--model {', '.join(twice)} given more than once")
@@ -79,7 +74,6 @@ def _models(specs: list[ModelSpec], load: float) -> tuple[SimModel, ...]:
 
 def _sim(args: argparse.Namespace) -> int:
     from pool_manager.sim.runner import policies_named, render_json, render_table, run_policies
-    from pool_manager.sim.simulator import SimConfig
     from pool_manager.sim.traces import TraceError
 
     try:
@@ -155,10 +149,16 @@ def setup_sim(commands: Commands) -> None:
         "a comma-separated list, or all",
     )
     sim.add_argument(
-        "--target", type=positive_int, default=3, help="agents to keep ready (one model)"
+        "--target",
+        type=positive_int,
+        default=DEFAULT_TARGET,
+        help="agents to keep ready (one model)",
     )
     sim.add_argument(
-        "--cold-start", type=non_negative_float, default=120.0, help="launch to ready, seconds"
+        "--cold-start",
+        type=non_negative_float,
+        default=DEFAULT_COLD_START_SECONDS,
+        help="launch to ready, seconds",
     )
     sim.add_argument(
         "--boots",
@@ -168,17 +168,38 @@ def setup_sim(commands: Commands) -> None:
         "`spotgate pool boots --json` output (each boot's kind says which) or a JSON list of "
         "cold starts in seconds (instead of --cold-start and --warm-start)",
     )
+    _add_warm_pool_options(sim)
+    _add_spot_options(sim)
+    _add_workload_options(sim)
+    sim.add_argument(
+        "--tick", type=positive_float, default=DEFAULTS.tick_seconds, help="step, seconds"
+    )
+    sim.add_argument(
+        "--windows",
+        type=non_negative_int,
+        default=REFERENCE_WINDOWS,
+        help="average over this many windows at seeded random offsets (default: ten of 24 "
+        "hours, the traces' reference set-up); 0: the whole trace",
+    )
+    sim.add_argument("--window-hours", type=positive_float, default=24.0)
+    sim.add_argument("--seed", type=int, default=DEFAULTS.seed)
+    sim.add_argument("--json", action="store_true", help="JSON instead of a table")
+    sim.set_defaults(handler=_sim)
+
+
+def _add_warm_pool_options(sim: argparse.ArgumentParser) -> None:
+    """The warm pool and what its stopped volumes cost."""
     sim.add_argument(
         "--warm-pool",
         type=non_negative_int,
-        default=0,
+        default=DEFAULTS.warm_pool_size,
         help="stopped on-demand instances kept per model, started for on-demand cover before "
         "any launch (0: no warm pool)",
     )
     sim.add_argument(
         "--warm-start",
         type=non_negative_float,
-        default=WARM_START_SECONDS,
+        default=DEFAULTS.warm_start_seconds,
         help="a stopped instance's start to ready, seconds",
     )
     sim.add_argument(
@@ -196,43 +217,61 @@ def setup_sim(commands: Commands) -> None:
     sim.add_argument(
         "--volume-gib",
         type=non_negative_float,
-        default=VOLUME_GIB,
+        default=DEFAULTS.volume_gib,
         help="a stopped instance's volume, GiB (the deployment's rootVolumeGiB)",
     )
     sim.add_argument(
         "--volume-price",
         type=non_negative_float,
-        default=VOLUME_DOLLARS_PER_GIB_MONTH,
+        default=DEFAULTS.volume_dollars_per_gib_month,
         help="its price, dollars per GiB-month (EBS gp3 in us-east-1: 0.08)",
     )
     sim.add_argument(
         "--on-demand-dollars",
         type=positive_float,
-        default=ON_DEMAND_DOLLARS_PER_HOUR,
+        default=DEFAULTS.on_demand_dollars_per_hour,
         help="the on-demand price per hour in dollars, against which the volume is priced",
     )
+
+
+def _add_spot_options(sim: argparse.ArgumentParser) -> None:
+    """Spot's notice, its price against on-demand, its margin and the hold."""
     sim.add_argument(
-        "--notice", type=non_negative_float, default=120.0, help="spot notice, seconds"
+        "--notice",
+        type=non_negative_float,
+        default=DEFAULTS.notice_seconds,
+        help="spot notice, seconds",
     )
-    sim.add_argument("--on-demand-price-ratio", type=positive_float, default=3.0)
-    sim.add_argument("--overprovision", type=non_negative_int, default=1, help="spare spot")
+    sim.add_argument(
+        "--on-demand-price-ratio", type=positive_float, default=DEFAULTS.on_demand_price_ratio
+    )
+    sim.add_argument(
+        "--overprovision",
+        type=non_negative_int,
+        default=DEFAULTS.spot_overprovision,
+        help="spare spot",
+    )
     sim.add_argument(
         "--on-demand-hold",
         type=non_negative_float,
-        default=1800.0,
+        default=DEFAULTS.on_demand_hold_seconds,
         help="seconds spot must hold the target before on-demand agents go",
     )
+
+
+def _add_workload_options(sim: argparse.ArgumentParser) -> None:
+    """The streams offered, the models sharing the pool, refusals and prices."""
     sim.add_argument(
         "--stream-seconds",
         type=positive_float,
-        default=60.0,
+        default=DEFAULTS.stream_seconds,
         help="how long each stream runs; past the notice, a preempted agent's streams are "
         "resumed elsewhere or lost",
     )
     sim.add_argument(
         "--load",
         type=non_negative_float,
-        default=0.5,
+        default=DEFAULTS.load,
         help="streams offered, as a share of the target's capacity",
     )
     sim.add_argument(
@@ -247,25 +286,13 @@ def setup_sim(commands: Commands) -> None:
     sim.add_argument(
         "--on-demand-refusal-rate",
         type=share,
-        default=0.0,
+        default=DEFAULTS.on_demand_refusal_rate,
         help="share of on-demand launches refused for capacity (0 to 1)",
     )
     sim.add_argument(
         "--spot-price-step",
         type=share,
-        default=0.0,
+        default=DEFAULTS.spot_price_step,
         help="each hour every spot price moves by up to this share (a seeded random walk "
         "between half and twice the starting price); 0: prices never move",
     )
-    sim.add_argument("--tick", type=positive_float, default=30.0, help="step, seconds")
-    sim.add_argument(
-        "--windows",
-        type=non_negative_int,
-        default=REFERENCE_WINDOWS,
-        help="average over this many windows at seeded random offsets (default: ten of 24 "
-        "hours, the traces' reference set-up); 0: the whole trace",
-    )
-    sim.add_argument("--window-hours", type=positive_float, default=24.0)
-    sim.add_argument("--seed", type=int, default=0)
-    sim.add_argument("--json", action="store_true", help="JSON instead of a table")
-    sim.set_defaults(handler=_sim)

@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
-from pool_manager.policy import PlacementKey, PoolAgent
+from pool_manager.pool_view import PlacementKey, PoolAgent
 from spotgate.registry import BootKind, PoolForecast
 
 COLD_START_SAMPLES = 20

@@ -20,16 +20,15 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field, replace
 
+from pool_manager.agent_view import pool_agent
 from pool_manager.events import PoolEvent
 from pool_manager.launches import launch_record, vouched_capacity
-from pool_manager.policy import (
+from pool_manager.policy import HedgedSpotPolicy, Policy
+from pool_manager.pool_view import (
     Action,
-    AgentPhase,
     Drain,
-    HedgedSpotPolicy,
     Launch,
     PlacementKey,
-    Policy,
     PolicySettings,
     PoolAgent,
     Sizing,
@@ -39,7 +38,6 @@ from pool_manager.policy import (
     TerminateWarm,
     WarmAction,
     WarmInstance,
-    sizing_on_start,
 )
 from pool_manager.provider import (
     CapacityRefused,
@@ -56,6 +54,7 @@ from pool_manager.reconcile import (
     note_interruption,
     pool_target,
 )
+from pool_manager.sizing import sizing_on_start
 from spotgate.logging import get_logger
 from spotgate.registry import (
     AgentNotFound,
@@ -70,44 +69,6 @@ SPOT_PRICES_READ_SECONDS = 300.0  # EC2 publishes a new spot price at most every
 STOPPED_INSTANCE_STATES = frozenset({"shutting-down", "terminated", "stopping", "stopped"})
 
 log = get_logger(__name__)
-
-_PHASES: dict[AgentState, AgentPhase] = {
-    AgentState.STARTING: "starting",
-    AgentState.READY: "ready",
-    AgentState.DRAINING: "draining",
-    AgentState.GONE: "draining",
-}
-
-
-def pool_agent(instance: Instance, record: AgentRecord | None, now: float) -> PoolAgent:
-    """The policy's view of one instance and its registry entry (None: still booting)."""
-    if record is None:
-        return PoolAgent(
-            agent_id=instance.agent_id,
-            lifecycle=instance.lifecycle,
-            instance_type=instance.instance_type,
-            zone=instance.zone,
-            phase="starting",
-            launched_at=instance.launched_at,
-            for_warm_pool=instance.for_warm_pool,
-            warm_boot=instance.boot == "warm",
-        )
-    gone = record.state is AgentState.GONE
-    return PoolAgent(
-        agent_id=instance.agent_id,
-        lifecycle=instance.lifecycle,
-        instance_type=instance.instance_type,
-        zone=instance.zone,
-        phase=_PHASES[record.state],
-        launched_at=instance.launched_at,
-        active_streams=0 if gone else record.active,
-        heartbeat_at=record.heartbeat_at,
-        drain_deadline=now if gone else record.drain_deadline,
-        ready_at=record.ready_at,
-        at_risk=record.rebalance_at is not None,
-        for_warm_pool=instance.for_warm_pool,
-        warm_boot=instance.boot == "warm",
-    )
 
 
 @dataclass(frozen=True)

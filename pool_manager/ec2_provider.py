@@ -21,7 +21,7 @@ boot is warm (`spotgate:boot`), as EC2's own `LaunchTime` need not say so.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -30,7 +30,31 @@ from typing import Any, Self
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from pool_manager.policy import Launch, LaunchLifecycle, PlacementKey
+from pool_manager.ec2_api import (
+    BOOT_TAG,
+    FLEET_UNAVAILABLE_CODES,
+    INSTANCE_NOT_FOUND_CODE,
+    LIFECYCLE_TAG,
+    MODEL_TAG,
+    NAME_TAG,
+    POOL_TAG,
+    SPOT_PRODUCTS,
+    STARTED_AT_TAG,
+    STOPPED_AT_TAG,
+    TEMPLATE_TAG,
+    WARM_POOL_TAG,
+    error_code,
+    error_text,
+    fleet_refusal,
+    instance_from_description,
+    is_capacity_error,
+    latest_spot_prices,
+    launch_failure,
+    one_line,
+    stopped_from_description,
+    tags_of,
+)
+from pool_manager.pool_view import Launch, PlacementKey
 from pool_manager.provider import (
     CapacityRefused,
     Instance,
@@ -39,7 +63,7 @@ from pool_manager.provider import (
     StoppedInstance,
 )
 from spotgate.logging import get_logger
-from spotgate.registry import BootKind, aws_session, instance_agent_id
+from spotgate.registry import aws_session, instance_agent_id
 from spotgate.settings import PoolSettings, SharedSettings
 
 log = get_logger(__name__)
@@ -63,17 +87,6 @@ Ec2Client = Any
 Clock = Callable[[], float]
 ClientWrapper = Callable[[Ec2Client], Ec2Client]
 
-POOL_TAG = "spotgate:pool"
-MODEL_TAG = "spotgate:model"
-LIFECYCLE_TAG = "spotgate:lifecycle"
-NAME_TAG = "Name"
-WARM_POOL_TAG = "spotgate:warm-pool"  # "true": launched to boot once, then be stopped
-BOOT_TAG = "spotgate:boot"  # "warm" once started again from the warm pool
-STARTED_AT_TAG = "spotgate:started-at"  # epoch seconds of its last start from the warm pool
-STOPPED_AT_TAG = "spotgate:stopped-at"  # epoch seconds of its last stop into the warm pool
-# The launch template version it booted ("<id>:<version>"), as the launch resolved it.
-TEMPLATE_TAG = "spotgate:template"
-
 LAUNCH_TEMPLATE_ID_PREFIX = "lt-"
 LAUNCH_TEMPLATE_VERSION = "$Latest"
 LISTED_STATES = ("pending", "running")
@@ -82,57 +95,6 @@ STOPPED_STATES = ("stopping", "stopped")
 stopped (EC2 refuses the start until then)."""
 CLIENT_CONNECT_TIMEOUT_SECONDS = 5
 CLIENT_MAX_ATTEMPTS = 3
-
-# Error codes that mean "this placement has no room for this launch right now": the policy
-# should try another (type, zone) or lifecycle, not treat it as a broken deployment.
-CAPACITY_ERROR_CODES = frozenset(
-    {
-        "InsufficientInstanceCapacity",
-        "InsufficientCapacity",
-        "InsufficientHostCapacity",
-        "InsufficientCapacityOnHost",
-        "SpotMaxPriceTooLow",
-        "MaxSpotInstanceCountExceeded",
-        "UnfulfillableCapacity",
-        "capacity-not-available",
-    }
-)
-
-# `CreateFleet` refused as an operation (not as a launch): fall back to `RunInstances`.
-FLEET_UNAVAILABLE_CODES = frozenset(
-    {
-        "UnsupportedOperation",
-        "InvalidParameterCombination",
-        "UnauthorizedOperation",
-        "InvalidAction",
-        "NotImplemented",
-    }
-)
-
-INSTANCE_NOT_FOUND_CODE = "InvalidInstanceID.NotFound"
-SPOT_PRODUCTS = ("Linux/UNIX", "Linux/UNIX (Amazon VPC)")
-"""The spot price histories of instances like ours (EC2 names both)."""
-
-
-def is_capacity_error(code: str) -> bool:
-    """Whether an EC2 error code means the placement is out of capacity (not a fault)."""
-    # New capacity codes appear over time (and per API); every one of them names capacity.
-    return code in CAPACITY_ERROR_CODES or "capacity" in code.lower()
-
-
-def _error_code(err: ClientError) -> str:
-    return str(err.response.get("Error", {}).get("Code", ""))
-
-
-def _error_text(err: BotoCoreError | ClientError) -> str:
-    if isinstance(err, ClientError):
-        error = err.response.get("Error", {})
-        return f"{error.get('Code', 'error')}: {error.get('Message', '')}".strip()
-    return str(err)
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
 
 
 class Ec2Provider:
@@ -188,15 +150,15 @@ class Ec2Provider:
         try:
             answer = await self._client.create_fleet(**self._fleet_request(model, launch, version))
         except ClientError as err:
-            code = _error_code(err)
+            code = error_code(err)
             if code in FLEET_UNAVAILABLE_CODES:
                 log.info("create_fleet unavailable, using run_instances", code=code)
                 return await self._run_instance(model, launch, version)
             if is_capacity_error(code):
-                raise CapacityRefused(launch, _one_line(_error_text(err))) from err
-            raise ProviderError(_launch_failure(launch, "create_fleet", err)) from err
+                raise CapacityRefused(launch, one_line(error_text(err))) from err
+            raise ProviderError(launch_failure(launch, "create_fleet", err)) from err
         except BotoCoreError as err:
-            raise ProviderError(_launch_failure(launch, "create_fleet", err)) from err
+            raise ProviderError(launch_failure(launch, "create_fleet", err)) from err
 
         instance_ids = [
             instance_id
@@ -204,7 +166,7 @@ class Ec2Provider:
             for instance_id in entry.get("InstanceIds", [])
         ]
         if not instance_ids:
-            raise _fleet_refusal(launch, answer.get("Errors", []))
+            raise fleet_refusal(launch, answer.get("Errors", []))
         instance_id = str(instance_ids[0])
         return self._launched(instance_id, model, launch)
 
@@ -266,14 +228,14 @@ class Ec2Provider:
         try:
             answer = await self._client.run_instances(**request)
         except ClientError as err:
-            if is_capacity_error(_error_code(err)):
-                raise CapacityRefused(launch, _one_line(_error_text(err))) from err
-            raise ProviderError(_launch_failure(launch, "run_instances", err)) from err
+            if is_capacity_error(error_code(err)):
+                raise CapacityRefused(launch, one_line(error_text(err))) from err
+            raise ProviderError(launch_failure(launch, "run_instances", err)) from err
         except BotoCoreError as err:
-            raise ProviderError(_launch_failure(launch, "run_instances", err)) from err
+            raise ProviderError(launch_failure(launch, "run_instances", err)) from err
         instances = answer.get("Instances", [])
         if not instances:
-            raise ProviderError(_launch_failure(launch, "run_instances", "no instance returned"))
+            raise ProviderError(launch_failure(launch, "run_instances", "no instance returned"))
         instance_id = str(instances[0]["InstanceId"])
         return self._launched(instance_id, model, launch)
 
@@ -333,7 +295,7 @@ class Ec2Provider:
     async def instances(self) -> list[Instance]:
         """The pool's pending and running instances (found by the `spotgate:pool` tag)."""
         return [
-            _instance_from_description(item, self._agent_id(item["InstanceId"]))
+            instance_from_description(item, self._agent_id(item["InstanceId"]))
             for item in await self._described(LISTED_STATES)
         ]
 
@@ -346,16 +308,16 @@ class Ec2Provider:
         described = await self._described(STOPPED_STATES)
         templates = {
             self._template_name(model)
-            for model in {_tags_of(i).get(MODEL_TAG, "") for i in described}
+            for model in {tags_of(i).get(MODEL_TAG, "") for i in described}
         }
         latest = {template: await self._latest_version(template) for template in templates}
         found = []
         for item in described:
-            tags = _tags_of(item)
+            tags = tags_of(item)
             current = latest[self._template_name(tags.get(MODEL_TAG, ""))]
             booted = tags.get(TEMPLATE_TAG)  # none: launched before the pool tagged it
             stale = current is not None and booted is not None and booted != current.tag
-            found.append(_stopped_from_description(item, self._agent_id(item["InstanceId"]), stale))
+            found.append(stopped_from_description(item, self._agent_id(item["InstanceId"]), stale))
         return found
 
     async def _latest_version(self, template: str) -> TemplateVersion | None:
@@ -372,7 +334,7 @@ class Ec2Provider:
             log.warning(
                 "launch template unreadable: its latest version is not known",
                 template=template,
-                error=_one_line(_error_text(err)),
+                error=one_line(error_text(err)),
             )
             return None
         (described,) = reply["LaunchTemplates"]  # one asked for: found, or an error
@@ -394,9 +356,7 @@ class Ec2Provider:
                 for reservation in page.get("Reservations", []):
                     found.extend(reservation.get("Instances", []))
         except (ClientError, BotoCoreError) as err:
-            raise ProviderError(
-                _one_line(f"describe_instances failed: {_error_text(err)}")
-            ) from err
+            raise ProviderError(one_line(f"describe_instances failed: {error_text(err)}")) from err
         return found
 
     # -- the warm pool --
@@ -407,9 +367,7 @@ class Ec2Provider:
         try:
             await self._client.stop_instances(InstanceIds=[instance_id])
         except (ClientError, BotoCoreError) as err:
-            raise ProviderError(
-                _one_line(f"stop {instance_id} failed: {_error_text(err)}")
-            ) from err
+            raise ProviderError(one_line(f"stop {instance_id} failed: {error_text(err)}")) from err
         log.info("stopped", instance_id=instance_id)
 
     async def start(self, stopped: StoppedInstance) -> Instance:
@@ -424,8 +382,8 @@ class Ec2Provider:
         try:
             await self._client.start_instances(InstanceIds=[stopped.instance_id])
         except (ClientError, BotoCoreError) as err:
-            failure = _one_line(f"start {stopped.instance_id} failed: {_error_text(err)}")
-            if isinstance(err, ClientError) and is_capacity_error(_error_code(err)):
+            failure = one_line(f"start {stopped.instance_id} failed: {error_text(err)}")
+            if isinstance(err, ClientError) and is_capacity_error(error_code(err)):
                 raise StartRefused(failure) from err
             raise ProviderError(failure) from err
         log.info("started from the warm pool", instance_id=stopped.instance_id)
@@ -448,7 +406,7 @@ class Ec2Provider:
             )
         except (ClientError, BotoCoreError) as err:
             raise ProviderError(
-                _one_line(f"{action} {instance_id} failed: tagging it: {_error_text(err)}")
+                one_line(f"{action} {instance_id} failed: tagging it: {error_text(err)}")
             ) from err
 
     # -- terminate --
@@ -458,15 +416,15 @@ class Ec2Provider:
         try:
             await self._client.terminate_instances(InstanceIds=[instance_id])
         except ClientError as err:
-            if _error_code(err) == INSTANCE_NOT_FOUND_CODE:
+            if error_code(err) == INSTANCE_NOT_FOUND_CODE:
                 log.info("terminate: instance already gone", instance_id=instance_id)
                 return
             raise ProviderError(
-                _one_line(f"terminate {instance_id} failed: {_error_text(err)}")
+                one_line(f"terminate {instance_id} failed: {error_text(err)}")
             ) from err
         except BotoCoreError as err:
             raise ProviderError(
-                _one_line(f"terminate {instance_id} failed: {_error_text(err)}")
+                one_line(f"terminate {instance_id} failed: {error_text(err)}")
             ) from err
         log.info("terminated", instance_id=instance_id)
 
@@ -488,105 +446,6 @@ class Ec2Provider:
             )
         except (ClientError, BotoCoreError) as err:
             raise ProviderError(
-                _one_line(f"describe_spot_price_history failed: {_error_text(err)}")
+                one_line(f"describe_spot_price_history failed: {error_text(err)}")
             ) from err
         return latest_spot_prices(answer.get("SpotPriceHistory", []), wanted)
-
-
-def latest_spot_prices(
-    history: Sequence[Mapping[str, Any]], wanted: Collection[PlacementKey]
-) -> dict[PlacementKey, float]:
-    """The newest price of each wanted (type, zone) in a spot price history."""
-    newest: dict[PlacementKey, tuple[datetime, float]] = {}
-    for entry in history:
-        key = (entry["InstanceType"], entry["AvailabilityZone"])
-        if key not in wanted:
-            continue
-        stamp = entry["Timestamp"]
-        if isinstance(stamp, str):
-            stamp = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
-        if key not in newest or stamp > newest[key][0]:
-            newest[key] = (stamp, float(entry["SpotPrice"]))
-    return {key: price for key, (_, price) in newest.items()}
-
-
-def _launch_failure(launch: Launch, api: str, err: BotoCoreError | ClientError | str) -> str:
-    reason = err if isinstance(err, str) else _error_text(err)
-    return _one_line(
-        f"{api} {launch.lifecycle} {launch.instance_type} in {launch.zone} failed: {reason}"
-    )
-
-
-def _fleet_refusal(launch: Launch, errors: Sequence[Mapping[str, Any]]) -> ProviderError:
-    """The error for an instant fleet that launched nothing (capacity, or a real fault)."""
-    if not errors:
-        return ProviderError(_launch_failure(launch, "create_fleet", "no instance and no error"))
-    reasons = "; ".join(
-        f"{error.get('ErrorCode', 'error')}: {error.get('ErrorMessage', '')}".strip()
-        for error in errors
-    )
-    # Only capacity codes mean the placement is full; any other code (bad template, quota,
-    # permissions) is a deployment fault the operator has to see, not a zone to avoid.
-    codes = [str(error.get("ErrorCode", "")) for error in errors]
-    if all(is_capacity_error(code) for code in codes):
-        return CapacityRefused(launch, _one_line(reasons))
-    return ProviderError(_launch_failure(launch, "create_fleet", reasons))
-
-
-def _tags_of(item: Mapping[str, Any]) -> dict[str, str]:
-    return {str(tag["Key"]): str(tag["Value"]) for tag in item.get("Tags", [])}
-
-
-def _tagged_seconds(tags: Mapping[str, str], key: str) -> float:
-    """Epoch seconds the provider tagged the instance with (0: none, or unreadable)."""
-    try:
-        return float(tags.get(key, "0"))
-    except ValueError:
-        return 0.0
-
-
-def _launch_seconds(item: Mapping[str, Any]) -> float:
-    launch_time = item.get("LaunchTime")
-    return launch_time.timestamp() if isinstance(launch_time, datetime) else 0.0
-
-
-def _instance_from_description(item: Mapping[str, Any], agent_id: str) -> Instance:
-    tags = _tags_of(item)
-    lifecycle: LaunchLifecycle
-    # EC2's own field is the truth for spot; the tag covers emulators that do not record it.
-    if item.get("InstanceLifecycle") == "spot" or tags.get(LIFECYCLE_TAG) == "spot":
-        lifecycle = "spot"
-    else:
-        lifecycle = "on-demand"
-    boot: BootKind = "warm" if tags.get(BOOT_TAG) == "warm" else "cold"
-    return Instance(
-        instance_id=str(item["InstanceId"]),
-        agent_id=agent_id,
-        # An instance of the pool without a model tag is still listed (model ""), so the
-        # reaper can see and stop it instead of it running unnoticed.
-        model=tags.get(MODEL_TAG, ""),
-        lifecycle=lifecycle,
-        instance_type=str(item.get("InstanceType", "")),
-        zone=str(item.get("Placement", {}).get("AvailabilityZone", "")),
-        # This boot's start: EC2 moves `LaunchTime` to a restart, an emulator may not.
-        launched_at=max(_launch_seconds(item), _tagged_seconds(tags, STARTED_AT_TAG)),
-        boot=boot,
-        for_warm_pool=boot == "cold" and tags.get(WARM_POOL_TAG) == "true",
-    )
-
-
-def _stopped_from_description(
-    item: Mapping[str, Any], agent_id: str, stale: bool
-) -> StoppedInstance:
-    tags = _tags_of(item)
-    return StoppedInstance(
-        instance_id=str(item["InstanceId"]),
-        agent_id=agent_id,
-        model=tags.get(MODEL_TAG, ""),
-        instance_type=str(item.get("InstanceType", "")),
-        zone=str(item.get("Placement", {}).get("AvailabilityZone", "")),
-        # Stopped by hand (no tag): it has been stopped at least since it last started.
-        stopped_at=_tagged_seconds(tags, STOPPED_AT_TAG) or _launch_seconds(item),
-        stopping=item.get("State", {}).get("Name") == "stopping",
-        stale=stale,
-    )

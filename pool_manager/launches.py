@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from pool_manager.policy import PlacementOption
+from pool_manager.pool_view import PlacementOption
 from pool_manager.provider import Instance
 from spotgate.registry import LaunchRecord, Registry
 from spotgate.settings import DEFAULT_AGENT_CAPACITY

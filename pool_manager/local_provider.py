@@ -28,7 +28,7 @@ from pathlib import Path
 
 import aiohttp
 
-from pool_manager.policy import Launch, LaunchLifecycle, PlacementKey, PlacementOption
+from pool_manager.pool_view import Launch, LaunchLifecycle, PlacementKey, PlacementOption
 from pool_manager.provider import Instance, ProviderError, StoppedInstance
 from spotgate.logging import get_logger
 from spotgate.process import (

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from pool_manager.cold_starts import TimedBoot
 from pool_manager.controller import PassReport
 from pool_manager.events import PoolEvent
-from pool_manager.policy import (
+from pool_manager.pool_view import (
     Drain,
     Launch,
     PoolAgent,

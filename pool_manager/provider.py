@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from pool_manager.policy import Launch, LaunchLifecycle, PlacementKey, WarmInstance
+from pool_manager.pool_view import Launch, LaunchLifecycle, PlacementKey, WarmInstance
 from spotgate.registry import BootKind
 
 

@@ -17,11 +17,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from pool_manager.policy import (
+from pool_manager.policy import Policy, reap
+from pool_manager.pool_view import (
     Launch,
     LaunchLifecycle,
     PlacementKey,
-    Policy,
     PolicySettings,
     PoolAction,
     PoolAgent,
@@ -31,14 +31,13 @@ from pool_manager.policy import (
     StopToWarm,
     Terminate,
     WarmInstance,
-    agents_for_demand,
-    reap,
-    size_pool,
 )
+from pool_manager.sizing import agents_for_demand, size_pool
+from spotgate.settings import POOL_DEFAULTS
 
 DRAIN_DEADLINE_SECONDS = 300.0
 """A scale-down drain: the agent's streams get this long to finish, then are handed back."""
-RISKY_PLACEMENT_SECONDS = 1800.0
+RISKY_PLACEMENT_SECONDS = POOL_DEFAULTS.risky_placement_seconds
 """How long a placement that preempted or refused spot is avoided while any other is left."""
 ON_DEMAND_REFUSED_SECONDS = 600.0
 """How long a placement that refused an on-demand launch is passed over for on-demand."""

@@ -25,7 +25,7 @@ from pool_manager.ec2_provider import Ec2Provider
 from pool_manager.events import InterruptionQueue
 from pool_manager.local_provider import LOCAL_PLACEMENTS, LocalProvider
 from pool_manager.metrics import PoolMetrics, stopped_volume_dollars_per_hour
-from pool_manager.policy import PlacementOption, PolicySettings
+from pool_manager.pool_view import PolicySettings, policy_settings_of
 from pool_manager.provider import Provider
 from spotgate.logging import get_logger
 from spotgate.process import service_main
@@ -57,31 +57,8 @@ def model_policy_settings(settings: PoolSettings) -> dict[str, PolicySettings]:
 
 def policy_settings(settings: PoolSettings) -> PolicySettings:
     """The policy's plain-data view of the pool settings (local placements by default)."""
-    placements = tuple(
-        PlacementOption(
-            p.instance_type, p.zone, p.spot_price_per_hour, p.on_demand_price_per_hour, p.capacity
-        )
-        for p in settings.placements
-    )
-    if not placements and settings.provider == "local":
-        placements = LOCAL_PLACEMENTS
-    return PolicySettings(
-        placements=placements,
-        min_agents=settings.min_agents,
-        max_agents=settings.max_agents,
-        target_streams_per_agent=settings.target_streams_per_agent,
-        spot_overprovision=settings.spot_overprovision,
-        on_demand_fallback=settings.on_demand_fallback,
-        scale_down_idle_seconds=settings.scale_to_zero_idle_seconds,
-        launch_timeout_seconds=settings.launch_timeout_seconds,
-        warm_start_timeout_seconds=settings.warm_start_timeout_seconds,
-        heartbeat_timeout_seconds=settings.shared.registry.agent_ttl_seconds,
-        on_demand_hold_seconds=settings.on_demand_hold_seconds,
-        warm_pool_size=settings.warm_pool_size,
-        on_demand_margin=settings.on_demand_margin,
-        on_demand_margin_spot_age_seconds=settings.on_demand_margin_spot_age_seconds,
-        on_demand_margin_shortage_seconds=settings.on_demand_margin_shortage_seconds,
-    )
+    local = not settings.placements and settings.provider == "local"
+    return policy_settings_of(settings, LOCAL_PLACEMENTS if local else None)
 
 
 class ForecastPublisher:

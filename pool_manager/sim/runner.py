@@ -7,7 +7,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pool_manager.policy import POLICIES, Policy
-from pool_manager.sim.simulator import ModelResult, SimConfig, SimResult, simulate_windows
+from pool_manager.sim.config import SimConfig
+from pool_manager.sim.results import ModelResult, SimResult
+from pool_manager.sim.simulator import simulate_windows
 from pool_manager.sim.traces import load_traces
 
 DEFAULT_POLICY = "spotgate"

@@ -41,21 +41,14 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any
 
-from pool_manager.policy import (
-    AgentPhase,
+from pool_manager.policy import Policy
+from pool_manager.pool_view import (
     Drain,
     Launch,
-    LaunchLifecycle,
     PlacementKey,
-    PlacementOption,
-    Policy,
     PolicySettings,
     PoolAction,
-    PoolAgent,
-    Sizing,
     StartWarm,
     StopToWarm,
     TerminateWarm,
@@ -65,343 +58,18 @@ from pool_manager.reconcile import (
     DRAIN_DEADLINE_SECONDS,
     ReconcilePass,
     note_interruption,
-    pool_target,
 )
-from pool_manager.sim.traces import TraceError, ZoneTrace
-
-SECONDS_PER_HOUR = 3600.0
-SPOT_PRICE_PER_HOUR = 1.0  # prices are relative: on-demand costs `on_demand_price_ratio`
-DEFAULT_MODEL = "model"
-"""The name of the one model of a pool configured by `SimConfig.target` and `load` alone."""
-HOURS_PER_MONTH = 730.0  # as AWS bills a GB-month
-WARM_START_SECONDS = 60.0
-"""A stopped instance's start to ready: EC2 brings a warm pool's instance into service in as
-little as 30 s (AWS, announcing EC2 Auto Scaling warm pools), then vLLM loads the weights from
-the instance's own volume and captures its CUDA graphs (20-60 s, docs/cold-start.md); the
-image pull and weight fetch of a cold start are skipped."""
-VOLUME_GIB = 200.0  # the deployment's root volume (infra/cdk/cdk.json rootVolumeGiB)
-VOLUME_DOLLARS_PER_GIB_MONTH = 0.08  # EBS gp3, us-east-1: https://aws.amazon.com/ebs/pricing/
-ON_DEMAND_DOLLARS_PER_HOUR = 3.06
-"""p3.2xlarge, the traces' type, on-demand in us-east-1: https://aws.amazon.com/ec2/pricing/on-demand/"""
-
-
-@dataclass(frozen=True)
-class SimModel:
-    """One model the pool serves: its target, its offered load and where it may run."""
-
-    name: str
-    target: int
-    load: float  # offered streams as a share of this model's target capacity
-    instance_types: tuple[str, ...] = ()  # the placements it may use; empty: all
-
-
-@dataclass(frozen=True)
-class SimConfig:
-    """The simulated pool and workload."""
-
-    target: int = 4
-    cold_start_seconds: float = 180.0
-    cold_start_samples: tuple[float, ...] = ()  # observed cold starts, drawn from at each launch
-    warm_pool_size: int = 0  # stopped on-demand instances each model keeps (0: no warm pool)
-    on_demand_margin: bool = False  # cover the spot margin on-demand where spot cannot place it
-    on_demand_margin_spot_age_seconds: float = 28800.0  # see `PolicySettings`
-    on_demand_margin_shortage_seconds: float = 1800.0
-    # The span opens with each model's warm pool full: topped up while the model was at zero.
-    warm_pool_filled: bool = True
-    warm_start_seconds: float = WARM_START_SECONDS
-    warm_start_samples: tuple[float, ...] = ()  # observed warm starts, drawn from at each start
-    # What a stopped instance costs: its volume (the sim's prices are relative; these scale it).
-    volume_gib: float = VOLUME_GIB
-    volume_dollars_per_gib_month: float = VOLUME_DOLLARS_PER_GIB_MONTH
-    on_demand_dollars_per_hour: float = ON_DEMAND_DOLLARS_PER_HOUR
-    notice_seconds: float = 120.0
-    tick_seconds: float = 30.0
-    on_demand_price_ratio: float = 3.0
-    spot_overprovision: int = 1
-    on_demand_hold_seconds: float = 1800.0
-    risky_placement_seconds: float = 1800.0
-    streams_per_agent: int = 32
-    stream_seconds: float = 60.0
-    load: float = 0.5  # offered streams as a share of the target's capacity
-    queue_deadline_seconds: float = 60.0
-    on_demand_refusal_rate: float = 0.0  # share of on-demand launches refused for capacity
-    # Each hour every placement's spot price moves by up to this share, a seeded random walk
-    # kept between half and twice its starting price (0: prices never move).
-    spot_price_step: float = 0.0
-    seed: int = 0
-    # The models sharing the pool; empty: one model of `target` agents at `load`.
-    models: tuple[SimModel, ...] = ()
-
-    def pool_models(self) -> tuple[SimModel, ...]:
-        """The models the pool serves: `models`, else one from `target` and `load`."""
-        return self.models or (SimModel(DEFAULT_MODEL, self.target, self.load),)
-
-    @property
-    def stopped_price_per_hour(self) -> float:
-        """A stopped instance's hourly cost (its volume), in the simulator's spot-price units."""
-        volume_dollars = self.volume_gib * self.volume_dollars_per_gib_month / HOURS_PER_MONTH
-        spot_dollars = self.on_demand_dollars_per_hour / self.on_demand_price_ratio
-        return volume_dollars / spot_dollars * SPOT_PRICE_PER_HOUR
-
-
-@dataclass(frozen=True)
-class ModelResult:
-    """What one model of the pool got: its own availability, cost and streams."""
-
-    name: str
-    target: int
-    availability: float
-    cost_vs_on_demand: float
-    preemptions: int
-    launches: int
-    warm_starts: int
-    streams_started: int
-    streams_resumed: int
-    streams_rejected: int
-    lost_streams: int
-    instance_types: tuple[str, ...]  # those it launched
-
-
-@dataclass
-class SimResult:
-    """What one policy achieved over one span of the traces, for the whole pool.
-
-    Availability counts the ticks in which every model had its target; the cost is relative
-    to running every model's target on-demand; counts are summed over the models, whose own
-    figures are in `models`.
-    """
-
-    policy: str
-    availability: float
-    cost_vs_on_demand: float
-    preemptions: int
-    launches: int
-    warm_starts: int  # stopped instances of the warm pool started (not counted as launches)
-    refused_launches: int
-    streams_started: int
-    streams_resumed: int
-    streams_rejected: int
-    lost_streams: int
-    hours: float  # instance-hours running
-    on_demand_share_of_hours: float
-    stopped_hours: float  # instance-hours stopped in the warm pool
-    models: list[ModelResult] = field(default_factory=list)
-
-    def as_json(self) -> dict[str, Any]:
-        """Plain dict for `spotgate sim --json`."""
-        return asdict(self)
-
-
-@dataclass
-class _Instance:
-    agent_id: str
-    lifecycle: LaunchLifecycle
-    placement: PlacementOption
-    launched_at: float
-    ready_at: float
-    ready: bool = False
-    for_warm_pool: bool = False  # boots once, then is stopped into the warm pool
-    noticed: bool = False
-    drained: bool = False
-    dies_at: float | None = None
-    streams: list[list[float]] = field(default_factory=list)  # [end time, count]
-
-    @property
-    def active(self) -> int:
-        return int(sum(count for _, count in self.streams))
-
-    @property
-    def serving(self) -> bool:
-        return self.ready and not self.noticed and not self.drained and not self.for_warm_pool
-
-    def as_agent(self, now: float) -> PoolAgent:
-        """The policy's view: a ready agent heartbeats, a booting one has not registered."""
-        phase: AgentPhase = "ready" if self.ready else "starting"
-        if self.noticed or self.drained:
-            phase = "draining"
-        return PoolAgent(
-            agent_id=self.agent_id,
-            lifecycle=self.lifecycle,
-            instance_type=self.placement.instance_type,
-            zone=self.placement.zone,
-            phase=phase,
-            launched_at=self.launched_at,
-            active_streams=self.active,
-            heartbeat_at=now if self.ready else None,
-            drain_deadline=self.dies_at,
-            ready_at=self.ready_at if self.ready else None,
-            for_warm_pool=self.for_warm_pool,
-        )
-
-
-@dataclass
-class _Waiting:
-    deadline: float
-    count: int
-    remaining_seconds: float
-    resumed: bool
-
-
-_COUNTS = (
-    "preemptions", "launches", "warm_starts", "refused", "started", "resumed", "rejected", "lost"
-)  # fmt: skip
-
-
-@dataclass
-class _ModelPool:
-    """One model's share of the pool: its settings, sizing, instances, streams and figures."""
-
-    model: SimModel
-    settings: PolicySettings
-    config: SimConfig
-    instances: list[_Instance] = field(default_factory=list)
-    stopped: list[WarmInstance] = field(default_factory=list)  # its warm pool
-    waiting: list[_Waiting] = field(default_factory=list)
-    sizing: Sizing = field(default_factory=Sizing)
-    arrival_credit: float = 0.0
-    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_COUNTS, 0))
-    available_ticks: int = 0
-    cost: float = 0.0
-    launched_types: set[str] = field(default_factory=set)
-
-    @property
-    def arrivals_per_tick(self) -> float:
-        config = self.config
-        per_second = self.model.load * self.model.target * config.streams_per_agent
-        return per_second / config.stream_seconds * config.tick_seconds
-
-    def available(self) -> bool:
-        """At least the target ready and not draining."""
-        return sum(1 for i in self.instances if i.serving) >= self.model.target
-
-    def advance(self, now: float) -> None:
-        """Instances past their end disappear; booted ones become ready."""
-        for instance in list(self.instances):
-            if instance.dies_at is not None and instance.dies_at <= now:
-                self.remove(instance, now)
-            elif not instance.ready and not instance.noticed and instance.ready_at <= now:
-                instance.ready = True
-
-    def remove(self, instance: _Instance, now: float) -> None:
-        """The instance is gone: its unfinished streams wait to be resumed elsewhere."""
-        self.instances.remove(instance)
-        for end, count in instance.streams:
-            if end > now:
-                deadline = now + self.config.queue_deadline_seconds
-                self.waiting.append(_Waiting(deadline, int(count), end - now, True))
-
-    def move_streams(self, now: float) -> None:
-        """Completions, this tick's arrivals, and waiting streams placed on this model's agents."""
-        for instance in self.instances:
-            instance.streams = [s for s in instance.streams if s[0] > now]
-        self.arrival_credit += self.arrivals_per_tick
-        arrivals = int(self.arrival_credit)
-        self.arrival_credit -= arrivals
-        if arrivals:
-            deadline = now + self.config.queue_deadline_seconds
-            self.waiting.append(_Waiting(deadline, arrivals, self.config.stream_seconds, False))
-        self.waiting.sort(key=lambda w: not w.resumed)  # resumes go first
-        serving = [i for i in self.instances if i.serving]
-        room = {id(i): self.config.streams_per_agent - i.active for i in serving}
-        still_waiting = []
-        for waiting in self.waiting:
-            for instance in sorted(serving, key=lambda i: -room[id(i)]):
-                if waiting.count == 0:
-                    break
-                placed = min(waiting.count, room[id(instance)])
-                if placed <= 0:
-                    continue
-                instance.streams.append([now + waiting.remaining_seconds, placed])
-                room[id(instance)] -= placed
-                waiting.count -= placed
-                self.counts["resumed" if waiting.resumed else "started"] += placed
-            if waiting.count == 0:
-                continue
-            if waiting.deadline <= now:
-                self.counts["lost" if waiting.resumed else "rejected"] += waiting.count
-            else:
-                still_waiting.append(waiting)
-        self.waiting = still_waiting
-
-    def resize(self, now: float) -> int:
-        """The model's target for this pass, sized from its streams."""
-        self.sizing = pool_target(
-            self.sizing,
-            pending=sum(w.count for w in self.waiting),
-            active=sum(i.active for i in self.instances),
-            fixed=None,
-            now=now,
-            settings=self.settings,
-        )
-        return self.sizing.target
-
-    def result(self, ticks: int) -> ModelResult:
-        """The model's figures over `ticks` ticks."""
-        config, counts = self.config, self.counts
-        on_demand_cost = (
-            self.model.target * SPOT_PRICE_PER_HOUR * config.on_demand_price_ratio
-            * ticks * config.tick_seconds / SECONDS_PER_HOUR
-        )  # fmt: skip
-        return ModelResult(
-            name=self.model.name,
-            target=self.model.target,
-            availability=self.available_ticks / ticks if ticks else 0.0,
-            cost_vs_on_demand=self.cost / on_demand_cost if on_demand_cost else 0.0,
-            preemptions=counts["preemptions"],
-            launches=counts["launches"],
-            warm_starts=counts["warm_starts"],
-            streams_started=counts["started"],
-            streams_resumed=counts["resumed"],
-            streams_rejected=counts["rejected"],
-            lost_streams=counts["lost"],
-            instance_types=tuple(sorted(self.launched_types)),
-        )
-
-
-def placements_for(
-    traces: Sequence[ZoneTrace], on_demand_price_ratio: float
-) -> list[PlacementOption]:
-    """One placement per trace, spot at price 1 and on-demand at the given ratio."""
-    return [
-        PlacementOption(
-            instance_type=trace.instance_type,
-            zone=trace.zone,
-            spot_price_per_hour=SPOT_PRICE_PER_HOUR,
-            on_demand_price_per_hour=SPOT_PRICE_PER_HOUR * on_demand_price_ratio,
-        )
-        for trace in traces
-    ]
-
-
-def placements_of(model: SimModel, placements: Sequence[PlacementOption]) -> list[PlacementOption]:
-    """The placements `model` may use; raise `TraceError` for an instance type with no trace."""
-    known = {p.instance_type for p in placements}
-    if unknown := sorted(set(model.instance_types) - known):
-        raise TraceError(
-            f"model {model.name}: no spot trace for instance type {', '.join(unknown)} "
-            f"(the traces have {', '.join(sorted(known))})"
-        )
-    wanted = set(model.instance_types) or known
-    return [p for p in placements if p.instance_type in wanted]
-
-
-def settings_for(
-    config: SimConfig, target: int, placements: Sequence[PlacementOption]
-) -> PolicySettings:
-    """One model's policy settings, kept at its target (`min_agents == max_agents`)."""
-    return PolicySettings(
-        placements=tuple(placements),
-        min_agents=target,
-        max_agents=target,
-        target_streams_per_agent=config.streams_per_agent,
-        spot_overprovision=config.spot_overprovision,
-        on_demand_hold_seconds=config.on_demand_hold_seconds,
-        warm_pool_size=config.warm_pool_size,
-        on_demand_margin=config.on_demand_margin,
-        on_demand_margin_spot_age_seconds=config.on_demand_margin_spot_age_seconds,
-        on_demand_margin_shortage_seconds=config.on_demand_margin_shortage_seconds,
-    )
-
+from pool_manager.sim.config import (
+    SECONDS_PER_HOUR,
+    SPOT_PRICE_PER_HOUR,
+    SimConfig,
+    placements_for,
+    placements_of,
+    settings_for,
+)
+from pool_manager.sim.model_pool import ModelPool, SimInstance
+from pool_manager.sim.results import SimResult, merged_windows
+from pool_manager.sim.traces import ZoneTrace
 
 TickObserver = Callable[[float], None]
 """Called at the end of each tick with its time (see `Simulation.run`)."""
@@ -424,7 +92,7 @@ class Simulation:
         self._config = config
         self._placements = placements_for(traces, config.on_demand_price_ratio)
         self._pools = [
-            _ModelPool(
+            ModelPool(
                 model=model,
                 settings=settings_for(config, model.target, placements_of(model, self._placements)),
                 config=config,
@@ -451,7 +119,7 @@ class Simulation:
             for pool in self._pools:
                 pool.stopped = [self._stopped_before(pool) for _ in range(config.warm_pool_size)]
 
-    def _stopped_before(self, pool: _ModelPool) -> WarmInstance:
+    def _stopped_before(self, pool: ModelPool) -> WarmInstance:
         """A stopped instance the warm pool holds as the span opens, in its cheapest placement."""
         cheapest = min(pool.settings.placements, key=lambda p: p.on_demand_price_per_hour)
         self._next_id += 1
@@ -533,7 +201,7 @@ class Simulation:
                 every = False
         return every
 
-    def _price_of(self, instance: _Instance) -> float:
+    def _price_of(self, instance: SimInstance) -> float:
         if instance.lifecycle == "on-demand":
             return instance.placement.on_demand_price_per_hour
         return self._spot_prices[instance.placement.key]
@@ -556,7 +224,7 @@ class Simulation:
         return self._traces[key].capacity_at(now)
 
     @staticmethod
-    def _holding(pool: _ModelPool, key: PlacementKey) -> list[_Instance]:
+    def _holding(pool: ModelPool, key: PlacementKey) -> list[SimInstance]:
         return [
             i
             for i in pool.instances
@@ -584,7 +252,7 @@ class Simulation:
         for pool in self._pools[first:] + self._pools[:first]:
             self._reconcile(pool, now)
 
-    def _reconcile(self, pool: _ModelPool, now: float) -> None:
+    def _reconcile(self, pool: ModelPool, now: float) -> None:
         """One model's reconcile pass, as the live controller runs it (`ReconcilePass`)."""
         step = ReconcilePass(
             policy=self._policy,
@@ -606,7 +274,7 @@ class Simulation:
         self._on_demand_refused_until = step.on_demand_refused_until
 
     def _carry_out(
-        self, pool: _ModelPool, step: ReconcilePass, action: PoolAction, now: float
+        self, pool: ModelPool, step: ReconcilePass, action: PoolAction, now: float
     ) -> bool:
         """Carry out one action and report it to the pass; False if refused or moot."""
         if isinstance(action, Launch):
@@ -636,7 +304,7 @@ class Simulation:
         return True
 
     def _carry_out_launch(
-        self, pool: _ModelPool, step: ReconcilePass, action: Launch, now: float
+        self, pool: ModelPool, step: ReconcilePass, action: Launch, now: float
     ) -> bool:
         launched = self._launch(pool, action, now)
         if launched is None:
@@ -647,7 +315,7 @@ class Simulation:
         return True
 
     def _start_warm(
-        self, pool: _ModelPool, step: ReconcilePass, action: StartWarm, now: float
+        self, pool: ModelPool, step: ReconcilePass, action: StartWarm, now: float
     ) -> bool:
         """Start a stopped instance: on-demand capacity, refused as often as a launch."""
         warm = next((w for w in pool.stopped if w.instance_id == action.instance_id), None)
@@ -658,7 +326,7 @@ class Simulation:
             step.start_refused(action)
             return False
         pool.stopped.remove(warm)
-        instance = _Instance(
+        instance = SimInstance(
             agent_id=warm.instance_id,
             lifecycle="on-demand",
             placement=next(p for p in self._placements if p.key == warm.placement),
@@ -682,7 +350,7 @@ class Simulation:
             return self._boot_rng.choice(self._config.cold_start_samples)
         return self._config.cold_start_seconds
 
-    def _launch(self, pool: _ModelPool, action: Launch, now: float) -> _Instance | None:
+    def _launch(self, pool: ModelPool, action: Launch, now: float) -> SimInstance | None:
         """Start one instance of `pool`'s model; None when its placement has no capacity.
 
         Spot is refused when the trace says the zone is full, whichever models fill it;
@@ -696,7 +364,7 @@ class Simulation:
             return None
         placement = next(p for p in self._placements if p.key == key)
         self._next_id += 1
-        instance = _Instance(
+        instance = SimInstance(
             agent_id=f"sim-{self._next_id}",
             lifecycle=action.lifecycle,
             placement=placement,
@@ -744,24 +412,7 @@ def simulate_windows(
         hours=sum(r.hours for r in results),
         on_demand_share_of_hours=sum(r.on_demand_share_of_hours for r in results) / windows,
         stopped_hours=sum(r.stopped_hours for r in results),
-        models=[_merged(list(same)) for same in zip(*(r.models for r in results), strict=True)],
-    )
-
-
-def _merged(windows: list[ModelResult]) -> ModelResult:
-    """One model's figures over several windows: rates averaged, counts summed."""
-    first = windows[0]
-    return ModelResult(
-        name=first.name,
-        target=first.target,
-        availability=sum(w.availability for w in windows) / len(windows),
-        cost_vs_on_demand=sum(w.cost_vs_on_demand for w in windows) / len(windows),
-        preemptions=sum(w.preemptions for w in windows),
-        launches=sum(w.launches for w in windows),
-        warm_starts=sum(w.warm_starts for w in windows),
-        streams_started=sum(w.streams_started for w in windows),
-        streams_resumed=sum(w.streams_resumed for w in windows),
-        streams_rejected=sum(w.streams_rejected for w in windows),
-        lost_streams=sum(w.lost_streams for w in windows),
-        instance_types=tuple(sorted({t for w in windows for t in w.instance_types})),
+        models=[
+            merged_windows(list(same)) for same in zip(*(r.models for r in results), strict=True)
+        ],
     )

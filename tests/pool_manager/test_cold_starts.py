@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 
 from pool_manager.cold_starts import COLD_START_SAMPLES, ColdStarts, TimedBoot, quantile
-from pool_manager.policy import PoolAgent
+from pool_manager.pool_view import PoolAgent
 from spotgate.registry import BootKind, PoolForecast
 
 DEFAULT_SECONDS = 600.0

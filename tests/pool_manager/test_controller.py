@@ -11,10 +11,10 @@ import pytest
 from pool_manager.cold_starts import ColdStarts
 from pool_manager.controller import SPOT_PRICES_READ_SECONDS, PoolController
 from pool_manager.events import PoolEvent
-from pool_manager.policy import (
+from pool_manager.policy import HedgedSpotPolicy
+from pool_manager.pool_view import (
     Action,
     Drain,
-    HedgedSpotPolicy,
     Launch,
     PlacementOption,
     PolicySettings,
@@ -33,7 +33,8 @@ from pool_manager.provider import (
     StartRefused,
     StoppedInstance,
 )
-from pool_manager.sim.simulator import SimConfig, Simulation
+from pool_manager.sim.config import SimConfig
+from pool_manager.sim.simulator import Simulation
 from pool_manager.sim.traces import ZoneTrace
 from spotgate.registry import AgentRecord, AgentState, LaunchRecord, PoolForecast, Registry
 from tests.support.clocks import FakeClock

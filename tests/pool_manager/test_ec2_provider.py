@@ -12,8 +12,9 @@ import pytest
 from botocore.exceptions import ClientError
 from structlog.testing import capture_logs
 
-from pool_manager.ec2_provider import Ec2Provider, latest_spot_prices
-from pool_manager.policy import Launch, WarmInstance
+from pool_manager.ec2_api import latest_spot_prices
+from pool_manager.ec2_provider import Ec2Provider
+from pool_manager.pool_view import Launch, WarmInstance
 from pool_manager.provider import (
     CapacityRefused,
     Instance,

@@ -9,7 +9,7 @@ from pool_manager.cold_starts import TimedBoot
 from pool_manager.controller import PassReport
 from pool_manager.events import PoolEvent
 from pool_manager.metrics import PoolMetrics, stopped_volume_dollars_per_hour
-from pool_manager.policy import (
+from pool_manager.pool_view import (
     Drain,
     Launch,
     PoolAgent,

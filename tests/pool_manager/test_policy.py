@@ -4,31 +4,24 @@ from dataclasses import replace
 
 import pytest
 
-from pool_manager.policy import (
+from pool_manager.baselines import EvenSpread, OnDemandOnly, SpotCheapestZone, SpotHedge
+from pool_manager.policy import HedgedSpotPolicy, margin_cover, reap
+from pool_manager.pool_view import (
     Drain,
-    EvenSpread,
-    HedgedSpotPolicy,
     Launch,
-    OnDemandOnly,
     PlacementOption,
     PolicySettings,
     PoolAction,
     PoolAgent,
     PoolSnapshot,
     Sizing,
-    SpotCheapestZone,
-    SpotHedge,
     StartWarm,
     StopToWarm,
     Terminate,
     TerminateWarm,
     WarmInstance,
-    agents_for_demand,
-    margin_cover,
-    reap,
-    size_pool,
-    sizing_on_start,
 )
+from pool_manager.sizing import agents_for_demand, size_pool, sizing_on_start
 
 NOW = 10_000.0
 A = PlacementOption("g5.xlarge", "us-east-1a", 0.40, 1.00)

@@ -6,9 +6,9 @@ from dataclasses import replace
 
 import pytest
 
-from pool_manager.policy import (
+from pool_manager.policy import HedgedSpotPolicy
+from pool_manager.pool_view import (
     Drain,
-    HedgedSpotPolicy,
     Launch,
     PlacementOption,
     PolicySettings,

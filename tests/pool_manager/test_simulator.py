@@ -5,16 +5,11 @@ from dataclasses import replace
 
 import pytest
 
-from pool_manager.policy import POLICIES, StopToWarm
-from pool_manager.sim.simulator import (
-    DEFAULT_MODEL,
-    ModelResult,
-    SimConfig,
-    SimModel,
-    SimResult,
-    Simulation,
-    simulate_windows,
-)
+from pool_manager.policy import POLICIES
+from pool_manager.pool_view import StopToWarm
+from pool_manager.sim.config import DEFAULT_MODEL, SimConfig, SimModel
+from pool_manager.sim.results import ModelResult, SimResult
+from pool_manager.sim.simulator import Simulation, simulate_windows
 from pool_manager.sim.traces import BUNDLED_TRACES_DIR, TraceError, ZoneTrace, load_traces
 
 GAP_SECONDS = 300.0

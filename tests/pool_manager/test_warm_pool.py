@@ -18,13 +18,7 @@ from pool_manager.cold_starts import ColdStarts, TimedBoot
 from pool_manager.controller import PoolController
 from pool_manager.ec2_provider import Ec2Provider
 from pool_manager.local_provider import INSTANCES_DIR, LocalProvider
-from pool_manager.policy import (
-    Launch,
-    PlacementOption,
-    PolicySettings,
-    StartWarm,
-    StopToWarm,
-)
+from pool_manager.pool_view import Launch, PlacementOption, PolicySettings, StartWarm, StopToWarm
 from pool_manager.service import policy_settings
 from spotgate.registry import AgentRecord, AgentState, BootTimeline, PoolForecast, Registry
 from spotgate.settings import AgentSettings, LocalPoolSettings, PoolSettings, settings_env
