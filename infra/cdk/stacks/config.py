@@ -12,18 +12,23 @@ from typing import Any
 from constructs import Node
 
 from gpu_agent.engine_args import ENGINE_ARGS_ENV, own_flag_refusal
+from spotgate.settings import AgentSettings
+from spotgate.settings_env_names import env_names, env_prefix
 
-AGENT_SETTING_PREFIX = "SPOTGATE_AGENT_"
-MODEL_SETTINGS = {
-    "SPOTGATE_AGENT_MODEL": "models[].model",
-    "SPOTGATE_AGENT_SERVED_MODEL_NAME": "models[].name",
-    "SPOTGATE_AGENT_MODEL_FETCH": "models[].fetch",
-    "SPOTGATE_AGENT_VLLM__REVISION": "models[].revision",
-    "SPOTGATE_AGENT_VLLM__TENSOR_PARALLEL_SIZE": "models[].tensorParallelSize",
-    "SPOTGATE_AGENT_VLLM__ENGINE_ARGS": "models[].engineArgs",
-    "SPOTGATE_AGENT_VLLM__TOOL_CALL_PARSER": "models[].toolCallParser",
-    "SPOTGATE_AGENT_VLLM__REASONING_PARSER": "models[].reasoningParser",
-}
+AGENT_SETTING_PREFIX = env_prefix(AgentSettings)
+MODEL_SETTINGS = env_names(
+    AgentSettings,
+    {
+        "model": "models[].model",
+        "served_model_name": "models[].name",
+        "model_fetch": "models[].fetch",
+        "vllm.revision": "models[].revision",
+        "vllm.tensor_parallel_size": "models[].tensorParallelSize",
+        "vllm.engine_args": "models[].engineArgs",
+        "vllm.tool_call_parser": "models[].toolCallParser",
+        "vllm.reasoning_parser": "models[].reasoningParser",
+    },
+)
 """Agent settings each model entry sets from its own keys: agentSettings may not set them too."""
 MOVED_KEYS = {
     "model": "models[].model",
@@ -152,7 +157,7 @@ class ModelConfig:
 def _check_agent_settings(key: str, settings: tuple[tuple[str, str], ...]) -> None:
     for name, setting in settings:
         if not name.startswith(AGENT_SETTING_PREFIX):
-            raise ConfigError(f"{key}: {name!r} does not start with SPOTGATE_AGENT_")
+            raise ConfigError(f"{key}: {name!r} does not start with {AGENT_SETTING_PREFIX}")
         # Each setting is one line of the agents' environment file.
         if "\n" in setting or "\n" in name:
             raise ConfigError(f"{key}: {name!r} spans more than one line")
@@ -438,7 +443,7 @@ def _as_instance_types(key: str, value: Any) -> tuple[InstanceOption, ...]:
 
 def _as_settings(key: str, value: Any) -> tuple[tuple[str, str], ...]:
     if not isinstance(value, dict):
-        raise ConfigError(f"{key}: expected an object of SPOTGATE_AGENT_… settings")
+        raise ConfigError(f"{key}: expected an object of {AGENT_SETTING_PREFIX}… settings")
     return tuple(sorted((str(name), str(setting)) for name, setting in value.items()))
 
 

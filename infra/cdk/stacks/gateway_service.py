@@ -13,6 +13,8 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from spotgate.registry import BY_CHANGE_INDEX
+from spotgate.settings import GatewaySettings, SharedSettings
+from spotgate.settings_env_names import env_name, env_names
 from stacks.common import (
     ECR_AUTH_REASON,
     acknowledge,
@@ -36,7 +38,7 @@ CPU_TARGET_PERCENT = 60
 SCALE_OUT_COOLDOWN_SECONDS = 60
 SCALE_IN_COOLDOWN_SECONDS = 300
 ACCESS_LOG_DAYS = 90
-SIGNING_KEY_ENV = "SPOTGATE_GATEWAY_TOKEN__SIGNING_KEY_PEM"
+SIGNING_KEY_ENV = env_name(GatewaySettings, "token.signing_key_pem")
 KEEPALIVE_MARGIN_SECONDS = 60
 CONTAINER_HEALTH_COMMAND = (
     "import urllib.request; "
@@ -116,22 +118,30 @@ class GatewayService(Construct):
             # Every replica admits against the same counters: a key's limits do not multiply
             # with the tasks autoscaling adds.
             **limit_store.environment(),
-            "SPOTGATE_LOG_FORMAT": "json",
-            "SPOTGATE_GATEWAY_HOST": "0.0.0.0",  # noqa: S104 — the ALB reaches the task's IP
-            "SPOTGATE_GATEWAY_PORT": str(GATEWAY_PORT),
-            "SPOTGATE_GATEWAY_OPS_PORT": str(OPS_PORT),
-            "SPOTGATE_GATEWAY_PUBLIC_URL": self.public_url,
-            # Agents read the public keys there with their role, never through the internet.
-            "SPOTGATE_GATEWAY_JWKS_PARAMETER": config.jwks_parameter,
-            "SPOTGATE_GATEWAY_MODELS": json.dumps(config.model_names),
-            "SPOTGATE_GATEWAY_SHUTDOWN_GRACE_SECONDS": str(config.gateway_drain_seconds),
-            # Agents live in this VPC: a registry row naming any other address is ignored.
-            "SPOTGATE_GATEWAY_AGENT_NETWORKS": f'["{vpc.vpc_cidr_block}"]',
-            # The ALB appends the client's address: failed logins are counted per client.
-            "SPOTGATE_GATEWAY_TRUSTED_PROXY_HOPS": "1",
-            # The ALB must be the side that closes idle connections.
-            "SPOTGATE_GATEWAY_KEEPALIVE_SECONDS": str(
-                config.alb_idle_timeout_seconds + KEEPALIVE_MARGIN_SECONDS
+            **env_names(SharedSettings, {"log_format": "json"}),
+            **env_names(
+                GatewaySettings,
+                {
+                    "host": "0.0.0.0",  # noqa: S104 — the ALB reaches the task's IP
+                    "port": str(GATEWAY_PORT),
+                    "ops_port": str(OPS_PORT),
+                    "public_url": self.public_url,
+                    # Agents read the public keys there with their role, never through the
+                    # internet.
+                    "jwks_parameter": config.jwks_parameter,
+                    "models": json.dumps(config.model_names),
+                    "shutdown_grace_seconds": str(config.gateway_drain_seconds),
+                    # Agents live in this VPC: a registry row naming any other address is
+                    # ignored.
+                    "agent_networks": f'["{vpc.vpc_cidr_block}"]',
+                    # The ALB appends the client's address: failed logins are counted per
+                    # client.
+                    "trusted_proxy_hops": "1",
+                    # The ALB must be the side that closes idle connections.
+                    "keepalive_seconds": str(
+                        config.alb_idle_timeout_seconds + KEEPALIVE_MARGIN_SECONDS
+                    ),
+                },
             ),
         }
         task.add_container(

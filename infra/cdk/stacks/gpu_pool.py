@@ -15,6 +15,8 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from spotgate.model_store import is_s3_uri
+from spotgate.settings import AgentSettings, SharedSettings
+from spotgate.settings_env_names import env_names
 from stacks.common import (
     ECR_AUTH_REASON,
     acknowledge,
@@ -63,19 +65,25 @@ def is_pinned_copy(model: str) -> bool:
 def agent_settings(pool_settings: Mapping[str, str], model: ModelConfig) -> dict[str, str]:
     """The settings of `model`'s agents: the pool's, then the model's, its agentSettings last."""
     vllm = {
-        "SPOTGATE_AGENT_VLLM__TENSOR_PARALLEL_SIZE": str(model.tensor_parallel_size),
-        "SPOTGATE_AGENT_VLLM__REVISION": model.revision,
-        "SPOTGATE_AGENT_VLLM__ENGINE_ARGS": model.engine_args,
-        "SPOTGATE_AGENT_VLLM__TOOL_CALL_PARSER": model.tool_call_parser,
-        "SPOTGATE_AGENT_VLLM__REASONING_PARSER": model.reasoning_parser,
+        "vllm.tensor_parallel_size": str(model.tensor_parallel_size),
+        "vllm.revision": model.revision,
+        "vllm.engine_args": model.engine_args,
+        "vllm.tool_call_parser": model.tool_call_parser,
+        "vllm.reasoning_parser": model.reasoning_parser,
     }
     return {
         **pool_settings,
-        "SPOTGATE_AGENT_MODEL": model.model,
-        "SPOTGATE_AGENT_SERVED_MODEL_NAME": model.name,
-        "SPOTGATE_AGENT_MODEL_FETCH": model.fetch,
-        # Unset ones are left to the agent's defaults (an empty value is not "none" to it).
-        **{name: value for name, value in vllm.items() if value},
+        **env_names(
+            AgentSettings,
+            {
+                "model": model.model,
+                "served_model_name": model.name,
+                "model_fetch": model.fetch,
+                # Unset ones are left to the agent's defaults (an empty value is not "none" to
+                # it).
+                **{field_path: value for field_path, value in vllm.items() if value},
+            },
+        ),
         **dict(model.agent_settings),
     }
 
@@ -168,15 +176,21 @@ class GpuPool(Construct):
 
         pool_settings = {
             **shared_environment,
-            "SPOTGATE_LOG_FORMAT": "json",
-            "SPOTGATE_AGENT_ENGINE": "vllm",
-            "SPOTGATE_AGENT_MODEL_CACHE_DIR": AGENT_CACHE_DIR,
-            "SPOTGATE_AGENT_HOST": "0.0.0.0",  # noqa: S104 — reached by the gateways' tasks
-            "SPOTGATE_AGENT_PORT": str(AGENT_PORT),
-            # The gateways' public keys, read with this role: no path through the internet.
-            "SPOTGATE_AGENT_JWKS_PARAMETER": config.jwks_parameter,
-            "SPOTGATE_AGENT_TOKEN_ISSUER": token_issuer,
-            "SPOTGATE_AGENT_DRAIN_GRACE_SECONDS": str(AGENT_DRAIN_GRACE_SECONDS),
+            **env_names(SharedSettings, {"log_format": "json"}),
+            **env_names(
+                AgentSettings,
+                {
+                    "engine": "vllm",
+                    "model_cache_dir": AGENT_CACHE_DIR,
+                    "host": "0.0.0.0",  # noqa: S104 — reached by the gateways' tasks
+                    "port": str(AGENT_PORT),
+                    # The gateways' public keys, read with this role: no path through the
+                    # internet.
+                    "jwks_parameter": config.jwks_parameter,
+                    "token_issuer": token_issuer,
+                    "drain_grace_seconds": str(AGENT_DRAIN_GRACE_SECONDS),
+                },
+            ),
             # agentSettings cannot set what a model sets (validated): the order is free.
             **dict(config.agent_settings),
         }

@@ -12,6 +12,8 @@ from aws_cdk import aws_iam as iam
 from constructs import Construct
 
 from pool_manager.ec2_provider import BOOT_TAG, POOL_TAG, STARTED_AT_TAG, STOPPED_AT_TAG
+from spotgate.settings import PoolSettings, SharedSettings
+from spotgate.settings_env_names import env_names
 from stacks.common import (
     ECR_AUTH_REASON,
     acknowledge,
@@ -110,25 +112,31 @@ class PoolManagerService(Construct):
         zones = [subnet.availability_zone for subnet in subnets]
         self.environment: dict[str, str] = {
             **registry.environment(config.region),
-            "SPOTGATE_LOG_FORMAT": "json",
-            "SPOTGATE_POOL_PROVIDER": "ec2",
-            "SPOTGATE_POOL_PORT": str(POOL_HEALTH_PORT),
-            # Each model carries its own bounds and template, so the pool-wide ones
-            # (SPOTGATE_POOL_MIN_AGENTS, _MAX_AGENTS, _EC2__LAUNCH_TEMPLATE) would never be read.
-            "SPOTGATE_POOL_MODELS": pool_models_json(
-                config, {name: gpu_pool.launch_template_id(name) for name in config.model_names}
-            ),
-            "SPOTGATE_POOL_SPOT_OVERPROVISION": str(config.spot_overprovision),
-            "SPOTGATE_POOL_ON_DEMAND_FALLBACK": json.dumps(config.on_demand_fallback),
-            "SPOTGATE_POOL_LAUNCH_TIMEOUT_SECONDS": str(config.launch_timeout_seconds),
-            # What a stopped instance of a warm pool costs is its root volume.
-            "SPOTGATE_POOL_VOLUME_GIB": str(config.stopped_volume_gib),
-            "SPOTGATE_POOL_INTERRUPTION_QUEUE_URL": spot_events.queue.queue_url,
-            "SPOTGATE_POOL_PLACEMENTS": placements_json(config, zones),
-            "SPOTGATE_POOL_EC2__POOL_NAME": config.pool_name,
-            # Agents go into the private subnets only: one per zone.
-            "SPOTGATE_POOL_EC2__SUBNETS": json.dumps(
-                {subnet.availability_zone: subnet.subnet_id for subnet in subnets}
+            **env_names(SharedSettings, {"log_format": "json"}),
+            **env_names(
+                PoolSettings,
+                {
+                    "provider": "ec2",
+                    "port": str(POOL_HEALTH_PORT),
+                    # Each model carries its own bounds and template, so the pool-wide ones
+                    # (min_agents, max_agents, ec2.launch_template) would never be read.
+                    "models": pool_models_json(
+                        config,
+                        {name: gpu_pool.launch_template_id(name) for name in config.model_names},
+                    ),
+                    "spot_overprovision": str(config.spot_overprovision),
+                    "on_demand_fallback": json.dumps(config.on_demand_fallback),
+                    "launch_timeout_seconds": str(config.launch_timeout_seconds),
+                    # What a stopped instance of a warm pool costs is its root volume.
+                    "volume_gib": str(config.stopped_volume_gib),
+                    "interruption_queue_url": spot_events.queue.queue_url,
+                    "placements": placements_json(config, zones),
+                    "ec2.pool_name": config.pool_name,
+                    # Agents go into the private subnets only: one per zone.
+                    "ec2.subnets": json.dumps(
+                        {subnet.availability_zone: subnet.subnet_id for subnet in subnets}
+                    ),
+                },
             ),
         }
 
