@@ -1,11 +1,11 @@
 """vLLM's engine arguments for an agent: its settings, then any `vllm serve` flag besides.
 
 The arguments an agent sets itself (`VllmSettings`' fields, the model, its served name) are
-settings of their own; every other engine argument vLLM has is passed as `vllm serve` takes
-it, in `SPOTGATE_AGENT_VLLM__ENGINE_ARGS` (`--quantization awq --kv-cache-dtype fp8`), so a
-user's flags carry over. vLLM's own parser reads them all, so an argument it does not know, or
-a value of the wrong type, stops the agent's start with one line naming it, before any
-weight is loaded.
+settings of their own (`spotgate.engine_flags`); every other engine argument vLLM has is
+passed as `vllm serve` takes it, in `SPOTGATE_AGENT_VLLM__ENGINE_ARGS` (`--quantization awq
+--kv-cache-dtype fp8`), so a user's flags carry over. vLLM's own parser reads them all, so an
+argument it does not know, or a value of the wrong type, stops the agent's start with one line
+naming it, before any weight is loaded.
 """
 
 from __future__ import annotations
@@ -14,41 +14,9 @@ import shlex
 from typing import Any
 
 from gpu_agent.engine import EngineConfigError
+from spotgate.engine_flags import ENGINE_ARGS_ENV, own_flag_refusal
 from spotgate.model_store import is_s3_uri
 from spotgate.settings import AgentSettings
-
-ENGINE_ARGS_ENV = "SPOTGATE_AGENT_VLLM__ENGINE_ARGS"
-OWN_FLAGS = {
-    "--model": "SPOTGATE_AGENT_MODEL",
-    "--served-model-name": "SPOTGATE_AGENT_SERVED_MODEL_NAME",
-    "--dtype": "SPOTGATE_AGENT_VLLM__DTYPE",
-    "--max-model-len": "SPOTGATE_AGENT_VLLM__MAX_MODEL_LEN",
-    "--max-num-seqs": "SPOTGATE_AGENT_VLLM__MAX_NUM_SEQS",
-    "--gpu-memory-utilization": "SPOTGATE_AGENT_VLLM__GPU_MEMORY_UTILIZATION",
-    "--tensor-parallel-size": "SPOTGATE_AGENT_VLLM__TENSOR_PARALLEL_SIZE",
-    "-tp": "SPOTGATE_AGENT_VLLM__TENSOR_PARALLEL_SIZE",
-    "--enforce-eager": "SPOTGATE_AGENT_VLLM__ENFORCE_EAGER",
-    "--revision": "SPOTGATE_AGENT_VLLM__REVISION",
-    "--tokenizer-revision": "SPOTGATE_AGENT_VLLM__REVISION",
-    "--load-format": "SPOTGATE_AGENT_MODEL (an s3:// model is streamed)",
-    "--logits-processors": "the agent's own (exact resumes, JSON schemas)",
-    "--disable-log-stats": "the agent's own (it reads the prefix cache's counters)",
-    "--enable-lora": "SPOTGATE_AGENT_VLLM__LORA_ADAPTERS",
-    "--lora-modules": "SPOTGATE_AGENT_VLLM__LORA_ADAPTERS",
-    "--max-loras": "SPOTGATE_AGENT_VLLM__MAX_LORAS",
-    "--max-cpu-loras": "SPOTGATE_AGENT_VLLM__MAX_LORAS",
-    "--max-lora-rank": "SPOTGATE_AGENT_VLLM__MAX_LORA_RANK",
-}
-"""Flags the agent sets itself, and the setting that sets each instead."""
-
-
-def own_flag_refusal(flags: list[str]) -> str | None:
-    """The first of `flags` the agent sets itself, as one line naming its setting."""
-    for flag in flags:
-        name = flag.split("=", 1)[0]
-        if name in OWN_FLAGS:
-            return f"{ENGINE_ARGS_ENV}: {name} is set by {OWN_FLAGS[name]}, not here"
-    return None
 
 
 def agent_flags(settings: AgentSettings) -> list[str]:

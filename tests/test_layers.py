@@ -27,8 +27,8 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _imports(path: Path) -> Iterator[str]:
-    """Every module of ours that `path` imports, at its top or inside a function."""
+def _imports(path: Path, ours: set[str] = OURS) -> Iterator[str]:
+    """Every module of `ours` that `path` imports, at its top or inside a function."""
     package = _module_name(path).split(".")
     if path.name != "__init__.py":
         package = package[:-1]
@@ -43,7 +43,7 @@ def _imports(path: Path) -> Iterator[str]:
                 names = [".".join([*base, alias.name]) for alias in node.names]
         else:
             continue
-        yield from (name for name in names if name.split(".")[0] in OURS)
+        yield from (name for name in names if name.split(".")[0] in ours)
 
 
 MODULES = {_module_name(path): path for package in OURS for path in (ROOT / package).rglob("*.py")}
@@ -172,3 +172,54 @@ def test_decision_modules_import_no_io_library() -> None:
                             trail[ran] = [*trail[module], ran]
                             queue.append(ran)
     assert found == []
+
+
+CDK_APP = ROOT / "infra" / "cdk"
+CDK_OWN = {"stacks", "app"}
+"""The CDK app's own modules, imported from its directory (`cdk synth` runs there)."""
+LAMBDAS = CDK_APP / "stacks" / "functions"
+
+
+def _imported_names(path: Path) -> Iterator[tuple[str, str]]:
+    """(module, name) for every `from module import name` in `path`."""
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            yield from ((node.module, alias.name) for alias in node.names)
+
+
+def _cdk_app_modules() -> list[Path]:
+    """The CDK app's code: not its tests, which check the template against the services."""
+    return [
+        path for path in CDK_APP.rglob("*.py") if "tests" not in path.relative_to(CDK_APP).parts
+    ]
+
+
+def test_the_cdk_app_imports_only_the_core_the_pool_managers_constants_and_its_own() -> None:
+    ours = OURS | CDK_OWN
+    wrong = sorted(
+        f"{path.relative_to(ROOT)} imports {imported}"
+        for path in _cdk_app_modules()
+        for imported in _imports(path, ours)
+        if imported.split(".")[0] not in {"spotgate", "pool_manager", *CDK_OWN}
+    )
+    # Of the pool manager, only the names it shares with the deployment (tags, event patterns).
+    not_constants = sorted(
+        f"{path.relative_to(ROOT)} imports {module}.{name}"
+        for path in _cdk_app_modules()
+        for module, name in _imported_names(path)
+        if module.split(".")[0] == "pool_manager" and not name.isupper()
+    )
+    assert wrong == []
+    assert not_constants == []
+
+
+def test_the_lambdas_import_nothing_of_ours() -> None:
+    ours = OURS | CDK_OWN
+    assert (
+        sorted(
+            f"{path.relative_to(ROOT)} imports {imported}"
+            for path in LAMBDAS.rglob("*.py")
+            for imported in _imports(path, ours)
+        )
+        == []
+    )

@@ -7,7 +7,7 @@ from typing import Any
 
 import aws_cdk as cdk
 from cdk_nag import AwsSolutionsChecks
-from stacks.config import config_from_context
+from stacks.context import config_from_context
 from stacks.spotgate_stack import SpotgateStack
 
 STACK_NAME = "Spotgate"

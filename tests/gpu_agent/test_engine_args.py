@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from gpu_agent.engine import EngineConfigError
-from gpu_agent.engine_args import agent_flags, engine_args, own_flag_refusal
+from gpu_agent.engine_args import agent_flags, engine_args
 from spotgate.settings import AgentSettings, VllmSettings
 
 
@@ -15,38 +15,6 @@ def settings(model: str = "/models/tiny", **vllm: object) -> AgentSettings:
     return AgentSettings(
         engine="vllm", model=model, served_model_name="tiny", vllm=VllmSettings(**vllm)
     )
-
-
-@pytest.mark.parametrize(
-    ("flags", "refusal"),
-    [
-        (["--quantization", "awq"], None),
-        (["--kv-cache-dtype=fp8", "--max-num-batched-tokens", "8192"], None),
-        (
-            ["--max-num-seqs", "8"],
-            "SPOTGATE_AGENT_VLLM__ENGINE_ARGS: --max-num-seqs is set by "
-            "SPOTGATE_AGENT_VLLM__MAX_NUM_SEQS, not here",
-        ),
-        (
-            ["--enable-prefix-caching", "--max-model-len=4096"],
-            "SPOTGATE_AGENT_VLLM__ENGINE_ARGS: --max-model-len is set by "
-            "SPOTGATE_AGENT_VLLM__MAX_MODEL_LEN, not here",
-        ),
-        (
-            ["--enable-lora", "--lora-modules", "sql=/adapters/sql"],
-            "SPOTGATE_AGENT_VLLM__ENGINE_ARGS: --enable-lora is set by "
-            "SPOTGATE_AGENT_VLLM__LORA_ADAPTERS, not here",
-        ),
-        (
-            ["--model", "other"],
-            "SPOTGATE_AGENT_VLLM__ENGINE_ARGS: --model is set by SPOTGATE_AGENT_MODEL, not here",
-        ),
-    ],
-)
-def test_the_agents_own_arguments_are_settings_not_flags(
-    flags: list[str], refusal: str | None
-) -> None:
-    assert own_flag_refusal(flags) == refusal
 
 
 def test_the_settings_become_the_flags_vllm_serve_takes() -> None:

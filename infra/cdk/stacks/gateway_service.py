@@ -13,6 +13,8 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from spotgate.registry import BY_CHANGE_INDEX
+from spotgate.settings import GatewaySettings, SharedSettings
+from spotgate.settings_env_names import env_name, env_names
 from stacks.common import (
     ECR_AUTH_REASON,
     acknowledge,
@@ -36,7 +38,7 @@ CPU_TARGET_PERCENT = 60
 SCALE_OUT_COOLDOWN_SECONDS = 60
 SCALE_IN_COOLDOWN_SECONDS = 300
 ACCESS_LOG_DAYS = 90
-SIGNING_KEY_ENV = "SPOTGATE_GATEWAY_TOKEN__SIGNING_KEY_PEM"
+SIGNING_KEY_ENV = env_name(GatewaySettings, "token.signing_key_pem")
 KEEPALIVE_MARGIN_SECONDS = 60
 CONTAINER_HEALTH_COMMAND = (
     "import urllib.request; "
@@ -63,8 +65,48 @@ class GatewayService(Construct):
     ) -> None:
         super().__init__(scope, construct_id)
         self.log_group = log_group(self, "Logs", config.log_retention_days)
+        self.access_logs = self._access_logs()
+        self.load_balancer = self._load_balancer(config, vpc)
+        host = config.gateway_domain or self.load_balancer.load_balancer_dns_name
+        self.public_url = f"{'https' if config.https else 'http'}://{host}"
+        self.environment: dict[str, str] = {
+            **registry.environment(config.region),
+            # Every replica admits against the same counters: a key's limits do not multiply
+            # with the tasks autoscaling adds.
+            **limit_store.environment(),
+            **self._own_environment(config, vpc),
+        }
+        task = self._task(config, image, signing_key)
+        self._grant_registry(task.task_role, registry)
+        task.task_role.add_to_principal_policy(
+            iam.PolicyStatement(
+                sid="PublishPublicKeys",
+                actions=["ssm:PutParameter"],
+                resources=[parameter_arn(self, config.jwks_parameter)],
+            )
+        )
+        acknowledge(
+            task,
+            "AwsSolutions-ECS2",
+            "Only non-secret settings are plain variables; the signing key is an ECS secret.",
+        )
+        acknowledge_wildcard_resource(task.obtain_execution_role(), "*", ECR_AUTH_REASON)
+        self.service = self._service(config, cluster, task)
+        # The first task must find the signing key in its secret.
+        self.service.node.add_dependency(signing_key.key)
+        self.target_group = self._target_group(config, vpc)
+        self._listen(config)
+        if config.ops_scraper_security_group:
+            scraper = ec2.SecurityGroup.from_security_group_id(
+                self, "OpsScraper", config.ops_scraper_security_group, mutable=False
+            )
+            self.service.connections.allow_from(
+                scraper, ec2.Port.tcp(OPS_PORT), "scrapes the gateways' /metrics and /readyz"
+            )
+        self._scale(config)
 
-        self.access_logs = access_logs = s3.Bucket(
+    def _access_logs(self) -> s3.Bucket:
+        access_logs = s3.Bucket(
             self,
             "AccessLogs",
             encryption=s3.BucketEncryption.S3_MANAGED,  # the only one ALB log delivery supports
@@ -79,7 +121,10 @@ class GatewayService(Construct):
             "AwsSolutions-S1",
             "This bucket holds the load balancer's access logs; logging it would log the logs.",
         )
-        self.load_balancer = elbv2.ApplicationLoadBalancer(
+        return access_logs
+
+    def _load_balancer(self, config: DeployConfig, vpc: ec2.IVpc) -> elbv2.ApplicationLoadBalancer:
+        load_balancer = elbv2.ApplicationLoadBalancer(
             self,
             "LoadBalancer",
             vpc=vpc,
@@ -90,17 +135,48 @@ class GatewayService(Construct):
             idle_timeout=Duration.seconds(config.alb_idle_timeout_seconds),
             drop_invalid_header_fields=True,
         )
-        self.load_balancer.log_access_logs(access_logs, prefix="alb")
-        for security_group in self.load_balancer.connections.security_groups:
+        load_balancer.log_access_logs(self.access_logs, prefix="alb")
+        for security_group in load_balancer.connections.security_groups:
             acknowledge(
                 security_group,
                 "AwsSolutions-EC23",
                 "The public API: clients anywhere connect, and authenticate with API keys.",
             )
+        return load_balancer
 
-        host = config.gateway_domain or self.load_balancer.load_balancer_dns_name
-        self.public_url = f"{'https' if config.https else 'http'}://{host}"
+    def _own_environment(self, config: DeployConfig, vpc: ec2.IVpc) -> dict[str, str]:
+        """The settings of the gateways' own: listeners, URL, models, the ALB in front."""
+        return {
+            **env_names(SharedSettings, {"log_format": "json"}),
+            **env_names(
+                GatewaySettings,
+                {
+                    "host": "0.0.0.0",  # noqa: S104 — the ALB reaches the task's IP
+                    "port": str(GATEWAY_PORT),
+                    "ops_port": str(OPS_PORT),
+                    "public_url": self.public_url,
+                    # Agents read the public keys there with their role, never through the
+                    # internet.
+                    "jwks_parameter": config.jwks_parameter,
+                    "models": json.dumps(config.model_names),
+                    "shutdown_grace_seconds": str(config.gateway_drain_seconds),
+                    # Agents live in this VPC: a registry row naming any other address is
+                    # ignored.
+                    "agent_networks": f'["{vpc.vpc_cidr_block}"]',
+                    # The ALB appends the client's address: failed logins are counted per
+                    # client.
+                    "trusted_proxy_hops": "1",
+                    # The ALB must be the side that closes idle connections.
+                    "keepalive_seconds": str(
+                        config.alb_idle_timeout_seconds + KEEPALIVE_MARGIN_SECONDS
+                    ),
+                },
+            ),
+        }
 
+    def _task(
+        self, config: DeployConfig, image: ecs.ContainerImage, signing_key: SigningKey
+    ) -> ecs.FargateTaskDefinition:
         task = ecs.FargateTaskDefinition(
             self,
             "Task",
@@ -111,29 +187,6 @@ class GatewayService(Construct):
                 operating_system_family=ecs.OperatingSystemFamily.LINUX,
             ),
         )
-        self.environment: dict[str, str] = {
-            **registry.environment(config.region),
-            # Every replica admits against the same counters: a key's limits do not multiply
-            # with the tasks autoscaling adds.
-            **limit_store.environment(),
-            "SPOTGATE_LOG_FORMAT": "json",
-            "SPOTGATE_GATEWAY_HOST": "0.0.0.0",  # noqa: S104 — the ALB reaches the task's IP
-            "SPOTGATE_GATEWAY_PORT": str(GATEWAY_PORT),
-            "SPOTGATE_GATEWAY_OPS_PORT": str(OPS_PORT),
-            "SPOTGATE_GATEWAY_PUBLIC_URL": self.public_url,
-            # Agents read the public keys there with their role, never through the internet.
-            "SPOTGATE_GATEWAY_JWKS_PARAMETER": config.jwks_parameter,
-            "SPOTGATE_GATEWAY_MODELS": json.dumps(config.model_names),
-            "SPOTGATE_GATEWAY_SHUTDOWN_GRACE_SECONDS": str(config.gateway_drain_seconds),
-            # Agents live in this VPC: a registry row naming any other address is ignored.
-            "SPOTGATE_GATEWAY_AGENT_NETWORKS": f'["{vpc.vpc_cidr_block}"]',
-            # The ALB appends the client's address: failed logins are counted per client.
-            "SPOTGATE_GATEWAY_TRUSTED_PROXY_HOPS": "1",
-            # The ALB must be the side that closes idle connections.
-            "SPOTGATE_GATEWAY_KEEPALIVE_SECONDS": str(
-                config.alb_idle_timeout_seconds + KEEPALIVE_MARGIN_SECONDS
-            ),
-        }
         task.add_container(
             "gateway",
             image=image,
@@ -156,22 +209,12 @@ class GatewayService(Construct):
                 start_period=Duration.seconds(HEALTH_CHECK_GRACE_SECONDS),
             ),
         )
-        self._grant_registry(task.task_role, registry)
-        task.task_role.add_to_principal_policy(
-            iam.PolicyStatement(
-                sid="PublishPublicKeys",
-                actions=["ssm:PutParameter"],
-                resources=[parameter_arn(self, config.jwks_parameter)],
-            )
-        )
-        acknowledge(
-            task,
-            "AwsSolutions-ECS2",
-            "Only non-secret settings are plain variables; the signing key is an ECS secret.",
-        )
-        acknowledge_wildcard_resource(task.obtain_execution_role(), "*", ECR_AUTH_REASON)
+        return task
 
-        self.service = ecs.FargateService(
+    def _service(
+        self, config: DeployConfig, cluster: ecs.ICluster, task: ecs.FargateTaskDefinition
+    ) -> ecs.FargateService:
+        return ecs.FargateService(
             self,
             "Service",
             cluster=cluster,
@@ -184,10 +227,9 @@ class GatewayService(Construct):
             vpc_subnets=ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS),
             assign_public_ip=False,
         )
-        # The first task must find the signing key in its secret.
-        self.service.node.add_dependency(signing_key.key)
 
-        self.target_group = elbv2.ApplicationTargetGroup(
+    def _target_group(self, config: DeployConfig, vpc: ec2.IVpc) -> elbv2.ApplicationTargetGroup:
+        return elbv2.ApplicationTargetGroup(
             self,
             "Targets",
             vpc=vpc,
@@ -205,15 +247,8 @@ class GatewayService(Construct):
                 unhealthy_threshold_count=3,
             ),
         )
-        self._listen(config)
-        if config.ops_scraper_security_group:
-            scraper = ec2.SecurityGroup.from_security_group_id(
-                self, "OpsScraper", config.ops_scraper_security_group, mutable=False
-            )
-            self.service.connections.allow_from(
-                scraper, ec2.Port.tcp(OPS_PORT), "scrapes the gateways' /metrics and /readyz"
-            )
 
+    def _scale(self, config: DeployConfig) -> None:
         scaling = self.service.auto_scale_task_count(
             min_capacity=config.gateway_min_tasks, max_capacity=config.gateway_max_tasks
         )

@@ -10,11 +10,14 @@ from typing import cast
 from aws_cdk import Annotations, CfnElement, RemovalPolicy, Stack, Tags
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_ecr as ecr
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from spotgate.model_store import is_s3_uri
+from spotgate.settings import AgentSettings, SharedSettings
+from spotgate.settings_env_names import env_names
 from stacks.common import (
     ECR_AUTH_REASON,
     acknowledge,
@@ -60,22 +63,53 @@ def is_pinned_copy(model: str) -> bool:
     return model.startswith("/") or is_s3_uri(model)
 
 
+def pool_agent_settings(
+    config: DeployConfig, shared_environment: Mapping[str, str], token_issuer: str
+) -> dict[str, str]:
+    """The settings every model's agents share: the registry's, their listener, their keys."""
+    return {
+        **shared_environment,
+        **env_names(SharedSettings, {"log_format": "json"}),
+        **env_names(
+            AgentSettings,
+            {
+                "engine": "vllm",
+                "model_cache_dir": AGENT_CACHE_DIR,
+                "host": "0.0.0.0",  # noqa: S104 — reached by the gateways' tasks
+                "port": str(AGENT_PORT),
+                # The gateways' public keys, read with this role: no path through the internet.
+                "jwks_parameter": config.jwks_parameter,
+                "token_issuer": token_issuer,
+                "drain_grace_seconds": str(AGENT_DRAIN_GRACE_SECONDS),
+            },
+        ),
+        # agentSettings cannot set what a model sets (validated): the order is free.
+        **dict(config.agent_settings),
+    }
+
+
 def agent_settings(pool_settings: Mapping[str, str], model: ModelConfig) -> dict[str, str]:
     """The settings of `model`'s agents: the pool's, then the model's, its agentSettings last."""
     vllm = {
-        "SPOTGATE_AGENT_VLLM__TENSOR_PARALLEL_SIZE": str(model.tensor_parallel_size),
-        "SPOTGATE_AGENT_VLLM__REVISION": model.revision,
-        "SPOTGATE_AGENT_VLLM__ENGINE_ARGS": model.engine_args,
-        "SPOTGATE_AGENT_VLLM__TOOL_CALL_PARSER": model.tool_call_parser,
-        "SPOTGATE_AGENT_VLLM__REASONING_PARSER": model.reasoning_parser,
+        "vllm.tensor_parallel_size": str(model.tensor_parallel_size),
+        "vllm.revision": model.revision,
+        "vllm.engine_args": model.engine_args,
+        "vllm.tool_call_parser": model.tool_call_parser,
+        "vllm.reasoning_parser": model.reasoning_parser,
     }
     return {
         **pool_settings,
-        "SPOTGATE_AGENT_MODEL": model.model,
-        "SPOTGATE_AGENT_SERVED_MODEL_NAME": model.name,
-        "SPOTGATE_AGENT_MODEL_FETCH": model.fetch,
-        # Unset ones are left to the agent's defaults (an empty value is not "none" to it).
-        **{name: value for name, value in vllm.items() if value},
+        **env_names(
+            AgentSettings,
+            {
+                "model": model.model,
+                "served_model_name": model.name,
+                "model_fetch": model.fetch,
+                # Unset ones are left to the agent's defaults (an empty value is not "none" to
+                # it).
+                **{field_path: value for field_path, value in vllm.items() if value},
+            },
+        ),
         **dict(model.agent_settings),
     }
 
@@ -97,66 +131,8 @@ class GpuPool(Construct):
         super().__init__(scope, construct_id)
         self.log_group = log_group(self, "Logs", config.log_retention_days)
         self.image_uri, image_repository = agent_image(self, "Image", config)
-        self.model_bucket = s3.Bucket(
-            self,
-            "Models",
-            encryption=s3.BucketEncryption.S3_MANAGED,
-            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
-            enforce_ssl=True,
-            # Staged copies of models: `spotgate model stage` writes them again if lost.
-            removal_policy=RemovalPolicy.RETAIN,
-        )
-        acknowledge(
-            self.model_bucket,
-            "AwsSolutions-S1",
-            "Model copies read by the agents' role only; CloudTrail data events log reads "
-            "where an audit needs them.",
-        )
-
-        self.role = iam.Role(
-            self,
-            "Role",
-            assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"),
-            description="spotgate GPU agent: its own registry entry, its image, models, logs",
-        )
-        image_repository.grant_pull(self.role)
-        acknowledge_wildcard_resource(self.role, "*", ECR_AUTH_REASON)
-        self.role.add_to_policy(
-            iam.PolicyStatement(
-                sid="StagedModels",
-                actions=["s3:GetObject", "s3:ListBucket"],  # the streamer lists, then reads
-                resources=[self.model_bucket.bucket_arn, self.model_bucket.arn_for_objects("*")],
-            )
-        )
-        bucket = self.model_bucket.node.default_child  # a bucket's is its CfnBucket
-        acknowledge_wildcard_resource(
-            self.role,
-            f"<{Stack.of(self).get_logical_id(cast(CfnElement, bucket))}.Arn>/*",
-            "Any staged model in the pool's own bucket: the model is a setting.",
-        )
-        self.role.add_to_policy(
-            iam.PolicyStatement(
-                sid="OwnRegistryEntry",
-                actions=list(AGENT_REGISTRY_ACTIONS),
-                resources=[agents_table.table_arn],
-                conditions=OWN_ROW_ONLY,
-            )
-        )
-        self.role.add_to_policy(
-            iam.PolicyStatement(
-                sid="GatewayPublicKeys",
-                actions=["ssm:GetParameter"],
-                resources=[parameter_arn(self, config.jwks_parameter)],
-            )
-        )
-        self.role.add_to_policy(
-            iam.PolicyStatement(
-                sid="ShipLogs",
-                actions=["logs:CreateLogStream", "logs:PutLogEvents"],
-                resources=[self.log_group.log_group_arn],
-            )
-        )
-
+        self.model_bucket = self._model_bucket()
+        self.role = self._role(config, agents_table, image_repository)
         self.security_group = ec2.SecurityGroup(
             self,
             "SecurityGroup",
@@ -165,25 +141,10 @@ class GpuPool(Construct):
             # A model from the Hugging Face Hub comes from the internet.
             allow_all_outbound=True,
         )
-
-        pool_settings = {
-            **shared_environment,
-            "SPOTGATE_LOG_FORMAT": "json",
-            "SPOTGATE_AGENT_ENGINE": "vllm",
-            "SPOTGATE_AGENT_MODEL_CACHE_DIR": AGENT_CACHE_DIR,
-            "SPOTGATE_AGENT_HOST": "0.0.0.0",  # noqa: S104 — reached by the gateways' tasks
-            "SPOTGATE_AGENT_PORT": str(AGENT_PORT),
-            # The gateways' public keys, read with this role: no path through the internet.
-            "SPOTGATE_AGENT_JWKS_PARAMETER": config.jwks_parameter,
-            "SPOTGATE_AGENT_TOKEN_ISSUER": token_issuer,
-            "SPOTGATE_AGENT_DRAIN_GRACE_SECONDS": str(AGENT_DRAIN_GRACE_SECONDS),
-            # agentSettings cannot set what a model sets (validated): the order is free.
-            **dict(config.agent_settings),
-        }
+        pool_settings = pool_agent_settings(config, shared_environment, token_issuer)
         # One profile for every template: a template given the role alone would make its own.
         instance_profile = iam.InstanceProfile(self, "InstanceProfile", role=self.role)
         machine_image = ec2.MachineImage.from_ssm_parameter(config.ami_ssm_parameter)
-        drain_stop_seconds = AGENT_DRAIN_GRACE_SECONDS + DOCKER_STOP_MARGIN_SECONDS
         self.agent_settings: dict[str, dict[str, str]] = {}
         self.boot_scripts: dict[str, str] = {}
         self.launch_templates: dict[str, ec2.LaunchTemplate] = {}
@@ -196,18 +157,7 @@ class GpuPool(Construct):
                     "was tested. Set its revision to the commit hash.",
                 )
             settings = agent_settings(pool_settings, model)
-            boot_script = render_boot_script(
-                {
-                    "REGION": config.region,
-                    "AGENT_PORT": str(AGENT_PORT),
-                    "AGENT_IMAGE": self.image_uri,
-                    "LOG_GROUP": self.log_group.log_group_name,
-                    "AGENT_SETTINGS": "\n".join(f"{k}={v}" for k, v in settings.items()),
-                    "KEEP_CACHE_ON_STOP": "true" if model.keeps_cache_on_stop else "false",
-                    "DRAIN_STOP_SECONDS": str(drain_stop_seconds),
-                    "STOP_TIMEOUT_SECONDS": str(drain_stop_seconds + DOCKER_STOP_MARGIN_SECONDS),
-                }
-            )
+            boot_script = self._boot_script(config, model, settings)
             template = ec2.LaunchTemplate(
                 self,
                 f"LaunchTemplate-{model.safe_name}",
@@ -242,6 +192,94 @@ class GpuPool(Construct):
             self.agent_settings[model.name] = settings
             self.boot_scripts[model.name] = boot_script
             self.launch_templates[model.name] = template
+
+    def _model_bucket(self) -> s3.Bucket:
+        bucket = s3.Bucket(
+            self,
+            "Models",
+            encryption=s3.BucketEncryption.S3_MANAGED,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            enforce_ssl=True,
+            # Staged copies of models: `spotgate model stage` writes them again if lost.
+            removal_policy=RemovalPolicy.RETAIN,
+        )
+        acknowledge(
+            bucket,
+            "AwsSolutions-S1",
+            "Model copies read by the agents' role only; CloudTrail data events log reads "
+            "where an audit needs them.",
+        )
+        return bucket
+
+    def _role(
+        self,
+        config: DeployConfig,
+        agents_table: dynamodb.ITable,
+        image_repository: ecr.IRepository,
+    ) -> iam.Role:
+        """The agents' role: their own registry entry, their image, models, keys and logs."""
+        role = iam.Role(
+            self,
+            "Role",
+            assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"),
+            description="spotgate GPU agent: its own registry entry, its image, models, logs",
+        )
+        image_repository.grant_pull(role)
+        acknowledge_wildcard_resource(role, "*", ECR_AUTH_REASON)
+        role.add_to_policy(
+            iam.PolicyStatement(
+                sid="StagedModels",
+                actions=["s3:GetObject", "s3:ListBucket"],  # the streamer lists, then reads
+                resources=[self.model_bucket.bucket_arn, self.model_bucket.arn_for_objects("*")],
+            )
+        )
+        bucket = self.model_bucket.node.default_child  # a bucket's is its CfnBucket
+        acknowledge_wildcard_resource(
+            role,
+            f"<{Stack.of(self).get_logical_id(cast(CfnElement, bucket))}.Arn>/*",
+            "Any staged model in the pool's own bucket: the model is a setting.",
+        )
+        role.add_to_policy(
+            iam.PolicyStatement(
+                sid="OwnRegistryEntry",
+                actions=list(AGENT_REGISTRY_ACTIONS),
+                resources=[agents_table.table_arn],
+                conditions=OWN_ROW_ONLY,
+            )
+        )
+        role.add_to_policy(
+            iam.PolicyStatement(
+                sid="GatewayPublicKeys",
+                actions=["ssm:GetParameter"],
+                resources=[parameter_arn(self, config.jwks_parameter)],
+            )
+        )
+        role.add_to_policy(
+            iam.PolicyStatement(
+                sid="ShipLogs",
+                actions=["logs:CreateLogStream", "logs:PutLogEvents"],
+                resources=[self.log_group.log_group_arn],
+            )
+        )
+        return role
+
+    def _boot_script(
+        self, config: DeployConfig, model: ModelConfig, settings: Mapping[str, str]
+    ) -> str:
+        """The boot script of `model`'s agents, which writes `settings` to their settings file."""
+        drain_stop_seconds = AGENT_DRAIN_GRACE_SECONDS + DOCKER_STOP_MARGIN_SECONDS
+        return render_boot_script(
+            {
+                "REGION": config.region,
+                "AGENT_PORT": str(AGENT_PORT),
+                "AGENT_IMAGE": self.image_uri,
+                "LOG_GROUP": self.log_group.log_group_name,
+                "AGENT_SETTINGS": "\n".join(f"{k}={v}" for k, v in settings.items()),
+                "KEEP_CACHE_ON_STOP": "true" if model.keeps_cache_on_stop else "false",
+                "DRAIN_STOP_SECONDS": str(drain_stop_seconds),
+                "STOP_TIMEOUT_SECONDS": str(drain_stop_seconds + DOCKER_STOP_MARGIN_SECONDS),
+            }
+        )
 
     def allow_from(self, peer: ec2.ISecurityGroup) -> None:
         """Let `peer` (the gateways) reach the agents' port."""

@@ -9,6 +9,8 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_elasticache as elasticache
 from constructs import Construct
 
+from spotgate.settings import GatewaySettings
+from spotgate.settings_env_names import env_names
 from stacks.config import DeployConfig
 
 ENGINE = "valkey"
@@ -19,8 +21,6 @@ MAX_DATA_STORAGE_GB = 1
 MAX_ECPU_PER_SECOND = 5000
 MAX_NAME_CHARS = 40
 NAME_SUFFIX = "-limits"
-URL_ENV = "SPOTGATE_GATEWAY_LIMIT_STORE__URL"
-CLUSTER_ENV = "SPOTGATE_GATEWAY_LIMIT_STORE__CLUSTER"
 
 
 def cache_name(pool_name: str) -> str:
@@ -93,9 +93,12 @@ class LimitStore(Construct):
     def environment(self) -> dict[str, str]:
         """The `SPOTGATE_GATEWAY_LIMIT_STORE__…` settings that point a gateway at the cache."""
         address, port = self.cache.attr_endpoint_address, self.cache.attr_endpoint_port
-        return {
-            # `rediss`: ElastiCache Serverless accepts TLS connections only.
-            URL_ENV: f"rediss://{address}:{port}/0",
-            # A serverless endpoint is a cluster-mode endpoint: keys live in hash slots.
-            CLUSTER_ENV: "true",
-        }
+        return env_names(
+            GatewaySettings,
+            {
+                # `rediss`: ElastiCache Serverless accepts TLS connections only.
+                "limit_store.url": f"rediss://{address}:{port}/0",
+                # A serverless endpoint is a cluster-mode endpoint: keys live in hash slots.
+                "limit_store.cluster": "true",
+            },
+        )

@@ -67,6 +67,21 @@ class Monitoring(Construct):
             for index, model in enumerate(config.models)
         ]
 
+        interruptions = self._interruptions(config, pool_manager_logs)
+        self._event_alarms(events_queue, dead_letters, period)
+        self.dashboard = self._dashboard(
+            config, model_graphs, interruptions, events_queue, dead_letters
+        )
+
+        if config.alarm_topic_arn:
+            topic = sns.Topic.from_topic_arn(self, "AlarmTopic", config.alarm_topic_arn)
+            for alarm in self.alarms:
+                alarm.add_alarm_action(cloudwatch_actions.SnsAction(topic))
+
+    def _interruptions(
+        self, config: DeployConfig, pool_manager_logs: logs.ILogGroup
+    ) -> logs.MetricFilter:
+        """The spot interruptions the pool manager acted on, from its log, and their alarm."""
         interruptions = logs.MetricFilter(
             self,
             "Interruptions",
@@ -91,7 +106,12 @@ class Monitoring(Construct):
             evaluation_periods=1,
             treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
         )
+        return interruptions
 
+    def _event_alarms(
+        self, events_queue: sqs.IQueue, dead_letters: sqs.IQueue, period: Duration
+    ) -> None:
+        """Alarms on EC2 events the pool manager leaves waiting or fails to handle."""
         self.stalled_events = events_queue.metric_approximate_age_of_oldest_message(
             statistic="Maximum", period=period
         ).create_alarm(
@@ -115,7 +135,15 @@ class Monitoring(Construct):
             treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
         )
 
-        self.dashboard = cloudwatch.Dashboard(
+    def _dashboard(
+        self,
+        config: DeployConfig,
+        model_graphs: list[cloudwatch.IWidget],
+        interruptions: logs.MetricFilter,
+        events_queue: sqs.IQueue,
+        dead_letters: sqs.IQueue,
+    ) -> cloudwatch.Dashboard:
+        return cloudwatch.Dashboard(
             self,
             "Dashboard",
             dashboard_name=f"{config.pool_name}-pool",
@@ -142,11 +170,6 @@ class Monitoring(Construct):
                 ],
             ],
         )
-
-        if config.alarm_topic_arn:
-            topic = sns.Topic.from_topic_arn(self, "AlarmTopic", config.alarm_topic_arn)
-            for alarm in self.alarms:
-                alarm.add_alarm_action(cloudwatch_actions.SnsAction(topic))
 
     @property
     def alarms(self) -> list[cloudwatch.Alarm]:

@@ -12,6 +12,8 @@ from aws_cdk import aws_iam as iam
 from constructs import Construct
 
 from pool_manager.ec2_provider import BOOT_TAG, POOL_TAG, STARTED_AT_TAG, STOPPED_AT_TAG
+from spotgate.settings import PoolSettings, SharedSettings
+from spotgate.settings_env_names import env_names
 from stacks.common import (
     ECR_AUTH_REASON,
     acknowledge,
@@ -110,25 +112,31 @@ class PoolManagerService(Construct):
         zones = [subnet.availability_zone for subnet in subnets]
         self.environment: dict[str, str] = {
             **registry.environment(config.region),
-            "SPOTGATE_LOG_FORMAT": "json",
-            "SPOTGATE_POOL_PROVIDER": "ec2",
-            "SPOTGATE_POOL_PORT": str(POOL_HEALTH_PORT),
-            # Each model carries its own bounds and template, so the pool-wide ones
-            # (SPOTGATE_POOL_MIN_AGENTS, _MAX_AGENTS, _EC2__LAUNCH_TEMPLATE) would never be read.
-            "SPOTGATE_POOL_MODELS": pool_models_json(
-                config, {name: gpu_pool.launch_template_id(name) for name in config.model_names}
-            ),
-            "SPOTGATE_POOL_SPOT_OVERPROVISION": str(config.spot_overprovision),
-            "SPOTGATE_POOL_ON_DEMAND_FALLBACK": json.dumps(config.on_demand_fallback),
-            "SPOTGATE_POOL_LAUNCH_TIMEOUT_SECONDS": str(config.launch_timeout_seconds),
-            # What a stopped instance of a warm pool costs is its root volume.
-            "SPOTGATE_POOL_VOLUME_GIB": str(config.stopped_volume_gib),
-            "SPOTGATE_POOL_INTERRUPTION_QUEUE_URL": spot_events.queue.queue_url,
-            "SPOTGATE_POOL_PLACEMENTS": placements_json(config, zones),
-            "SPOTGATE_POOL_EC2__POOL_NAME": config.pool_name,
-            # Agents go into the private subnets only: one per zone.
-            "SPOTGATE_POOL_EC2__SUBNETS": json.dumps(
-                {subnet.availability_zone: subnet.subnet_id for subnet in subnets}
+            **env_names(SharedSettings, {"log_format": "json"}),
+            **env_names(
+                PoolSettings,
+                {
+                    "provider": "ec2",
+                    "port": str(POOL_HEALTH_PORT),
+                    # Each model carries its own bounds and template, so the pool-wide ones
+                    # (min_agents, max_agents, ec2.launch_template) would never be read.
+                    "models": pool_models_json(
+                        config,
+                        {name: gpu_pool.launch_template_id(name) for name in config.model_names},
+                    ),
+                    "spot_overprovision": str(config.spot_overprovision),
+                    "on_demand_fallback": json.dumps(config.on_demand_fallback),
+                    "launch_timeout_seconds": str(config.launch_timeout_seconds),
+                    # What a stopped instance of a warm pool costs is its root volume.
+                    "volume_gib": str(config.stopped_volume_gib),
+                    "interruption_queue_url": spot_events.queue.queue_url,
+                    "placements": placements_json(config, zones),
+                    "ec2.pool_name": config.pool_name,
+                    # Agents go into the private subnets only: one per zone.
+                    "ec2.subnets": json.dumps(
+                        {subnet.availability_zone: subnet.subnet_id for subnet in subnets}
+                    ),
+                },
             ),
         }
 
@@ -189,152 +197,187 @@ class PoolManagerService(Construct):
         subnets: Sequence[ec2.ISubnet],
     ) -> None:
         stack = Stack.of(role)
-
-        def ec2_arn(resource: str, name: str = "*", account: str | None = None) -> str:
-            return stack.format_arn(
-                service="ec2", resource=resource, resource_name=name, account=account
-            )
-
         statements = [
-            # An instance of the pool, from one of the models' launch templates, of a configured
-            # type: the role cannot start anything else (another AMI, another size).
-            iam.PolicyStatement(
-                sid="LaunchPoolInstances",
-                actions=list(LAUNCH_ACTIONS),
-                resources=[ec2_arn("instance")],
-                conditions={
-                    "StringEquals": {
-                        f"aws:RequestTag/{POOL_TAG}": config.pool_name,
-                        "ec2:InstanceType": [
-                            option.instance_type for option in config.instance_types
-                        ],
-                    },
-                    "ArnLike": {"ec2:LaunchTemplate": gpu_pool.launch_template_arns},
-                },
-            ),
-            iam.PolicyStatement(
-                sid="LaunchFromAgentTemplate",
-                actions=list(LAUNCH_ACTIONS),
-                resources=[
-                    *gpu_pool.launch_template_arns,
-                    ec2_arn("security-group", gpu_pool.security_group.security_group_id),
-                    *(ec2_arn("subnet", subnet.subnet_id) for subnet in subnets),
-                    *(ec2_arn(resource) for resource in LAUNCH_SIDE_RESOURCES),
-                ],
-            ),
-            # The AMI the template names, never one passed with the call.
-            iam.PolicyStatement(
-                sid="TemplateImageOnly",
-                actions=list(LAUNCH_ACTIONS),
-                resources=[ec2_arn("image", account="")],
-                conditions={"Bool": {"ec2:IsLaunchTemplateResource": "true"}},
-            ),
-            iam.PolicyStatement(
-                sid="TagAtLaunchOnly",
-                actions=["ec2:CreateTags"],
-                resources=[ec2_arn("instance"), ec2_arn("volume"), ec2_arn("fleet")],
-                conditions={"StringEquals": {"ec2:CreateAction": ["CreateFleet", "RunInstances"]}},
-            ),
-            iam.PolicyStatement(
-                sid="TerminatePoolInstances",
-                actions=["ec2:TerminateInstances"],
-                resources=[ec2_arn("instance")],
-                conditions={"StringEquals": {f"aws:ResourceTag/{POOL_TAG}": config.pool_name}},
-            ),
-            # Stop into the warm pool and start from it: the pool's own instances only (EC2
-            # itself refuses to stop a spot one).
-            iam.PolicyStatement(
-                sid="StopStartPoolInstances",
-                actions=list(WARM_POOL_ACTIONS),
-                resources=[ec2_arn("instance")],
-                conditions={"StringEquals": {f"aws:ResourceTag/{POOL_TAG}": config.pool_name}},
-            ),
-            # The stop and start times and the boot's kind, on the pool's instances: no other
-            # key, so the pool and model tags a launch set stay as they are.
-            iam.PolicyStatement(
-                sid="TagWarmPoolInstances",
-                actions=["ec2:CreateTags"],
-                resources=[ec2_arn("instance")],
-                conditions={
-                    "StringEquals": {f"aws:ResourceTag/{POOL_TAG}": config.pool_name},
-                    "ForAllValues:StringEquals": {"aws:TagKeys": list(WARM_POOL_TAGS)},
-                },
-            ),
-            # The Describe calls have no resource-level permissions in IAM; the provider filters
-            # on the pool's tag itself, reads the prices of its own placements, and the
-            # latest version of its own launch templates (a warm instance of an older one is
-            # stale).
-            iam.PolicyStatement(
-                sid="ListInstances",
-                actions=DESCRIBE_ACTIONS,
-                resources=["*"],
-            ),
-            iam.PolicyStatement(
-                sid="PassAgentRole",
-                actions=["iam:PassRole"],
-                resources=[gpu_pool.role.role_arn],
-                conditions={"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}},
-            ),
-            iam.PolicyStatement(
-                sid="SpotServiceLinkedRoles",
-                actions=["iam:CreateServiceLinkedRole"],
-                resources=[
-                    stack.format_arn(
-                        service="iam",
-                        region="",
-                        resource="role",
-                        resource_name=f"aws-service-role/{service}/{name}",
-                    )
-                    for service, name in SPOT_SERVICE_LINKED_ROLES.items()
-                ],
-                conditions={
-                    "StringEquals": {"iam:AWSServiceName": list(SPOT_SERVICE_LINKED_ROLES)}
-                },
-            ),
-            iam.PolicyStatement(
-                sid="ConsumeEc2Events",
-                actions=["sqs:ReceiveMessage", "sqs:DeleteMessage"],
-                resources=[spot_events.queue.queue_arn],
-            ),
-            iam.PolicyStatement(
-                # Read, drain, mark gone; delete a gone entry before a warm start (conditional).
-                sid="ManageAgentEntries",
-                actions=[
-                    "dynamodb:Scan",
-                    "dynamodb:GetItem",
-                    "dynamodb:UpdateItem",
-                    "dynamodb:DeleteItem",
-                ],
-                resources=[registry.agents.table_arn],
-            ),
-            iam.PolicyStatement(
-                # What it launched, the only writer: re-written for the instances it finds.
-                sid="VouchForLaunches",
-                actions=["dynamodb:PutItem", "dynamodb:DeleteItem"],
-                resources=[registry.launches.table_arn],
-            ),
-            iam.PolicyStatement(
-                # Demand and fixed targets in; its forecasts for the gateways out.
-                sid="ReadDemandWriteForecasts",
-                actions=["dynamodb:Scan", "dynamodb:PutItem", "dynamodb:DeleteItem"],
-                resources=[registry.demand.table_arn],
-            ),
+            *launch_statements(stack, config, gpu_pool, subnets),
+            *lifecycle_statements(stack, config),
+            *role_statements(stack, gpu_pool),
+            *queue_and_registry_statements(registry, spot_events),
         ]
         for statement in statements:
             role.add_to_principal_policy(statement)
+        acknowledge_wildcards(role, stack)
 
-        # cdk-nag names each wildcard resource as it prints ARNs, pseudo parameters in <>.
-        prefix = f"arn:<AWS::Partition>:ec2:{stack.region}"
-        mine = f"{prefix}:<AWS::AccountId>"
-        wildcards = {
-            "*": f"{', '.join(DESCRIBE_ACTIONS)} have no resource-level permissions in IAM.",
-            f"{mine}:instance/*": "Launch, terminate, stop, start and tagging are bound by the "
-            "spotgate:pool request/resource tag; instance ids are unknown before launch.",
-            f"{mine}:volume/*": "The root volume is created by the launch.",
-            f"{mine}:network-interface/*": "The launch creates the interface.",
-            f"{mine}:spot-instances-request/*": "A spot launch makes its request.",
-            f"{mine}:fleet/*": "Each instant fleet is created by the launch.",
-            f"{prefix}::image/*": "The AMI comes from an overridable SSM parameter.",
-        }
-        for resource, reason in wildcards.items():
-            acknowledge_wildcard_resource(role, resource, reason)
+
+def ec2_arn(stack: Stack, resource: str, name: str = "*", account: str | None = None) -> str:
+    """The ARN of EC2's `resource` called `name` (all of them: `*`) in the stack's region."""
+    return stack.format_arn(service="ec2", resource=resource, resource_name=name, account=account)
+
+
+def launch_statements(
+    stack: Stack, config: DeployConfig, gpu_pool: GpuPool, subnets: Sequence[ec2.ISubnet]
+) -> list[iam.PolicyStatement]:
+    """Launch the pool's instances from its templates, and tag them as the launch does only."""
+    return [
+        # An instance of the pool, from one of the models' launch templates, of a configured
+        # type: the role cannot start anything else (another AMI, another size).
+        iam.PolicyStatement(
+            sid="LaunchPoolInstances",
+            actions=list(LAUNCH_ACTIONS),
+            resources=[ec2_arn(stack, "instance")],
+            conditions={
+                "StringEquals": {
+                    f"aws:RequestTag/{POOL_TAG}": config.pool_name,
+                    "ec2:InstanceType": [option.instance_type for option in config.instance_types],
+                },
+                "ArnLike": {"ec2:LaunchTemplate": gpu_pool.launch_template_arns},
+            },
+        ),
+        iam.PolicyStatement(
+            sid="LaunchFromAgentTemplate",
+            actions=list(LAUNCH_ACTIONS),
+            resources=[
+                *gpu_pool.launch_template_arns,
+                ec2_arn(stack, "security-group", gpu_pool.security_group.security_group_id),
+                *(ec2_arn(stack, "subnet", subnet.subnet_id) for subnet in subnets),
+                *(ec2_arn(stack, resource) for resource in LAUNCH_SIDE_RESOURCES),
+            ],
+        ),
+        # The AMI the template names, never one passed with the call.
+        iam.PolicyStatement(
+            sid="TemplateImageOnly",
+            actions=list(LAUNCH_ACTIONS),
+            resources=[ec2_arn(stack, "image", account="")],
+            conditions={"Bool": {"ec2:IsLaunchTemplateResource": "true"}},
+        ),
+        iam.PolicyStatement(
+            sid="TagAtLaunchOnly",
+            actions=["ec2:CreateTags"],
+            resources=[
+                ec2_arn(stack, "instance"),
+                ec2_arn(stack, "volume"),
+                ec2_arn(stack, "fleet"),
+            ],
+            conditions={"StringEquals": {"ec2:CreateAction": ["CreateFleet", "RunInstances"]}},
+        ),
+    ]
+
+
+def lifecycle_statements(stack: Stack, config: DeployConfig) -> list[iam.PolicyStatement]:
+    """Terminate, stop, start and tag the pool's own instances; list instances and prices."""
+    return [
+        iam.PolicyStatement(
+            sid="TerminatePoolInstances",
+            actions=["ec2:TerminateInstances"],
+            resources=[ec2_arn(stack, "instance")],
+            conditions={"StringEquals": {f"aws:ResourceTag/{POOL_TAG}": config.pool_name}},
+        ),
+        # Stop into the warm pool and start from it: the pool's own instances only (EC2
+        # itself refuses to stop a spot one).
+        iam.PolicyStatement(
+            sid="StopStartPoolInstances",
+            actions=list(WARM_POOL_ACTIONS),
+            resources=[ec2_arn(stack, "instance")],
+            conditions={"StringEquals": {f"aws:ResourceTag/{POOL_TAG}": config.pool_name}},
+        ),
+        # The stop and start times and the boot's kind, on the pool's instances: no other
+        # key, so the pool and model tags a launch set stay as they are.
+        iam.PolicyStatement(
+            sid="TagWarmPoolInstances",
+            actions=["ec2:CreateTags"],
+            resources=[ec2_arn(stack, "instance")],
+            conditions={
+                "StringEquals": {f"aws:ResourceTag/{POOL_TAG}": config.pool_name},
+                "ForAllValues:StringEquals": {"aws:TagKeys": list(WARM_POOL_TAGS)},
+            },
+        ),
+        # The Describe calls have no resource-level permissions in IAM; the provider filters
+        # on the pool's tag itself, reads the prices of its own placements, and the
+        # latest version of its own launch templates (a warm instance of an older one is
+        # stale).
+        iam.PolicyStatement(
+            sid="ListInstances",
+            actions=DESCRIBE_ACTIONS,
+            resources=["*"],
+        ),
+    ]
+
+
+def role_statements(stack: Stack, gpu_pool: GpuPool) -> list[iam.PolicyStatement]:
+    """Hand the agents' role to their instances; create spot's service-linked roles once."""
+    return [
+        iam.PolicyStatement(
+            sid="PassAgentRole",
+            actions=["iam:PassRole"],
+            resources=[gpu_pool.role.role_arn],
+            conditions={"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}},
+        ),
+        iam.PolicyStatement(
+            sid="SpotServiceLinkedRoles",
+            actions=["iam:CreateServiceLinkedRole"],
+            resources=[
+                stack.format_arn(
+                    service="iam",
+                    region="",
+                    resource="role",
+                    resource_name=f"aws-service-role/{service}/{name}",
+                )
+                for service, name in SPOT_SERVICE_LINKED_ROLES.items()
+            ],
+            conditions={"StringEquals": {"iam:AWSServiceName": list(SPOT_SERVICE_LINKED_ROLES)}},
+        ),
+    ]
+
+
+def queue_and_registry_statements(
+    registry: Registry, spot_events: SpotEvents
+) -> list[iam.PolicyStatement]:
+    """Read the EC2 events queue; the registry tables the pool manager reads and writes."""
+    return [
+        iam.PolicyStatement(
+            sid="ConsumeEc2Events",
+            actions=["sqs:ReceiveMessage", "sqs:DeleteMessage"],
+            resources=[spot_events.queue.queue_arn],
+        ),
+        iam.PolicyStatement(
+            # Read, drain, mark gone; delete a gone entry before a warm start (conditional).
+            sid="ManageAgentEntries",
+            actions=[
+                "dynamodb:Scan",
+                "dynamodb:GetItem",
+                "dynamodb:UpdateItem",
+                "dynamodb:DeleteItem",
+            ],
+            resources=[registry.agents.table_arn],
+        ),
+        iam.PolicyStatement(
+            # What it launched, the only writer: re-written for the instances it finds.
+            sid="VouchForLaunches",
+            actions=["dynamodb:PutItem", "dynamodb:DeleteItem"],
+            resources=[registry.launches.table_arn],
+        ),
+        iam.PolicyStatement(
+            # Demand and fixed targets in; its forecasts for the gateways out.
+            sid="ReadDemandWriteForecasts",
+            actions=["dynamodb:Scan", "dynamodb:PutItem", "dynamodb:DeleteItem"],
+            resources=[registry.demand.table_arn],
+        ),
+    ]
+
+
+def acknowledge_wildcards(role: iam.IRole, stack: Stack) -> None:
+    """Acknowledge, with its reason, each wildcard resource the pool manager's role needs."""
+    # cdk-nag names each wildcard resource as it prints ARNs, pseudo parameters in <>.
+    prefix = f"arn:<AWS::Partition>:ec2:{stack.region}"
+    mine = f"{prefix}:<AWS::AccountId>"
+    wildcards = {
+        "*": f"{', '.join(DESCRIBE_ACTIONS)} have no resource-level permissions in IAM.",
+        f"{mine}:instance/*": "Launch, terminate, stop, start and tagging are bound by the "
+        "spotgate:pool request/resource tag; instance ids are unknown before launch.",
+        f"{mine}:volume/*": "The root volume is created by the launch.",
+        f"{mine}:network-interface/*": "The launch creates the interface.",
+        f"{mine}:spot-instances-request/*": "A spot launch makes its request.",
+        f"{mine}:fleet/*": "Each instant fleet is created by the launch.",
+        f"{prefix}::image/*": "The AMI comes from an overridable SSM parameter.",
+    }
+    for resource, reason in wildcards.items():
+        acknowledge_wildcard_resource(role, resource, reason)

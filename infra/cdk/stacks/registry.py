@@ -9,6 +9,8 @@ from aws_cdk import aws_dynamodb as dynamodb
 from constructs import Construct
 
 from spotgate.registry import BY_CHANGE_INDEX, BY_MODEL_INDEX, FEED_FIELDS
+from spotgate.settings import SharedSettings
+from spotgate.settings_env_names import env_names
 from stacks.common import acknowledge
 from stacks.config import DeployConfig
 
@@ -110,11 +112,14 @@ class Registry(Construct):
 
     def environment(self, region: str) -> dict[str, str]:
         """The shared `SPOTGATE_…` settings that point a service at these tables."""
-        return {
-            "SPOTGATE_AWS__REGION": region,
-            "SPOTGATE_TABLES__AGENTS": self.agents.table_name,
-            "SPOTGATE_TABLES__KEYS": self.keys.table_name,
-            "SPOTGATE_TABLES__DEMAND": self.demand.table_name,
-            "SPOTGATE_TABLES__USAGE": self.usage.table_name,
-            "SPOTGATE_TABLES__LAUNCHES": self.launches.table_name,
-        }
+        return env_names(
+            SharedSettings,
+            {
+                "aws.region": region,
+                "tables.agents": self.agents.table_name,
+                "tables.keys": self.keys.table_name,
+                "tables.demand": self.demand.table_name,
+                "tables.usage": self.usage.table_name,
+                "tables.launches": self.launches.table_name,
+            },
+        )

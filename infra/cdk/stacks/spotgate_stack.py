@@ -8,6 +8,8 @@ from aws_cdk import CfnOutput, Environment, Stack
 from aws_cdk import aws_ecs as ecs
 from constructs import Construct
 
+from spotgate.settings import PoolSettings, SharedSettings
+from spotgate.settings_env_names import env_name
 from stacks.config import DeployConfig
 from stacks.gateway_service import GatewayService
 from stacks.gpu_pool import GpuPool
@@ -97,12 +99,12 @@ class SpotgateStack(Stack):
                 gateway.load_balancer.load_balancer_dns_name,
                 "Point gatewayDomain's DNS record (CNAME or alias) here",
             ),
-            "AgentsTable": (registry.agents.table_name, "SPOTGATE_TABLES__AGENTS"),
-            "KeysTable": (registry.keys.table_name, "SPOTGATE_TABLES__KEYS"),
-            "DemandTable": (registry.demand.table_name, "SPOTGATE_TABLES__DEMAND"),
+            "AgentsTable": (registry.agents.table_name, env_name(SharedSettings, "tables.agents")),
+            "KeysTable": (registry.keys.table_name, env_name(SharedSettings, "tables.keys")),
+            "DemandTable": (registry.demand.table_name, env_name(SharedSettings, "tables.demand")),
             "InterruptionQueueUrl": (
                 self.spot_events.queue.queue_url,
-                "SPOTGATE_POOL_INTERRUPTION_QUEUE_URL",
+                env_name(PoolSettings, "interruption_queue_url"),
             ),
             "ClusterName": (self.cluster.cluster_name, "The ECS cluster of both services"),
             "PoolManagerService": (

@@ -9,15 +9,8 @@ from typing import Any
 import aws_cdk as cdk
 import pytest
 from stacks.common import retention
-from stacks.config import (
-    DEFAULT_MODEL,
-    MOVED_KEYS,
-    ConfigError,
-    DeployConfig,
-    ModelConfig,
-    config_as_context,
-    config_from_context,
-)
+from stacks.config import DEFAULT_MODEL, ConfigError, DeployConfig, ModelConfig
+from stacks.context import MOVED_KEYS, config_as_context, config_from_context
 
 
 def _config(context: dict[str, Any]) -> DeployConfig:

@@ -20,7 +20,8 @@ from conftest import (
     statements,
     synthesize,
 )
-from stacks.config import CONTEXT_KEYS, MODEL_KEYS, DeployConfig, config_as_context
+from stacks.config import DeployConfig
+from stacks.context import CONTEXT_KEYS, MODEL_KEYS, config_as_context
 
 from gateway.server import GOING_AWAY_WRITE_SECONDS
 from pool_manager.ec2_provider import BOOT_TAG, POOL_TAG, STARTED_AT_TAG, STOPPED_AT_TAG
