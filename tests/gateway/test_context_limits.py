@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import aiohttp
 import openai
 
@@ -49,9 +47,7 @@ async def test_a_prompt_too_long_for_the_model_is_answered_400_and_harms_no_stre
             frames[frame["id"]].append(frame)
 
         # One client's 100,000-character message while the eight stream.
-        started = time.monotonic()
         status, body = await post_chat(gateway, api_key, "x" * 100_000)
-        answered_seconds = time.monotonic() - started
         # A message the gateway cannot prove too long from its length (3 bytes, 3 tokens, per
         # character): the agent measures it and refuses it the same way, and only it.
         measured_status, measured = await post_chat(gateway, api_key, "日" * 12_000)
@@ -63,8 +59,8 @@ async def test_a_prompt_too_long_for_the_model_is_answered_400_and_harms_no_stre
     assert status == 400, body
     assert body["error"]["code"] == "context_length_exceeded"
     assert "maximum context length is 32768 tokens" in body["error"]["message"]
+    # "At least": the gateway's proof from the length alone; no agent was asked (below).
     assert "prompt has at least 100000 tokens" in body["error"]["message"]
-    assert answered_seconds < 1.0
     assert measured_status == 400, measured
     assert measured["error"]["code"] == "context_length_exceeded"
     # Exact, from the agent: the synthetic transcript `<user>…<assistant>` is a token a byte.

@@ -360,6 +360,30 @@ class WedgingEngine(SyntheticEngine):
             produced += len(step.token_ids)
 
 
+class HeldEngine(SyntheticEngine):
+    """A synthetic engine whose replies, once `hold` is called, stay in their prefill until
+    `released` is set: a prefill that lasts as long as a test needs, on any machine."""
+
+    def __init__(self, model: str, tokens_per_second: float) -> None:
+        pace = SyntheticSettings(ttft_seconds=0.01, tokens_per_second=tokens_per_second)
+        super().__init__(AgentSettings(engine="synthetic", served_model_name=model, synthetic=pace))
+        self.holding = False  # off while the agent warms up
+        self.held = asyncio.Event()  # set once a reply waits in its prefill
+        self.released = asyncio.Event()
+
+    def hold(self) -> None:
+        """From now on every reply waits for `released` before its first token."""
+        self.holding = True
+
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[EngineStep, None]:
+        """The synthetic reply, after the hold."""
+        if self.holding:
+            self.held.set()
+            await self.released.wait()
+        async for step in super().generate(request):
+            yield step
+
+
 async def spot_notice(imds: Imds, in_seconds: float) -> float:
     """Have the IMDS emulator announce an interruption; returns its deadline (epoch seconds)."""
     async with (
