@@ -25,12 +25,9 @@ from gpu_agent.runtime import AgentRuntime, EngineLoader, StreamHandle
 from gpu_agent.streams import StreamProgress, StreamRefused, check_request, generate_frames
 from spotgate.admission import AgentConditions, Refusal, agent_refusal, agent_unavailable
 from spotgate.logging import bound_context, get_logger
-from spotgate.openai_api import (
-    ChatCompletionRequest,
-    ForcedTools,
-    completion_id,
-)
+from spotgate.openai_api import ChatCompletionRequest
 from spotgate.openai_http import queued_frames, read_body, respond
+from spotgate.openai_replies import ForcedTools, completion_id
 from spotgate.protocol import (
     AnyFrame,
     DeltaFrame,

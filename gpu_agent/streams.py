@@ -13,14 +13,22 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 
 from gpu_agent.detokenizer import IncrementalDetokenizer, ResumeMismatch
-from gpu_agent.engine import Engine, FinishReason, GenerationRequest, PromptTooLong, TokenLogprobs
+from gpu_agent.engine import (
+    Engine,
+    EngineStep,
+    FinishReason,
+    GenerationRequest,
+    PromptTooLong,
+    TokenLogprobs,
+)
 from gpu_agent.grammar import JSON_OBJECT_SCHEMA, schema_text
 from gpu_agent.reasoning import (
     GENERATION_PROMPT_TOKENS,
     ReasoningTokens,
     ReplyReasoning,
 )
-from gpu_agent.tool_calls import ReplyContent, ToolCallReader
+from gpu_agent.reply_text import ReplyParts, ReplyReader, StopFilter
+from gpu_agent.tool_calls import ToolCallReader
 from spotgate.admission import agent_stream_refusal
 from spotgate.context import (
     ContextExceeded,
@@ -39,7 +47,6 @@ from spotgate.protocol import (
     Timings,
     TokenLogprob,
     Tool,
-    ToolCall,
     TopLogprob,
     Usage,
 )
@@ -195,50 +202,6 @@ def wire_logprobs(
     return entries
 
 
-def _find_stop(text: str, stops: list[str]) -> int | None:
-    """Index in `text` where the earliest stop string starts."""
-    found = [index for stop in stops if (index := text.find(stop)) >= 0]
-    return min(found) if found else None
-
-
-def _last(text: str, chars: int) -> str:
-    return text[max(0, len(text) - chars) :] if chars else ""
-
-
-class _StopFilter:
-    """Text on its way to the client, cut before the first stop string.
-
-    Text that may be the start of a stop string is held back until what follows settles it.
-    Only that much sent text is kept (a stop string may begin in it after a resume), so a
-    step costs the same however long the stream is.
-    """
-
-    def __init__(self, stops: list[str], sent: str) -> None:
-        self.stops = [stop for stop in stops if stop]
-        self.holdback = max((len(stop) for stop in self.stops), default=1) - 1
-        self._sent_tail = _last(sent, self.holdback)
-        self._unsent = ""
-        self.stopped = False
-
-    def feed(self, text: str, final: bool) -> str:
-        """Add decoded text; return what may go to the client now (`stopped` once cut)."""
-        window = self._sent_tail + self._unsent + text
-        seen = len(self._sent_tail)
-        stop_at = _find_stop(window, self.stops) if self.stops else None
-        if stop_at is not None:
-            self.stopped = True
-            end = max(seen, stop_at)
-        elif final:
-            end = len(window)
-        else:
-            end = max(seen, len(window) - self.holdback)
-        out = window[seen:end]
-        kept = window[:end]
-        self._sent_tail = _last(kept, self.holdback)
-        self._unsent = window[end:]
-        return out
-
-
 def _tokenless_delta(frame: GenerateFrame, text: str, parts: ReplyParts) -> DeltaFrame:
     """Text that was held back, sent with no token of its own."""
     content, reasoning = parts
@@ -251,70 +214,6 @@ def _tokenless_delta(frame: GenerateFrame, text: str, parts: ReplyParts) -> Delt
         content=content,
         reasoning=reasoning,
     )
-
-
-ReplyParts = tuple[str | None, str | None]
-"""What a delta adds to the reply's content and to its thinking (None: not told apart)."""
-
-
-class ReplyReader:
-    """A reply's text told apart as it streams: thinking, content, tool-call markup.
-
-    Thinking comes first (`gpu_agent.reasoning`); what follows it is content, in which the
-    calls the model makes of its own accord are markup (`gpu_agent.tool_calls`). Both are
-    pure functions of the text so far, so a reader started from a moved stream's text goes on
-    exactly where the client is.
-    """
-
-    def __init__(
-        self,
-        reasoning: ReplyReasoning | None,
-        tools: ToolCallReader | None,
-        text: str,
-        *,
-        show_reasoning: bool,
-    ) -> None:
-        self._reasoning = reasoning
-        self._tools = tools
-        self._show_reasoning = show_reasoning
-        answer = text if reasoning is None else reasoning.initial_answer
-        self._content = ReplyContent(tools.markers, answer) if tools is not None else None
-
-    @property
-    def reasons(self) -> bool:
-        """Whether the reply's thinking is told from its answer."""
-        return self._reasoning is not None
-
-    @property
-    def splits(self) -> bool:
-        """Whether deltas say what is content (else all their text is)."""
-        return self._reasoning is not None or self._tools is not None
-
-    def feed(self, text: str) -> ReplyParts:
-        """What `text`, appended to the reply, adds to its content and thinking."""
-        if not self.splits:
-            return None, None
-        if self._reasoning is None:
-            return self._answer(text), None
-        thinking, answer = self._reasoning.feed(text)
-        return self._answer(answer), self._shown(thinking)
-
-    def finish(self) -> tuple[ReplyParts, list[ToolCall] | None]:
-        """What the whole reply still adds (held back), and the calls it made, if any."""
-        thinking, answer = self._reasoning.finish() if self._reasoning is not None else ("", "")
-        content = self._answer(answer) if self.splits else None
-        calls = None
-        if self._tools is not None and self._content is not None:
-            parsed = self._tools.read(self._content.text)
-            calls = parsed.calls or None
-            content = (content or "") + self._content.finish(parsed.content)
-        return (content, self._shown(thinking) if self._reasoning is not None else None), calls
-
-    def _answer(self, text: str) -> str:
-        return self._content.feed(text) if self._content is not None else text
-
-    def _shown(self, thinking: str) -> str:
-        return thinking if self._show_reasoning else ""
 
 
 def reply_reader(
@@ -361,6 +260,202 @@ def _check_resume(resume: Resume, engine: Engine, budget: int) -> None:
         )
 
 
+def stream_budget(
+    frame: GenerateFrame, engine: Engine, prompt_tokens: int, key_max_tokens: int | None
+) -> int:
+    """The most tokens the stream's reply may have: its own limit within the context and caps.
+
+    Raises `StreamRefused` (`context_length_exceeded`) when the context leaves it none.
+    """
+    caps = [cap for cap in (key_max_tokens, frame.max_tokens_cap) if cap is not None]
+    try:
+        return completion_budget(
+            engine.max_model_len, prompt_tokens, frame.max_tokens, min(caps, default=None)
+        )
+    except ContextExceeded as err:
+        raise StreamRefused(ErrorCode.CONTEXT_LENGTH_EXCEEDED, str(err)) from err
+
+
+@dataclass(slots=True)
+class _Generation:
+    """One stream under way: turns the engine's steps into its `delta` frames and its `done`."""
+
+    frame: GenerateFrame
+    engine: Engine
+    prompt_ids: list[int]
+    budget: int
+    progress: StreamProgress
+    started: float
+    detokenizer: IncrementalDetokenizer
+    stop_filter: StopFilter
+    schema: str | None
+    reader: ReplyReader
+    thinking: ReasoningTokens | None
+    finish: FinishReason = "length"
+    first_token_ms: float | None = None
+
+    @classmethod
+    def open(
+        cls,
+        frame: GenerateFrame,
+        engine: Engine,
+        prompt_ids: list[int],
+        budget: int,
+        progress: StreamProgress,
+        started: float,
+    ) -> _Generation:
+        """The stream's state, after the tokens and the text of its `resume`, if any.
+
+        Raises `StreamRefused` for a resume it could not have produced, or whose text is not
+        that of its ids.
+        """
+        progress.max_tokens = budget
+        resume = frame.resume
+        if resume is not None:
+            _check_resume(resume, engine, budget)
+        resumed_ids = resume.token_ids if resume else []
+        sent_text = resume.text if resume else ""
+        try:
+            detokenizer = IncrementalDetokenizer(
+                engine.decode, resumed_ids, sent_text, held_ids=engine.held_token_ids
+            )
+        except ResumeMismatch as err:
+            raise StreamRefused(ErrorCode.INVALID_REQUEST, str(err)) from err
+        progress.completion_tokens = len(resumed_ids)
+        stop_filter = StopFilter(frame.stop, sent_text)
+        schema = json_schema_of(frame)
+        reader = reply_reader(frame, engine, prompt_ids, sent_text, grammar=schema is not None)
+        thinking = (
+            ReasoningTokens(engine.think_tags, resumed_ids)
+            if reader.reasons and engine.think_tags is not None
+            else None
+        )
+        return cls(
+            frame=frame,
+            engine=engine,
+            prompt_ids=prompt_ids,
+            budget=budget,
+            progress=progress,
+            started=started,
+            detokenizer=detokenizer,
+            stop_filter=stop_filter,
+            schema=schema,
+            reader=reader,
+            thinking=thinking,
+        )
+
+    @property
+    def resumed_ids(self) -> list[int]:
+        """The ids the client already has."""
+        return self.frame.resume.token_ids if self.frame.resume else []
+
+    @property
+    def remaining(self) -> int:
+        """How many tokens the engine may still generate."""
+        return self.budget - len(self.resumed_ids)
+
+    def request(self, agent_id: str) -> GenerationRequest:
+        """What the engine is asked for: the frame's sampling, after the ids the client holds."""
+        frame, resumed_ids = self.frame, self.resumed_ids
+        return GenerationRequest(
+            request_id=f"{agent_id}:{frame.id}:{time.monotonic_ns()}",
+            prompt_ids=self.prompt_ids,
+            max_tokens=self.remaining,
+            temperature=frame.temperature,
+            top_p=frame.top_p,
+            seed=frame.seed,
+            resume_ids=resumed_ids,
+            presence_penalty=frame.presence_penalty,
+            frequency_penalty=frame.frequency_penalty,
+            logit_bias=frame.logit_bias,
+            top_k=frame.top_k,
+            min_p=frame.min_p,
+            # vLLM's counts the prompt's tokens too, so the resumed ones count as they did.
+            repetition_penalty=frame.repetition_penalty,
+            min_tokens=max(0, frame.min_tokens - len(resumed_ids)),
+            ignore_eos=frame.ignore_eos,
+            logprobs=frame.logprobs,
+            json_schema=self.schema,
+            cache_salt=cache_salt(frame.tenant) if frame.tenant is not None else None,
+            adapter=frame.adapter,
+        )
+
+    def held_back(self) -> DeltaFrame | None:
+        """A stream moved after its last token: only the text held back is left to send."""
+        text = self.stop_filter.feed(self.detokenizer.flush(), final=True)
+        self.finish = "stop" if self.stop_filter.stopped else "length"
+        return _tokenless_delta(self.frame, text, self.reader.feed(text)) if text else None
+
+    def delta(self, step: EngineStep) -> DeltaFrame:
+        """The `delta` of one engine step; `finish` says what ended the reply, once it ends."""
+        frame, progress = self.frame, self.progress
+        if self.first_token_ms is None:
+            self.first_token_ms = (time.monotonic() - self.started) * 1000
+            progress.first_token_at = time.monotonic()
+        final = step.finish_reason is not None
+        decoded = self.detokenizer.push(step.token_ids)
+        if final:
+            decoded += self.detokenizer.flush()
+        text = self.stop_filter.feed(decoded, final)
+        if self.stop_filter.stopped:
+            self.finish = "stop"
+        elif step.finish_reason is not None:
+            self.finish = step.finish_reason
+        opens_reply = not self.resumed_ids and progress.completion_tokens == 0
+        progress.completion_tokens += len(step.token_ids)
+        progress.last_token_at = time.monotonic()
+        if self.thinking is not None:
+            self.thinking.add(step.token_ids)
+        content, reasoning = self.reader.feed(text)
+        return DeltaFrame(
+            id=frame.id,
+            text=text,
+            n=len(step.token_ids),
+            ids=list(step.token_ids) if frame.want_ids else None,
+            logprobs=(
+                wire_logprobs(self.engine, step.logprobs or (), opens_reply=opens_reply)
+                if frame.logprobs is not None
+                else None
+            ),
+            content=content,
+            reasoning=reasoning,
+        )
+
+    def ended(self, step: EngineStep) -> bool:
+        """Whether the reply ends with this step (a stop string, or the engine finished)."""
+        return self.stop_filter.stopped or step.finish_reason is not None
+
+    def ending(self, queue_ms: float) -> list[DeltaFrame | DoneFrame]:
+        """The stream's last frames: text held back in case it opened a call, then `done`."""
+        frames: list[DeltaFrame | DoneFrame] = []
+        rest, calls = self.reader.finish()
+        if any(rest):  # held back in case it opened a call or a tag, when none came
+            frames.append(_tokenless_delta(self.frame, "", rest))
+        total_ms = (time.monotonic() - self.started) * 1000
+        thinking, think_tags = self.thinking, self.engine.think_tags
+        frames.append(
+            DoneFrame(
+                id=self.frame.id,
+                finish_reason=self.finish,
+                usage=Usage(
+                    prompt_tokens=len(self.prompt_ids),
+                    completion_tokens=self.progress.completion_tokens,
+                    # A model that reasons, told not to think this time, thought for no token.
+                    reasoning_tokens=(
+                        thinking.count if thinking is not None else 0 if think_tags else None
+                    ),
+                ),
+                timings=Timings(
+                    queue_ms=queue_ms,
+                    ttft_ms=self.first_token_ms if self.first_token_ms is not None else total_ms,
+                    total_ms=total_ms,
+                ),
+                tool_calls=calls,
+            )
+        )
+        return frames
+
+
 async def generate_frames(
     frame: GenerateFrame,
     engine: Engine,
@@ -377,122 +472,20 @@ async def generate_frames(
     """
     started = time.monotonic()
     prompt_ids = await prompt_ids_of(frame, engine)
-    caps = [cap for cap in (key_max_tokens, frame.max_tokens_cap) if cap is not None]
-    try:
-        budget = completion_budget(
-            engine.max_model_len, len(prompt_ids), frame.max_tokens, min(caps, default=None)
-        )
-    except ContextExceeded as err:
-        raise StreamRefused(ErrorCode.CONTEXT_LENGTH_EXCEEDED, str(err)) from err
-    progress = progress or StreamProgress()
-    progress.max_tokens = budget
-    resume = frame.resume
-    if resume is not None:
-        _check_resume(resume, engine, budget)
-    resumed_ids = resume.token_ids if resume else []
-    sent_text = resume.text if resume else ""
-    try:
-        detokenizer = IncrementalDetokenizer(
-            engine.decode, resumed_ids, sent_text, held_ids=engine.held_token_ids
-        )
-    except ResumeMismatch as err:
-        raise StreamRefused(ErrorCode.INVALID_REQUEST, str(err)) from err
-    remaining = budget - len(resumed_ids)
-    progress.completion_tokens = len(resumed_ids)
-    stop_filter = _StopFilter(frame.stop, sent_text)
-    schema = json_schema_of(frame)
-    reader = reply_reader(frame, engine, prompt_ids, sent_text, grammar=schema is not None)
-    thinking = (
-        ReasoningTokens(engine.think_tags, resumed_ids)
-        if reader.reasons and engine.think_tags is not None
-        else None
+    budget = stream_budget(frame, engine, len(prompt_ids), key_max_tokens)
+    stream = _Generation.open(
+        frame, engine, prompt_ids, budget, progress or StreamProgress(), started
     )
-    first_token_ms: float | None = None
-
     yield StartFrame(id=frame.id, agent=agent_id, engine=engine.kind, prompt_tokens=len(prompt_ids))
-    finish: FinishReason = "length"
-    if remaining <= 0:  # moved after its last token: only text held back is left to send
-        text = stop_filter.feed(detokenizer.flush(), final=True)
-        if text:
-            yield _tokenless_delta(frame, text, reader.feed(text))
-        finish = "stop" if stop_filter.stopped else "length"
+    if stream.remaining <= 0:
+        held = stream.held_back()
+        if held is not None:
+            yield held
     else:
-        request = GenerationRequest(
-            request_id=f"{agent_id}:{frame.id}:{time.monotonic_ns()}",
-            prompt_ids=prompt_ids,
-            max_tokens=remaining,
-            temperature=frame.temperature,
-            top_p=frame.top_p,
-            seed=frame.seed,
-            resume_ids=resumed_ids,
-            presence_penalty=frame.presence_penalty,
-            frequency_penalty=frame.frequency_penalty,
-            logit_bias=frame.logit_bias,
-            top_k=frame.top_k,
-            min_p=frame.min_p,
-            # vLLM's counts the prompt's tokens too, so the resumed ones count as they did.
-            repetition_penalty=frame.repetition_penalty,
-            min_tokens=max(0, frame.min_tokens - len(resumed_ids)),
-            ignore_eos=frame.ignore_eos,
-            logprobs=frame.logprobs,
-            json_schema=schema,
-            cache_salt=cache_salt(frame.tenant) if frame.tenant is not None else None,
-            adapter=frame.adapter,
-        )
-        async with aclosing(engine.generate(request)) as steps:
+        async with aclosing(engine.generate(stream.request(agent_id))) as steps:
             async for step in steps:
-                if first_token_ms is None:
-                    first_token_ms = (time.monotonic() - started) * 1000
-                    progress.first_token_at = time.monotonic()
-                final = step.finish_reason is not None
-                decoded = detokenizer.push(step.token_ids)
-                if final:
-                    decoded += detokenizer.flush()
-                text = stop_filter.feed(decoded, final)
-                if stop_filter.stopped:
-                    finish = "stop"
-                elif step.finish_reason is not None:
-                    finish = step.finish_reason
-                opens_reply = not resumed_ids and progress.completion_tokens == 0
-                progress.completion_tokens += len(step.token_ids)
-                progress.last_token_at = time.monotonic()
-                if thinking is not None:
-                    thinking.add(step.token_ids)
-                content, reasoning = reader.feed(text)
-                yield DeltaFrame(
-                    id=frame.id,
-                    text=text,
-                    n=len(step.token_ids),
-                    ids=list(step.token_ids) if frame.want_ids else None,
-                    logprobs=(
-                        wire_logprobs(engine, step.logprobs or (), opens_reply=opens_reply)
-                        if frame.logprobs is not None
-                        else None
-                    ),
-                    content=content,
-                    reasoning=reasoning,
-                )
-                if stop_filter.stopped or final:
+                yield stream.delta(step)
+                if stream.ended(step):
                     break
-    rest, calls = reader.finish()
-    if any(rest):  # held back in case it opened a call or a tag, when none came
-        yield _tokenless_delta(frame, "", rest)
-    total_ms = (time.monotonic() - started) * 1000
-    yield DoneFrame(
-        id=frame.id,
-        finish_reason=finish,
-        usage=Usage(
-            prompt_tokens=len(prompt_ids),
-            completion_tokens=progress.completion_tokens,
-            # A model that reasons, told not to think this time, thought for no token.
-            reasoning_tokens=(
-                thinking.count if thinking is not None else 0 if engine.think_tags else None
-            ),
-        ),
-        timings=Timings(
-            queue_ms=queue_ms,
-            ttft_ms=first_token_ms if first_token_ms is not None else total_ms,
-            total_ms=total_ms,
-        ),
-        tool_calls=calls,
-    )
+    for last in stream.ending(queue_ms):
+        yield last

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from spotgate.openai_api import tool_call_id
+from spotgate.openai_replies import tool_call_id
 from spotgate.protocol import FunctionCall, Tool, ToolCall
 
 MARKER_ATTRIBUTES = ("tool_calls_start_token", "tool_call_start_token", "bot_token")

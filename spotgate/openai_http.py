@@ -16,7 +16,8 @@ from typing import TypeVar
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
-from spotgate.openai_api import (
+from spotgate.openai_api import validation_message
+from spotgate.openai_replies import (
     SSE_DONE,
     ChunkEncoder,
     ForcedTools,
@@ -28,9 +29,9 @@ from spotgate.openai_api import (
     shown_text,
     sse_event,
     usage_body,
-    validation_message,
 )
-from spotgate.openai_responses import ResponseWriter, responses_param
+from spotgate.openai_response_writer import ResponseWriter
+from spotgate.openai_responses import responses_param
 from spotgate.protocol import (
     AnyFrame,
     DeltaFrame,

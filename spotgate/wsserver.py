@@ -19,7 +19,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 from aiohttp.abc import AbstractStreamWriter
 
 from spotgate.admission import Refusal
-from spotgate.openai_api import ERROR_STATUS, error_body
+from spotgate.openai_replies import ERROR_STATUS, error_body
 from spotgate.protocol import (
     AnyFrame,
     AuthFrame,

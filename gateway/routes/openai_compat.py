@@ -10,19 +10,11 @@ from gateway.guard import request_principal
 from gateway.relay import RelayOutcome
 from gateway.state import STATE
 from gateway.streams import admitted_frames, stream_refusal
-from spotgate.openai_api import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    ForcedTools,
-    completion_id,
-)
+from spotgate.openai_api import ChatCompletionRequest, CompletionRequest
 from spotgate.openai_http import read_body, respond, respond_response
-from spotgate.openai_responses import (
-    ResponsesRequest,
-    ResponseWriter,
-    response_id,
-    responses_param,
-)
+from spotgate.openai_replies import ForcedTools, completion_id
+from spotgate.openai_response_writer import ResponseWriter, response_id
+from spotgate.openai_responses import ResponsesRequest, responses_param
 from spotgate.wsserver import json_error
 
 

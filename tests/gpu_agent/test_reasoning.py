@@ -120,7 +120,7 @@ THINK_THEN_CALL = (
 
 
 def test_a_reply_that_thinks_then_calls_a_tool_reads_alike_from_any_cut() -> None:
-    from gpu_agent.streams import ReplyReader
+    from gpu_agent.reply_text import ReplyReader
     from gpu_agent.tool_calls import ToolCallReader
     from spotgate.protocol import FunctionDefinition, Tool
 

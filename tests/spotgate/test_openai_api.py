@@ -18,9 +18,7 @@ from pydantic import ValidationError
 from spotgate.openai_api import (
     NO_EFFECT_VALUES,
     ChatCompletionRequest,
-    ChunkEncoder,
     CompletionRequest,
-    ForcedTools,
     SamplingRequest,
     validation_message,
 )
@@ -28,12 +26,7 @@ from spotgate.openai_responses import ResponsesRequest
 from spotgate.protocol import (
     MAX_SEED,
     ChatMessage,
-    DoneFrame,
     GenerateFrame,
-    Timings,
-    TokenLogprob,
-    TopLogprob,
-    Usage,
 )
 
 
@@ -346,66 +339,6 @@ def test_sampling_fields_reach_the_frame() -> None:
 def test_bad_sampling_fields_are_refused_by_name(fields: dict[str, Any], named: str) -> None:
     with pytest.raises(ValidationError, match=named):
         frame_of(**fields)
-
-
-LOGPROBS = [
-    TokenLogprob(token="Hi", logprob=-0.5, bytes=[72, 105], top_logprobs=[]),
-    TokenLogprob(
-        token=" you", logprob=-1.0, bytes=None,
-        top_logprobs=[TopLogprob(token=" you", logprob=-1.0), TopLogprob(token="!", logprob=-2.0)],
-    ),
-]  # fmt: skip
-
-
-def chunk_choice(event: bytes) -> Any:
-    return json.loads(event.removeprefix(b"data: "))["choices"][0]
-
-
-def test_chat_chunks_carry_openais_logprobs() -> None:
-    chunks = ChunkEncoder("chat", "c", "m")
-    choice = chunk_choice(chunks.content("Hi you", LOGPROBS))
-    assert choice["delta"] == {"content": "Hi you"}
-    assert [entry["token"] for entry in choice["logprobs"]["content"]] == ["Hi", " you"]
-    assert choice["logprobs"]["content"][1]["top_logprobs"][1] == {
-        "token": "!", "logprob": -2.0, "bytes": None,
-    }  # fmt: skip
-
-
-def test_text_chunks_carry_legacy_logprobs_with_offsets_across_chunks() -> None:
-    chunks = ChunkEncoder("text", "c", "m")
-    first = chunk_choice(chunks.content("Hi", LOGPROBS[:1]))["logprobs"]
-    second = chunk_choice(chunks.content(" you", LOGPROBS[1:]))["logprobs"]
-    assert first == {
-        "tokens": ["Hi"], "token_logprobs": [-0.5], "top_logprobs": [{}], "text_offset": [0],
-    }  # fmt: skip
-    assert second["text_offset"] == [2]
-    assert second["top_logprobs"] == [{" you": -1.0, "!": -2.0}]
-
-
-def test_forced_tool_replies_read_as_openais_tool_calls() -> None:
-    named = ForcedTools("get_weather", call_id="call_a")
-    required = ForcedTools(None, call_id="call_b")
-    done = DoneFrame(
-        id="s",
-        finish_reason="stop",
-        usage=Usage(prompt_tokens=1, completion_tokens=2),
-        timings=Timings(queue_ms=0, ttft_ms=0, total_ms=0),
-    )
-    cut = done.model_copy(update={"finish_reason": "length"})
-
-    assert named.calls('{"city":"Oslo"}') == [
-        {"id": "call_a", "type": "function",
-         "function": {"name": "get_weather", "arguments": '{"city":"Oslo"}'}},
-    ]  # fmt: skip
-    two = required.calls('[{"name":"f","parameters":{"a":1}},{"name":"g","parameters":{}}]')
-    assert [(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in two or ()] == [
-        ("call_b", "f", '{"a": 1}'),
-        ("call_b_1", "g", "{}"),
-    ]
-    assert required.calls('[{"name":"f","para') is None
-    assert required.finish_reason(done, "[]") == "tool_calls"
-    assert required.finish_reason(cut, '[{"name":"f","para') == "length"
-    assert named.finish_reason(cut, '{"ci') == "length"
 
 
 def jsonable(value: Any) -> Any:
