@@ -169,7 +169,8 @@ class PoolSettings(BaseSettings):
         return next((model for model in self.models if model.name == name), None)
 
 
-POOL_DEFAULTS = PoolSettings.model_construct()
-"""The pool's settings as they stand with nothing set (the environment is not read): where
+POOL_DEFAULTS = PoolSettings.model_construct(shared=SharedSettings.model_construct())
+"""The pool's settings as they stand with nothing set (the environment is not read: a bad
+`SPOTGATE_…` value is reported by the command that reads it, not by an import): where
 the policy's, the simulator's and `spotgate sim`'s defaults come from, so each is written
 once, here."""

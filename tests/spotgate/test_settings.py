@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -191,3 +194,23 @@ def test_only_what_was_set_is_written() -> None:
 def test_a_served_name_with_the_adapter_separator_is_refused_naming_why(make: Any) -> None:
     with pytest.raises(ValidationError, match="a served model's name has no ':'"):
         make()
+
+
+def test_the_pools_defaults_read_no_environment() -> None:
+    # Built at import: a value in the environment, good or bad, is for the command that reads
+    # the settings (which reports a bad one in one line), never for the defaults.
+    for ttl in ("7", "-5"):
+        shown = subprocess.run(
+            [sys.executable, "-c", DEFAULT_TTL_SCRIPT],
+            env={**os.environ, "SPOTGATE_REGISTRY__AGENT_TTL_SECONDS": ttl},
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert shown.stdout.strip() == "30.0"
+
+
+DEFAULT_TTL_SCRIPT = (
+    "from spotgate.settings import POOL_DEFAULTS; "
+    "print(POOL_DEFAULTS.shared.registry.agent_ttl_seconds)"
+)
