@@ -464,6 +464,15 @@ async def in_view(gateway: Gateway, agent_id: str) -> None:
     await wait_for(seen, within=30)
 
 
+async def out_of_service(gateway: Gateway, agent_id: str) -> None:
+    """Wait until the gateway has no stream open on the agent."""
+
+    async def gone() -> bool:
+        return agent_id not in serving(gateway)
+
+    await wait_for(gone, within=30)
+
+
 async def streaming_on(gateway: Gateway, agent_id: str) -> None:
     """Wait until the gateway has a stream open on the agent."""
 
@@ -517,12 +526,14 @@ async def test_a_draining_agent_killed_while_its_next_agent_catches_up_is_taken_
     async with connect(gateway.ws_url, api_key.api_key) as ws:
         await send(ws, generate("s", MODEL, content="lose the old", max_tokens=stream_tokens))
         frames = [await receive(ws)]
-        next_engine = synthetic(400.0, model=MODEL, ttft_seconds=5.0)  # a 5 s prefill
-        following = await gateway_agent(engine=next_engine, imds_url="http://127.0.0.1:9")
-        following_id = following.runtime.identity.agent_id  # type: ignore[union-attr]
+        next_engine = HeldEngine(MODEL, tokens_per_second=400.0)
+        await gateway_agent(engine=next_engine, imds_url="http://127.0.0.1:9")
+        next_engine.hold()  # its continuation stays in its prefill until the kill is seen
         await spot_notice(imds, in_seconds=25)
-        await streaming_on(gateway, following_id)
+        await next_engine.held.wait()  # the continuation is open there
         draining.process.send_signal(signal.SIGKILL)  # long before its deadline
+        await out_of_service(gateway, draining.agent_id)
+        next_engine.released.set()
         await receive_to_end(ws, frames)
 
     assert_moved_once_exactly(frames, "lose the old", stream_tokens)
