@@ -119,6 +119,8 @@ class StackSpec:
     pool: PoolSettings | None = None
     # Restart what exits, as ECS does (a child on its sockets, the store empty on its port).
     supervise: bool = False
+    # False: the store is left to whoever runs the stack (a fault that stops it on purpose).
+    supervise_limit_store: bool = True
     stop_timeout_seconds: float = 30.0
     pool_stop_timeout_seconds: float = 60.0
 
@@ -183,10 +185,6 @@ class LocalStack:
                 self.keys[key.name] = await registry.create_key(
                     key.name, tpm=key.tpm, max_tokens=key.max_tokens
                 )
-            for agent in self.spec.agents:
-                await vouch_for_agent(
-                    registry, agent_id=agent.agent_id, model=agent.model, url=agent.url
-                )
         if self.limit_store is not None:
             try:
                 self.limit_store.start()
@@ -196,17 +194,12 @@ class LocalStack:
             self.queue_url = await _create_interruption_queue(
                 self.shared, self.spec.interruption_queue
             )
-        for agent in self.spec.agents:
-            start_service(
-                self.processes,
-                agent.name,
-                agent.settings.model_copy(update={"shared": self.shared}),
-                agent.socket,
-            )
         for replica in self.spec.gateways:
             self.start_gateway(replica)
         for replica in self.spec.gateways:
             await self.wait_gateway_ready(replica, READY_TIMEOUT_SECONDS)
+        for agent in self.spec.agents:
+            await self.start_agent(agent)
         if self.spec.pool is not None:
             pool = self.spec.pool.model_copy(update={"shared": self.shared})
             if self.queue_url:
@@ -216,10 +209,15 @@ class LocalStack:
             self.supervisor = Supervisor(
                 self.processes,
                 lambda _child: True,
-                others=(self.limit_store,) if self.limit_store is not None else (),
+                others=self._supervised_store(),
                 stop_timeout_seconds=self.spec.stop_timeout_seconds,
             )
             self._supervising = asyncio.create_task(self.supervisor.run(), name="supervise")
+
+    def _supervised_store(self) -> tuple[RedisServer, ...]:
+        if self.limit_store is None or not self.spec.supervise_limit_store:
+            return ()
+        return (self.limit_store,)
 
     def gateway_settings(self, replica: GatewayReplica) -> GatewaySettings:
         """A replica's settings, reaching this stack's emulator, store and chat key."""
@@ -234,6 +232,18 @@ class LocalStack:
         """Run a gateway replica as a child of this stack, on its sockets."""
         settings = self.gateway_settings(replica)
         return start_service(self.processes, replica.name, settings, replica.sockets)
+
+    async def start_agent(self, agent: AgentProcess) -> Child:
+        """Vouch for an agent as a pool manager would, then run it as a child on its socket.
+
+        The caller owns the socket of an agent the spec does not name.
+        """
+        async with Registry.open(self.shared) as registry:
+            await vouch_for_agent(
+                registry, agent_id=agent.agent_id, model=agent.model, url=agent.url
+            )
+        settings = agent.settings.model_copy(update={"shared": self.shared})
+        return start_service(self.processes, agent.name, settings, agent.socket)
 
     def check(self) -> None:
         """Raise `StackFailed` if a child has exited."""
