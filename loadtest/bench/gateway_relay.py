@@ -162,32 +162,7 @@ def _servers(
             gateway_ops_url,
         )
         if litellm is not None:
-            port = free_port()
-            config = logs / "litellm.yaml"
-            master_key = f"sk-{secrets.token_hex(16)}"
-            config.write_text(
-                f"general_settings:\n  master_key: {master_key}\n"
-                "model_list:\n"
-                f"  - model_name: {MODEL}\n"
-                "    litellm_params:\n"
-                f"      model: openai/{MODEL}\n"
-                f"      api_base: {agent_url}/v1\n"
-                f"      api_key: {agent_token}\n"
-            )
-            proxy = spawn(
-                [str(litellm), "--config", str(config), "--port", str(port),
-                 "--host", "127.0.0.1", "--num_workers", "1"],
-                logs / "litellm.log",
-                {**os.environ, "LITELLM_LOG": "ERROR"},
-                relay_cpus,
-            )  # fmt: skip
-            servers["litellm"] = Server(
-                "litellm",
-                f"http://127.0.0.1:{port}",
-                {"Authorization": f"Bearer {master_key}"},
-                proxy,
-                MODEL,
-            )
+            servers["litellm"] = _litellm_proxy(litellm, logs, agent_url, agent_token, relay_cpus)
         yield servers
     finally:
         processes = {server.process.pid: server.process for server in servers.values()}
@@ -196,6 +171,38 @@ def _servers(
         for process in processes.values():
             with contextlib.suppress(Exception):
                 process.wait(timeout=30)
+
+
+def _litellm_proxy(
+    litellm: Path, logs: Path, agent_url: str, agent_token: str, cpus: set[int]
+) -> Server:
+    """LiteLLM's proxy (its `litellm` binary) in front of the agent's OpenAI endpoint."""
+    port = free_port()
+    config = logs / "litellm.yaml"
+    master_key = f"sk-{secrets.token_hex(16)}"
+    config.write_text(
+        f"general_settings:\n  master_key: {master_key}\n"
+        "model_list:\n"
+        f"  - model_name: {MODEL}\n"
+        "    litellm_params:\n"
+        f"      model: openai/{MODEL}\n"
+        f"      api_base: {agent_url}/v1\n"
+        f"      api_key: {agent_token}\n"
+    )
+    proxy = spawn(
+        [str(litellm), "--config", str(config), "--port", str(port),
+         "--host", "127.0.0.1", "--num_workers", "1"],
+        logs / "litellm.log",
+        {**os.environ, "LITELLM_LOG": "ERROR"},
+        cpus,
+    )  # fmt: skip
+    return Server(
+        "litellm",
+        f"http://127.0.0.1:{port}",
+        {"Authorization": f"Bearer {master_key}"},
+        proxy,
+        MODEL,
+    )
 
 
 async def _prepare(aws: SharedSettings, agent_url: str) -> str:

@@ -81,7 +81,7 @@ def stack(
 ) -> Iterator[tuple[dict[str, Server], list[Server]]]:
     """The AWS emulator, an agent per CPU given, and a least-load and a prefix-aware gateway."""
     with emulator_process(logs / "aws-emulator.log") as aws:
-        api_key = asyncio.run(_prepare(aws))
+        api_key = asyncio.run(prepare_registry(aws))
         key = SigningKey.generate()
         ports = {name: free_port() for name in (LEAST_LOAD, PREFIX_AWARE)}
         # Replicas as behind one load balancer: one issuer and signing key for the agents.
@@ -113,7 +113,8 @@ async def vouch_agents(aws: SharedSettings, agents: Sequence[Server]) -> None:
             )
 
 
-async def _prepare(aws: SharedSettings) -> str:
+async def prepare_registry(aws: SharedSettings) -> str:
+    """The registry's tables, and an API key for the benchmark's clients."""
     async with Registry.open(aws) as registry:
         await registry.create_tables()
         return (await registry.create_key("bench")).api_key

@@ -72,7 +72,7 @@ class HostileStack:
                 shared=SharedSettings(log_format="json", log_level="debug"),
                 keys=KEYS,
                 gateways=(self._gateway("gateway"),),
-                agents=(AgentProcess("agent", self._agent_settings(), self.agent_socket),),
+                agents=(AgentProcess("agent", self._agent(), self.agent_socket),),
             )
         )
         self.processes: ChildProcesses = self.stack.processes
@@ -112,23 +112,29 @@ class HostileStack:
             if self._http is not None:
                 await self._http.close()
 
-    def _agent_settings(self) -> AgentSettings:
+    def agent_settings(self, agent_id: str, **synthetic: float) -> AgentSettings:
+        """A synthetic agent of this stack's model, trusting its gateway, with no IMDS."""
         return AgentSettings(
             engine="synthetic",
             served_model_name=MODEL,
-            agent_id=AGENT_ID,
+            agent_id=agent_id,
             jwks_url=f"{self.gateway_url}/.well-known/jwks.json",
             imds_url="http://127.0.0.1:9",
             heartbeat_seconds=1,
-            keepalive_seconds=SLOW_SENDER_TIMEOUT_SECONDS,
-            http_body_timeout_seconds=SLOW_SENDER_TIMEOUT_SECONDS,
-            synthetic=SyntheticSettings(
-                tokens_per_second=TOKENS_PER_SECOND,
-                ttft_seconds=0.01,
-                # Room for the flood's replies: a smaller context would refuse them outright.
-                max_model_len=2 * FLOOD_MAX_TOKENS,
+            synthetic=SyntheticSettings.model_validate(
+                {"tokens_per_second": TOKENS_PER_SECOND, "ttft_seconds": 0.01, **synthetic}
             ),
         )
+
+    def _agent(self) -> AgentSettings:
+        """The stack's own agent: slow senders time out, and the flood's replies fit."""
+        # Room for the flood's replies: a smaller context would refuse them outright.
+        agent = self.agent_settings(AGENT_ID, max_model_len=2 * FLOOD_MAX_TOKENS)
+        timeouts = {
+            "keepalive_seconds": SLOW_SENDER_TIMEOUT_SECONDS,
+            "http_body_timeout_seconds": SLOW_SENDER_TIMEOUT_SECONDS,
+        }
+        return agent.model_copy(update=timeouts)
 
     def _gateway(self, name: str) -> GatewayReplica:
         """The gateway, signing with the current signing key."""

@@ -29,10 +29,9 @@ import websockets
 from loadtest.hostile.client import MODEL
 from loadtest.hostile.report import Row
 from loadtest.hostile.revocation import connect_with_key
-from loadtest.hostile.stack import AGENT_ID, TOKENS_PER_SECOND, HostileStack
+from loadtest.hostile.stack import AGENT_ID, HostileStack
 from spotgate.process import loopback_socket
 from spotgate.registry import Registry
-from spotgate.settings import AgentSettings, SyntheticSettings
 from stack.builder import AgentProcess
 
 ORACLE_AGENTS = 3
@@ -85,17 +84,8 @@ async def more_agents(stack: HostileStack, count: int) -> AsyncIterator[None]:
     try:
         for n, sock in enumerate(sockets):
             agent_id = f"{AGENT_ID}-{n + 2}"
-            settings = AgentSettings(
-                engine="synthetic",
-                served_model_name=MODEL,
-                agent_id=agent_id,
-                jwks_url=f"{stack.gateway_url}/.well-known/jwks.json",
-                imds_url="http://127.0.0.1:9",
-                heartbeat_seconds=1,
-                synthetic=SyntheticSettings(tokens_per_second=TOKENS_PER_SECOND, ttft_seconds=0.01),
-            )
             # Vouched for, as the pool manager would have launched it.
-            agent = AgentProcess(agent_id, settings, sock)
+            agent = AgentProcess(agent_id, stack.agent_settings(agent_id), sock)
             children.append(await stack.stack.start_agent(agent))
         await _routable(stack, 1 + count)
         yield
