@@ -14,9 +14,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,9 +25,17 @@ import aiohttp
 from pydantic import SecretStr
 
 from pool_manager.launches import vouch_for_agent
-from spotgate.process import Child, ChildExited, ChildProcesses, socket_port
+from spotgate.process import Child, ChildExited, ChildProcesses, free_port, socket_port
 from spotgate.registry import CreatedApiKey, Registry, aws_session
-from spotgate.settings import AgentSettings, GatewaySettings, PoolSettings, SharedSettings
+from spotgate.settings import (
+    DEFAULT_AGENT_CAPACITY,
+    AgentSettings,
+    AwsSettings,
+    GatewaySettings,
+    PoolSettings,
+    SharedSettings,
+    emulator_settings,
+)
 from stack.children import GatewaySockets, start_service
 from stack.redis_server import RedisServer
 from stack.supervision import GaveUp, Supervisor
@@ -35,6 +44,7 @@ if TYPE_CHECKING:
     from stack.emulator import AwsEmulator
 
 POOL_MANAGER = "pool-manager"
+EMULATOR = "aws-emulator"
 READY_TIMEOUT_SECONDS = 600.0
 READY_POLL_SECONDS = 0.2
 INTERRUPTION_RULE_NAME = "spotgate-ec2-events"
@@ -65,6 +75,7 @@ class GatewayReplica:
     name: str
     settings: GatewaySettings
     sockets: GatewaySockets
+    cpus: frozenset[int] | None = None  # pinned to these (a benchmark's relay side)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +85,9 @@ class AgentProcess:
     name: str
     settings: AgentSettings
     socket: socket.socket
+    capacity: int = DEFAULT_AGENT_CAPACITY  # streams its launch record vouches it serves
+    cpus: frozenset[int] | None = None  # pinned to these (a benchmark's engine per CPU)
+    env: dict[str, str] = field(default_factory=dict)  # its engine's own variables
 
     @property
     def url(self) -> str:
@@ -110,6 +124,11 @@ class StackSpec:
     # Forget what an earlier stack in this process left in the emulator (moto's state is the
     # process's): its agents, some `gone`, would refuse this stack's registrations.
     fresh_emulator: bool = False
+    # The emulator in a process of its own (`python -m stack.emulator`), pinned to
+    # `emulator_cpus` if given, as the benchmarks run it: its request handling never holds
+    # the load generator's interpreter, nor only one path's CPUs.
+    emulator_process: bool = False
+    emulator_cpus: frozenset[int] | None = None
     keys: tuple[ApiKeySpec, ...] = ()
     chat_key: str | None = None  # the name of the key the gateways' chat page uses
     limit_store: bool = False
@@ -140,19 +159,22 @@ class LocalStack:
         self.queue_url = ""
         self.supervisor: Supervisor | None = None
         self._emulator: AwsEmulator | None = None
+        self._aws: AwsSettings | None = None
         self._supervising: asyncio.Task[GaveUp] | None = None
 
     @property
     def emulator(self) -> AwsEmulator:
-        """The running AWS emulator."""
+        """The AWS emulator running in this process."""
         if self._emulator is None:
-            raise RuntimeError("the stack is not started")
+            raise RuntimeError("the stack's emulator does not run in this process")
         return self._emulator
 
     @property
     def shared(self) -> SharedSettings:
         """The spec's shared settings, reaching this stack's emulator."""
-        return self.spec.shared.model_copy(update={"aws": self.emulator.settings().aws})
+        if self._aws is None:
+            raise RuntimeError("the stack is not started")
+        return self.spec.shared.model_copy(update={"aws": self._aws})
 
     def child(self, name: str) -> Child | None:
         """The process running as `name` now (a restarted one is a new process)."""
@@ -172,11 +194,15 @@ class LocalStack:
             raise StackFailed(gave_up.message())
 
     async def _start(self) -> None:
-        self._emulator = _start_emulator()
+        if self.spec.emulator_process:
+            self._aws = await self._start_emulator_process()
+        else:
+            self._emulator = _start_emulator()
+            self._aws = self._emulator.settings().aws
         if self.spec.fresh_emulator:
             async with (
                 aiohttp.ClientSession() as http,
-                http.post(f"{self.emulator.url}/moto-api/reset") as response,
+                http.post(f"{self._aws.endpoint_url}/moto-api/reset") as response,
             ):
                 response.raise_for_status()
         async with Registry.open(self.shared) as registry:
@@ -231,7 +257,8 @@ class LocalStack:
     def start_gateway(self, replica: GatewayReplica) -> Child:
         """Run a gateway replica as a child of this stack, on its sockets."""
         settings = self.gateway_settings(replica)
-        return start_service(self.processes, replica.name, settings, replica.sockets)
+        child = start_service(self.processes, replica.name, settings, replica.sockets)
+        return _pinned(child, replica.cpus)
 
     async def start_agent(self, agent: AgentProcess) -> Child:
         """Vouch for an agent as a pool manager would, then run it as a child on its socket.
@@ -240,10 +267,30 @@ class LocalStack:
         """
         async with Registry.open(self.shared) as registry:
             await vouch_for_agent(
-                registry, agent_id=agent.agent_id, model=agent.model, url=agent.url
+                registry,
+                agent_id=agent.agent_id,
+                model=agent.model,
+                url=agent.url,
+                capacity=agent.capacity,
             )
         settings = agent.settings.model_copy(update={"shared": self.shared})
-        return start_service(self.processes, agent.name, settings, agent.socket)
+        child = start_service(self.processes, agent.name, settings, agent.socket, agent.env)
+        return _pinned(child, agent.cpus)
+
+    async def _start_emulator_process(self) -> AwsSettings:
+        """The emulator as a child; its settings once it accepts connections."""
+        from stack.emulator import EMULATOR_REGION
+
+        port = free_port()
+        child = self.processes.start(EMULATOR, ["stack.emulator", "--port", str(port)], {})
+        _pinned(child, self.spec.emulator_cpus)
+        deadline = time.monotonic() + READY_TIMEOUT_SECONDS
+        while not await _accepts(port):
+            self.check()
+            if time.monotonic() > deadline:
+                raise StackFailed(f"the AWS emulator did not start; see {child.log}")
+            await asyncio.sleep(READY_POLL_SECONDS)
+        return emulator_settings(f"http://127.0.0.1:{port}", EMULATOR_REGION).aws
 
     def check(self) -> None:
         """Raise `StackFailed` if a child has exited."""
@@ -280,6 +327,8 @@ class LocalStack:
                 gave_up = await self._supervising
         spec = self.spec
         await self.processes.stop(lambda c: c.name == POOL_MANAGER, spec.pool_stop_timeout_seconds)
+        # The emulator last: agents and gateways leave the registry as they stop.
+        await self.processes.stop(lambda c: c.name != EMULATOR, spec.stop_timeout_seconds)
         await self.processes.stop(lambda _child: True, spec.stop_timeout_seconds)
         self.processes.close()
         if self.limit_store is not None:
@@ -291,6 +340,24 @@ class LocalStack:
         for agent in spec.agents:
             agent.socket.close()
         return gave_up
+
+
+def _pinned(child: Child, cpus: frozenset[int] | None) -> Child:
+    """The child, run on `cpus` from now on (None: wherever the kernel likes)."""
+    if cpus is not None:
+        os.sched_setaffinity(child.process.pid, cpus)
+    return child
+
+
+async def _accepts(port: int) -> bool:
+    """Whether something accepts connections on the loopback `port`."""
+    try:
+        _reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    except OSError:
+        return False
+    writer.close()
+    await writer.wait_closed()
+    return True
 
 
 def _start_emulator() -> AwsEmulator:

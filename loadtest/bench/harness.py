@@ -23,11 +23,13 @@ from typing import Any, Literal
 import aiohttp
 
 from spotgate.process import free_port
-from spotgate.settings import SharedSettings, emulator_settings
+from spotgate.settings import LogLevel, SharedSettings, emulator_settings
 from stack.children import ServiceSettings, service_command
 from stack.emulator import EMULATOR_REGION
 
 STARTUP_TIMEOUT_SECONDS = 300.0
+BENCH_LOG_LEVEL: LogLevel = "warning"
+"""What the services under test log: warnings and errors only, no line per request."""
 CLOCK_TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK")
 
 
@@ -134,7 +136,7 @@ def _accepts(port: int) -> bool:
 
 def bench_shared(shared: SharedSettings) -> SharedSettings:
     """Shared settings for a service under test: the emulator at `shared`, quiet logs."""
-    return shared.model_copy(update={"log_level": "warning"})
+    return shared.model_copy(update={"log_level": BENCH_LOG_LEVEL})
 
 
 def spawn_service(
