@@ -284,13 +284,17 @@ class LocalStack:
         port = free_port()
         child = self.processes.start(EMULATOR, ["stack.emulator", "--port", str(port)], {})
         _pinned(child, self.spec.emulator_cpus)
-        deadline = time.monotonic() + READY_TIMEOUT_SECONDS
+        await self.wait_accepting(port, child, READY_TIMEOUT_SECONDS)
+        return emulator_settings(f"http://127.0.0.1:{port}", EMULATOR_REGION).aws
+
+    async def wait_accepting(self, port: int, child: Child, within_seconds: float) -> None:
+        """Until `child` accepts connections on the loopback `port` (`StackFailed` if not)."""
+        deadline = time.monotonic() + within_seconds
         while not await _accepts(port):
             self.check()
             if time.monotonic() > deadline:
-                raise StackFailed(f"the AWS emulator did not start; see {child.log}")
+                raise StackFailed(f"{child.name} did not start; see {child.log}")
             await asyncio.sleep(READY_POLL_SECONDS)
-        return emulator_settings(f"http://127.0.0.1:{port}", EMULATOR_REGION).aws
 
     def check(self) -> None:
         """Raise `StackFailed` if a child has exited."""

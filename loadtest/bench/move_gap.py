@@ -28,14 +28,11 @@ import contextlib
 import json
 import os
 import random
-import socket
-import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from subprocess import Popen
 from typing import Any
 
 import aiohttp
@@ -44,12 +41,9 @@ from gpu_agent.drain import HANDBACK_MARGIN_SECONDS
 from loadtest.bench.conversations import WORDS
 from loadtest.bench.harness import (
     Server,
-    emulator_process,
     metric_value,
     metrics_text,
     print_log_tails,
-    spawn,
-    stop_servers,
     wait_ready,
 )
 from loadtest.bench.move_gap_figures import (
@@ -78,20 +72,26 @@ from loadtest.bench.move_gap_report import render, summary
 from loadtest.bench.report import write_section
 from loadtest.bench.routing_modes import HIT_COUNTER, QUERIED_COUNTER, progress
 from loadtest.bench.routing_stack import (
+    BENCH_KEY,
     MODEL_HIDDEN_SIZE,
     MODEL_LAYERS,
     SERVED_NAME,
+    agent_process,
+    agent_server,
+    bench_spec,
+    gateway_replica,
+    gateway_server,
     placement,
-    prepare_registry,
-    start_agent,
-    start_gateway,
     wait_for_agents,
 )
-from pool_manager.launches import vouch_for_agent
-from spotgate.process import free_port
-from spotgate.registry import Registry
-from spotgate.settings import RoutingSettings, SharedSettings
+from spotgate.process import Child, free_port
+from spotgate.settings import RoutingSettings
 from spotgate.tokens import SigningKey
+from stack.builder import AgentProcess, LocalStack
+from stack.children import GatewaySockets
+
+IMDS_START_SECONDS = 30.0
+IMDS_STOP_SECONDS = 30.0
 
 # -- imperative shell ------------------------------------------------------------------------
 
@@ -126,51 +126,43 @@ class Slot:
     cpu: int
     agent: Server
     agent_id: str
-    imds: Popen[bytes]
+    imds: Child
     imds_url: str
+    process: AgentProcess  # how the agent was started (its socket, closed once it is gone)
 
 
 class Pool:
     """Two agents, each with an IMDS emulator of its own; a drained one is replaced."""
 
-    def __init__(
-        self, model: Path, aws: SharedSettings, key: SigningKey, issuer: str, logs: Path
-    ) -> None:
-        self._model, self._aws, self._key, self._issuer, self._logs = model, aws, key, issuer, logs
+    def __init__(self, stack: LocalStack, model: Path, key: SigningKey, issuer: str) -> None:
+        self._stack, self._model, self._key, self._issuer = stack, model, key, issuer
         self._serial = 0
         self.slots: list[Slot] = []
 
-    def start(self, cpu: int) -> Slot:
-        """A fresh IMDS emulator and agent on `cpu`."""
+    async def start(self, cpu: int) -> Slot:
+        """A fresh IMDS emulator and agent on `cpu`, vouched for as the pool manager would."""
         n, self._serial = self._serial, self._serial + 1
         port = free_port()
-        command = [sys.executable, "-m", "gpu_agent.imds_emulator", "--port", str(port)]
+        command = ["gpu_agent.imds_emulator", "--port", str(port)]
         command += ["--instance-id", f"i-bench{n:04d}"]
-        imds = spawn(command, self._logs / f"imds-{n + 1}.log")
-        _wait_accepting(port, imds)
+        imds = self._stack.processes.start(f"imds-{n + 1}", command, {})
+        await self._stack.wait_accepting(port, imds, IMDS_START_SECONDS)
         imds_url = f"http://127.0.0.1:{port}"
-        agent = start_agent(
+        agent = agent_process(
             self._model,
-            self._aws,
             self._key,
             self._issuer,
             n,
             cpu,
-            self._logs,
             imds_url=imds_url,
             imds_poll_seconds=IMDS_POLL_SECONDS,
             max_model_len=MAX_MODEL_LEN,
         )
-        slot = Slot(cpu, agent, f"bench-agent-{n + 1}", imds, imds_url)
+        await self._stack.start_agent(agent)
+        server = agent_server(self._stack, n, agent)
+        slot = Slot(cpu, server, agent.agent_id, imds, imds_url, agent)
         self.slots.append(slot)
         return slot
-
-    async def vouch(self, slot: Slot) -> None:
-        """The agent's launch record, as the pool manager writes it."""
-        async with Registry.open(self._aws) as registry:
-            await vouch_for_agent(
-                registry, agent_id=slot.agent_id, model=SERVED_NAME, url=slot.agent.url
-            )
 
     def slot_of(self, agent_id: str) -> Slot:
         """The slot whose agent registered as `agent_id`."""
@@ -178,34 +170,23 @@ class Pool:
 
     async def replace(self, slot: Slot) -> Slot:
         """Once the drained agent has exited, a fresh one on its CPU."""
-        deadline = time.monotonic() + AGENT_EXIT_SECONDS
-        while slot.agent.process.poll() is None:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{slot.agent_id} did not exit after its drain")
-            await asyncio.sleep(0.2)
-        slot.imds.terminate()
-        slot.imds.wait(timeout=30)
+        processes = self._stack.processes
+        agent = next(child for child in processes.children if child.process is slot.agent.process)
+        try:
+            await asyncio.wait_for(agent.exited(), AGENT_EXIT_SECONDS)
+        except TimeoutError:
+            raise TimeoutError(f"{slot.agent_id} did not exit after its drain") from None
+        await processes.stop(lambda child: child is slot.imds, IMDS_STOP_SECONDS)
+        for child in (agent, slot.imds):
+            processes.forget(child)
+        slot.process.socket.close()
         self.slots.remove(slot)
-        fresh = self.start(slot.cpu)
-        await self.vouch(fresh)
-        return fresh
+        return await self.start(slot.cpu)
 
-    def stop(self) -> None:
-        """Every agent, then every IMDS emulator."""
-        stop_servers(slot.agent for slot in self.slots)
+    def close(self) -> None:
+        """Close the agents' sockets (the stack stops their processes)."""
         for slot in self.slots:
-            slot.imds.terminate()
-            slot.imds.wait(timeout=30)
-
-
-def _wait_accepting(port: int, process: Popen[bytes]) -> None:
-    deadline = time.monotonic() + 30
-    while True:
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
-            return
-        if process.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError("the IMDS emulator did not start")
-        time.sleep(0.1)
+            slot.process.socket.close()
 
 
 def _generate(stream_id: str, messages: list[dict[str, str]], reply_tokens: int) -> dict[str, Any]:
@@ -400,37 +381,41 @@ async def measure(
         return results
 
 
-@contextlib.contextmanager
-def move_stack(
+@contextlib.asynccontextmanager
+async def move_stack(
     model: Path, logs: Path, cpus: Sequence[int]
-) -> Iterator[tuple[dict[str, Server], Pool]]:
-    """The AWS emulator, an agent (and IMDS emulator) per CPU, and the two gateways."""
-    with emulator_process(logs / "aws-emulator.log") as aws:
-        api_key = asyncio.run(prepare_registry(aws))
-        key = SigningKey.generate()
-        ports = {name: free_port() for name in (TODAY, EARLY)}
-        issuer = f"http://127.0.0.1:{ports[EARLY]}"  # replicas behind one load balancer
-        pool = Pool(model, aws, key, issuer, logs)
-        gateways: dict[str, Server] = {}
+) -> AsyncIterator[tuple[dict[str, Server], Pool]]:
+    """The AWS emulator, the two gateways, and an agent (and IMDS emulator) per CPU."""
+    key = SigningKey.generate()
+    sockets = {name: GatewaySockets.bind() for name in (TODAY, EARLY)}
+    issuer = sockets[EARLY].url  # replicas behind one load balancer
+    skew = RoutingSettings().prefix_load_skew
+    gateways = {
+        name: gateway_replica(key, issuer, name, each, skew, move_before_break=name == EARLY)
+        for name, each in sockets.items()
+    }
+    async with LocalStack(bench_spec(logs, gateways.values())) as running:
+        pool = Pool(running, model, key, issuer)
         try:
             for cpu in cpus:
-                pool.start(cpu)
-            asyncio.run(_vouch_all(pool))
-            skew = RoutingSettings().prefix_load_skew
-            for name, port in ports.items():
-                early = name == EARLY
-                gateways[name] = start_gateway(
-                    aws, key, issuer, port, name, api_key, logs, skew, move_before_break=early
-                )
-            yield gateways, pool
+                await pool.start(cpu)
+            api_key = running.keys[BENCH_KEY].api_key
+            yield (
+                {name: gateway_server(running, name, r, api_key) for name, r in gateways.items()},
+                pool,
+            )
         finally:
-            stop_servers(gateways.values())
-            pool.stop()
+            pool.close()
 
 
-async def _vouch_all(pool: Pool) -> None:
-    for slot in pool.slots:
-        await pool.vouch(slot)
+async def measure_on_stack(
+    model: Path, logs: Path, cpus: Sequence[int], args: argparse.Namespace, tokenizer: Any
+) -> list[MoveRun]:
+    """Start the stack, run both gateways' moves on it, stop it."""
+    async with move_stack(model, logs, cpus) as (gateways, pool):
+        return await measure(
+            gateways, pool, args.runs, args.prompt_tokens, args.reply_tokens, tokenizer
+        )
 
 
 def _write_model(scratch: Path, cache: Path) -> Path:
@@ -472,12 +457,7 @@ def main() -> None:
         logs = Path(scratch) / "logs"
         logs.mkdir()
         try:
-            with move_stack(model, logs, cpus) as (gateways, pool):
-                results = asyncio.run(
-                    measure(
-                        gateways, pool, args.runs, args.prompt_tokens, args.reply_tokens, tokenizer
-                    )
-                )
+            results = asyncio.run(measure_on_stack(model, logs, cpus, args, tokenizer))
         except (RuntimeError, TimeoutError, aiohttp.ClientError):
             print_log_tails(logs)
             raise
