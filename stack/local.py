@@ -1,14 +1,15 @@
 """`spotgate up`: the whole system on one machine (ARCHITECTURE.md), and how commands find it.
 
-It starts an embedded AWS emulator (moto server, real HTTP) with spotgate's tables and a dev
-API key, Debian's `redis-server` as the limit store, then the gateway replicas (on
-consecutive ports, or any free ones with `--port 0`, sharing a signing key, the store and the
-registry; their operations listeners likewise from `--ops-port`) and N agents as processes of
-their own (each agent with its own IMDS emulator, so interruptions can be injected), waits
-until every agent is registered ready, prints one `spotgate ready:` line and writes the same
-to `.spotgate/up.json`, so that `spotgate keys …` run from the same directory act on this
-stack. From then on it supervises its children as ECS does its tasks (`stack.supervision`):
-one that exits is restarted on the sockets it was handed, the others serving on; one that
+Its stack is a `stack.builder.StackSpec`: an embedded AWS emulator (moto server, real HTTP)
+with spotgate's tables and a dev API key, Debian's `redis-server` as the limit store, then
+the gateway replicas (on consecutive ports, or any free ones with `--port 0`, sharing a
+signing key, the store and the registry; their operations listeners likewise from
+`--ops-port`) and N agents as processes of their own (each agent with its own IMDS emulator,
+so interruptions can be injected), waits until every agent is registered ready, prints one
+`spotgate ready:` line and writes the same to `.spotgate/up.json`, so that `spotgate keys …`
+run from the same directory act on this stack. From then on it supervises its children and
+the store as ECS does its tasks (`stack.supervision`): one that exits is restarted (a child
+on the sockets it was handed, the store empty on its port), the others serving on; one that
 keeps failing stops the stack. Ctrl-C drains the agents, stops the gateways, the store and
 the emulator. No child outlives it, even killed with SIGKILL (`die_with_parent`). Process
 logs go to `.spotgate/logs/`.
