@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import os
 import secrets
 import tempfile
@@ -29,10 +30,11 @@ import aiohttp
 from pydantic import SecretStr
 
 from loadtest.bench.harness import (
-    BENCH_LOG_LEVEL,
+    BENCH_KEY,
     Sample,
     Server,
     alternating_runs,
+    bench_spec,
     bucket_quantile,
     print_log_tails,
     spawn,
@@ -46,13 +48,12 @@ from spotgate.process import free_port, loopback_socket, socket_port
 from spotgate.settings import (
     AgentSettings,
     GatewaySettings,
-    SharedSettings,
     SocketLimits,
     SyntheticSettings,
     TokenSettings,
 )
 from spotgate.tokens import GATEWAY_SUBJECT_PREFIX, KeyRing, SigningKey, issue
-from stack.builder import AgentProcess, ApiKeySpec, GatewayReplica, LocalStack, StackSpec
+from stack.builder import AgentProcess, GatewayReplica, LocalStack
 from stack.children import GatewaySockets
 
 MODEL = "synth"
@@ -95,17 +96,13 @@ async def _stack(
         limits=SocketLimits(max_streams_per_connection=AGENT_CAPACITY),
         max_streams_per_key=AGENT_CAPACITY,
     )
-    spec = StackSpec(
-        log_dir=logs,
-        shared=SharedSettings(log_level=BENCH_LOG_LEVEL),
-        emulator_process=True,
-        emulator_cpus=frozenset(client_cpus),
-        keys=(ApiKeySpec("bench"),),
-        gateways=(GatewayReplica("gateway", gateway, gateway_sockets, frozenset(relay_cpus)),),
-        agents=(
-            AgentProcess("agent", agent, agent_socket, AGENT_CAPACITY, frozenset(client_cpus)),
-        ),
+    spec = bench_spec(
+        logs,
+        [GatewayReplica("gateway", gateway, gateway_sockets, frozenset(relay_cpus))],
+        [AgentProcess("agent", agent, agent_socket, AGENT_CAPACITY, frozenset(client_cpus))],
     )
+    # The emulator beside the client: its requests weigh on every path alike.
+    spec = dataclasses.replace(spec, emulator_cpus=frozenset(client_cpus))
     async with LocalStack(spec) as stack:
         # A gateway's token: the direct websocket client multiplexes like a gateway does.
         agent_token = issue(
@@ -131,7 +128,7 @@ def _servers(stack: LocalStack, agent_url: str, agent_token: str) -> dict[str, S
     if agent is None or gateway is None:
         raise RuntimeError("the stack is not running")
     agent_auth = {"Authorization": f"Bearer {agent_token}"}
-    gateway_auth = {"Authorization": f"Bearer {stack.keys['bench'].api_key}"}
+    gateway_auth = {"Authorization": f"Bearer {stack.keys[BENCH_KEY].api_key}"}
     sockets = stack.spec.gateways[0].sockets
 
     def relayed(name: str, transport: Literal["sse", "ws"]) -> Server:

@@ -40,7 +40,9 @@ import aiohttp
 from gpu_agent.drain import HANDBACK_MARGIN_SECONDS
 from loadtest.bench.conversations import WORDS
 from loadtest.bench.harness import (
+    BENCH_KEY,
     Server,
+    bench_spec,
     metric_value,
     metrics_text,
     print_log_tails,
@@ -72,13 +74,11 @@ from loadtest.bench.move_gap_report import render, summary
 from loadtest.bench.report import write_section
 from loadtest.bench.routing_modes import HIT_COUNTER, QUERIED_COUNTER, progress
 from loadtest.bench.routing_stack import (
-    BENCH_KEY,
     MODEL_HIDDEN_SIZE,
     MODEL_LAYERS,
     SERVED_NAME,
     agent_process,
     agent_server,
-    bench_spec,
     gateway_replica,
     gateway_server,
     placement,

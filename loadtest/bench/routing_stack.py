@@ -10,25 +10,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import aiohttp
 from pydantic import SecretStr
 
-from loadtest.bench.harness import BENCH_LOG_LEVEL, Server, metric_value, metrics_text
+from loadtest.bench.harness import BENCH_KEY, Server, bench_spec, metric_value, metrics_text
 from spotgate.process import loopback_socket
 from spotgate.settings import (
     AgentSettings,
     GatewaySettings,
     QueueSettings,
     RoutingSettings,
-    SharedSettings,
     TokenSettings,
     VllmSettings,
 )
 from spotgate.tokens import SigningKey
-from stack.builder import AgentProcess, ApiKeySpec, GatewayReplica, LocalStack, StackSpec
+from stack.builder import AgentProcess, GatewayReplica, LocalStack
 from stack.children import GatewaySockets
 
 SERVED_NAME = "prefix-bench"
@@ -51,8 +50,6 @@ NO_IMDS_URL = "http://127.0.0.1:9"
 READY_AGENTS_SAMPLE = 'spotgate_gateway_agents{state="ready"}'
 GATEWAY_VIEW_TIMEOUT_SECONDS = 60.0
 
-BENCH_KEY = "bench"
-"""The API key the benchmarks' clients use."""
 LEAST_LOAD, PREFIX_AWARE = "least load", "prefix-aware"
 """The two gateways: one routing by least load only, the other spotgate's default."""
 
@@ -88,23 +85,6 @@ async def stack(
             {name: gateway_server(running, name, gateways[name], api_key) for name in gateways},
             [agent_server(running, n, agent) for n, agent in enumerate(agents)],
         )
-
-
-def bench_spec(
-    logs: Path,
-    gateways: Iterable[GatewayReplica],
-    agents: Iterable[AgentProcess] = (),
-    keys: Sequence[str] = (BENCH_KEY,),
-) -> StackSpec:
-    """A benchmark's stack: the emulator in a process of its own, quiet services, its keys."""
-    return StackSpec(
-        log_dir=logs,
-        shared=SharedSettings(log_level=BENCH_LOG_LEVEL),
-        emulator_process=True,
-        keys=tuple(ApiKeySpec(name) for name in keys),
-        gateways=tuple(gateways),
-        agents=tuple(agents),
-    )
 
 
 def agent_process(

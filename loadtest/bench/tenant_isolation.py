@@ -39,7 +39,7 @@ from pathlib import Path
 import aiohttp
 
 from loadtest.bench.conversations import SYSTEM_PROMPTS, Conversation, workload
-from loadtest.bench.harness import Server, print_log_tails
+from loadtest.bench.harness import Server, bench_spec, print_log_tails
 from loadtest.bench.report import machine_facts, write_section
 from loadtest.bench.routing_modes import (
     CLIENT_TIMEOUT_SECONDS,
@@ -58,7 +58,6 @@ from loadtest.bench.routing_stack import (
     MODEL_LAYERS,
     agent_process,
     agent_server,
-    bench_spec,
     gateway_replica,
     gateway_server,
     placement,
