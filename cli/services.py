@@ -9,7 +9,8 @@ from pathlib import Path
 from cli.args import CommandError, Commands, positive_int
 from spotgate.logging import configure_logging
 from spotgate.settings import GatewaySettings
-from stack.local import UpFailed, UpOptions, run_up
+from stack.builder import StackFailed
+from stack.local import UpOptions, run_up
 
 
 def _up(args: argparse.Namespace) -> int:
@@ -26,7 +27,7 @@ def _up(args: argparse.Namespace) -> int:
         return asyncio.run(
             run_up(Path.cwd(), options, announce=lambda line: print(line, flush=True))
         )
-    except UpFailed as err:
+    except StackFailed as err:  # what `up` says of a part that did not come up
         raise CommandError(str(err)) from err
 
 

@@ -9,6 +9,7 @@ is added in one place.
 from __future__ import annotations
 
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from spotgate.process import Child, ChildProcesses, loopback_socket, socket_port
@@ -69,11 +70,13 @@ def start_service(
     name: str,
     settings: ServiceSettings,
     sock: socket.socket | GatewaySockets | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> Child:
     """Run the service `settings` belong to as a child named `name`, configured by them.
 
     An agent given `sock` (bound, e.g. `loopback_socket()`) serves on it; a gateway is given
-    `GatewaySockets` and serves traffic and operations on them.
+    `GatewaySockets` and serves traffic and operations on them. `env`: what is not a setting
+    (an engine's own variables, such as vLLM's CPU binding).
     """
     handed: tuple[socket.socket, ...] = ()
     if isinstance(sock, GatewaySockets):
@@ -94,5 +97,5 @@ def start_service(
         settings = settings.model_copy(
             update={"port": socket_port(sock), "listen_fd": sock.fileno()}
         )
-    args, env = service_command(settings)
-    return processes.start(name, args, env, handed)
+    args, service_env = service_command(settings)
+    return processes.start(name, args, {**service_env, **(env or {})}, handed)

@@ -1,14 +1,15 @@
 """`spotgate up`: the whole system on one machine (ARCHITECTURE.md), and how commands find it.
 
-It starts an embedded AWS emulator (moto server, real HTTP) with spotgate's tables and a dev
-API key, Debian's `redis-server` as the limit store, then the gateway replicas (on
-consecutive ports, or any free ones with `--port 0`, sharing a signing key, the store and the
-registry; their operations listeners likewise from `--ops-port`) and N agents as processes of
-their own (each agent with its own IMDS emulator, so interruptions can be injected), waits
-until every agent is registered ready, prints one `spotgate ready:` line and writes the same
-to `.spotgate/up.json`, so that `spotgate keys …` run from the same directory act on this
-stack. From then on it supervises its children as ECS does its tasks (`stack.supervision`):
-one that exits is restarted on the sockets it was handed, the others serving on; one that
+Its stack is a `stack.builder.StackSpec`: an embedded AWS emulator (moto server, real HTTP)
+with spotgate's tables and a dev API key, Debian's `redis-server` as the limit store, then
+the gateway replicas (on consecutive ports, or any free ones with `--port 0`, sharing a
+signing key, the store and the registry; their operations listeners likewise from
+`--ops-port`) and N agents as processes of their own (each agent with its own IMDS emulator,
+so interruptions can be injected), waits until every agent is registered ready, prints one
+`spotgate ready:` line and writes the same to `.spotgate/up.json`, so that `spotgate keys …`
+run from the same directory act on this stack. From then on it supervises its children and
+the store as ECS does its tasks (`stack.supervision`): one that exits is restarted (a child
+on the sockets it was handed, the store empty on its port), the others serving on; one that
 keeps failing stops the stack. Ctrl-C drains the agents, stops the gateways, the store and
 the emulator. No child outlives it, even killed with SIGKILL (`die_with_parent`). Process
 logs go to `.spotgate/logs/`.
@@ -24,21 +25,14 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import aiohttp
 from pydantic import SecretStr
 
 from pool_manager.local_provider import LAUNCHES_FILE
-from spotgate.logging import get_logger
-from spotgate.process import (
-    ChildExited,
-    ChildProcesses,
-    free_port,
-    loopback_socket,
-)
+from spotgate.process import free_port, loopback_socket
 from spotgate.registry import AgentRecord, Registry
 from spotgate.settings import (
     AgentSettings,
@@ -53,18 +47,15 @@ from spotgate.settings import (
     settings_env,
 )
 from spotgate.tokens import SigningKey
-from stack.children import GatewaySockets, start_service
-from stack.redis_server import RedisServer
-from stack.supervision import (
-    GiveUp,
-    RestartPolicy,
-    Run,
-    Supervisor,
-    describe_exit,
-    restart_decision,
+from stack.builder import (
+    ApiKeySpec,
+    GatewayReplica,
+    LocalStack,
+    StackFailed,
+    StackSpec,
+    replica_name,
 )
-
-log = get_logger(__name__)
+from stack.children import GatewaySockets
 
 UP_DIR = Path(".spotgate")
 UP_FILE = UP_DIR / "up.json"
@@ -91,13 +82,12 @@ LOCAL_LOOP_SECONDS = 2
 LOCAL_COLD_START_SECONDS = 60.0
 """A local agent's launch to ready, until the pool has timed one: a CPU vLLM engine's start."""
 INTERRUPTION_QUEUE_NAME = "spotgate-interruptions"
-INTERRUPTION_RULE_NAME = "spotgate-ec2-events"
 LOCAL_VLLM = VllmSettings(gpu_memory_utilization=0.3, max_model_len=2048)
 """vLLM on a machine the whole stack shares: a small share of memory, a short context."""
 STOP_TIMEOUT_SECONDS = 120.0
 
 
-class UpFailed(RuntimeError):
+class UpFailed(StackFailed):
     """A part of the local stack did not come up; the message says which and where to look."""
 
 
@@ -176,60 +166,17 @@ def _write_up_file(directory: Path, info: LocalStackInfo) -> Path:
     return path
 
 
-def _check(processes: ChildProcesses) -> None:
-    try:
-        processes.check()
-    except ChildExited as err:
-        raise UpFailed(str(err)) from err
-
-
-async def _wait_http_ok(url: str, processes: ChildProcesses, what: str) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_SECONDS
-    async with aiohttp.ClientSession() as http:
-        while time.monotonic() < deadline:
-            _check(processes)
-            try:
-                async with http.get(url) as response:
-                    if response.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.2)
-    raise UpFailed(f"{what} did not answer at {url} in time")
-
-
 async def _wait_agents_ready(
-    registry: Registry, model: str, count: int, processes: ChildProcesses
+    registry: Registry, model: str, count: int, stack: LocalStack
 ) -> list[AgentRecord]:
     deadline = time.monotonic() + START_TIMEOUT_SECONDS
     while time.monotonic() < deadline:
-        processes.check()
+        stack.check()
         ready = await registry.list_ready(model)
         if len(ready) >= count:
             return ready
         await asyncio.sleep(0.5)
     raise UpFailed(f"agents did not register ready in time; see {LOG_DIR}/agent-*.log")
-
-
-async def _create_interruption_queue(settings: SharedSettings) -> str:
-    """The SQS queue and the EventBridge rule feeding it EC2's spot and state events."""
-    from pool_manager.events import EC2_EVENT_PATTERN  # the rule the pool manager expects
-    from spotgate.registry import aws_session
-
-    session = aws_session(settings.aws)
-    endpoint = settings.aws.endpoint_url
-    async with session.client("sqs", endpoint_url=endpoint) as sqs:
-        queue_url = (await sqs.create_queue(QueueName=INTERRUPTION_QUEUE_NAME))["QueueUrl"]
-        attributes = await sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])
-    async with session.client("events", endpoint_url=endpoint) as events:
-        await events.put_rule(
-            Name=INTERRUPTION_RULE_NAME, EventPattern=json.dumps(EC2_EVENT_PATTERN)
-        )
-        await events.put_targets(
-            Rule=INTERRUPTION_RULE_NAME,
-            Targets=[{"Id": "pool-manager", "Arn": attributes["Attributes"]["QueueArn"]}],
-        )
-    return str(queue_url)
 
 
 def _gateway_sockets(port: int, ops_port: int, gateways: int) -> list[GatewaySockets]:
@@ -304,178 +251,119 @@ def _tiny_model(directory: Path) -> tuple[str, VllmSettings]:
 
 async def run_up(directory: Path, options: UpOptions, *, announce: Callable[[str], None]) -> int:
     """Start the local stack, announce it, and run until SIGINT or SIGTERM."""
-    try:  # moto is heavy, and an extra of its own: only `up` needs it
-        from stack.emulator import EMULATOR_REGION, AwsEmulator
-    except ImportError as err:
-        raise UpFailed(
-            f"the local AWS emulator is not installed ({err}); pip install 'spotgate[local]'"
-        ) from err
-
     models = _models_for(options, directory)
     served = tuple(model.name for model in models)
     # Bound here, before anything else takes a port, and handed down: a port in use is one
     # clear line, not a gateway child that exits.
     gateway_sockets = _gateway_sockets(options.port, options.first_ops_port, options.gateways)
-    emulator = AwsEmulator()
-    try:
-        emulator.start()
-    except BaseException:
-        for sockets in gateway_sockets:
-            sockets.close()
-        raise
-    processes = ChildProcesses(directory / LOG_DIR)
+    spec = _up_spec(directory, options, models, gateway_sockets)
     # A new stack's agents are numbered from 1 again; its pool manager, restarted, goes on.
     (directory / LOG_DIR / LAUNCHES_FILE).unlink(missing_ok=True)
-    store = RedisServer(log=directory / LOG_DIR / "redis.log")
     up_file = directory / UP_FILE
     try:
-        try:
-            store.start()
-        except RuntimeError as err:
-            raise UpFailed(f"the limit store did not start: {err}") from err
-        async with Registry.open(emulator.settings()) as registry:
-            await registry.create_tables()
-            created = await registry.create_key("dev")
-            gateway_urls = [sockets.url for sockets in gateway_sockets]
-            gateway_url = gateway_urls[0]
-            shared = emulator.settings().model_copy(update={"log_format": "json"})
-            signing_key = SecretStr(SigningKey.generate().to_pem())
-            for index, sockets in enumerate(gateway_sockets):
-                # Replicas as behind a load balancer: one issuer and signing key, one store;
-                # no shared public URL, so each names itself in `ws_url`.
-                gateway = GatewaySettings(
-                    shared=shared,
-                    token_issuer=gateway_url,
-                    token=TokenSettings(signing_key_pem=signing_key),
-                    models=served,
-                    chat_dev_api_key=SecretStr(created.api_key),
-                    limit_store=store.settings(),
-                )
-                name = "gateway" if index == 0 else f"gateway-{index + 1}"
-                start_service(processes, name, gateway, sockets)
-            for sockets in gateway_sockets:
-                await _wait_http_ok(
-                    f"{sockets.ops_url}/readyz", processes, f"the gateway at {sockets.url}"
-                )
-            queue_url = await _create_interruption_queue(emulator.settings())
-            pool = PoolSettings(
-                shared=shared,
-                provider="local",
-                models=tuple(models),
-                max_agents=max(options.agents, LOCAL_MAX_AGENTS),
-                # One machine: exactly the agents asked for, no spare and no on-demand cover
-                # while they boot (each vLLM engine takes real memory).
-                spot_overprovision=0,
-                on_demand_fallback=False,
-                loop_seconds=LOCAL_LOOP_SECONDS,
-                cold_start_seconds=LOCAL_COLD_START_SECONDS,
-                port=free_port(),
-                interruption_queue_url=queue_url,
-                # moto serves one call at a time: a long poll would hold up the rest
-                event_wait_seconds=0,
-                local=LocalPoolSettings(
-                    engine=options.engine,
-                    jwks_url=f"{gateway_url}/.well-known/jwks.json",
-                    log_dir=str(directory / LOG_DIR),
-                ),
-            )
-            start_service(processes, "pool-manager", pool)
-            ready = [
-                agent
-                for model in served
-                for agent in await _wait_agents_ready(registry, model, options.agents, processes)
-            ]
-        info = LocalStackInfo(
-            aws_endpoint_url=emulator.url,
-            region=EMULATOR_REGION,
-            api_key=created.api_key,
-            gateway_url=gateway_url,
-            chat_url=f"{gateway_url}/",
-            model=served[0],
-            models=list(served),
-            agents=[{"agent_id": agent.agent_id, "url": agent.url} for agent in ready],
-            interruption_queue_url=queue_url,
-            gateways=gateway_urls,
-            limit_store_url=store.url,
-            ops_urls=[sockets.ops_url for sockets in gateway_sockets],
-        )
-        _write_up_file(directory, info)
-        announce(info.ready_line())
-        # Every child is restarted when it exits, on the sockets it was handed, until a stop
-        # signal, or until one keeps failing.
-        supervisor = Supervisor(
-            processes, lambda _child: True, stop_timeout_seconds=STOP_TIMEOUT_SECONDS
-        )
-        gave_up = await _run_until_stopped(supervisor, store, directory / LOG_DIR / "redis.log")
-        # The pool manager drains and stops its agents before it exits; then the gateway.
-        await processes.stop(lambda child: child.name == "pool-manager", STOP_TIMEOUT_SECONDS)
-        await processes.stop(lambda child: True, STOP_TIMEOUT_SECONDS)
-        if gave_up is not None:
-            raise UpFailed(gave_up)
+        async with LocalStack(spec) as stack:
+            async with Registry.open(stack.shared) as registry:
+                ready = [
+                    agent
+                    for model in served
+                    for agent in await _wait_agents_ready(registry, model, options.agents, stack)
+                ]
+            info = _stack_info(stack, served, ready)
+            _write_up_file(directory, info)
+            announce(info.ready_line())
+            await _run_until_stopped(stack)
     finally:
         up_file.unlink(missing_ok=True)
-        processes.close()
-        store.stop()
-        emulator.stop()
-        for sockets in gateway_sockets:
-            sockets.close()
     return 0
 
 
-async def _run_until_stopped(
-    supervisor: Supervisor, store: RedisServer, store_log: Path
-) -> str | None:
-    """Supervise the children and the store until SIGINT or SIGTERM (None).
+def _up_spec(
+    directory: Path,
+    options: UpOptions,
+    models: Sequence[PoolModel],
+    gateway_sockets: Sequence[GatewaySockets],
+) -> StackSpec:
+    """`spotgate up`'s stack: every child restarted when it exits, the limit store too."""
+    gateway_url = gateway_sockets[0].url
+    signing_key = SecretStr(SigningKey.generate().to_pem())
+    # Replicas as behind a load balancer: one issuer and signing key, one store; no shared
+    # public URL, so each names itself in `ws_url`.
+    gateway = GatewaySettings(
+        token_issuer=gateway_url,
+        token=TokenSettings(signing_key_pem=signing_key),
+        models=tuple(model.name for model in models),
+    )
+    pool = PoolSettings(
+        provider="local",
+        models=tuple(models),
+        max_agents=max(options.agents, LOCAL_MAX_AGENTS),
+        # One machine: exactly the agents asked for, no spare and no on-demand cover while
+        # they boot (each vLLM engine takes real memory).
+        spot_overprovision=0,
+        on_demand_fallback=False,
+        loop_seconds=LOCAL_LOOP_SECONDS,
+        cold_start_seconds=LOCAL_COLD_START_SECONDS,
+        port=free_port(),
+        # moto serves one call at a time: a long poll would hold up the rest
+        event_wait_seconds=0,
+        local=LocalPoolSettings(
+            engine=options.engine,
+            jwks_url=f"{gateway_url}/.well-known/jwks.json",
+            log_dir=str(directory / LOG_DIR),
+        ),
+    )
+    return StackSpec(
+        log_dir=directory / LOG_DIR,
+        shared=SharedSettings(log_format="json"),
+        keys=(ApiKeySpec("dev"),),
+        chat_key="dev",
+        limit_store=True,
+        interruption_queue=INTERRUPTION_QUEUE_NAME,
+        gateways=tuple(
+            GatewayReplica(replica_name(index), gateway, sockets)
+            for index, sockets in enumerate(gateway_sockets)
+        ),
+        pool=pool,
+        supervise=True,
+        stop_timeout_seconds=STOP_TIMEOUT_SECONDS,
+        pool_stop_timeout_seconds=STOP_TIMEOUT_SECONDS,
+    )
 
-    Or until one of them keeps failing: then what to tell the user.
-    """
+
+def _stack_info(
+    stack: LocalStack, served: Sequence[str], ready: list[AgentRecord]
+) -> LocalStackInfo:
+    """What `up.json` says of a running stack."""
+    gateway_urls = [replica.sockets.url for replica in stack.spec.gateways]
+    return LocalStackInfo(
+        aws_endpoint_url=stack.emulator.url,
+        region=stack.shared.aws.region,
+        api_key=stack.keys["dev"].api_key,
+        gateway_url=gateway_urls[0],
+        chat_url=f"{gateway_urls[0]}/",
+        model=served[0],
+        models=list(served),
+        agents=[{"agent_id": agent.agent_id, "url": agent.url} for agent in ready],
+        interruption_queue_url=stack.queue_url,
+        gateways=gateway_urls,
+        limit_store_url=stack.limit_store.url if stack.limit_store is not None else None,
+        ops_urls=[replica.sockets.ops_url for replica in stack.spec.gateways],
+    )
+
+
+async def _run_until_stopped(stack: LocalStack) -> None:
+    """Until SIGINT or SIGTERM, or until a process keeps failing (the stack's exit says so)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
-    supervising = asyncio.create_task(supervisor.run(), name="supervise children")
-    keeping = asyncio.create_task(_keep_store_running(store, store_log), name="keep the store")
     stopping = asyncio.create_task(stop.wait(), name="wait for a stop signal")
-    tasks = (supervising, keeping, stopping)
+    giving_up = asyncio.create_task(stack.gave_up(), name="wait for a process to keep failing")
     try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        if supervising.done():
-            return supervising.result().message()
-        return keeping.result() if keeping.done() else None
+        await asyncio.wait((stopping, giving_up), return_when=asyncio.FIRST_COMPLETED)
     finally:
-        for task in tasks:
+        for task in (stopping, giving_up):
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(stopping, giving_up, return_exceptions=True)
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)
-
-
-async def _keep_store_running(
-    store: RedisServer, log_file: Path, policy: RestartPolicy | None = None
-) -> str:
-    """Start the limit store again, empty, on its port whenever it exits, as the children are.
-
-    The gateways recover exact (what they admitted meanwhile is charged to it). Returns what
-    to tell the user once it keeps failing.
-    """
-    policy = policy or RestartPolicy()
-    runs: list[Run] = []
-    while True:
-        started_at = time.monotonic()
-        returncode = await store.exited()
-        runs.append(Run(started_at, time.monotonic(), returncode))
-        decision = restart_decision(runs, policy)
-        if isinstance(decision, GiveUp):
-            return f"the limit store (redis-server) {decision.reason}; see {log_file}"
-        log.warning(
-            "limit store exited; restarting it",
-            exit=describe_exit(returncode),
-            in_seconds=decision.after_seconds,
-            log=str(log_file),
-        )
-        await asyncio.sleep(decision.after_seconds)
-        store.stop()
-        try:
-            await asyncio.to_thread(store.start)
-        except RuntimeError as err:  # its port taken meanwhile, say: it cannot come back
-            return f"the limit store (redis-server) could not be started again ({err})"

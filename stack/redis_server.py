@@ -6,6 +6,7 @@ slot, which speaks the protocol of a cluster-mode endpoint such as ElastiCache S
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import os
 import shutil
@@ -30,7 +31,13 @@ LOCAL_TIMEOUT_SECONDS = 2.0
 
 
 class RedisServer:
-    """A `redis-server` process on a loopback port, started and stopped on request."""
+    """A `redis-server` process on a loopback port, started and stopped on request.
+
+    It is a `stack.supervision.Restartable`: a stack's supervisor starts it again, empty, on
+    its port when it exits, as it does the stack's children.
+    """
+
+    name = "the limit store (redis-server)"
 
     def __init__(self, *, port: int = 0, cluster: bool = False, log: Path | None = None) -> None:
         self._port = port
@@ -101,6 +108,24 @@ class RedisServer:
         if self._process is None:
             raise RuntimeError(f"{REDIS_SERVER} was not started")
         return await process_exited(self._process)
+
+    @property
+    def log(self) -> Path | None:
+        """The file its output goes to, if it was given one."""
+        return self._log
+
+    def log_tail(self, max_lines: int) -> str:
+        """The last lines of its log ("" without one)."""
+        try:
+            lines = self._log.read_text(errors="replace").splitlines() if self._log else []
+        except OSError:
+            return ""
+        return "\n".join(lines[-max_lines:])
+
+    async def restart(self) -> None:
+        """Start it again, empty, on its port (RuntimeError: it could not be)."""
+        self.stop()
+        await asyncio.to_thread(self.start)
 
     def flush(self) -> None:
         """Forget every key (what an earlier test left)."""

@@ -1,10 +1,12 @@
-"""A stack's children kept running, as ECS keeps a service's tasks: restarted when they exit.
+"""A stack's processes kept running, as ECS keeps a service's tasks: restarted when they exit.
 
-The decision is a pure function of a child's runs (`restart_decision`): restart after a
+The decision is a pure function of a process's runs (`restart_decision`): restart after a
 backoff that doubles while it keeps exiting soon after its start and starts over once it has
 run a while, or give up when it has exited too often in a window. `Supervisor` carries it
-out: it waits on each child's exit, restarts it on the sockets it was handed (a gateway on
-its port again), and returns the child it gave up on, for its parent to stop everything.
+out for every restartable process of a stack alike, its children and its limit store: it
+waits on each one's exit, restarts it (a child on the sockets it was handed, a gateway on its
+port again; the store empty on its port), and returns the one it gave up on, for its parent
+to stop everything.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
 
 from spotgate.logging import get_logger
 from spotgate.process import Child, ChildProcesses
@@ -93,21 +97,80 @@ def restart_decision(runs: Sequence[Run], policy: RestartPolicy) -> Restart | Gi
     return Restart(min(policy.max_backoff_seconds, backoff))
 
 
+class Restartable(Protocol):
+    """A process a supervisor keeps running: a child, or the limit store."""
+
+    @property
+    def name(self) -> str:
+        """What it is called in logs and in what its parent tells the user."""
+        ...
+
+    @property
+    def log(self) -> Path | None:
+        """The file its output goes to, if any."""
+        ...
+
+    async def exited(self) -> int:
+        """Wait until it has exited; its exit status."""
+        ...
+
+    async def restart(self) -> None:
+        """Start it again as it was; OSError or RuntimeError when it cannot come back."""
+        ...
+
+    def log_tail(self, max_lines: int) -> str:
+        """The last lines it wrote."""
+        ...
+
+
+class SupervisedChild:
+    """A child of `processes` as a supervisor restarts it: on the sockets it was handed."""
+
+    def __init__(
+        self, processes: ChildProcesses, child: Child, stop_timeout_seconds: float
+    ) -> None:
+        self._processes = processes
+        self.child = child  # the process now: a restart replaces it
+        self._stop_timeout_seconds = stop_timeout_seconds
+
+    @property
+    def name(self) -> str:
+        """The child's name."""
+        return self.child.name
+
+    @property
+    def log(self) -> Path:
+        """The child's log, which goes on over its runs."""
+        return self.child.log
+
+    async def exited(self) -> int:
+        """Wait until the current process has exited; its exit status."""
+        return await self.child.exited()
+
+    async def restart(self) -> None:
+        """Run it again as it was first run (arguments, settings, handed-down sockets)."""
+        self.child = await self._processes.restart(self.child, self._stop_timeout_seconds)
+
+    def log_tail(self, max_lines: int) -> str:
+        """The last lines of its log."""
+        return self.child.log_tail(max_lines)
+
+
 @dataclass(frozen=True, slots=True)
 class GaveUp:
-    """The child a supervisor gave up on, why, and the end of its log."""
+    """The process a supervisor gave up on, why, and the end of its log."""
 
-    child: Child
+    child: Restartable
     reason: str
     log_tail: str
 
     def message(self) -> str:
-        """One line for whoever ran the stack: which child, why, and where its log is."""
+        """One line for whoever ran the stack: which process, why, and where its log is."""
         return f"{self.child.name} {self.reason}; see {self.child.log}"
 
 
 class Supervisor:
-    """Restarts the children of `processes` that `supervised` picks, each when it exits.
+    """Restarts the children of `processes` that `supervised` picks, and `others`, on exit.
 
     A child is restarted as it was first run (arguments, settings, handed-down sockets);
     `run` returns when one keeps failing. Cancel `run` before stopping the children on
@@ -119,22 +182,29 @@ class Supervisor:
         processes: ChildProcesses,
         supervised: Callable[[Child], bool],
         *,
+        others: Sequence[Restartable] = (),
         policy: RestartPolicy | None = None,
         clock: Callable[[], float] = time.monotonic,
         stop_timeout_seconds: float = 30.0,
     ) -> None:
         self._processes = processes
         self._supervised = supervised
+        self._others = tuple(others)
         self._policy = policy or RestartPolicy()
         self._clock = clock
         self._stop_timeout_seconds = stop_timeout_seconds
-        self.restarted: dict[str, int] = {}  # child name → times restarted
+        self.restarted: dict[str, int] = {}  # process name → times restarted
         self.restarts = asyncio.Condition()  # notified after each restart
 
     async def run(self) -> GaveUp:
-        """Keep the supervised children running until one keeps failing; return it."""
-        children = [child for child in self._processes.children if self._supervised(child)]
-        watchers = [asyncio.create_task(self._keep_running(child)) for child in children]
+        """Keep the supervised processes running until one keeps failing; return it."""
+        children: list[Restartable] = [
+            SupervisedChild(self._processes, child, self._stop_timeout_seconds)
+            for child in self._processes.children
+            if self._supervised(child)
+        ]
+        watched = [*children, *self._others]
+        watchers = [asyncio.create_task(self._keep_running(each)) for each in watched]
         try:
             done, _ = await asyncio.wait(watchers, return_when=asyncio.FIRST_COMPLETED)
             return done.pop().result()
@@ -143,7 +213,7 @@ class Supervisor:
                 watcher.cancel()
             await asyncio.gather(*watchers, return_exceptions=True)
 
-    async def _keep_running(self, child: Child) -> GaveUp:
+    async def _keep_running(self, child: Restartable) -> GaveUp:
         runs: list[Run] = []
         while True:
             started_at = self._clock()
@@ -161,14 +231,14 @@ class Supervisor:
             )
             await asyncio.sleep(decision.after_seconds)
             try:
-                child = await self._processes.restart(child, self._stop_timeout_seconds)
-            except OSError as err:  # its port taken meanwhile, say: it cannot come back
+                await child.restart()
+            except (OSError, RuntimeError) as err:  # its port taken meanwhile, say
                 return self._give_up(child, f"could not be started again ({err})")
             self.restarted[child.name] = self.restarted.get(child.name, 0) + 1
             async with self.restarts:
                 self.restarts.notify_all()
 
-    def _give_up(self, child: Child, reason: str) -> GaveUp:
+    def _give_up(self, child: Restartable, reason: str) -> GaveUp:
         tail = child.log_tail(LOG_TAIL_LINES)
         log.error(
             "child keeps failing; stopping the stack",

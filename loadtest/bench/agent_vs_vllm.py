@@ -22,7 +22,7 @@ import contextlib
 import os
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -32,7 +32,6 @@ from loadtest.bench.harness import (
     Sample,
     Server,
     alternating_runs,
-    emulator_process,
     print_log_tails,
     spawn,
     stop_servers,
@@ -40,9 +39,8 @@ from loadtest.bench.harness import (
     wait_ready,
 )
 from loadtest.bench.report import machine_facts, median, percentile, write_section
-from loadtest.bench.vllm_agent import create_tables, start_vllm_agent
+from loadtest.bench.vllm_agent import vllm_agent
 from spotgate.process import free_port
-from spotgate.tokens import KeyRing, SigningKey
 
 SERVED_NAME = "tiny"
 ENGINE = BenchEngine(max_num_seqs=32)
@@ -66,20 +64,23 @@ def _start_vllm_serve(model: Path, log: Path) -> Server:
     )
 
 
-@contextlib.contextmanager
-def _servers(model: Path, logs: Path) -> Iterator[tuple[Server, Server]]:
-    ring = KeyRing([SigningKey.generate()])
-    started: list[Server] = []
-    with emulator_process(logs / "aws-emulator.log") as aws:
+@contextlib.asynccontextmanager
+async def _servers(model: Path, logs: Path) -> AsyncIterator[tuple[Server, Server]]:
+    async with vllm_agent(model, SERVED_NAME, ENGINE, logs) as (_stack, agent):
+        vllm = _start_vllm_serve(model, logs / "vllm-serve.log")
         try:
-            asyncio.run(create_tables(aws))
-            started.append(
-                start_vllm_agent(model, SERVED_NAME, ENGINE, aws, ring, logs / "agent.log")
-            )
-            started.append(_start_vllm_serve(model, logs / "vllm-serve.log"))
-            yield started[0], started[1]
+            yield agent, vllm
         finally:
-            stop_servers(started)
+            stop_servers([vllm])
+
+
+async def _measure_on_servers(
+    model: Path, logs: Path, args: argparse.Namespace
+) -> dict[tuple[str, int], list[Sample]]:
+    async with _servers(model, logs) as (agent, vllm):
+        return await measure(
+            agent, vllm, args.concurrency, args.runs, args.requests, args.max_tokens
+        )
 
 
 async def measure(
@@ -165,12 +166,7 @@ def main() -> None:
             label = f"{TINY_MODEL_NAME} (random weights, generated offline)"
         logs = Path(scratch)
         try:
-            with _servers(model, logs) as (agent, vllm):
-                results = asyncio.run(
-                    measure(
-                        agent, vllm, args.concurrency, args.runs, args.requests, args.max_tokens
-                    )
-                )
+            results = asyncio.run(_measure_on_servers(model, logs, args))
         except (RuntimeError, TimeoutError):
             print_log_tails(logs)
             raise

@@ -16,44 +16,45 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import os
 import secrets
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import aiohttp
 from pydantic import SecretStr
 
 from loadtest.bench.harness import (
+    BENCH_KEY,
     Sample,
     Server,
     alternating_runs,
-    bench_shared,
+    bench_spec,
     bucket_quantile,
-    emulator_process,
     print_log_tails,
     spawn,
-    spawn_service,
     split_cpus,
+    stop_servers,
     timed_run,
     wait_ready,
 )
 from loadtest.bench.report import machine_facts, median, percentile, write_section
-from pool_manager.launches import vouch_for_agent
-from spotgate.process import free_port
-from spotgate.registry import Registry
+from spotgate.process import free_port, loopback_socket, socket_port
 from spotgate.settings import (
     AgentSettings,
     GatewaySettings,
-    SharedSettings,
     SocketLimits,
     SyntheticSettings,
     TokenSettings,
 )
 from spotgate.tokens import GATEWAY_SUBJECT_PREFIX, KeyRing, SigningKey, issue
+from stack.builder import AgentProcess, GatewayReplica, LocalStack
+from stack.children import GatewaySockets
 
 MODEL = "synth"
 TOKENS_PER_SECOND = 50.0
@@ -70,141 +71,128 @@ ADDED_TTFT_HISTOGRAM = "spotgate_gateway_added_ttft_seconds"
 PATHS = ("direct", "gateway", "litellm", "direct ws", "gateway ws")
 
 
-@contextlib.contextmanager
-def _stack(
+@contextlib.asynccontextmanager
+async def _stack(
     logs: Path, litellm: Path | None, client_cpus: set[int], relay_cpus: set[int]
-) -> Iterator[dict[str, Server]]:
-    with (
-        emulator_process(logs / "aws-emulator.log", client_cpus) as aws,
-        _servers(aws, logs, litellm, client_cpus, relay_cpus) as servers,
-    ):
-        yield servers
+) -> AsyncIterator[dict[str, Server]]:
+    """The emulator and the agent on the client's CPUs, the relays on their own."""
+    key = SigningKey.generate()
+    gateway_sockets, agent_socket = GatewaySockets.bind(), loopback_socket()
+    gateway_url, agent_url = gateway_sockets.url, f"http://127.0.0.1:{socket_port(agent_socket)}"
+    agent = AgentSettings(
+        engine="synthetic",
+        served_model_name=MODEL,
+        agent_id=AGENT_ID,
+        pinned_public_key=key.verify_key.to_pem(),
+        token_issuer=gateway_url,
+        imds_url="http://127.0.0.1:9",
+        synthetic=SyntheticSettings(
+            tokens_per_second=TOKENS_PER_SECOND, ttft_seconds=TTFT_SECONDS, capacity=AGENT_CAPACITY
+        ),
+    )
+    gateway = GatewaySettings(
+        public_url=gateway_url,
+        token=TokenSettings(signing_key_pem=SecretStr(key.to_pem())),
+        limits=SocketLimits(max_streams_per_connection=AGENT_CAPACITY),
+        max_streams_per_key=AGENT_CAPACITY,
+    )
+    spec = bench_spec(
+        logs,
+        [GatewayReplica("gateway", gateway, gateway_sockets, frozenset(relay_cpus))],
+        [AgentProcess("agent", agent, agent_socket, AGENT_CAPACITY, frozenset(client_cpus))],
+    )
+    # The emulator beside the client: its requests weigh on every path alike.
+    spec = dataclasses.replace(spec, emulator_cpus=frozenset(client_cpus))
+    async with LocalStack(spec) as stack:
+        # A gateway's token: the direct websocket client multiplexes like a gateway does.
+        agent_token = issue(
+            KeyRing([key]),
+            subject=f"{GATEWAY_SUBJECT_PREFIX}bench",
+            issuer=gateway_url,
+            now=time.time(),
+            ttl_seconds=900,
+        ).token
+        servers = _servers(stack, agent_url, agent_token)
+        if litellm is not None:
+            servers["litellm"] = _litellm_proxy(litellm, logs, agent_url, agent_token, relay_cpus)
+        try:
+            yield servers
+        finally:
+            if litellm is not None:
+                stop_servers([servers["litellm"]])
 
 
-@contextlib.contextmanager
-def _servers(
-    aws: SharedSettings,
+def _servers(stack: LocalStack, agent_url: str, agent_token: str) -> dict[str, Server]:
+    """The paths through the stack's agent and gateway: direct, and relayed."""
+    agent, gateway = stack.child("agent"), stack.child("gateway")
+    if agent is None or gateway is None:
+        raise RuntimeError("the stack is not running")
+    agent_auth = {"Authorization": f"Bearer {agent_token}"}
+    gateway_auth = {"Authorization": f"Bearer {stack.keys[BENCH_KEY].api_key}"}
+    sockets = stack.spec.gateways[0].sockets
+
+    def relayed(name: str, transport: Literal["sse", "ws"]) -> Server:
+        return Server(
+            name,
+            sockets.url,
+            gateway_auth,
+            gateway.process,
+            MODEL,
+            transport,
+            ADDED_TTFT_HISTOGRAM,
+            sockets.ops_url,
+        )
+
+    return {
+        "direct": Server("direct", agent_url, agent_auth, agent.process, MODEL),
+        "direct ws": Server("direct ws", agent_url, agent_auth, agent.process, MODEL, "ws"),
+        "gateway": relayed("gateway", "sse"),
+        "gateway ws": relayed("gateway ws", "ws"),
+    }
+
+
+def _litellm_proxy(
+    litellm: Path, logs: Path, agent_url: str, agent_token: str, cpus: set[int]
+) -> Server:
+    """LiteLLM's proxy (its `litellm` binary) in front of the agent's OpenAI endpoint."""
+    port = free_port()
+    config = logs / "litellm.yaml"
+    master_key = f"sk-{secrets.token_hex(16)}"
+    config.write_text(
+        f"general_settings:\n  master_key: {master_key}\n"
+        "model_list:\n"
+        f"  - model_name: {MODEL}\n"
+        "    litellm_params:\n"
+        f"      model: openai/{MODEL}\n"
+        f"      api_base: {agent_url}/v1\n"
+        f"      api_key: {agent_token}\n"
+    )
+    proxy = spawn(
+        [str(litellm), "--config", str(config), "--port", str(port),
+         "--host", "127.0.0.1", "--num_workers", "1"],
+        logs / "litellm.log",
+        {**os.environ, "LITELLM_LOG": "ERROR"},
+        cpus,
+    )  # fmt: skip
+    return Server(
+        "litellm",
+        f"http://127.0.0.1:{port}",
+        {"Authorization": f"Bearer {master_key}"},
+        proxy,
+        MODEL,
+    )
+
+
+async def measure_on_stack(
     logs: Path,
     litellm: Path | None,
     client_cpus: set[int],
     relay_cpus: set[int],
-) -> Iterator[dict[str, Server]]:
-    key = SigningKey.generate()
-    gateway_port, gateway_ops_port, agent_port = free_port(), free_port(), free_port()
-    gateway_url = f"http://127.0.0.1:{gateway_port}"
-    gateway_ops_url = f"http://127.0.0.1:{gateway_ops_port}"
-    agent_url = f"http://127.0.0.1:{agent_port}"
-    api_key = asyncio.run(_prepare(aws, agent_url))
-    # A gateway's token: the direct websocket client multiplexes like a gateway does.
-    agent_token = issue(
-        KeyRing([key]),
-        subject=f"{GATEWAY_SUBJECT_PREFIX}bench",
-        issuer=gateway_url,
-        now=time.time(),
-        ttl_seconds=900,
-    ).token
-    servers: dict[str, Server] = {}
-    try:
-        agent = spawn_service(
-            AgentSettings(
-                shared=bench_shared(aws),
-                engine="synthetic",
-                served_model_name=MODEL,
-                agent_id=AGENT_ID,
-                port=agent_port,
-                pinned_public_key=key.verify_key.to_pem(),
-                token_issuer=gateway_url,
-                imds_url="http://127.0.0.1:9",
-                synthetic=SyntheticSettings(
-                    tokens_per_second=TOKENS_PER_SECOND,
-                    ttft_seconds=TTFT_SECONDS,
-                    capacity=AGENT_CAPACITY,
-                ),
-            ),
-            logs / "agent.log",
-            client_cpus,
-        )
-        agent_auth = {"Authorization": f"Bearer {agent_token}"}
-        servers["direct"] = Server("direct", agent_url, agent_auth, agent, MODEL)
-        servers["direct ws"] = Server("direct ws", agent_url, agent_auth, agent, MODEL, "ws")
-        gateway = spawn_service(
-            GatewaySettings(
-                shared=bench_shared(aws),
-                port=gateway_port,
-                ops_port=gateway_ops_port,
-                public_url=gateway_url,
-                token=TokenSettings(signing_key_pem=SecretStr(key.to_pem())),
-                limits=SocketLimits(max_streams_per_connection=AGENT_CAPACITY),
-                max_streams_per_key=AGENT_CAPACITY,
-            ),
-            logs / "gateway.log",
-            relay_cpus,
-        )
-        gateway_auth = {"Authorization": f"Bearer {api_key}"}
-        servers["gateway"] = Server(
-            "gateway",
-            gateway_url,
-            gateway_auth,
-            gateway,
-            MODEL,
-            "sse",
-            ADDED_TTFT_HISTOGRAM,
-            gateway_ops_url,
-        )
-        servers["gateway ws"] = Server(
-            "gateway ws",
-            gateway_url,
-            gateway_auth,
-            gateway,
-            MODEL,
-            "ws",
-            ADDED_TTFT_HISTOGRAM,
-            gateway_ops_url,
-        )
-        if litellm is not None:
-            port = free_port()
-            config = logs / "litellm.yaml"
-            master_key = f"sk-{secrets.token_hex(16)}"
-            config.write_text(
-                f"general_settings:\n  master_key: {master_key}\n"
-                "model_list:\n"
-                f"  - model_name: {MODEL}\n"
-                "    litellm_params:\n"
-                f"      model: openai/{MODEL}\n"
-                f"      api_base: {agent_url}/v1\n"
-                f"      api_key: {agent_token}\n"
-            )
-            proxy = spawn(
-                [str(litellm), "--config", str(config), "--port", str(port),
-                 "--host", "127.0.0.1", "--num_workers", "1"],
-                logs / "litellm.log",
-                {**os.environ, "LITELLM_LOG": "ERROR"},
-                relay_cpus,
-            )  # fmt: skip
-            servers["litellm"] = Server(
-                "litellm",
-                f"http://127.0.0.1:{port}",
-                {"Authorization": f"Bearer {master_key}"},
-                proxy,
-                MODEL,
-            )
-        yield servers
-    finally:
-        processes = {server.process.pid: server.process for server in servers.values()}
-        for process in processes.values():
-            process.terminate()
-        for process in processes.values():
-            with contextlib.suppress(Exception):
-                process.wait(timeout=30)
-
-
-async def _prepare(aws: SharedSettings, agent_url: str) -> str:
-    async with Registry.open(aws) as registry:
-        await registry.create_tables()
-        await vouch_for_agent(
-            registry, agent_id=AGENT_ID, model=MODEL, url=agent_url, capacity=AGENT_CAPACITY
-        )
-        return (await registry.create_key("bench")).api_key
+    args: argparse.Namespace,
+) -> dict[tuple[str, int], list[Sample]]:
+    """Start the stack, measure it, stop it."""
+    async with _stack(logs, litellm, client_cpus, relay_cpus) as servers:
+        return await measure(servers, args.concurrency, args.runs, args.max_tokens)
 
 
 async def measure(
@@ -427,10 +415,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="spotgate-bench-") as scratch:
         logs = Path(scratch)
         try:
-            with _stack(logs, litellm, client_cpus, relay_cpus) as servers:
-                results = asyncio.run(
-                    measure(servers, args.concurrency, args.runs, args.max_tokens)
-                )
+            results = asyncio.run(measure_on_stack(logs, litellm, client_cpus, relay_cpus, args))
         except (RuntimeError, TimeoutError):
             print_log_tails(logs)
             raise

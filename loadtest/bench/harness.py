@@ -10,11 +10,10 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from subprocess import STDOUT, Popen, TimeoutExpired
@@ -22,12 +21,14 @@ from typing import Any, Literal
 
 import aiohttp
 
-from spotgate.process import free_port
-from spotgate.settings import SharedSettings, emulator_settings
-from stack.children import ServiceSettings, service_command
-from stack.emulator import EMULATOR_REGION
+from spotgate.settings import LogLevel, SharedSettings
+from stack.builder import AgentProcess, ApiKeySpec, GatewayReplica, StackSpec
 
 STARTUP_TIMEOUT_SECONDS = 300.0
+BENCH_KEY = "bench"
+"""The API key the benchmarks' clients use."""
+BENCH_LOG_LEVEL: LogLevel = "warning"
+"""What the services under test log: warnings and errors only, no line per request."""
 CLOCK_TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK")
 
 
@@ -98,55 +99,21 @@ def spawn(
     return process
 
 
-EMULATOR_START_SECONDS = 60.0
-
-
-@contextlib.contextmanager
-def emulator_process(log: Path, cpus: set[int] | None = None) -> Iterator[SharedSettings]:
-    """The AWS emulator in a process of its own (pinned to `cpus` when given).
-
-    In a deployment DynamoDB is another machine. In the client's process, each request a
-    server under test sends it (heartbeats, registry refreshes) would stall the client's
-    event loop and show up as that server's latency; on a relay's CPUs, it would slow only
-    the paths through that relay. The servers send it the same requests whichever path is
-    being measured, so on the clients' CPUs it weighs on every path alike.
-    """
-    port = free_port()
-    command = [sys.executable, "-m", "stack.emulator", "--port", str(port)]
-    process = spawn(command, log, cpus=cpus)
-    try:
-        deadline = time.monotonic() + EMULATOR_START_SECONDS
-        while not _accepts(port):
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the AWS emulator did not start; see {log}")
-            time.sleep(0.1)
-        yield emulator_settings(f"http://127.0.0.1:{port}", EMULATOR_REGION)
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
-
-
-def _accepts(port: int) -> bool:
-    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
-        return True
-    return False
-
-
-def bench_shared(shared: SharedSettings) -> SharedSettings:
-    """Shared settings for a service under test: the emulator at `shared`, quiet logs."""
-    return shared.model_copy(update={"log_level": "warning"})
-
-
-def spawn_service(
-    settings: ServiceSettings,
-    log: Path,
-    cpus: set[int] | None = None,
-    env: dict[str, str] | None = None,
-) -> Popen[bytes]:
-    """Start the service `settings` belong to, configured by them (and `env`), as `spawn` does."""
-    args, service_env = service_command(settings)
-    command = [sys.executable, "-m", *args]
-    return spawn(command, log, {**os.environ, **service_env, **(env or {})}, cpus)
+def bench_spec(
+    logs: Path,
+    gateways: Iterable[GatewayReplica],
+    agents: Iterable[AgentProcess] = (),
+    keys: Sequence[str] = (BENCH_KEY,),
+) -> StackSpec:
+    """A benchmark's stack: the emulator in a process of its own, quiet services, its keys."""
+    return StackSpec(
+        log_dir=logs,
+        shared=SharedSettings(log_level=BENCH_LOG_LEVEL),
+        emulator_process=True,
+        keys=tuple(ApiKeySpec(name) for name in keys),
+        gateways=tuple(gateways),
+        agents=tuple(agents),
+    )
 
 
 def split_cpus() -> tuple[set[int], set[int]]:

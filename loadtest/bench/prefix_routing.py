@@ -182,6 +182,22 @@ def _pool_lines(pool: PoolRun) -> list[str]:
     return [*lines, "", *goal_lines(stats)]
 
 
+async def measure_on_stack(
+    model: Path, logs: Path, agent_cpus: Sequence[int], args: argparse.Namespace
+) -> tuple[dict[str, list[ModeSample]], Calibration]:
+    """Start the stack, measure every mode on it, stop it."""
+    async with stack(model, logs, agent_cpus, args.load_skew) as (gateways, servers):
+        return await measure(
+            gateways,
+            servers,
+            args.runs,
+            args.conversations,
+            args.turns,
+            args.concurrency,
+            args.max_tokens,
+        )
+
+
 def main() -> None:
     """Run every mode in alternating rounds and print (and optionally write) the table."""
     parser = argparse.ArgumentParser(description="prefix-aware routing vs least load, sessions")
@@ -216,18 +232,7 @@ def main() -> None:
             logs = Path(scratch) / f"{agents}-agents"
             logs.mkdir()
             try:
-                with stack(model, logs, agent_cpus, args.load_skew) as (gateways, servers):
-                    results, calibration = asyncio.run(
-                        measure(
-                            gateways,
-                            servers,
-                            args.runs,
-                            args.conversations,
-                            args.turns,
-                            args.concurrency,
-                            args.max_tokens,
-                        )
-                    )
+                results, calibration = asyncio.run(measure_on_stack(model, logs, agent_cpus, args))
             except (RuntimeError, TimeoutError, aiohttp.ClientError):
                 print_log_tails(logs)
                 raise

@@ -24,7 +24,6 @@ import json
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,18 +33,15 @@ import aiohttp
 from loadtest.bench.cpu_engine import BenchEngine
 from loadtest.bench.harness import (
     Server,
-    emulator_process,
     print_log_tails,
-    stop_servers,
     wait_ready,
 )
 from loadtest.bench.report import machine_facts, percentile, write_section
-from loadtest.bench.vllm_agent import create_tables, start_vllm_agent
+from loadtest.bench.vllm_agent import vllm_agent
 from spotgate.admission import GatewayConditions, Grant, gateway_refusal
 from spotgate.context import ContextLimits
 from spotgate.protocol import MAX_TOOLS, GenerateFrame
 from spotgate.settings import SocketLimits
-from spotgate.tokens import KeyRing, SigningKey
 
 SERVED_NAME = "tiny-qwen3"
 TOKENIZER = "qwen3"
@@ -229,19 +225,11 @@ def render(results: Results, rounds: int, tokens: int, rpm: int, prompt_chars: i
     return "\n".join(lines)
 
 
-@contextlib.contextmanager
-def _agent(model: Path, logs: Path) -> Iterator[Server]:
-    ring = KeyRing([SigningKey.generate()])
-    started: list[Server] = []
-    with emulator_process(logs / "aws-emulator.log") as aws:
-        try:
-            asyncio.run(create_tables(aws))
-            started.append(
-                start_vllm_agent(model, SERVED_NAME, ENGINE, aws, ring, logs / "agent.log")
-            )
-            yield started[0]
-        finally:
-            stop_servers(started)
+async def _measure_on_agent(
+    model: Path, logs: Path, body: dict[str, Any], args: argparse.Namespace
+) -> Results:
+    async with vllm_agent(model, SERVED_NAME, ENGINE, logs) as (_stack, agent):
+        return await measure(agent, body, args.rounds, args.tokens, args.rpm)
 
 
 def main() -> None:
@@ -267,8 +255,7 @@ def main() -> None:
         model = write_tiny_model(Path(scratch) / "model", tokenizer_dir)
         logs = Path(scratch)
         try:
-            with _agent(model, logs) as agent:
-                results = asyncio.run(measure(agent, body, args.rounds, args.tokens, args.rpm))
+            results = asyncio.run(_measure_on_agent(model, logs, body, args))
         except (RuntimeError, TimeoutError, aiohttp.ClientError):
             print_log_tails(logs)
             raise

@@ -10,34 +10,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import aiohttp
 from pydantic import SecretStr
 
-from loadtest.bench.harness import (
-    Server,
-    bench_shared,
-    emulator_process,
-    metric_value,
-    metrics_text,
-    spawn_service,
-    stop_servers,
-)
-from pool_manager.launches import vouch_for_agent
-from spotgate.process import free_port
-from spotgate.registry import Registry
+from loadtest.bench.harness import BENCH_KEY, Server, bench_spec, metric_value, metrics_text
+from spotgate.process import loopback_socket
 from spotgate.settings import (
     AgentSettings,
     GatewaySettings,
     QueueSettings,
     RoutingSettings,
-    SharedSettings,
     TokenSettings,
     VllmSettings,
 )
 from spotgate.tokens import SigningKey
+from stack.builder import AgentProcess, GatewayReplica, LocalStack
+from stack.children import GatewaySockets
 
 SERVED_NAME = "prefix-bench"
 # Measured on this repository's 2-core machine, one core per engine: prefilling 2,000 fresh
@@ -75,75 +66,47 @@ def placement(agents: int, cpus: Sequence[int]) -> tuple[list[int], str]:
     )
 
 
-@contextlib.contextmanager
-def stack(
+@contextlib.asynccontextmanager
+async def stack(
     model: Path, logs: Path, agent_cpus: Sequence[int], load_skew: float
-) -> Iterator[tuple[dict[str, Server], list[Server]]]:
+) -> AsyncIterator[tuple[dict[str, Server], list[Server]]]:
     """The AWS emulator, an agent per CPU given, and a least-load and a prefix-aware gateway."""
-    with emulator_process(logs / "aws-emulator.log") as aws:
-        api_key = asyncio.run(_prepare(aws))
-        key = SigningKey.generate()
-        ports = {name: free_port() for name in (LEAST_LOAD, PREFIX_AWARE)}
-        # Replicas as behind one load balancer: one issuer and signing key for the agents.
-        issuer = f"http://127.0.0.1:{ports[PREFIX_AWARE]}"
-        started: list[Server] = []
-        try:
-            agents = [
-                start_agent(model, aws, key, issuer, n, cpu, logs)
-                for n, cpu in enumerate(agent_cpus)
-            ]
-            started += agents
-            asyncio.run(vouch_agents(aws, agents))
-            gateways = {
-                name: start_gateway(aws, key, issuer, port, name, api_key, logs, load_skew)
-                for name, port in ports.items()
-            }
-            started += gateways.values()
-            yield gateways, agents
-        finally:
-            stop_servers(started)
+    key = SigningKey.generate()
+    sockets = {name: GatewaySockets.bind() for name in (LEAST_LOAD, PREFIX_AWARE)}
+    # Replicas as behind one load balancer: one issuer and signing key for the agents.
+    issuer = sockets[PREFIX_AWARE].url
+    agents = [agent_process(model, key, issuer, n, cpu) for n, cpu in enumerate(agent_cpus)]
+    gateways = {
+        name: gateway_replica(key, issuer, name, each, load_skew) for name, each in sockets.items()
+    }
+    async with LocalStack(bench_spec(logs, gateways.values(), agents)) as running:
+        api_key = running.keys[BENCH_KEY].api_key
+        yield (
+            {name: gateway_server(running, name, gateways[name], api_key) for name in gateways},
+            [agent_server(running, n, agent) for n, agent in enumerate(agents)],
+        )
 
 
-async def vouch_agents(aws: SharedSettings, agents: Sequence[Server]) -> None:
-    """Launch records for the agents, as the pool manager writes them: gateways route to them."""
-    async with Registry.open(aws) as registry:
-        for n, agent in enumerate(agents):
-            await vouch_for_agent(
-                registry, agent_id=f"bench-agent-{n + 1}", model=SERVED_NAME, url=agent.url
-            )
-
-
-async def _prepare(aws: SharedSettings) -> str:
-    async with Registry.open(aws) as registry:
-        await registry.create_tables()
-        return (await registry.create_key("bench")).api_key
-
-
-def start_agent(
+def agent_process(
     model: Path,
-    aws: SharedSettings,
     key: SigningKey,
     issuer: str,
     n: int,
     cpu: int,
-    logs: Path,
     *,
     imds_url: str = NO_IMDS_URL,
     imds_poll_seconds: float = AgentSettings.model_fields["imds_poll_seconds"].default,
     max_model_len: int = MAX_MODEL_LEN,
-) -> Server:
+) -> AgentProcess:
     """Agent `n + 1` on vLLM's CPU engine, pinned to `cpu`, taking tokens of `key`.
 
     `imds_url`: an IMDS (emulator) it polls for spot notices every `imds_poll_seconds`.
     """
-    port = free_port()
     settings = AgentSettings(
-        shared=bench_shared(aws),
         agent_id=f"bench-agent-{n + 1}",
         engine="vllm",
         model=str(model),
         served_model_name=SERVED_NAME,
-        port=port,
         pinned_public_key=key.verify_key.to_pem(),
         token_issuer=issuer,
         imds_url=imds_url,
@@ -159,28 +122,30 @@ def start_agent(
     )
     # vLLM binds its OpenMP threads itself (VLLM_CPU_OMP_THREADS_BIND): to the agent's CPU.
     env = {"VLLM_CPU_KVCACHE_SPACE": KV_CACHE_GIB, "VLLM_CPU_OMP_THREADS_BIND": str(cpu)}
-    process = spawn_service(settings, logs / f"agent-{n + 1}.log", {cpu}, env)
-    return Server(f"agent {n + 1}", f"http://127.0.0.1:{port}", {}, process, SERVED_NAME)
+    return AgentProcess(
+        f"agent-{n + 1}", settings, loopback_socket(), cpus=frozenset({cpu}), env=env
+    )
 
 
-def start_gateway(
-    aws: SharedSettings,
+def agent_server(running: LocalStack, n: int, agent: AgentProcess) -> Server:
+    """How the clients reach agent `n + 1` of a running stack."""
+    child = running.child(agent.name)
+    if child is None:
+        raise RuntimeError(f"{agent.name} is not running")
+    return Server(f"agent {n + 1}", agent.url, {}, child.process, SERVED_NAME)
+
+
+def gateway_replica(
     key: SigningKey,
     issuer: str,
-    port: int,
     name: str,
-    api_key: str,
-    logs: Path,
+    sockets: GatewaySockets,
     load_skew: float,
     shared_prompt_sha256: tuple[str, ...] = (),
     move_before_break: bool = True,
-) -> Server:
-    """Gateway `name` on `port`, signing with `key`: prefix-aware unless named LEAST_LOAD."""
-    ops_port = free_port()
+) -> GatewayReplica:
+    """Gateway `name` on `sockets`, signing with `key`: prefix-aware unless named LEAST_LOAD."""
     settings = GatewaySettings(
-        shared=bench_shared(aws),
-        port=port,
-        ops_port=ops_port,
         public_url=issuer,
         token=TokenSettings(signing_key_pem=SecretStr(key.to_pem())),
         routing=RoutingSettings(
@@ -190,15 +155,21 @@ def start_gateway(
         ),
         queue=QueueSettings(move_before_break=move_before_break),
     )
-    process = spawn_service(settings, logs / f"gateway-{name.replace(' ', '-')}.log")
-    headers = {"Authorization": f"Bearer {api_key}"}
+    return GatewayReplica(f"gateway-{name.replace(' ', '-')}", settings, sockets)
+
+
+def gateway_server(running: LocalStack, name: str, replica: GatewayReplica, api_key: str) -> Server:
+    """How the clients reach gateway `name` of a running stack, with `api_key`."""
+    child = running.child(replica.name)
+    if child is None:
+        raise RuntimeError(f"{replica.name} is not running")
     return Server(
         f"gateway ({name})",
-        f"http://127.0.0.1:{port}",
-        headers,
-        process,
+        replica.sockets.url,
+        {"Authorization": f"Bearer {api_key}"},
+        child.process,
         SERVED_NAME,
-        ops_url=f"http://127.0.0.1:{ops_port}",
+        ops_url=replica.sockets.ops_url,
     )
 
 

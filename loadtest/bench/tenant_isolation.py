@@ -26,21 +26,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import dataclasses
 import functools
 import os
 import secrets
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 
 from loadtest.bench.conversations import SYSTEM_PROMPTS, Conversation, workload
-from loadtest.bench.harness import Server, emulator_process, print_log_tails, stop_servers
+from loadtest.bench.harness import Server, bench_spec, print_log_tails
 from loadtest.bench.report import machine_facts, write_section
 from loadtest.bench.routing_modes import (
     CLIENT_TIMEOUT_SECONDS,
@@ -57,16 +56,17 @@ from loadtest.bench.routing_modes import (
 from loadtest.bench.routing_stack import (
     MODEL_HIDDEN_SIZE,
     MODEL_LAYERS,
+    agent_process,
+    agent_server,
+    gateway_replica,
+    gateway_server,
     placement,
-    start_agent,
-    start_gateway,
-    vouch_agents,
 )
-from spotgate.process import free_port
-from spotgate.registry import Registry
-from spotgate.settings import RoutingSettings, SharedSettings
+from spotgate.settings import RoutingSettings
 from spotgate.tenancy import shared_prompt_digest
 from spotgate.tokens import SigningKey
+from stack.builder import LocalStack
+from stack.children import GatewaySockets
 
 ISOLATED, SHARED_PROMPTS = "isolated", "shared prompts"
 """The two gateways: the default, and one naming the workload's system prompts shared."""
@@ -201,44 +201,56 @@ def render(
     return "\n".join(lines)
 
 
-async def _keys(aws: SharedSettings, count: int) -> list[str]:
-    async with Registry.open(aws) as registry:
-        await registry.create_tables()
-        return [(await registry.create_key(f"tenant-{n}")).api_key for n in range(count)]
-
-
-@contextlib.contextmanager
-def _stack(
+@contextlib.asynccontextmanager
+async def _stack(
     model: Path, logs: Path, agent_cpus: Sequence[int], tenants: int, shared: tuple[str, ...]
-) -> Iterator[tuple[dict[str, list[Server]], list[Server]]]:
-    with emulator_process(logs / "aws-emulator.log") as aws:
-        api_keys = asyncio.run(_keys(aws, tenants))
-        key = SigningKey.generate()
-        ports = {name: free_port() for name in (ISOLATED, SHARED_PROMPTS)}
-        issuer = f"http://127.0.0.1:{ports[ISOLATED]}"
-        skew = RoutingSettings().prefix_load_skew
-        started: list[Server] = []
-        try:
-            agents = [
-                start_agent(model, aws, key, issuer, n, cpu, logs)
-                for n, cpu in enumerate(agent_cpus)
-            ]
-            started += agents
-            asyncio.run(vouch_agents(aws, agents))
-            gateways: dict[str, list[Server]] = {}
-            for name, port in ports.items():
-                names_shared = shared if name == SHARED_PROMPTS else ()
-                gateway = start_gateway(
-                    aws, key, issuer, port, name, api_keys[0], logs, skew, names_shared
-                )
-                started.append(gateway)
-                gateways[name] = [
-                    dataclasses.replace(gateway, headers={"Authorization": f"Bearer {api_key}"})
-                    for api_key in api_keys
-                ]
-            yield gateways, agents
-        finally:
-            stop_servers(started)
+) -> AsyncIterator[tuple[dict[str, list[Server]], list[Server]]]:
+    """The emulator, an agent per CPU, and the two gateways, each reached with every key."""
+    key = SigningKey.generate()
+    sockets = {name: GatewaySockets.bind() for name in (ISOLATED, SHARED_PROMPTS)}
+    issuer = sockets[ISOLATED].url
+    skew = RoutingSettings().prefix_load_skew
+    agents = [agent_process(model, key, issuer, n, cpu) for n, cpu in enumerate(agent_cpus)]
+    gateways = {
+        name: gateway_replica(
+            key, issuer, name, each, skew, shared if name == SHARED_PROMPTS else ()
+        )
+        for name, each in sockets.items()
+    }
+    keys = [f"tenant-{n}" for n in range(tenants)]
+    async with LocalStack(bench_spec(logs, gateways.values(), agents, keys)) as running:
+        api_keys = [running.keys[name].api_key for name in keys]
+        yield (
+            {
+                name: [gateway_server(running, name, replica, api_key) for api_key in api_keys]
+                for name, replica in gateways.items()
+            },
+            [agent_server(running, n, agent) for n, agent in enumerate(agents)],
+        )
+
+
+async def measure_on_stack(
+    model: Path,
+    logs: Path,
+    agent_cpus: Sequence[int],
+    shared: tuple[str, ...],
+    modes: Sequence[TenantMode],
+    seeds: dict[tuple[int, str], int],
+    args: argparse.Namespace,
+) -> dict[str, list[ModeSample]]:
+    """Start the stack, measure every mode on it, stop it."""
+    async with _stack(model, logs, agent_cpus, max(args.tenants), shared) as (gateways, agents):
+        return await measure(
+            gateways,
+            agents,
+            modes,
+            seeds,
+            args.runs,
+            args.conversations,
+            args.turns,
+            args.concurrency,
+            args.max_tokens,
+        )
 
 
 def main() -> None:
@@ -269,20 +281,9 @@ def main() -> None:
         logs = Path(scratch) / "logs"
         logs.mkdir()
         try:
-            with _stack(model, logs, agent_cpus, max(args.tenants), shared) as (gateways, agents):
-                results = asyncio.run(
-                    measure(
-                        gateways,
-                        agents,
-                        modes,
-                        seeds,
-                        args.runs,
-                        args.conversations,
-                        args.turns,
-                        args.concurrency,
-                        args.max_tokens,
-                    )
-                )
+            results = asyncio.run(
+                measure_on_stack(model, logs, agent_cpus, shared, modes, seeds, args)
+            )
         except (RuntimeError, TimeoutError, aiohttp.ClientError):
             print_log_tails(logs)
             raise

@@ -23,7 +23,7 @@ from gpu_agent.synthetic_engine import synthetic_reply
 from gpu_agent.tiny_model import write_tiny_model
 from pool_manager.events import interruption_warning
 from pool_manager.local_provider import LOCAL_PLACEMENTS
-from spotgate.process import Child, ChildProcesses
+from spotgate.process import Child
 from spotgate.registry import AgentRecord, Registry, aws_session
 from spotgate.settings import (
     AgentSettings,
@@ -33,16 +33,26 @@ from spotgate.settings import (
     PoolModel,
     PoolSettings,
     QueueSettings,
+    SharedSettings,
     SyntheticSettings,
     TokenSettings,
     settings_env,
 )
 from spotgate.tokens import SigningKey
-from stack.children import GatewaySockets, start_service
+from stack.builder import (
+    POOL_MANAGER,
+    ApiKeySpec,
+    GatewayReplica,
+    LocalStack,
+    StackFailed,
+    StackSpec,
+    replica_name,
+)
+from stack.children import GatewaySockets
 from stack.emulator import EMULATOR_REGION, AwsEmulator
 from stack.local import LOCAL_VLLM, TINY_SERVED_NAME
 from stack.redis_server import RedisServer
-from stack.supervision import GaveUp, Supervisor
+from stack.supervision import Supervisor
 
 MODEL = "synthetic"
 STREAM_TOKENS = 60
@@ -56,9 +66,7 @@ VLLM_START_TIMEOUT_SECONDS = 600.0  # an engine starting next to a busy one on a
 VLLM_SHARED_CPU_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
 AGENT_HEARTBEAT_SECONDS = 1.0
 GATEWAYS = 2  # replicas sharing one pool, as behind a load balancer
-POOL_MANAGER = "pool-manager"
 GATEWAY_GRACE_SECONDS = 10.0  # streams last 3 s: every one in flight finishes within it
-GATEWAY_STOP_TIMEOUT_SECONDS = GATEWAY_GRACE_SECONDS + 10.0
 REGISTRY_POLL_SECONDS = 0.1
 # A wedged engine, at this scale: its streams move after 10 s without a token (vLLM on these
 # CPUs gaps by well under a second), its agent leaves after 20 s.
@@ -128,57 +136,28 @@ class ChaosStack:
         self.agent_capacity = agent_capacity
         self.engine = engine
         self.replies: dict[str, str] = {}  # vLLM: prompt → its uninterrupted greedy reply
-        self.emulator = AwsEmulator()
-        self.processes = ChildProcesses(directory / "logs")
-        self.limit_store = RedisServer(log=directory / "logs" / "redis.log")
         # The gateways' sockets, bound here: their ports are known before the gateways start,
         # and each stays its gateway's across a restart (a new process on the same port).
         self.gateway_sockets = [GatewaySockets.bind() for _ in range(GATEWAYS)]
-        self.gateway_names = ["gateway" if n == 0 else f"gateway-{n + 1}" for n in range(GATEWAYS)]
-        # Restarts what exits, as `spotgate up` does: a gateway killed comes back on its port.
-        self.supervisor = Supervisor(
-            self.processes, lambda _child: True, stop_timeout_seconds=GATEWAY_STOP_TIMEOUT_SECONDS
-        )
-        self._supervising: asyncio.Task[GaveUp] | None = None
+        self.gateway_names = [replica_name(n) for n in range(GATEWAYS)]
         self.gateway_urls = [sockets.url for sockets in self.gateway_sockets]
         self.gateway_url = self.gateway_urls[0]
+        self.stack = LocalStack(self._spec())
+        self.processes = self.stack.processes
         self.api_key = ""
-        self.queue_url = ""
 
-    async def __aenter__(self) -> ChaosStack:
-        self.emulator.start()
-        # moto's state belongs to the process: an earlier stack's agents (the same ids, some
-        # `gone`) would refuse this stack's registrations.
-        async with (
-            aiohttp.ClientSession() as http,
-            http.post(f"{self.emulator.url}/moto-api/reset") as response,
-        ):
-            response.raise_for_status()
-        settings = self.emulator.settings()
-        async with Registry.open(settings) as registry:
-            await registry.create_tables()
-            self.api_key = (await registry.create_key("chaos")).api_key
-        async with aws_session(settings.aws).client(
-            "sqs", endpoint_url=settings.aws.endpoint_url
-        ) as sqs:
-            self.queue_url = (await sqs.create_queue(QueueName="chaos-events"))["QueueUrl"]
-        shared = settings.model_copy(update={"log_format": "json"})
-        self.limit_store.start()
+    def _spec(self) -> StackSpec:
+        """The stack: gateways restarted when they exit, as `spotgate up`'s are."""
         # Replicas as behind a load balancer: one issuer and signing key, one limit store;
         # each names itself in `ws_url`.
         gateway = GatewaySettings(
-            shared=shared,
             token_issuer=self.gateway_url,
             token=TokenSettings(signing_key_pem=SecretStr(SigningKey.generate().to_pem())),
             models=(self.engine.model,),
             queue=QueueSettings(deadline_seconds=60, stall_seconds=STREAM_STALL_SECONDS),
             shutdown_grace_seconds=GATEWAY_GRACE_SECONDS,
-            limit_store=self.limit_store.settings(),
         )
-        for name, sock in zip(self.gateway_names, self.gateway_sockets, strict=True):
-            start_service(self.processes, name, gateway, sock)
         pool = PoolSettings(
-            shared=shared,
             provider="local",
             models=(self._pool_model(),),
             min_agents=self.agents,
@@ -188,7 +167,6 @@ class ChaosStack:
             loop_seconds=1,
             event_wait_seconds=0,
             port=0,
-            interruption_queue_url=self.queue_url,
             # What the pool manager vouches each agent serves: the capacity the stack gives them.
             placements=tuple(
                 Placement(
@@ -207,22 +185,58 @@ class ChaosStack:
                 log_dir=str(self.directory / "logs"),
             ),
         )
-        start_service(self.processes, POOL_MANAGER, pool)
-        self._supervising = asyncio.create_task(self.supervisor.run(), name="supervise the stack")
+        return StackSpec(
+            log_dir=self.directory / "logs",
+            shared=SharedSettings(log_format="json"),
+            fresh_emulator=True,
+            keys=(ApiKeySpec("chaos"),),
+            limit_store=True,
+            interruption_queue="chaos-events",
+            gateways=tuple(
+                GatewayReplica(name, gateway, sockets)
+                for name, sockets in zip(self.gateway_names, self.gateway_sockets, strict=True)
+            ),
+            pool=pool,
+            supervise=True,
+            # Its faults stop and start the store themselves.
+            supervise_limit_store=False,
+        )
+
+    async def __aenter__(self) -> ChaosStack:
+        await self.stack.__aenter__()
+        self.api_key = self.stack.keys["chaos"].api_key
         return self
 
-    def _child(self, name: str) -> Child | None:
-        return next((child for child in self.processes.children if child.name == name), None)
+    @property
+    def emulator(self) -> AwsEmulator:
+        """The AWS emulator (DynamoDB, SQS)."""
+        return self.stack.emulator
+
+    @property
+    def limit_store(self) -> RedisServer:
+        """The gateways' limit store."""
+        if self.stack.limit_store is None:
+            raise RuntimeError("the stack has no limit store")
+        return self.stack.limit_store
+
+    @property
+    def supervisor(self) -> Supervisor:
+        """What restarts the stack's children when they exit."""
+        if self.stack.supervisor is None:
+            raise RuntimeError("the stack is not started")
+        return self.stack.supervisor
 
     @property
     def gateways(self) -> list[Child]:
         """The gateway replicas' processes now (a restarted one is a new process)."""
-        return [child for name in self.gateway_names if (child := self._child(name)) is not None]
+        return [
+            child for name in self.gateway_names if (child := self.stack.child(name)) is not None
+        ]
 
     @property
     def pool_manager(self) -> Child | None:
         """The pool manager's process now."""
-        return self._child(POOL_MANAGER)
+        return self.stack.child(POOL_MANAGER)
 
     def _pool_model(self) -> PoolModel:
         """The model the pool runs, and its agents' engine."""
@@ -277,21 +291,11 @@ class ChaosStack:
         """A greedy `generate` frame for one stream of the engine's length (or `max_tokens`)."""
         return self.engine.generate_frame(stream_id, prompt, session, max_tokens)
 
-    async def __aexit__(self, *_exc: object) -> None:
-        gave_up = None
-        if self._supervising is not None:  # before the stop: nothing is restarted from here on
-            self._supervising.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                gave_up = await self._supervising
-        await self.processes.stop(lambda child: child.name == POOL_MANAGER, 60)
-        await self.processes.stop(lambda child: True, 30)
-        self.processes.close()
-        for sock in self.gateway_sockets:
-            sock.close()
-        self.limit_store.stop()
-        self.emulator.stop()
-        if gave_up is not None:
-            raise RuntimeError(f"the stack stopped: {gave_up.message()}")
+    async def __aexit__(self, *exc: object) -> None:
+        try:
+            await self.stack.__aexit__(*exc)
+        except StackFailed as err:
+            raise RuntimeError(f"the stack stopped: {err}") from err
 
     async def ready_agents(self) -> dict[str, str]:
         """Agent id → URL of the agents registered ready (empty while AWS is unreachable)."""
@@ -340,7 +344,7 @@ class ChaosStack:
         self.processes.kill(self._gateway(index))
 
     def _gateway(self, index: int) -> Child:
-        child = self._child(self.gateway_names[index])
+        child = self.stack.child(self.gateway_names[index])
         if child is None:
             raise RuntimeError("the stack is not running")
         return child
@@ -386,7 +390,7 @@ class ChaosStack:
         async with aws_session(settings.aws).client(
             "sqs", endpoint_url=settings.aws.endpoint_url
         ) as sqs:
-            await sqs.send_message(QueueUrl=self.queue_url, MessageBody=json.dumps(body))
+            await sqs.send_message(QueueUrl=self.stack.queue_url, MessageBody=json.dumps(body))
 
 
 @contextlib.asynccontextmanager

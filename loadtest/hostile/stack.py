@@ -10,10 +10,9 @@ import aiohttp
 from pydantic import SecretStr
 
 from loadtest.hostile.client import MODEL, chat_body
-from pool_manager.launches import vouch_for_agent
 from spotgate.apikeys import parse_api_key
 from spotgate.process import Child, ChildProcesses, loopback_socket, socket_port
-from spotgate.registry import CreatedApiKey, Registry
+from spotgate.registry import CreatedApiKey
 from spotgate.settings import (
     AgentSettings,
     GatewaySettings,
@@ -23,7 +22,8 @@ from spotgate.settings import (
     TokenSettings,
 )
 from spotgate.tokens import SigningKey
-from stack.children import GatewaySockets, start_service
+from stack.builder import AgentProcess, ApiKeySpec, GatewayReplica, LocalStack, StackSpec
+from stack.children import GatewaySockets
 from stack.emulator import AwsEmulator
 
 FUZZ_KEY_MAX_TOKENS = 64  # keeps fuzzed requests that happen to be valid short
@@ -39,15 +39,24 @@ ENDED_EARLY_TPM = 1000
 """The tokens per minute of the key whose streams end early (`revocation`)."""
 INVENTED_RESUME_TPM = 2000
 """The tokens per minute of the key that resumes streams it made up (`resume_charges`)."""
+GATEWAY_START_SECONDS = 60.0
+
+
+KEYS = (
+    ApiKeySpec("fuzz", max_tokens=FUZZ_KEY_MAX_TOKENS),
+    *(ApiKeySpec(name) for name in ("reader", "victim", "bystander", "revoked")),
+    ApiKeySpec("early", tpm=ENDED_EARLY_TPM),
+    ApiKeySpec("resumer", tpm=INVENTED_RESUME_TPM),
+    ApiKeySpec("billed", tpm=ROGUE_BILLED_TPM),
+)
+"""The battery's keys, by name: what each attack uses."""
 
 
 class HostileStack:
     """The emulator, the gateway and one synthetic agent as processes, logging JSON to files."""
 
     def __init__(self, directory: Path) -> None:
-        self.emulator = AwsEmulator()
         self.log_dir = directory / "logs"
-        self.processes = ChildProcesses(self.log_dir)
         # Bound here and handed down: the URLs are known before the services start, and the
         # gateway keeps its port when it restarts with a new signing key.
         self.gateway_sockets, self.agent_socket = GatewaySockets.bind(), loopback_socket()
@@ -56,11 +65,27 @@ class HostileStack:
         self.gateway_ops_url = self.gateway_sockets.ops_url
         self.agent_url = f"http://127.0.0.1:{socket_port(self.agent_socket)}"
         self.signing_key = SigningKey.generate()
-        self.keys: dict[str, CreatedApiKey] = {}
+        self.stack = LocalStack(
+            StackSpec(
+                log_dir=self.log_dir,
+                # The most a log could say.
+                shared=SharedSettings(log_format="json", log_level="debug"),
+                keys=KEYS,
+                gateways=(self._gateway("gateway"),),
+                agents=(AgentProcess("agent", self._agent(), self.agent_socket),),
+            )
+        )
+        self.processes: ChildProcesses = self.stack.processes
+        self.keys: dict[str, CreatedApiKey] = self.stack.keys
         self.secrets: set[str] = set()  # what no log line may contain
         self.gateway: Child | None = None
         self.agent: Child | None = None
         self._http: aiohttp.ClientSession | None = None
+
+    @property
+    def emulator(self) -> AwsEmulator:
+        """The AWS emulator (DynamoDB)."""
+        return self.stack.emulator
 
     @property
     def http(self) -> aiohttp.ClientSession:
@@ -70,83 +95,66 @@ class HostileStack:
         return self._http
 
     async def __aenter__(self) -> HostileStack:
-        self.emulator.start()
         self._http = aiohttp.ClientSession()
-        async with Registry.open(self.emulator.settings()) as registry:
-            await registry.create_tables()
-            tpms = {
-                "early": ENDED_EARLY_TPM,
-                "resumer": INVENTED_RESUME_TPM,
-                "billed": ROGUE_BILLED_TPM,
-            }
-            names = ("fuzz", "reader", "victim", "bystander", "revoked", "early", "resumer")
-            for name in (*names, "billed"):
-                limit = FUZZ_KEY_MAX_TOKENS if name == "fuzz" else None
-                tpm = tpms.get(name)
-                created = await registry.create_key(name, max_tokens=limit, tpm=tpm)
-                self.keys[name] = created
-                self.secrets.add(created.api_key)
-                self.secrets.add(parse_api_key(created.api_key).secret)
-            await vouch_for_agent(registry, agent_id=AGENT_ID, model=MODEL, url=self.agent_url)
-        await self.start_gateway("gateway")
-        agent = AgentSettings(
-            shared=self._shared(),
-            engine="synthetic",
-            served_model_name=MODEL,
-            agent_id=AGENT_ID,
-            jwks_url=f"{self.gateway_url}/.well-known/jwks.json",
-            imds_url="http://127.0.0.1:9",
-            heartbeat_seconds=1,
-            keepalive_seconds=SLOW_SENDER_TIMEOUT_SECONDS,
-            http_body_timeout_seconds=SLOW_SENDER_TIMEOUT_SECONDS,
-            synthetic=SyntheticSettings(
-                tokens_per_second=TOKENS_PER_SECOND,
-                ttft_seconds=0.01,
-                # Room for the flood's replies: a smaller context would refuse them outright.
-                max_model_len=2 * FLOOD_MAX_TOKENS,
-            ),
-        )
-        self.agent = start_service(self.processes, "agent", agent, self.agent_socket)
+        self._keep_secret()
+        await self.stack.__aenter__()
+        for created in self.keys.values():
+            self.secrets.add(created.api_key)
+            self.secrets.add(parse_api_key(created.api_key).secret)
+        self.gateway, self.agent = self.stack.child("gateway"), self.stack.child("agent")
         await self.wait_routable()
         return self
 
-    async def __aexit__(self, *_exc: object) -> None:
-        await self.processes.stop(lambda _child: True, 30)
-        self.processes.close()
-        self.gateway_sockets.close()
-        self.agent_socket.close()
-        if self._http is not None:
-            await self._http.close()
-        self.emulator.stop()
+    async def __aexit__(self, *exc: object) -> None:
+        try:
+            await self.stack.__aexit__(*exc)
+        finally:
+            if self._http is not None:
+                await self._http.close()
 
-    def _shared(self) -> SharedSettings:
-        return self.emulator.settings().model_copy(
-            update={"log_format": "json", "log_level": "debug"}  # the most a log could say
+    def agent_settings(self, agent_id: str, **synthetic: float) -> AgentSettings:
+        """A synthetic agent of this stack's model, trusting its gateway, with no IMDS."""
+        return AgentSettings(
+            engine="synthetic",
+            served_model_name=MODEL,
+            agent_id=agent_id,
+            jwks_url=f"{self.gateway_url}/.well-known/jwks.json",
+            imds_url="http://127.0.0.1:9",
+            heartbeat_seconds=1,
+            synthetic=SyntheticSettings.model_validate(
+                {"tokens_per_second": TOKENS_PER_SECOND, "ttft_seconds": 0.01, **synthetic}
+            ),
         )
 
-    async def start_gateway(self, name: str) -> None:
-        """Run the gateway with the current signing key; wait until it answers."""
-        pem = self.signing_key.to_pem()
-        self.secrets.update(line for line in pem.splitlines() if "-----" not in line)
+    def _agent(self) -> AgentSettings:
+        """The stack's own agent: slow senders time out, and the flood's replies fit."""
+        # Room for the flood's replies: a smaller context would refuse them outright.
+        agent = self.agent_settings(AGENT_ID, max_model_len=2 * FLOOD_MAX_TOKENS)
+        timeouts = {
+            "keepalive_seconds": SLOW_SENDER_TIMEOUT_SECONDS,
+            "http_body_timeout_seconds": SLOW_SENDER_TIMEOUT_SECONDS,
+        }
+        return agent.model_copy(update=timeouts)
+
+    def _gateway(self, name: str) -> GatewayReplica:
+        """The gateway, signing with the current signing key."""
         gateway = GatewaySettings(
-            shared=self._shared(),
             public_url=self.gateway_url,
-            token=TokenSettings(signing_key_pem=SecretStr(pem), ttl_seconds=900),
+            token=TokenSettings(
+                signing_key_pem=SecretStr(self.signing_key.to_pem()), ttl_seconds=900
+            ),
             models=(MODEL,),
             queue=QueueSettings(deadline_seconds=5),
             allowed_origins=(ALLOWED_ORIGIN,),
             keepalive_seconds=SLOW_SENDER_TIMEOUT_SECONDS,
             http_body_timeout_seconds=SLOW_SENDER_TIMEOUT_SECONDS,
         )
-        self.gateway = start_service(self.processes, name, gateway, self.gateway_sockets)
-        async with asyncio.timeout(60):
-            while True:
-                self.processes.check()
-                with suppress(aiohttp.ClientError):
-                    async with self.http.get(f"{self.gateway_url}/healthz") as reply:
-                        if reply.status == 200:
-                            return
-                await asyncio.sleep(0.2)
+        return GatewayReplica(name, gateway, self.gateway_sockets)
+
+    def _keep_secret(self) -> None:
+        """The current signing key's lines go on the list of what no log may contain."""
+        pem = self.signing_key.to_pem()
+        self.secrets.update(line for line in pem.splitlines() if "-----" not in line)
 
     async def rotate_signing_key(self) -> None:
         """Restart the gateway with a new signing key and without the old one (retired)."""
@@ -156,7 +164,10 @@ class HostileStack:
         await self.processes.stop(lambda child: child is gateway, 30)
         self.processes.children.remove(gateway)  # its log stays, for the secrets search
         self.signing_key = SigningKey.generate()
-        await self.start_gateway("gateway-rotated")
+        self._keep_secret()
+        rotated = self._gateway("gateway-rotated")
+        self.gateway = self.stack.start_gateway(rotated)
+        await self.stack.wait_gateway_ready(rotated, GATEWAY_START_SECONDS)
         await self.wait_routable()
 
     async def wait_routable(self) -> None:

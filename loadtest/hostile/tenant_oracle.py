@@ -29,12 +29,10 @@ import websockets
 from loadtest.hostile.client import MODEL
 from loadtest.hostile.report import Row
 from loadtest.hostile.revocation import connect_with_key
-from loadtest.hostile.stack import AGENT_ID, TOKENS_PER_SECOND, HostileStack
-from pool_manager.launches import vouch_for_agent
-from spotgate.process import loopback_socket, socket_port
+from loadtest.hostile.stack import AGENT_ID, HostileStack
+from spotgate.process import loopback_socket
 from spotgate.registry import Registry
-from spotgate.settings import AgentSettings, SyntheticSettings
-from stack.children import start_service
+from stack.builder import AgentProcess
 
 ORACLE_AGENTS = 3
 """The stack's agent and two more: a wrong guess lands on B's agent a third of the time."""
@@ -84,24 +82,11 @@ async def more_agents(stack: HostileStack, count: int) -> AsyncIterator[None]:
     sockets = [loopback_socket() for _ in range(count)]
     children = []
     try:
-        async with Registry.open(stack.emulator.settings()) as registry:
-            for n, sock in enumerate(sockets):
-                url = f"http://127.0.0.1:{socket_port(sock)}"
-                agent_id = f"{AGENT_ID}-{n + 2}"
-                await vouch_for_agent(registry, agent_id=agent_id, model=MODEL, url=url)
-                settings = AgentSettings(
-                    shared=stack.emulator.settings(),
-                    engine="synthetic",
-                    served_model_name=MODEL,
-                    agent_id=agent_id,
-                    jwks_url=f"{stack.gateway_url}/.well-known/jwks.json",
-                    imds_url="http://127.0.0.1:9",
-                    heartbeat_seconds=1,
-                    synthetic=SyntheticSettings(
-                        tokens_per_second=TOKENS_PER_SECOND, ttft_seconds=0.01
-                    ),
-                )
-                children.append(start_service(stack.processes, agent_id, settings, sock))
+        for n, sock in enumerate(sockets):
+            agent_id = f"{AGENT_ID}-{n + 2}"
+            # Vouched for, as the pool manager would have launched it.
+            agent = AgentProcess(agent_id, stack.agent_settings(agent_id), sock)
+            children.append(await stack.stack.start_agent(agent))
         await _routable(stack, 1 + count)
         yield
     finally:

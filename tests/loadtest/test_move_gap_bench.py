@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from loadtest.bench.move_gap import (
+from loadtest.bench.move_gap_figures import (
     AFTER_SWITCH_DELTAS,
     StreamRecord,
     first_difference,

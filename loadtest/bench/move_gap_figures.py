@@ -1,0 +1,143 @@
+"""The move-gap benchmark's fixed values, and what a stream's arrivals say (pure).
+
+`loadtest.bench.move_gap` runs the benchmark; this reads what its client recorded of each
+stream into the gap the move left, without a process or a socket.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from loadtest.bench.report import median
+
+COMMAND = "python -m loadtest.bench.move_gap --write docs/benchmarks.md"
+TOKENIZER = "qwen3"
+# A ~4,000-token prompt and its reply must fit: the model's positions are raised to match.
+MAX_MODEL_LEN = 4608
+MODEL_POSITIONS = 8192
+GOAL_GAP_RATIO = 2.0
+TODAY, EARLY = "today's move", "make-before-break"
+"""The two gateways: `queue.move_before_break` false, and true (the default)."""
+# The notice comes once the reply runs at its pace, and its deadline leaves the drain
+# MOVE_WINDOW_SECONDS before its margin: enough for the next agent's prefill (a ~4,000-token
+# conversation, ~0.6 s here) and its catching up (about four times that), too little for the
+# rest of the reply (checked at the notice).
+NOTICE_AFTER_TOKENS = 40
+MOVE_WINDOW_SECONDS = 6.0
+IMDS_POLL_SECONDS = 0.2
+# The reply's rest must take this many times the window at the notice: the drain's rate
+# estimate then finds it late for sure.
+LATE_FACTOR = 1.25
+AFTER_SWITCH_DELTAS = 10
+SPOT_NOTICE_SECONDS = 120.0  # EC2's interruption warning
+"""How far past the switch the move's gap is looked for: the next agent's first deltas."""
+EARLY_MOVES = "spotgate_gateway_early_moves_total"
+EARLY_DIVERGENCES = "spotgate_gateway_early_move_divergences_total"
+EARLY_CHECKED = "spotgate_gateway_early_move_checked_tokens_total"
+RESUMES = "spotgate_gateway_resumes_total"
+GATEWAY_COUNTERS = (EARLY_MOVES, EARLY_DIVERGENCES, EARLY_CHECKED, RESUMES)
+AGENT_TTFT = "spotgate_agent_ttft_seconds"
+ACTIVE_STREAMS = "spotgate_agent_active_streams"
+AGENT_EXIT_SECONDS = 120.0
+STREAM_TIMEOUT_SECONDS = 300.0
+CONVERSATION_TURN_WORDS = 300
+
+
+@dataclass
+class StreamRecord:
+    """What the client saw of one stream: arrivals, agents, ids, and the notice."""
+
+    delta_times: list[float] = field(default_factory=list)  # perf_counter at each delta
+    delta_tokens: list[int] = field(default_factory=list)  # tokens each delta carried
+    ids: list[int] = field(default_factory=list)
+    starts: list[tuple[float, str, int]] = field(default_factory=list)  # (time, agent, held)
+    sent_at: float = 0.0  # the `generate` sent
+    notice_at: float | None = None
+    served_by: str | None = None  # the agent that got the notice
+    notice_in_seconds: float = 0.0
+    prompt_tokens: int = 0
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class MoveFigures:
+    """One moved stream's timing, in seconds, and where its switch fell."""
+
+    median_gap: float
+    move_gap: float  # the largest gap from the notice to AFTER_SWITCH_DELTAS after the switch
+    paced_gap: float  # the largest from the notice to the switch (the draining agent's)
+    after_gap: float  # the largest after the switch's (the next agent's)
+    notice_to_switch: float  # the notice posted → the next agent's `start`
+    last_delta_to_start: float  # the draining agent's last delta relayed → that `start`
+    continuation_ttft: float  # that `start` → the next agent's first delta
+    switched_at: int  # tokens the client held at the switch
+    deltas: int
+    multi_token_deltas: int
+
+    @property
+    def ratio(self) -> float:
+        """The move's gap over the stream's median gap."""
+        return self.move_gap / self.median_gap
+
+
+def move_figures(record: StreamRecord) -> MoveFigures:
+    """The gaps of a stream between consecutive deltas (each delta one arrival, whatever its n)."""
+    times = record.delta_times
+    if len(times) < 3 or record.notice_at is None or len(record.starts) < 2:
+        raise ValueError("a moved stream needs a notice, a second `start` and three deltas")
+    gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
+    switch, _agent, held = record.starts[1]
+    before = [t for t in times if t < switch]
+    after = [t for t in times if t > switch]
+    if not before or not after:
+        raise ValueError("the second `start` came before the first delta or after the last")
+    move_ends = after[min(AFTER_SWITCH_DELTAS, len(after)) - 1]
+    pairs = list(zip(gaps, times[1:], strict=True))
+    return MoveFigures(
+        median_gap=median(gaps),
+        move_gap=max((g for g, end in pairs if record.notice_at < end <= move_ends), default=0.0),
+        paced_gap=max((g for g, end in pairs if record.notice_at < end < switch), default=0.0),
+        after_gap=max((g for g, end in pairs if end > after[0]), default=0.0),
+        notice_to_switch=switch - record.notice_at,
+        last_delta_to_start=switch - before[-1],
+        continuation_ttft=after[0] - switch,
+        switched_at=held,
+        deltas=len(times),
+        multi_token_deltas=sum(1 for n in record.delta_tokens if n > 1),
+    )
+
+
+def first_difference(moved: Sequence[int], reference: Sequence[int]) -> int | None:
+    """Where two replies' ids first differ (None: equal)."""
+    for index, (a, b) in enumerate(zip(moved, reference, strict=False)):
+        if a != b:
+            return index
+    return None if len(moved) == len(reference) else min(len(moved), len(reference))
+
+
+def notice_deadline_seconds(window_seconds: float, margin_seconds: float) -> float:
+    """The notice's `in_seconds`: the drain's margin plus the window the move has before it."""
+    return margin_seconds + window_seconds
+
+
+@dataclass(frozen=True)
+class MoveRun:
+    """One run of one gateway."""
+
+    mode: str
+    figures: MoveFigures
+    differs_at: int | None  # first difference from the unmoved reply (None: equal)
+    reply_tokens: int
+    prompt_tokens: int
+    counters: dict[str, float]  # the gateway's counters' increase over the run
+    next_agent_queried: float  # prompt tokens the next agent looked up in its prefix cache
+    next_agent_hit: float  # and found there
+    next_agent_streams: float  # streams the next agent started (its TTFT histogram's count)
+    next_agent_ttft_sum: float  # their TTFTs, summed (s)
+
+    @property
+    def prefilled_tokens(self) -> float:
+        """Tokens the next agent prefilled: those it looked up, less its cache's hits."""
+        return self.next_agent_queried - self.next_agent_hit
