@@ -969,7 +969,7 @@ async def test_slow_and_oversized_bodies_get_json_errors(
             f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
             f"Authorization: Bearer {api_key.api_key}\r\nContent-Length: 100\r\n\r\n{{".encode()
         )
-        async with asyncio.timeout(10):
+        async with asyncio.timeout(30):
             answer = await reader.read(4096)
         writer.close()
         assert answer.startswith(b"HTTP/1.1 408")
