@@ -141,7 +141,7 @@ async def completed_on(
     async def counted() -> bool:
         return sum(map(completed_streams, agents)) >= sum(before) + streams
 
-    await wait_for(counted, within=10)
+    await wait_for(counted)
     return [completed_streams(agent) - count for agent, count in zip(agents, before, strict=True)]
 
 
@@ -176,7 +176,7 @@ def agents_of(gateway: Gateway, start_agent: AgentFactory) -> GatewayAgentFactor
             record = gateway.state.dispatcher.view.record(agent_id)
             return record is not None and record.state is AgentState.READY
 
-        await wait_for(routable, within=10)
+        await wait_for(routable)
         return agent
 
     return start
@@ -297,5 +297,5 @@ async def replicas(
             records = [gateway.state.dispatcher.view.record(agent_id) for gateway in gateways]
             return all(r is not None and r.state is AgentState.READY for r in records)
 
-        await wait_for(routable_everywhere, within=10)
+        await wait_for(routable_everywhere)
         yield gateways

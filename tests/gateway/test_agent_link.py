@@ -149,7 +149,7 @@ async def test_a_stream_the_gateway_ended_itself_is_still_cancelled_on_its_agent
         assert isinstance(await anext(second.items()), DeltaFrame)  # "a"'s token came before
 
         await link.cancel("a")
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(30):
             assert await cancelled.get() == "a"
         await link.close()
 

@@ -84,7 +84,7 @@ async def test_two_gateways_never_put_more_than_its_capacity_on_an_agent_and_que
             records = [g.state.dispatcher.view.record(agent_id) for g in (first, second)]
             return all(r is not None and r.state is AgentState.READY for r in records)
 
-        await wait_for(routable_through_both, within=10)
+        await wait_for(routable_through_both)
 
         async def client(gateway: Gateway, prefix: str) -> dict[str, list[Any]]:
             requests = [generate(f"{prefix}{n}", MODEL, max_tokens=20) for n in range(5)]
@@ -406,7 +406,7 @@ async def test_a_conversation_without_a_session_stays_on_one_agent_through_eithe
                 for agent_id in agent_ids
             )
 
-        await wait_for(routable_through_both, within=10)
+        await wait_for(routable_through_both)
 
         gateways = (first, second, first)
 

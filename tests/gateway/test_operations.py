@@ -72,7 +72,7 @@ async def test_readiness_and_metrics_are_served_on_the_operations_port(gateway: 
                 return reply.status == 200
 
         body: dict[str, object] = {}
-        await wait_for(ready, within=10)
+        await wait_for(ready)
         assert body["status"] == "ready"
         assert body["limits"] == "shared"
         # Liveness on both: the load balancer's health check reads the traffic port.

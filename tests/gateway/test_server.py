@@ -257,7 +257,7 @@ async def test_draining_agents_get_nothing_and_sessions_stick(
             record = gateway.state.dispatcher.view.record(drained)
             return record is not None and record.state is AgentState.DRAINING
 
-        await wait_for(out_of_view, within=2)
+        await wait_for(out_of_view)
         for n in range(5):
             await run_streams(ws, generate(f"t{n}", MODEL, max_tokens=2, session="chat-7"))
     assert await completed_on((first, second), served, 5) == [
@@ -461,7 +461,7 @@ async def in_view(gateway: Gateway, agent_id: str) -> None:
         record = gateway.state.dispatcher.view.record(agent_id)
         return record is not None and record.state is AgentState.READY
 
-    await wait_for(seen, within=30)
+    await wait_for(seen)
 
 
 async def out_of_service(gateway: Gateway, agent_id: str) -> None:
@@ -470,7 +470,7 @@ async def out_of_service(gateway: Gateway, agent_id: str) -> None:
     async def gone() -> bool:
         return agent_id not in serving(gateway)
 
-    await wait_for(gone, within=30)
+    await wait_for(gone)
 
 
 async def streaming_on(gateway: Gateway, agent_id: str) -> None:
@@ -479,7 +479,7 @@ async def streaming_on(gateway: Gateway, agent_id: str) -> None:
     async def open_there() -> bool:
         return agent_id in serving(gateway)
 
-    await wait_for(open_there, within=10)
+    await wait_for(open_there)
 
 
 async def test_a_next_agent_killed_while_it_catches_up_leaves_the_stream_to_move_at_the_break(
@@ -560,7 +560,7 @@ async def test_scale_from_zero_queues_then_serves(
                 demand = await registry.read_demand()
             return demand.get("scalable") is not None and demand["scalable"].pending == 1
 
-        await wait_for(demand_published, within=5)
+        await wait_for(demand_published)
         await gateway_agent(model="scalable")
         frames = [await receive(ws)]
         await receive_to_end(ws, frames)
@@ -673,7 +673,7 @@ async def test_registry_outage_keeps_streams_flowing_on_the_cached_view(
             async def noticed() -> bool:
                 return gateway.state.dispatcher.view.last_error is not None
 
-            await wait_for(noticed, within=10)
+            await wait_for(noticed)
             frames = (await run_streams(ws, generate("b", MODEL, content="hi", max_tokens=8)))["b"]
             async with aiohttp.ClientSession() as http, http.get(f"{gateway.ops_url}/readyz") as r:
                 ready = await r.json()
@@ -855,7 +855,7 @@ async def test_streams_still_open_when_the_grace_ends_hear_going_away_and_their_
 
             # Told to stop, not left to finish: its 1,000 tokens would take 50 s at this pace
             # (the margin is for a busy machine: `make test` runs vLLM beside this).
-            await wait_for(agent_stopped, within=20)
+            await wait_for(agent_stopped)
     assert raised.value.code == "going_away"
     assert "retry it through another gateway" in raised.value.message
     assert frames[-1]["code"] == "going_away"
@@ -969,7 +969,7 @@ async def test_slow_and_oversized_bodies_get_json_errors(
             f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
             f"Authorization: Bearer {api_key.api_key}\r\nContent-Length: 100\r\n\r\n{{".encode()
         )
-        async with asyncio.timeout(10):
+        async with asyncio.timeout(30):
             answer = await reader.read(4096)
         writer.close()
         assert answer.startswith(b"HTTP/1.1 408")

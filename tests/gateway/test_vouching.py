@@ -241,7 +241,7 @@ async def test_a_rogue_row_draws_no_stream_from_either_replica_and_bills_nothing
             views = [gateway.state.dispatcher.view for gateway in gateways]
             return all(view.record(launched.agent_id) is not None for view in views)
 
-        await wait_for(both_judged, within=10)
+        await wait_for(both_judged)
         for gateway in gateways:
             view = gateway.state.dispatcher.view
             assert view.record(unlaunched.agent_id) is None
@@ -292,7 +292,7 @@ async def test_an_agent_at_another_url_than_it_was_launched_at_is_not_routed(
             exposition = await scrape(f"{gateway.ops_url}/metrics")
             return rogues(exposition, RogueReason.OTHER_URL) == 1
 
-        await wait_for(judged, within=10)
+        await wait_for(judged)
         assert gateway.state.dispatcher.view.record(rogue.agent_id) is None
 
 

@@ -196,7 +196,7 @@ async def test_an_agent_that_cannot_register_at_boot_keeps_trying(
         failures = metrics.get_sample_value("spotgate_agent_registration_failures_total")
         return (failures or 0) >= 1
 
-    await wait_for(failed_once, within=10)
+    await wait_for(failed_once)
     assert not agent.runtime.became_ready.is_set()
     async with Registry.open(aws.settings()) as registry:
         await registry.create_tables()
@@ -370,7 +370,7 @@ async def test_spot_notice_drains_hands_back_long_streams_and_leaves_gone(
                 record = await registry.get_agent(agent_id)
                 return record is not None and record.state is AgentState.GONE
 
-            await wait_for(gone, within=10.0)
+            await wait_for(gone)
         assert agent.runtime.stopped.is_set()
 
 
@@ -392,7 +392,7 @@ async def test_heartbeats_report_load_and_rebalance_is_only_recorded(
             record = await registry.get_agent(agent_id)
             return record is not None and record.active == 1
 
-        await wait_for(busy, within=5)
+        await wait_for(busy)
         async with http.post(f"{imds.url}/_emulator/rebalance"):
             pass
 
@@ -400,7 +400,7 @@ async def test_heartbeats_report_load_and_rebalance_is_only_recorded(
             record = await registry.get_agent(agent_id)
             return record is not None and record.rebalance_at is not None
 
-        await wait_for(rebalance_recorded, within=5)
+        await wait_for(rebalance_recorded)
         record = await registry.get_agent(agent_id)
         assert record is not None
         assert record.state is AgentState.READY
@@ -440,14 +440,14 @@ async def test_a_client_that_never_reads_pauses_its_stream(
         async def registered() -> bool:
             return bool(agent.runtime.websockets)
 
-        await wait_for(registered, within=5)
+        await wait_for(registered)
         [link] = agent.runtime.websockets
         link.ws.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)
         await send(ws, generate("flood", "synth", max_tokens=max_tokens))
         assert (await receive(ws))["type"] == "start"  # then it reads nothing more
         [handle] = agent.runtime.streams.values()
         produced: list[int] = []
-        async with asyncio.timeout(20):
+        async with asyncio.timeout(60):
             while len(produced) < 3 or produced[-1] != produced[-3]:
                 await asyncio.sleep(0.25)  # sampling a rate, not synchronising
                 produced.append(handle.progress.completion_tokens)
@@ -530,7 +530,7 @@ async def test_an_engine_that_dies_while_idle_takes_the_agent_out_of_the_pool(
             record = await registry.get_agent(agent_id)
             return record is not None and record.state is AgentState.GONE
 
-        await wait_for(gone, within=5)
+        await wait_for(gone)
     async with aiohttp.ClientSession() as http, http.get(f"{agent.url}/healthz") as health:
         assert health.status == 503
         assert (await health.json())["failure"] == "the engine process exited"
@@ -558,7 +558,7 @@ async def test_a_wedged_engine_takes_the_agent_out_of_the_pool(
                 record = await registry.get_agent(agent_id)
                 return record is not None and record.state is AgentState.GONE
 
-            await wait_for(gone, within=5)
+            await wait_for(gone)
         if busy:
             frames = [await receive(ws)]
             await receive_to_end(ws, frames)

@@ -69,7 +69,7 @@ async def test_agent_process_drains_on_sigterm_and_leaves_gone(
             assert (await receive(ws))["type"] == "start"
 
             process.send_signal(signal.SIGTERM)
-            await wait_for(lambda: state_is(AgentState.DRAINING), within=5)
+            await wait_for(lambda: state_is(AgentState.DRAINING))
             frame = await receive(ws)
             while frame["type"] == "delta":
                 frame = await receive(ws)

@@ -136,7 +136,7 @@ async def prefix_cache_tokens_after(
     async def counted() -> bool:
         return (await prefix_cache_tokens(agent))[0] >= before[0] + prompt_tokens
 
-    await wait_for(counted, within=10)
+    await wait_for(counted)
     return await prefix_cache_tokens(agent)
 
 
@@ -548,7 +548,7 @@ async def test_a_dead_engine_core_hands_streams_back_and_the_agent_leaves(
                 record = await registry.get_agent(agent.runtime.settings.agent_id or "")
                 return record is not None and record.state is AgentState.GONE
 
-            await wait_for(gone, within=10)
+            await wait_for(gone)
     finally:
         await engine.close()
 
