@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import multiprocessing
 import os
 import signal
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -226,6 +226,20 @@ def _pool_model(name: str, source: str, engine: VllmSettings, options: UpOptions
     )
 
 
+def _quietly() -> None:
+    """Send a writer process's output (progress bars) nowhere: `up` prints only its own."""
+    nowhere = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(nowhere, 1)
+    os.dup2(nowhere, 2)
+
+
+def _write_tiny_model(out: Path, cache: Path) -> None:
+    """Write the default model into `out`: run in a process of its own (`_tiny_model`)."""
+    from gpu_agent.tiny_model import resolve_tokenizer, write_tiny_model
+
+    write_tiny_model(out, resolve_tokenizer(TINY_TOKENIZER, cache), TINY_REPLY)
+
+
 def _tiny_model(directory: Path) -> tuple[str, VllmSettings]:
     """The default model, generated on the first run, and its engine settings.
 
@@ -236,15 +250,15 @@ def _tiny_model(directory: Path) -> tuple[str, VllmSettings]:
     """
     tiny = directory / TINY_MODEL_DIR
     if not (tiny / "config.json").exists():
-        cache = os.environ.get(TOKENIZER_CACHE_ENV, str(directory / ".cache" / "tokenizers"))
-        result = subprocess.run(  # noqa: S603 - our own CLI
-            [sys.executable, "-m", "cli", "model", "tiny", "--out", str(tiny),
-             "--tokenizer", TINY_TOKENIZER, "--cache", cache, "--reply", TINY_REPLY],
-            capture_output=True,
-            check=False,
-        )  # fmt: skip
-        if result.returncode != 0:
-            raise UpFailed(f"could not write the tiny model: {result.stderr.decode()[-500:]}")
+        cache = Path(os.environ.get(TOKENIZER_CACHE_ENV, str(directory / ".cache" / "tokenizers")))
+        # In a process of its own: writing it loads torch and transformers, which the stack's
+        # own process never needs.
+        spawn = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(1, mp_context=spawn, initializer=_quietly) as writer:
+            try:
+                writer.submit(_write_tiny_model, tiny, cache).result()
+            except Exception as err:  # the writer's own, carried back from its process
+                raise UpFailed(f"could not write the tiny model: {err}") from err
     parsers = {"tool_call_parser": TINY_TOOL_CALL_PARSER, "reasoning_parser": TINY_REASONING_PARSER}
     return str(tiny), LOCAL_VLLM.model_copy(update=parsers)
 

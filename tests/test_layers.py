@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import itertools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -223,3 +224,23 @@ def test_the_lambdas_import_nothing_of_ours() -> None:
         )
         == []
     )
+
+
+def _module_runs(path: Path) -> Iterator[str]:
+    """The modules `path` runs as processes: `-m <module>` in a literal argument list."""
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.List | ast.Tuple):
+            words = [item.value if isinstance(item, ast.Constant) else None for item in node.elts]
+            yield from (
+                str(module) for flag, module in itertools.pairwise(words) if flag == "-m" and module
+            )
+
+
+def test_the_stack_makes_no_call_up_into_the_cli() -> None:
+    calls = sorted(
+        f"{path.relative_to(ROOT)} runs {module}"
+        for path in (ROOT / "stack").rglob("*.py")
+        for module in _module_runs(path)
+        if module.split(".")[0] == "cli"
+    )
+    assert calls == []
