@@ -130,6 +130,10 @@ $(UV): | $(BIN)/python
 
 $(INSTALLED): pyproject.toml Makefile | $(UV)
 	$(UV_PIP) --python $(BIN)/python -e '.[dev,local,cpu,cdk]'
+	# aws-cdk-lib and aws-cdk.cloud-assembly-schema both write aws_cdk/cloud_assembly_schema/;
+	# the lib's must be the one on disk (its jsii types), and uv installs the two in no set
+	# order: the lib is written again, alone.
+	$(UV_PIP) --python $(BIN)/python --reinstall-package aws-cdk-lib -e '.[dev,local,cpu,cdk]'
 	$(UV) pip uninstall --quiet --python $(BIN)/python $(TORCH_EXTRAS_TO_REMOVE)
 	touch $@
 
