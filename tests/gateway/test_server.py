@@ -371,6 +371,14 @@ async def test_spot_notice_moves_the_stream_exactly(
     assert_moved_once_exactly(frames, "drain me", stream_tokens)
 
 
+def assert_moved_early_once(gateway: Gateway) -> None:
+    """The stream moved once, to a continuation open before the break, with no divergence."""
+    metrics = gateway.state.metrics
+    assert metrics.early_moves._value.get() == 1
+    assert metrics.resumes._value.get() == 1
+    assert metrics.early_move_divergences._value.get() == 0
+
+
 async def test_a_spot_notice_moves_the_stream_before_its_agent_breaks_it(
     gateway: Gateway, gateway_agent: GatewayAgentFactory, api_key: CreatedApiKey, imds: Imds
 ) -> None:
@@ -388,10 +396,7 @@ async def test_a_spot_notice_moves_the_stream_before_its_agent_breaks_it(
         await receive_to_end(ws, frames)
 
     assert_moved_once_exactly(frames, "move me early", stream_tokens)
-    metrics = gateway.state.metrics
-    assert metrics.early_moves._value.get() == 1  # its continuation was open before the break
-    assert metrics.resumes._value.get() == 1
-    assert metrics.early_move_divergences._value.get() == 0
+    assert_moved_early_once(gateway)
     streams = draining.runtime.metrics.streams
     assert streams.labels(outcome="cancelled")._value.get() == 1
     assert streams.labels(outcome="interrupted")._value.get() == 0
@@ -422,10 +427,7 @@ async def test_a_next_agent_still_in_its_prefill_at_the_break_takes_the_stream_o
         await receive_to_end(ws, frames)
 
     assert_moved_once_exactly(frames, "move me early", stream_tokens)
-    metrics = gateway.state.metrics
-    assert metrics.early_moves._value.get() == 1  # its continuation was open before the break
-    assert metrics.resumes._value.get() == 1
-    assert metrics.early_move_divergences._value.get() == 0
+    assert_moved_early_once(gateway)
     assert streams.labels(outcome="interrupted")._value.get() == 1
     assert streams.labels(outcome="cancelled")._value.get() == 0
 
@@ -537,10 +539,7 @@ async def test_a_draining_agent_killed_while_its_next_agent_catches_up_is_taken_
         await receive_to_end(ws, frames)
 
     assert_moved_once_exactly(frames, "lose the old", stream_tokens)
-    metrics = gateway.state.metrics
-    assert metrics.early_moves._value.get() == 1  # the continuation already open took over
-    assert metrics.resumes._value.get() == 1
-    assert metrics.early_move_divergences._value.get() == 0
+    assert_moved_early_once(gateway)  # the continuation already open took over
 
 
 async def test_scale_from_zero_queues_then_serves(
