@@ -371,13 +371,15 @@ class Dispatcher:
         try:
             heard: tuple[int, PoolForecast | None] | None = None
             while True:
+                # Taken before the yield: a change while the caller holds the queued event
+                # (a refresh, an agent freed, the gateway closing) wakes this wait at once.
+                changed = self._changed
                 if self.closing:
                     raise GatewayClosing(model)
                 position, forecast = waiters.index(me), self.forecasts.get(model)
                 if (position, forecast) != heard:  # a new place in line, or a new forecast
                     heard = (position, forecast)
                     yield Queued(position, eta_seconds(forecast, self._clock()))
-                changed = self._changed
                 if position == 0:  # an agent that came just as the wait ran out still serves
                     chosen = self.choose(model, session, exclude, prefix, adapter)
                     if chosen is not None:
