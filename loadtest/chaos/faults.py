@@ -11,7 +11,6 @@ import psutil
 
 from loadtest.chaos.stack import (
     AGENT_HEARTBEAT_SECONDS,
-    GATEWAY_GRACE_SECONDS,
     READY_TIMEOUT_SECONDS,
     REGISTRY_POLL_SECONDS,
     TOKENS_PER_SECOND,
@@ -21,8 +20,6 @@ from loadtest.chaos.traffic import STREAM_TIMEOUT_SECONDS, SseClients, Traffic, 
 from spotgate.registry import Registry
 
 NOTICE_SECONDS = 20.0
-LONG_STREAM_SECONDS = GATEWAY_GRACE_SECONDS + 10.0
-"""Streams that outlive a gateway's drain (synthetic pace)."""
 ENGINE_CORE_PROCESS_NAME = "VLLM::EngineCor"
 """What vLLM's engine core process calls itself (`VLLM::EngineCore`, cut to 15 characters)."""
 # A fresh agent is killed this long after it is seen registered, or once it has a stream:
@@ -135,7 +132,7 @@ async def gateway_stopped_under_long_streams(
     other gateway, exact; SSE clients see an error event, then `[DONE]`. Done once every
     long stream has ended, the gateway running again (its supervisor restarted it).
     """
-    max_tokens = round(LONG_STREAM_SECONDS * TOKENS_PER_SECOND)
+    max_tokens = round(stack.timings.long_stream_seconds * TOKENS_PER_SECOND)
     websocket = Traffic(
         stack, 2, name="long", rounds=1, tally=traffic.tally, max_tokens=max_tokens, gateway=1
     )

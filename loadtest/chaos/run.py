@@ -8,7 +8,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from loadtest.chaos.faults import Fault, aws_down, limit_store_down, scenarios_for
-from loadtest.chaos.stack import SYNTHETIC, ChaosStack, StackEngine, chaos_stack
+from loadtest.chaos.stack import (
+    DEFAULT_TIMINGS,
+    SYNTHETIC,
+    ChaosStack,
+    StackEngine,
+    StackTimings,
+    chaos_stack,
+)
 from loadtest.chaos.traffic import Tally, Traffic
 
 DEFAULT_AGENTS = 3  # the command line's defaults (its report names only others)
@@ -51,6 +58,7 @@ async def run_all(
     settle_seconds: float,
     engine: StackEngine = SYNTHETIC,
     scenarios: Sequence[str] = (),
+    timings: StackTimings = DEFAULT_TIMINGS,
 ) -> list[Outcome]:
     """The `scenarios` (those that apply to the engine by default), in turn, on one stack.
 
@@ -58,7 +66,7 @@ async def run_all(
     traffic while the others are faulted, and the full pool needs a surge beyond it.
     """
     outcomes = []
-    async with chaos_stack(agents, streams, engine) as stack:
+    async with chaos_stack(agents, streams, engine, timings) as stack:
         if engine.kind == "vllm":
             if await stack.wait_ready(set(), engine.ready_timeout_seconds) is None:
                 raise RuntimeError("the pool did not reach its target")

@@ -10,7 +10,7 @@ import tempfile
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -33,6 +33,7 @@ from spotgate.settings import (
     PoolModel,
     PoolSettings,
     QueueSettings,
+    RegistryTimings,
     SharedSettings,
     SyntheticSettings,
     TokenSettings,
@@ -73,6 +74,28 @@ REGISTRY_POLL_SECONDS = 0.1
 STREAM_STALL_SECONDS = 10.0
 ENGINE_CHECK_SECONDS = 2.0
 ENGINE_STALL_SECONDS = 20.0
+
+
+@dataclass(frozen=True)
+class StackTimings:
+    """How long the stack's services wait on one another before they give up on one.
+
+    `gateway_grace_seconds`: a stopping gateway's drain; `stream_stall_seconds`: a stream
+    without a token before the gateway moves it; `registry`: how long an agent's entry lives
+    after its last heartbeat, so how long a hung agent stays in the pool.
+    """
+
+    gateway_grace_seconds: float = GATEWAY_GRACE_SECONDS
+    stream_stall_seconds: float = STREAM_STALL_SECONDS
+    registry: RegistryTimings = field(default_factory=RegistryTimings)
+
+    @property
+    def long_stream_seconds(self) -> float:
+        """A stream that outlives a gateway's drain by as long again (synthetic pace)."""
+        return 2 * self.gateway_grace_seconds
+
+
+DEFAULT_TIMINGS = StackTimings()
 
 
 @dataclass(frozen=True)
@@ -129,12 +152,18 @@ class ChaosStack:
     """
 
     def __init__(
-        self, directory: Path, agents: int, agent_capacity: int, engine: StackEngine = SYNTHETIC
+        self,
+        directory: Path,
+        agents: int,
+        agent_capacity: int,
+        engine: StackEngine = SYNTHETIC,
+        timings: StackTimings = DEFAULT_TIMINGS,
     ) -> None:
         self.directory = directory
         self.agents = agents
         self.agent_capacity = agent_capacity
         self.engine = engine
+        self.timings = timings
         self.replies: dict[str, str] = {}  # vLLM: prompt → its uninterrupted greedy reply
         # The gateways' sockets, bound here: their ports are known before the gateways start,
         # and each stays its gateway's across a restart (a new process on the same port).
@@ -154,8 +183,10 @@ class ChaosStack:
             token_issuer=self.gateway_url,
             token=TokenSettings(signing_key_pem=SecretStr(SigningKey.generate().to_pem())),
             models=(self.engine.model,),
-            queue=QueueSettings(deadline_seconds=60, stall_seconds=STREAM_STALL_SECONDS),
-            shutdown_grace_seconds=GATEWAY_GRACE_SECONDS,
+            queue=QueueSettings(
+                deadline_seconds=60, stall_seconds=self.timings.stream_stall_seconds
+            ),
+            shutdown_grace_seconds=self.timings.gateway_grace_seconds,
         )
         pool = PoolSettings(
             provider="local",
@@ -187,7 +218,7 @@ class ChaosStack:
         )
         return StackSpec(
             log_dir=self.directory / "logs",
-            shared=SharedSettings(log_format="json"),
+            shared=SharedSettings(log_format="json", registry=self.timings.registry),
             fresh_emulator=True,
             keys=(ApiKeySpec("chaos"),),
             limit_store=True,
@@ -395,9 +426,12 @@ class ChaosStack:
 
 @contextlib.asynccontextmanager
 async def chaos_stack(
-    agents: int, agent_capacity: int, engine: StackEngine = SYNTHETIC
+    agents: int,
+    agent_capacity: int,
+    engine: StackEngine = SYNTHETIC,
+    timings: StackTimings = DEFAULT_TIMINGS,
 ) -> AsyncIterator[ChaosStack]:
     """A stack in a scratch directory."""
     with tempfile.TemporaryDirectory(prefix="spotgate-chaos-") as scratch:
-        async with ChaosStack(Path(scratch), agents, agent_capacity, engine) as stack:
+        async with ChaosStack(Path(scratch), agents, agent_capacity, engine, timings) as stack:
             yield stack
