@@ -109,10 +109,12 @@ async def slowloris(target: str, url: str, credential: str, connections: int) ->
         normal_latencies(url, {"Authorization": f"Bearer {credential}"}, stop)
     )
     path = "/v1/chat/completions"
-    headers_done = [slow_headers(host, int(port)) for _ in range(connections)]
-    bodies_done = [slow_body(host, int(port), path, credential) for _ in range(connections)]
-    header_times = await asyncio.gather(*headers_done)
-    body_results = await asyncio.gather(*bodies_done)
+    # Both kinds at once: the server holds every slow connection together, and the attack
+    # takes one timeout, not one per kind.
+    header_times, body_results = await asyncio.gather(
+        asyncio.gather(*(slow_headers(host, int(port)) for _ in range(connections))),
+        asyncio.gather(*(slow_body(host, int(port), path, credential) for _ in range(connections))),
+    )
     stop.set()
     latencies = await normal
     limit = SLOW_SENDER_TIMEOUT_SECONDS + TIMEOUT_SLACK_SECONDS
