@@ -145,7 +145,6 @@ class VllmEngine:
     @classmethod
     async def start(cls, settings: AgentSettings) -> VllmEngine:
         """Load the model named in the settings into a new engine (tens of seconds)."""
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KV_CACHE_GIB_DEFAULT)
         from transformers import AutoTokenizer
         from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -153,6 +152,8 @@ class VllmEngine:
         engine_settings = settings.vllm
         revision = engine_settings.revision
         args = engine_args(settings)  # before any weight loads: a bad argument stops it here
+        if args.kv_cache_memory_bytes is None:  # the CPU backend's variable outranks the flag
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KV_CACHE_GIB_DEFAULT)
         args.disable_log_stats = True
         args.logits_processors = [STREAM_CONSTRAINTS]
         if is_s3_uri(settings.model):  # staged, `model_fetch: stream`

@@ -37,11 +37,29 @@ from tests.support.clocks import FakeClock
 hypothesis_settings.register_profile("suite", deadline=None)
 hypothesis_settings.load_profile("suite")
 
+FAILOVER = "tests/gateway/test_vllm_failover.py"
+OPENAI = "tests/gateway/test_vllm_openai.py"
+AGENT = "tests/gpu_agent/test_vllm_agent.py"
 WORKER_GROUPS = {
-    # Each starts the session's vLLM engines (a minute or two on two cores): once, on one worker.
-    "tests/gpu_agent/test_vllm_agent.py": "vllm",
-    "tests/gateway/test_vllm_failover.py": "vllm",
-    "tests/gateway/test_vllm_openai.py": "vllm",
+    # A vLLM engine starts once in each group whose tests use it (half a minute on two cores);
+    # the groups split the vLLM tests by engine and by file so that no one worker runs them
+    # all. The first prefix a test's node id starts with names its group.
+    f"{FAILOVER}::test_a_call_the_model_makes_of_its_own_accord": "vllm parsers",
+    f"{FAILOVER}::test_a_reasoning_models_thinking": "vllm parsers",
+    f"{FAILOVER}::test_a_stream_with_an_adapter": "vllm openai",
+    FAILOVER: "vllm failover",
+    f"{OPENAI}::test_a_tool_the_model_calls_of_its_own_accord": "vllm parsers",
+    f"{OPENAI}::test_langchain_binds_tools_and_the_model_picks_one": "vllm parsers",
+    f"{OPENAI}::test_the_responses_api_reports_a_call_the_model_chose": "vllm parsers",
+    f"{OPENAI}::test_vllms_own_": "vllm parsers",
+    f"{OPENAI}::test_a_reasoning_models_thinking": "vllm parsers",
+    f"{OPENAI}::test_thinking_turned_off": "vllm parsers",
+    f"{OPENAI}::test_a_turns_thinking": "vllm parsers",
+    f"{OPENAI}::test_the_responses_api_gives_the_thinking": "vllm parsers",
+    OPENAI: "vllm openai",
+    f"{AGENT}::test_a_maximal_tools_payload": "vllm parsers",
+    f"{AGENT}::test_a_dead_engine_core": f"{AGENT}::test_a_dead_engine_core",  # its own engine
+    AGENT: "vllm agent",
     # One synthesis serves every test of the CDK app.
     "infra/cdk/tests/": "cdk",
     # One `spotgate up` serves the module.
@@ -50,15 +68,15 @@ WORKER_GROUPS = {
 }
 """Tests that must share a worker when `make test` runs the suite on several (pytest-xdist);
 every other test goes to whichever worker is free."""
-VLLM_ENGINE_FIXTURES = frozenset(
-    {
-        "vllm_engine",
-        "vllm_llama2_engine",
-        "vllm_tool_engine",
-        "vllm_reasoning_engine",
-        "vllm_lora_engine",
-    }
-)
+ENGINE_GROUPS = {
+    "vllm_engine": {"vllm failover", "vllm openai", "vllm agent"},
+    "vllm_llama2_engine": {"vllm failover", "vllm agent"},
+    "vllm_tool_engine": {"vllm parsers"},
+    "vllm_reasoning_engine": {"vllm parsers"},
+    "vllm_lora_engine": {"vllm openai"},
+}
+"""The groups that may start each session-scoped vLLM engine: a test on it in any other group
+would start it once more."""
 
 
 def worker_group(nodeid: str) -> str:
@@ -84,15 +102,15 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Producer) -> Grouped
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Refuse a test on a vLLM engine outside the vLLM group: it would start engines again."""
+    """Refuse a test on a vLLM engine outside its engine's groups: it would start it again."""
     strays = [
-        item.nodeid
+        f"{item.nodeid} ({fixture})"
         for item in items
-        if VLLM_ENGINE_FIXTURES & set(getattr(item, "fixturenames", ()))
-        and worker_group(item.nodeid) != "vllm"
+        for fixture in ENGINE_GROUPS.keys() & set(getattr(item, "fixturenames", ()))
+        if worker_group(item.nodeid) not in ENGINE_GROUPS[fixture]
     ]
     if strays:
-        raise pytest.UsageError(f"add their files to WORKER_GROUPS as 'vllm': {strays}")
+        raise pytest.UsageError(f"put them in a group of their engine in WORKER_GROUPS: {strays}")
 
 
 @pytest.fixture(scope="session")

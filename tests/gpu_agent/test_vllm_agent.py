@@ -29,6 +29,7 @@ from spotgate.tokens import GATEWAY_SUBJECT_PREFIX, KeyRing, issue
 from stack.emulator import AwsEmulator
 from tests.support.agents import (
     ENGINE_BATCHED_TOKENS,
+    ENGINE_KV_CACHE_BYTES,
     ISSUER,
     LLAMA2_MODEL,
     TINY_MODEL,
@@ -93,8 +94,10 @@ async def served(
 
 
 def test_a_vllm_serve_flag_in_the_settings_reaches_the_engine(vllm_engine: Engine) -> None:
-    scheduler = vllm_engine._llm.vllm_config.scheduler_config  # type: ignore[attr-defined]
-    assert scheduler.max_num_batched_tokens == ENGINE_BATCHED_TOKENS
+    config = vllm_engine._llm.vllm_config  # type: ignore[attr-defined]
+    assert config.scheduler_config.max_num_batched_tokens == ENGINE_BATCHED_TOKENS
+    # On a CPU too, where the backend's own variable would otherwise set the KV cache's size.
+    assert config.cache_config.kv_cache_memory_bytes == ENGINE_KV_CACHE_BYTES
 
 
 async def test_streams_over_ws_with_token_ids(agent: RunningAgent, token: str) -> None:

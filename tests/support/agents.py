@@ -135,6 +135,9 @@ def tool_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 ENGINE_BATCHED_TOKENS = 4096
 """The tests' engines' `--max-num-batched-tokens`, given as a `vllm serve` flag."""
+ENGINE_KV_CACHE_BYTES = 256 * 2**20
+"""The tests' engines' KV cache: 131,072 of the tiny model's tokens, twice what 32 streams of
+2,048 hold; a quarter of the agent's default on a CPU, so several engines fit at once."""
 
 
 def vllm_settings(
@@ -157,7 +160,8 @@ def vllm_settings(
             tool_call_parser=tool_call_parser,
             reasoning_parser=reasoning_parser,
             # Any `vllm serve` flag besides: the tests' engines take one.
-            engine_args=f"--max-num-batched-tokens {ENGINE_BATCHED_TOKENS}",
+            engine_args=f"--max-num-batched-tokens {ENGINE_BATCHED_TOKENS} "
+            f"--kv-cache-memory-bytes {ENGINE_KV_CACHE_BYTES}",
         ),
     )
 
