@@ -19,16 +19,25 @@ from loadtest.hostile.report import Row
 from loadtest.hostile.resume_charges import invented_resumes
 from loadtest.hostile.revocation import disabled_key_on_an_open_socket, streams_ended_early
 from loadtest.hostile.rogue_agent import rogue_agent_rows
-from loadtest.hostile.slow_clients import never_reads, slowloris
+from loadtest.hostile.slow_clients import MAX_OTHER_CLIENT_SECONDS, never_reads, slowloris
 from loadtest.hostile.stack import HostileStack
 from loadtest.hostile.tenant_oracle import tenant_oracle
 from loadtest.hostile.ws_frames import fuzz_websocket
 
 
 async def run_battery(
-    examples: int, slow_connections: int, guesses: int, keep_logs: Path | None = None
+    examples: int,
+    slow_connections: int,
+    guesses: int,
+    keep_logs: Path | None = None,
+    other_client_seconds_max: float | None = MAX_OTHER_CLIENT_SECONDS,
 ) -> list[Row]:
-    """Every class of hostile input against one stack, then the logs (copied to `keep_logs`)."""
+    """Every class of hostile input against one stack, then the logs (copied to `keep_logs`).
+
+    `other_client_seconds_max`: the longest a normal client's chat may take while slow senders
+    and a client that never reads press on the same server (None: each must be served, in any
+    time).
+    """
     with tempfile.TemporaryDirectory(prefix="spotgate-hostile-") as scratch:
         async with HostileStack(Path(scratch)) as stack:
             gateway, agent = stack.gateway_url, stack.agent_url
@@ -64,12 +73,14 @@ async def run_battery(
             rows.append(await origins(stack))
             rows.append(await dns_rebinding(stack))
             rows.append(await private_paths(stack))
-            rows.append(await slowloris("gateway", gateway, fuzz_key, slow_connections))
-            rows.append(await slowloris("agent", agent, agent_token, slow_connections))
+            bound = other_client_seconds_max
+            rows.append(await slowloris("gateway", gateway, fuzz_key, slow_connections, bound))
+            rows.append(await slowloris("agent", agent, agent_token, slow_connections, bound))
             reader_key = stack.keys["reader"].api_key
-            rows.append(await never_reads("gateway", gateway, reader_key, stack.pid(stack.gateway)))
+            gateway_pid, agent_pid = stack.pid(stack.gateway), stack.pid(stack.agent)
+            rows.append(await never_reads("gateway", gateway, reader_key, gateway_pid, bound))
             reader_token = await stack.token("reader")
-            rows.append(await never_reads("agent", agent, reader_token, stack.pid(stack.agent)))
+            rows.append(await never_reads("agent", agent, reader_token, agent_pid, bound))
             rows.append(await disabled_key_on_an_open_socket(stack))
             rows.append(await streams_ended_early(stack))
             rows.append(await invented_resumes(stack))

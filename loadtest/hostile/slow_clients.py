@@ -77,6 +77,11 @@ async def slow_body(host: str, port: int, path: str, credential: str) -> tuple[f
         writer.close()
 
 
+def held_up(served: list[float], seconds_max: float | None) -> bool:
+    """Whether a normal chat took longer than `seconds_max` (None: any time will do)."""
+    return seconds_max is not None and max(served) > seconds_max
+
+
 async def normal_latencies(url: str, headers: dict[str, str], stop: asyncio.Event) -> list[float]:
     """Short chats one after another until `stop`; each one's seconds (inf if it failed)."""
     latencies = []
@@ -96,7 +101,13 @@ async def normal_latencies(url: str, headers: dict[str, str], stop: asyncio.Even
     return latencies
 
 
-async def slowloris(target: str, url: str, credential: str, connections: int) -> Row:
+async def slowloris(
+    target: str,
+    url: str,
+    credential: str,
+    connections: int,
+    other_client_seconds_max: float | None = MAX_OTHER_CLIENT_SECONDS,
+) -> Row:
     """Many header-dripping and body-stalling connections while a normal client is timed."""
     row = Row(
         target,
@@ -136,12 +147,18 @@ async def slowloris(target: str, url: str, credential: str, connections: int) ->
             f"meanwhile {len(served)} normal chats: median "
             f"{statistics.median(served) * 1000:.0f} ms, max {max(served) * 1000:.0f} ms"
         )
-    if failed or not served or max(served) > MAX_OTHER_CLIENT_SECONDS:
+    if failed or not served or held_up(served, other_client_seconds_max):
         row.problems.append(f"normal chats during the attack: {failed} failed, {served[-3:]}")
     return row
 
 
-async def never_reads(target: str, url: str, credential: str, pid: int) -> Row:
+async def never_reads(
+    target: str,
+    url: str,
+    credential: str,
+    pid: int,
+    other_client_seconds_max: float | None = MAX_OTHER_CLIENT_SECONDS,
+) -> Row:
     """Long streams on a socket nobody reads: the server's memory stays bounded."""
     row = Row(
         target,
@@ -195,7 +212,7 @@ async def never_reads(target: str, url: str, credential: str, pid: int) -> Row:
         row.notes.append(
             f"another client meanwhile: {len(served)} chats, max {max(served) * 1000:.0f} ms"
         )
-    if len(served) != len(latencies) or not served or max(served) > MAX_OTHER_CLIENT_SECONDS:
+    if len(served) != len(latencies) or not served or held_up(served, other_client_seconds_max):
         row.problems.append(f"another client was held up: {latencies[-3:]}")
     refused = sorted(why for why in ends if why not in FLOOD_ENDINGS)
     if refused:

