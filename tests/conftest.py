@@ -14,6 +14,7 @@ from spotgate.settings import LimitStoreSettings
 from stack.emulator import AwsEmulator
 from stack.redis_server import RedisServer
 from tests.support.agents import (  # fixtures for every suite  # noqa: F401
+    ensure_tables,
     imds,
     llama2_model_dir,
     lora_adapter_dirs,
@@ -153,6 +154,6 @@ def clock() -> FakeClock:
 @pytest.fixture
 async def registry(aws: AwsEmulator, clock: FakeClock) -> AsyncIterator[Registry]:
     """A registry on fresh tables, reading time from `clock`."""
+    await ensure_tables(aws)
     async with Registry.open(aws.settings(), clock=clock) as opened:
-        await opened.create_tables()
         yield opened

@@ -37,6 +37,7 @@ from stack.emulator import AwsEmulator
 from tests.support.agents import (
     AgentFactory,
     RunningAgent,
+    ensure_tables,
     synthetic,
     wait_for,
     wait_ready,
@@ -94,8 +95,7 @@ async def running_gateway(
         "shutdown_grace_seconds": 5.0,
     }
     settings = GatewaySettings(**{**fields, **overrides})
-    async with Registry.open(aws.settings()) as registry:
-        await registry.create_tables()
+    await ensure_tables(aws)
     app = create_app(settings, clock=clock)
     async with serving_on_loopback(app, sock):
         yield Gateway(url, app, signing_key)

@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import aioboto3
 import pytest
+from pydantic import SecretStr
 
 from spotgate.registry import (
     AgentGone,
@@ -22,8 +23,10 @@ from spotgate.registry import (
     Registry,
     UsageCounts,
     UsageRow,
+    aws_session,
     minute_of,
 )
+from spotgate.settings import AwsSettings
 from stack.emulator import AwsEmulator
 from tests.support.clocks import FakeClock
 
@@ -330,6 +333,19 @@ async def test_only_the_secret_hash_is_stored(registry: Registry, aws: AwsEmulat
     [item] = page["Items"]
     assert item["secret_hash"]["S"] == hashlib.sha256(secret.encode()).hexdigest()
     assert secret not in repr(item)
+
+
+async def test_sessions_share_botocores_parsed_data_but_not_credentials() -> None:
+    first, second = (
+        aws_session(AwsSettings(region=region, access_key_id=key, secret_access_key=SecretStr(key)))
+        for region, key in (("us-east-1", "first"), ("eu-west-1", "second"))
+    )
+
+    loader = first._session.get_component("data_loader")
+    assert second._session.get_component("data_loader") is loader
+    assert (first.region_name, second.region_name) == ("us-east-1", "eu-west-1")
+    credentials = [await session.get_credentials() for session in (first, second)]
+    assert [c.access_key for c in credentials if c is not None] == ["first", "second"]
 
 
 @pytest.mark.parametrize(

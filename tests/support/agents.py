@@ -72,11 +72,31 @@ LORA_ADAPTERS = {"a1": 1, "a2": 2, "a3": 3}
 MAX_LORAS = 2
 
 
+@dataclass
+class MotoState:
+    """What the tests know of moto's state: one per process, which every emulator in it serves."""
+
+    tables_created: bool = False  # the registry's tables, since the last reset
+
+
+MOTO_STATE = MotoState()
+
+
 def reset_emulator(emulator: AwsEmulator) -> None:
     """Empty the AWS emulator: no tables, no queues (DynamoDB then refuses every write)."""
     request = urllib.request.Request(f"{emulator.url}/moto-api/reset", method="POST")
     with urllib.request.urlopen(request, timeout=10) as response:
         assert response.status == 200
+    MOTO_STATE.tables_created = False
+
+
+async def ensure_tables(emulator: AwsEmulator) -> None:
+    """The registry's tables in the emulator: created once after each reset, not again by
+    each fixture that needs them (thirteen requests, though the tables exist)."""
+    if not MOTO_STATE.tables_created:
+        async with Registry.open(emulator.settings()) as registry:
+            await registry.create_tables()
+        MOTO_STATE.tables_created = True
 
 
 async def wait_for(condition: Callable[[], Awaitable[bool]], within: float = 30.0) -> None:
@@ -304,8 +324,7 @@ async def start_agent(aws: AwsEmulator, ring: KeyRing, imds: Imds) -> AsyncItera
         url = await servers.enter_async_context(serving_on_loopback(app, sock))
         return RunningAgent(url, app)
 
-    async with Registry.open(aws.settings()) as registry:
-        await registry.create_tables()
+    await ensure_tables(aws)
     async with servers:
         yield start
 
