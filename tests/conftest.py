@@ -102,8 +102,20 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Producer) -> Grouped
     return GroupedScheduling(config, log)
 
 
+WHOLE_STACK_TESTS = (
+    "tests/stack/test_local.py",
+    "tests/cli/test_cli.py",
+    "tests/loadtest/test_chaos.py",
+    "tests/loadtest/test_soak.py",
+    "tests/loadtest/test_hostile.py",
+)
+"""Tests that run a whole local stack, most for a minute or more: the workers take them first
+(after the groups, which go largest first), so that none starts last and runs on alone."""
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Refuse a test on a vLLM engine outside its engine's groups: it would start it again."""
+    """Order whole-stack tests first; refuse a test on an engine outside its engine's groups."""
+    items.sort(key=lambda item: not item.nodeid.startswith(WHOLE_STACK_TESTS))
     strays = [
         f"{item.nodeid} ({fixture})"
         for item in items
