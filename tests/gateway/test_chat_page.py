@@ -343,10 +343,10 @@ async def test_hostile_replies_stay_inert_text(
 async def test_a_streamed_reply_renders_incrementally_and_ends_as_a_one_shot_render(
     browser: Browser, gateway: Gateway, gateway_agent: GatewayAgentFactory
 ) -> None:
-    await gateway_agent(engine=echo(tokens_per_second=100))
+    await gateway_agent(engine=echo(tokens_per_second=200))
     page = await open_page(browser, gateway.url)
     await page.fill("#max-tokens", "4000")
-    # Long enough to go on streaming well after the table (about 17 s in all).
+    # Long enough to go on streaming well after the table (7 s more, about 8 s in all).
     long_reply = RICH + "".join(
         f"\nParagraph {n} keeps the reply going a while.\n" for n in range(24)
     )

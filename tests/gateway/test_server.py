@@ -18,12 +18,15 @@ from gateway import auth as gateway_auth
 from gateway.routes.websocket import allowed_origins, origin_allowed
 from gateway.state import public_url
 from gpu_agent.engine import EngineStep, GenerationRequest
+from gpu_agent.synthetic_engine import SyntheticEngine
 from spotgate.registry import AgentState, CreatedApiKey, Registry, aws_session
 from spotgate.settings import (
     MAX_REQUEST_BYTES,
+    AgentSettings,
     GatewaySettings,
     LimitStoreSettings,
     QueueSettings,
+    SyntheticSettings,
 )
 from spotgate.tenancy import cache_salt, tenant_of
 from spotgate.tokens import KeyRing, SigningKey, issue, verify
@@ -363,7 +366,7 @@ async def test_spot_notice_moves_the_stream_exactly(
         assert serving(gateway) == {slow.runtime.identity.agent_id}  # type: ignore[union-attr]
         # Somewhere to move to (fast, to finish the rest soon), outside the emulated instance
         # that gets the notice.
-        await gateway_agent(tokens_per_second=400.0, imds_url="http://127.0.0.1:9")
+        await gateway_agent(tokens_per_second=4000.0, imds_url="http://127.0.0.1:9")
         # 16 s to the deadline, 15 s margin: the long stream is handed back at once.
         await spot_notice(imds, in_seconds=16)
         await receive_to_end(ws, frames)
@@ -390,7 +393,7 @@ async def test_a_spot_notice_moves_the_stream_before_its_agent_breaks_it(
     async with connect(gateway.ws_url, api_key.api_key) as ws:
         await send(ws, generate("s", MODEL, content="move me early", max_tokens=stream_tokens))
         frames = [await receive(ws)]
-        next_engine = synthetic(1000.0, model=MODEL, ttft_seconds=0.01)
+        next_engine = synthetic(4000.0, model=MODEL, ttft_seconds=0.01)
         await gateway_agent(engine=next_engine, imds_url="http://127.0.0.1:9")
         await spot_notice(imds, in_seconds=45)
         await receive_to_end(ws, frames)
@@ -405,17 +408,17 @@ async def test_a_spot_notice_moves_the_stream_before_its_agent_breaks_it(
 async def test_a_next_agent_still_in_its_prefill_at_the_break_takes_the_stream_over(
     gateway: Gateway, gateway_agent: GatewayAgentFactory, api_key: CreatedApiKey, imds: Imds
 ) -> None:
-    # 25 s to the deadline, 15 s margin: the stream (30 s of tokens) breaks 10 s after
+    # 20 s to the deadline, 15 s margin: the stream (30 s of tokens) breaks 5 s after
     # `moving`, while its continuation on the other agent is held in its prefill until then.
     stream_tokens = 1200
     draining = await gateway_agent(tokens_per_second=40.0)
     async with connect(gateway.ws_url, api_key.api_key) as ws:
         await send(ws, generate("s", MODEL, content="move me early", max_tokens=stream_tokens))
         frames = [await receive(ws)]
-        next_engine = HeldEngine(MODEL, tokens_per_second=400.0)
+        next_engine = HeldEngine(MODEL, tokens_per_second=4000.0)
         await gateway_agent(engine=next_engine, imds_url="http://127.0.0.1:9")
         next_engine.hold()
-        await spot_notice(imds, in_seconds=25)
+        await spot_notice(imds, in_seconds=20)
         await next_engine.held.wait()  # the continuation is open, prefilling
         streams = draining.runtime.metrics.streams
 
@@ -432,6 +435,30 @@ async def test_a_next_agent_still_in_its_prefill_at_the_break_takes_the_stream_o
     assert streams.labels(outcome="cancelled")._value.get() == 0
 
 
+class SlowOnceEngine(SyntheticEngine):
+    """A fast synthetic engine whose next reply, once `slow_down` is called, comes at `slow`'s
+    pace: a next agent that falls behind, then resumes the stream without making it wait."""
+
+    def __init__(self, slow: SyntheticEngine) -> None:
+        pace = SyntheticSettings(ttft_seconds=0.01, tokens_per_second=4000.0)
+        super().__init__(
+            AgentSettings(engine="synthetic", served_model_name=slow.model, synthetic=pace)
+        )
+        self.slow = slow
+        self.slow_next = False  # off while the agent warms up
+
+    def slow_down(self) -> None:
+        """The next reply comes at the slow pace (the ones after it at the fast one)."""
+        self.slow_next = True
+
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[EngineStep, None]:
+        """The synthetic reply, at the slow pace if it is the one slowed down."""
+        steps = self.slow.generate(request) if self.slow_next else super().generate(request)
+        self.slow_next = False
+        async for step in steps:
+            yield step
+
+
 async def test_a_next_agent_slower_than_the_clients_pace_resumes_at_the_break_not_behind(
     gateway: Gateway, gateway_agent: GatewayAgentFactory, api_key: CreatedApiKey, imds: Imds
 ) -> None:
@@ -440,11 +467,13 @@ async def test_a_next_agent_slower_than_the_clients_pace_resumes_at_the_break_no
     async with connect(gateway.ws_url, api_key.api_key) as ws:
         await send(ws, generate("s", MODEL, content="outrun me", max_tokens=stream_tokens))
         frames = [await receive(ws)]
-        # Its only successor runs at half the client's paced rate (32 tokens/s): at the break
-        # (10 s on) it is ~130 tokens behind, 6 s of repeats against a 0.5 s prefill.
-        slow = synthetic(20.0, model=MODEL, ttft_seconds=0.5)
-        await gateway_agent(engine=slow, imds_url="http://127.0.0.1:9")
-        await spot_notice(imds, in_seconds=25)
+        # Its only successor opens the continuation at under a third of the client's paced
+        # rate (32 tokens/s): at the break (5 s on) it is ~115 tokens behind, 11 s of repeats
+        # against a 0.5 s prefill. The resume there comes at its usual, fast pace.
+        successor = SlowOnceEngine(synthetic(10.0, model=MODEL, ttft_seconds=0.5))
+        await gateway_agent(engine=successor, imds_url="http://127.0.0.1:9")
+        successor.slow_down()
+        await spot_notice(imds, in_seconds=20)
         await receive_to_end(ws, frames)
 
     assert frames[-1]["type"] == "done", frames[-1]
@@ -496,15 +525,15 @@ async def test_a_next_agent_killed_while_it_catches_up_leaves_the_stream_to_move
     async with connect(gateway.ws_url, api_key.api_key) as ws:
         await send(ws, generate("s", MODEL, content="lose the next", max_tokens=stream_tokens))
         frames = [await receive(ws)]
-        # The only agent to move to, in a 5 s prefill: killed while it catches up.
-        (following,) = await agent_processes(1, 400.0, ttft_seconds=5.0)
+        # The only agent to move to, in a 3 s prefill: killed while it catches up.
+        (following,) = await agent_processes(1, 400.0, ttft_seconds=3.0)
         await in_view(gateway, following.agent_id)
-        await spot_notice(imds, in_seconds=25)  # `moving` at once: 25 s left, 15 s margin
+        await spot_notice(imds, in_seconds=20)  # `moving` at once: 20 s left, 15 s margin
         await streaming_on(gateway, following.agent_id)
         following.process.send_signal(signal.SIGKILL)
         following.process.wait()
         # Somewhere to go at the break (and no notice of its own).
-        await gateway_agent(tokens_per_second=400.0, imds_url="http://127.0.0.1:9")
+        await gateway_agent(tokens_per_second=4000.0, imds_url="http://127.0.0.1:9")
         await receive_to_end(ws, frames)
 
     assert_moved_once_exactly(frames, "lose the next", stream_tokens)  # not on the killed one
@@ -528,7 +557,7 @@ async def test_a_draining_agent_killed_while_its_next_agent_catches_up_is_taken_
     async with connect(gateway.ws_url, api_key.api_key) as ws:
         await send(ws, generate("s", MODEL, content="lose the old", max_tokens=stream_tokens))
         frames = [await receive(ws)]
-        next_engine = HeldEngine(MODEL, tokens_per_second=400.0)
+        next_engine = HeldEngine(MODEL, tokens_per_second=4000.0)
         await gateway_agent(engine=next_engine, imds_url="http://127.0.0.1:9")
         next_engine.hold()  # its continuation stays in its prefill until the kill is seen
         await spot_notice(imds, in_seconds=25)
