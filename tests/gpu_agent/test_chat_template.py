@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,26 +27,27 @@ TEMPLATE_MARKS = {
 }
 
 
-def engine_on(model_dir: Path) -> VllmEngine:
-    """The engine's prompt side, as it loads the model directory (no generation here)."""
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    llm: Any = None
-    return VllmEngine(llm, tokenizer, "tiny", capacity=1, max_model_len=2048)
-
-
 @pytest.fixture(scope="module")
-def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Model directories as `spotgate model tiny` writes them, less the weights."""
-    directories = {}
-    for family in ("llama2", *TEMPLATE_MARKS):
-        directories[family] = tmp_path_factory.mktemp(family)
-        save_tokenizer(directories[family], tokenizer_dir(family))
-    return directories
+def engines(tmp_path_factory: pytest.TempPathFactory) -> dict[str, VllmEngine]:
+    """The engine's prompt side (no generation here) on each family's model directory, as
+    `spotgate model tiny` writes it less the weights: `save_tokenizer` writes the directory and
+    loads it back as the agent does. Once for the module: Gemma3's takes seconds to load."""
+    llm: Any = None
+    return {
+        family: VllmEngine(
+            llm,
+            save_tokenizer(tmp_path_factory.mktemp(family), tokenizer_dir(family)),
+            "tiny",
+            capacity=1,
+            max_model_len=2048,
+        )
+        for family in ("llama2", *TEMPLATE_MARKS)
+    }
 
 
 @pytest.mark.parametrize("family", sorted(TEMPLATE_MARKS))
 def test_the_agent_renders_what_apply_chat_template_renders(
-    family: str, model_dirs: dict[str, Path]
+    family: str, engines: dict[str, VllmEngine]
 ) -> None:
     published = AutoTokenizer.from_pretrained(tokenizer_dir(family))
     expected = published.apply_chat_template(
@@ -57,14 +57,14 @@ def test_the_agent_renders_what_apply_chat_template_renders(
         return_dict=False,
     )
 
-    rendered = engine_on(model_dirs[family]).chat_prompt_ids(CONVERSATION)
+    rendered = engines[family].chat_prompt_ids(CONVERSATION)
 
     assert rendered == list(expected)
     assert published.decode(rendered).endswith(TEMPLATE_MARKS[family])
 
 
-def test_a_model_without_a_chat_template_refuses_chats(model_dirs: dict[str, Path]) -> None:
-    engine = engine_on(model_dirs["llama2"])
+def test_a_model_without_a_chat_template_refuses_chats(engines: dict[str, VllmEngine]) -> None:
+    engine = engines["llama2"]
     with pytest.raises(NoChatTemplate, match="no chat template"):
         engine.chat_prompt_ids(CONVERSATION)
     assert engine.text_prompt_ids("Hello")[0] == 1  # raw prompts work: <s> Hello
@@ -74,6 +74,6 @@ def test_a_model_without_a_chat_template_refuses_chats(model_dirs: dict[str, Pat
     ("family", "chars"), [("llama2", 16), ("llama3", 128), ("qwen3", 4 * 128), ("gemma3", 31)]
 )
 def test_max_token_chars_is_the_longest_piece_or_four_times_it_under_nfc(
-    family: str, chars: int, model_dirs: dict[str, Path]
+    family: str, chars: int, engines: dict[str, VllmEngine]
 ) -> None:
-    assert engine_on(model_dirs[family]).max_token_chars == chars
+    assert engines[family].max_token_chars == chars

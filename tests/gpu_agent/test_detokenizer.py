@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import pytest
@@ -86,8 +87,8 @@ def test_a_resume_whose_text_is_not_that_of_its_ids_is_refused() -> None:
 # --- the published tokenizers ------------------------------------------------------------------
 
 
-@st.composite
-def generated_ids(draw: st.DrawFn, family: str) -> list[int]:
+@functools.cache  # built once: listing Gemma3's 262k pieces takes longer than an example
+def generated_ids(family: str) -> st.SearchStrategy[list[int]]:
     """Ids as a model may generate them: any piece, with byte pieces, multi-byte characters
     spelt in bytes, and special tokens mixed in."""
     tokenizer = backend(family)
@@ -105,8 +106,9 @@ def generated_ids(draw: st.DrawFn, family: str) -> list[int]:
     if None not in bytes_of:
         pieces.append(st.integers(0, 255).map(lambda b: [bytes_of[b]]))
         pieces.append(st.sampled_from("日€😀é").map(lambda c: [bytes_of[b] for b in c.encode()]))
-    parts = draw(st.lists(st.one_of(pieces), max_size=30))
-    return [token for part in parts for token in part]
+    return st.lists(st.one_of(pieces), max_size=30).map(
+        lambda parts: [token for part in parts for token in part]
+    )
 
 
 def decoder(family: str) -> Decode:

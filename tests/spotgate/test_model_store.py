@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -34,14 +35,19 @@ async def bucket(aws: AwsEmulator) -> str:
 
 
 @pytest.fixture
-def model(tmp_path: Path, tiny_model_dir: Path) -> Path:
-    copy = tmp_path / "tiny"
-    shutil.copytree(tiny_model_dir, copy)
-    (copy / "nested").mkdir()
-    (copy / "nested" / "weights.bin").write_bytes(os.urandom(10_000))  # parts of 1 kB below
-    (copy / ".cache").mkdir()
-    (copy / ".cache" / "lock").write_text("not part of the model")
-    return copy
+def model(tmp_path: Path) -> Path:
+    """A model directory of kB-sized files: the store copies files as they are, whatever they
+    hold, and parts of 1 kB below split each into a few ranged GETs, not thousands."""
+    directory = tmp_path / "tiny"
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 512}))
+    (directory / "tokenizer.json").write_text(json.dumps({"model": {"vocab": {"a": 0, "b": 1}}}))
+    (directory / "model.safetensors").write_bytes(os.urandom(25_500))
+    (directory / "nested").mkdir()
+    (directory / "nested" / "weights.bin").write_bytes(os.urandom(10_000))
+    (directory / ".cache").mkdir()
+    (directory / ".cache" / "lock").write_text("not part of the model")
+    return directory
 
 
 def same_files(a: Path, b: Path) -> bool:
