@@ -182,13 +182,14 @@ def write_tiny_model(
     `hidden_size` (a multiple of the head size, 64) and `layers`: a larger model, for
     benchmarks where prefill must take measurable time.
     """
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     if hidden_size <= 0 or hidden_size % HEAD_DIM or layers <= 0:
         raise ValueError(f"hidden_size must be a positive multiple of {HEAD_DIM}, layers > 0")
     if reply is not None and tokenizer_dir is not None and not _has_chat_template(tokenizer_dir):
         raise ValueError(f"{tokenizer_dir.name}: no chat template, so no chat to teach a reply")
+    # After the checks: a refused request answers at once, without loading torch.
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
     out.mkdir(parents=True, exist_ok=True)
     tokenizer: Any = save_tokenizer(out, tokenizer_dir)
     config = LlamaConfig(

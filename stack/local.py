@@ -32,7 +32,7 @@ from pathlib import Path
 from pydantic import SecretStr
 
 from pool_manager.local_provider import LAUNCHES_FILE
-from spotgate.process import free_port, loopback_socket
+from spotgate.process import die_with_parent, free_port, loopback_socket
 from spotgate.registry import AgentRecord, Registry
 from spotgate.settings import (
     AgentSettings,
@@ -226,8 +226,13 @@ def _pool_model(name: str, source: str, engine: VllmSettings, options: UpOptions
     )
 
 
-def _quietly() -> None:
-    """Send a writer process's output (progress bars) nowhere: `up` prints only its own."""
+def _start_writer(parent_pid: int) -> None:
+    """In the tiny model's writer process: end with `up`, and send its output nowhere.
+
+    Output (progress bars) goes nowhere because `up` prints only its own; an `up` stopped
+    or killed while the model is written leaves no writer behind to finish it.
+    """
+    die_with_parent(parent_pid)
     nowhere = os.open(os.devnull, os.O_WRONLY)
     os.dup2(nowhere, 1)
     os.dup2(nowhere, 2)
@@ -254,13 +259,21 @@ def _tiny_model(directory: Path) -> tuple[str, VllmSettings]:
         # In a process of its own: writing it loads torch and transformers, which the stack's
         # own process never needs.
         spawn = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(1, mp_context=spawn, initializer=_quietly) as writer:
+        with ProcessPoolExecutor(
+            1, mp_context=spawn, initializer=_start_writer, initargs=(os.getpid(),)
+        ) as writer:
             try:
                 writer.submit(_write_tiny_model, tiny, cache).result()
             except Exception as err:  # the writer's own, carried back from its process
                 raise UpFailed(f"could not write the tiny model: {err}") from err
-    parsers = {"tool_call_parser": TINY_TOOL_CALL_PARSER, "reasoning_parser": TINY_REASONING_PARSER}
-    return str(tiny), LOCAL_VLLM.model_copy(update=parsers)
+    engine = {
+        "tool_call_parser": TINY_TOOL_CALL_PARSER,
+        "reasoning_parser": TINY_REASONING_PARSER,
+        # Eager: on a CPU, vLLM otherwise builds the model's kernels with inductor (C++, with
+        # the system's compiler) at each start: time a two-layer model gains nothing from.
+        "enforce_eager": True,
+    }
+    return str(tiny), LOCAL_VLLM.model_copy(update=engine)
 
 
 async def run_up(directory: Path, options: UpOptions, *, announce: Callable[[str], None]) -> int:

@@ -29,6 +29,8 @@ RUNNERS = {
 }
 """How each kind of block runs: its text as the last argument, or (python) on stdin."""
 BLOCK_TIMEOUT_SECONDS = 60.0
+UP_ENV = {"SPOTGATE_AGENT_SYNTHETIC__TOKENS_PER_SECOND": "2000"}
+"""The synthetic agents' pace: what a block prints does not depend on it, its time does."""
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,7 @@ def test_the_first_request_of_the_readme_is_among_the_blocks_run() -> None:
 def up_directory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     directory = tmp_path_factory.mktemp("docs-up")
     (directory / ".venv").symlink_to(Path(sys.prefix))
-    with running_up(directory, ["--engine", "synthetic", "--port", "0"]):
+    with running_up(directory, ["--engine", "synthetic", "--port", "0"], UP_ENV):
         yield directory
 
 

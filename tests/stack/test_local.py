@@ -30,7 +30,7 @@ from spotgate.settings import emulator_settings
 from stack.local import TINY_ANSWER, TINY_THINKING, TOKENIZER_CACHE_ENV
 from tests.support.agents import wait_for
 from tests.support.tokenizers import CACHE as TOKENIZER_CACHE
-from tests.support.up import running_up
+from tests.support.up import UP_COMMAND, running_up
 
 UP = ["--engine", "synthetic", "--agents", "2", "--port", "0"]
 GRACE_SECONDS = 2.0
@@ -371,3 +371,36 @@ async def test_the_default_model_answers_tools_structured_output_and_reasoning(
     message = thought.choices[0].message
     assert (message.model_extra or {}).get("reasoning_content") == TINY_THINKING
     assert message.content == TINY_ANSWER
+
+
+def test_no_model_writer_outlives_an_up_killed_while_it_writes_the_default_model(
+    tmp_path: Path,
+) -> None:
+    process = subprocess.Popen(
+        [*UP_COMMAND, "--agents", "1", "--port", "0"],
+        cwd=tmp_path,
+        env={**os.environ, TOKENIZER_CACHE_ENV: str(TOKENIZER_CACHE)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + EXIT_TIMEOUT_SECONDS
+        writers: list[psutil.Process] = []
+        while not writers and time.monotonic() < deadline:  # it starts before anything else
+            time.sleep(0.05)  # polling: a child's start has no event
+            writers = [
+                child
+                for child in psutil.Process(process.pid).children()
+                if "spawn_main" in " ".join(child.cmdline())
+            ]
+        assert writers, "no model writer started"
+        pidfds = {os.pidfd_open(writer.pid): writer.pid for writer in writers}
+    finally:
+        process.kill()
+        process.wait()
+    try:
+        left = wait_all_exited(pidfds, EXIT_TIMEOUT_SECONDS)
+    finally:
+        for descriptor in pidfds:
+            os.close(descriptor)
+    assert not left, [" ".join(psutil.Process(pid).cmdline()) for pid in left]
