@@ -32,6 +32,9 @@ TEMPLATE = "spotgate-agent-test"
 ZONE_A = "us-east-1a"
 ZONE_B = "us-east-1b"
 GPU_TYPE = "g6.xlarge"
+# An Amazon Linux 2 image that moto always carries; asking for it by id spares each test
+# the thousands of images that describing every Amazon-owned one returns.
+AMAZON_IMAGE = "ami-04681a1dbd79675a5"
 
 
 @dataclass
@@ -54,7 +57,7 @@ async def network(aws: AwsEmulator) -> Network:
     shared = aws.settings()
     aws_ = shared.aws
     async with aws_session(aws_).client("ec2", endpoint_url=aws_.endpoint_url) as ec2:
-        images = await ec2.describe_images(Owners=["amazon"])
+        images = await ec2.describe_images(Owners=["amazon"], ImageIds=[AMAZON_IMAGE])
         image_id = images["Images"][0]["ImageId"]
         vpc = (await ec2.create_vpc(CidrBlock="10.20.0.0/16"))["Vpc"]["VpcId"]
         subnets = {}
