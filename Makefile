@@ -50,11 +50,10 @@ typecheck: $(INSTALLED)
 docs: $(INSTALLED)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
-# Two workers: most of the suite waits on servers, processes and streams, not on a core (a third
-# left too little CPU for the timed drain check in tests/gpu_agent/test_server.py).
-# Tests that share an expensive fixture share a worker (WORKER_GROUPS in tests/conftest.py):
-# each vLLM engine starts once.
-PYTEST_WORKERS ?= 2
+# Three workers on two cores: much of the suite waits on servers, processes and streams, not on
+# a core. Tests that share an expensive fixture share a worker (WORKER_GROUPS in
+# tests/conftest.py): the vLLM tests in four groups, each starting the engines it uses once.
+PYTEST_WORKERS ?= 3
 
 unit: $(INSTALLED) $(CHROMIUM) $(NODE) $(REDIS_SERVER) $(TOKENIZERS) $(CHAT_LIBRARIES) $(LITELLM)
 	$(BIN)/pytest -n $(PYTEST_WORKERS)
