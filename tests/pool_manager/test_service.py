@@ -14,6 +14,7 @@ import aiohttp
 import openai
 import pytest
 
+from gateway.dispatch import FORECAST_READ_SECONDS
 from pool_manager.events import interruption_warning
 from pool_manager.metrics import PoolMetrics
 from pool_manager.service import create_app, model_policy_settings, policy_settings, run_pool
@@ -32,6 +33,7 @@ from spotgate.tokens import SigningKey
 from stack.emulator import AwsEmulator
 from tests.gateway.conftest import Gateway, running_gateway
 from tests.support.agents import expected_text, wait_for
+from tests.support.clocks import ShiftedClock
 from tests.support.metrics import metric_value, scrape
 from tests.support.wsclient import connect, generate, receive, send
 
@@ -131,15 +133,21 @@ async def test_a_request_to_an_empty_pool_queues_an_agent_starts_and_it_complete
     assert (record.state, record.lifecycle, record.zone) == (AgentState.GONE, "spot", "local-a")
 
 
-LOAD_SECONDS = 12.0  # the agent's stand-in model load: longer than the gateway waits
-COLD_START_SECONDS = 30.0  # the pool's assumed launch-to-ready, before it has timed one
+LOAD_SECONDS = 4.0  # the agent's stand-in model load: it outlasts the test's steps below
+COLD_START_SECONDS = 120.0  # the pool's assumed launch-to-ready, before it has timed one
 
 
 async def test_a_scale_from_zero_longer_than_the_queue_deadline_waits_with_an_eta(
     aws: AwsEmulator, tmp_path: Path
 ) -> None:
-    queue = QueueSettings(deadline_seconds=8.0)  # shorter than the boot: the forecast covers it
+    # The queue judges its deadline by a clock the test moves: the deadline passes once the
+    # forecast is known, whatever the machine's pace, and the boot covers it. The clock moves
+    # less than the agents' registry lifetime in all, or the view would drop them as expired.
+    queue = QueueSettings(deadline_seconds=15.0)
+    clock = ShiftedClock()
     async with running_gateway(aws, SigningKey.generate(), models=(MODEL,), queue=queue) as gw:
+        dispatcher = gw.state.dispatcher
+        dispatcher._clock = clock
         async with Registry.open(aws.settings()) as registry:
             api_key = await registry.create_key("cold")
         agent = AgentSettings(
@@ -151,14 +159,26 @@ async def test_a_scale_from_zero_longer_than_the_queue_deadline_waits_with_an_et
         async with (
             pool_running(settings.model_copy(update={"local": local})),
             connect(gw.ws_url, api_key.api_key) as ws,
+            Registry.open(aws.settings()) as registry,
         ):
-            asked_at = time.time()
+            asked_at = clock()
             await send(ws, generate("cold", MODEL, content="wake up", max_tokens=4))
+
+            async def published() -> bool:
+                return MODEL in await registry.read_forecasts([MODEL])
+
+            async def heard() -> bool:
+                return MODEL in dispatcher.forecasts
+
+            await wait_for(published, within=120)
+            clock.advance(FORECAST_READ_SECONDS)  # the gateway's next refresh reads it
+            await wait_for(heard, within=120)
+            clock.advance(queue.deadline_seconds)  # the stream's own deadline is past
             frames = []
             while not frames or frames[-1]["type"] not in ("done", "error"):
                 frames.append(await asyncio.wait_for(receive(ws), 120))
     assert frames[-1]["type"] == "done", frames[-1]
-    assert time.time() - asked_at > queue.deadline_seconds  # it outlived its deadline
+    assert clock() - asked_at > queue.deadline_seconds  # it outlived its deadline
     queued = [f for f in frames if f["type"] == "queued"]
     assert queued[0]["position"] == 0
     etas = [float(f["eta_seconds"]) for f in queued if f.get("eta_seconds") is not None]
@@ -211,12 +231,12 @@ async def test_an_interrupted_agent_is_replaced_and_every_stream_completes_exact
 
             readers = [asyncio.create_task(collect(ws)) for ws in connections]
 
-            async def all_streaming() -> bool:
-                return len(frames) == 50 and all(
-                    any(f["type"] == "delta" for f in fs) for fs in frames.values()
-                )
+            async def all_placed() -> bool:
+                return sum(gateway.state.dispatcher.outstanding.values()) == 50
 
-            await wait_for(all_streaming, within=30)
+            # The notice goes as soon as every stream is on an agent: each has its whole
+            # reply left to run when the victim hears it, however slowly they were placed.
+            await wait_for(all_placed, within=30)
             victim = "local-1"
             # `start` names no agent: the gateway's own count says how many streams it holds.
             on_victim = gateway.state.dispatcher.outstanding[victim]
