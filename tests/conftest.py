@@ -42,23 +42,24 @@ FAILOVER = "tests/gateway/test_vllm_failover.py"
 OPENAI = "tests/gateway/test_vllm_openai.py"
 AGENT = "tests/gpu_agent/test_vllm_agent.py"
 WORKER_GROUPS = {
-    # A vLLM engine starts once in each group whose tests use it (half a minute on two cores);
-    # the groups split the vLLM tests by engine and by file so that no one worker runs them
-    # all. The first prefix a test's node id starts with names its group.
-    f"{FAILOVER}::test_a_call_the_model_makes_of_its_own_accord": "vllm parsers",
-    f"{FAILOVER}::test_a_reasoning_models_thinking": "vllm parsers",
+    # A vLLM engine starts once in each group whose tests use it (half a minute on two cores,
+    # after a minute or two teaching the tool and reasoning models their replies); the groups
+    # split the vLLM tests by engine and by file so that no one worker runs them all. The
+    # first prefix a test's node id starts with names its group.
+    f"{FAILOVER}::test_a_call_the_model_makes_of_its_own_accord": "vllm tools",
+    f"{FAILOVER}::test_a_reasoning_models_thinking": "vllm reasoning",
     f"{FAILOVER}::test_a_stream_with_an_adapter": "vllm openai",
     FAILOVER: "vllm failover",
-    f"{OPENAI}::test_a_tool_the_model_calls_of_its_own_accord": "vllm parsers",
-    f"{OPENAI}::test_langchain_binds_tools_and_the_model_picks_one": "vllm parsers",
-    f"{OPENAI}::test_the_responses_api_reports_a_call_the_model_chose": "vllm parsers",
-    f"{OPENAI}::test_vllms_own_": "vllm parsers",
-    f"{OPENAI}::test_a_reasoning_models_thinking": "vllm parsers",
-    f"{OPENAI}::test_thinking_turned_off": "vllm parsers",
-    f"{OPENAI}::test_a_turns_thinking": "vllm parsers",
-    f"{OPENAI}::test_the_responses_api_gives_the_thinking": "vllm parsers",
+    f"{OPENAI}::test_a_tool_the_model_calls_of_its_own_accord": "vllm tools",
+    f"{OPENAI}::test_langchain_binds_tools_and_the_model_picks_one": "vllm tools",
+    f"{OPENAI}::test_the_responses_api_reports_a_call_the_model_chose": "vllm tools",
+    f"{OPENAI}::test_vllms_own_": "vllm tools",
+    f"{OPENAI}::test_a_reasoning_models_thinking": "vllm reasoning",
+    f"{OPENAI}::test_thinking_turned_off": "vllm reasoning",
+    f"{OPENAI}::test_a_turns_thinking": "vllm reasoning",
+    f"{OPENAI}::test_the_responses_api_gives_the_thinking": "vllm reasoning",
     OPENAI: "vllm openai",
-    f"{AGENT}::test_a_maximal_tools_payload": "vllm parsers",
+    f"{AGENT}::test_a_maximal_tools_payload": "vllm tools",
     f"{AGENT}::test_a_dead_engine_core": f"{AGENT}::test_a_dead_engine_core",  # its own engine
     AGENT: "vllm agent",
     # One synthesis serves every test of the CDK app.
@@ -72,8 +73,8 @@ every other test goes to whichever worker is free."""
 ENGINE_GROUPS = {
     "vllm_engine": {"vllm failover", "vllm openai", "vllm agent"},
     "vllm_llama2_engine": {"vllm failover", "vllm agent"},
-    "vllm_tool_engine": {"vllm parsers"},
-    "vllm_reasoning_engine": {"vllm parsers"},
+    "vllm_tool_engine": {"vllm tools"},
+    "vllm_reasoning_engine": {"vllm reasoning"},
     "vllm_lora_engine": {"vllm openai"},
 }
 """The groups that may start each session-scoped vLLM engine: a test on it in any other group
