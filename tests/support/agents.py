@@ -334,8 +334,13 @@ def synthetic_engine() -> SyntheticEngine:
     return synthetic(tokens_per_second=200.0, ttft_seconds=0.01)
 
 
+ENGINE_READY_SECONDS_MAX = 480.0
+"""A guard against an agent that never turns ready, not a speed check: a vLLM engine's start
+took 148 s on two cores shared with other tests' engines."""
+
+
 async def wait_ready(agent: RunningAgent) -> RunningAgent:
-    async with asyncio.timeout(120):
+    async with asyncio.timeout(ENGINE_READY_SECONDS_MAX):
         await agent.runtime.became_ready.wait()
     return agent
 
