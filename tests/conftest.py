@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Generator, Iterator
 
 import pytest
 from hypothesis import settings as hypothesis_settings
@@ -26,64 +26,24 @@ from tests.support.agents import (  # fixtures for every suite  # noqa: F401
     tiny_model_dir,
     token,
     tool_model_dir,
+)
+from tests.support.clocks import FakeClock
+from tests.support.engines import (  # noqa: F401
+    ENGINE_GROUPS,
+    NEXT_TEST,
+    engine_shelf,
+    engines_for_the_next_test,
     vllm_engine,
     vllm_llama2_engine,
     vllm_lora_engine,
     vllm_reasoning_engine,
     vllm_tool_engine,
+    worker_group,
 )
-from tests.support.clocks import FakeClock
 
 # Speed is for the benchmarks: a slow example on a busy machine is not a failure.
 hypothesis_settings.register_profile("suite", deadline=None)
 hypothesis_settings.load_profile("suite")
-
-FAILOVER = "tests/gateway/test_vllm_failover.py"
-OPENAI = "tests/gateway/test_vllm_openai.py"
-AGENT = "tests/gpu_agent/test_vllm_agent.py"
-WORKER_GROUPS = {
-    # A vLLM engine starts once in each group whose tests use it (half a minute on two cores,
-    # after a minute or two teaching the tool and reasoning models their replies); the groups
-    # split the vLLM tests by engine and by file so that no one worker runs them all. The
-    # first prefix a test's node id starts with names its group.
-    f"{FAILOVER}::test_a_call_the_model_makes_of_its_own_accord": "vllm tools",
-    f"{FAILOVER}::test_a_reasoning_models_thinking": "vllm reasoning",
-    f"{FAILOVER}::test_a_stream_with_an_adapter": "vllm openai",
-    FAILOVER: "vllm failover",
-    f"{OPENAI}::test_a_tool_the_model_calls_of_its_own_accord": "vllm tools",
-    f"{OPENAI}::test_langchain_binds_tools_and_the_model_picks_one": "vllm tools",
-    f"{OPENAI}::test_the_responses_api_reports_a_call_the_model_chose": "vllm tools",
-    f"{OPENAI}::test_vllms_own_": "vllm tools",
-    f"{OPENAI}::test_a_reasoning_models_thinking": "vllm reasoning",
-    f"{OPENAI}::test_thinking_turned_off": "vllm reasoning",
-    f"{OPENAI}::test_a_turns_thinking": "vllm reasoning",
-    f"{OPENAI}::test_the_responses_api_gives_the_thinking": "vllm reasoning",
-    OPENAI: "vllm openai",
-    f"{AGENT}::test_a_maximal_tools_payload": "vllm tools",
-    f"{AGENT}::test_a_dead_engine_core": f"{AGENT}::test_a_dead_engine_core",  # its own engine
-    AGENT: "vllm agent",
-    # One synthesis serves every test of the CDK app.
-    "infra/cdk/tests/": "cdk",
-    # One `spotgate up` serves the module.
-    "tests/loadtest/test_runner.py": "local stack",
-    "tests/docs/test_runnable_commands.py": "docs stack",
-}
-"""Tests that must share a worker when `make test` runs the suite on several (pytest-xdist);
-every other test goes to whichever worker is free."""
-ENGINE_GROUPS = {
-    "vllm_engine": {"vllm failover", "vllm openai", "vllm agent"},
-    "vllm_llama2_engine": {"vllm failover", "vllm agent"},
-    "vllm_tool_engine": {"vllm tools"},
-    "vllm_reasoning_engine": {"vllm reasoning"},
-    "vllm_lora_engine": {"vllm openai"},
-}
-"""The groups that may start each session-scoped vLLM engine: a test on it in any other group
-would start it once more."""
-
-
-def worker_group(nodeid: str) -> str:
-    """The unit of work a test belongs to: its group, or the test alone."""
-    return next((group for path, group in WORKER_GROUPS.items() if nodeid.startswith(path)), nodeid)
 
 
 class GroupedScheduling(LoadScopeScheduling):
@@ -112,6 +72,15 @@ WHOLE_STACK_TESTS = (
 )
 """Tests that run a whole local stack, most for a minute or more: the workers take them first
 (after the groups, which go largest first), so that none starts last and runs on alone."""
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(
+    item: pytest.Item, nextitem: pytest.Item | None
+) -> Generator[None, object, object]:
+    """Stash on each test the one the worker runs next (`engines_for_the_next_test` reads it)."""
+    item.stash[NEXT_TEST] = nextitem
+    return (yield)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

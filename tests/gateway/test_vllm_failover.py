@@ -41,7 +41,7 @@ from tests.support.wsclient import (
     text_of,
 )
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("engines_for_the_next_test")]
 
 
 KILL_ATTEMPTS = 5

@@ -34,7 +34,7 @@ from tests.support.agents import (
 )
 from tests.support.wsclient import connect, generate, ids_of, run_streams
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("engines_for_the_next_test")]
 
 MESSAGES: Any = [{"role": "user", "content": "Describe the weather as JSON"}]
 

@@ -52,7 +52,7 @@ from tests.support.wsclient import (
     text_of,
 )
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("engines_for_the_next_test")]
 
 GREEDY = {"temperature": 0.0}
 

@@ -1,6 +1,4 @@
-"""Agent fixtures for every suite: the tiny model, one vLLM engine per session, agents on loopback.
-
-Registered in the root conftest, so the session-scoped engine exists once per run."""
+"""Agent fixtures for every suite: the tiny models, agents on loopback (engines: `engines`)."""
 
 from __future__ import annotations
 
@@ -184,57 +182,6 @@ def vllm_settings(
             f"--kv-cache-memory-bytes {ENGINE_KV_CACHE_BYTES}",
         ),
     )
-
-
-@pytest.fixture(scope="session")
-async def vllm_engine(tiny_model_dir: Path) -> AsyncIterator[Engine]:
-    from gpu_agent.vllm_engine import VllmEngine
-
-    engine = await VllmEngine.start(vllm_settings(tiny_model_dir))
-    yield engine
-    await engine.close()
-
-
-@pytest.fixture(scope="session")
-async def vllm_llama2_engine(llama2_model_dir: Path) -> AsyncIterator[Engine]:
-    from gpu_agent.vllm_engine import VllmEngine
-
-    engine = await VllmEngine.start(vllm_settings(llama2_model_dir, LLAMA2_MODEL))
-    yield engine
-    await engine.close()
-
-
-@pytest.fixture(scope="session")
-async def vllm_tool_engine(tool_model_dir: Path) -> AsyncIterator[Engine]:
-    from gpu_agent.vllm_engine import VllmEngine
-
-    engine = await VllmEngine.start(vllm_settings(tool_model_dir, TOOL_MODEL, "hermes"))
-    yield engine
-    await engine.close()
-
-
-@pytest.fixture(scope="session")
-async def vllm_reasoning_engine(reasoning_model_dir: Path) -> AsyncIterator[Engine]:
-    from gpu_agent.vllm_engine import VllmEngine
-
-    settings = vllm_settings(reasoning_model_dir, REASONING_MODEL, "hermes", "qwen3")
-    engine = await VllmEngine.start(settings)
-    yield engine
-    await engine.close()
-
-
-@pytest.fixture(scope="session")
-async def vllm_lora_engine(
-    tiny_model_dir: Path, lora_adapter_dirs: dict[str, str]
-) -> AsyncIterator[Engine]:
-    from gpu_agent.vllm_engine import VllmEngine
-
-    settings = vllm_settings(tiny_model_dir, LORA_MODEL)
-    lora = {"lora_adapters": lora_adapter_dirs, "max_loras": MAX_LORAS}
-    vllm = settings.vllm.model_copy(update=lora)
-    engine = await VllmEngine.start(settings.model_copy(update={"vllm": vllm}))
-    yield engine
-    await engine.close()
 
 
 @dataclass
