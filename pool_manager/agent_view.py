@@ -36,6 +36,7 @@ def pool_agent(instance: Instance, record: AgentRecord | None, now: float) -> Po
         phase=_PHASES[record.state],
         launched_at=instance.launched_at,
         active_streams=0 if gone else record.active,
+        streams_known_since_drain=gone or record.active_since_drain,
         heartbeat_at=record.heartbeat_at,
         drain_deadline=now if gone else record.drain_deadline,
         ready_at=record.ready_at,

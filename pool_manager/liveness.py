@@ -22,8 +22,7 @@ def dead_reason(agent: PoolAgent, now: float, settings: PolicySettings) -> str |
 
 
 def is_drained(agent: PoolAgent, now: float) -> bool:
-    """A draining agent whose streams are done, or whose drain deadline has passed."""
+    """A draining agent that said its streams are done, or whose drain deadline has passed."""
     deadline = agent.drain_deadline
-    return agent.phase == "draining" and (
-        agent.active_streams == 0 or (deadline is not None and now >= deadline)
-    )
+    done = agent.active_streams == 0 and agent.streams_known_since_drain
+    return agent.phase == "draining" and (done or (deadline is not None and now >= deadline))

@@ -47,6 +47,9 @@ class PoolAgent:
     phase: AgentPhase
     launched_at: float
     active_streams: int = 0
+    # False while a draining agent's `active_streams` is from before its drain began: it may
+    # have taken streams since, so 0 there does not mean drained.
+    streams_known_since_drain: bool = True
     heartbeat_at: float | None = None  # None: never registered (still booting)
     drain_deadline: float | None = None
     ready_at: float | None = None

@@ -85,6 +85,7 @@ INTERRUPTION_QUEUE_NAME = "spotgate-interruptions"
 LOCAL_VLLM = VllmSettings(gpu_memory_utilization=0.3, max_model_len=2048)
 """vLLM on a machine the whole stack shares: a small share of memory, a short context."""
 STOP_TIMEOUT_SECONDS = 120.0
+OMP_WAIT_POLICY_ENV = "OMP_WAIT_POLICY"
 
 
 class UpFailed(StackFailed):
@@ -278,6 +279,10 @@ def _tiny_model(directory: Path) -> tuple[str, VllmSettings]:
 
 async def run_up(directory: Path, options: UpOptions, *, announce: Callable[[str], None]) -> int:
     """Start the local stack, announce it, and run until SIGINT or SIGTERM."""
+    # Every process of the stack shares this machine's cores: an OpenMP thread (torch's, in the
+    # model writer and each CPU engine) that spins while it waits takes the time its peers
+    # need. Read by each child at its start; an operator's own setting stands.
+    os.environ.setdefault(OMP_WAIT_POLICY_ENV, "PASSIVE")
     models = _models_for(options, directory)
     served = tuple(model.name for model in models)
     # Bound here, before anything else takes a port, and handed down: a port in use is one

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Generator, Iterator
 
 import pytest
@@ -12,6 +13,7 @@ from xdist.scheduler import LoadScopeScheduling
 from spotgate.registry import Registry
 from spotgate.settings import LimitStoreSettings
 from stack.emulator import AwsEmulator
+from stack.local import OMP_WAIT_POLICY_ENV
 from stack.redis_server import RedisServer
 from tests.support.agents import (  # fixtures for every suite  # noqa: F401
     ensure_tables,
@@ -40,6 +42,12 @@ from tests.support.engines import (  # noqa: F401
     vllm_tool_engine,
     worker_group,
 )
+
+# The suite runs more processes than the machine has cores (workers, engines, whole stacks):
+# OpenMP threads that spin while they wait take the time their peers need (teaching the tool
+# model its reply under load: 84 s of CPU, 41 s with passive waits). torch is not loaded yet:
+# its OpenMP reads this when it loads, in this process and in every child.
+os.environ.setdefault(OMP_WAIT_POLICY_ENV, "PASSIVE")
 
 # Speed is for the benchmarks: a slow example on a busy machine is not a failure.
 hypothesis_settings.register_profile("suite", deadline=None)

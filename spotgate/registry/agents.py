@@ -91,13 +91,16 @@ class AgentOperations(RegistryBase):
                 TableName=self._tables.agents,
                 Key={"agent_id": encode(agent_id)},
                 UpdateExpression=(
-                    "SET active = :active, heartbeat_at = :now, expires_at = :exp, " + FEED_SET
+                    "SET active = :active, heartbeat_at = :now, expires_at = :exp, "
+                    "heartbeats = if_not_exists(heartbeats, :zero) + :one, " + FEED_SET
                 ),
                 ConditionExpression="attribute_exists(agent_id) AND #state <> :gone",
                 ExpressionAttributeNames={"#state": "state"},
                 ExpressionAttributeValues={
                     ":active": encode(active),
                     ":now": encode(now),
+                    ":zero": encode(0),
+                    ":one": encode(1),
                     ":exp": encode(now + self._timings.agent_ttl_seconds),
                     ":gone": encode(AgentState.GONE.value),
                     **self._feed_values(agent_id, now),
@@ -115,13 +118,15 @@ class AgentOperations(RegistryBase):
                 TableName=self._tables.agents,
                 Key={"agent_id": encode(agent_id)},
                 UpdateExpression=(
-                    "SET #state = :draining, drain_deadline = :deadline, " + FEED_SET
+                    "SET #state = :draining, drain_deadline = :deadline, "
+                    "heartbeats_at_drain = if_not_exists(heartbeats, :zero), " + FEED_SET
                 ),
                 ConditionExpression="attribute_exists(agent_id) AND #state IN (:starting, :ready)",
                 ExpressionAttributeNames={"#state": "state"},
                 ExpressionAttributeValues={
                     ":draining": encode(AgentState.DRAINING.value),
                     ":deadline": encode(deadline),
+                    ":zero": encode(0),
                     ":starting": encode(AgentState.STARTING.value),
                     ":ready": encode(AgentState.READY.value),
                     **self._feed_values(agent_id, self._clock()),

@@ -101,6 +101,10 @@ class AgentRecord:
     capacity: int
     active: int = 0
     heartbeat_at: float = 0.0
+    # Heartbeats sent, and how many had been when the drain began: `active` counts the streams
+    # of a draining agent only once a heartbeat came after (`active_since_drain`).
+    heartbeats: int = 0
+    heartbeats_at_drain: int = 0
     expires_at: float = 0.0
     drain_deadline: float | None = None
     rebalance_at: float | None = None
@@ -126,6 +130,11 @@ class AgentRecord:
     def is_live(self, now: float) -> bool:
         """Whether the entry has not expired (heartbeats keep pushing `expires_at`)."""
         return self.expires_at > now
+
+    @property
+    def active_since_drain(self) -> bool:
+        """Whether `active` was reported after the drain began (not from an earlier heartbeat)."""
+        return self.heartbeats > self.heartbeats_at_drain
 
 
 @dataclass(frozen=True, slots=True)

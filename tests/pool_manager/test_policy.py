@@ -317,6 +317,10 @@ def test_reaper_terminates_dead_and_drained_agents(pool_agent: PoolAgent, reason
         agent("x", heartbeat_at=NOW - 59),
         agent("x", phase="draining", active=2, drain_deadline=NOW + 60),
         agent("x", phase="draining", active=1, drain_deadline=None),
+        # 0 streams, but as its last heartbeat before the drain said: it may have more now
+        replace(
+            agent("x", phase="draining", drain_deadline=NOW + 60), streams_known_since_drain=False
+        ),
     ],
 )
 def test_reaper_leaves_live_agents_alone(pool_agent: PoolAgent) -> None:

@@ -235,6 +235,22 @@ async def test_draining_never_goes_back_to_ready(registry: Registry) -> None:
     assert [a.state for a in await registry.list_agents("m")] == [AgentState.DRAINING]
 
 
+async def test_a_draining_agents_stream_count_is_known_once_a_heartbeat_follows_the_drain(
+    registry: Registry,
+) -> None:
+    await registry.register(agent())
+    await registry.heartbeat("i-0abc", active=0)
+    await registry.set_draining("i-0abc", deadline=2_000_000_000.0)
+    stale = await registry.get_agent("i-0abc")
+    await registry.heartbeat("i-0abc", active=3)
+    heard = await registry.get_agent("i-0abc")
+
+    assert stale is not None
+    assert heard is not None
+    assert (stale.active, stale.active_since_drain) == (0, False)  # streams since, maybe
+    assert (heard.active, heard.active_since_drain) == (3, True)
+
+
 async def test_heartbeat_of_unknown_agent_fails(registry: Registry) -> None:
     with pytest.raises(AgentNotFound):
         await registry.heartbeat("i-nobody", active=0)

@@ -287,8 +287,14 @@ took 148 s on two cores shared with other tests' engines."""
 
 
 async def wait_ready(agent: RunningAgent) -> RunningAgent:
-    async with asyncio.timeout(ENGINE_READY_SECONDS_MAX):
-        await agent.runtime.became_ready.wait()
+    """The agent once ready; an agent whose engine failed fails the test at once, saying why."""
+    runtime = agent.runtime
+
+    async def ready_or_failed() -> bool:
+        return runtime.became_ready.is_set() or runtime.phase == "failed"
+
+    await wait_for(ready_or_failed, within=ENGINE_READY_SECONDS_MAX)
+    assert runtime.phase != "failed", runtime.failure
     return agent
 
 

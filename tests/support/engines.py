@@ -94,12 +94,19 @@ class EngineShelf:
         """The engine of the fixture `request` runs, started if it is not running yet.
 
         Engines the requesting test's group does not use are closed first: their group ended
-        with tests that used none, which `keep_only` after each test did not see.
+        with tests that used none, which `keep_only` after each test did not see. An engine
+        that failed is started anew.
         """
         await self.keep_only(group_engines(request.node.nodeid))
-        if request.fixturename not in self._engines:
-            self._engines[request.fixturename] = await start()
-        return self._engines[request.fixturename]
+        fixture = str(request.fixturename)
+        running = self._engines.get(fixture)
+        if running is not None and running.failure() is not None:
+            # Dead (killed, say, when memory ran out): every later test of the group would
+            # fail on it, each after waiting for its agent.
+            await self._engines.pop(fixture).close()
+        if fixture not in self._engines:
+            self._engines[fixture] = await start()
+        return self._engines[fixture]
 
     async def keep_only(self, fixtures: Collection[str]) -> None:
         """Close every running engine but those of `fixtures`."""
