@@ -56,6 +56,14 @@ def model_spec(text: str) -> ModelSpec:
     return ModelSpec(name.strip(), target, load, types)
 
 
+def region_list(text: str) -> tuple[str, ...]:
+    """An argument type: regions, comma-separated."""
+    regions = tuple(region.strip() for region in text.split(","))
+    if not all(regions):
+        raise argparse.ArgumentTypeError(f"{text!r}: an empty region")
+    return regions
+
+
 def _models(specs: list[ModelSpec], load: float) -> tuple[SimModel, ...]:
     """The `--model` specs as the simulator's models; raise for a name given twice."""
     names = [spec.name for spec in specs]
@@ -107,7 +115,12 @@ def _sim(args: argparse.Namespace) -> int:
     )
     try:
         results = run_policies(
-            args.traces, policies, config, windows=args.windows, window_hours=args.window_hours
+            args.traces,
+            policies,
+            config,
+            windows=args.windows,
+            window_hours=args.window_hours,
+            regions=args.regions or (),
         )
     except TraceError as err:
         raise CommandError(str(err)) from err
@@ -143,6 +156,13 @@ def setup_sim(commands: Commands) -> None:
     """Add `sim`."""
     sim = commands.add_parser("sim", help="replay spot traces through the pool policy")
     sim.add_argument("--traces", type=Path, required=True, help="directory of zone traces")
+    sim.add_argument(
+        "--regions",
+        type=region_list,
+        metavar="REGION,REGION...",
+        help="place only in these regions' zones of the traces (default: every region of "
+        "the traces; the output names those used)",
+    )
     sim.add_argument(
         "--policy",
         help="spotgate (default), spothedge, on-demand-only, spot-cheapest-zone, even-spread, "

@@ -48,6 +48,7 @@ class SimResult:
     on_demand_share_of_hours: float
     stopped_hours: float  # instance-hours stopped in the warm pool
     models: list[ModelResult] = field(default_factory=list)
+    regions: tuple[str, ...] = ()  # those whose zones it placed in
 
     def as_json(self) -> dict[str, Any]:
         """Plain dict for `spotgate sim --json`."""

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from pool_manager.policy import POLICIES, Policy
 from pool_manager.sim.config import SimConfig
 from pool_manager.sim.results import ModelResult, SimResult
 from pool_manager.sim.simulator import simulate_windows
-from pool_manager.sim.traces import load_traces
+from pool_manager.sim.traces import in_regions, load_traces, trace_regions
 
 DEFAULT_POLICY = "spotgate"
 ALL_POLICIES = "all"
@@ -35,11 +36,21 @@ def run_policies(
     *,
     windows: int = 0,
     window_hours: float = 24.0,
+    regions: Collection[str] = (),
 ) -> list[SimResult]:
-    """Each policy over the traces in `traces_dir` (raises `TraceError` for bad traces)."""
+    """Each policy over the traces in `traces_dir`, in the zones of `regions` (none: all).
+
+    Raises `TraceError` for bad traces, or a region the traces do not have.
+    """
     traces = load_traces(traces_dir)
+    if regions:
+        traces = in_regions(traces, regions)
+    placed_in = trace_regions(traces)
     return [
-        simulate_windows(traces, policy, config, windows=windows, window_hours=window_hours)
+        replace(
+            simulate_windows(traces, policy, config, windows=windows, window_hours=window_hours),
+            regions=placed_in,
+        )
         for policy in policies
     ]
 
@@ -67,6 +78,8 @@ def render_table(results: Sequence[SimResult]) -> str:
         )
         if len(r.models) > 1:
             rows += [_model_row(m) for m in r.models]
+    if results:
+        rows.append(f"regions: {', '.join(results[0].regions)}")
     return "\n".join(rows)
 
 

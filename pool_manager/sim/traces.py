@@ -7,11 +7,15 @@ One JSON file per zone, `{"metadata": {"gap_seconds": 300}, "data": [16, 12, 0, 
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 BUNDLED_TRACES_DIR = Path(__file__).parent / "traces"
 TRACE_INSTANCE_TYPES = {"v100": "p3.2xlarge"}
+_ZONE_LETTER = re.compile(r"(?<=\d)[a-z]$")
+"""An availability zone is its region and a letter: us-east-2b is us-east-2's zone b."""
 
 
 class TraceError(ValueError):
@@ -31,6 +35,11 @@ class ZoneTrace:
         """Capacity at a time offset from the start of the trace (the sample it falls in)."""
         index = min(int(seconds // self.gap_seconds), len(self.capacity) - 1)
         return self.capacity[index]
+
+    @property
+    def region(self) -> str:
+        """The region the zone is in (a name that is not a zone's: itself)."""
+        return _ZONE_LETTER.sub("", self.zone)
 
     @property
     def duration_seconds(self) -> float:
@@ -66,6 +75,22 @@ def load_traces(directory: Path) -> list[ZoneTrace]:
     if not traces:
         raise TraceError(f"{directory}: no *.json trace files")
     return traces
+
+
+def trace_regions(traces: Sequence[ZoneTrace]) -> tuple[str, ...]:
+    """The regions the traces' zones are in, sorted."""
+    return tuple(sorted({trace.region for trace in traces}))
+
+
+def in_regions(traces: Sequence[ZoneTrace], regions: Collection[str]) -> list[ZoneTrace]:
+    """The traces of zones in `regions`; raise naming a region the traces do not have."""
+    known = trace_regions(traces)
+    if unknown := sorted(set(regions) - set(known)):
+        raise TraceError(
+            f"--regions {', '.join(unknown)}: not a region of these traces "
+            f"(theirs: {', '.join(known)})"
+        )
+    return [trace for trace in traces if trace.region in regions]
 
 
 def shortfall_share(traces: list[ZoneTrace], target: int) -> float:

@@ -60,7 +60,7 @@ def test_each_model_gets_its_own_figures_with_the_default_load(
     assert result["launches"] == chat["launches"] + batch["launches"]
     assert main([*SHORT, *models]) == 0
     rows = capsys.readouterr().out.splitlines()
-    assert [row.split()[0] for row in rows[1:]] == ["spotgate", "chat", "batch"]
+    assert [row.split()[0] for row in rows[1:-1]] == ["spotgate", "chat", "batch"]
 
 
 def boots_file(tmp_path: Path, warm_seconds: float) -> Path:
@@ -106,3 +106,27 @@ def test_a_boot_of_an_unknown_kind_is_refused(
     odd.write_text(json.dumps([{"kind": "lukewarm", "lukewarm_start_seconds": 5}]))
     assert main([*SHORT, "--boots", str(odd)]) == 2
     assert "not a list of boots" in capsys.readouterr().err
+
+
+def test_regions_limit_the_placements_and_the_output_names_them(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main([*SHORT, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["regions"] == ["us-east-2", "us-west-2"]
+    assert main([*SHORT, "--regions", "us-west-2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["regions"] == ["us-west-2"]
+    assert main([*SHORT, "--regions", "us-west-2"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "regions: us-west-2"
+
+
+def test_a_region_the_traces_lack_exits_2_naming_it(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*SHORT, "--regions", "us-west-2,us-east-1"]) == 2
+    reason = "--regions us-east-1: not a region of these traces (theirs: us-east-2, us-west-2)"
+    assert reason in capsys.readouterr().err
+
+
+def test_an_empty_region_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main([*SHORT, "--regions", "us-west-2,"])
+    assert exited.value.code == 2
+    assert "'us-west-2,': an empty region" in capsys.readouterr().err

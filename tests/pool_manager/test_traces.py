@@ -5,7 +5,14 @@ from pathlib import Path
 
 import pytest
 
-from pool_manager.sim.traces import BUNDLED_TRACES_DIR, TraceError, load_trace, load_traces
+from pool_manager.sim.traces import (
+    BUNDLED_TRACES_DIR,
+    TraceError,
+    in_regions,
+    load_trace,
+    load_traces,
+    trace_regions,
+)
 
 
 def write(directory: Path, name: str, data: list[int], gap: float = 300) -> Path:
@@ -54,3 +61,23 @@ def test_bundled_traces_are_the_published_sets() -> None:
     assert len(nine) == 9
     assert max(max(t.capacity) for t in three) == 16
     assert max(max(t.capacity) for t in nine) == 1
+
+
+def test_a_zones_region_is_its_name_less_the_zone_letter() -> None:
+    nine = load_traces(BUNDLED_TRACES_DIR / "aws-1node-9zone")
+    assert trace_regions(nine) == ("us-east-1", "us-east-2", "us-west-2")
+    assert {t.zone: t.region for t in nine}["us-east-1f"] == "us-east-1"
+
+
+def test_the_traces_of_some_regions_are_those_regions_zones_only() -> None:
+    nine = load_traces(BUNDLED_TRACES_DIR / "aws-1node-9zone")
+    west_and_ohio = in_regions(nine, {"us-west-2", "us-east-2"})
+    assert [t.zone for t in west_and_ohio] == [
+        "us-east-2a",
+        "us-east-2b",
+        "us-west-2a",
+        "us-west-2b",
+        "us-west-2c",
+    ]
+    with pytest.raises(TraceError, match=r"eu-west-1: not a region of these traces \(theirs: us-e"):
+        in_regions(nine, {"us-east-1", "eu-west-1"})
