@@ -48,12 +48,13 @@ async def _pool_status(_args: argparse.Namespace) -> int:
         demand = await registry.read_demand()
         fixed = await registry.read_pool_targets()
     now = time.time()
-    rows = [("AGENT", "MODEL", "STATE", "LIFECYCLE", "TYPE", "ZONE", "LOAD", "AGE")]
+    rows = [("AGENT", "MODEL", "STATE", "LIFECYCLE", "TYPE", "REGION", "ZONE", "LOAD", "AGE")]
     for agent in sorted(agents, key=lambda a: (a.model, a.agent_id)):
         state = agent.state.value if agent.is_live(now) else f"{agent.state.value} (stale)"
         rows.append(
             (agent.agent_id, agent.model, state, agent.lifecycle, agent.instance_type,
-             agent.zone, f"{agent.active}/{agent.capacity}", _age(now - agent.started_at))
+             agent.region, agent.zone, f"{agent.active}/{agent.capacity}",
+             _age(now - agent.started_at))
         )  # fmt: skip
     _print_table(rows)
     for model in sorted(set(demand) | set(fixed)):
@@ -79,7 +80,8 @@ async def _pool_boots(args: argparse.Namespace) -> int:
         # cold starts never takes a warm start for one.
         timed = [
             {"agent_id": agent.agent_id, "model": agent.model,
-             "instance_type": agent.instance_type, "zone": agent.zone,
+             "instance_type": agent.instance_type, "region": agent.region,
+             "zone": agent.zone,
              "kind": agent.boot_kind, "phases_seconds": phases,
              f"{agent.boot_kind}_start_seconds": phases["ready"]}
             for agent, phases in booted
@@ -87,10 +89,10 @@ async def _pool_boots(args: argparse.Namespace) -> int:
         print(json.dumps(timed, indent=2))
         return 0
     phase_names = BOOT_PHASES[1:]
-    rows = [("AGENT", "KIND", "TYPE", "ZONE", *(f"{phase.upper()} s" for phase in phase_names))]
+    rows = [("AGENT", "KIND", "TYPE", "REGION", "ZONE", *(f"{p.upper()} s" for p in phase_names))]
     for agent, phases in booted:
         rows.append(
-            (agent.agent_id, agent.boot_kind, agent.instance_type, agent.zone,
+            (agent.agent_id, agent.boot_kind, agent.instance_type, agent.region, agent.zone,
              *(f"{phases[phase]:.1f}" if phase in phases else "-" for phase in phase_names))
         )  # fmt: skip
     _print_table(rows)

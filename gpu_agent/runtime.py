@@ -27,6 +27,7 @@ from gpu_agent.streams import StreamProgress
 from spotgate import __version__
 from spotgate.logging import get_logger
 from spotgate.model_store import fetch_model, is_s3_uri, read_manifest
+from spotgate.regions import zone_region
 from spotgate.registry import (
     AgentGone,
     AgentRecord,
@@ -102,6 +103,7 @@ class AgentIdentity:
     lifecycle: Literal["spot", "on-demand", "local"]
     instance_type: str
     zone: str
+    region: str
 
 
 @dataclass
@@ -236,13 +238,18 @@ class AgentRuntime:
                 "spot" if found.lifecycle == "spot" else "on-demand"
             )
             return AgentIdentity(
-                settings.agent_id or found.agent_id, lifecycle, found.instance_type, found.zone
+                settings.agent_id or found.agent_id,
+                lifecycle,
+                found.instance_type,
+                found.zone,
+                found.region,
             )
         return AgentIdentity(
             settings.agent_id or f"local-{secrets.token_hex(4)}",
             settings.lifecycle,
             settings.instance_type,
             settings.zone,
+            zone_region(settings.zone),
         )
 
     @staticmethod
@@ -271,6 +278,7 @@ class AgentRuntime:
                 capacity=engine.capacity,
                 lifecycle=identity.lifecycle,
                 instance_type=identity.instance_type,
+                region=identity.region,
                 zone=identity.zone,
                 started_at=time.time(),
                 engine=engine.kind,

@@ -21,6 +21,7 @@ from pool_manager.pool_view import (
     TerminateWarm,
     WarmInstance,
 )
+from spotgate.regions import zone_region
 from spotgate.settings import Placement
 
 COLD_START_BUCKETS_SECONDS = (30, 60, 90, 120, 180, 240, 300, 450, 600, 900, 1200, 1800)
@@ -100,14 +101,14 @@ class PoolMetrics:
         self.cold_start = Histogram(
             "spotgate_pool_cold_start_seconds",
             "from an instance's launch to its agent's first ready",
-            ["instance_type", "zone"],
+            ["instance_type", "region", "zone"],
             buckets=COLD_START_BUCKETS_SECONDS,
             registry=r,
         )
         self.warm_start = Histogram(
             "spotgate_pool_warm_start_seconds",
             "from a stopped instance's start to its agent's first ready",
-            ["instance_type", "zone"],
+            ["instance_type", "region", "zone"],
             buckets=WARM_START_BUCKETS_SECONDS,
             registry=r,
         )
@@ -163,7 +164,9 @@ class PoolMetrics:
         for boot in timed:
             histogram = self.warm_start if boot.kind == "warm" else self.cold_start
             instance_type, zone = boot.placement
-            histogram.labels(instance_type=instance_type, zone=zone).observe(boot.seconds)
+            histogram.labels(
+                instance_type=instance_type, region=zone_region(zone), zone=zone
+            ).observe(boot.seconds)
 
     def record_event(self, event: PoolEvent) -> None:
         """Count one EC2 event."""

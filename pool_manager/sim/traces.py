@@ -7,15 +7,14 @@ One JSON file per zone, `{"metadata": {"gap_seconds": 300}, "data": [16, 12, 0, 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from spotgate.regions import zone_region
+
 BUNDLED_TRACES_DIR = Path(__file__).parent / "traces"
 TRACE_INSTANCE_TYPES = {"v100": "p3.2xlarge"}
-_ZONE_LETTER = re.compile(r"(?<=\d)[a-z]$")
-"""An availability zone is its region and a letter: us-east-2b is us-east-2's zone b."""
 
 
 class TraceError(ValueError):
@@ -38,8 +37,8 @@ class ZoneTrace:
 
     @property
     def region(self) -> str:
-        """The region the zone is in (a name that is not a zone's: itself)."""
-        return _ZONE_LETTER.sub("", self.zone)
+        """The region the zone is in."""
+        return zone_region(self.zone)
 
     @property
     def duration_seconds(self) -> float:

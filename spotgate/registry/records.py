@@ -110,6 +110,7 @@ class AgentRecord:
     rebalance_at: float | None = None
     lifecycle: Lifecycle = "local"
     instance_type: str = "local"
+    region: str = "local"
     zone: str = "local"
     started_at: float = 0.0
     ready_at: float | None = None

@@ -217,7 +217,16 @@ async def test_pool_boots_tells_cold_boots_from_warm_starts(
     async with Registry.open(tables.settings(), clock=lambda: 1040.0) as registry:
         for agent_id in ("i-cold", "i-warm"):
             await registry.register(
-                AgentRecord(agent_id, "http://10.0.0.1:8000", "m", AgentState.READY, 8, boot=booted)
+                AgentRecord(
+                    agent_id,
+                    "http://10.0.0.1:8000",
+                    "m",
+                    AgentState.READY,
+                    8,
+                    region="us-west-2",
+                    zone="us-west-2b",
+                    boot=booted,
+                )
             )
         await registry.record_warm_boot("i-warm")
     env = emulator_env(tables)
@@ -230,9 +239,11 @@ async def test_pool_boots_tells_cold_boots_from_warm_starts(
     assert (listed["i-cold"]["kind"], listed["i-cold"]["cold_start_seconds"]) == ("cold", 40.0)
     assert (listed["i-warm"]["kind"], listed["i-warm"]["warm_start_seconds"]) == ("warm", 40.0)
     assert "cold_start_seconds" not in listed["i-warm"]  # no reader of cold starts takes it
+    assert (listed["i-cold"]["region"], listed["i-cold"]["zone"]) == ("us-west-2", "us-west-2b")
     table = run("pool", "boots", cwd=tmp_path, env=env).stdout.splitlines()
-    assert table[0].split()[:3] == ["AGENT", "KIND", "TYPE"]
+    assert table[0].split()[:5] == ["AGENT", "KIND", "TYPE", "REGION", "ZONE"]
     assert sorted(row.split()[1] for row in table[1:]) == ["cold", "warm"]
+    assert {row.split()[3] for row in table[1:]} == {"us-west-2"}
 
 
 def test_unreachable_aws_is_one_line(tmp_path: Path) -> None:

@@ -73,9 +73,10 @@ async def test_stream_over_ws_is_labelled_synthetic_everywhere(
         [record] = await registry.list_ready("synth")
     assert record.engine == "synthetic"
     assert record.url == agent.url
-    assert (record.lifecycle, record.instance_type, record.zone) == (
+    assert (record.lifecycle, record.instance_type, record.region, record.zone) == (
         "spot",
         "g6.xlarge",
+        "us-east-1",  # the identity document's own
         "us-east-1a",  # from the IMDS emulator
     )
 

@@ -73,18 +73,21 @@ def test_cost_per_hour_and_cold_starts_per_placement() -> None:
     booting = agent("2", "starting", lifecycle="on-demand")
     metrics.record_pass(PassReport({"m": 2}, [], [], [("m", ready), ("m", booting)]), 200.0)
     metrics.record_boots(
-        [TimedBoot("cold", ("g5", "a"), 90.0), TimedBoot("warm", ("g5", "a"), 20.0)]
+        [TimedBoot("cold", ("g5", "us-west-2a"), 90.0), TimedBoot("warm", ("g5", "a"), 20.0)]
     )
     text = generate_latest(metrics.registry).decode()
     for line in (
         'spotgate_pool_cost_dollars_per_hour{lifecycle="spot"} 0.45',
         'spotgate_pool_cost_dollars_per_hour{lifecycle="on-demand"} 1.0',
         'spotgate_pool_cost_dollars_per_hour{lifecycle="stopped"} 0.0',
-        'spotgate_pool_cold_start_seconds_count{instance_type="g5",zone="a"} 1.0',
-        'spotgate_pool_cold_start_seconds_sum{instance_type="g5",zone="a"} 90.0',
-        'spotgate_pool_cold_start_seconds_bucket{instance_type="g5",le="90.0",zone="a"} 1.0',
-        'spotgate_pool_warm_start_seconds_count{instance_type="g5",zone="a"} 1.0',
-        'spotgate_pool_warm_start_seconds_sum{instance_type="g5",zone="a"} 20.0',
+        'spotgate_pool_cold_start_seconds_count{instance_type="g5",region="us-west-2",'
+        'zone="us-west-2a"} 1.0',
+        'spotgate_pool_cold_start_seconds_sum{instance_type="g5",region="us-west-2",'
+        'zone="us-west-2a"} 90.0',
+        'spotgate_pool_cold_start_seconds_bucket{instance_type="g5",le="90.0",'
+        'region="us-west-2",zone="us-west-2a"} 1.0',
+        'spotgate_pool_warm_start_seconds_count{instance_type="g5",region="a",zone="a"} 1.0',
+        'spotgate_pool_warm_start_seconds_sum{instance_type="g5",region="a",zone="a"} 20.0',
     ):
         assert line in text, line
 
