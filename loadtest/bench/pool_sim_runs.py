@@ -8,7 +8,7 @@ from pool_manager.policy import POLICIES
 from pool_manager.sim.config import WARM_START_SECONDS, SimConfig
 from pool_manager.sim.results import SimResult
 from pool_manager.sim.simulator import simulate_windows
-from pool_manager.sim.traces import BUNDLED_TRACES_DIR, ZoneTrace, load_traces
+from pool_manager.sim.traces import BUNDLED_TRACES_DIR, ZoneTrace, in_regions, load_traces
 
 COMMAND = "python -m loadtest.bench.pool_sim --write docs/benchmarks.md"
 
@@ -65,11 +65,11 @@ HELD_OUT_SEEDS = range(5, 10)
 """Other windows, not looked at while the on-demand margin's rule and durations were chosen."""
 
 
-TRACES: dict[str, tuple[str, str, int]] = {  # name: (bundled set, zone prefix, target)
-    "aws-16node-3zone": ("aws-16node-3zone", "", 3),
-    "aws-1node-9zone": ("aws-1node-9zone", "", 3),
-    "aws-1node-9zone, us-east-1 only": ("aws-1node-9zone", "us-east-1", 3),
-    "aws-16node-3zone, target 6": ("aws-16node-3zone", "", 6),
+TRACES: dict[str, tuple[str, tuple[str, ...], int]] = {  # name: (bundled set, regions, target)
+    "aws-16node-3zone": ("aws-16node-3zone", (), 3),
+    "aws-1node-9zone": ("aws-1node-9zone", (), 3),
+    "aws-1node-9zone, us-east-1 only": ("aws-1node-9zone", ("us-east-1",), 3),
+    "aws-16node-3zone, target 6": ("aws-16node-3zone", (), 6),
 }
 """The bundled sets at the README's target, and two derived: fewer zones, a larger pool."""
 
@@ -128,9 +128,15 @@ at no more cost."""
 Job = tuple[str, str, SimConfig, int]
 
 
+def bundled_traces(trace_set: str, regions: tuple[str, ...] = ()) -> list[ZoneTrace]:
+    """A bundled set's traces, of the zones in `regions` (none: every zone)."""
+    traces = load_traces(BUNDLED_TRACES_DIR / trace_set)
+    return in_regions(traces, regions) if regions else traces
+
+
 def _traces(name: str) -> list[ZoneTrace]:
-    directory, prefix, _ = TRACES.get(name, (name, "", 0))
-    return [t for t in load_traces(BUNDLED_TRACES_DIR / directory) if t.zone.startswith(prefix)]
+    directory, regions, _ = TRACES.get(name, (name, (), 0))
+    return bundled_traces(directory, regions)
 
 
 def run_job(job: Job) -> SimResult:
@@ -143,8 +149,12 @@ def run_job(job: Job) -> SimResult:
 
 def _knobs_config(trace: str, knobs: PolicyKnobs, seed: int, **changes: float) -> SimConfig:
     """The reference set-up for `trace` with a policy's knobs, at one seed."""
+    return knobs_config(TRACES[trace][2], knobs, seed, **changes)
+
+
+def knobs_config(target: int, knobs: PolicyKnobs, seed: int, **changes: float) -> SimConfig:
+    """The reference set-up at `target` with a policy's knobs, at one seed."""
     _, warm, hold, margin = knobs
-    target = TRACES[trace][2]
     config = replace(
         REFERENCE_CONFIG,
         target=target,

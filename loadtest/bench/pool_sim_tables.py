@@ -48,13 +48,13 @@ def _seeded(
     return [results[f"{name} {trace} {seed}"] for seed in seeds]
 
 
-def _spread(values: Sequence[float], digits: int) -> str:
+def spread(values: Sequence[float], digits: int) -> str:
     """Mean ± sample standard deviation over the seeds, in percent."""
     mean, std = statistics.mean(values) * 100, statistics.stdev(values) * 100
     return f"{mean:.{digits}f} ± {std:.{digits}f}"
 
 
-def _paired(ours: Sequence[SimResult], theirs: Sequence[SimResult]) -> tuple[float, float]:
+def paired(ours: Sequence[SimResult], theirs: Sequence[SimResult]) -> tuple[float, float]:
     """Mean availability and cost differences, seed by seed (the same windows), in points."""
     availability = statistics.mean(
         (o.availability - t.availability) * 100 for o, t in zip(ours, theirs, strict=True)
@@ -65,7 +65,8 @@ def _paired(ours: Sequence[SimResult], theirs: Sequence[SimResult]) -> tuple[flo
     return availability, cost
 
 
-def _met(availability: float, cost: float) -> str:
+def goal_met(availability: float, cost: float) -> str:
+    """Whether gains over SpotHedge (points) meet the goal: more availability, no more cost."""
     return "yes" if availability >= GOAL_POINTS and cost <= 0 else "no"
 
 
@@ -300,23 +301,23 @@ def policy_lines(results: dict[str, SimResult], spothedge: PolicyKnobs) -> list[
         theirs = _seeded(results, reference, trace)
         for row, knobs in POLICY_ROWS.items():
             ours = _seeded(results, row, trace)
-            availability, cost = _paired(ours, theirs)
+            availability, cost = paired(ours, theirs)
             label = row
             if knobs == spothedge and trace in REFERENCE:
                 (its_availability, its_cost), _ = REFERENCE[trace]
                 label += f" (its simulator: {its_availability * 100:.2f} / {its_cost * 100:.1f})"
             gain = "—" if knobs == spothedge else f"{availability:+.3f}"
             dearer = "—" if knobs == spothedge else f"{cost:+.2f}"
-            met = "—" if knobs == spothedge else _met(availability, cost)
+            met = "—" if knobs == spothedge else goal_met(availability, cost)
             gains[(row, trace)] = (availability, cost)
             lines.append(
                 f"| {trace} | {label} "
-                f"| {_spread([r.availability for r in ours], 3)} "
-                f"| {_spread([r.cost_vs_on_demand for r in ours], 2)} "
+                f"| {spread([r.availability for r in ours], 3)} "
+                f"| {spread([r.cost_vs_on_demand for r in ours], 2)} "
                 f"| {gain} | {dearer} | {met} |"
             )
     met_on = {
-        row: [t for t in TRACES if _met(*gains[(row, t)]) == "yes"]
+        row: [t for t in TRACES if goal_met(*gains[(row, t)]) == "yes"]
         for row in POLICY_ROWS
         if row != reference
     }
@@ -339,13 +340,13 @@ def policy_lines(results: dict[str, SimResult], spothedge: PolicyKnobs) -> list[
         "|---|---|" + "---|" * len(MARGIN_VARIANTS),
     ]
     for trace in TRACES:
-        held_out = _paired(
+        held_out = paired(
             _seeded(results, f"held out {MARGIN_ROW}", trace, HELD_OUT_SEEDS),
             _seeded(results, f"held out {reference}", trace, HELD_OUT_SEEDS),
         )
         theirs = _seeded(results, reference, trace)
-        moved = [_paired(_seeded(results, name, trace), theirs) for name in MARGIN_VARIANTS]
-        cells = [f"{a:+.3f} / {c:+.2f} ({_met(a, c)})" for a, c in [held_out, *moved]]
+        moved = [paired(_seeded(results, name, trace), theirs) for name in MARGIN_VARIANTS]
+        cells = [f"{a:+.3f} / {c:+.2f} ({goal_met(a, c)})" for a, c in [held_out, *moved]]
         lines.append(f"| {trace} | " + " | ".join(cells) + " |")
     return [*lines, *_warm_start_lines(results), *_reading_lines(gains)]
 
@@ -377,7 +378,7 @@ def _warm_start_lines(results: dict[str, SimResult]) -> list[str]:
         theirs = _seeded(results, reference, trace)
         cells = []
         for name in [*(f"warm {seconds}" for seconds in WARM_STARTS_SECONDS), "warm empty"]:
-            availability, cost = _paired(_seeded(results, name, trace), theirs)
+            availability, cost = paired(_seeded(results, name, trace), theirs)
             cells.append(f"{availability:+.3f} / {cost:+.2f}")
         lines.append(f"| {trace} | " + " | ".join(cells) + " |")
     lines += [
@@ -394,21 +395,21 @@ def _warm_start_lines(results: dict[str, SimResult]) -> list[str]:
     ]
     for tuned, measured in (TRACE_SETS, TRACE_SETS[::-1]):
         scored = {
-            knobs: _paired(
+            knobs: paired(
                 _seeded(results, knobs_label(knobs), tuned), _seeded(results, reference, tuned)
             )
             for knobs in CROSS_KNOBS
         }
         affordable = [knobs for knobs in CROSS_KNOBS if scored[knobs][1] <= 0]
         chosen = max(affordable, key=lambda knobs: scored[knobs][0])
-        there = _paired(
+        there = paired(
             _seeded(results, knobs_label(chosen), measured),
             _seeded(results, reference, measured),
         )
         lines.append(
             f"| {tuned} | {knobs_label(chosen)} "
             f"| {scored[chosen][0]:+.3f} / {scored[chosen][1]:+.2f} | {measured} "
-            f"| {there[0]:+.3f} / {there[1]:+.2f} | {_met(*there)} |"
+            f"| {there[0]:+.3f} / {there[1]:+.2f} | {goal_met(*there)} |"
         )
     return lines
 
