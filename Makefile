@@ -71,6 +71,7 @@ bench: $(INSTALLED) $(REDIS_SERVER) $(LITELLM) $(TOKENIZERS)
 	$(BIN)/python -m loadtest.bench.tenant_isolation --write docs/benchmarks.md
 	$(BIN)/python -m loadtest.bench.gateway_relay --litellm $(LITELLM) --write docs/benchmarks.md
 	$(BIN)/python -m loadtest.bench.pool_sim --write docs/benchmarks.md
+	$(BIN)/python -m loadtest.bench.pool_sim_regions --write docs/benchmarks.md
 
 # Fault scenarios (synthetic and vLLM agents), hostile input and a 30-minute soak at full
 # size (`make test` runs them smaller); each writes its section of docs/reliability.md.

@@ -103,7 +103,26 @@ def region_lines(results: dict[RegionJob, SimResult]) -> list[str]:
                 f"| {trace_set} | {named} ({zones}) | {_cell(theirs)} | {_cell(ours)} | "
                 f"{gain:+.3f} | {cost:+.2f} | {goal_met(gain, cost)} |"
             )
+    lines += ["", *(_cost_line(results, trace_set) for trace_set in TRACE_SETS)]
     return lines
+
+
+def _cost_line(results: dict[RegionJob, SimResult], trace_set: str) -> str:
+    """What one region alone costs against all of the set's regions, each row's policy."""
+    every = trace_regions(bundled_traces(trace_set))
+
+    def cost(regions: tuple[str, ...], row: str) -> float:
+        seeded = [results[(trace_set, regions, row, s)].cost_vs_on_demand for s in SEEDS]
+        return sum(seeded) / len(seeded) * 100
+
+    parts = []
+    for row in ROWS:
+        alone = sorted(cost((region,), row) for region in every)
+        parts.append(
+            f"{row}: {cost((), row):.1f} % of on-demand over all {len(every)} regions, "
+            f"{alone[0]:.1f}–{alone[-1]:.1f} % in one alone"
+        )
+    return f"- {trace_set}: " + "; ".join(parts) + "."
 
 
 def main() -> None:

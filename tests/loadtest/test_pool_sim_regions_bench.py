@@ -36,3 +36,6 @@ def test_the_table_pairs_spotgate_with_spothedge_on_the_same_zones() -> None:
     assert row.endswith("| +0.000 | +0.00 | no |")
     assert f"| SpotHedge | {MARGIN_ROW} |" in "\n".join(lines)
     assert any("| all: us-east-2, us-west-2 (3) |" in line for line in lines)
+    cost = f"{result.cost_vs_on_demand * 100:.1f} %"
+    summary = f"- aws-16node-3zone: {REFERENCE_ROW}: {cost} of on-demand over all 2 regions"
+    assert lines[-2].startswith(summary)
