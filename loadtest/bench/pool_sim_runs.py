@@ -8,7 +8,7 @@ from pool_manager.policy import POLICIES
 from pool_manager.sim.config import WARM_START_SECONDS, SimConfig
 from pool_manager.sim.results import SimResult
 from pool_manager.sim.simulator import simulate_windows
-from pool_manager.sim.traces import BUNDLED_TRACES_DIR, ZoneTrace, in_regions, load_traces
+from pool_manager.sim.traces import BUNDLED_TRACES_DIR, ZoneTrace, load_traces
 
 COMMAND = "python -m loadtest.bench.pool_sim --write docs/benchmarks.md"
 
@@ -130,8 +130,7 @@ Job = tuple[str, str, SimConfig, int]
 
 def bundled_traces(trace_set: str, regions: tuple[str, ...] = ()) -> list[ZoneTrace]:
     """A bundled set's traces, of the zones in `regions` (none: every zone)."""
-    traces = load_traces(BUNDLED_TRACES_DIR / trace_set)
-    return in_regions(traces, regions) if regions else traces
+    return load_traces(BUNDLED_TRACES_DIR / trace_set, regions)
 
 
 def _traces(name: str) -> list[ZoneTrace]:

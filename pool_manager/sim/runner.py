@@ -11,7 +11,7 @@ from pool_manager.policy import POLICIES, Policy
 from pool_manager.sim.config import SimConfig
 from pool_manager.sim.results import ModelResult, SimResult
 from pool_manager.sim.simulator import simulate_windows
-from pool_manager.sim.traces import in_regions, load_traces, trace_regions
+from pool_manager.sim.traces import load_traces, trace_regions
 
 DEFAULT_POLICY = "spotgate"
 ALL_POLICIES = "all"
@@ -42,9 +42,7 @@ def run_policies(
 
     Raises `TraceError` for bad traces, or a region the traces do not have.
     """
-    traces = load_traces(traces_dir)
-    if regions:
-        traces = in_regions(traces, regions)
+    traces = load_traces(traces_dir, regions)
     placed_in = trace_regions(traces)
     return [
         replace(

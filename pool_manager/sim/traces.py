@@ -66,14 +66,14 @@ def load_trace(path: Path) -> ZoneTrace:
     )
 
 
-def load_traces(directory: Path) -> list[ZoneTrace]:
-    """Every zone trace in a directory, sorted by zone."""
+def load_traces(directory: Path, regions: Collection[str] = ()) -> list[ZoneTrace]:
+    """Every zone trace in a directory (of the zones in `regions`; none: all), sorted by zone."""
     if not directory.is_dir():
         raise TraceError(f"{directory}: no such directory of spot traces")
     traces = [load_trace(path) for path in sorted(directory.glob("*.json"))]
     if not traces:
         raise TraceError(f"{directory}: no *.json trace files")
-    return traces
+    return in_regions(traces, regions) if regions else traces
 
 
 def trace_regions(traces: Sequence[ZoneTrace]) -> tuple[str, ...]:
