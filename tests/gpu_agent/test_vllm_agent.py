@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -611,6 +612,8 @@ async def test_a_model_staged_in_s3_loads_and_answers_as_the_local_copy_does(
 
 
 HOSTILE_REQUESTS = 4
+TOKENIZING_HELD_SECONDS_MAX = 120.0
+"""A guard against a test that would otherwise hang, not a speed check."""
 
 
 def largest_legal_tools(chars: int) -> list[dict[str, Any]]:
@@ -625,7 +628,10 @@ def largest_legal_tools(chars: int) -> list[dict[str, Any]]:
 
 
 async def test_a_maximal_tools_payload_is_tokenized_off_the_event_loop(
-    start_agent: AgentFactory, vllm_tool_engine: Engine, token: str
+    start_agent: AgentFactory,
+    vllm_tool_engine: Engine,
+    token: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     agent = await wait_ready(await start_agent(vllm_tool_engine))
     tools = largest_legal_tools(SocketLimits().max_prompt_chars - len("hi"))
@@ -637,6 +643,20 @@ async def test_a_maximal_tools_payload_is_tokenized_off_the_event_loop(
     }
     frame = GenerateFrame.model_validate({"id": "h", **hostile})
     assert frame.prompt_chars() <= SocketLimits().max_prompt_chars
+    # The hostile prompts' making (template, then tokens) is held until the stream has relayed
+    # a delta: on the event loop it would hold the loop too, and nothing would be relayed.
+    assert isinstance(vllm_tool_engine, VllmEngine)
+    make_prompt_ids = vllm_tool_engine._prompt_ids
+    tokenizing, relayed_meanwhile = threading.Event(), threading.Event()
+
+    def held_prompt_ids(frame: GenerateFrame, max_prompt_tokens: int) -> list[int]:
+        if frame.tools:
+            tokenizing.set()
+            if not relayed_meanwhile.wait(TOKENIZING_HELD_SECONDS_MAX):
+                raise AssertionError("no delta was relayed while a prompt was made")
+        return make_prompt_ids(frame, max_prompt_tokens)
+
+    monkeypatch.setattr(vllm_tool_engine, "_prompt_ids", held_prompt_ids)
 
     async def refused(http: aiohttp.ClientSession) -> tuple[int, str]:
         async with http.post(
@@ -648,24 +668,23 @@ async def test_a_maximal_tools_payload_is_tokenized_off_the_event_loop(
 
     async with connect(agent.ws_url, token) as ws, aiohttp.ClientSession() as http:
         await send(ws, generate("s", TOOL_MODEL, max_tokens=1024, ignore_eos=True, **GREEDY))
-        while (await receive(ws))["type"] != "delta":
-            pass
+        received = 0
+        while received == 0:
+            received += (await receive(ws)).get("n", 0)
         attack = asyncio.gather(*(refused(http) for _ in range(HOSTILE_REQUESTS)))
-        deltas_meanwhile = 0
-        while not attack.done():
-            next_frame = asyncio.ensure_future(receive(ws))
-            await asyncio.wait({next_frame, attack}, return_when=asyncio.FIRST_COMPLETED)
-            if not next_frame.done():
-                next_frame.cancel()
-                await asyncio.gather(next_frame, return_exceptions=True)  # the socket is free
-                break
-            deltas_meanwhile += next_frame.result()["type"] == "delta"
+        assert await asyncio.to_thread(tokenizing.wait, TOKENIZING_HELD_SECONDS_MAX)
+        # Counted before they are sent: tokens past this count were sent while it was held.
+        sent = metric_value(
+            await scrape(f"{agent.url}/metrics"), "spotgate_agent_generated_tokens_total"
+        )
+        while received <= sent:
+            reply = await receive(ws)
+            assert reply["type"] == "delta", "no delta was relayed while a prompt was made"
+            received += reply["n"]
+        relayed_meanwhile.set()
         answers = await attack
         await send(ws, {"type": "cancel", "id": "s"})
         while (await receive(ws))["type"] not in ("done", "error"):
             pass
 
     assert answers == [(400, "context_length_exceeded")] * HOSTILE_REQUESTS
-    # The stream went on while they were tokenized. How long the loop was held is a speed, for
-    # a benchmark: on a loaded machine a worker thread holding the GIL delays it as much.
-    assert deltas_meanwhile > 0
