@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter as Tally
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -50,12 +50,15 @@ class PoolMetrics:
     def __post_init__(self) -> None:
         r = self.registry
         self.launches = Counter(
-            "spotgate_pool_launches_total", "instances launched", ["lifecycle"], registry=r
+            "spotgate_pool_launches_total",
+            "instances launched",
+            ["lifecycle", "region"],
+            registry=r,
         )
         self.refused = Counter(
             "spotgate_pool_refused_launches_total",
             "launches refused for capacity (the next placement was tried)",
-            ["lifecycle"],
+            ["lifecycle", "region"],
             registry=r,
         )
         self.drains = Counter("spotgate_pool_drains_total", "agents drained", registry=r)
@@ -70,8 +73,8 @@ class PoolMetrics:
         )
         self.agents = Gauge(
             "spotgate_pool_agents",
-            "agents by model, phase and lifecycle",
-            ["model", "phase", "lifecycle"],
+            "agents by model, phase, lifecycle and region",
+            ["model", "phase", "lifecycle", "region"],
             registry=r,
         )
         self.last_pass = Gauge(
@@ -83,7 +86,14 @@ class PoolMetrics:
             "spotgate_pool_cost_dollars_per_hour",
             "what the pool's instances cost an hour: running ones at their placements' listed "
             "prices, stopped ones (lifecycle stopped: the warm pools) their volumes",
-            ["lifecycle"],
+            ["lifecycle", "region"],
+            registry=r,
+        )
+        self.region_api_up = Gauge(
+            "spotgate_pool_region_api_up",
+            "1 while a region's EC2 API answers the pool's listings, 0 while the pool places "
+            "in its other regions",
+            ["region"],
             registry=r,
         )
         self.warm = Gauge(
@@ -122,7 +132,9 @@ class PoolMetrics:
         """Count a pass's actions and set the gauges from what it saw."""
         for action in report.actions:
             if isinstance(action, Launch):
-                self.launches.labels(lifecycle=action.lifecycle).inc()
+                self.launches.labels(
+                    lifecycle=action.lifecycle, region=zone_region(action.zone)
+                ).inc()
             elif isinstance(action, Drain):
                 self.drains.inc()
             elif isinstance(action, Terminate):
@@ -130,7 +142,7 @@ class PoolMetrics:
             else:
                 self.warm_actions.labels(action=WARM_POOL_ACTIONS[type(action)]).inc()
         for refused in report.refused:
-            self.refused.labels(lifecycle=refused.lifecycle).inc()
+            self.refused.labels(lifecycle=refused.lifecycle, region=zone_region(refused.zone)).inc()
         for model, target in report.targets.items():
             self.target.labels(model=model).set(target)
         self.observe_agents(report.agents, report.warm)
@@ -144,20 +156,37 @@ class PoolMetrics:
     ) -> None:
         """Set the agent, warm-pool and cost gauges to the pool the last pass saw."""
         self.agents.clear()
-        counts = Tally((model, agent.phase, agent.lifecycle) for model, agent in agents)
-        for (model, phase, lifecycle), count in counts.items():
-            self.agents.labels(model=model, phase=phase, lifecycle=lifecycle).set(count)
+        counts = Tally(
+            (model, agent.phase, agent.lifecycle, zone_region(agent.zone))
+            for model, agent in agents
+        )
+        for (model, phase, lifecycle, region), count in counts.items():
+            self.agents.labels(model=model, phase=phase, lifecycle=lifecycle, region=region).set(
+                count
+            )
         self.warm.clear()
         for model, count in Tally(model for model, _ in warm).items():
             self.warm.labels(model=model).set(count)
-        cost = {"spot": 0.0, "on-demand": 0.0}
+        self.cost.clear()
+        regions = {zone_region(p.zone) for p in self.placements}
+        cost = {
+            (kind, region): 0.0 for kind in ("spot", "on-demand", "stopped") for region in regions
+        }
         for _model, agent in agents:
             prices = self._prices.get((agent.instance_type, agent.zone))
             if prices is not None:
-                cost[agent.lifecycle] += prices[agent.lifecycle]
-        cost["stopped"] = len(warm) * self.stopped_dollars_per_hour
-        for kind, dollars in cost.items():
-            self.cost.labels(lifecycle=kind).set(dollars)
+                running = (agent.lifecycle, zone_region(agent.zone))
+                cost[running] = cost.get(running, 0.0) + prices[agent.lifecycle]
+        for _model, instance in warm:
+            stopped = ("stopped", zone_region(instance.zone))
+            cost[stopped] = cost.get(stopped, 0.0) + self.stopped_dollars_per_hour
+        for (kind, region), dollars in cost.items():
+            self.cost.labels(lifecycle=kind, region=region).set(dollars)
+
+    def record_regions(self, regions: Sequence[str], failing: Collection[str]) -> None:
+        """Set whether each region's API answered the last pass's listings."""
+        for region in regions:
+            self.region_api_up.labels(region=region).set(0 if region in failing else 1)
 
     def record_boots(self, timed: Sequence[TimedBoot]) -> None:
         """Observe boots just timed (`ColdStarts.observe`), per kind and placement."""

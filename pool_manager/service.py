@@ -27,6 +27,7 @@ from pool_manager.local_provider import LOCAL_PLACEMENTS, LocalProvider
 from pool_manager.metrics import PoolMetrics, stopped_volume_dollars_per_hour
 from pool_manager.pool_view import PolicySettings, policy_settings_of
 from pool_manager.provider import Provider
+from pool_manager.regional_provider import RegionalProvider
 from spotgate.logging import get_logger
 from spotgate.process import service_main
 from spotgate.registry import PoolForecast, Registry
@@ -88,8 +89,15 @@ class ForecastPublisher:
 async def open_provider(settings: PoolSettings) -> AsyncIterator[Provider]:
     """The configured provider; the local one stops its agents when the block ends."""
     if settings.provider == "ec2":
-        async with Ec2Provider.open(settings.shared, settings) as ec2:
-            yield ec2
+        async with AsyncExitStack() as regions:
+            yield RegionalProvider(
+                {
+                    region: await regions.enter_async_context(
+                        Ec2Provider.open(settings.shared.in_region(region), settings)
+                    )
+                    for region in settings.pool_regions
+                }
+            )
         return
     local = LocalProvider(settings.shared, settings.local, settings.models)
     try:
@@ -185,6 +193,8 @@ async def run_pool(
                 report = await controller.reconcile()
                 now = time.time()
                 metrics.record_pass(report, now)
+                if isinstance(provider, RegionalProvider):
+                    metrics.record_regions(provider.regions, provider.failing)
                 metrics.record_boots(cold_starts.observe(report.agents, report.warm_started))
                 booting = cold_starts.forecasts(
                     report.agents, list(report.targets), now, report.warm_started

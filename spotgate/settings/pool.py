@@ -18,6 +18,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from spotgate.regions import unknown_regions, zone_region
 from spotgate.settings.shared import (
     EngineKind,
     NonNegativeInt,
@@ -136,6 +137,10 @@ class PoolSettings(BaseSettings):
     # SQS long polling, capped by loop_seconds; 0 on an emulator that serves one call at a time
     event_wait_seconds: Annotated[int, Field(ge=0, le=20)] = 20
     placements: tuple[Placement, ...] = ()
+    # The regions the pool places in, each with an EC2 provider of its own; empty: those of the
+    # placements' zones (none: the shared region). Gateways and the registry stay in the
+    # shared (home) region.
+    regions: tuple[str, ...] = ()
     ec2: Ec2PoolSettings = Field(default_factory=Ec2PoolSettings)
     local: LocalPoolSettings = Field(default_factory=LocalPoolSettings)
 
@@ -145,6 +150,32 @@ class PoolSettings(BaseSettings):
         if isinstance(models, (list, tuple)):
             return tuple({"name": m} if isinstance(m, str) else m for m in models)
         return models
+
+    @model_validator(mode="after")
+    def _zones_in_regions(self) -> Self:
+        if unknown := unknown_regions(self.regions):
+            raise ValueError(f"regions: no EC2 region is called {', '.join(unknown)}")
+        if len(set(self.regions)) != len(self.regions):
+            raise ValueError(f"regions: each region once ({', '.join(self.regions)})")
+        zones = [p.zone for p in self.placements] + list(self.ec2.subnets)
+        for zone in zones:
+            region = zone_region(zone)
+            if self.regions and region not in self.regions:
+                raise ValueError(
+                    f"zone {zone} is in {region}, not in the pool's regions "
+                    f"({', '.join(self.regions)})"
+                )
+            if self.provider == "ec2" and unknown_regions([region]):
+                raise ValueError(f"zone {zone} is in no EC2 region ({region} is none)")
+        return self
+
+    @property
+    def pool_regions(self) -> tuple[str, ...]:
+        """The regions the pool places in: those listed, else its placements' (else home)."""
+        if self.regions:
+            return self.regions
+        placed = sorted({zone_region(placement.zone) for placement in self.placements})
+        return tuple(placed) or (self.shared.aws.region,)
 
     @model_validator(mode="after")
     def _bounds_ordered(self) -> Self:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Self
 
 from pydantic import (
     AfterValidator,
@@ -93,6 +93,10 @@ class SharedSettings(BaseSettings):
     registry: RegistryTimings = RegistryTimings()
     log_level: LogLevel = "info"
     log_format: LogFormat = "auto"
+
+    def in_region(self, region: str) -> Self:
+        """The same settings with AWS's APIs in `region` (a pool's other regions)."""
+        return self.model_copy(update={"aws": self.aws.model_copy(update={"region": region})})
 
 
 class SocketLimits(SettingsSection):

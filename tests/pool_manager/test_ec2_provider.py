@@ -52,16 +52,15 @@ async def _ec2_call(shared: SharedSettings, method: str, **kwargs: Any) -> Any:
         return await getattr(client, method)(**kwargs)
 
 
-@pytest.fixture
-async def network(aws: AwsEmulator) -> Network:
-    shared = aws.settings()
+async def create_network(shared: SharedSettings, zones: tuple[str, ...]) -> Network:
+    """A VPC with a subnet in each zone (of the settings' region), and the launch template."""
     aws_ = shared.aws
     async with aws_session(aws_).client("ec2", endpoint_url=aws_.endpoint_url) as ec2:
         images = await ec2.describe_images(Owners=["amazon"], ImageIds=[AMAZON_IMAGE])
         image_id = images["Images"][0]["ImageId"]
         vpc = (await ec2.create_vpc(CidrBlock="10.20.0.0/16"))["Vpc"]["VpcId"]
         subnets = {}
-        for index, zone in enumerate((ZONE_A, ZONE_B)):
+        for index, zone in enumerate(zones):
             subnet = await ec2.create_subnet(
                 VpcId=vpc, CidrBlock=f"10.20.{index}.0/24", AvailabilityZone=zone
             )
@@ -71,6 +70,11 @@ async def network(aws: AwsEmulator) -> Network:
             LaunchTemplateData={"ImageId": image_id, "InstanceType": "t3.micro"},
         )
     return Network(subnets, template["LaunchTemplate"]["LaunchTemplateId"], image_id)
+
+
+@pytest.fixture
+async def network(aws: AwsEmulator) -> Network:
+    return await create_network(aws.settings(), (ZONE_A, ZONE_B))
 
 
 def pool_settings(network: Network, shared: SharedSettings, template: str = TEMPLATE):
@@ -94,6 +98,24 @@ class WrappedClient:
         if name in self._replacements:
             return self._replacements[name]
         return getattr(self._client, name)
+
+
+def no_spot_capacity(request: dict[str, Any]) -> dict[str, Any]:
+    """What `create_fleet` answers when the request's zone has no spot capacity for its type."""
+    return {
+        "FleetId": "fleet-00000000-0000-0000-0000-000000000000",
+        "Instances": [],
+        "Errors": [
+            {
+                "LaunchTemplateAndOverrides": {
+                    "Overrides": request["LaunchTemplateConfigs"][0]["Overrides"][0]
+                },
+                "Lifecycle": "spot",
+                "ErrorCode": "InsufficientInstanceCapacity",
+                "ErrorMessage": "There is no Spot capacity available.",
+            }
+        ],
+    }
 
 
 def client_error(code: str, operation: str) -> ClientError:
@@ -297,19 +319,7 @@ async def test_fleet_capacity_error_refuses_one_zone_only(
             requests.append(request)
             override = request["LaunchTemplateConfigs"][0]["Overrides"][0]
             if override.get("SubnetId") == subnet_a:
-                # What AWS answers when the zone has no spot capacity for the type.
-                return {
-                    "FleetId": "fleet-00000000-0000-0000-0000-000000000000",
-                    "Instances": [],
-                    "Errors": [
-                        {
-                            "LaunchTemplateAndOverrides": {"Overrides": override},
-                            "Lifecycle": "spot",
-                            "ErrorCode": "InsufficientInstanceCapacity",
-                            "ErrorMessage": "There is no Spot capacity available.",
-                        }
-                    ],
-                }
+                return no_spot_capacity(request)
             return await client.create_fleet(**request)
 
         return WrappedClient(client, create_fleet=create_fleet)

@@ -22,8 +22,10 @@ from pool_manager.pool_view import (
 from spotgate.settings import Placement
 
 
-def agent(agent_id: str, phase: str, lifecycle: str = "spot") -> PoolAgent:
-    return PoolAgent(agent_id, lifecycle, "g5", "a", phase, 0.0)  # type: ignore[arg-type]
+def agent(
+    agent_id: str, phase: str, lifecycle: str = "spot", zone: str = "us-east-1a"
+) -> PoolAgent:
+    return PoolAgent(agent_id, lifecycle, "g5", zone, phase, 0.0)  # type: ignore[arg-type]
 
 
 def test_a_pass_counts_its_actions_and_sets_the_gauges() -> None:
@@ -31,15 +33,15 @@ def test_a_pass_counts_its_actions_and_sets_the_gauges() -> None:
     report = PassReport(
         targets={"m": 2},
         actions=[
-            Launch("g5", "a", "spot"),
-            Launch("g5", "a", "on-demand"),
+            Launch("g5", "us-east-1a", "spot"),
+            Launch("g5", "us-west-2a", "on-demand"),
             Drain("x", "scale down"),
             Terminate("y", "heartbeat stopped"),
         ],
-        refused=[Launch("g5", "b", "spot")],
+        refused=[Launch("g5", "us-east-1b", "spot")],
         agents=[
             ("m", agent("1", "ready")),
-            ("m", agent("2", "ready")),
+            ("m", agent("2", "ready", zone="us-west-2b")),
             ("m", agent("3", "starting")),
         ],
     )
@@ -47,15 +49,16 @@ def test_a_pass_counts_its_actions_and_sets_the_gauges() -> None:
     metrics.record_event(PoolEvent("interruption", "i-1", 1.0, deadline=121.0))
     text = generate_latest(metrics.registry).decode()
     for line in (
-        'spotgate_pool_launches_total{lifecycle="spot"} 1.0',
-        'spotgate_pool_launches_total{lifecycle="on-demand"} 1.0',
-        'spotgate_pool_refused_launches_total{lifecycle="spot"} 1.0',
+        'spotgate_pool_launches_total{lifecycle="spot",region="us-east-1"} 1.0',
+        'spotgate_pool_launches_total{lifecycle="on-demand",region="us-west-2"} 1.0',
+        'spotgate_pool_refused_launches_total{lifecycle="spot",region="us-east-1"} 1.0',
         "spotgate_pool_drains_total 1.0",
         'spotgate_pool_terminations_total{reason="heartbeat stopped"} 1.0',
         'spotgate_pool_events_total{kind="interruption"} 1.0',
         'spotgate_pool_target_agents{model="m"} 2.0',
-        'spotgate_pool_agents{lifecycle="spot",model="m",phase="ready"} 2.0',
-        'spotgate_pool_agents{lifecycle="spot",model="m",phase="starting"} 1.0',
+        'spotgate_pool_agents{lifecycle="spot",model="m",phase="ready",region="us-east-1"} 1.0',
+        'spotgate_pool_agents{lifecycle="spot",model="m",phase="ready",region="us-west-2"} 1.0',
+        'spotgate_pool_agents{lifecycle="spot",model="m",phase="starting",region="us-east-1"} 1.0',
         "spotgate_pool_last_pass_timestamp_seconds 123.0",
     ):
         assert line in text, line
@@ -66,7 +69,10 @@ def test_a_pass_counts_its_actions_and_sets_the_gauges() -> None:
 
 def test_cost_per_hour_and_cold_starts_per_placement() -> None:
     prices = Placement(
-        instance_type="g5", zone="a", spot_price_per_hour=0.45, on_demand_price_per_hour=1.0
+        instance_type="g5",
+        zone="us-east-1a",
+        spot_price_per_hour=0.45,
+        on_demand_price_per_hour=1.0,
     )
     metrics = PoolMetrics(placements=(prices,))
     ready = replace(agent("1", "ready"), launched_at=100.0, ready_at=190.0)
@@ -77,9 +83,9 @@ def test_cost_per_hour_and_cold_starts_per_placement() -> None:
     )
     text = generate_latest(metrics.registry).decode()
     for line in (
-        'spotgate_pool_cost_dollars_per_hour{lifecycle="spot"} 0.45',
-        'spotgate_pool_cost_dollars_per_hour{lifecycle="on-demand"} 1.0',
-        'spotgate_pool_cost_dollars_per_hour{lifecycle="stopped"} 0.0',
+        'spotgate_pool_cost_dollars_per_hour{lifecycle="spot",region="us-east-1"} 0.45',
+        'spotgate_pool_cost_dollars_per_hour{lifecycle="on-demand",region="us-east-1"} 1.0',
+        'spotgate_pool_cost_dollars_per_hour{lifecycle="stopped",region="us-east-1"} 0.0',
         'spotgate_pool_cold_start_seconds_count{instance_type="g5",region="us-west-2",'
         'zone="us-west-2a"} 1.0',
         'spotgate_pool_cold_start_seconds_sum{instance_type="g5",region="us-west-2",'
@@ -109,9 +115,9 @@ def test_a_stopped_instance_costs_its_volume(
 def test_the_warm_pools_are_counted_and_their_volumes_costed() -> None:
     metrics = PoolMetrics(stopped_dollars_per_hour=0.25)
     warm = [
-        ("m", WarmInstance("i-1", "g5", "a", 10.0)),
-        ("m", WarmInstance("i-2", "g5", "b", 20.0)),
-        ("n", WarmInstance("i-3", "g5", "a", 30.0)),
+        ("m", WarmInstance("i-1", "g5", "us-east-1a", 10.0)),
+        ("m", WarmInstance("i-2", "g5", "us-west-2b", 20.0)),
+        ("n", WarmInstance("i-3", "g5", "us-east-1a", 30.0)),
     ]
     actions = [StartWarm("i-4", "cover"), StopToWarm("x", "idle"), TerminateWarm("i-5", "extra")]
     metrics.record_pass(PassReport({"m": 0, "n": 0}, actions, [], [], warm=warm), now=1.0)
@@ -119,7 +125,8 @@ def test_the_warm_pools_are_counted_and_their_volumes_costed() -> None:
     for line in (
         'spotgate_pool_warm_instances{model="m"} 2.0',
         'spotgate_pool_warm_instances{model="n"} 1.0',
-        'spotgate_pool_cost_dollars_per_hour{lifecycle="stopped"} 0.75',
+        'spotgate_pool_cost_dollars_per_hour{lifecycle="stopped",region="us-east-1"} 0.5',
+        'spotgate_pool_cost_dollars_per_hour{lifecycle="stopped",region="us-west-2"} 0.25',
         'spotgate_pool_warm_pool_actions_total{action="start"} 1.0',
         'spotgate_pool_warm_pool_actions_total{action="stop"} 1.0',
         'spotgate_pool_warm_pool_actions_total{action="terminate"} 1.0',
@@ -127,3 +134,11 @@ def test_the_warm_pools_are_counted_and_their_volumes_costed() -> None:
         assert line in text, line
     metrics.record_pass(PassReport({"m": 0}, [], [], []), now=2.0)  # the pools were emptied
     assert "spotgate_pool_warm_instances{" not in generate_latest(metrics.registry).decode()
+
+
+def test_each_regions_api_is_up_or_not() -> None:
+    metrics = PoolMetrics()
+    metrics.record_regions(("us-east-1", "us-west-2"), {"us-west-2": "no answer"})
+    text = generate_latest(metrics.registry).decode()
+    assert 'spotgate_pool_region_api_up{region="us-east-1"} 1.0' in text
+    assert 'spotgate_pool_region_api_up{region="us-west-2"} 0.0' in text

@@ -125,7 +125,12 @@ async def test_a_request_to_an_empty_pool_queues_an_agent_starts_and_it_complete
             http.get(f"http://127.0.0.1:{port}/healthz") as response,
         ):
             assert response.status == 200
-        assert metric_value(exposition, "spotgate_pool_launches_total", lifecycle="spot") == 1
+        assert (
+            metric_value(
+                exposition, "spotgate_pool_launches_total", lifecycle="spot", region="local"
+            )
+            == 1
+        )
         assert metric_value(exposition, "spotgate_pool_target_agents", model="synthetic") == 1
     async with Registry.open(aws.settings()) as registry:
         record = await registry.get_agent("local-1")

@@ -11,6 +11,7 @@ from pydantic_settings import BaseSettings
 
 from spotgate.settings import (
     AgentSettings,
+    Ec2PoolSettings,
     GatewaySettings,
     LocalPoolSettings,
     Placement,
@@ -89,6 +90,56 @@ def test_max_below_min_is_refused() -> None:
         PoolSettings(min_agents=5, max_agents=2)
 
 
+def gpu_in(zone: str) -> Placement:
+    return Placement(
+        instance_type="g6.xlarge", zone=zone, spot_price_per_hour=0.4, on_demand_price_per_hour=1.0
+    )
+
+
+@pytest.mark.parametrize(
+    ("settings", "line"),
+    [
+        ({"regions": ("us-east-1", "us-west-9")}, "no EC2 region is called us-west-9"),
+        ({"regions": ("us-east-1", "us-east-1")}, "each region once"),
+        (
+            {"regions": ("us-east-1",), "placements": (gpu_in("us-west-2a"),)},
+            "zone us-west-2a is in us-west-2, not in the pool's regions (us-east-1)",
+        ),
+        (
+            {"regions": ("us-east-1",), "ec2": {"subnets": {"eu-west-1a": "subnet-1"}}},
+            "zone eu-west-1a is in eu-west-1, not in the pool's regions (us-east-1)",
+        ),
+        (
+            {"provider": "ec2", "placements": (gpu_in("us-est-1a"),)},
+            "zone us-est-1a is in no EC2 region",
+        ),
+    ],
+)
+def test_a_region_or_zone_outside_the_pools_regions_is_refused_naming_it(
+    settings: dict[str, Any], line: str
+) -> None:
+    with pytest.raises(ValidationError) as caught:
+        PoolSettings(**settings)
+    assert line in describe_validation_error(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("settings", "regions"),
+    [
+        ({}, ("us-east-1",)),  # none placed: the home region's
+        ({"placements": (gpu_in("us-west-2b"), gpu_in("us-east-2a"))}, ("us-east-2", "us-west-2")),
+        (
+            {"regions": ("us-west-2", "us-east-1"), "placements": (gpu_in("us-east-1a"),)},
+            ("us-west-2", "us-east-1"),
+        ),
+    ],
+)
+def test_the_pool_places_in_its_regions_or_those_of_its_placements(
+    settings: dict[str, Any], regions: tuple[str, ...]
+) -> None:
+    assert PoolSettings(**settings).pool_regions == regions
+
+
 def test_heartbeat_must_be_shorter_than_the_agent_ttl() -> None:
     with pytest.raises(ValidationError, match="heartbeat_seconds"):
         AgentSettings(heartbeat_seconds=30)
@@ -152,6 +203,11 @@ SETTINGS_OF_A_STACK = [
             local=LocalPoolSettings(agent_env={"SPOTGATE_AGENT_HEARTBEAT_SECONDS": "1"}),
         ),
         id="pool: a tuple of sections, a dict",
+    ),
+    pytest.param(
+        PoolSettings(provider="ec2", regions=("us-west-2", "us-east-1"),
+                     ec2=Ec2PoolSettings(subnets={"us-west-2a": "subnet-1"})),
+        id="pool: regions",
     ),
 ]  # fmt: skip
 
