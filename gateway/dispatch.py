@@ -206,8 +206,10 @@ class Dispatcher:
         agent_networks: Collection[IPv4Network | IPv6Network] = (),
         routing: RoutingSettings | None = None,
         rogues: RogueAgents | None = None,
+        region: str | None = None,
     ) -> None:
         self.view = PoolView()
+        self._region = region  # this gateway's: agents in another are remote
         self.launches = LaunchBook(clock)
         self.rogues = rogues or RogueAgents()
         self._routing = routing or RoutingSettings()
@@ -301,6 +303,7 @@ class Dispatcher:
                 reported=record.active,
                 full=self._full(record.agent_id),
                 adapters=frozenset(self._adapters_sent.get(record.agent_id, ())),
+                remote=self._region is not None and record.region != self._region,
             )
             for record in self.view.agents.get(model, [])
         ]

@@ -11,6 +11,10 @@ gateway/prefix.py), so that agent's prefix cache skips most of its prefill: amon
 with room no busier than the least loaded by more than a bound (`max_load_skew`, a share of
 capacity), the one sent the longest prefix of it wins, ties broken by rendezvous hashing on
 its conversation. Past the bound a hot prefix spills to a less loaded agent, which learns it.
+
+At equal load (or equal prefix), an agent in the gateway's own region goes first: one in another
+region adds a round trip to each token's way (us-east-1 to us-west-2: about 65 ms), so it is
+chosen when it is the one with room or the less loaded.
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ class Candidate:
     """The agent just refused a stream for capacity (other gateways' streams fill it)."""
     adapters: frozenset[str] = frozenset()
     """LoRA adapters this gateway sent it lately: most likely loaded there still."""
+    remote: bool = False
+    """In another region than this gateway: its tokens come a round trip later."""
 
     def routable(self, now: float) -> bool:
         """Ready and not expired."""
@@ -100,7 +106,7 @@ def choose_agent(
     if not with_room:
         return None
     if affinity is None:
-        return min(with_room, key=lambda c: (c.load, c.outstanding, c.agent_id))
+        return min(with_room, key=lambda c: (c.load, c.remote, c.outstanding, c.agent_id))
     # A hair over, so a load exactly at the bound stays within it whatever the float rounding.
     bound = min(c.load for c in with_room) + affinity.max_load_skew + 1e-9
     near = [c for c in with_room if c.load <= bound]
@@ -108,6 +114,7 @@ def choose_agent(
         near,
         key=lambda c: (
             affinity.matched_blocks.get(c.agent_id, 0),
+            not c.remote,
             rendezvous_score(affinity.conversation, c.agent_id),
         ),
     )

@@ -152,6 +152,7 @@ def create_app(
                     agent_networks=settings.agent_networks,
                     routing=settings.routing,
                     rogues=RogueAgents(metrics.rogue_agents),
+                    region=settings.shared.aws.region,
                 ),
                 session=session,
                 gateway_id=settings.gateway_id or f"gw-{secrets.token_hex(4)}",

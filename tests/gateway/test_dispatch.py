@@ -222,6 +222,22 @@ async def test_a_registry_row_pointing_outside_the_networks_never_reaches_routin
     assert record.url == "ws://10.0.0.5:8000"
 
 
+@pytest.mark.parametrize(
+    ("gateway_region", "remote", "chosen"), [("us-east-1", ["a"], "b"), (None, [], "a")]
+)
+async def test_an_agent_in_the_gateways_own_region_is_chosen_first_at_equal_load(
+    gateway_region: str | None, remote: list[str], chosen: str
+) -> None:
+    dispatcher = Dispatcher(QueueSettings(), clock=lambda: 1.0, region=gateway_region)
+    west = replace(entry("a", 1.0), region="us-west-2")
+    east = replace(entry("b", 1.0), region="us-east-1")
+    await dispatcher.refresh(FeedOf(west, east))
+    assert [c.agent_id for c in dispatcher.candidates(MODEL) if c.remote] == remote
+    choice = dispatcher.choose(MODEL, None, ())
+    assert choice is not None
+    assert choice.agent_id == chosen
+
+
 MAX_WAIT_SECONDS = 900.0
 
 

@@ -19,8 +19,11 @@ def agent(
     reported: int = 0,
     full: bool = False,
     adapters: frozenset[str] = frozenset(),
+    remote: bool = False,
 ) -> Candidate:
-    return Candidate(agent_id, state, capacity, outstanding, expires_at, reported, full, adapters)
+    return Candidate(
+        agent_id, state, capacity, outstanding, expires_at, reported, full, adapters, remote
+    )
 
 
 def chosen(candidates: list[Candidate], **kwargs: object) -> str | None:
@@ -176,3 +179,24 @@ def test_a_stream_with_an_adapter_prefers_an_agent_it_was_sent_to(
 ) -> None:
     assert chosen(candidates, adapter="x") == expected
     assert chosen(candidates) != "b" or expected == "b"  # without one, load alone decides
+
+
+@pytest.mark.parametrize(
+    ("pool", "matched", "expected"),
+    [
+        # At equal load the gateway's own region goes first, whatever the names' order.
+        ([agent("a", 1, remote=True), agent("b", 1)], None, "b"),
+        ([agent("a", 0, remote=True), agent("b", 0), agent("c", 0, remote=True)], None, "b"),
+        # A remote agent less loaded, or the one with room, is chosen.
+        ([agent("a", 0, remote=True), agent("b", 1)], None, "a"),
+        ([agent("a", 3, remote=True), agent("b", 10)], None, "a"),
+        ([agent("a", remote=True), agent("b", state=AgentState.DRAINING)], None, "a"),
+        # With a prefix: the longest match first, then the own region, within the skew.
+        ([agent("a", 0, remote=True), agent("b", 1)], {"a": 2, "b": 2}, "b"),
+        ([agent("a", 0, remote=True), agent("b", 1)], {"a": 3, "b": 2}, "a"),
+    ],
+)
+def test_an_agent_in_the_gateways_own_region_goes_first_at_equal_load(
+    pool: list[Candidate], matched: dict[str, int] | None, expected: str
+) -> None:
+    assert chosen(pool, affinity=affinity(matched) if matched else None) == expected
