@@ -88,3 +88,11 @@ def run_async(handler: Callable[[argparse.Namespace], Coroutine[Any, Any, int]])
         return asyncio.run(handler(args))
 
     return run
+
+
+def region_list(text: str) -> tuple[str, ...]:
+    """An argument type: regions, comma-separated."""
+    regions = tuple(region.strip() for region in text.split(","))
+    if not all(regions):
+        raise argparse.ArgumentTypeError(f"{text!r}: an empty region")
+    return regions

@@ -6,8 +6,9 @@ import argparse
 import asyncio
 from pathlib import Path
 
-from cli.args import CommandError, Commands, positive_int
+from cli.args import CommandError, Commands, positive_int, region_list
 from spotgate.logging import configure_logging
+from spotgate.regions import unknown_regions
 from spotgate.settings import GatewaySettings
 from stack.builder import StackFailed
 from stack.local import UpOptions, run_up
@@ -21,7 +22,10 @@ def _up(args: argparse.Namespace) -> int:
         models=tuple(args.model),
         gateways=args.gateways,
         ops_port=args.ops_port,
+        regions=args.regions,
     )
+    if unknown := unknown_regions(options.regions):
+        raise CommandError(f"--regions: no EC2 region is called {', '.join(unknown)}")
     configure_logging("warning")  # what `up` says of its children (a restart), on stderr
     try:
         return asyncio.run(
@@ -71,6 +75,13 @@ def setup_services(commands: Commands) -> None:
         default=[],
         help="a model directory, served under its name by --agents agents of its own; "
         "repeat it for several models (default: the tiny model; with --engine synthetic, names)",
+    )
+    up.add_argument(
+        "--regions",
+        type=region_list,
+        default=(),
+        help="run the pool's agents in these regions, comma-separated, two zones each (the "
+        "gateways and the registry stay in the emulator's us-east-1); default: two local zones",
     )
     up.set_defaults(handler=_up)
 

@@ -14,6 +14,7 @@ from cli.args import (
     non_negative_int,
     positive_float,
     positive_int,
+    region_list,
     share,
 )
 from pool_manager.sim.config import SimConfig, SimModel
@@ -54,14 +55,6 @@ def model_spec(text: str) -> ModelSpec:
     if any(not t for t in types):
         raise argparse.ArgumentTypeError(f"{text!r}: an empty instance type")
     return ModelSpec(name.strip(), target, load, types)
-
-
-def region_list(text: str) -> tuple[str, ...]:
-    """An argument type: regions, comma-separated."""
-    regions = tuple(region.strip() for region in text.split(","))
-    if not all(regions):
-        raise argparse.ArgumentTypeError(f"{text!r}: an empty region")
-    return regions
 
 
 def _models(specs: list[ModelSpec], load: float) -> tuple[SimModel, ...]:

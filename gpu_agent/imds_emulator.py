@@ -26,6 +26,7 @@ from gpu_agent.imds import (
     SPOT_ACTION_PATH,
     InstanceIdentity,
 )
+from spotgate.regions import zone_region
 
 MAX_TOKEN_TTL_SECONDS = 21600
 
@@ -143,6 +144,7 @@ def main() -> None:
         args.instance_type,
         args.zone,
         args.lifecycle,
+        region=zone_region(args.zone),
         launched_at=args.launched_at,
     )
     app = create_app(identity)

@@ -29,7 +29,7 @@ from pathlib import Path
 import aiohttp
 
 from pool_manager.pool_view import Launch, LaunchLifecycle, PlacementKey, PlacementOption
-from pool_manager.provider import Instance, ProviderError, StoppedInstance
+from pool_manager.provider import CapacityRefused, Instance, ProviderError, StoppedInstance
 from spotgate.logging import get_logger
 from spotgate.process import (
     LISTEN_BACKLOG,
@@ -39,6 +39,7 @@ from spotgate.process import (
     socket_port,
 )
 from spotgate.settings import (
+    LOCAL_INSTANCE_TYPE,
     AgentSettings,
     LocalPoolSettings,
     PoolModel,
@@ -47,7 +48,6 @@ from spotgate.settings import (
     settings_env,
 )
 
-LOCAL_INSTANCE_TYPE = "local"
 LOCAL_PLACEMENTS = (
     PlacementOption(LOCAL_INSTANCE_TYPE, "local-a", 1.0, 3.0),
     PlacementOption(LOCAL_INSTANCE_TYPE, "local-b", 1.0, 3.0),
@@ -57,6 +57,9 @@ IMDS_REQUEST_TIMEOUT_SECONDS = 5.0
 LAUNCHES_FILE = "local-launches"
 """In the log directory: how many agents this stack's pool managers launched. A pool manager
 restarted numbers its agents on from there: the registry refuses an agent id used before."""
+NO_SPOT_ZONES_FILE = "no-spot-zones"
+"""In the log directory: zones with no spot capacity, one a line, while the file lists them (a
+drill): spot launches there are refused as EC2 refuses them (InsufficientInstanceCapacity)."""
 INSTANCES_DIR = "instances"
 """In the log directory: one directory per instance (its volume), named by its id."""
 MODEL_CACHE_DIR = "models"
@@ -113,6 +116,10 @@ class LocalProvider:
     async def launch(self, model: str, launch: Launch) -> Instance:
         """Start an IMDS emulator and an agent for `model` in the requested placement."""
         self._served(model)
+        if launch.lifecycle == "spot" and launch.zone in self._no_spot_zones():
+            raise CapacityRefused(
+                launch, f"InsufficientInstanceCapacity: {NO_SPOT_ZONES_FILE} lists the zone"
+            )
         self._launched += 1
         self._launches.write_text(str(self._launched))
         agent_id = f"local-{self._launched}"
@@ -123,6 +130,10 @@ class LocalProvider:
             model, agent_id, launch.instance_type, launch.zone, launch.lifecycle,
             loopback_socket(), boots=1, for_warm_pool=launch.for_warm_pool,
         )  # fmt: skip
+
+    def _no_spot_zones(self) -> set[str]:
+        drill = Path(self._settings.log_dir) / NO_SPOT_ZONES_FILE
+        return set(drill.read_text().split()) if drill.exists() else set()
 
     def _served(self, model: str) -> PoolModel:
         served = next((m for m in self._models if m.name == model), None)

@@ -44,6 +44,7 @@ from spotgate.settings import (
     TokenSettings,
     VllmSettings,
     emulator_settings,
+    local_placements,
     settings_env,
 )
 from spotgate.tokens import SigningKey
@@ -106,6 +107,8 @@ class UpOptions:
     # The first replica's operations port (`/readyz`, `/metrics`); None: the gateway's default,
     # or any free ports when `port` is 0.
     ops_port: int | None = None
+    # The pool's regions (two zones each, as `local_placements` names them); none: local-a/b.
+    regions: tuple[str, ...] = ()
 
     @property
     def first_ops_port(self) -> int:
@@ -338,6 +341,8 @@ def _up_spec(
         port=free_port(),
         # moto serves one call at a time: a long poll would hold up the rest
         event_wait_seconds=0,
+        regions=options.regions,
+        placements=local_placements(options.regions),
         local=LocalPoolSettings(
             engine=options.engine,
             jwks_url=f"{gateway_url}/.well-known/jwks.json",

@@ -22,12 +22,14 @@ from spotgate.settings.gateway import (
 )
 from spotgate.settings.pool import (
     DEFAULT_AGENT_CAPACITY,
+    LOCAL_INSTANCE_TYPE,
     POOL_DEFAULTS,
     Ec2PoolSettings,
     LocalPoolSettings,
     Placement,
     PoolModel,
     PoolSettings,
+    local_placements,
 )
 from spotgate.settings.shared import (
     ADAPTER_SEPARATOR,
@@ -54,6 +56,7 @@ __all__ = [
     "DEFAULT_AGENT_CAPACITY",
     "DEFAULT_MAX_FRAME_BYTES",
     "EMULATOR_CREDENTIAL",
+    "LOCAL_INSTANCE_TYPE",
     "LOOPBACK_HOSTS",
     "MAX_REQUEST_BYTES",
     "POOL_DEFAULTS",
@@ -85,5 +88,6 @@ __all__ = [
     "advertised_url",
     "describe_validation_error",
     "emulator_settings",
+    "local_placements",
     "settings_env",
 ]

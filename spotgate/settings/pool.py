@@ -6,6 +6,7 @@ Written once: the policy, the simulator and `spotgate sim` take their defaults f
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal, Self
 
 from pydantic import (
@@ -41,6 +42,25 @@ class Placement(SettingsSection):
     # The most streams one agent on this instance type serves: its launch record says so,
     # and gateways cap what the agent's own row claims at it.
     capacity: PositiveInt = DEFAULT_AGENT_CAPACITY
+
+
+LOCAL_INSTANCE_TYPE = "local"
+"""The local provider's one instance type: an agent subprocess on this machine."""
+LOCAL_ZONE_LETTERS = ("a", "b")
+
+
+def local_placements(regions: Sequence[str]) -> tuple[Placement, ...]:
+    """Two zones of each region for the local provider, whose agents say they run there."""
+    return tuple(
+        Placement(
+            instance_type=LOCAL_INSTANCE_TYPE,
+            zone=f"{region}{letter}",
+            spot_price_per_hour=1.0,
+            on_demand_price_per_hour=3.0,
+        )
+        for region in regions
+        for letter in LOCAL_ZONE_LETTERS
+    )
 
 
 class Ec2PoolSettings(SettingsSection):

@@ -66,6 +66,8 @@ def one_line(text: str) -> str:
         (["keys", "create"], "--name"),
         (["keys", "create", "--name", "x", "--rpm", "0"], "must be at least 1"),
         (["up", "--agents", "many"], "not a whole number"),
+        (["up", "--regions", "us-east-1,us-west-9"], "no EC2 region is called us-west-9"),
+        (["up", "--regions", "us-east-1,"], "an empty region"),
         (["pool", "interrupt", "i-1", "--in", "-3"], "must be zero or more"),
         (["pool", "scale", "m", "-1"], "must be zero or more"),
         (["pool", "interrupt", "i-1"], "no interruption queue"),
@@ -271,6 +273,7 @@ def test_up_on_a_taken_port_is_one_line_and_starts_nothing(tmp_path: Path) -> No
 @pytest.fixture
 def spotgate_up(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
     up = ["up", "--engine", "synthetic", "--agents", "2", "--gateways", "2", "--port", "0"]
+    up += ["--regions", "us-east-1,us-west-2"]
     process = subprocess.Popen(
         [*SPOTGATE, *up],
         cwd=tmp_path,
@@ -315,6 +318,11 @@ async def test_up_runs_gateways_and_agents_and_stops_cleanly(
     assert up_file.stat().st_mode & 0o777 == 0o600
     assert f"key={info['api_key']}" in line
     assert len(info["agents"]) == 2
+    # `--regions`: the pool places in both regions' zones; its agents say which they run in.
+    boots = json.loads(run("pool", "boots", "--json", cwd=tmp_path).stdout)
+    assert len(boots) == 2
+    assert all(boot["zone"] in ("us-east-1a", "us-east-1b") for boot in boots), boots
+    assert {boot["region"] for boot in boots} == {"us-east-1"}
     first, second = info["gateways"]
     assert first == info["gateway_url"]
     assert second != first  # `--port 0`: each replica on a port of its own

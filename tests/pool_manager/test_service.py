@@ -16,6 +16,7 @@ import pytest
 
 from gateway.dispatch import FORECAST_READ_SECONDS
 from pool_manager.events import interruption_warning
+from pool_manager.local_provider import NO_SPOT_ZONES_FILE
 from pool_manager.metrics import PoolMetrics
 from pool_manager.service import create_app, model_policy_settings, policy_settings, run_pool
 from spotgate.process import free_port
@@ -27,6 +28,7 @@ from spotgate.settings import (
     PoolSettings,
     QueueSettings,
     SyntheticSettings,
+    local_placements,
     settings_env,
 )
 from spotgate.tokens import SigningKey
@@ -275,6 +277,61 @@ async def test_an_interrupted_agent_is_replaced_and_every_stream_completes_exact
             return "local-3" in await ready_agents(aws) and victim not in await ready_agents(aws)
 
         await wait_for(replaced, within=60)
+
+
+async def test_a_region_without_spot_is_filled_from_another_and_a_stream_moves_back_exactly(
+    aws: AwsEmulator, gateway: Gateway, api_key: CreatedApiKey, tmp_path: Path, queue_url: str
+) -> None:
+    # Spot is cheaper in the gateway's region, us-east-1, but it has none: the west fills the
+    # target. Once the east has spot again and the west agent is interrupted, the stream it
+    # serves moves back east. A refused or interrupted zone is risky for a second only.
+    east, west = "us-east-1", "us-west-2"
+    placements = tuple(
+        p.model_copy(update={"spot_price_per_hour": 0.3 if p.zone.startswith(east) else 0.5})
+        for p in local_placements((east, west))
+    )
+    (tmp_path / NO_SPOT_ZONES_FILE).write_text("us-east-1a\nus-east-1b\n")
+    settings = pool_settings(
+        aws, gateway, tmp_path, min_agents=1, regions=(east, west), placements=placements,
+        risky_placement_seconds=1.0, interruption_queue_url=queue_url,
+    )  # fmt: skip
+    agent = AgentSettings(
+        synthetic=SyntheticSettings(tokens_per_second=10),
+        heartbeat_seconds=1,
+        imds_poll_seconds=0.5,
+    )
+    local = settings.local.model_copy(update={"agent_env": settings_env(agent)})
+    max_tokens = 150  # 15 s: the notice lands mid-stream however slowly it travels
+    async with (
+        pool_running(settings.model_copy(update={"local": local})),
+        Registry.open(aws.settings()) as registry,
+    ):
+
+        async def routable() -> bool:
+            view = gateway.state.dispatcher.view
+            return any(r.state is AgentState.READY for r in view.agents.get(MODEL, []))
+
+        await wait_for(routable, within=90)
+        (served,) = await registry.list_ready(MODEL)
+        assert (served.region, served.zone) == (west, "us-west-2a")
+
+        (tmp_path / NO_SPOT_ZONES_FILE).unlink()  # the east has spot again
+        async with connect(gateway.ws_url, api_key.api_key) as ws:
+            await send(ws, generate("s", MODEL, content="east west", max_tokens=max_tokens))
+            frames = [await receive(ws)]
+            while frames[-1]["type"] != "delta":
+                frames.append(await receive(ws))
+            await interruption(queue_url, aws, served.agent_id, in_seconds=8)
+            while frames[-1]["type"] not in ("done", "error"):
+                frames.append(await asyncio.wait_for(receive(ws), 120))
+        # The only agent besides the one interrupted: its replacement, where the stream went.
+        (replacement,) = await registry.list_ready(MODEL)
+
+    assert frames[-1]["type"] == "done", frames[-1]
+    text = "".join(str(f["text"]) for f in frames if f["type"] == "delta")
+    assert text == expected_text("east west", max_tokens)
+    assert len({f["agent"] for f in frames if f["type"] == "start"}) == 2  # it moved
+    assert (replacement.region, replacement.zone) == (east, "us-east-1a")
 
 
 async def test_healthz_fails_once_reconcile_passes_stall(aiohttp_client) -> None:  # type: ignore[no-untyped-def]
