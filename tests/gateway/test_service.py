@@ -19,7 +19,13 @@ from spotgate.tokens import SigningKey
 from stack.children import GatewaySockets, start_service
 from stack.emulator import AwsEmulator
 from tests.gateway.conftest import MODEL
-from tests.support.agents import AgentFactory, expected_text, synthetic, wait_for, wait_ready
+from tests.support.agents import (
+    AgentFactory,
+    WedgingEngine,
+    expected_text,
+    wait_for,
+    wait_ready,
+)
 from tests.support.wsclient import Frame, connect, generate, receive, send, text_of
 
 
@@ -39,10 +45,13 @@ async def test_sigterm_refuses_new_streams_and_lets_those_in_flight_finish(
     # The parent keeps its copy of the sockets, as `spotgate up` does to restart a gateway:
     # new connections are refused all the same once the drain begins.
     gateway = start_service(processes, "gateway", settings, sockets)
+    # The stream is held after its first tokens until the late one was refused: it is still
+    # in flight then, however slowly the signal and the drain come on a loaded machine.
+    engine = WedgingEngine(MODEL, after_tokens=5)
     try:
         await wait_ready(
             await start_agent(
-                synthetic(40.0, model=MODEL),
+                engine,
                 pinned_public_key=key.verify_key.to_pem(),
                 token_issuer=url,
             )
@@ -74,6 +83,9 @@ async def test_sigterm_refuses_new_streams_and_lets_those_in_flight_finish(
             await wait_for(stopped_listening)  # it refuses new streams from that moment on
             await send(ws, generate("late", MODEL))
             try:
+                while not frames or frames[-1].get("id") != "late":
+                    frames.append(await receive(ws))
+                engine.unwedge()
                 while True:
                     frames.append(await receive(ws))
             except websockets.ConnectionClosed as closed:

@@ -318,25 +318,33 @@ def synthetic(
 
 class WedgingEngine(SyntheticEngine):
     """A synthetic engine that stops producing, its agent still answering: a GPU that hangs
-    under a live event loop (`/healthz` green, heartbeats going)."""
+    under a live event loop (`/healthz` green, heartbeats going), until `unwedge` (if ever).
+
+    Also a reply held mid-stream for as long as a test needs, on any machine."""
 
     def __init__(self, model: str = "synth", after_tokens: int | None = None) -> None:
         pace = SyntheticSettings(ttft_seconds=0.01, tokens_per_second=200.0)
         super().__init__(AgentSettings(engine="synthetic", served_model_name=model, synthetic=pace))
         self.after_tokens = after_tokens  # every reply hangs after this many; None: none does
         self.wedged = asyncio.Event()  # set once a reply hangs
+        self._unwedged = asyncio.Event()
 
     def wedge(self) -> None:
         """From now on every reply hangs before its first token."""
         self.after_tokens = 0
 
+    def unwedge(self) -> None:
+        """The replies hanging go on, and later ones no longer hang."""
+        self.after_tokens = None
+        self._unwedged.set()
+
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[EngineStep, None]:
-        """The synthetic reply, until it hangs for good."""
+        """The synthetic reply, hanging after `after_tokens` until unwedged."""
         produced = 0
         async for step in super().generate(request):
             if self.after_tokens is not None and produced >= self.after_tokens:
                 self.wedged.set()
-                await asyncio.Event().wait()  # never set: nothing more comes
+                await self._unwedged.wait()
             yield step
             produced += len(step.token_ids)
 
