@@ -46,14 +46,16 @@ async def _model_stage(args: argparse.Namespace) -> int:
     if not args.source.is_dir():
         raise CommandError(f"{args.source} is not a directory (download the model first)")
     prefix = (args.prefix or args.source.resolve().name).strip("/")
-    uri = f"s3://{args.bucket}/{prefix}"
-    try:
-        manifest = await stage_model(args.source, uri, shared_settings().aws)
-    except ModelStoreError as err:
-        raise CommandError(str(err)) from err
-    gib = manifest.total_bytes / 2**30
-    print(f"{uri}: {len(manifest.files)} files, {gib:.2f} GiB staged")
-    print(f"agents load it with SPOTGATE_AGENT_MODEL={uri} (CDK: -c model={uri})")
+    # One copy per region's bucket, under one prefix: an agent reads its own region's.
+    uris = [f"s3://{bucket}/{prefix}" for bucket in args.bucket]
+    for uri in uris:
+        try:
+            manifest = await stage_model(args.source, uri, shared_settings().aws)
+        except ModelStoreError as err:
+            raise CommandError(str(err)) from err
+        gib = manifest.total_bytes / 2**30
+        print(f"{uri}: {len(manifest.files)} files, {gib:.2f} GiB staged")
+    print(f"agents load it with SPOTGATE_AGENT_MODEL={uris[0]} (CDK: models[].model)")
     return 0
 
 
@@ -104,6 +106,12 @@ def setup_model(commands: Commands) -> None:
         "stage", help="copy a model directory to S3 once, for agents to fetch at boot"
     )
     stage.add_argument("source", type=Path, help="the model directory (weights, tokenizer)")
-    stage.add_argument("--bucket", required=True, help="the stack's ModelBucket output")
+    stage.add_argument(
+        "--bucket",
+        required=True,
+        action="append",
+        help="the stack's ModelBucket output; repeat it for each region's stack's, so agents "
+        "read their own region's copy",
+    )
     stage.add_argument("--prefix", help="key prefix (default: the directory's name)")
     stage.set_defaults(handler=run_async(_model_stage))

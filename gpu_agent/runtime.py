@@ -37,7 +37,7 @@ from spotgate.registry import (
     Registry,
     RegistryError,
 )
-from spotgate.settings import AgentSettings
+from spotgate.settings import AgentSettings, model_store_aws
 from spotgate.wsserver import FrameSocket
 
 DRAIN_CHECK_SECONDS = 1.0
@@ -208,11 +208,11 @@ class AgentRuntime:
             return settings
         served = settings.served_model_name or settings.model
         if settings.model_fetch == "stream":  # vLLM streams the weights: only check it is whole
-            await read_manifest(settings.model, settings.shared.aws)
+            await read_manifest(settings.model, model_store_aws(settings))
             return settings.model_copy(update={"served_model_name": served})
         log.info("fetching the staged model", model=settings.model)
         local = await fetch_model(
-            settings.model, Path(settings.model_cache_dir), settings.shared.aws
+            settings.model, Path(settings.model_cache_dir), model_store_aws(settings)
         )
         self._boot_phase_ended("weights_ready")
         log.info("staged model fetched", model=settings.model, directory=str(local))

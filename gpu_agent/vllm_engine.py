@@ -38,7 +38,7 @@ from gpu_agent.worker_thread import WorkerThread
 from spotgate.context import UNICODE_COMPOSITION_FACTOR
 from spotgate.model_store import fetch_model, is_s3_uri
 from spotgate.protocol import ChatMessage, GenerateFrame, Tool
-from spotgate.settings import AgentSettings, EngineKind
+from spotgate.settings import AgentSettings, EngineKind, model_store_aws
 
 CPU_KV_CACHE_GIB_DEFAULT = "1"
 """vLLM's CPU backend sizes its KV cache from this variable; enough for the tiny model."""
@@ -54,7 +54,7 @@ def streamer_environment(settings: AgentSettings) -> dict[str, str]:
     of our own (the emulator) needs path-style addressing. vLLM's pulled config and
     tokenizer files go under the agent's model cache.
     """
-    aws = settings.shared.aws
+    aws = model_store_aws(settings)
     env = {
         "AWS_DEFAULT_REGION": aws.region,
         "VLLM_ASSETS_CACHE": str(Path(settings.model_cache_dir).expanduser() / "vllm"),
@@ -185,7 +185,7 @@ class VllmEngine:
                 engine_settings.lora_adapters,
                 engine_settings.max_loras,
                 functools.partial(
-                    fetch_model, cache=Path(settings.model_cache_dir), aws=settings.shared.aws
+                    fetch_model, cache=Path(settings.model_cache_dir), aws=model_store_aws(settings)
                 ),
             )
             if engine_settings.lora_adapters

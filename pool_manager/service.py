@@ -30,6 +30,7 @@ from pool_manager.provider import Provider
 from pool_manager.regional_provider import RegionalProvider
 from spotgate.logging import get_logger
 from spotgate.process import service_main
+from spotgate.regions import unknown_regions, zone_region
 from spotgate.registry import PoolForecast, Registry
 from spotgate.settings import PoolSettings
 
@@ -85,10 +86,20 @@ class ForecastPublisher:
                 self._published.add(model)
 
 
+class UnknownRegion(ValueError):
+    """A region (or a placement's zone) that no EC2 partition has."""
+
+
 @asynccontextmanager
 async def open_provider(settings: PoolSettings) -> AsyncIterator[Provider]:
     """The configured provider; the local one stops its agents when the block ends."""
     if settings.provider == "ec2":
+        if unknown := unknown_regions(settings.pool_regions):
+            # Zones written by hand: the placements' zones name the regions when none are set.
+            zones = [p.zone for p in settings.placements if zone_region(p.zone) in unknown]
+            raise UnknownRegion(
+                f"no EC2 region is called {', '.join(unknown)} (zones {', '.join(zones)})"
+            )
         async with AsyncExitStack() as regions:
             yield RegionalProvider(
                 {
@@ -227,4 +238,4 @@ async def serve_pool(settings: PoolSettings) -> None:
 
 def main() -> int:
     """Run the pool manager with the settings in the environment (`python -m pool_manager`)."""
-    return service_main("pool manager", PoolSettings, serve_pool)
+    return service_main("pool manager", PoolSettings, serve_pool, (UnknownRegion,))

@@ -10,7 +10,13 @@ settings travel to a child (`environment`); every name is importable from here.
 
 from __future__ import annotations
 
-from spotgate.settings.agent import AgentSettings, SyntheticSettings, VllmSettings, advertised_url
+from spotgate.settings.agent import (
+    AgentSettings,
+    SyntheticSettings,
+    VllmSettings,
+    advertised_url,
+    model_store_aws,
+)
 from spotgate.settings.environment import describe_validation_error, settings_env
 from spotgate.settings.gateway import (
     LOOPBACK_HOSTS,
@@ -89,5 +95,6 @@ __all__ = [
     "describe_validation_error",
     "emulator_settings",
     "local_placements",
+    "model_store_aws",
     "settings_env",
 ]

@@ -13,6 +13,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from spotgate.settings.shared import (
+    AwsSettings,
     EngineKind,
     Lifecycle,
     NonNegativeInt,
@@ -100,6 +101,9 @@ class AgentSettings(BaseSettings):
     # `stream` (vLLM's Run:ai streamer reads them from S3 straight into the engine; the
     # `gpu` extra installs it).
     model_fetch: Literal["download", "stream"] = "download"
+    # The region of a staged model's bucket: the agent's own, where its pool spans regions
+    # (the registry and the gateways' keys stay in `shared.aws.region`); None: that one.
+    model_region: str | None = None
     served_model_name: ServedName | None = None
     vllm: VllmSettings = VllmSettings()
     synthetic: SyntheticSettings = SyntheticSettings()
@@ -137,6 +141,16 @@ class AgentSettings(BaseSettings):
                 f"({ttl}), or the registry entry expires between heartbeats"
             )
         return self
+
+
+def model_store_aws(settings: AgentSettings) -> AwsSettings:
+    """Where the agent reads a staged model: its bucket's region (`model_region`)."""
+    aws = settings.shared.aws
+    return (
+        aws
+        if settings.model_region is None
+        else aws.model_copy(update={"region": settings.model_region})
+    )
 
 
 def advertised_url(settings: AgentSettings) -> str:

@@ -185,8 +185,6 @@ class PoolSettings(BaseSettings):
                     f"zone {zone} is in {region}, not in the pool's regions "
                     f"({', '.join(self.regions)})"
                 )
-            if self.provider == "ec2" and unknown_regions([region]):
-                raise ValueError(f"zone {zone} is in no EC2 region ({region} is none)")
         return self
 
     @property

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -14,6 +15,7 @@ import aiohttp
 import openai
 import pytest
 
+from cli.main import main
 from spotgate.process import loopback_socket, socket_port
 from spotgate.registry import (
     AgentRecord,
@@ -21,6 +23,7 @@ from spotgate.registry import (
     BootTimeline,
     Registry,
     UsageCounts,
+    aws_session,
     minute_of,
 )
 from spotgate.settings import emulator_settings, settings_env
@@ -460,3 +463,35 @@ async def test_up_runs_gateways_and_agents_and_stops_cleanly(
     logs = tmp_path / ".spotgate" / "logs"
     for name in ("agent-local-2.log", "agent-local-3.log"):  # the agents stopped with the stack
         assert "drained; leaving" in (logs / name).read_text()
+
+
+async def test_a_model_is_staged_to_each_regions_bucket_under_one_prefix(
+    aws: AwsEmulator,
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    shared = aws.settings()
+    buckets = {"models-east": "us-east-1", "models-west": "us-west-2"}
+    for bucket, region in buckets.items():
+        async with aws_session(shared.in_region(region).aws).client(
+            "s3", endpoint_url=aws.url
+        ) as s3:
+            where = {} if region == "us-east-1" else {"LocationConstraint": region}
+            await s3.create_bucket(Bucket=bucket, CreateBucketConfiguration=where)
+    for name, value in settings_env(shared).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.chdir(tmp_path)
+    stage = ["model", "stage", str(tiny_model_dir), "--prefix", "tiny"]
+    two_buckets = [*stage, "--bucket", "models-east", "--bucket", "models-west"]
+    assert await asyncio.to_thread(main, two_buckets) == 0
+    out = capsys.readouterr().out
+    assert "SPOTGATE_AGENT_MODEL=s3://models-east/tiny " in out
+    for bucket, region in buckets.items():
+        assert f"s3://{bucket}/tiny: " in out
+        async with aws_session(shared.in_region(region).aws).client(
+            "s3", endpoint_url=aws.url
+        ) as s3:
+            listed = await s3.list_objects_v2(Bucket=bucket, Prefix="tiny/")
+        assert "tiny/spotgate-model.json" in {o["Key"] for o in listed["Contents"]}

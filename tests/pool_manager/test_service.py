@@ -18,12 +18,20 @@ from gateway.dispatch import FORECAST_READ_SECONDS
 from pool_manager.events import interruption_warning
 from pool_manager.local_provider import NO_SPOT_ZONES_FILE
 from pool_manager.metrics import PoolMetrics
-from pool_manager.service import create_app, model_policy_settings, policy_settings, run_pool
+from pool_manager.service import (
+    UnknownRegion,
+    create_app,
+    model_policy_settings,
+    open_provider,
+    policy_settings,
+    run_pool,
+)
 from spotgate.process import free_port
 from spotgate.registry import AgentState, CreatedApiKey, Registry, aws_session
 from spotgate.settings import (
     AgentSettings,
     LocalPoolSettings,
+    Placement,
     PoolModel,
     PoolSettings,
     QueueSettings,
@@ -332,6 +340,17 @@ async def test_a_region_without_spot_is_filled_from_another_and_a_stream_moves_b
     assert text == expected_text("east west", max_tokens)
     assert len({f["agent"] for f in frames if f["type"] == "start"}) == 2  # it moved
     assert (replacement.region, replacement.zone) == (east, "us-east-1a")
+
+
+async def test_a_zone_in_no_ec2_region_stops_the_start_naming_it() -> None:
+    typo = Placement(
+        instance_type="g6.xlarge", zone="us-est-1a", spot_price_per_hour=0.4,
+        on_demand_price_per_hour=1.0,
+    )  # fmt: skip
+    line = r"no EC2 region is called us-est-1 \(zones us-est-1a\)"
+    with pytest.raises(UnknownRegion, match=line):
+        async with open_provider(PoolSettings(provider="ec2", placements=(typo,))):
+            pass
 
 
 async def test_healthz_fails_once_reconcile_passes_stall(aiohttp_client) -> None:  # type: ignore[no-untyped-def]

@@ -11,6 +11,7 @@ from pydantic_settings import BaseSettings
 
 from spotgate.settings import (
     AgentSettings,
+    AwsSettings,
     Ec2PoolSettings,
     GatewaySettings,
     LocalPoolSettings,
@@ -22,6 +23,7 @@ from spotgate.settings import (
     TokenSettings,
     describe_validation_error,
     emulator_settings,
+    model_store_aws,
     settings_env,
 )
 
@@ -108,10 +110,6 @@ def gpu_in(zone: str) -> Placement:
         (
             {"regions": ("us-east-1",), "ec2": {"subnets": {"eu-west-1a": "subnet-1"}}},
             "zone eu-west-1a is in eu-west-1, not in the pool's regions (us-east-1)",
-        ),
-        (
-            {"provider": "ec2", "placements": (gpu_in("us-est-1a"),)},
-            "zone us-est-1a is in no EC2 region",
         ),
     ],
 )
@@ -270,3 +268,11 @@ DEFAULT_TTL_SCRIPT = (
     "from spotgate.settings import POOL_DEFAULTS; "
     "print(POOL_DEFAULTS.shared.registry.agent_ttl_seconds)"
 )
+
+
+def test_a_staged_model_is_read_in_its_buckets_region_the_registry_at_home() -> None:
+    home = SharedSettings().model_copy(update={"aws": AwsSettings(region="us-east-1")})
+    agent = AgentSettings(shared=home, model_region="us-west-2")
+    assert model_store_aws(agent).region == "us-west-2"
+    assert agent.shared.aws.region == "us-east-1"  # the registry's, the gateways' keys'
+    assert model_store_aws(AgentSettings(shared=home)) == home.aws

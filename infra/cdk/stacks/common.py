@@ -69,8 +69,8 @@ def acknowledge_wildcard_resource(construct: IConstruct, resource: str, reason: 
     acknowledge(construct, f"AwsSolutions-IAM5[Resource::{resource}]", reason)
 
 
-def parameter_arn(scope: Construct, name: str) -> str:
-    """The ARN of the SSM parameter `name` (a path from `/`) in the stack's account and region."""
+def parameter_arn(scope: Construct, name: str, region: str | None = None) -> str:
+    """The ARN of the SSM parameter `name` (a path from `/`) in `region` (None: the stack's)."""
     return Stack.of(scope).format_arn(
-        service="ssm", resource="parameter", resource_name=name.removeprefix("/")
+        service="ssm", region=region, resource="parameter", resource_name=name.removeprefix("/")
     )

@@ -8,8 +8,10 @@ from __future__ import annotations
 import re
 import shlex
 from dataclasses import dataclass
+from ipaddress import IPv4Network
 
 from spotgate.engine_flags import ENGINE_ARGS_ENV, own_flag_refusal
+from spotgate.regions import unknown_regions, zone_region
 from spotgate.settings import AgentSettings
 from spotgate.settings_env_names import env_names, env_prefix
 
@@ -42,6 +44,9 @@ ECR_IMAGE = re.compile(
 )
 """An image in ECR, by tag or digest: what agents can pull with their role alone."""
 SECURITY_GROUP_ID = re.compile(r"sg-[0-9a-f]{8,17}")
+VPC_PREFIX_MIN = 16
+VPC_PREFIX_MAX = 18
+"""A VPC's CIDR: each zone takes a /20 private subnet and a /24 public one, three zones a /18."""
 FARGATE_MAX_STOP_TIMEOUT_SECONDS = 120
 """Fargate sends SIGKILL at most this long after SIGTERM."""
 STOP_TIMEOUT_MARGIN_SECONDS = 15
@@ -60,6 +65,44 @@ class InstanceOption:
     instance_type: str
     spot_price_per_hour: float
     on_demand_price_per_hour: float
+
+
+@dataclass(frozen=True, slots=True)
+class PoolRegionConfig:
+    """Another region the pool places agents in: a VPC of its own, peered with the home one."""
+
+    region: str
+    vpc_cidr: str
+    availability_zones: tuple[str, ...]
+
+    def validate(self, where: str, home: str) -> None:
+        """Raise `ConfigError`, naming `where` (`regions[0]`), for values that cannot deploy."""
+        if unknown_regions([self.region]):
+            raise ConfigError(f"{where}.region: no EC2 region is called {self.region!r}")
+        if self.region == home:
+            raise ConfigError(f"{where}.region: {home} is the home region (region) already")
+        vpc_network(f"{where}.vpcCidr", self.vpc_cidr)
+        if len(self.availability_zones) < 2:
+            raise ConfigError(
+                f"{where}.availabilityZones: name at least two zones of {self.region}"
+            )
+        for zone in self.availability_zones:
+            if zone_region(zone) != self.region:
+                raise ConfigError(f"{where}.availabilityZones: {zone} is not in {self.region}")
+
+
+def vpc_network(key: str, cidr: str) -> IPv4Network:
+    """`cidr` as a network a VPC of the stack's subnets fits in (/16 to /18)."""
+    try:
+        network = IPv4Network(cidr)
+    except ValueError as err:
+        raise ConfigError(f"{key}: {cidr!r} is no IPv4 network ({err})") from None
+    if not VPC_PREFIX_MIN <= network.prefixlen <= VPC_PREFIX_MAX:
+        raise ConfigError(
+            f"{key}: a /{VPC_PREFIX_MIN} to /{VPC_PREFIX_MAX} network (its zones' subnets), "
+            f"not /{network.prefixlen}"
+        )
+    return network
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +229,9 @@ class DeployConfig:
         InstanceOption("g6.xlarge", 0.40, 0.8048),
     )
     availability_zones: tuple[str, ...] = ()
+    vpc_cidr: str = "10.0.0.0/16"
+    # The pool's other regions: agents there, gateways, registry and pool manager at home.
+    pool_regions: tuple[PoolRegionConfig, ...] = ()
     max_azs: int = 2
     nat_gateways: int = 1
     spot_overprovision: int = 1
@@ -244,6 +290,10 @@ class DeployConfig:
         """The SSM parameter the gateways publish their public keys to, for the agents."""
         return f"/{self.pool_name}/gateway-jwks"
 
+    def gateway_url(self, host: str) -> str:
+        """The gateways' public URL at `host`: the token issuer agents check."""
+        return f"{'https' if self.https else 'http'}://{host}"
+
     @property
     def https(self) -> bool:
         """Whether the gateway listens on HTTPS (a certificate was given)."""
@@ -296,6 +346,7 @@ class DeployConfig:
             raise ConfigError("albIdleTimeoutSeconds: the ALB accepts 1 to 4000 seconds")
         _check_agent_settings("agentSettings", self.agent_settings)
         self._validate_models()
+        self._validate_regions()
         image = ECR_IMAGE.fullmatch(self.agent_image)
         if self.agent_image and (image is None or image["region"] != self.region):
             raise ConfigError(
@@ -340,3 +391,36 @@ class DeployConfig:
                     f"{where}.name: its launch template name {template} is longer than "
                     f"{LAUNCH_TEMPLATE_NAME_MAX} characters"
                 )
+
+    def _validate_regions(self) -> None:
+        if self.pool_regions and not self.gateway_domain:
+            raise ConfigError(
+                "regions: agents in other regions check the gateways' tokens against their "
+                "public name, known before deploy only as gatewayDomain; set it"
+            )
+        for zone in self.availability_zones:
+            if zone_region(zone) != self.region:
+                raise ConfigError(f"availabilityZones: {zone} is not in {self.region}")
+        networks = {"the home VPC's (vpcCidr)": vpc_network("vpcCidr", self.vpc_cidr)}
+        seen: dict[str, int] = {}
+        for index, pool_region in enumerate(self.pool_regions):
+            where = f"regions[{index}]"
+            pool_region.validate(where, self.region)
+            if pool_region.region in seen:
+                raise ConfigError(
+                    f"{where}.region: {pool_region.region} is regions[{seen[pool_region.region]}]'s"
+                )
+            seen[pool_region.region] = index
+            network = IPv4Network(pool_region.vpc_cidr)
+            for whose, other in networks.items():
+                if network.overlaps(other):
+                    raise ConfigError(
+                        f"{where}.vpcCidr: {network} overlaps {whose} {other}: peered VPCs "
+                        "need addresses of their own"
+                    )
+            networks[f"{where}.vpcCidr"] = network
+
+    @property
+    def all_regions(self) -> tuple[str, ...]:
+        """Where the pool places agents: the home region first, then the others."""
+        return (self.region, *(r.region for r in self.pool_regions))

@@ -15,6 +15,7 @@ from stacks.config import (
     DeployConfig,
     InstanceOption,
     ModelConfig,
+    PoolRegionConfig,
 )
 
 MOVED_KEYS = {
@@ -33,6 +34,8 @@ _CONTEXT_KEYS: dict[str, str] = {
     "models": "models",
     "instanceTypes": "instance_types",
     "availabilityZones": "availability_zones",
+    "vpcCidr": "vpc_cidr",
+    "regions": "pool_regions",
     "maxAzs": "max_azs",
     "natGateways": "nat_gateways",
     "spotOverprovision": "spot_overprovision",
@@ -180,6 +183,30 @@ def _as_models(key: str, value: Any) -> tuple[ModelConfig, ...]:
     return tuple(_as_model(f"{key}[{index}]", entry) for index, entry in enumerate(value))
 
 
+REGION_KEYS = ("region", "vpcCidr", "availabilityZones")
+"""Keys of a `regions` entry, each required."""
+
+
+def _as_pool_regions(key: str, value: Any) -> tuple[PoolRegionConfig, ...]:
+    if not isinstance(value, list):
+        raise ConfigError(f"{key}: expected a list of region entries")
+    regions = []
+    for index, entry in enumerate(value):
+        where = f"{key}[{index}]"
+        if not isinstance(entry, dict) or set(entry) != set(REGION_KEYS):
+            raise ConfigError(f"{where}: expected an object with exactly {', '.join(REGION_KEYS)}")
+        regions.append(
+            PoolRegionConfig(
+                region=_as_str(f"{where}.region", entry["region"]),
+                vpc_cidr=_as_str(f"{where}.vpcCidr", entry["vpcCidr"]),
+                availability_zones=_as_names(
+                    f"{where}.availabilityZones", entry["availabilityZones"]
+                ),
+            )
+        )
+    return tuple(regions)
+
+
 def _convert(key: str, field_name: str, raw: Any) -> Any:
     value = _decoded(raw)
     default = getattr(DeployConfig(), field_name)
@@ -187,6 +214,8 @@ def _convert(key: str, field_name: str, raw: Any) -> Any:
         return _as_models(key, value)
     if field_name == "instance_types":
         return _as_instance_types(key, value)
+    if field_name == "pool_regions":
+        return _as_pool_regions(key, value)
     if field_name == "availability_zones":
         if not isinstance(value, list):
             raise ConfigError(f"{key}: expected a list of zone names")
@@ -248,6 +277,15 @@ def config_as_context(config: DeployConfig) -> Mapping[str, Any]:
             ]
         elif item.name == "models":
             context[key] = [model_as_context(model) for model in value]
+        elif item.name == "pool_regions":
+            context[key] = [
+                {
+                    "region": r.region,
+                    "vpcCidr": r.vpc_cidr,
+                    "availabilityZones": list(r.availability_zones),
+                }
+                for r in value
+            ]
         elif item.name == "agent_settings":
             context[key] = dict(value)
         elif isinstance(value, tuple):

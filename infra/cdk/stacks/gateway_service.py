@@ -68,7 +68,7 @@ class GatewayService(Construct):
         self.access_logs = self._access_logs()
         self.load_balancer = self._load_balancer(config, vpc)
         host = config.gateway_domain or self.load_balancer.load_balancer_dns_name
-        self.public_url = f"{'https' if config.https else 'http'}://{host}"
+        self.public_url = config.gateway_url(host)
         self.environment: dict[str, str] = {
             **registry.environment(config.region),
             # Every replica admits against the same counters: a key's limits do not multiply
@@ -160,9 +160,11 @@ class GatewayService(Construct):
                     "jwks_parameter": config.jwks_parameter,
                     "models": json.dumps(config.model_names),
                     "shutdown_grace_seconds": str(config.gateway_drain_seconds),
-                    # Agents live in this VPC: a registry row naming any other address is
-                    # ignored.
-                    "agent_networks": f'["{vpc.vpc_cidr_block}"]',
+                    # Agents live in the pool's VPCs: a registry row naming any other address
+                    # is ignored.
+                    "agent_networks": json.dumps(
+                        [vpc.vpc_cidr_block, *(r.vpc_cidr for r in config.pool_regions)]
+                    ),
                     # The ALB appends the client's address: failed logins are counted per
                     # client.
                     "trusted_proxy_hops": "1",

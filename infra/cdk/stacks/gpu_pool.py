@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import cast
 
@@ -15,7 +16,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
-from spotgate.model_store import is_s3_uri
+from spotgate.model_store import S3_SCHEME, is_s3_uri
 from spotgate.settings import AgentSettings, SharedSettings
 from spotgate.settings_env_names import env_names
 from stacks.common import (
@@ -129,6 +130,7 @@ class GpuPool(Construct):
         token_issuer: str,
     ) -> None:
         super().__init__(scope, construct_id)
+        self.config = config
         self.log_group = log_group(self, "Logs", config.log_retention_days)
         self.image_uri, image_repository = agent_image(self, "Image", config)
         self.model_bucket = self._model_bucket()
@@ -142,6 +144,9 @@ class GpuPool(Construct):
             allow_all_outbound=True,
         )
         pool_settings = pool_agent_settings(config, shared_environment, token_issuer)
+        if self.is_remote:  # its registry is at home, its staged model in its own region
+            region = Stack.of(self).region
+            pool_settings |= env_names(AgentSettings, {"model_region": region})
         # One profile for every template: a template given the role alone would make its own.
         instance_profile = iam.InstanceProfile(self, "InstanceProfile", role=self.role)
         machine_image = ec2.MachineImage.from_ssm_parameter(config.ami_ssm_parameter)
@@ -156,7 +161,7 @@ class GpuPool(Construct):
                     "downloads the newest commit of its default branch, which may not be what "
                     "was tested. Set its revision to the commit hash.",
                 )
-            settings = agent_settings(pool_settings, model)
+            settings = agent_settings(pool_settings, self._own_copy(model))
             boot_script = self._boot_script(config, model, settings)
             template = ec2.LaunchTemplate(
                 self,
@@ -192,6 +197,22 @@ class GpuPool(Construct):
             self.agent_settings[model.name] = settings
             self.boot_scripts[model.name] = boot_script
             self.launch_templates[model.name] = template
+
+    @property
+    def is_remote(self) -> bool:
+        """Whether it is in another region than the home one (the gateways', the registry's)."""
+        return Stack.of(self).region != self.config.region
+
+    def _own_copy(self, model: ModelConfig) -> ModelConfig:
+        """`model` with a staged copy read from this region's bucket: weights never cross one.
+
+        `spotgate model stage` copies a model to every region's bucket, under one prefix.
+        """
+        if not is_s3_uri(model.model) or not self.is_remote:
+            return model
+        _bucket, _slash, prefix = model.model.removeprefix(S3_SCHEME).partition("/")
+        own = f"{S3_SCHEME}{self.model_bucket.bucket_name}/{prefix}"
+        return replace(model, model=own)
 
     def _model_bucket(self) -> s3.Bucket:
         bucket = s3.Bucket(
@@ -251,7 +272,8 @@ class GpuPool(Construct):
             iam.PolicyStatement(
                 sid="GatewayPublicKeys",
                 actions=["ssm:GetParameter"],
-                resources=[parameter_arn(self, config.jwks_parameter)],
+                # The gateways publish them in the home region, wherever the agent runs.
+                resources=[parameter_arn(self, config.jwks_parameter, config.region)],
             )
         )
         role.add_to_policy(
@@ -281,8 +303,8 @@ class GpuPool(Construct):
             }
         )
 
-    def allow_from(self, peer: ec2.ISecurityGroup) -> None:
-        """Let `peer` (the gateways) reach the agents' port."""
+    def allow_from(self, peer: ec2.IPeer) -> None:
+        """Let `peer` (the gateways, or the home VPC's network) reach the agents' port."""
         self.security_group.add_ingress_rule(
             peer, ec2.Port.tcp(AGENT_PORT), "gateways relay streams to agents"
         )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from aws_cdk import aws_ec2 as ec2
 from constructs import Construct
 
@@ -16,13 +18,22 @@ PRIVATE_SUBNET_MASK_BITS = 20
 class Network(Construct):
     """VPC across at least two zones, with flow logs and free gateway endpoints."""
 
-    def __init__(self, scope: Construct, construct_id: str, *, config: DeployConfig) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        config: DeployConfig,
+        cidr: str,
+        zones: Sequence[str] = (),
+    ) -> None:
         super().__init__(scope, construct_id)
-        zones = list(config.availability_zones) or None
+        self.cidr = cidr
         self.vpc = ec2.Vpc(
             self,
             "Vpc",
-            availability_zones=zones,
+            ip_addresses=ec2.IpAddresses.cidr(cidr),
+            availability_zones=list(zones) or None,
             max_azs=None if zones else config.max_azs,
             nat_gateways=config.nat_gateways,
             subnet_configuration=[

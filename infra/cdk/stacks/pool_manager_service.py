@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from aws_cdk import Duration, Stack
 from aws_cdk import aws_ec2 as ec2
@@ -50,6 +51,21 @@ SPOT_SERVICE_LINKED_ROLES = {
     "ec2fleet.amazonaws.com": "AWSServiceRoleForEC2Fleet",
 }
 """EC2 creates these once per account, with the caller's rights, at the first spot launch."""
+
+
+@dataclass(frozen=True)
+class RegionalPool:
+    """What the pool manager launches into in one region: its agents' templates and subnets."""
+
+    region: str
+    gpu_pool: GpuPool
+    subnets: Sequence[ec2.ISubnet]
+    home: bool = True
+
+    @property
+    def sid_suffix(self) -> str:
+        """Names another region's statements apart (`UsWest2`); the home region's: none."""
+        return "" if self.home else "".join(part.capitalize() for part in self.region.split("-"))
 
 
 def placements_json(config: DeployConfig, zones: Sequence[str]) -> str:
@@ -104,12 +120,20 @@ class PoolManagerService(Construct):
         image: ecs.ContainerImage,
         registry: Registry,
         spot_events: SpotEvents,
-        gpu_pool: GpuPool,
+        pools: Sequence[RegionalPool],
     ) -> None:
         super().__init__(scope, construct_id)
         self.log_group = log_group(self, "Logs", config.log_retention_days)
-        subnets = vpc.private_subnets
+        subnets = [subnet for pool in pools for subnet in pool.subnets]
         zones = [subnet.availability_zone for subnet in subnets]
+        # A template's id is its region's: across regions the pool launches by name.
+        templates = {
+            model.name: config.launch_template_name(model)
+            if config.pool_regions
+            else pools[0].gpu_pool.launch_template_id(model.name)
+            for model in config.models
+        }
+        regions = {"regions": json.dumps(config.all_regions)} if config.pool_regions else {}
         self.environment: dict[str, str] = {
             **registry.environment(config.region),
             **env_names(SharedSettings, {"log_format": "json"}),
@@ -120,10 +144,8 @@ class PoolManagerService(Construct):
                     "port": str(POOL_HEALTH_PORT),
                     # Each model carries its own bounds and template, so the pool-wide ones
                     # (min_agents, max_agents, ec2.launch_template) would never be read.
-                    "models": pool_models_json(
-                        config,
-                        {name: gpu_pool.launch_template_id(name) for name in config.model_names},
-                    ),
+                    "models": pool_models_json(config, templates),
+                    **regions,
                     "spot_overprovision": str(config.spot_overprovision),
                     "on_demand_fallback": json.dumps(config.on_demand_fallback),
                     "launch_timeout_seconds": str(config.launch_timeout_seconds),
@@ -132,7 +154,7 @@ class PoolManagerService(Construct):
                     "interruption_queue_url": spot_events.queue.queue_url,
                     "placements": placements_json(config, zones),
                     "ec2.pool_name": config.pool_name,
-                    # Agents go into the private subnets only: one per zone.
+                    # Agents go into the private subnets only: one per zone, in every region.
                     "ec2.subnets": json.dumps(
                         {subnet.availability_zone: subnet.subnet_id for subnet in subnets}
                     ),
@@ -169,7 +191,7 @@ class PoolManagerService(Construct):
             "AwsSolutions-ECS2",
             "The pool manager's settings are plain configuration; it reads no secret.",
         )
-        self._grant(task.task_role, config, registry, spot_events, gpu_pool, subnets)
+        self._grant(task.task_role, config, registry, spot_events, pools)
         acknowledge_wildcard_resource(task.obtain_execution_role(), "*", ECR_AUTH_REASON)
 
         self.service = ecs.FargateService(
@@ -193,37 +215,50 @@ class PoolManagerService(Construct):
         config: DeployConfig,
         registry: Registry,
         spot_events: SpotEvents,
-        gpu_pool: GpuPool,
-        subnets: Sequence[ec2.ISubnet],
+        pools: Sequence[RegionalPool],
     ) -> None:
         stack = Stack.of(role)
         statements = [
-            *launch_statements(stack, config, gpu_pool, subnets),
+            *(statement for pool in pools for statement in launch_statements(stack, config, pool)),
             *lifecycle_statements(stack, config),
-            *role_statements(stack, gpu_pool),
+            *role_statements(stack, pools),
             *queue_and_registry_statements(registry, spot_events),
         ]
         for statement in statements:
             role.add_to_principal_policy(statement)
-        acknowledge_wildcards(role, stack)
+        for region in config.all_regions:
+            acknowledge_wildcards(role, region)
 
 
-def ec2_arn(stack: Stack, resource: str, name: str = "*", account: str | None = None) -> str:
-    """The ARN of EC2's `resource` called `name` (all of them: `*`) in the stack's region."""
-    return stack.format_arn(service="ec2", resource=resource, resource_name=name, account=account)
+def ec2_arn(
+    stack: Stack,
+    resource: str,
+    name: str = "*",
+    account: str | None = None,
+    region: str | None = None,
+) -> str:
+    """The ARN of EC2's `resource` called `name` (all of them: `*`) in `region` (the stack's)."""
+    return stack.format_arn(
+        service="ec2", region=region, resource=resource, resource_name=name, account=account
+    )
 
 
 def launch_statements(
-    stack: Stack, config: DeployConfig, gpu_pool: GpuPool, subnets: Sequence[ec2.ISubnet]
+    stack: Stack, config: DeployConfig, pool: RegionalPool
 ) -> list[iam.PolicyStatement]:
-    """Launch the pool's instances from its templates, and tag them as the launch does only."""
+    """Launch the pool's instances in `pool`'s region from its templates; tag them at launch."""
+    gpu_pool, subnets, region, sid = pool.gpu_pool, pool.subnets, pool.region, pool.sid_suffix
+
+    def arn(resource: str, name: str = "*", account: str | None = None) -> str:
+        return ec2_arn(stack, resource, name, account, region)
+
     return [
         # An instance of the pool, from one of the models' launch templates, of a configured
         # type: the role cannot start anything else (another AMI, another size).
         iam.PolicyStatement(
-            sid="LaunchPoolInstances",
+            sid=f"LaunchPoolInstances{sid}",
             actions=list(LAUNCH_ACTIONS),
-            resources=[ec2_arn(stack, "instance")],
+            resources=[arn("instance")],
             conditions={
                 "StringEquals": {
                     f"aws:RequestTag/{POOL_TAG}": config.pool_name,
@@ -233,30 +268,26 @@ def launch_statements(
             },
         ),
         iam.PolicyStatement(
-            sid="LaunchFromAgentTemplate",
+            sid=f"LaunchFromAgentTemplate{sid}",
             actions=list(LAUNCH_ACTIONS),
             resources=[
                 *gpu_pool.launch_template_arns,
-                ec2_arn(stack, "security-group", gpu_pool.security_group.security_group_id),
-                *(ec2_arn(stack, "subnet", subnet.subnet_id) for subnet in subnets),
-                *(ec2_arn(stack, resource) for resource in LAUNCH_SIDE_RESOURCES),
+                arn("security-group", gpu_pool.security_group.security_group_id),
+                *(arn("subnet", subnet.subnet_id) for subnet in subnets),
+                *(arn(resource) for resource in LAUNCH_SIDE_RESOURCES),
             ],
         ),
         # The AMI the template names, never one passed with the call.
         iam.PolicyStatement(
-            sid="TemplateImageOnly",
+            sid=f"TemplateImageOnly{sid}",
             actions=list(LAUNCH_ACTIONS),
-            resources=[ec2_arn(stack, "image", account="")],
+            resources=[arn("image", account="")],
             conditions={"Bool": {"ec2:IsLaunchTemplateResource": "true"}},
         ),
         iam.PolicyStatement(
-            sid="TagAtLaunchOnly",
+            sid=f"TagAtLaunchOnly{sid}",
             actions=["ec2:CreateTags"],
-            resources=[
-                ec2_arn(stack, "instance"),
-                ec2_arn(stack, "volume"),
-                ec2_arn(stack, "fleet"),
-            ],
+            resources=[arn("instance"), arn("volume"), arn("fleet")],
             conditions={"StringEquals": {"ec2:CreateAction": ["CreateFleet", "RunInstances"]}},
         ),
     ]
@@ -264,11 +295,12 @@ def launch_statements(
 
 def lifecycle_statements(stack: Stack, config: DeployConfig) -> list[iam.PolicyStatement]:
     """Terminate, stop, start and tag the pool's own instances; list instances and prices."""
+    instances = [ec2_arn(stack, "instance", region=region) for region in config.all_regions]
     return [
         iam.PolicyStatement(
             sid="TerminatePoolInstances",
             actions=["ec2:TerminateInstances"],
-            resources=[ec2_arn(stack, "instance")],
+            resources=instances,
             conditions={"StringEquals": {f"aws:ResourceTag/{POOL_TAG}": config.pool_name}},
         ),
         # Stop into the warm pool and start from it: the pool's own instances only (EC2
@@ -276,7 +308,7 @@ def lifecycle_statements(stack: Stack, config: DeployConfig) -> list[iam.PolicyS
         iam.PolicyStatement(
             sid="StopStartPoolInstances",
             actions=list(WARM_POOL_ACTIONS),
-            resources=[ec2_arn(stack, "instance")],
+            resources=instances,
             conditions={"StringEquals": {f"aws:ResourceTag/{POOL_TAG}": config.pool_name}},
         ),
         # The stop and start times and the boot's kind, on the pool's instances: no other
@@ -284,7 +316,7 @@ def lifecycle_statements(stack: Stack, config: DeployConfig) -> list[iam.PolicyS
         iam.PolicyStatement(
             sid="TagWarmPoolInstances",
             actions=["ec2:CreateTags"],
-            resources=[ec2_arn(stack, "instance")],
+            resources=instances,
             conditions={
                 "StringEquals": {f"aws:ResourceTag/{POOL_TAG}": config.pool_name},
                 "ForAllValues:StringEquals": {"aws:TagKeys": list(WARM_POOL_TAGS)},
@@ -302,13 +334,13 @@ def lifecycle_statements(stack: Stack, config: DeployConfig) -> list[iam.PolicyS
     ]
 
 
-def role_statements(stack: Stack, gpu_pool: GpuPool) -> list[iam.PolicyStatement]:
-    """Hand the agents' role to their instances; create spot's service-linked roles once."""
+def role_statements(stack: Stack, pools: Sequence[RegionalPool]) -> list[iam.PolicyStatement]:
+    """Hand the agents' roles to their instances; create spot's service-linked roles once."""
     return [
         iam.PolicyStatement(
             sid="PassAgentRole",
             actions=["iam:PassRole"],
-            resources=[gpu_pool.role.role_arn],
+            resources=[pool.gpu_pool.role.role_arn for pool in pools],
             conditions={"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}},
         ),
         iam.PolicyStatement(
@@ -364,10 +396,10 @@ def queue_and_registry_statements(
     ]
 
 
-def acknowledge_wildcards(role: iam.IRole, stack: Stack) -> None:
-    """Acknowledge, with its reason, each wildcard resource the pool manager's role needs."""
+def acknowledge_wildcards(role: iam.IRole, region: str) -> None:
+    """Acknowledge, with its reason, each wildcard resource the role needs in `region`."""
     # cdk-nag names each wildcard resource as it prints ARNs, pseudo parameters in <>.
-    prefix = f"arn:<AWS::Partition>:ec2:{stack.region}"
+    prefix = f"arn:<AWS::Partition>:ec2:{region}"
     mine = f"{prefix}:<AWS::AccountId>"
     wildcards = {
         "*": f"{', '.join(DESCRIBE_ACTIONS)} have no resource-level permissions in IAM.",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from aws_cdk import RemovalPolicy
@@ -27,11 +28,10 @@ class Registry(Construct):
 
     def __init__(self, scope: Construct, construct_id: str, *, config: DeployConfig) -> None:
         super().__init__(scope, construct_id)
-        pool = config.pool_name
         self.agents = dynamodb.Table(
             self,
             "Agents",
-            table_name=f"{pool}-agents",
+            table_name=table_name(config, "agents"),
             partition_key=_string_key("agent_id"),
             billing_mode=dynamodb.BillingMode.PAY_PER_REQUEST,
             time_to_live_attribute=TTL_ATTRIBUTE,
@@ -57,18 +57,20 @@ class Registry(Construct):
         self.launches = dynamodb.Table(
             self,
             "Launches",
-            table_name=f"{pool}-launches",
+            table_name=table_name(config, "launches"),
             partition_key=_string_key("agent_id"),
             billing_mode=dynamodb.BillingMode.PAY_PER_REQUEST,
             removal_policy=RemovalPolicy.DESTROY,
         )
         # API keys are the one thing here people cannot recreate by waiting: keep them when
         # the stack goes, and keep 35 days of history.
-        self.keys = self._kept_table("Keys", f"{pool}-keys", partition_key=_string_key("key_id"))
+        self.keys = self._kept_table(
+            "Keys", table_name(config, "keys"), partition_key=_string_key("key_id")
+        )
         self.demand = dynamodb.Table(
             self,
             "Demand",
-            table_name=f"{pool}-demand",
+            table_name=table_name(config, "demand"),
             partition_key=_string_key("model"),
             sort_key=_string_key("gateway_id"),
             billing_mode=dynamodb.BillingMode.PAY_PER_REQUEST,
@@ -79,7 +81,7 @@ class Registry(Construct):
         # (and removed by TTL after `usage_ttl_seconds`, 400 days by default).
         self.usage = self._kept_table(
             "Usage",
-            f"{pool}-usage",
+            table_name(config, "usage"),
             partition_key=_string_key("key_id"),
             sort_key=_string_key("period"),
             time_to_live_attribute=TTL_ATTRIBUTE,
@@ -112,14 +114,28 @@ class Registry(Construct):
 
     def environment(self, region: str) -> dict[str, str]:
         """The shared `SPOTGATE_…` settings that point a service at these tables."""
-        return env_names(
-            SharedSettings,
-            {
-                "aws.region": region,
-                "tables.agents": self.agents.table_name,
-                "tables.keys": self.keys.table_name,
-                "tables.demand": self.demand.table_name,
-                "tables.usage": self.usage.table_name,
-                "tables.launches": self.launches.table_name,
-            },
-        )
+        tables: dict[str, dynamodb.Table] = {kind: getattr(self, kind) for kind in TABLE_KINDS}
+        return registry_environment(region, {kind: t.table_name for kind, t in tables.items()})
+
+
+TABLE_KINDS = ("agents", "keys", "demand", "usage", "launches")
+
+
+def table_name(config: DeployConfig, kind: str) -> str:
+    """The name of the pool's `kind` table: `<poolName>-<kind>`."""
+    return f"{config.pool_name}-{kind}"
+
+
+def registry_environment(region: str, tables: Mapping[str, str]) -> dict[str, str]:
+    """The shared `SPOTGATE_…` settings that point a service at the tables in `region`."""
+    return env_names(
+        SharedSettings,
+        {"aws.region": region, **{f"tables.{kind}": name for kind, name in tables.items()}},
+    )
+
+
+def home_registry_environment(config: DeployConfig) -> dict[str, str]:
+    """The settings that point an agent in another region at the home region's tables."""
+    return registry_environment(
+        config.region, {kind: table_name(config, kind) for kind in TABLE_KINDS}
+    )

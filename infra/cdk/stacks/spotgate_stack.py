@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from aws_cdk import CfnOutput, Environment, Stack
@@ -16,7 +17,8 @@ from stacks.gpu_pool import GpuPool
 from stacks.limit_store import LimitStore
 from stacks.monitoring import Monitoring
 from stacks.network import Network
-from stacks.pool_manager_service import PoolManagerService
+from stacks.pool_manager_service import PoolManagerService, RegionalPool
+from stacks.pool_region import PoolRegionStack, RegionPeering
 from stacks.registry import Registry
 from stacks.signing_key import SigningKey
 from stacks.source import service_image
@@ -27,13 +29,33 @@ class SpotgateStack(Stack):
     """spotgate in one AWS account and region, as `cdk deploy` stands it up."""
 
     def __init__(
-        self, scope: Construct, construct_id: str, *, config: DeployConfig, **kwargs: Any
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        config: DeployConfig,
+        pool_regions: Sequence[PoolRegionStack] = (),
+        **kwargs: Any,
     ) -> None:
         # The region is fixed by the settings; the account is whichever the CLI deploys into.
-        super().__init__(scope, construct_id, env=Environment(region=config.region), **kwargs)
+        super().__init__(
+            scope,
+            construct_id,
+            env=Environment(region=config.region),
+            cross_region_references=bool(pool_regions),
+            **kwargs,
+        )
         self.config = config
-        self.network = Network(self, "Network", config=config)
+        self.network = Network(
+            self, "Network", config=config, cidr=config.vpc_cidr, zones=config.availability_zones
+        )
         vpc = self.network.vpc
+        self.peerings = [
+            RegionPeering(
+                self, f"Peering-{remote.pool_region.region}", home=self.network, remote=remote
+            )
+            for remote in pool_regions
+        ]
         self.registry = Registry(self, "Registry", config=config)
         self.limit_store = LimitStore(self, "LimitStore", config=config, vpc=vpc)
         self.spot_events = SpotEvents(self, "SpotEvents")
@@ -76,7 +98,18 @@ class SpotgateStack(Stack):
             image=image,
             registry=self.registry,
             spot_events=self.spot_events,
-            gpu_pool=self.gpu_pool,
+            pools=[
+                RegionalPool(config.region, self.gpu_pool, vpc.private_subnets),
+                *(
+                    RegionalPool(
+                        remote.pool_region.region,
+                        remote.gpu_pool,
+                        remote.network.vpc.private_subnets,
+                        home=False,
+                    )
+                    for remote in pool_regions
+                ),
+            ],
         )
         self.monitoring = Monitoring(
             self,

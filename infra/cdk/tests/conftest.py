@@ -21,6 +21,7 @@ if str(CDK_DIR) not in sys.path:
 
 from app import build_app  # noqa: E402
 from aws_cdk.assertions import Template  # noqa: E402
+from cfnlint.api import ManualArgs, lint_file  # noqa: E402
 from stacks.spotgate_stack import SpotgateStack  # noqa: E402
 
 Json = dict[str, Any]
@@ -79,6 +80,12 @@ def synthesize(outdir: Path, overrides: Mapping[str, Any] | None = None) -> Synt
         validation_error = str(err)
     raw = json.loads((outdir / stack.template_file).read_text())
     return Synthesized(stack, raw, Template.from_json(raw), outdir, validation_error)
+
+
+def cfn_lint_errors(template: Path, region: str) -> list[str]:
+    """cfn-lint's errors (not its warnings) on a synthesized template, one line each."""
+    matches = lint_file(template, ManualArgs(regions=[region]))
+    return [f"{m.rule.id} {m.message} ({m.path})" for m in matches if m.rule.id.startswith("E")]
 
 
 PLAIN_HTTP = {"allowPlainHttp": True}

@@ -225,3 +225,63 @@ def test_a_key_of_the_one_model_pool_says_where_it_moved(key: str) -> None:
 def test_bad_model_entries_name_their_key(context: dict[str, Any], key: str) -> None:
     with pytest.raises(ConfigError, match=rf"^{re.escape(key)}: "):
         _plain(context)
+
+
+def _region(region: str, cidr: str, *zones: str) -> dict[str, Any]:
+    return {"region": region, "vpcCidr": cidr, "availabilityZones": list(zones)}
+
+
+WEST = _region("us-west-2", "10.1.0.0/16", "us-west-2a", "us-west-2b")
+
+
+@pytest.mark.parametrize(
+    ("context", "line"),
+    [
+        ({"regions": [WEST]}, "regions: agents in other regions check the gateways' tokens"),
+        (
+            {"regions": [_region("us-west-9", "10.1.0.0/16", "us-west-9a", "us-west-9b")]},
+            "regions[0].region: no EC2 region is called 'us-west-9'",
+        ),
+        (
+            {"regions": [_region("us-east-1", "10.1.0.0/16", "us-east-1a", "us-east-1b")]},
+            "regions[0].region: us-east-1 is the home region (region) already",
+        ),
+        (
+            {"regions": [_region("us-west-2", "10.0.128.0/17", "us-west-2a", "us-west-2b")]},
+            "regions[0].vpcCidr: 10.0.128.0/17 overlaps the home VPC's (vpcCidr) 10.0.0.0/16",
+        ),
+        (
+            {"regions": [WEST, _region("eu-west-1", "10.1.0.0/18", "eu-west-1a", "eu-west-1b")]},
+            "regions[1].vpcCidr: 10.1.0.0/18 overlaps regions[0].vpcCidr 10.1.0.0/16",
+        ),
+        ({"regions": [WEST, WEST]}, "regions[1].region: us-west-2 is regions[0]'s"),
+        (
+            {"regions": [_region("us-west-2", "10.1.0.0/16", "us-west-2a", "us-east-1b")]},
+            "regions[0].availabilityZones: us-east-1b is not in us-west-2",
+        ),
+        (
+            {"regions": [_region("us-west-2", "10.1.0.0/16", "us-west-2a")]},
+            "regions[0].availabilityZones: name at least two zones of us-west-2",
+        ),
+        (
+            {"regions": [_region("us-west-2", "10.1.0.0/24", "us-west-2a", "us-west-2b")]},
+            "regions[0].vpcCidr: a /16 to /18 network (its zones' subnets), not /24",
+        ),
+        ({"regions": [{"region": "us-west-2"}]}, "regions[0]: expected an object with exactly"),
+        ({"vpcCidr": "10.0.0.0/33"}, "vpcCidr: '10.0.0.0/33' is no IPv4 network"),
+        ({"availabilityZones": ["eu-west-1a", "eu-west-1b"]}, "eu-west-1a is not in us-east-1"),
+    ],
+)
+def test_bad_regions_are_one_line_naming_the_key(context: dict[str, Any], line: str) -> None:
+    domain = {"gatewayDomain": "llm.example.com"} if context.get("regions") != [WEST] else {}
+    with pytest.raises(ConfigError) as refused:
+        _plain({**domain, **context})
+    assert line in str(refused.value)
+    assert "\n" not in str(refused.value)
+
+
+def test_regions_round_trip_through_the_context() -> None:
+    config = _plain({"gatewayDomain": "llm.example.com", "regions": [WEST]})
+    assert [r.region for r in config.pool_regions] == ["us-west-2"]
+    assert config.all_regions == ("us-east-1", "us-west-2")
+    assert _plain({**config_as_context(config)}) == config

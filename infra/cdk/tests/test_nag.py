@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from aws_cdk import Validations
-from conftest import Synthesized
+from conftest import Synthesized, cfn_lint_errors
 
 MAX_REASON_CHARS = 160
 
@@ -60,3 +60,8 @@ def test_every_acknowledgement_is_a_nag_rule_with_a_one_line_reason(
         assert reason.strip(), (path, rule)
         assert "\n" not in reason, (path, rule)
         assert len(reason) <= MAX_REASON_CHARS, (path, rule, len(reason))
+
+
+def test_the_template_passes_cfn_lint(synthesized: Synthesized) -> None:
+    template = synthesized.outdir / synthesized.stack.template_file
+    assert cfn_lint_errors(template, synthesized.stack.region) == []
