@@ -66,6 +66,7 @@ bench: $(INSTALLED) $(REDIS_SERVER) $(LITELLM) $(TOKENIZERS)
 	$(BIN)/python -m loadtest.bench.agent_vs_vllm --write docs/benchmarks.md
 	$(BIN)/python -m loadtest.bench.prompt_isolation --cache $(TOKENIZER_CACHE) --write docs/benchmarks.md
 	$(BIN)/python -m loadtest.bench.move_divergence --write docs/benchmarks.md
+	$(BIN)/python -m loadtest.bench.remote_agent --write docs/benchmarks.md
 	$(BIN)/python -m loadtest.bench.move_gap --cache $(TOKENIZER_CACHE) --write docs/benchmarks.md
 	$(BIN)/python -m loadtest.bench.prefix_routing --write docs/benchmarks.md
 	$(BIN)/python -m loadtest.bench.tenant_isolation --write docs/benchmarks.md

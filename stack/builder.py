@@ -91,8 +91,8 @@ class AgentProcess:
 
     @property
     def url(self) -> str:
-        """Where it serves."""
-        return f"http://127.0.0.1:{socket_port(self.socket)}"
+        """Where gateways reach it: the URL it advertises, else its socket's."""
+        return self.settings.advertise_url or f"http://127.0.0.1:{socket_port(self.socket)}"
 
     @property
     def agent_id(self) -> str:
