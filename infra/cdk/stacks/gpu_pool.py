@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import replace
@@ -18,7 +19,7 @@ from constructs import Construct
 
 from spotgate.model_store import S3_SCHEME, is_s3_uri
 from spotgate.settings import AgentSettings, SharedSettings
-from spotgate.settings_env_names import env_names
+from spotgate.settings_env_names import env_name, env_names
 from stacks.common import (
     ECR_AUTH_REASON,
     acknowledge,
@@ -30,6 +31,7 @@ from stacks.config import DeployConfig, ModelConfig
 from stacks.source import agent_image
 
 BOOT_SCRIPT = Path(__file__).with_name("agent_boot.sh")
+LORA_ADAPTERS_SETTING = env_name(AgentSettings, "vllm.lora_adapters")
 PLACEHOLDER = re.compile(r"@@([A-Z_]+)@@")
 AGENT_PORT = 8000
 AGENT_DRAIN_GRACE_SECONDS = 90
@@ -161,7 +163,7 @@ class GpuPool(Construct):
                     "downloads the newest commit of its default branch, which may not be what "
                     "was tested. Set its revision to the commit hash.",
                 )
-            settings = agent_settings(pool_settings, self._own_copy(model))
+            settings = self._own_adapters(agent_settings(pool_settings, self._own_copy(model)))
             boot_script = self._boot_script(config, model, settings)
             template = ec2.LaunchTemplate(
                 self,
@@ -208,11 +210,24 @@ class GpuPool(Construct):
 
         `spotgate model stage` copies a model to every region's bucket, under one prefix.
         """
-        if not is_s3_uri(model.model) or not self.is_remote:
-            return model
-        _bucket, _slash, prefix = model.model.removeprefix(S3_SCHEME).partition("/")
-        own = f"{S3_SCHEME}{self.model_bucket.bucket_name}/{prefix}"
-        return replace(model, model=own)
+        return replace(model, model=self._own_uri(model.model))
+
+    def _own_adapters(self, settings: Mapping[str, str]) -> dict[str, str]:
+        """`settings` with each staged LoRA adapter read from this region's bucket too."""
+        named = {name.upper(): name for name in settings}
+        key = named.get(LORA_ADAPTERS_SETTING)
+        if key is None or not self.is_remote:
+            return dict(settings)
+        adapters = json.loads(settings[key])
+        own = {name: self._own_uri(uri) for name, uri in adapters.items()}
+        return {**settings, key: json.dumps(own)}
+
+    def _own_uri(self, uri: str) -> str:
+        """A staged copy's URI in this region's bucket (the same prefix); others as they are."""
+        if not is_s3_uri(uri) or not self.is_remote:
+            return uri
+        _bucket, _slash, prefix = uri.removeprefix(S3_SCHEME).partition("/")
+        return f"{S3_SCHEME}{self.model_bucket.bucket_name}/{prefix}"
 
     def _model_bucket(self) -> s3.Bucket:
         bucket = s3.Bucket(

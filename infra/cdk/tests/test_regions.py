@@ -21,6 +21,7 @@ REGIONS = [
     {"region": EUROPE, "vpcCidr": "10.2.0.0/18", "availabilityZones": ["eu-west-1a", "eu-west-1b"]},
 ]
 STAGED = "s3://home-models/qwen/v1"
+ADAPTERS = {"sql": "s3://home-models/sql-adapter", "hub": "org/adapter"}
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,14 @@ def app(tmp_path_factory: pytest.TempPathFactory) -> App:
         "gatewayDomain": DOMAIN,
         "availabilityZones": ["us-east-1a", "us-east-1b"],
         "regions": REGIONS,
-        "models": [{"name": "qwen", "model": STAGED, "minAgents": 1}],
+        "models": [
+            {
+                "name": "qwen",
+                "model": STAGED,
+                "minAgents": 1,
+                "agentSettings": {"SPOTGATE_AGENT_VLLM__LORA_ADAPTERS": json.dumps(ADAPTERS)},
+            }
+        ],
     }
     built, _home = build_app(context, outdir=str(outdir))
     validation_error = None
@@ -107,6 +115,7 @@ def test_agents_elsewhere_register_at_home_and_read_their_own_regions_copy(app: 
     home = _user_data(app, "Spotgate")
     assert f"SPOTGATE_AGENT_MODEL={STAGED}\n" in home  # the home region's, as configured
     assert "SPOTGATE_AGENT_MODEL_REGION" not in home
+    assert f"SPOTGATE_AGENT_VLLM__LORA_ADAPTERS={json.dumps(ADAPTERS)}\n" in home
     for region in (WEST, EUROPE):
         script = _user_data(app, f"Spotgate-{region}")
         (bucket,) = [
@@ -115,6 +124,8 @@ def test_agents_elsewhere_register_at_home_and_read_their_own_regions_copy(app: 
             if resource["Type"] == "AWS::S3::Bucket"
         ]
         assert f"SPOTGATE_AGENT_MODEL=s3://<Ref:{bucket}>/qwen/v1\n" in script
+        own = {"sql": f"s3://<Ref:{bucket}>/sql-adapter", "hub": "org/adapter"}
+        assert f"SPOTGATE_AGENT_VLLM__LORA_ADAPTERS={json.dumps(own)}\n" in script
         assert f"SPOTGATE_AWS__REGION={HOME}\n" in script  # the registry's region
         assert f"SPOTGATE_AGENT_MODEL_REGION={region}\n" in script  # its bucket's
         assert "SPOTGATE_TABLES__AGENTS=spotgate-agents\n" in script
