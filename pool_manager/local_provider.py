@@ -182,6 +182,11 @@ class LocalProvider:
             model_cache_dir=str(self._volumes / agent_id / MODEL_CACHE_DIR),
             served_model_name=model,
             imds_url=imds_url,
+            # The placement its IMDS gives too: an agent whose IMDS answers late (a loaded
+            # machine) takes its identity from its settings, as one off EC2 does.
+            instance_type=instance_type,
+            zone=zone,
+            lifecycle=lifecycle,
             drain_grace_seconds=self._settings.drain_grace_seconds,
             jwks_url=self._settings.jwks_url,
         )
