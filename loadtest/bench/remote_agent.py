@@ -41,6 +41,8 @@ class DelayProxy:
         self.target_port = target_port
         self.one_way_seconds = 0.0
         self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.Task[object]] = set()
+        self._writers: set[asyncio.StreamWriter] = set()
 
     @property
     def port(self) -> int:
@@ -53,18 +55,32 @@ class DelayProxy:
     async def serving(self) -> AsyncIterator[DelayProxy]:
         """Listen for the life of the block."""
         self._server = await asyncio.start_server(self._connection, "127.0.0.1", 0)
-        async with self._server:
-            yield self
+        try:
+            async with self._server:
+                yield self
+        finally:  # every connection ended and closed, both ways, before the block is left
+            for writer in self._writers:
+                writer.close()
+            await asyncio.gather(*self._connections, return_exceptions=True)
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._connections.add(task)
+        self._writers.add(writer)
         upstream_reader, upstream_writer = await asyncio.open_connection(
             "127.0.0.1", self.target_port
         )
+        self._writers.add(upstream_writer)
         await asyncio.gather(
             self._pump(reader, upstream_writer),
             self._pump(upstream_reader, writer),
             return_exceptions=True,
         )
+        for each in (writer, upstream_writer):
+            each.close()
+            with contextlib.suppress(OSError):
+                await each.wait_closed()
 
     async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Copy one direction, each chunk sent `one_way_seconds` after it arrived, in order."""

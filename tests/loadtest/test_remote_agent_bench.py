@@ -27,6 +27,7 @@ async def test_the_proxy_holds_each_way_half_a_round_trip_and_keeps_the_order() 
             echoed += await reader.read(1024)
         elapsed = time.monotonic() - started
         writer.close()
+        await writer.wait_closed()
     assert echoed == b"one two three"
     assert elapsed >= 2 * proxy.one_way_seconds  # a lower bound: no machine is faster
 
