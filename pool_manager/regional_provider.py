@@ -143,6 +143,7 @@ class RegionalProvider:
         """Terminate it in its region."""
         await self._provider_of(instance_id).terminate(instance_id)
         self._forget(instance_id)
+        del self._region_of[instance_id]  # gone for good: the map holds no ended instance
 
     async def stop(self, instance_id: str) -> None:
         """Stop it in its region (its region's next listing counts it stopped)."""
