@@ -48,9 +48,10 @@ async def _model_stage(args: argparse.Namespace) -> int:
     prefix = (args.prefix or args.source.resolve().name).strip("/")
     # One copy per region's bucket, under one prefix: an agent reads its own region's.
     uris = [f"s3://{bucket}/{prefix}" for bucket in args.bucket]
+    aws = shared_settings().aws
     for uri in uris:
         try:
-            manifest = await stage_model(args.source, uri, shared_settings().aws)
+            manifest = await stage_model(args.source, uri, aws)
         except ModelStoreError as err:
             raise CommandError(str(err)) from err
         gib = manifest.total_bytes / 2**30

@@ -17,7 +17,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
-from spotgate.model_store import S3_SCHEME, is_s3_uri
+from spotgate.model_store import S3_SCHEME, is_s3_uri, split_s3_uri
 from spotgate.settings import AgentSettings, SharedSettings
 from spotgate.settings_env_names import env_name, env_names
 from stacks.common import (
@@ -226,7 +226,7 @@ class GpuPool(Construct):
         """A staged copy's URI in this region's bucket (the same prefix); others as they are."""
         if not is_s3_uri(uri) or not self.is_remote:
             return uri
-        _bucket, _slash, prefix = uri.removeprefix(S3_SCHEME).partition("/")
+        _bucket, prefix = split_s3_uri(uri)
         return f"{S3_SCHEME}{self.model_bucket.bucket_name}/{prefix}"
 
     def _model_bucket(self) -> s3.Bucket:
