@@ -28,7 +28,7 @@ from gpu_agent.engine import (
     ReplyBroken,
     TokenLogprobs,
 )
-from gpu_agent.engine_args import engine_args
+from gpu_agent.engine_args import CPU_ENGINE_PROCESSES_ENV, engine_args
 from gpu_agent.grammar import GrammarError, Grammars
 from gpu_agent.reasoning import think_tags
 from gpu_agent.token_bytes import TokenBytes
@@ -146,14 +146,21 @@ class VllmEngine:
     async def start(cls, settings: AgentSettings) -> VllmEngine:
         """Load the model named in the settings into a new engine (tens of seconds)."""
         from transformers import AutoTokenizer
+        from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
 
         served = settings.served_model_name or settings.model
         engine_settings = settings.vllm
         revision = engine_settings.revision
         args = engine_args(settings)  # before any weight loads: a bad argument stops it here
-        if args.kv_cache_memory_bytes is None:  # the CPU backend's variable outranks the flag
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KV_CACHE_GIB_DEFAULT)
+        if current_platform.is_cpu():
+            if args.kv_cache_memory_bytes is None:  # the backend's variable outranks the flag
+                os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KV_CACHE_GIB_DEFAULT)
+            # With a worker process, the CPU backend pins the model's threads to one core (the
+            # same core for every engine on the machine) and the two processes spin on their
+            # shared-memory queue while the other works: two cores busy for one core's work,
+            # and an engine starting imports vLLM twice. An operator's own setting stands.
+            os.environ.setdefault(CPU_ENGINE_PROCESSES_ENV, "0")
         args.disable_log_stats = True
         args.logits_processors = [STREAM_CONSTRAINTS]
         if is_s3_uri(settings.model):  # staged, `model_fetch: stream`

@@ -87,6 +87,7 @@ LOCAL_VLLM = VllmSettings(gpu_memory_utilization=0.3, max_model_len=2048)
 """vLLM on a machine the whole stack shares: a small share of memory, a short context."""
 STOP_TIMEOUT_SECONDS = 120.0
 OMP_WAIT_POLICY_ENV = "OMP_WAIT_POLICY"
+OMP_THREADS_ENV = "OMP_NUM_THREADS"
 
 
 class UpFailed(StackFailed):

@@ -13,7 +13,7 @@ from xdist.scheduler import LoadScopeScheduling
 from spotgate.registry import Registry
 from spotgate.settings import LimitStoreSettings
 from stack.emulator import AwsEmulator
-from stack.local import OMP_WAIT_POLICY_ENV
+from stack.local import OMP_THREADS_ENV, OMP_WAIT_POLICY_ENV
 from stack.redis_server import RedisServer
 from tests.support.agents import (  # fixtures for every suite  # noqa: F401
     ensure_tables,
@@ -48,6 +48,9 @@ from tests.support.engines import (  # noqa: F401
 # model its reply under load: 84 s of CPU, 41 s with passive waits). torch is not loaded yet:
 # its OpenMP reads this when it loads, in this process and in every child.
 os.environ.setdefault(OMP_WAIT_POLICY_ENV, "PASSIVE")
+# One OpenMP thread per process: a tiny model's matrices gain nothing from a second, and the
+# suite's many processes keep both cores busy already.
+os.environ.setdefault(OMP_THREADS_ENV, "1")
 
 # Speed is for the benchmarks: a slow example on a busy machine is not a failure.
 hypothesis_settings.register_profile("suite", deadline=None)

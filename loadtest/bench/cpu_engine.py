@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpu_agent.engine_args import CPU_ENGINE_PROCESSES_ENV
 from spotgate.settings import VllmSettings
 
 
@@ -36,8 +37,11 @@ class BenchEngine:
 
     @property
     def env(self) -> dict[str, str]:
-        """What the CPU backend reads from the environment: its KV cache's size."""
-        return {"VLLM_CPU_KVCACHE_SPACE": self.kv_cache_gib}
+        """What the CPU backend reads from the environment: its KV cache, one process each.
+
+        One process per engine is the agent's default on a CPU; `vllm serve` gets it alike.
+        """
+        return {"VLLM_CPU_KVCACHE_SPACE": self.kv_cache_gib, CPU_ENGINE_PROCESSES_ENV: "0"}
 
     def vllm_settings(self) -> VllmSettings:
         """The agent's engine settings."""

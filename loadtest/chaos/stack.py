@@ -51,7 +51,7 @@ from stack.builder import (
 )
 from stack.children import GatewaySockets
 from stack.emulator import EMULATOR_REGION, AwsEmulator
-from stack.local import LOCAL_VLLM, TINY_SERVED_NAME
+from stack.local import LOCAL_VLLM, OMP_THREADS_ENV, TINY_SERVED_NAME
 from stack.redis_server import RedisServer
 from stack.supervision import Supervisor
 
@@ -64,7 +64,7 @@ RECOVERY_TIMEOUT_SECONDS = 120.0
 VLLM_START_TIMEOUT_SECONDS = 600.0  # an engine starting next to a busy one on a few cores
 # Several engines share this machine's few cores: vLLM would pin each one's OpenMP threads
 # to the same core; left to the scheduler, with one thread each, they spread out.
-VLLM_SHARED_CPU_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
+VLLM_SHARED_CPU_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", OMP_THREADS_ENV: "1"}
 AGENT_HEARTBEAT_SECONDS = 1.0
 GATEWAYS = 2  # replicas sharing one pool, as behind a load balancer
 GATEWAY_GRACE_SECONDS = 10.0  # streams last 3 s: every one in flight finishes within it
