@@ -31,9 +31,10 @@ from gpu_agent.engine import (
 from gpu_agent.engine_args import CPU_ENGINE_PROCESSES_ENV, engine_args
 from gpu_agent.grammar import GrammarError, Grammars
 from gpu_agent.reasoning import think_tags
+from gpu_agent.seeded_sampling import SeededSampling
 from gpu_agent.token_bytes import TokenBytes
 from gpu_agent.tool_calls import ToolCallReader
-from gpu_agent.vllm_logits import EXTRA_ARGS_KEY, SeededSampling, StreamSpec
+from gpu_agent.vllm_logits import EXTRA_ARGS_KEY, StreamSpec
 from gpu_agent.worker_thread import WorkerThread
 from spotgate.context import UNICODE_COMPOSITION_FACTOR
 from spotgate.model_store import fetch_model, is_s3_uri

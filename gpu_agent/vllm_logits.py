@@ -10,13 +10,14 @@ prompt's last tokens were generated before the resume.
 
 Structured output always takes this path, fresh or resumed, so one grammar runs on both sides
 of a move. Penalties use vLLM's own unless the stream was resumed. A seeded, sampled stream
-always takes it too: its token at each place in the completion is drawn with a seed of that
-place's own (`place_seed`), so a stream moved anywhere draws what it would have drawn unmoved.
+always takes it too: its token at each place in the completion is drawn with a uniform number
+of that place's own (`place_uniform`), so a stream moved anywhere draws what it would have
+drawn unmoved.
 """
 
 from __future__ import annotations
 
-import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypedDict
 
@@ -24,6 +25,7 @@ import torch
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
 from gpu_agent.grammar import Grammars
+from gpu_agent.seeded_sampling import SeededSampling, seeded_draws
 from spotgate.logging import get_logger
 
 if TYPE_CHECKING:
@@ -42,51 +44,6 @@ class StreamSpec(TypedDict, total=False):
     presence_penalty: float
     frequency_penalty: float
     sampling: SeededSampling
-
-
-class SeededSampling(TypedDict):
-    """A seeded, sampled stream's sampling, done here (vLLM then only takes the token drawn)."""
-
-    seed: int
-    temperature: float
-    top_p: float
-    top_k: int  # 0: every token
-    min_p: float
-    repetition_penalty: float
-
-
-def place_seed(seed: int, place: int) -> int:
-    """The seed of the draw for the completion's token at `place` (0: its first)."""
-    digest = hashlib.blake2b(f"{seed}:{place}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") >> 1  # torch takes a seed below 2^63
-
-
-def seeded_draw(logits: torch.Tensor, sampling: SeededSampling, place: int) -> int:
-    """The token drawn from one row's logits as vLLM's sampler draws, with the place's seed.
-
-    Temperature, then `min_p`, then top-k and top-p, then an exponential race (what vLLM's
-    own random sampling is): the same distribution as vLLM's, other random numbers.
-    """
-    scaled = logits / sampling["temperature"]
-    probs = torch.softmax(scaled, dim=-1)
-    if sampling["min_p"] > 0:
-        scaled = scaled.masked_fill(probs < sampling["min_p"] * probs.max(), float("-inf"))
-    top_k = sampling["top_k"]
-    if 0 < top_k < scaled.shape[-1]:
-        kth = torch.topk(scaled, top_k).values[-1]
-        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-    if sampling["top_p"] < 1.0:
-        ordered, order = torch.sort(scaled, descending=True)
-        cumulative = torch.softmax(ordered, dim=-1).cumsum(dim=-1)
-        beyond = cumulative - torch.softmax(ordered, dim=-1) >= sampling["top_p"]
-        scaled = scaled.index_fill(0, order[beyond], float("-inf"))
-    probs = torch.softmax(scaled, dim=-1)
-    # On the logits' own device: a CUDA tensor cannot draw from a CPU generator.
-    generator = torch.Generator(device=probs.device).manual_seed(
-        place_seed(sampling["seed"], place)
-    )
-    race = torch.empty_like(probs).exponential_(generator=generator)
-    return int((probs / race).argmax())
 
 
 @dataclass(eq=False)
@@ -224,17 +181,29 @@ class StreamConstraints(LogitsProcessor):
             counts = row.counts[:width].to(logits.device, logits.dtype)
             logits[index] -= row.frequency_penalty * counts
             logits[index] -= row.presence_penalty * (counts > 0).to(logits.dtype)
-        for index, row in self._rows.items():
-            if row.sampling is None:
-                continue
-            scores = logits[index].to(torch.float32)
-            if row.repeated is not None:  # as vLLM's repetition penalty: over prompt and reply
+        seeded = [(index, row) for index, row in self._rows.items() if row.sampling is not None]
+        if seeded:
+            self._draw(logits, seeded)
+        return logits
+
+    @staticmethod
+    def _draw(logits: torch.Tensor, seeded: Sequence[tuple[int, _Row]]) -> None:
+        """Draw the seeded rows' tokens in one pass: each the only token vLLM is left."""
+        width = logits.shape[-1]
+        indices = torch.tensor([index for index, _ in seeded], device=logits.device)
+        scores = logits[indices].to(torch.float32)
+        for position, (_, row) in enumerate(seeded):
+            if row.repeated is not None and row.sampling is not None:
+                # As vLLM's repetition penalty: over the prompt and the reply.
                 penalty = row.sampling["repetition_penalty"]
                 seen = row.repeated[:width].to(logits.device)
-                scores = torch.where(
-                    seen, torch.where(scores > 0, scores / penalty, scores * penalty), scores
+                row_scores = scores[position]
+                scores[position] = torch.where(
+                    seen,
+                    torch.where(row_scores > 0, row_scores / penalty, row_scores * penalty),
+                    row_scores,
                 )
-            token = seeded_draw(scores, row.sampling, row.place)
-            logits[index] = float("-inf")
-            logits[index, token] = 0.0
-        return logits
+        samplings = [row.sampling for _, row in seeded if row.sampling is not None]
+        tokens = seeded_draws(scores, samplings, [row.place for _, row in seeded])
+        logits[indices] = float("-inf")
+        logits[indices, tokens] = 0.0

@@ -18,11 +18,8 @@ from gpu_agent.grammar import GrammarError, Grammars
 from gpu_agent.vllm_engine import sampling_params
 from gpu_agent.vllm_logits import (
     EXTRA_ARGS_KEY,
-    SeededSampling,
     StreamConstraints,
     StreamSpec,
-    place_seed,
-    seeded_draw,
 )
 
 VOCAB = 8
@@ -118,31 +115,3 @@ def test_grammars_refuse_a_bad_schema_and_a_resume_off_the_schema(tiny_model_dir
     with pytest.raises(GrammarError, match="generated token 0"):
         grammars.matcher(BOOLEAN, tokenizer.convert_tokens_to_ids(["x"]))
     assert grammars.matcher(BOOLEAN, tokenizer.convert_tokens_to_ids(["t"])) is not None
-
-
-SAMPLING = SeededSampling(
-    seed=5, temperature=1.0, top_p=1.0, top_k=0, min_p=0.0, repetition_penalty=1.0
-)
-
-
-def test_a_places_draw_is_the_same_every_time_and_differs_from_place_to_place() -> None:
-    logits = torch.zeros(1000)
-    draws = [seeded_draw(logits, SAMPLING, place) for place in range(50)]
-    assert draws == [seeded_draw(logits, SAMPLING, place) for place in range(50)]
-    assert len(set(draws)) > 40  # uniform logits: the places' seeds differ
-    assert place_seed(5, 0) != place_seed(6, 0)
-
-
-@pytest.mark.parametrize(
-    ("change", "allowed"),
-    [
-        ({"top_k": 2}, {9, 8}),
-        ({"top_p": 0.5}, {9}),  # token 9 alone holds most of the mass
-        ({"min_p": 0.5}, {9}),
-    ],
-    ids=["top_k", "top_p", "min_p"],
-)
-def test_the_filters_keep_the_draw_within_them(change: dict[str, float], allowed: set[int]) -> None:
-    logits = torch.arange(10, dtype=torch.float32) * torch.tensor([1.0] * 9 + [3.0])
-    sampling = SeededSampling(**{**SAMPLING, **change})  # type: ignore[typeddict-item]
-    assert {seeded_draw(logits, sampling, place) for place in range(200)} <= allowed
