@@ -18,10 +18,6 @@ from spotgate.engine_flags import ENGINE_ARGS_ENV, own_flag_refusal
 from spotgate.model_store import is_s3_uri
 from spotgate.settings import AgentSettings
 
-CPU_ENGINE_PROCESSES_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
-"""vLLM's variable: "0" runs a CPU engine's model in its engine core's process rather than in a
-worker process beside it (an agent's default on a CPU: `VllmEngine.start`)."""
-
 
 def agent_flags(settings: AgentSettings) -> list[str]:
     """The agent's own settings as `vllm serve` flags."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import os
 from collections.abc import AsyncGenerator, Collection, Mapping, Sequence
 from contextlib import aclosing
 from pathlib import Path
@@ -28,45 +27,23 @@ from gpu_agent.engine import (
     ReplyBroken,
     TokenLogprobs,
 )
-from gpu_agent.engine_args import CPU_ENGINE_PROCESSES_ENV, engine_args
+from gpu_agent.engine_args import engine_args
 from gpu_agent.grammar import GrammarError, Grammars
 from gpu_agent.reasoning import think_tags
 from gpu_agent.seeded_sampling import SeededSampling
 from gpu_agent.token_bytes import TokenBytes
 from gpu_agent.tool_calls import ToolCallReader
+from gpu_agent.vllm_environment import set_engine_environment
 from gpu_agent.vllm_logits import EXTRA_ARGS_KEY, StreamSpec
 from gpu_agent.worker_thread import WorkerThread
 from spotgate.context import UNICODE_COMPOSITION_FACTOR
-from spotgate.model_store import fetch_model, is_s3_uri
+from spotgate.model_store import fetch_model
 from spotgate.protocol import ChatMessage, GenerateFrame, Tool
 from spotgate.settings import AgentSettings, EngineKind, model_store_aws
 
-CPU_KV_CACHE_GIB_DEFAULT = "1"
-"""vLLM's CPU backend sizes its KV cache from this variable; enough for the tiny model."""
 ENGINE_DEAD_REASON = "the vLLM engine core died"
 STREAM_CONSTRAINTS = "gpu_agent.vllm_logits:StreamConstraints"
 BROKEN_SCHEMA_REASON = "the reply ended before it matched the JSON schema"
-
-
-def streamer_environment(settings: AgentSettings) -> dict[str, str]:
-    """What the Run:ai streamer (vLLM's `runai_streamer` loader) reads its S3 access from.
-
-    Its native client and the boto3 calls around it read only the environment; an endpoint
-    of our own (the emulator) needs path-style addressing. vLLM's pulled config and
-    tokenizer files go under the agent's model cache.
-    """
-    aws = model_store_aws(settings)
-    env = {
-        "AWS_DEFAULT_REGION": aws.region,
-        "VLLM_ASSETS_CACHE": str(Path(settings.model_cache_dir).expanduser() / "vllm"),
-    }
-    if aws.endpoint_url:
-        env["AWS_ENDPOINT_URL"] = aws.endpoint_url
-        env["RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING"] = "0"
-    if aws.access_key_id and aws.secret_access_key:
-        env["AWS_ACCESS_KEY_ID"] = aws.access_key_id
-        env["AWS_SECRET_ACCESS_KEY"] = aws.secret_access_key.get_secret_value()
-    return env
 
 
 class PrefixCacheStatLogger(StatLoggerBase):
@@ -154,18 +131,11 @@ class VllmEngine:
         engine_settings = settings.vllm
         revision = engine_settings.revision
         args = engine_args(settings)  # before any weight loads: a bad argument stops it here
-        if current_platform.is_cpu():
-            if args.kv_cache_memory_bytes is None:  # the backend's variable outranks the flag
-                os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KV_CACHE_GIB_DEFAULT)
-            # With a worker process, the CPU backend pins the model's threads to one core (the
-            # same core for every engine on the machine) and the two processes spin on their
-            # shared-memory queue while the other works: two cores busy for one core's work,
-            # and an engine starting imports vLLM twice. An operator's own setting stands.
-            os.environ.setdefault(CPU_ENGINE_PROCESSES_ENV, "0")
+        set_engine_environment(
+            settings, cpu=current_platform.is_cpu(), kv_cache_bytes=args.kv_cache_memory_bytes
+        )
         args.disable_log_stats = True
         args.logits_processors = [STREAM_CONSTRAINTS]
-        if is_s3_uri(settings.model):  # staged, `model_fetch: stream`
-            os.environ.update(streamer_environment(settings))
         prefix_cache = PrefixCacheCounts()
         # Prefix caching is left to vLLM: on by default for decoder-only generative models (what
         # an agent serves), off where its models or platforms cannot use it. A stat logger of

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpu_agent.engine_args import CPU_ENGINE_PROCESSES_ENV
+from gpu_agent.vllm_environment import CPU_ENGINE_PROCESSES_ENV, CPU_KV_CACHE_ENV
 from spotgate.settings import VllmSettings
 
 
@@ -41,7 +41,7 @@ class BenchEngine:
 
         One process per engine is the agent's default on a CPU; `vllm serve` gets it alike.
         """
-        return {"VLLM_CPU_KVCACHE_SPACE": self.kv_cache_gib, CPU_ENGINE_PROCESSES_ENV: "0"}
+        return {CPU_KV_CACHE_ENV: self.kv_cache_gib, CPU_ENGINE_PROCESSES_ENV: "0"}
 
     def vllm_settings(self) -> VllmSettings:
         """The agent's engine settings."""

@@ -16,6 +16,7 @@ from pathlib import Path
 import aiohttp
 from pydantic import SecretStr
 
+from gpu_agent.vllm_environment import CPU_KV_CACHE_ENV
 from loadtest.bench.harness import BENCH_KEY, Server, bench_spec, metric_value, metrics_text
 from spotgate.process import loopback_socket
 from spotgate.settings import (
@@ -120,8 +121,9 @@ def agent_process(
             gpu_memory_utilization=MEMORY_UTILIZATION,
         ),
     )
-    # vLLM binds its OpenMP threads itself (VLLM_CPU_OMP_THREADS_BIND): to the agent's CPU.
-    env = {"VLLM_CPU_KVCACHE_SPACE": KV_CACHE_GIB, "VLLM_CPU_OMP_THREADS_BIND": str(cpu)}
+    # The agent's process is pinned to its CPU, and with it the engine it runs (one process:
+    # `set_engine_environment`) and that engine's one OpenMP thread.
+    env = {CPU_KV_CACHE_ENV: KV_CACHE_GIB}
     return AgentProcess(
         f"agent-{n + 1}", settings, loopback_socket(), cpus=frozenset({cpu}), env=env
     )

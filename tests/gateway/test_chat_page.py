@@ -43,7 +43,7 @@ from tests.gateway.conftest import (
     running_gateway,
     serving,
 )
-from tests.support.agents import AgentFactory, wait_for, wait_ready
+from tests.support.agents import AgentFactory, WedgingEngine, wait_for, wait_ready
 from tests.support.clocks import ShiftedClock
 
 CHROMIUM = os.environ.get("SPOTGATE_CHROMIUM", "/usr/bin/chromium")
@@ -156,41 +156,52 @@ async def send_prompt(page: Page, text: str, wait: bool = True) -> None:
         await expect(meta).to_contain_text("tokens/s")
 
 
+def echo_pace(
+    tokens_per_second: float, max_model_len: int = 32_768, *, reasoning: bool = False
+) -> SyntheticSettings:
+    """A synthetic engine's settings to reply with the prompt's last message, a byte per token."""
+    return SyntheticSettings(
+        ttft_seconds=0.01,
+        tokens_per_second=tokens_per_second,
+        echo=True,
+        max_model_len=max_model_len,
+        reasoning=reasoning,
+    )
+
+
 def echo(
     tokens_per_second: float, max_model_len: int = 32_768, *, reasoning: bool = False
 ) -> SyntheticEngine:
     """A synthetic engine that replies with the prompt's last message, a byte per token."""
+    pace = echo_pace(tokens_per_second, max_model_len, reasoning=reasoning)
     return SyntheticEngine(
-        AgentSettings(
-            engine="synthetic",
-            served_model_name=MODEL,
-            synthetic=SyntheticSettings(
-                ttft_seconds=0.01,
-                tokens_per_second=tokens_per_second,
-                echo=True,
-                max_model_len=max_model_len,
-                reasoning=reasoning,
-            ),
-        )
+        AgentSettings(engine="synthetic", served_model_name=MODEL, synthetic=pace)
     )
+
+
+def held_echo(tokens_per_second: float, after_tokens: int | None = None) -> WedgingEngine:
+    """An echo whose replies hang after `after_tokens` until released (`unwedge`)."""
+    return WedgingEngine(MODEL, after_tokens, echo_pace(tokens_per_second))
 
 
 async def test_a_prompt_streams_in_and_the_stats_fill(
     browser: Browser, gateway: Gateway, gateway_agent: GatewayAgentFactory
 ) -> None:
-    await gateway_agent(engine=echo(tokens_per_second=60))
+    engine = held_echo(tokens_per_second=60, after_tokens=20)
+    await gateway_agent(engine=engine)
     page = await open_page(browser, gateway.url)
     prompt = "Spot instances are cheap; the gateway keeps every stream alive when one goes."
 
     await page.fill("#prompt", prompt)
     await page.press("#prompt", "Enter")
     reply = page.locator(".message.assistant .body")
-    await expect(reply).to_contain_text("Spot instances")
+    await expect(reply).to_have_text(prompt[:20])  # the reply hangs there, still streaming
     partial = await reply.inner_text()
+    engine.unwedge()
     meta = page.locator(".message.assistant .meta")
     await expect(meta).to_contain_text("tokens/s", timeout=10_000)
 
-    assert 0 < len(partial) < len(prompt)  # seen while it was still streaming
+    assert partial == prompt[:20]
     assert await reply.inner_text() == prompt
     stats = await meta.inner_text()
     assert "TTFT" in stats
@@ -628,7 +639,7 @@ async def tab_through(page: Page, presses: int = 60) -> list[str]:
 async def test_the_page_works_with_the_keyboard_alone(
     browser: Browser, gateway: Gateway, gateway_agent: GatewayAgentFactory
 ) -> None:
-    engine = echo(tokens_per_second=20)
+    engine = held_echo(tokens_per_second=20)
     await gateway_agent(engine=engine)
     page = await open_page(browser, gateway.url)
     await page.fill("#max-tokens", "400")
@@ -662,13 +673,16 @@ async def test_the_page_works_with_the_keyboard_alone(
         if await page.evaluate(FOCUS) == "button.regenerate:Regenerate":
             break
         await page.keyboard.press("Shift+Tab")
+    engine.hang_after(3)  # the regenerated reply is under way while the page is looked at
     await page.keyboard.press("Enter")
     meta = page.locator(".message.assistant .meta")
     await expect(page.locator("#stop")).to_be_visible()
+    engine.unwedge()
     await expect(meta).to_contain_text("tokens/s")
     await expect(page.locator(".message.assistant")).to_have_count(1)
 
     # Esc stops a reply, wherever the focus is.
+    engine.hang_after(10)
     await page.focus("#prompt")
     await page.keyboard.type("a long reply that Esc will stop " * 5)
     await page.keyboard.press("Enter")
@@ -788,17 +802,19 @@ async def test_the_page_refreshes_its_token_and_reconnects_after_a_dropped_socke
 async def test_a_reply_cut_by_a_dropped_socket_resumes_after_reconnecting(
     browser: Browser, gateway: Gateway, gateway_agent: GatewayAgentFactory
 ) -> None:
-    await gateway_agent(engine=echo(tokens_per_second=40))
+    engine = held_echo(tokens_per_second=40, after_tokens=20)
+    await gateway_agent(engine=engine)
     sent: list[dict[str, Any]] = []
     page = await open_page(browser, gateway.url, sent=sent)
     prompt = "A gateway may go away mid-reply; the page holds what it got and carries on."
     await page.fill("#prompt", prompt)
     await page.press("#prompt", "Enter")
     reply = page.locator(".message.assistant .body")
-    await expect(reply).to_have_text(re.compile(r".{15,}"))  # a few tokens in
+    await expect(reply).to_have_text(prompt[:20])  # a few tokens in, and it hangs there
 
     for socket in list(gateway.state.sockets):  # as if its gateway had died
         await socket.close(code=WSCloseCode.INTERNAL_ERROR, message=b"gone")
+    engine.unwedge()  # the resumed stream goes on
 
     await expect(page.locator(".message.assistant .moved")).to_contain_text(
         "resumed; nothing was lost", timeout=15_000

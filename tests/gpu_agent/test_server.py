@@ -6,13 +6,14 @@ import asyncio
 import json
 import socket
 import time
+from collections.abc import AsyncGenerator
 from urllib.parse import urlsplit
 
 import aiohttp
 import pytest
 import websockets
 
-from gpu_agent.engine import Engine, EngineConfigError
+from gpu_agent.engine import Engine, EngineConfigError, EngineStep, GenerationRequest
 from gpu_agent.synthetic_engine import ECHO_ID_BASE, SyntheticEngine
 from spotgate.protocol import max_gateway_frame_bytes
 from spotgate.registry import AgentState, Registry
@@ -408,14 +409,32 @@ async def test_heartbeats_report_load_and_rebalance_is_only_recorded(
         assert agent.runtime.accepting
 
 
+class SteppedFlood(SyntheticEngine):
+    """A synthetic engine that hands out at most `STEP_TOKENS` ids per step, as a model does.
+
+    The synthetic engine keeps to a wall-clock schedule: a step late on it hands out every
+    token due since the last one, up to the whole rest of the reply at once, which a loaded
+    machine would leave in the agent's hands before any socket buffer filled. Step by step,
+    the agent takes the next only when it sent the last.
+    """
+
+    STEP_TOKENS = 1000
+
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[EngineStep, None]:
+        """The synthetic engine's steps, cut into steps of at most `STEP_TOKENS` ids."""
+        async for step in super().generate(request):
+            ids = list(step.token_ids)
+            for start in range(0, len(ids), self.STEP_TOKENS):
+                last = start + self.STEP_TOKENS >= len(ids)
+                yield EngineStep(
+                    ids[start : start + self.STEP_TOKENS], step.finish_reason if last else None
+                )
+
+
 async def test_a_client_that_never_reads_pauses_its_stream(
     start_agent: AgentFactory, token: str
 ) -> None:
-    # The synthetic engine keeps to a wall-clock schedule: a step hands out every token due
-    # since the last one. Once the schedule's end has passed, the next step is the whole rest
-    # of the reply, however the socket is doing. So the reply must still be far from due when
-    # the sockets' buffers fill: 4 s of schedule here, where they fill in well under 1 s.
-    flood = synthetic(tokens_per_second=250_000.0, max_model_len=2_000_000)
+    flood = synthetic(tokens_per_second=250_000.0, max_model_len=2_000_000, kind=SteppedFlood)
     agent = await wait_ready(await start_agent(flood))
     max_tokens = 1_000_000  # about 6 MB of text
     headers = {"Authorization": f"Bearer {token}"}
@@ -549,7 +568,7 @@ async def test_a_wedged_engine_takes_the_agent_out_of_the_pool(
     agent_id = agent.runtime.identity.agent_id
     async with connect(agent.ws_url, token) as ws:
         if busy:  # a stream hangs after 5 tokens: its agent hands it back, to move elsewhere
-            engine.after_tokens = 5
+            engine.hang_after(5)
             await send(ws, generate("s", "synth", max_tokens=50))
         else:  # nothing runs: only the probe can tell
             engine.wedge()

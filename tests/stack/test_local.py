@@ -35,7 +35,7 @@ from tests.support.up import UP_COMMAND, running_up
 UP = ["--engine", "synthetic", "--agents", "2", "--port", "0"]
 GRACE_SECONDS = 2.0
 TOKENS_PER_SECOND = 20.0
-LONG_STREAM_TOKENS = 120  # 6 s: longer than the gateway's grace
+LONG_STREAM_TOKENS = 240  # 12 s: outlasts the grace by 10 s, on a machine slow to signal too
 SHORT_STREAM_TOKENS = 10
 UP_ENV = {
     # a test's drain: streams outlive it, and it ends soon

@@ -302,10 +302,11 @@ def synthetic(
     tokens_per_second: float,
     model: str = "synth",
     ttft_seconds: float = 0.0,
+    kind: type[SyntheticEngine] = SyntheticEngine,
     **more: Any,
 ) -> SyntheticEngine:
-    """A synthetic engine at a given pace (`more`: other `SyntheticSettings`)."""
-    return SyntheticEngine(
+    """A synthetic engine (or one of `kind`) at a given pace (`more`: other `SyntheticSettings`)."""
+    return kind(
         AgentSettings(
             engine="synthetic",
             served_model_name=model,
@@ -320,10 +321,16 @@ class WedgingEngine(SyntheticEngine):
     """A synthetic engine that stops producing, its agent still answering: a GPU that hangs
     under a live event loop (`/healthz` green, heartbeats going), until `unwedge` (if ever).
 
-    Also a reply held mid-stream for as long as a test needs, on any machine."""
+    Also a reply held mid-stream, after exactly `after_tokens` tokens, for as long as a test
+    needs, on any machine (`pace`: the synthetic engine's settings, an echo's say)."""
 
-    def __init__(self, model: str = "synth", after_tokens: int | None = None) -> None:
-        pace = SyntheticSettings(ttft_seconds=0.01, tokens_per_second=200.0)
+    def __init__(
+        self,
+        model: str = "synth",
+        after_tokens: int | None = None,
+        pace: SyntheticSettings | None = None,
+    ) -> None:
+        pace = pace or SyntheticSettings(ttft_seconds=0.01, tokens_per_second=200.0)
         super().__init__(AgentSettings(engine="synthetic", served_model_name=model, synthetic=pace))
         self.after_tokens = after_tokens  # every reply hangs after this many; None: none does
         self.wedged = asyncio.Event()  # set once a reply hangs
@@ -331,7 +338,13 @@ class WedgingEngine(SyntheticEngine):
 
     def wedge(self) -> None:
         """From now on every reply hangs before its first token."""
-        self.after_tokens = 0
+        self.hang_after(0)
+
+    def hang_after(self, tokens: int) -> None:
+        """From now on every reply hangs once it produced `tokens` tokens, until `unwedge`."""
+        self.after_tokens = tokens
+        self.wedged.clear()
+        self._unwedged.clear()
 
     def unwedge(self) -> None:
         """The replies hanging go on, and later ones no longer hang."""
@@ -339,14 +352,23 @@ class WedgingEngine(SyntheticEngine):
         self._unwedged.set()
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[EngineStep, None]:
-        """The synthetic reply, hanging after `after_tokens` until unwedged."""
+        """The synthetic reply, hanging after `after_tokens` until unwedged.
+
+        A step that would pass the mark is cut there: the synthetic engine's late step holds
+        every token due since the last, which on a loaded machine could be the whole reply.
+        """
         produced = 0
         async for step in super().generate(request):
-            if self.after_tokens is not None and produced >= self.after_tokens:
+            ids = list(step.token_ids)
+            if self.after_tokens is not None and produced + len(ids) > self.after_tokens:
+                head = max(0, self.after_tokens - produced)
+                if head:
+                    yield EngineStep(ids[:head])
+                    produced, ids = produced + head, ids[head:]
                 self.wedged.set()
                 await self._unwedged.wait()
-            yield step
-            produced += len(step.token_ids)
+            yield EngineStep(ids, step.finish_reason)
+            produced += len(ids)
 
 
 class HeldEngine(SyntheticEngine):
