@@ -1,6 +1,6 @@
 """The seeded sampler's cost per engine step: one pass over the batch beside a draw per row.
 
-    python -m loadtest.bench.seeded_draw [--runs 5] [--steps 20] [--write docs/benchmarks.md]
+    python -m loadtest.bench.seeded_draw [--runs 5] [--steps 10] [--write docs/benchmarks.md]
 
 A seeded, sampled stream's token is drawn by the agent's logits processor, not by vLLM
 (gpu_agent/vllm_logits.py): every engine step pays it for each such stream in the batch. For
@@ -137,7 +137,7 @@ def main() -> None:
     """Run the benchmark, print the table, and write it into the report if asked."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--vocabulary", type=int, default=VOCABULARY)
     parser.add_argument("--write", type=Path, help="report file to update")
     args = parser.parse_args()
