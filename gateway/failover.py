@@ -412,7 +412,8 @@ class Failover:
         if self.receipts is not None and self.request.want_ids:
             self.receipts.extend(delta.ids or ())
             receipt = self.receipts.receipt()
-        return DeltaFrame(
+        # Its parts are the agent's delta, validated when it came in.
+        return DeltaFrame.model_construct(
             id=self.request.id,
             text=delta.text,
             n=delta.n,
