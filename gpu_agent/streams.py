@@ -226,12 +226,14 @@ def reply_reader(
 ) -> ReplyReader:
     """How this stream's reply is told apart, from the text its client already has.
 
-    The thinking is told from the answer for a model that reasons, unless the prompt already
-    ended it (the template turned thinking off) or a grammar holds the reply to a shape.
+    The thinking is told from the answer for a chat with a model that reasons, unless the
+    prompt already ended it (the template turned thinking off) or a grammar holds the reply to
+    a shape. A raw prompt's reply (a text completion) is the model's whole output, thinking
+    and all, as `vllm serve` gives it: the legacy endpoint has no field for thinking.
     """
     tags = engine.think_tags
     reasoning = None
-    if tags is not None and not grammar:
+    if tags is not None and not grammar and frame.messages is not None:
         tail = engine.prompt_text(prompt_ids[-GENERATION_PROMPT_TOKENS:])
         if not tags.closed_in_prompt(tail):
             reasoning = ReplyReasoning(tags, sent_text)
@@ -440,9 +442,14 @@ class _Generation:
                 usage=Usage(
                     prompt_tokens=len(self.prompt_ids),
                     completion_tokens=self.progress.completion_tokens,
-                    # A model that reasons, told not to think this time, thought for no token.
+                    # A model that reasons, told not to think this time, thought for no token;
+                    # a raw prompt's reply is not told apart at all.
                     reasoning_tokens=(
-                        thinking.count if thinking is not None else 0 if think_tags else None
+                        thinking.count
+                        if thinking is not None
+                        else 0
+                        if think_tags and self.frame.messages is not None
+                        else None
                     ),
                 ),
                 timings=Timings(

@@ -363,6 +363,16 @@ async def test_the_default_model_answers_tools_structured_output_and_reasoning(
         model=model, messages=hi, response_format=Verdict, max_completion_tokens=64
     )
     thought = await client.chat.completions.create(model=model, messages=hi, max_tokens=64)
+    # The legacy endpoint has no field for thinking: its text is the model's whole output.
+    completion = await client.completions.create(
+        model=model, prompt="Once upon", max_tokens=24, temperature=0
+    )
+    chunks = [
+        chunk
+        async for chunk in await client.completions.create(
+            model=model, prompt="Once upon", max_tokens=24, temperature=0, stream=True
+        )
+    ]
 
     assert model == "tiny"
     assert with_tools.choices[0].finish_reason in ("length", "stop", "tool_calls")
@@ -371,6 +381,10 @@ async def test_the_default_model_answers_tools_structured_output_and_reasoning(
     message = thought.choices[0].message
     assert (message.model_extra or {}).get("reasoning_content") == TINY_THINKING
     assert message.content == TINY_ANSWER
+    texts = [chunk.choices[0].text for chunk in chunks if chunk.choices]
+    assert all(isinstance(text, str) for text in texts), texts
+    assert not any((chunk.choices[0].model_extra or {}) for chunk in chunks if chunk.choices)
+    assert completion.choices[0].text == "".join(texts) != ""  # thinking and all, each time
 
 
 def test_no_model_writer_outlives_an_up_killed_while_it_writes_the_default_model(
