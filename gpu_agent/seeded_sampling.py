@@ -58,8 +58,10 @@ def seeded_draws(
         [place_uniform(s["seed"], p) for s, p in zip(samplings, places, strict=True)], device
     )
     tokens = torch.empty(len(samplings), dtype=torch.long, device=device)
-    filtered = [i for i, s in enumerate(samplings) if _filters(s, width)]
-    plain = [i for i in range(len(samplings)) if i not in set(filtered)]
+    filtered: list[int] = []
+    plain: list[int] = []
+    for index, sampling in enumerate(samplings):
+        (filtered if _filters(sampling, width) else plain).append(index)
     if plain:  # no filter: the whole vocabulary, most likely first needs no order at all
         weights = torch.softmax(scaled[plain], dim=-1)
         tokens[plain] = _inverse_transform(weights, uniforms[plain])

@@ -181,21 +181,25 @@ class StreamConstraints(LogitsProcessor):
             counts = row.counts[:width].to(logits.device, logits.dtype)
             logits[index] -= row.frequency_penalty * counts
             logits[index] -= row.presence_penalty * (counts > 0).to(logits.dtype)
-        seeded = [(index, row) for index, row in self._rows.items() if row.sampling is not None]
+        seeded = [
+            (index, row, row.sampling)
+            for index, row in self._rows.items()
+            if row.sampling is not None
+        ]
         if seeded:
             self._draw(logits, seeded)
         return logits
 
     @staticmethod
-    def _draw(logits: torch.Tensor, seeded: Sequence[tuple[int, _Row]]) -> None:
+    def _draw(logits: torch.Tensor, seeded: Sequence[tuple[int, _Row, SeededSampling]]) -> None:
         """Draw the seeded rows' tokens in one pass: each the only token vLLM is left."""
         width = logits.shape[-1]
-        indices = torch.tensor([index for index, _ in seeded], device=logits.device)
+        indices = torch.tensor([index for index, _, _ in seeded], device=logits.device)
         scores = logits[indices].to(torch.float32)
-        for position, (_, row) in enumerate(seeded):
-            if row.repeated is not None and row.sampling is not None:
+        for position, (_, row, sampling) in enumerate(seeded):
+            if row.repeated is not None:
                 # As vLLM's repetition penalty: over the prompt and the reply.
-                penalty = row.sampling["repetition_penalty"]
+                penalty = sampling["repetition_penalty"]
                 seen = row.repeated[:width].to(logits.device)
                 row_scores = scores[position]
                 scores[position] = torch.where(
@@ -203,7 +207,7 @@ class StreamConstraints(LogitsProcessor):
                     torch.where(row_scores > 0, row_scores / penalty, row_scores * penalty),
                     row_scores,
                 )
-        samplings = [row.sampling for _, row in seeded if row.sampling is not None]
-        tokens = seeded_draws(scores, samplings, [row.place for _, row in seeded])
+        samplings = [sampling for _, _, sampling in seeded]
+        tokens = seeded_draws(scores, samplings, [row.place for _, row, _ in seeded])
         logits[indices] = float("-inf")
         logits[indices, tokens] = 0.0

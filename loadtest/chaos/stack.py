@@ -62,8 +62,9 @@ VLLM_STREAM_TOKENS = 400  # seconds of decoding for the tiny model on a few CPU 
 READY_TIMEOUT_SECONDS = 120.0
 RECOVERY_TIMEOUT_SECONDS = 120.0
 VLLM_START_TIMEOUT_SECONDS = 600.0  # an engine starting next to a busy one on a few cores
-# Several engines share this machine's few cores: vLLM would pin each one's OpenMP threads
-# to the same core; left to the scheduler, with one thread each, they spread out.
+# Several engines share this machine's few cores: with a worker process of its own (an
+# operator's VLLM_ENABLE_V1_MULTIPROCESSING=1) vLLM would pin each one's OpenMP threads to the
+# same core; left to the scheduler, with one thread each, they spread out.
 VLLM_SHARED_CPU_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", OMP_THREADS_ENV: "1"}
 AGENT_HEARTBEAT_SECONDS = 1.0
 GATEWAYS = 2  # replicas sharing one pool, as behind a load balancer
