@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import aioboto3
 from aiobotocore.session import AioSession
@@ -22,11 +23,26 @@ def shared_loader(data_path: str | None) -> Loader:
     return create_loader(data_path)
 
 
+class _Session(aioboto3.Session):  # type: ignore[misc]  # aioboto3 is untyped
+    """aioboto3's session, whose clients of a plain-HTTP endpoint build no TLS context.
+
+    A client builds one (the CA bundle parsed anew: 20-40 ms of CPU) on its first request
+    unless told not to verify; an `http://` endpoint (the local emulator) never uses it, and
+    a local stack, its tools and its tests open clients by the thousand.
+    """
+
+    def client(self, service_name: str, **kwargs: Any) -> Any:
+        """A client as aioboto3 makes it; `verify=False` where the endpoint is plain HTTP."""
+        if str(kwargs.get("endpoint_url") or "").startswith("http://"):
+            kwargs.setdefault("verify", False)
+        return super().client(service_name, **kwargs)
+
+
 def aws_session(aws: AwsSettings) -> aioboto3.Session:
     """An aioboto3 session for the settings' region, with their credentials when set."""
     core = AioSession()
     core.register_component("data_loader", shared_loader(core.get_config_variable("data_path")))
-    return aioboto3.Session(
+    return _Session(
         botocore_session=core,
         region_name=aws.region,
         aws_access_key_id=aws.access_key_id,

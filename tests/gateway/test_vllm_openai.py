@@ -252,8 +252,8 @@ LITELLM_PYTHON = Path(__file__).parents[2] / ".bench/litellm/bin/python"
 LITELLM_CLIENT = Path(__file__).parents[1] / "support/litellm_client.py"
 
 
-async def litellm_reply(**request: Any) -> Any:
-    """What LiteLLM's SDK (its own virtualenv, run by `make`) got for one request."""
+async def litellm_replies(*requests: dict[str, Any]) -> list[Any]:
+    """What LiteLLM's SDK (its own virtualenv, run by `make`) got for each request, sent at once."""
     assert LITELLM_PYTHON.exists(), "LiteLLM's virtualenv is missing: run `make test`"
     process = await asyncio.create_subprocess_exec(
         str(LITELLM_PYTHON),
@@ -263,7 +263,7 @@ async def litellm_reply(**request: Any) -> Any:
         stderr=asyncio.subprocess.PIPE,
         env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
     )
-    out, err = await process.communicate(json.dumps(request).encode())
+    out, err = await process.communicate(json.dumps(requests).encode())
     assert process.returncode == 0, err.decode()[-3000:]
     return json.loads(out)
 
@@ -280,10 +280,10 @@ async def test_litellms_sdk_as_a_client(
         "max_tokens": 48,
     }
     schema = {"name": "weather", "schema": Weather.model_json_schema(), "strict": True}
-    whole, streamed, structured = await asyncio.gather(
-        litellm_reply(**through, logprobs=True, top_logprobs=2),
-        litellm_reply(**through, stream=True),
-        litellm_reply(**through, response_format={"type": "json_schema", "json_schema": schema}),
+    whole, streamed, structured = await litellm_replies(
+        {**through, "logprobs": True, "top_logprobs": 2},
+        {**through, "stream": True},
+        {**through, "response_format": {"type": "json_schema", "json_schema": schema}},
     )
 
     content = whole["choices"][0]["message"]["content"]

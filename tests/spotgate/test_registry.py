@@ -30,6 +30,8 @@ from spotgate.settings import AwsSettings
 from stack.emulator import AwsEmulator
 from tests.support.clocks import FakeClock
 
+AWS_DYNAMODB_URL = "https://dynamodb.us-east-1.amazonaws.com"
+
 TTL = 30.0  # SharedSettings().registry.agent_ttl_seconds
 
 
@@ -476,3 +478,16 @@ async def test_usage_from_several_gateways_adds_up_per_key_model_and_minute(
     ]
     every_key = await registry.read_usage(None, since=clock.now - 60)
     assert {row.key_id for row in every_key} == {"key-a", "key-b"}
+
+
+async def test_a_client_of_a_plain_http_endpoint_builds_no_tls_context(aws: AwsEmulator) -> None:
+    settings = aws.settings().aws
+    session = aws_session(settings)
+    async with session.client("dynamodb", endpoint_url=settings.endpoint_url) as plain:
+        await plain.list_tables()
+        plain_verify = plain._endpoint.http_session._verify
+    async with session.client("dynamodb", endpoint_url=AWS_DYNAMODB_URL) as tls:
+        tls_verify = tls._endpoint.http_session._verify
+
+    assert plain_verify is False  # the emulator: no CA bundle parsed for it
+    assert tls_verify is not False  # AWS itself: certificates checked as botocore does
