@@ -11,9 +11,11 @@ import argparse
 import logging
 import signal
 import threading
+from collections import defaultdict
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from moto.core.base_backend import BackendDict, backend_lock
 from moto.core.model_instances import model_data
 from moto.moto_server.werkzeug_app import (
     DomainDispatcherApplication,
@@ -40,10 +42,10 @@ class _OneRequestAtATime:
 
     def __init__(self, app: WSGIApplication) -> None:
         self._app = app
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()  # held for each request, and while the state is emptied
 
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
-        with self._lock:
+        with self.lock:
             try:
                 return list(self._app(environ, start_response))
             finally:
@@ -71,14 +73,18 @@ class AwsEmulator:
         self._port = port
         self._server: BaseWSGIServer | None = None
         self._thread: threading.Thread | None = None
+        self._requests = _OneRequestAtATime(DomainDispatcherApplication(create_backend_app))
         self.url = ""
 
     def start(self) -> str:
         """Start serving (again on the same port after `stop`); return the endpoint URL."""
         logging.getLogger("werkzeug").setLevel(logging.WARNING)
-        app = _OneRequestAtATime(DomainDispatcherApplication(create_backend_app))
         self._server = make_server(
-            self._host, self._port, app, threaded=True, request_handler=MotoRequestHandler
+            self._host,
+            self._port,
+            self._requests,
+            threaded=True,
+            request_handler=MotoRequestHandler,
         )
         self._port = self._server.server_address[1]
         self._thread = threading.Thread(
@@ -97,6 +103,27 @@ class AwsEmulator:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+
+    def empty(self) -> None:
+        """Forget all that is stored but DynamoDB's tables, which stay, emptied of their items.
+
+        What moto's own reset leaves once the tables are made again, at a fraction of the cost:
+        making the registry's tables takes thirteen requests and 0.15 s of CPU.
+        """
+        used: list[Any] = BackendDict._instances  # type: ignore[misc]  # moto's own registry
+        with self._requests.lock, backend_lock:
+            for backends in used:
+                if backends.service_name == "dynamodb":
+                    for account in backends.values():
+                        for region in account.values():
+                            for table in region.tables.values():
+                                table.items = defaultdict(dict)
+                    continue
+                for account in backends.values():
+                    account.reset()
+                backends.clear()
+            used[:] = [kept for kept in used if kept.service_name == "dynamodb"]
+            _forget_model_instances()
 
     def settings(self) -> SharedSettings:
         """Shared settings pointing at this emulator."""

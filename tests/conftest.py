@@ -21,7 +21,6 @@ from tests.support.agents import (  # fixtures for every suite  # noqa: F401
     llama2_model_dir,
     lora_adapter_dirs,
     reasoning_model_dir,
-    reset_emulator,
     ring,
     start_agent,
     synthetic_engine,
@@ -118,8 +117,9 @@ def aws_emulator() -> Iterator[AwsEmulator]:
 
 @pytest.fixture
 def aws(aws_emulator: AwsEmulator) -> AwsEmulator:
-    """The emulator, emptied of whatever an earlier test left."""
-    reset_emulator(aws_emulator)
+    """The emulator, emptied of whatever an earlier test left (the registry's tables, if an
+    earlier test made them, stay: empty)."""
+    aws_emulator.empty()
     return aws_emulator
 
 
