@@ -17,7 +17,7 @@ from cli.args import (
     run_async,
     shared_settings,
 )
-from spotgate.registry import BOOT_PHASES, Registry
+from spotgate.registry import BOOT_PHASES, AgentRecord, Registry
 from stack.local import find_local_stack
 
 
@@ -50,13 +50,14 @@ async def _pool_status(_args: argparse.Namespace) -> int:
     now = time.time()
     rows = [("AGENT", "MODEL", "STATE", "LIFECYCLE", "TYPE", "REGION", "ZONE", "LOAD", "AGE")]
     for agent in sorted(agents, key=lambda a: (a.model, a.agent_id)):
-        state = agent.state.value if agent.is_live(now) else f"{agent.state.value} (stale)"
+        state = agent.shown_state if agent.is_live(now) else f"{agent.shown_state} (stale)"
         rows.append(
             (agent.agent_id, agent.model, state, agent.lifecycle, agent.instance_type,
              agent.region, agent.zone, f"{agent.active}/{agent.capacity}",
              _age(now - agent.started_at))
         )  # fmt: skip
     _print_table(rows)
+    _print_failures(agents)
     for model in sorted(set(demand) | set(fixed)):
         wanted = demand.get(model)
         line = f"{model}: {wanted.pending if wanted else 0} queued, "
@@ -96,7 +97,15 @@ async def _pool_boots(args: argparse.Namespace) -> int:
              *(f"{phases[phase]:.1f}" if phase in phases else "-" for phase in phase_names))
         )  # fmt: skip
     _print_table(rows)
+    _print_failures(agents)
     return 0
+
+
+def _print_failures(agents: Sequence[AgentRecord]) -> None:
+    """One line for each agent that could not start, saying why."""
+    for agent in sorted(agents, key=lambda a: a.started_at):
+        if agent.failure is not None:
+            print(f"{agent.agent_id} could not start: {agent.failure}")
 
 
 async def _pool_scale(args: argparse.Namespace) -> int:

@@ -25,7 +25,7 @@ from gpu_agent.imds import ImdsClient, ImdsUnavailable, InstanceIdentity, SpotNo
 from gpu_agent.metrics import AgentMetrics
 from gpu_agent.streams import StreamProgress
 from spotgate import __version__
-from spotgate.logging import get_logger
+from spotgate.logging import get_logger, one_line, redact_text
 from spotgate.model_store import fetch_model, is_s3_uri, read_manifest
 from spotgate.regions import zone_region
 from spotgate.registry import (
@@ -176,12 +176,12 @@ class AgentRuntime:
             await self._warm_up(self.engine)
             self._boot_phase_ended("warmed_up")
         except EngineConfigError as err:  # the operator's to fix: one line, no traceback
-            self.phase, self.failure = "failed", str(err)
-            log.error("engine failed to come up; not registering", reason=str(err))  # noqa: TRY400
+            log.error("engine failed to come up", reason=str(err))  # noqa: TRY400
+            await self._failed_to_start(self.identity, str(err))
             return
         except Exception as err:
-            self.phase, self.failure = "failed", f"{type(err).__name__}: {err}"
-            log.exception("engine failed to come up; not registering")
+            log.exception("engine failed to come up")
+            await self._failed_to_start(self.identity, f"{type(err).__name__}: {err}")
             return
         if self.phase != "warming":  # a drain began while loading
             return
@@ -270,25 +270,47 @@ class AgentRuntime:
 
     async def _register(self, engine: Engine, identity: AgentIdentity) -> None:
         await self.registry.register(
-            AgentRecord(
-                agent_id=identity.agent_id,
-                url=self.url,
+            replace(
+                self._record(identity, AgentState.READY),
                 model=engine.model,
-                state=AgentState.READY,
                 capacity=engine.capacity,
-                lifecycle=identity.lifecycle,
-                instance_type=identity.instance_type,
-                region=identity.region,
-                zone=identity.zone,
-                started_at=time.time(),
                 engine=engine.kind,
-                version=__version__,
                 max_model_len=engine.max_model_len,
                 max_token_chars=engine.max_token_chars,
-                boot=self.boot,  # the registry writes its `ready`
             )
         )
         self.registered = True
+
+    def _record(self, identity: AgentIdentity, state: AgentState) -> AgentRecord:
+        """The agent's registry entry, as far as it is known before the engine is."""
+        return AgentRecord(
+            agent_id=identity.agent_id,
+            url=self.url,
+            model=self.settings.served_name,
+            state=state,
+            capacity=0,
+            lifecycle=identity.lifecycle,
+            instance_type=identity.instance_type,
+            region=identity.region,
+            zone=identity.zone,
+            started_at=time.time(),
+            engine=self.settings.engine,
+            version=__version__,
+            boot=self.boot,  # the registry writes its `ready`
+        )
+
+    async def _failed_to_start(self, identity: AgentIdentity, reason: str) -> None:
+        """Fail for good: `/healthz` and the registry (its entry `gone`) say why in one line.
+
+        The pool manager reaps an agent gone; `spotgate up` and `pool status` show the line.
+        """
+        self.phase, self.failure = "failed", redact_text(one_line(reason))
+        try:
+            await self.registry.register_failed(
+                replace(self._record(identity, AgentState.GONE), failure=self.failure)
+            )
+        except Exception as err:  # the registry out of reach: `/healthz` still says why
+            log.warning("could not record the failed start", error=str(err))
 
     async def _register_until_done(self, engine: Engine, identity: AgentIdentity) -> None:
         """Register; while the registry cannot be written (an outage at boot), try again.

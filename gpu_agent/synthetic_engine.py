@@ -110,7 +110,7 @@ class SyntheticEngine:
     held_token_ids: frozenset[int] = frozenset()
 
     def __init__(self, settings: AgentSettings) -> None:
-        self.model = settings.served_model_name or settings.model or "synthetic"
+        self.model = settings.served_name
         self.capacity = settings.synthetic.capacity
         self.max_model_len = settings.synthetic.max_model_len
         self._ttft_seconds = settings.synthetic.ttft_seconds

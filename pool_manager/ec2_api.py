@@ -13,6 +13,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from pool_manager.pool_view import Launch, LaunchLifecycle, PlacementKey
 from pool_manager.provider import CapacityRefused, Instance, ProviderError, StoppedInstance
+from spotgate.logging import one_line
 from spotgate.registry import BootKind
 
 POOL_TAG = "spotgate:pool"
@@ -74,11 +75,6 @@ def error_text(err: BotoCoreError | ClientError) -> str:
         error = err.response.get("Error", {})
         return f"{error.get('Code', 'error')}: {error.get('Message', '')}".strip()
     return str(err)
-
-
-def one_line(text: str) -> str:
-    """`text` with its whitespace runs, newlines included, as single spaces."""
-    return " ".join(text.split())
 
 
 def latest_spot_prices(

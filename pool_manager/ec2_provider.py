@@ -50,7 +50,6 @@ from pool_manager.ec2_api import (
     is_capacity_error,
     latest_spot_prices,
     launch_failure,
-    one_line,
     stopped_from_description,
     tags_of,
 )
@@ -62,7 +61,7 @@ from pool_manager.provider import (
     StartRefused,
     StoppedInstance,
 )
-from spotgate.logging import get_logger
+from spotgate.logging import get_logger, one_line
 from spotgate.registry import aws_session, instance_agent_id
 from spotgate.settings import PoolSettings, SharedSettings
 

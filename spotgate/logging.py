@@ -48,6 +48,11 @@ _SECRET_FIELD_NAMES = frozenset(
 )
 
 
+def one_line(text: str) -> str:
+    """`text` with its whitespace runs, newlines included, as single spaces."""
+    return " ".join(text.split())
+
+
 def redact_text(text: str) -> str:
     """Replace every API key, JWT, bearer credential and PEM private key in `text`."""
     for pattern in _SECRET_PATTERNS:

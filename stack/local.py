@@ -33,7 +33,7 @@ from pydantic import SecretStr
 
 from pool_manager.local_provider import LAUNCHES_FILE
 from spotgate.process import die_with_parent, free_port, loopback_socket
-from spotgate.registry import AgentRecord, Registry
+from spotgate.registry import AgentRecord, AgentState, Registry
 from spotgate.settings import (
     AgentSettings,
     GatewaySettings,
@@ -177,7 +177,12 @@ async def _wait_agents_ready(
     deadline = time.monotonic() + START_TIMEOUT_SECONDS
     while time.monotonic() < deadline:
         stack.check()
-        ready = await registry.list_ready(model)
+        agents = await registry.list_agents(model)
+        # An agent that could not start says why; another would fail the same way.
+        failed = next((agent for agent in agents if agent.failure is not None), None)
+        if failed is not None:
+            raise UpFailed(f"agent {failed.agent_id} could not start: {failed.failure}")
+        ready = [agent for agent in agents if agent.state is AgentState.READY]
         if len(ready) >= count:
             return ready
         await asyncio.sleep(0.5)

@@ -69,6 +69,29 @@ class AgentOperations(RegistryBase):
             changed_at=now,
             boot=replace(record.boot, ready=now) if ready else record.boot,
         )
+        await self._put_over_starting(stored, f"register as {record.state}")
+        return stored
+
+    async def register_failed(self, record: AgentRecord) -> None:
+        """Write the entry of an agent that could not start: `gone`, with its `failure`.
+
+        In place of nothing or its own `starting` entry, never of a live one; kept as long as
+        any `gone` entry, so the pool manager reaps its instance and operators read why.
+        """
+        now = self._clock()
+        stored = replace(
+            record,
+            state=AgentState.GONE,
+            active=0,
+            heartbeat_at=now,
+            expires_at=now + self._timings.gone_ttl_seconds,
+            started_at=record.started_at or now,
+            changed_at=now,
+        )
+        await self._put_over_starting(stored, "register as failed")
+
+    async def _put_over_starting(self, stored: AgentRecord, action: str) -> None:
+        """Write an entry where there is none or its agent's own `starting` one."""
         try:
             await self._client.put_item(
                 TableName=self._tables.agents,
@@ -80,8 +103,7 @@ class AgentOperations(RegistryBase):
         except ClientError as err:
             if not is_condition_failure(err):
                 raise
-            raise await self._refusal(record.agent_id, f"register as {record.state}") from err
-        return stored
+            raise await self._refusal(stored.agent_id, action) from err
 
     async def heartbeat(self, agent_id: str, active: int) -> None:
         """Record liveness and load; fails for an unknown or `gone` agent."""

@@ -127,10 +127,17 @@ class AgentRecord:
     # Whether this boot was the instance's first or a start from the warm pool: written by
     # the pool manager, which started it (`Registry.record_warm_boot`).
     boot_kind: BootKind = "cold"
+    # Why the agent could not start (one line, for the operator); its entry is then `gone`.
+    failure: str | None = None
 
     def is_live(self, now: float) -> bool:
         """Whether the entry has not expired (heartbeats keep pushing `expires_at`)."""
         return self.expires_at > now
+
+    @property
+    def shown_state(self) -> str:
+        """The state as operators read it: `failed` for an agent that could not start."""
+        return "failed" if self.failure is not None else self.state.value
 
     @property
     def active_since_drain(self) -> bool:

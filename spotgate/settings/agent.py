@@ -132,6 +132,11 @@ class AgentSettings(BaseSettings):
     instance_type: str = "local"
     zone: str = "local"
 
+    @property
+    def served_name(self) -> str:
+        """The name the model is served under (a synthetic agent given none: `synthetic`)."""
+        return self.served_model_name or self.model or self.engine
+
     @model_validator(mode="after")
     def _heartbeat_within_ttl(self) -> Self:
         ttl = self.shared.registry.agent_ttl_seconds

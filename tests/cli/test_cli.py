@@ -42,6 +42,7 @@ from tests.support.wsclient import (
 )
 
 SPOTGATE = [sys.executable, "-m", "cli"]
+UP_FAILS_WITHIN_SECONDS = 300
 
 
 def run(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None):
@@ -270,6 +271,28 @@ def test_up_on_a_taken_port_is_one_line_and_starts_nothing(tmp_path: Path) -> No
     assert result.returncode == 2
     assert f"cannot listen on 127.0.0.1:{port}" in one_line(result.stderr)
     assert "--port" in result.stderr
+    assert not (tmp_path / UP_FILE).exists()
+
+
+def test_up_whose_agent_cannot_start_says_why_in_one_line_and_stops(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    # As a new user mistypes a `vllm serve` flag: the agent's engine refuses it.
+    env = {**os.environ, "SPOTGATE_AGENT_VLLM__ENGINE_ARGS": "--no-such-flag 1"}
+    result = subprocess.run(
+        [*SPOTGATE, "up", "--model", str(tiny_model_dir), "--agents", "1", "--port", "0"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=UP_FAILS_WITHIN_SECONDS,  # its verdict, not the 600 s start timeout
+        check=False,
+    )
+
+    assert result.returncode == 2
+    line = one_line(result.stderr)
+    assert "agent local-1 could not start" in line
+    assert "--no-such-flag" in line
     assert not (tmp_path / UP_FILE).exists()
 
 

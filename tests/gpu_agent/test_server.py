@@ -306,26 +306,36 @@ async def test_registration_waits_for_the_engine_and_warm_up(
             EngineConfigError("SPOTGATE_AGENT_VLLM__ENGINE_ARGS: --x 1: not an engine argument"),
             "SPOTGATE_AGENT_VLLM__ENGINE_ARGS: --x 1: not an engine argument",
         ),
+        # One line however many the error has, and no credential in it.
+        (
+            OSError("cannot fetch the model:\n  Authorization: Bearer abc.def-123\n  (403)"),
+            "OSError: cannot fetch the model: Authorization: Bearer [redacted] (403)",
+        ),
     ],
 )
-async def test_an_engine_that_fails_its_warm_up_never_registers(
+async def test_an_engine_that_cannot_start_says_why_and_is_never_routed_to(
     start_agent: AgentFactory, aws: AwsEmulator, failure: Exception, shown: str
 ) -> None:
     async def broken(_settings: AgentSettings) -> Engine:
         raise failure
 
     agent = await start_agent(loader=broken)
-    async with aiohttp.ClientSession() as http:
-
-        async def failed() -> bool:
-            async with http.get(f"{agent.url}/healthz") as response:
-                return response.status == 503
-
-        await wait_for(failed)
-        async with http.get(f"{agent.url}/healthz") as response:
-            assert (await response.json())["failure"] == shown
     async with Registry.open(aws.settings()) as registry:
-        assert await registry.list_agents() == []
+
+        async def recorded() -> bool:  # its entry is written once `/healthz` says why
+            return bool(await registry.list_agents())
+
+        await wait_for(recorded)
+        [record] = await registry.list_agents()
+        ready = await registry.list_ready(record.model)
+    async with aiohttp.ClientSession() as http, http.get(f"{agent.url}/healthz") as response:
+        health = (response.status, (await response.json())["failure"])
+
+    assert health == (503, shown)
+
+    assert record.state is AgentState.GONE  # the pool manager reaps it
+    assert (record.shown_state, record.failure) == ("failed", shown)
+    assert ready == []
 
 
 async def test_spot_notice_drains_hands_back_long_streams_and_leaves_gone(

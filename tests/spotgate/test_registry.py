@@ -33,6 +33,7 @@ from tests.support.clocks import FakeClock
 AWS_DYNAMODB_URL = "https://dynamodb.us-east-1.amazonaws.com"
 
 TTL = 30.0  # SharedSettings().registry.agent_ttl_seconds
+GONE_TTL = 3600.0  # and its gone_ttl_seconds
 
 
 def agent(agent_id: str = "i-0abc", *, state: AgentState = AgentState.READY, model: str = "m"):
@@ -167,6 +168,27 @@ async def test_gone_is_never_resurrected(registry: Registry) -> None:
     assert record is not None
     assert record.state is AgentState.GONE
     assert await registry.list_ready("m") == []
+
+
+async def test_an_agent_that_could_not_start_is_gone_with_its_reason_and_replaces_no_live_one(
+    registry: Registry, clock: FakeClock
+) -> None:
+    await registry.register(agent("i-0live"))
+    await registry.register(agent("i-0booting", state=AgentState.STARTING))
+    failure = "SPOTGATE_AGENT_VLLM__ENGINE_ARGS: --x 1: not an engine argument"
+    for agent_id in ("i-0new", "i-0booting"):
+        await registry.register_failed(replace(agent(agent_id), failure=failure))
+    with pytest.raises(InvalidTransition):
+        await registry.register_failed(replace(agent("i-0live"), failure=failure))
+
+    failed = {a.agent_id: a for a in await registry.list_agents() if a.failure is not None}
+    assert set(failed) == {"i-0new", "i-0booting"}
+    for record in failed.values():
+        assert record.state is AgentState.GONE  # reaped by the pool manager, never routed to
+        assert record.shown_state == "failed"
+        assert record.failure == failure
+        assert record.expires_at == clock.now + GONE_TTL
+    assert [a.agent_id for a in await registry.list_ready("m")] == ["i-0live"]
 
 
 async def test_a_stopped_instance_started_again_registers_afresh_once_its_gone_entry_is_removed(
