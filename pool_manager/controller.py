@@ -16,7 +16,7 @@ has registered.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field, replace
 
@@ -55,6 +55,7 @@ from pool_manager.reconcile import (
     pool_target,
 )
 from pool_manager.sizing import sizing_on_start
+from pool_manager.start_failures import LAUNCHES_HELD_LOG_EVENT, StartFailures, note_starts
 from spotgate.logging import get_logger
 from spotgate.registry import (
     AgentNotFound,
@@ -81,6 +82,7 @@ class PassReport:
     agents: Sequence[tuple[str, PoolAgent]]  # (model, agent) once the pass was done
     warm: Sequence[tuple[str, WarmInstance]] = ()  # (model, stopped instance) likewise
     warm_started: frozenset[str] = frozenset()  # agents booting or serving after a warm start
+    held: Mapping[str, str] = field(default_factory=dict)  # model: why its launches are held
 
 
 @dataclass
@@ -102,6 +104,7 @@ class PoolController:
     # Agents whose launch record this run of the manager has written, or cannot write.
     vouched: set[str] = field(default_factory=set)
     unvouched: set[str] = field(default_factory=set)
+    start_failures: dict[str, StartFailures] = field(default_factory=dict)  # of each model
     _prices_read_at: float | None = None
 
     async def reconcile(self) -> PassReport:
@@ -124,6 +127,7 @@ class PoolController:
         agents: list[tuple[str, PoolAgent]] = []
         warm_pools: list[tuple[str, WarmInstance]] = []
         warm_started: set[str] = set()
+        launches_held: dict[str, str] = {}
         for model in models:
             settings = self._settings_of(model)
             scaled = fixed.get(model) if model in served else None  # `pool scale` of any name
@@ -138,8 +142,10 @@ class PoolController:
                     settings,
                 )
             targets[model] = self._size(model, demand.get(model, Demand()), scaled, now, settings)
+            if (reason := self._launches_held(model, records.values(), now)) is not None:
+                launches_held[model] = reason
             acted, denied = await self._converge(
-                model, targets[model], mine, records, now, settings
+                model, targets[model], mine, records, now, settings, held=model in launches_held
             )
             done += acted
             refused += denied
@@ -154,7 +160,24 @@ class PoolController:
             agents=agents,
             warm=warm_pools,
             warm_started=frozenset(warm_started),
+            held=launches_held,
         )
+
+    def _launches_held(self, model: str, records: Iterable[AgentRecord], now: float) -> str | None:
+        """Why the model's launches are held now (its agents keep failing to start), or None."""
+        so_far = self.start_failures.get(model, StartFailures())
+        failures = note_starts(so_far, (r for r in records if r.model == model))
+        self.start_failures[model] = failures
+        if not failures.is_holding(now) or failures.reason is None:
+            return None
+        log.warning(
+            LAUNCHES_HELD_LOG_EVENT,
+            model=model,
+            reason=failures.reason,
+            failures_in_a_row=failures.in_a_row,
+            held_for_seconds=round((failures.held_until() or now) - now),
+        )
+        return failures.reason
 
     async def handle_event(self, event: PoolEvent) -> None:
         """Act on one EC2 event: an interruption drains the agent and marks its placement."""
@@ -232,6 +255,8 @@ class PoolController:
         records: dict[str, AgentRecord],
         now: float,
         settings: PolicySettings,
+        *,
+        held: bool = False,
     ) -> tuple[list[Action | WarmAction], list[Launch]]:
         step = ReconcilePass(
             policy=self.policy,
@@ -244,6 +269,7 @@ class PoolController:
             on_demand_refused_until=self.on_demand_refused_until,
             spot_prices=self.spot_prices,
             warm=[s.warm() for s in pool.stopped],
+            launches_held=held,
         )
         done: list[Action | WarmAction] = []
         refused: list[Launch] = []

@@ -108,6 +108,12 @@ class PoolMetrics:
             ["action"],
             registry=r,
         )
+        self.launches_held = Gauge(
+            "spotgate_pool_launches_held",
+            "1 while a model's launches are held: its agents keep failing to start, the same way",
+            ["model"],
+            registry=r,
+        )
         self.cold_start = Histogram(
             "spotgate_pool_cold_start_seconds",
             "from an instance's launch to its agent's first ready",
@@ -145,6 +151,7 @@ class PoolMetrics:
             self.refused.labels(lifecycle=refused.lifecycle, region=zone_region(refused.zone)).inc()
         for model, target in report.targets.items():
             self.target.labels(model=model).set(target)
+            self.launches_held.labels(model=model).set(1 if model in report.held else 0)
         self.observe_agents(report.agents, report.warm)
         self.last_pass.set(now)
         self.last_pass_at = now

@@ -81,6 +81,8 @@ class ReconcilePass:
     on_demand_refused_until: dict[PlacementKey, float] = field(default_factory=dict)
     spot_prices: Mapping[PlacementKey, float] = field(default_factory=dict)
     warm: list[WarmInstance] = field(default_factory=list)  # the model's stopped instances
+    # The model's agents keep failing to start (`start_failures`): no launch, no warm start.
+    launches_held: bool = False
 
     def __post_init__(self) -> None:
         self._refused_here: set[tuple[PlacementKey, LaunchLifecycle]] = set()
@@ -105,7 +107,8 @@ class ReconcilePass:
         Dead agents are terminated and the policy plans without them, so their replacements
         start in the same round; a drained agent being stopped into the warm pool stays in its
         view (as draining) so that the pool counts it. A launch or warm start into a placement
-        that refused its lifecycle in this pass is left for the next pass.
+        that refused its lifecycle in this pass is left for the next pass, as is every launch
+        and warm start while `launches_held`.
         """
         if not self._ask_again or self._rounds_left <= 0:
             return []
@@ -118,6 +121,8 @@ class ReconcilePass:
             snapshot, agents=tuple(a for a in snapshot.agents if a.agent_id not in dead)
         )
         planned = [*ended, *self.policy.decide(alive, self.settings)]
+        if self.launches_held:
+            planned = [a for a in planned if not isinstance(a, Launch | StartWarm)]
         return [action for action in planned if not self._refused_before(action)]
 
     def _refused_before(self, action: PoolAction) -> bool:

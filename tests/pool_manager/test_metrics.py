@@ -31,7 +31,7 @@ def agent(
 def test_a_pass_counts_its_actions_and_sets_the_gauges() -> None:
     metrics = PoolMetrics()
     report = PassReport(
-        targets={"m": 2},
+        targets={"m": 2, "held": 1},
         actions=[
             Launch("g5", "us-east-1a", "spot"),
             Launch("g5", "us-west-2a", "on-demand"),
@@ -44,6 +44,7 @@ def test_a_pass_counts_its_actions_and_sets_the_gauges() -> None:
             ("m", agent("2", "ready", zone="us-west-2b")),
             ("m", agent("3", "starting")),
         ],
+        held={"held": "OSError: no config.json"},
     )
     metrics.record_pass(report, now=123.0)
     metrics.record_event(PoolEvent("interruption", "i-1", 1.0, deadline=121.0))
@@ -56,6 +57,8 @@ def test_a_pass_counts_its_actions_and_sets_the_gauges() -> None:
         'spotgate_pool_terminations_total{reason="heartbeat stopped"} 1.0',
         'spotgate_pool_events_total{kind="interruption"} 1.0',
         'spotgate_pool_target_agents{model="m"} 2.0',
+        'spotgate_pool_launches_held{model="m"} 0.0',
+        'spotgate_pool_launches_held{model="held"} 1.0',
         'spotgate_pool_agents{lifecycle="spot",model="m",phase="ready",region="us-east-1"} 1.0',
         'spotgate_pool_agents{lifecycle="spot",model="m",phase="ready",region="us-west-2"} 1.0',
         'spotgate_pool_agents{lifecycle="spot",model="m",phase="starting",region="us-east-1"} 1.0',

@@ -25,6 +25,7 @@ from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
+from pool_manager.start_failures import LAUNCHES_HELD_LOG_EVENT
 from spotgate.registry import POOL_TARGET_SOURCE, AgentState
 from stacks.common import acknowledge_wildcard_resource, log_group
 from stacks.config import DeployConfig, ModelConfig
@@ -68,6 +69,7 @@ class Monitoring(Construct):
         ]
 
         interruptions = self._interruptions(config, pool_manager_logs)
+        self.start_failures = self._start_failures(pool_manager_logs, period)
         self._event_alarms(events_queue, dead_letters, period)
         self.dashboard = self._dashboard(
             config, model_graphs, interruptions, events_queue, dead_letters
@@ -78,19 +80,27 @@ class Monitoring(Construct):
             for alarm in self.alarms:
                 alarm.add_alarm_action(cloudwatch_actions.SnsAction(topic))
 
+    def _log_event_count(
+        self, construct_id: str, log_group: logs.ILogGroup, event: str, metric_name: str
+    ) -> logs.MetricFilter:
+        """A custom metric counting the log lines whose `event` is `event`."""
+        return logs.MetricFilter(
+            self,
+            construct_id,
+            log_group=log_group,
+            filter_pattern=logs.FilterPattern.string_value("$.event", "=", event),
+            metric_namespace=METRICS_NAMESPACE,
+            metric_name=metric_name,
+            metric_value="1",
+            default_value=0,
+        )
+
     def _interruptions(
         self, config: DeployConfig, pool_manager_logs: logs.ILogGroup
     ) -> logs.MetricFilter:
         """The spot interruptions the pool manager acted on, from its log, and their alarm."""
-        interruptions = logs.MetricFilter(
-            self,
-            "Interruptions",
-            log_group=pool_manager_logs,
-            filter_pattern=logs.FilterPattern.string_value("$.event", "=", INTERRUPTION_LOG_EVENT),
-            metric_namespace=METRICS_NAMESPACE,
-            metric_name="SpotInterruptions",
-            metric_value="1",
-            default_value=0,
+        interruptions = self._log_event_count(
+            "Interruptions", pool_manager_logs, INTERRUPTION_LOG_EVENT, "SpotInterruptions"
         )
         self.interruption_rate = interruptions.metric(
             statistic="Sum", period=Duration.hours(1)
@@ -107,6 +117,27 @@ class Monitoring(Construct):
             treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
         )
         return interruptions
+
+    def _start_failures(
+        self, pool_manager_logs: logs.ILogGroup, period: Duration
+    ) -> cloudwatch.Alarm:
+        """An alarm while the pool manager holds a model's launches (its agents keep failing)."""
+        held = self._log_event_count(
+            "LaunchesHeld", pool_manager_logs, LAUNCHES_HELD_LOG_EVENT, "LaunchesHeld"
+        )
+        return held.metric(statistic="Sum", period=period).create_alarm(
+            self,
+            "StartFailures",
+            alarm_description=(
+                "A model's agents failed to start twice in a row the same way: the pool manager "
+                "holds its launches. `spotgate pool status` says why (runbook: an agent that "
+                "will not start)."
+            ),
+            threshold=1,
+            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            evaluation_periods=1,
+            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+        )
 
     def _event_alarms(
         self, events_queue: sqs.IQueue, dead_letters: sqs.IQueue, period: Duration
@@ -177,6 +208,7 @@ class Monitoring(Construct):
         return [
             *self.model_alarms,
             self.interruption_rate,
+            self.start_failures,
             self.stalled_events,
             self.dead_letters,
         ]

@@ -827,9 +827,9 @@ def test_alarms_on_ready_agents_queue_time_and_interruptions(synthesized: Synthe
         for logical_id, alarm in synthesized.resources("AWS::CloudWatch::Alarm").items()
     }
     names = {name: props for prefix in ("NoReadyAgents", "HighQueueTime", "InterruptionRate",
-             "StalledEvents", "DeadLetters") for name, props in alarms.items()
+             "StartFailures", "StalledEvents", "DeadLetters") for name, props in alarms.items()
              if name.startswith(prefix)}  # fmt: skip
-    assert len(names) == len(alarms) == 5
+    assert len(names) == len(alarms) == 6
 
     def metric_names(props: dict[str, Any]) -> set[str]:
         if "MetricName" in props:
@@ -842,22 +842,26 @@ def test_alarms_on_ready_agents_queue_time_and_interruptions(synthesized: Synthe
 
     by_prefix = {
         prefix: next(props for name, props in names.items() if name.startswith(prefix))
-        for prefix in ("NoReadyAgents", "HighQueueTime", "InterruptionRate")
+        for prefix in ("NoReadyAgents", "HighQueueTime", "InterruptionRate", "StartFailures")
     }
     assert metric_names(by_prefix["NoReadyAgents"]) == {"ReadyAgents", "QueuedStreams"}
     assert metric_names(by_prefix["HighQueueTime"]) == {"QueuedStreams"}
     assert metric_names(by_prefix["InterruptionRate"]) == {"SpotInterruptions"}
     assert by_prefix["InterruptionRate"]["Threshold"] == DEFAULTS.interruption_alarm_per_hour
 
-    _id, metric_filter = synthesized.one("AWS::Logs::MetricFilter")
-    assert (
-        metric_filter["Properties"]["FilterPattern"]
-        == '{ $.event = "spot interruption: draining" }'
-    )
+    assert metric_names(by_prefix["StartFailures"]) == {"LaunchesHeld"}
+    filters = {
+        f["Properties"]["MetricTransformations"][0]["MetricName"]: f["Properties"]
+        for f in synthesized.resources("AWS::Logs::MetricFilter").values()
+    }
+    assert {name: f["FilterPattern"] for name, f in filters.items()} == {
+        "SpotInterruptions": '{ $.event = "spot interruption: draining" }',
+        "LaunchesHeld": '{ $.event = "launches held: agents keep failing to start" }',
+    }
     pool_logs = synthesized.container("pool-manager")["LogConfiguration"]["Options"][
         "awslogs-group"
     ]
-    assert metric_filter["Properties"]["LogGroupName"] == pool_logs
+    assert [f["LogGroupName"] for f in filters.values()] == [pool_logs, pool_logs]
 
     _id, function = next(
         (i, f)
