@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from botocore.exceptions import BotoCoreError, ClientError
 from pydantic import ValidationError
 
+from cli import EXIT_INTERRUPTED
 from cli.args import CommandError, Commands, OneLineParser
 from cli.env import setup_env
 from cli.keys import setup_keys
@@ -51,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the `spotgate` console script."""
+    """Run the command `argv` names (None: the process's arguments); its exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -64,5 +65,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"spotgate {args.command}: AWS request failed: {err}", file=sys.stderr)
         return EXIT_AWS_FAILED
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
     return EXIT_BAD_INPUT

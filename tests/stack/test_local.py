@@ -22,12 +22,13 @@ import psutil
 import pytest
 from pydantic import BaseModel
 
+from cli import EXIT_INTERRUPTED
 from gpu_agent.synthetic_engine import synthetic_reply
 from loadtest.chaos.stack import SYNTHETIC, StackEngine
 from loadtest.chaos.traffic import SseClients, Tally, Traffic
 from spotgate.registry import Registry
 from spotgate.settings import emulator_settings
-from stack.local import TINY_ANSWER, TINY_THINKING, TOKENIZER_CACHE_ENV
+from stack.local import TINY_ANSWER, TINY_THINKING, TOKENIZER_CACHE_ENV, UP_FILE
 from tests.support.agents import wait_for
 from tests.support.tokenizers import CACHE as TOKENIZER_CACHE
 from tests.support.up import UP_COMMAND, running_up
@@ -128,6 +129,47 @@ def test_no_process_up_started_outlives_it_killed_with_sigkill(up: UpStack) -> N
         for descriptor in pidfds:
             os.close(descriptor)
     assert not left, [" ".join(psutil.Process(pid).cmdline()) for pid in left]
+
+
+@pytest.mark.parametrize("moment", ["while it loads", "while its agents start"])
+def test_ctrl_c_at_any_moment_of_up_ends_it_quietly_and_everything_it_started(
+    tmp_path: Path, moment: str
+) -> None:
+    process = subprocess.Popen(
+        [*UP_COMMAND, *UP],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    started: list[psutil.Process] = []
+    pidfds: dict[int, int] = {}
+    deadline = time.monotonic() + EXIT_TIMEOUT_SECONDS
+    try:
+        if moment == "while it loads":  # its commands' modules, pydantic's among the first
+            maps = Path(f"/proc/{process.pid}/maps")
+            while "pydantic_core" not in maps.read_text() and time.monotonic() < deadline:
+                time.sleep(0.005)  # polling: an import has no event
+        else:
+            while len(started) < 3 and time.monotonic() < deadline:
+                time.sleep(0.05)  # polling: a child's start has no event
+                started = psutil.Process(process.pid).children(recursive=True)
+            assert len(started) >= 3, "up started no children"
+            pidfds = {os.pidfd_open(child.pid): child.pid for child in started}
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=EXIT_TIMEOUT_SECONDS)
+        left = wait_all_exited(pidfds, EXIT_TIMEOUT_SECONDS)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        for descriptor in pidfds:
+            os.close(descriptor)
+
+    # 130 as it returns it; -SIGINT where the signal ended it before Python could
+    assert process.returncode in (EXIT_INTERRUPTED, -signal.SIGINT), err
+    assert (out, err) == ("", "")
+    assert not left, [" ".join(psutil.Process(pid).cmdline()) for pid in left]
+    assert not (tmp_path / UP_FILE).exists()
 
 
 async def test_a_gateway_that_exits_is_restarted_and_its_clients_resume_elsewhere(
