@@ -3,9 +3,6 @@
 import signal
 from types import FrameType
 
-EXIT_INTERRUPTED = 130
-"""What a shell reports for a command ended by Ctrl-C (128 + SIGINT)."""
-
 
 def run() -> int:
     """Entry point of the `spotgate` console script and of `python -m cli`.
@@ -21,6 +18,7 @@ def run() -> int:
 
     previous = signal.signal(signal.SIGINT, note)
     try:
+        from cli.args import EXIT_INTERRUPTED
         from cli.main import main
     finally:
         signal.signal(signal.SIGINT, previous)

@@ -12,6 +12,9 @@ from spotgate.process import EXIT_BAD_INPUT
 from spotgate.settings import SharedSettings
 from stack.local import find_local_stack
 
+EXIT_INTERRUPTED = 130
+"""What a shell reports for a command ended by Ctrl-C (128 + SIGINT)."""
+
 Handler = Callable[[argparse.Namespace], int]
 Commands = Any  # argparse's private `_SubParsersAction`: what `add_subparsers` returns
 

@@ -14,8 +14,7 @@ from collections.abc import Callable, Sequence
 from botocore.exceptions import BotoCoreError, ClientError
 from pydantic import ValidationError
 
-from cli import EXIT_INTERRUPTED
-from cli.args import CommandError, Commands, OneLineParser
+from cli.args import EXIT_INTERRUPTED, CommandError, Commands, OneLineParser
 from cli.env import setup_env
 from cli.keys import setup_keys
 from cli.loadtest import setup_loadtest
