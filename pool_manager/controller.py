@@ -142,7 +142,9 @@ class PoolController:
                     settings,
                 )
             targets[model] = self._size(model, demand.get(model, Demand()), scaled, now, settings)
-            if (reason := self._launches_held(model, records.values(), now)) is not None:
+            # Only the entries of instances it launched: a row anyone wrote holds nothing.
+            own = [records[i.agent_id] for i in mine.running if i.agent_id in records]
+            if (reason := self._launches_held(model, own, now)) is not None:
                 launches_held[model] = reason
             acted, denied = await self._converge(
                 model, targets[model], mine, records, now, settings, held=model in launches_held
@@ -164,9 +166,12 @@ class PoolController:
         )
 
     def _launches_held(self, model: str, records: Iterable[AgentRecord], now: float) -> str | None:
-        """Why the model's launches are held now (its agents keep failing to start), or None."""
+        """Why the model's launches are held now (its agents keep failing to start), or None.
+
+        `records`: the entries of the model's own instances.
+        """
         so_far = self.start_failures.get(model, StartFailures())
-        failures = note_starts(so_far, (r for r in records if r.model == model))
+        failures = note_starts(so_far, records)
         self.start_failures[model] = failures
         if not failures.is_holding(now) or failures.reason is None:
             return None

@@ -86,6 +86,8 @@ async def test_the_pool_stops_relaunching_an_agent_that_fails_the_same_way(
         record = failed(instance.agent_id, clock.now)
         await registry.register_failed(replace(record, url=f"http://{instance.agent_id}"))
 
+    for rogue in ("i-rogue-1", "i-rogue-2"):  # rows of instances the pool never launched
+        await registry.register_failed(failed(rogue, clock.now))
     first = await controller.reconcile()
     await fail(only(provider))
     second = await controller.reconcile()  # one failure: replaced
@@ -99,6 +101,7 @@ async def test_the_pool_stops_relaunching_an_agent_that_fails_the_same_way(
     fifth = await controller.reconcile()
 
     assert [launches(report) for report in (first, second, third, fourth)] == [1, 1, 0, 1]
+    assert first.held == second.held == {}
     assert third.held == {MODEL: BAD_FLAG}
     assert controller.start_failures[MODEL].in_a_row == 0  # a ready agent ended the row
     assert fifth.held == {}
