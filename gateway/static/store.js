@@ -98,7 +98,7 @@ export function parseImport(text) {
 }
 
 const ROLES = ["user", "assistant"];
-const TEXT_FIELDS = ["meta", "error", "moved", "trimmed", "finish", "receipt"];
+const TEXT_FIELDS = ["reasoning", "meta", "error", "moved", "trimmed", "finish", "receipt"];
 
 function checkChat(chat, where, updated) {
   if (!isObject(chat)) throw new ImportError(`${where} must be an object`);

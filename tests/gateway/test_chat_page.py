@@ -210,7 +210,7 @@ async def test_a_prompt_streams_in_and_the_stats_fill(
 
 
 async def test_a_reasoning_models_thinking_shows_apart_from_its_answer(
-    browser: Browser, gateway: Gateway, gateway_agent: GatewayAgentFactory
+    browser: Browser, gateway: Gateway, gateway_agent: GatewayAgentFactory, tmp_path: Path
 ) -> None:
     await gateway_agent(engine=echo(tokens_per_second=200, reasoning=True))
     page = await open_page(browser, gateway.url)
@@ -223,6 +223,18 @@ async def test_a_reasoning_models_thinking_shows_apart_from_its_answer(
     await page.reload()  # kept with the conversation
     await page.click("#chats li >> nth=0 >> .open")
     await expect(page.locator(".message.assistant .thinking")).to_contain_text("notices are short")
+    # and with its export, imported into another browser
+    async with page.expect_download() as downloading:
+        await page.click("#export")
+    exported = tmp_path / "chats.json"
+    await (await downloading.value).save_as(exported)
+    fresh = await open_page(browser, gateway.url)
+    async with fresh.expect_file_chooser() as choosing:
+        await fresh.click("#import")
+    await (await choosing.value).set_files(exported)
+    await fresh.click("#chats li >> nth=0 >> .open")
+    await expect(fresh.locator(".message.assistant .thinking")).to_contain_text("notices are")
+    assert await fresh.locator(".message.assistant .body").inner_text() == "Use spot."
 
 
 RICH = """## Spot or on-demand?
