@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from cli.args import CommandError, Commands, OneLineParser, run_async, shared_settings
+from spotgate.model_profile import Finding, read_profile
 
 
 def _cache(args: argparse.Namespace) -> tuple[Path, ...]:
@@ -60,6 +61,32 @@ async def _model_stage(args: argparse.Namespace) -> int:
     return 0
 
 
+def _model_inspect(args: argparse.Namespace) -> int:
+    try:
+        profile = read_profile(args.directory)
+    except ValueError as err:
+        raise CommandError(str(err)) from err
+    template = profile.chat_template
+    context = f"{profile.max_model_len} tokens" if profile.max_model_len else "not given"
+    for label, value, evidence in (
+        ("chat template", template.value or "none", template.evidence),
+        ("tool-call parser", *_shown(profile.tool_call_parser)),
+        ("reasoning parser", *_shown(profile.reasoning_parser)),
+    ):
+        print(f"{label}: {value} ({evidence})")
+    print(f"architecture: {profile.architecture}; context: {context}")
+    print(
+        "spotgate up --model serves it with these parsers unless given others "
+        "(--tool-call-parser, --reasoning-parser); the CDK: models[].toolCallParser, "
+        "reasoningParser"
+    )
+    return 0
+
+
+def _shown(finding: Finding) -> tuple[str, str]:
+    return finding.value or "none", finding.evidence
+
+
 def _model_tiny_adapter(args: argparse.Namespace) -> int:
     from gpu_agent.tiny_model import write_tiny_adapter
 
@@ -72,11 +99,16 @@ def _model_tiny_adapter(args: argparse.Namespace) -> int:
 
 
 def setup_model(commands: Commands) -> None:
-    """Add `model tiny|tiny-adapter|tokenizers|stage`."""
+    """Add `model inspect|tiny|tiny-adapter|tokenizers|stage`."""
     model = commands.add_parser("model", help="model utilities")
     model_commands = model.add_subparsers(
         dest="model_command", required=True, parser_class=OneLineParser
     )
+    inspect = model_commands.add_parser(
+        "inspect", help="say how a model directory's files ask to be served (parsers, template)"
+    )
+    inspect.add_argument("directory", type=Path, help="the model directory")
+    inspect.set_defaults(handler=_model_inspect)
     tiny = model_commands.add_parser("tiny", help="write the offline tiny Llama")
     tiny.add_argument("--out", type=Path, required=True)
     tiny.add_argument(

@@ -11,12 +11,18 @@ naming it, before any weight is loaded.
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
 from typing import Any
 
 from gpu_agent.engine import EngineConfigError
 from spotgate.engine_flags import ENGINE_ARGS_ENV, own_flag_refusal
 from spotgate.model_store import is_s3_uri
 from spotgate.settings import AgentSettings
+from spotgate.settings_env_names import env_name
+
+CHAT_TEMPLATE_ENV = env_name(AgentSettings, "vllm.chat_template")
+JINJA_MARKUP = ("{{", "{%")
+"""What tells a chat template's text from a file's name (as vLLM's `--chat-template` does)."""
 
 
 def agent_flags(settings: AgentSettings) -> list[str]:
@@ -81,3 +87,56 @@ def engine_args(settings: AgentSettings) -> Any:
             f"{ENGINE_ARGS_ENV}: {shlex.join(unknown)}: not an engine argument of vLLM's"
         )
     return AsyncEngineArgs.from_cli_args(parsed)
+
+
+def read_chat_template(value: str, model_dir: Path | None) -> str:
+    """The chat template a setting names: its text, or a file's (relative: in `model_dir`).
+
+    Raises `EngineConfigError` (one line) for a file it cannot read or a template Jinja cannot
+    compile, so a bad one stops the start, not a request.
+    """
+    import jinja2.sandbox
+
+    if any(markup in value for markup in JINJA_MARKUP):
+        text = value
+    else:
+        path = Path(value).expanduser()
+        if not path.is_absolute():
+            if model_dir is None:
+                raise EngineConfigError(
+                    f"{CHAT_TEMPLATE_ENV}: {value}: a relative path is read in the model's "
+                    "directory, and this model has none here; give an absolute path"
+                )
+            path = model_dir / path
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            reason = err.strerror if isinstance(err, OSError) else "not UTF-8 text"
+            raise EngineConfigError(f"{CHAT_TEMPLATE_ENV}: cannot read {path}: {reason}") from err
+    try:
+        jinja2.sandbox.ImmutableSandboxedEnvironment().parse(text)
+    except jinja2.TemplateSyntaxError as err:
+        raise EngineConfigError(
+            f"{CHAT_TEMPLATE_ENV}: not a Jinja template: {err.message} (line {err.lineno})"
+        ) from err
+    return text
+
+
+def chat_template(
+    settings: AgentSettings, model_dir: str, *, before_load: bool = False
+) -> str | None:
+    """The chat template the settings give (None: the model's own), read in `model_dir`.
+
+    Read `before_load` too, so that a bad one stops the start before any weight loads, where
+    the model's directory is here already (a staged or Hub model's is not: it waits for the
+    tokenizer's directory).
+    """
+    value = settings.vllm.chat_template
+    if value is None:
+        return None
+    directory: Path | None = Path(model_dir)
+    if directory is not None and not directory.is_dir():
+        if before_load:
+            return None
+        directory = None
+    return read_chat_template(value, directory)

@@ -27,7 +27,7 @@ from gpu_agent.engine import (
     ReplyBroken,
     TokenLogprobs,
 )
-from gpu_agent.engine_args import engine_args
+from gpu_agent.engine_args import chat_template, engine_args
 from gpu_agent.grammar import GrammarError, Grammars
 from gpu_agent.reasoning import think_tags
 from gpu_agent.seeded_sampling import SeededSampling
@@ -90,8 +90,11 @@ class VllmEngine:
         prefix_cache: PrefixCacheCounts | None = None,
         reasoning_parser: str | None = None,
         adapters: Adapters | None = None,
+        chat_template: str | None = None,
     ) -> None:
         self._llm = llm
+        if chat_template is not None:  # in place of the model's own, as `vllm serve` takes it
+            tokenizer.chat_template = chat_template
         # Filled by `llm`'s `PrefixCacheStatLogger`; built without one, it stays at zero.
         self.prefix_cache = prefix_cache if prefix_cache is not None else PrefixCacheCounts()
         self._tokenizer = tokenizer
@@ -131,6 +134,7 @@ class VllmEngine:
         engine_settings = settings.vllm
         revision = engine_settings.revision
         args = engine_args(settings)  # before any weight loads: a bad argument stops it here
+        chat_template(settings, settings.model, before_load=True)  # so does a bad chat template
         set_engine_environment(
             settings, cpu=current_platform.is_cpu(), kv_cache_bytes=args.kv_cache_memory_bytes
         )
@@ -168,6 +172,7 @@ class VllmEngine:
             )
             if engine_settings.lora_adapters
             else None,
+            chat_template(settings, llm.model_config.tokenizer),
         )
 
     def chat_prompt_text(
@@ -380,6 +385,13 @@ class VllmEngine:
         self._prompt_thread.close()
         self._schema_thread.close()
         self._llm.shutdown()
+        # vLLM closes its ZMQ sockets but leaves their context to the garbage collector, which
+        # destroys it with a ResourceWarning wherever it happens to run; destroyed here, as
+        # the collector would (its sockets are closed, so nothing is cut).
+        resources = getattr(getattr(self._llm, "engine_core", None), "resources", None)
+        context = getattr(resources, "ctx", None)
+        if context is not None:
+            context.destroy(linger=0)
 
 
 def sampling_params(request: GenerationRequest) -> Any:

@@ -44,6 +44,7 @@ from spotgate.settings import (
     LocalPoolSettings,
     PoolModel,
     SharedSettings,
+    VllmSettings,
     advertised_url,
     settings_env,
 )
@@ -181,6 +182,8 @@ class LocalProvider:
             model=served.source,
             model_cache_dir=str(self._volumes / agent_id / MODEL_CACHE_DIR),
             served_model_name=model,
+            # Only what the model's serving sets: the agent's defaults stand for the rest.
+            vllm=VllmSettings(**served.serving.model_dump(include=served.serving.model_fields_set)),
             imds_url=imds_url,
             # The placement its IMDS gives too: an agent whose IMDS answers late (a loaded
             # machine) takes its identity from its settings, as one off EC2 does.

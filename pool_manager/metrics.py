@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter as Tally
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -45,6 +45,8 @@ class PoolMetrics:
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     placements: Sequence[Placement] = ()  # for the hourly prices of the pool's instances
     stopped_dollars_per_hour: float = 0.0  # what each instance of a warm pool costs stopped
+    # … where a model's volume differs from the pool's: by model
+    stopped_dollars_per_hour_by_model: Mapping[str, float] = field(default_factory=dict)
     last_pass_at: float = 0.0  # epoch seconds; 0 before the first pass
 
     def __post_init__(self) -> None:
@@ -184,9 +186,12 @@ class PoolMetrics:
             if prices is not None:
                 running = (agent.lifecycle, zone_region(agent.zone))
                 cost[running] = cost.get(running, 0.0) + prices[agent.lifecycle]
-        for _model, instance in warm:
+        for model, instance in warm:
             stopped = ("stopped", zone_region(instance.zone))
-            cost[stopped] = cost.get(stopped, 0.0) + self.stopped_dollars_per_hour
+            dollars = self.stopped_dollars_per_hour_by_model.get(
+                model, self.stopped_dollars_per_hour
+            )
+            cost[stopped] = cost.get(stopped, 0.0) + dollars
         for (kind, region), dollars in cost.items():
             self.cost.labels(lifecycle=kind, region=region).set(dollars)
 

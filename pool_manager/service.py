@@ -167,6 +167,13 @@ async def run_pool(
         stopped_dollars_per_hour=stopped_volume_dollars_per_hour(
             settings.volume_gib, settings.volume_price_per_gib_month
         ),
+        stopped_dollars_per_hour_by_model={
+            model.name: stopped_volume_dollars_per_hour(
+                model.volume_gib, settings.volume_price_per_gib_month
+            )
+            for model in settings.models
+            if model.volume_gib is not None
+        },
     )
     async with AsyncExitStack() as stack:
         await stack.enter_async_context(serving(settings, metrics))

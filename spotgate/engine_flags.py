@@ -36,6 +36,10 @@ OWN_FLAGS = {
     "--max-loras": _MAX_LORAS_ENV,
     "--max-cpu-loras": _MAX_LORAS_ENV,
     "--max-lora-rank": env_name(AgentSettings, "vllm.max_lora_rank"),
+    # `vllm serve`'s own, not the engine's: the agent reads these for each model.
+    "--chat-template": env_name(AgentSettings, "vllm.chat_template"),
+    "--tool-call-parser": env_name(AgentSettings, "vllm.tool_call_parser"),
+    "--reasoning-parser": env_name(AgentSettings, "vllm.reasoning_parser"),
 }
 """Flags the agent sets itself, and the setting that sets each instead."""
 

@@ -32,12 +32,14 @@ from pathlib import Path
 from pydantic import SecretStr
 
 from pool_manager.local_provider import LAUNCHES_FILE
+from spotgate.model_profile import read_profile
 from spotgate.process import die_with_parent, free_port, loopback_socket
 from spotgate.registry import AgentRecord, AgentState, Registry
 from spotgate.settings import (
     AgentSettings,
     GatewaySettings,
     LocalPoolSettings,
+    ModelServing,
     PoolModel,
     PoolSettings,
     SharedSettings,
@@ -88,10 +90,21 @@ LOCAL_VLLM = VllmSettings(gpu_memory_utilization=0.3, max_model_len=2048)
 STOP_TIMEOUT_SECONDS = 120.0
 OMP_WAIT_POLICY_ENV = "OMP_WAIT_POLICY"
 OMP_THREADS_ENV = "OMP_NUM_THREADS"
+AS_GIVEN_BY_FILES = ModelServing()
+"""A model's serving with nothing given: its parsers are those its files name, if any."""
 
 
 class UpFailed(StackFailed):
     """A part of the local stack did not come up; the message says which and where to look."""
+
+
+@dataclass(frozen=True, slots=True)
+class UpModel:
+    """A model `spotgate up` serves, and the serving settings given for it."""
+
+    path: Path
+    # Only what was given is set: parsers not given are found in the model's files.
+    serving: ModelServing = AS_GIVEN_BY_FILES
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +116,7 @@ class UpOptions:
     engine: str = "vllm"
     # Model directories, each served under its directory's name by `agents` agents of its own
     # (with the synthetic engine: just the names); none: the tiny model (or `synthetic`).
-    models: tuple[Path, ...] = ()
+    models: tuple[UpModel, ...] = ()
     gateways: int = 1
     # The first replica's operations port (`/readyz`, `/metrics`); None: the gateway's default,
     # or any free ports when `port` is 0.
@@ -211,9 +224,9 @@ def _gateway_sockets(port: int, ops_port: int, gateways: int) -> list[GatewaySoc
     ]
 
 
-def _models_for(options: UpOptions, directory: Path) -> list[PoolModel]:
+def pool_models(options: UpOptions, directory: Path) -> list[PoolModel]:
     """The models the pool serves, each with its agents' model source and engine settings."""
-    names = [model.name for model in options.models]
+    names = [model.path.name for model in options.models]
     if len(set(names)) != len(names):
         raise UpFailed(
             f"--model: each model is served by its directory's name, twice here: {names}"
@@ -223,16 +236,43 @@ def _models_for(options: UpOptions, directory: Path) -> list[PoolModel]:
             _pool_model(name, "", LOCAL_VLLM, options) for name in names or [SYNTHETIC_SERVED_NAME]
         ]
     if options.models:
-        return [_pool_model(path.name, str(path), LOCAL_VLLM, options) for path in options.models]
+        return [
+            _pool_model(model.path.name, str(model.path), LOCAL_VLLM, options, _serving(model))
+            for model in options.models
+        ]
     return [_pool_model(TINY_SERVED_NAME, *_tiny_model(directory), options)]
 
 
-def _pool_model(name: str, source: str, engine: VllmSettings, options: UpOptions) -> PoolModel:
+def _serving(model: UpModel) -> ModelServing:
+    """The model's serving as given, its parsers found in its files where none was given."""
+    try:
+        profile = read_profile(model.path)
+    except ValueError as err:
+        raise UpFailed(f"--model {model.path}: {err}") from err
+    found = {
+        field: finding.value
+        for field, finding in (
+            ("tool_call_parser", profile.tool_call_parser),
+            ("reasoning_parser", profile.reasoning_parser),
+        )
+        if finding.value is not None and field not in model.serving.model_fields_set
+    }
+    return model.serving.model_copy(update=found) if found else model.serving
+
+
+def _pool_model(
+    name: str,
+    source: str,
+    engine: VllmSettings,
+    options: UpOptions,
+    serving: ModelServing = AS_GIVEN_BY_FILES,
+) -> PoolModel:
     return PoolModel(
         name=name,
         source=source,
         min_agents=options.agents,
         agent_env=settings_env(AgentSettings(vllm=engine)),
+        serving=serving,
     )
 
 
@@ -292,7 +332,7 @@ async def run_up(directory: Path, options: UpOptions, *, announce: Callable[[str
     # model writer and each CPU engine) that spins while it waits takes the time its peers
     # need. Read by each child at its start; an operator's own setting stands.
     os.environ.setdefault(OMP_WAIT_POLICY_ENV, "PASSIVE")
-    models = _models_for(options, directory)
+    models = pool_models(options, directory)
     served = tuple(model.name for model in models)
     # Bound here, before anything else takes a port, and handed down: a port in use is one
     # clear line, not a gateway child that exits.

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from spotgate.settings.agent import (
     AgentSettings,
+    ModelServing,
     SyntheticSettings,
     VllmSettings,
     advertised_url,
@@ -77,6 +78,7 @@ __all__ = [
     "LocalPoolSettings",
     "LogFormat",
     "LogLevel",
+    "ModelServing",
     "NonNegativeInt",
     "Placement",
     "PoolModel",

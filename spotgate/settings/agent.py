@@ -24,15 +24,13 @@ from spotgate.settings.shared import (
 )
 
 
-class VllmSettings(SettingsSection):
-    """Engine arguments handed to vLLM's `AsyncLLM`."""
+class ModelServing(SettingsSection):
+    """How one model is served: its parsers, chat template and further engine arguments.
 
-    dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] = "auto"
-    max_model_len: PositiveInt | None = None
-    max_num_seqs: PositiveInt = 64
-    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.9
-    tensor_parallel_size: PositiveInt = 1
-    enforce_eager: bool = False
+    Each model has its own (`spotgate up --model … --tool-call-parser …`, a pool model's
+    `serving`, the CDK's `models[]`); `spotgate model inspect` finds them in a model's files.
+    """
+
     # vLLM's `--tool-call-parser` for this model (`hermes` for Qwen2.5/Qwen3 and Hermes, …):
     # how the calls a model makes of its own accord (`tool_choice: auto`) are read from its
     # text. None: such requests are refused with a 400 naming `tool_choice`.
@@ -41,6 +39,25 @@ class VllmSettings(SettingsSection):
     # thinking is told from its answer, streamed as `reasoning_content`. None: no reasoning
     # output (a request asking for reasoning settings is refused naming them).
     reasoning_parser: str | None = None
+    # The chat template, as vLLM's `--chat-template` takes it: a Jinja file (a relative path is
+    # read in the model's directory) or the template's text. None: the model's own.
+    chat_template: str | None = None
+    # Every other engine argument of vLLM's, as `vllm serve` takes it (`--quantization awq
+    # --kv-cache-dtype fp8 --max-num-batched-tokens 8192`): read by vLLM's own parser when the
+    # engine starts; one it does not know, or of the wrong type, stops the start naming it.
+    # The arguments set by settings of their own are refused here (gpu_agent/engine_args.py).
+    engine_args: str = ""
+
+
+class VllmSettings(ModelServing):
+    """Engine arguments handed to vLLM's `AsyncLLM`: the model's serving, then the engine's."""
+
+    dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] = "auto"
+    max_model_len: PositiveInt | None = None
+    max_num_seqs: PositiveInt = 64
+    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.9
+    tensor_parallel_size: PositiveInt = 1
+    enforce_eager: bool = False
     # The model's revision on the Hugging Face Hub (a commit hash pins it): weights, tokenizer
     # and chat template of exactly that commit. None: the newest of the default branch.
     revision: str | None = None
@@ -51,11 +68,6 @@ class VllmSettings(SettingsSection):
     lora_adapters: dict[str, str] = Field(default_factory=dict)
     max_loras: PositiveInt = 4
     max_lora_rank: PositiveInt = 16
-    # Every other engine argument of vLLM's, as `vllm serve` takes it (`--quantization awq
-    # --kv-cache-dtype fp8 --max-num-batched-tokens 8192`): read by vLLM's own parser when the
-    # engine starts; one it does not know, or of the wrong type, stops the start naming it.
-    # The arguments above are set by their own settings, not here (gpu_agent/engine_args.py).
-    engine_args: str = ""
 
 
 class SyntheticSettings(SettingsSection):

@@ -20,6 +20,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from spotgate.regions import unknown_regions, zone_region
+from spotgate.settings.agent import ModelServing
 from spotgate.settings.shared import (
     EngineKind,
     NonNegativeInt,
@@ -97,9 +98,13 @@ class PoolModel(SettingsSection):
     scale_to_zero_idle_seconds: PositiveFloat | None = None  # None: the pool's
     # Stopped on-demand instances kept to start in a warm start (EC2 stop/start); None: the pool's
     warm_pool_size: NonNegativeInt | None = None
+    # GiB of a stopped instance's volume, which its warm pool costs; None: the pool's volume_gib
+    volume_gib: PositiveFloat | None = None
     instance_types: tuple[str, ...] = ()  # of the pool's placements; empty: all of them
     launch_template: str | None = None  # ec2: this model's template; None: ec2.launch_template
     source: str = ""  # local: the agents' SPOTGATE_AGENT_MODEL (a directory); empty: none
+    # local: its parsers, chat template and engine arguments (on EC2 its launch template's)
+    serving: ModelServing = ModelServing()
     agent_env: dict[str, str] = Field(default_factory=dict)  # local: its agents' settings
 
     @model_validator(mode="after")
@@ -206,6 +211,11 @@ class PoolSettings(BaseSettings):
             raise ValueError(f"models: each name once ({', '.join(names)})")
         known = {placement.instance_type for placement in self.placements}
         for model in self.models:
+            if self.provider == "ec2" and model.serving.model_fields_set:
+                raise ValueError(
+                    f"model {model.name}: serving is its launch template's on EC2 (the CDK's "
+                    "models[].toolCallParser, reasoningParser, chatTemplate, engineArgs)"
+                )
             unknown = set(model.instance_types) - known if self.placements else set()
             if unknown:
                 raise ValueError(

@@ -277,10 +277,13 @@ def test_up_on_a_taken_port_is_one_line_and_starts_nothing(tmp_path: Path) -> No
 def test_up_whose_agent_cannot_start_says_why_in_one_line_and_stops(
     tmp_path: Path, tiny_model_dir: Path
 ) -> None:
-    # As a new user mistypes a `vllm serve` flag: the agent's engine refuses it.
-    env = {**os.environ, "SPOTGATE_AGENT_VLLM__ENGINE_ARGS": "--no-such-flag 1"}
+    # As a new user mistypes a `vllm serve` flag: the agent's engine refuses it. Given for the
+    # model (its own serving, through the pool manager to its agent), over the one the
+    # environment gives every agent.
+    env = {**os.environ, "SPOTGATE_AGENT_VLLM__ENGINE_ARGS": "--seed 1"}
+    up = ["up", "--model", str(tiny_model_dir), "--engine-args=--no-such-flag 1"]
     result = subprocess.run(
-        [*SPOTGATE, "up", "--model", str(tiny_model_dir), "--agents", "1", "--port", "0"],
+        [*SPOTGATE, *up, "--agents", "1", "--port", "0"],
         cwd=tmp_path,
         env=env,
         capture_output=True,

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 from transformers import AutoTokenizer
 
 from gpu_agent.engine import NoChatTemplate
+from gpu_agent.engine_args import chat_template
 from gpu_agent.tiny_model import save_tokenizer
 from gpu_agent.vllm_engine import VllmEngine
 from spotgate.protocol import ChatMessage
+from spotgate.settings import AgentSettings, VllmSettings
 from tests.support.tokenizers import tokenizer_dir
 
 CONVERSATION = [
@@ -77,3 +80,23 @@ def test_max_token_chars_is_the_longest_piece_or_four_times_it_under_nfc(
     family: str, chars: int, engines: dict[str, VllmEngine]
 ) -> None:
     assert engines[family].max_token_chars == chars
+
+
+def test_a_chat_template_setting_serves_chats_to_a_model_with_none(tmp_path: Path) -> None:
+    # Llama-2's published tokenizer has no template: a chat is refused without the setting.
+    model = tmp_path
+    tokenizer = save_tokenizer(model, tokenizer_dir("llama2"))
+    (model / "chat.jinja").write_text(
+        "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}[assistant]"
+    )
+    settings = AgentSettings(model=str(model), vllm=VllmSettings(chat_template="chat.jinja"))
+    engine = VllmEngine(
+        None, tokenizer, "tiny", capacity=1, max_model_len=2048,
+        chat_template=chat_template(settings, str(model)),
+    )  # fmt: skip
+
+    rendered = engine.chat_prompt_text(CONVERSATION[:2])
+
+    assert rendered == (
+        "[system] You answer briefly.\n[user]   What is a spot instance?  \n[assistant]"
+    )

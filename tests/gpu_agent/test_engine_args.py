@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from gpu_agent.engine import EngineConfigError
-from gpu_agent.engine_args import agent_flags, engine_args
+from gpu_agent.engine_args import agent_flags, chat_template, engine_args
 from spotgate.settings import AgentSettings, VllmSettings
 
 
@@ -82,3 +82,41 @@ async def test_an_engine_with_a_bad_argument_stops_before_loading_anything(
 
     with pytest.raises(EngineConfigError, match="--no-such-flag"):
         await VllmEngine.start(settings(model=str(tiny_model_dir), engine_args="--no-such-flag"))
+
+
+TEMPLATE = "{% for m in messages %}[{{ m.role }}] {{ m.content }} {% endfor %}[assistant]"
+
+
+@pytest.mark.parametrize(
+    ("given", "model_is_here", "expected"),
+    [
+        (TEMPLATE, False, TEMPLATE),  # the template's text itself
+        ("chat.jinja", True, TEMPLATE),  # a file in the model's directory
+        ("ABSOLUTE", False, TEMPLATE),  # a file anywhere, by its absolute path
+        ("chat.jinja", False, "a relative path is read in the model's directory"),
+        ("missing.jinja", True, "cannot read"),
+        ("{% for m in messages %}", False, "not a Jinja template"),
+    ],
+)
+def test_a_chat_template_is_its_text_or_a_file_and_a_bad_one_is_one_line(
+    tmp_path: Path, given: str, model_is_here: bool, expected: str
+) -> None:
+    (tmp_path / "chat.jinja").write_text(TEMPLATE)
+    model = str(tmp_path) if model_is_here else "s3://bucket/models/tiny"
+    value = str(tmp_path / "chat.jinja") if given == "ABSOLUTE" else given
+    agent = settings(model=model, chat_template=value)
+
+    if expected == TEMPLATE:
+        assert chat_template(agent, model) == TEMPLATE
+        return
+    with pytest.raises(EngineConfigError) as refusal:
+        chat_template(agent, model)
+    assert str(refusal.value).startswith("SPOTGATE_AGENT_VLLM__CHAT_TEMPLATE: ")
+    assert expected in str(refusal.value)
+    assert "\n" not in str(refusal.value)
+
+
+def test_a_relative_chat_template_waits_for_a_staged_models_directory(tmp_path: Path) -> None:
+    agent = settings(model="s3://bucket/models/tiny", chat_template="chat.jinja")
+    assert chat_template(agent, agent.model, before_load=True) is None  # not here yet
+    assert chat_template(settings(), "/models/tiny") is None  # none given: the model's own

@@ -116,20 +116,23 @@ def test_a_stopped_instance_costs_its_volume(
 
 
 def test_the_warm_pools_are_counted_and_their_volumes_costed() -> None:
-    metrics = PoolMetrics(stopped_dollars_per_hour=0.25)
+    # Model o's volume is larger than the pool's: its stopped instance costs more.
+    metrics = PoolMetrics(stopped_dollars_per_hour=0.25, stopped_dollars_per_hour_by_model={"o": 1})
     warm = [
         ("m", WarmInstance("i-1", "g5", "us-east-1a", 10.0)),
         ("m", WarmInstance("i-2", "g5", "us-west-2b", 20.0)),
         ("n", WarmInstance("i-3", "g5", "us-east-1a", 30.0)),
+        ("o", WarmInstance("i-6", "g5", "us-west-2b", 30.0)),
     ]
     actions = [StartWarm("i-4", "cover"), StopToWarm("x", "idle"), TerminateWarm("i-5", "extra")]
-    metrics.record_pass(PassReport({"m": 0, "n": 0}, actions, [], [], warm=warm), now=1.0)
+    metrics.record_pass(PassReport({"m": 0, "n": 0, "o": 0}, actions, [], [], warm=warm), now=1.0)
     text = generate_latest(metrics.registry).decode()
     for line in (
         'spotgate_pool_warm_instances{model="m"} 2.0',
         'spotgate_pool_warm_instances{model="n"} 1.0',
+        'spotgate_pool_warm_instances{model="o"} 1.0',
         'spotgate_pool_cost_dollars_per_hour{lifecycle="stopped",region="us-east-1"} 0.5',
-        'spotgate_pool_cost_dollars_per_hour{lifecycle="stopped",region="us-west-2"} 0.25',
+        'spotgate_pool_cost_dollars_per_hour{lifecycle="stopped",region="us-west-2"} 1.25',
         'spotgate_pool_warm_pool_actions_total{action="start"} 1.0',
         'spotgate_pool_warm_pool_actions_total{action="stop"} 1.0',
         'spotgate_pool_warm_pool_actions_total{action="terminate"} 1.0',

@@ -28,6 +28,11 @@ from spotgate.engine_flags import own_flag_refusal
             "SPOTGATE_AGENT_VLLM__LORA_ADAPTERS, not here",
         ),
         (
+            ["--chat-template=tool_chat.jinja"],
+            "SPOTGATE_AGENT_VLLM__ENGINE_ARGS: --chat-template is set by "
+            "SPOTGATE_AGENT_VLLM__CHAT_TEMPLATE, not here",
+        ),
+        (
             ["--model", "other"],
             "SPOTGATE_AGENT_VLLM__ENGINE_ARGS: --model is set by SPOTGATE_AGENT_MODEL, not here",
         ),

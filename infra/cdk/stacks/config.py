@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass
 from ipaddress import IPv4Network
 
@@ -27,9 +28,24 @@ MODEL_SETTINGS = env_names(
         "vllm.engine_args": "models[].engineArgs",
         "vllm.tool_call_parser": "models[].toolCallParser",
         "vllm.reasoning_parser": "models[].reasoningParser",
+        "vllm.chat_template": "models[].chatTemplate",
     },
 )
 """Agent settings each model entry sets from its own keys: agentSettings may not set them too."""
+GPUS_PER_INSTANCE_TYPE = {
+    **{f"{family}.{size}": 1 for family in ("g4dn", "g5", "g6", "g6e")
+       for size in ("xlarge", "2xlarge", "4xlarge", "8xlarge", "16xlarge")},
+    **{f"{family}.{size}": 4 for family in ("g4dn", "g5", "g6", "g6e")
+       for size in ("12xlarge", "24xlarge") if f"{family}.{size}" != "g4dn.24xlarge"},
+    **{f"{family}.48xlarge": 8 for family in ("g5", "g6", "g6e")},
+    "g4dn.metal": 8,
+    "p3.2xlarge": 1, "p3.8xlarge": 4, "p3.16xlarge": 8, "p3dn.24xlarge": 8,
+    "p4d.24xlarge": 8, "p4de.24xlarge": 8,
+    "p5.4xlarge": 1, "p5.48xlarge": 8, "p5e.48xlarge": 8, "p5en.48xlarge": 8,
+    "p6-b200.48xlarge": 8,
+}  # fmt: skip
+"""NVIDIA GPUs per EC2 instance type, as AWS lists them: a model's tensor-parallel size must
+fit each type it may run on (an `instanceTypes` entry's `gpus` names a type not here)."""
 MODEL_TAG_VALUE = re.compile(r"[\w ./=+@-]{1,256}")
 """An EC2 tag value (the model's name is its agents' `spotgate:model` tag), on one line, with
 no `:` (`<name>:<adapter>` names a LoRA adapter)."""
@@ -65,6 +81,14 @@ class InstanceOption:
     instance_type: str
     spot_price_per_hour: float
     on_demand_price_per_hour: float
+    gpus: int | None = None  # None: GPUS_PER_INSTANCE_TYPE's count
+
+    @property
+    def gpu_count(self) -> int | None:
+        """Its GPUs: as given, else as AWS lists the type (None: a type the table lacks)."""
+        return (
+            self.gpus if self.gpus is not None else GPUS_PER_INSTANCE_TYPE.get(self.instance_type)
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +144,9 @@ class ModelConfig:
     engine_args: str = ""
     tool_call_parser: str = ""
     reasoning_parser: str = ""
+    # A Jinja file in place of the model's own: relative, in the model's directory (staged
+    # beside its weights), or absolute on the agent's image.
+    chat_template: str = ""
     min_agents: int = 1
     max_agents: int = 4
     scale_to_zero_idle_seconds: int | None = None
@@ -153,6 +180,7 @@ class ModelConfig:
             ("engineArgs", self.engine_args),
             ("toolCallParser", self.tool_call_parser),
             ("reasoningParser", self.reasoning_parser),
+            ("chatTemplate", self.chat_template),
         ):
             # Each becomes one line of the agents' environment file.
             if "\n" in text or "\r" in text:
@@ -184,6 +212,23 @@ class ModelConfig:
         if refusal is not None:
             raise ConfigError(f"{where}.engineArgs: {refusal.removeprefix(ENGINE_ARGS_ENV + ': ')}")
         _check_agent_settings(f"{where}.agentSettings", self.agent_settings)
+
+
+def _check_tensor_parallel(where: str, model: ModelConfig, gpus: Mapping[str, int | None]) -> None:
+    """Refuse a tensor-parallel size above the GPUs of a type the model may run on."""
+    size = model.tensor_parallel_size
+    for instance_type in model.instance_types or tuple(gpus):
+        count = gpus[instance_type]
+        if count is None and size > 1:
+            raise ConfigError(
+                f"instanceTypes: give {instance_type}'s gpus (its GPU count), which "
+                f"{where}.tensorParallelSize {size} must fit"
+            )
+        if count is not None and size > count:
+            raise ConfigError(
+                f"{where}.tensorParallelSize: {size} GPUs, but {instance_type} has {count}; "
+                f"give the model instanceTypes of {size} GPUs or more"
+            )
 
 
 def _check_agent_settings(key: str, settings: tuple[tuple[str, str], ...]) -> None:
@@ -272,15 +317,6 @@ class DeployConfig:
         """The size in GiB of `model`'s agents' root volume: its own, else the pool's."""
         return self.root_volume_gib if model.root_volume_gib is None else model.root_volume_gib
 
-    @property
-    def stopped_volume_gib(self) -> int:
-        """GiB the pool manager prices each stopped volume at: the largest warm pool model's."""
-        # Where no model keeps a warm pool nothing is stopped: the pool's size stands in.
-        return max(
-            (self.root_volume_of(m) for m in self.models if m.warm_pool_size > 0),
-            default=self.root_volume_gib,
-        )
-
     def launch_template_name(self, model: ModelConfig) -> str:
         """The name of `model`'s launch template: `<poolName>-agent-<name made safe>`."""
         return f"{self.pool_name}-agent-{model.safe_name}"
@@ -328,6 +364,9 @@ class DeployConfig:
             )
         if not self.instance_types:
             raise ConfigError("instanceTypes: give at least one GPU instance type")
+        for option in self.instance_types:
+            if option.gpus is not None and option.gpus < 1:
+                raise ConfigError(f"instanceTypes: {option.instance_type}'s gpus: at least 1")
         if self.max_azs < 2 and len(self.availability_zones) < 2:
             raise ConfigError("maxAzs: the VPC spans at least two availability zones")
         if 0 < len(self.availability_zones) < 2:
@@ -363,11 +402,13 @@ class DeployConfig:
         if not self.models:
             raise ConfigError("models: give at least one model")
         catalog = frozenset(option.instance_type for option in self.instance_types)
+        gpus = {option.instance_type: option.gpu_count for option in self.instance_types}
         names: dict[str, int] = {}
         templates: dict[str, int] = {}
         for index, model in enumerate(self.models):
             where = f"models[{index}]"
             model.validate(where, catalog)
+            _check_tensor_parallel(where, model, gpus)
             if model.warm_pool_size > 0 and not self.on_demand_fallback:
                 raise ConfigError(
                     f"{where}.warmPoolSize: the warm pool's instances are on-demand cover, which "

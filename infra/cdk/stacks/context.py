@@ -109,11 +109,13 @@ def _as_instance_types(key: str, value: Any) -> tuple[InstanceOption, ...]:
                     instance_type=str(entry["instanceType"]),
                     spot_price_per_hour=float(entry["spotPricePerHour"]),
                     on_demand_price_per_hour=float(entry["onDemandPricePerHour"]),
+                    gpus=_as_optional_int(f"{key}[].gpus", entry.get("gpus")),
                 )
             )
         except (KeyError, TypeError, ValueError) as err:
             raise ConfigError(
-                f"{key}: each entry needs instanceType, spotPricePerHour, onDemandPricePerHour"
+                f"{key}: each entry needs instanceType, spotPricePerHour, onDemandPricePerHour "
+                "(and gpus, for a type AWS's table here lacks)"
             ) from err
     return tuple(options)
 
@@ -144,6 +146,7 @@ _MODEL_KEYS: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
     "engineArgs": ("engine_args", _as_str),
     "toolCallParser": ("tool_call_parser", _as_str),
     "reasoningParser": ("reasoning_parser", _as_str),
+    "chatTemplate": ("chat_template", _as_str),
     "minAgents": ("min_agents", _as_int),
     "maxAgents": ("max_agents", _as_int),
     "scaleToZeroIdleSeconds": ("scale_to_zero_idle_seconds", _as_optional_int),
@@ -272,6 +275,7 @@ def config_as_context(config: DeployConfig) -> Mapping[str, Any]:
                     "instanceType": option.instance_type,
                     "spotPricePerHour": option.spot_price_per_hour,
                     "onDemandPricePerHour": option.on_demand_price_per_hour,
+                    **({"gpus": option.gpus} if option.gpus is not None else {}),
                 }
                 for option in value
             ]

@@ -99,6 +99,7 @@ def agent_settings(pool_settings: Mapping[str, str], model: ModelConfig) -> dict
         "vllm.engine_args": model.engine_args,
         "vllm.tool_call_parser": model.tool_call_parser,
         "vllm.reasoning_parser": model.reasoning_parser,
+        "vllm.chat_template": model.chat_template,
     }
     return {
         **pool_settings,

@@ -98,6 +98,8 @@ def pool_models_json(config: DeployConfig, templates: Mapping[str, str]) -> str:
                     else {}
                 ),
                 "warm_pool_size": model.warm_pool_size,
+                # What each of its stopped instances costs: its root volume.
+                "volume_gib": config.root_volume_of(model),
                 "instance_types": list(model.instance_types),
                 "launch_template": templates[model.name],
             }
@@ -149,8 +151,8 @@ class PoolManagerService(Construct):
                     "spot_overprovision": str(config.spot_overprovision),
                     "on_demand_fallback": json.dumps(config.on_demand_fallback),
                     "launch_timeout_seconds": str(config.launch_timeout_seconds),
-                    # What a stopped instance of a warm pool costs is its root volume.
-                    "volume_gib": str(config.stopped_volume_gib),
+                    # A stopped instance costs its root volume (each model's own, above).
+                    "volume_gib": str(config.root_volume_gib),
                     "interruption_queue_url": spot_events.queue.queue_url,
                     "placements": placements_json(config, zones),
                     "ec2.pool_name": config.pool_name,

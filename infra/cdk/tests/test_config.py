@@ -11,6 +11,7 @@ import pytest
 from stacks.common import retention
 from stacks.config import DEFAULT_MODEL, ConfigError, DeployConfig, ModelConfig
 from stacks.context import MOVED_KEYS, config_as_context, config_from_context
+from stacks.pool_manager_service import pool_models_json
 
 
 def _config(context: dict[str, Any]) -> DeployConfig:
@@ -77,10 +78,11 @@ def test_a_model_entry_reads_every_key() -> None:
         "revision": "",
         "fetch": "download",
         "instanceTypes": ["g6.xlarge"],
-        "tensorParallelSize": 2,
+        "tensorParallelSize": 1,
         "engineArgs": "--kv-cache-dtype fp8",
         "toolCallParser": "hermes",
         "reasoningParser": "qwen3",
+        "chatTemplate": "tool_chat.jinja",
         "minAgents": 0,
         "maxAgents": 3,
         "scaleToZeroIdleSeconds": 900,
@@ -94,10 +96,11 @@ def test_a_model_entry_reads_every_key() -> None:
         model="s3://bucket/qwen3-8b",
         fetch="download",
         instance_types=("g6.xlarge",),
-        tensor_parallel_size=2,
+        tensor_parallel_size=1,
         engine_args="--kv-cache-dtype fp8",
         tool_call_parser="hermes",
         reasoning_parser="qwen3",
+        chat_template="tool_chat.jinja",
         min_agents=0,
         max_agents=3,
         scale_to_zero_idle_seconds=900,
@@ -120,23 +123,21 @@ def test_an_entry_needs_only_a_name_and_a_model() -> None:
 
 
 @pytest.mark.parametrize(
-    ("models", "root_volume_gib", "stopped_gib"),
+    ("models", "root_volume_gib", "volumes_gib"),
     [
-        # Nothing is ever stopped: the pool's size stands in.
-        ([{}, {"rootVolumeGiB": 500}], 200, 200),
-        # The warm pool's model's own volume, or the pool's where it has none.
-        ([{"warmPoolSize": 1}, {"rootVolumeGiB": 500}], 250, 250),
-        ([{"warmPoolSize": 1, "rootVolumeGiB": 300}, {"rootVolumeGiB": 500}], 200, 300),
-        # Two warm pools of two sizes: the larger, so the cost is never understated.
-        ([{"warmPoolSize": 1, "rootVolumeGiB": 300}, {"warmPoolSize": 2}], 400, 400),
+        ([{}, {"rootVolumeGiB": 500}], 200, [200, 500]),
+        ([{"warmPoolSize": 1}, {"rootVolumeGiB": 500}], 250, [250, 500]),
+        # Two warm pools of two sizes: each priced at its own.
+        ([{"warmPoolSize": 1, "rootVolumeGiB": 300}, {"warmPoolSize": 2}], 400, [300, 400]),
     ],
 )
-def test_a_stopped_instance_is_priced_at_its_warm_pools_volume(
-    models: list[dict[str, Any]], root_volume_gib: int, stopped_gib: int
+def test_a_stopped_instance_is_priced_at_its_own_models_volume(
+    models: list[dict[str, Any]], root_volume_gib: int, volumes_gib: list[int]
 ) -> None:
     entries = [{"name": f"m{i}", "model": "org/m", **e} for i, e in enumerate(models)]
     config = _plain({"models": entries, "rootVolumeGiB": root_volume_gib})
-    assert config.stopped_volume_gib == stopped_gib
+    pool_models = json.loads(pool_models_json(config, {m.name: "lt" for m in config.models}))
+    assert [model["volume_gib"] for model in pool_models] == volumes_gib
     assert [m.keeps_cache_on_stop for m in config.models] == ["warmPoolSize" in e for e in models]
 
 
@@ -196,6 +197,9 @@ def test_a_key_of_the_one_model_pool_says_where_it_moved(key: str) -> None:
         (_one_model(engineArgs="--quantization 'awq"), "models[0].engineArgs"),
         (_one_model(toolCallParser="a\nb"), "models[0].toolCallParser"),
         (_one_model(reasoningParser="a\nb"), "models[0].reasoningParser"),
+        (_one_model(chatTemplate="{{ a }}\n{{ b }}"), "models[0].chatTemplate"),
+        # Each of the pool's types has one GPU, and it may run on any of them.
+        (_one_model(tensorParallelSize=2), "models[0].tensorParallelSize"),
         (_one_model(minAgents=-1), "models[0].minAgents"),
         (_one_model(minAgents=5, maxAgents=2), "models[0].maxAgents"),
         (_one_model(minAgents=0, maxAgents=0), "models[0].maxAgents"),
@@ -224,6 +228,40 @@ def test_a_key_of_the_one_model_pool_says_where_it_moved(key: str) -> None:
 )
 def test_bad_model_entries_name_their_key(context: dict[str, Any], key: str) -> None:
     with pytest.raises(ConfigError, match=rf"^{re.escape(key)}: "):
+        _plain(context)
+
+
+FOUR_GPUS = {"instanceType": "g6.12xlarge", "spotPricePerHour": 2.0, "onDemandPricePerHour": 4.6}
+OWN_TYPE = {"instanceType": "x9.metal", "spotPricePerHour": 9.0, "onDemandPricePerHour": 20.0}
+
+
+@pytest.mark.parametrize(
+    ("instance_types", "model", "refusal"),
+    [
+        ([FOUR_GPUS], {"tensorParallelSize": 4}, None),
+        ([FOUR_GPUS], {"tensorParallelSize": 8}, "models[0].tensorParallelSize: 8 GPUs, but "
+         "g6.12xlarge has 4; give the model instanceTypes of 8 GPUs or more"),
+        # Only the types it may run on count.
+        ([FOUR_GPUS, {**FOUR_GPUS, "instanceType": "g6.xlarge"}],
+         {"tensorParallelSize": 4, "instanceTypes": ["g6.12xlarge"]}, None),
+        ([FOUR_GPUS, {**FOUR_GPUS, "instanceType": "g6.xlarge"}],
+         {"tensorParallelSize": 4}, "models[0].tensorParallelSize: 4 GPUs, but g6.xlarge has 1"),
+        # A type AWS's table here lacks: its count is given, or a sharded model cannot check.
+        ([{**OWN_TYPE, "gpus": 16}], {"tensorParallelSize": 16}, None),
+        ([OWN_TYPE], {"tensorParallelSize": 1}, None),
+        ([OWN_TYPE], {"tensorParallelSize": 2}, "instanceTypes: give x9.metal's gpus"),
+        ([{**OWN_TYPE, "gpus": 0}], {}, "instanceTypes: x9.metal's gpus: at least 1"),
+    ],
+)  # fmt: skip
+def test_a_tensor_parallel_size_must_fit_the_gpus_of_every_type_it_runs_on(
+    instance_types: list[dict[str, Any]], model: dict[str, Any], refusal: str | None
+) -> None:
+    context = {**_one_model(**model), "instanceTypes": instance_types}
+    if refusal is None:
+        config = _plain(context)
+        assert _config(dict(config_as_context(config))) == config
+        return
+    with pytest.raises(ConfigError, match=rf"^{re.escape(refusal)}"):
         _plain(context)
 
 

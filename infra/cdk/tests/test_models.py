@@ -173,6 +173,7 @@ def test_the_pool_manager_gets_each_models_bounds_types_and_template(
             min_agents=1,
             max_agents=2,
             warm_pool_size=1,
+            volume_gib=300,
             instance_types=("g6.xlarge",),
             launch_template=f"<Ref:{templates[TEMPLATE_NAMES['small']][0]}>",
         ),
@@ -182,13 +183,15 @@ def test_the_pool_manager_gets_each_models_bounds_types_and_template(
             max_agents=3,
             scale_to_zero_idle_seconds=900,
             warm_pool_size=0,
+            volume_gib=400,
             instance_types=("g6.12xlarge",),
             launch_template=f"<Ref:{templates[TEMPLATE_NAMES['org/big']][0]}>",
         ),
     )
     assert "g6.12xlarge" in {placement.instance_type for placement in pool.placements}
-    # A stopped instance is priced at the volume of the model that keeps a warm pool.
-    assert pool.volume_gib == 300
+    # A stopped instance is priced at its own model's volume (above); the pool's stands in
+    # for none.
+    assert pool.volume_gib == 200
 
 
 def _cache_mount(script: str, sandbox: Path) -> str:

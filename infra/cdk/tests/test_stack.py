@@ -136,6 +136,7 @@ def test_services_accept_every_setting_the_stack_gives_them(
         min_agents=DEFAULT_MODEL.min_agents,
         max_agents=DEFAULT_MODEL.max_agents,
         warm_pool_size=0,
+        volume_gib=DEFAULTS.root_volume_gib,
         launch_template=_ref(template_id),
     )
     assert pool.volume_gib == DEFAULTS.root_volume_gib == 200
