@@ -57,7 +57,7 @@ def test_the_dashboard_shows_what_an_operator_of_the_pool_asks() -> None:
     titles = " ".join(panel["title"].lower() for panel in dashboard()["panels"])
     for topic in ("streams", "first token", "queue", "tokens per second", "agents by state",
                   "interruptions", "resumed", "wedged", "cold start", "cost", "warm",
-                  "before the break"):  # fmt: skip
+                  "before the break", "per model", "launches held", "per region"):  # fmt: skip
         assert topic in titles, topic
 
 
