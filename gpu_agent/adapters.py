@@ -3,11 +3,14 @@
 A request names an adapter of the agent's model (`model: "<served>:<adapter>"`). The first
 stream with it fetches the adapter (a staged `s3://` copy, into the model cache) and loads it
 into the engine; later ones find it loaded. At most `max_loaded` are loaded at once: a new
-one takes the place of the one least lately used that no stream is running with, and when
-every loaded adapter is in use the stream is refused for capacity, so the gateway tries
-another agent (or waits). Which adapter to give up is a pure decision (`adapter_to_unload`);
-the engine carries it out. Gateways send a stream where they sent its adapter before
-(`gateway.router`), where it is most likely loaded still.
+one takes the place of one least lately used that no stream is running with, and when none
+can go the stream is refused for capacity, so the gateway tries another agent (or waits).
+The slots are shared fairly among the tenants (API keys) whose streams loaded them: a tenant
+holding its share (the slots over the tenants holding one, itself included) gives up only
+its own adapters, so one key cycling through adapters cannot evict another's. Which adapter
+to give up is a pure decision (`adapter_to_unload`); the engine carries it out. Gateways
+send a stream where they sent its adapter before (`gateway.router`), where it is most likely
+loaded still.
 """
 
 from __future__ import annotations
@@ -35,20 +38,43 @@ class Unload:
     name: str
 
 
-def adapter_to_unload(
-    loaded: Iterable[str], in_use: Mapping[str, int], max_loaded: int
-) -> Unload | None:
-    """What to give up before one more adapter is loaded (`loaded`: least lately used first).
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    """A loaded adapter, and the tenant whose stream loaded it."""
 
-    None: there is room. Raises `AdaptersBusy` when every loaded one is in use.
+    name: str
+    tenant: str | None
+
+
+def adapter_to_unload(
+    loaded: Iterable[Loaded], in_use: Mapping[str, int], max_loaded: int, tenant: str | None
+) -> Unload | None:
+    """What to give up before `tenant` loads one more (`loaded`: least lately used first).
+
+    None: there is room. A tenant below its share of the slots takes the least lately used
+    idle adapter of the tenant holding the most (more than it does); otherwise, or where none
+    is idle, it gives up its own least lately used idle one. Raises `AdaptersBusy` when there
+    is none of those.
     """
     loaded = list(loaded)
     if len(loaded) < max_loaded:
         return None
-    idle = next((name for name in loaded if not in_use.get(name)), None)
-    if idle is None:
-        raise AdaptersBusy(f"all {max_loaded} adapter slots are in use; try another agent")
-    return Unload(idle)
+    idle = [adapter for adapter in loaded if not in_use.get(adapter.name)]
+    held = Counter(adapter.tenant for adapter in loaded)
+    share = max(1, max_loaded // len(held.keys() | {tenant}))
+    if held[tenant] < share:
+        richer = [adapter for adapter in idle if held[adapter.tenant] > held[tenant]]
+        most = max((held[adapter.tenant] for adapter in richer), default=0)
+        for adapter in richer:
+            if held[adapter.tenant] == most:
+                return Unload(adapter.name)
+    for adapter in idle:
+        if adapter.tenant == tenant:
+            return Unload(adapter.name)
+    raise AdaptersBusy(
+        f"no adapter slot can be freed for this key here ({max_loaded} slots, shared fairly "
+        "among the keys using them); try another agent"
+    )
 
 
 Fetch = Callable[[str], Awaitable[Path]]
@@ -64,7 +90,8 @@ class Adapters:
         self._fetch = fetch
         # vLLM tells adapters apart by a positive integer: fixed by name for the agent's life.
         self._ids = {name: index for index, name in enumerate(sorted(self.sources), start=1)}
-        self._loaded: OrderedDict[str, Path] = OrderedDict()  # least lately used first
+        # Each with where it was loaded from and whose stream loaded it; least lately used first.
+        self._loaded: OrderedDict[str, tuple[Path, str | None]] = OrderedDict()
         self._in_use: Counter[str] = Counter()
 
     def id_of(self, name: str) -> int:
@@ -75,13 +102,14 @@ class Adapters:
         """Whether the adapter is loaded now."""
         return name in self._loaded
 
-    def to_unload(self, name: str) -> Unload | None:
-        """What must go for `name` to be loaded (None: nothing, or it is loaded already)."""
+    def to_unload(self, name: str, tenant: str | None) -> Unload | None:
+        """What must go for `tenant` to load `name` (None: nothing, or it is loaded already)."""
         if name not in self.sources:
             raise AdapterUnknown(self._unknown(name))
         if name in self._loaded:
             return None
-        return adapter_to_unload(self._loaded, self._in_use, self.max_loaded)
+        loaded = [Loaded(loaded_name, owner) for loaded_name, (_, owner) in self._loaded.items()]
+        return adapter_to_unload(loaded, self._in_use, self.max_loaded, tenant)
 
     async def path(self, name: str) -> Path:
         """The adapter's local directory.
@@ -90,7 +118,7 @@ class Adapters:
         (so a stream with a loaded adapter reads nothing from S3).
         """
         if name in self._loaded:
-            return self._loaded[name]
+            return self._loaded[name][0]
         source = self.sources[name]
         return await self._fetch(source) if is_s3_uri(source) else Path(source)
 
@@ -98,9 +126,10 @@ class Adapters:
         """The engine gave the adapter up."""
         self._loaded.pop(name, None)
 
-    def acquired(self, name: str, path: Path) -> None:
-        """A stream runs with the adapter, loaded from `path`."""
-        self._loaded[name] = path
+    def acquired(self, name: str, path: Path, tenant: str | None) -> None:
+        """A stream of `tenant` runs with the adapter, loaded from `path` (by it, if just now)."""
+        _path, owner = self._loaded.get(name, (path, tenant))  # the loader's, while it stays
+        self._loaded[name] = (path, owner)
         self._loaded.move_to_end(name)
         self._in_use[name] += 1
 

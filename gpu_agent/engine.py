@@ -93,6 +93,8 @@ class GenerationRequest:
     adapter: str | None = None
     """The LoRA adapter to generate with (one of `Engine.adapter_names`); None: the model's own
     weights."""
+    tenant: str | None = None
+    """Whose stream it is (`spotgate.tenancy`): each tenant's fair share of the adapter slots."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -380,6 +380,7 @@ class _Generation:
             json_schema=self.schema,
             cache_salt=cache_salt(frame.tenant) if frame.tenant is not None else None,
             adapter=frame.adapter,
+            tenant=frame.tenant,
         )
 
     def held_back(self) -> DeltaFrame | None:

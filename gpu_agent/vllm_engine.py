@@ -248,7 +248,7 @@ class VllmEngine:
         """The LoRA adapters in the settings."""
         return self._adapters.sources.keys() if self._adapters is not None else ()
 
-    async def _adapter_request(self, name: str) -> Any:
+    async def _adapter_request(self, name: str, tenant: str | None) -> Any:
         """The adapter's request for vLLM, loaded into the engine first if it is not there.
 
         Loaded through `add_lora`, which answers a bad adapter with an error and leaves the
@@ -263,7 +263,7 @@ class VllmEngine:
             raise EngineRequestError(f"model '{self.model}' serves no adapters", param="model")
         async with self._adapters_changing:
             try:
-                unload = adapters.to_unload(name)
+                unload = adapters.to_unload(name, tenant)
             except AdapterUnknown as err:
                 raise EngineRequestError(str(err), param="model") from err
             except AdaptersBusy as err:
@@ -280,7 +280,7 @@ class VllmEngine:
                 raise EngineRequestError(
                     f"adapter '{name}' could not be loaded: {err}", param="model"
                 ) from err
-            adapters.acquired(name, path)
+            adapters.acquired(name, path, tenant)
         return request
 
     def prompt_text(self, prompt_ids: Sequence[int]) -> str:
@@ -354,7 +354,7 @@ class VllmEngine:
         if request.cache_salt is not None:  # its KV blocks match only prompts of this salt
             prompt["cache_salt"] = request.cache_salt
         adapter = request.adapter
-        lora = await self._adapter_request(adapter) if adapter is not None else None
+        lora = await self._adapter_request(adapter, request.tenant) if adapter is not None else None
         try:
             outputs = self._llm.generate(prompt, params, request.request_id, lora_request=lora)
             async with aclosing(outputs):

@@ -7,31 +7,78 @@ from pathlib import Path
 
 import pytest
 
-from gpu_agent.adapters import Adapters, AdaptersBusy, AdapterUnknown, Unload, adapter_to_unload
+from gpu_agent.adapters import (
+    Adapters,
+    AdaptersBusy,
+    AdapterUnknown,
+    Loaded,
+    Unload,
+    adapter_to_unload,
+)
 from gpu_agent.tiny_model import write_tiny_adapter
 from spotgate.model_store import fetch_model, stage_model
 from spotgate.registry import aws_session
 from stack.emulator import AwsEmulator
 
+
+def slots(*held: str) -> list[Loaded]:
+    """Loaded adapters, least lately used first, each `name/tenant`."""
+    return [Loaded(*adapter.split("/")) for adapter in held]
+
+
 UNLOAD_CASES = {
-    "room left": (["a"], {}, 2, None),
-    "full: the least lately used idle one goes": (["a", "b"], {"a": 1}, 2, Unload("b")),
-    "full: the oldest when none is in use": (["a", "b"], {}, 2, Unload("a")),
+    "room left": (slots("a/k"), {}, 2, "k", None),
+    "full: the least lately used idle one goes": (slots("a/k", "b/k"), {"a": 1}, 2, "k", "b"),
+    "full: the oldest when none is in use": (slots("a/k", "b/k"), {}, 2, "k", "a"),
+    # Two keys share four slots, two each: one at its share gives up only its own.
+    "at its share: its own, though another's is older": (
+        slots("x1/other", "x2/other", "m1/k", "m2/k"),
+        {},
+        4,
+        "k",
+        "m1",
+    ),
+    "below its share: an idle one of a key above its share": (
+        slots("x1/other", "x2/other", "x3/other", "m1/k"),
+        {"x1": 1},
+        4,
+        "k",
+        "x2",
+    ),
+    "a newcomer takes from the key above its share, not from one at it": (
+        slots("a1/a", "b1/b", "b2/b", "b3/b"),
+        {},
+        4,
+        "c",
+        "b1",
+    ),
+    "a newcomer's share is at least one slot": (slots("a1/a", "b1/b"), {}, 2, "c", "a1"),
 }
 
 
 @pytest.mark.parametrize(
-    ("loaded", "in_use", "most", "decision"), UNLOAD_CASES.values(), ids=UNLOAD_CASES
+    ("loaded", "in_use", "most", "tenant", "unloaded"), UNLOAD_CASES.values(), ids=UNLOAD_CASES
 )
-def test_a_new_adapter_takes_the_place_of_an_idle_one(
-    loaded: list[str], in_use: dict[str, int], most: int, decision: Unload | None
+def test_a_new_adapter_takes_the_place_of_an_idle_one_within_its_keys_share(
+    loaded: list[Loaded], in_use: dict[str, int], most: int, tenant: str, unloaded: str | None
 ) -> None:
-    assert adapter_to_unload(loaded, in_use, most) == decision
+    decision = adapter_to_unload(loaded, in_use, most, tenant)
+    assert decision == (Unload(unloaded) if unloaded else None)
 
 
-def test_with_every_slot_in_use_the_stream_is_refused_for_capacity() -> None:
-    with pytest.raises(AdaptersBusy, match="all 2 adapter slots are in use"):
-        adapter_to_unload(["a", "b"], {"a": 1, "b": 2}, 2)
+@pytest.mark.parametrize(
+    ("loaded", "in_use", "tenant"),
+    [
+        (slots("a/k", "b/k"), {"a": 1, "b": 2}, "k"),  # every slot in use
+        # One key cycling through adapters at its share cannot evict the other's idle ones.
+        (slots("x1/other", "x2/other", "m1/k", "m2/k"), {"m1": 1, "m2": 1}, "k"),
+    ],
+)
+def test_a_key_that_can_free_no_slot_is_refused_for_capacity(
+    loaded: list[Loaded], in_use: dict[str, int], tenant: str
+) -> None:
+    with pytest.raises(AdaptersBusy, match="no adapter slot can be freed for this key here"):
+        adapter_to_unload(loaded, in_use, len(loaded), tenant)
 
 
 async def test_an_agents_adapters_load_on_demand_and_give_way_when_idle(tmp_path: Path) -> None:
@@ -39,16 +86,23 @@ async def test_an_agents_adapters_load_on_demand_and_give_way_when_idle(tmp_path
         raise AssertionError("a local adapter is not fetched")
 
     adapters = Adapters({"a": "/a", "b": "/b", "c": "/c"}, max_loaded=2, fetch=never)
-    assert adapters.to_unload("a") is None
-    adapters.acquired("a", await adapters.path("a"))
-    adapters.acquired("b", await adapters.path("b"))
-    assert adapters.to_unload("a") is None  # loaded already
+    assert adapters.to_unload("a", "k") is None
+    adapters.acquired("a", await adapters.path("a"), "k")
+    adapters.acquired("b", await adapters.path("b"), "other")
+    assert adapters.to_unload("a", "k") is None  # loaded already
     adapters.released("b")
-    assert adapters.to_unload("c") == Unload("b")  # "a" still runs a stream
+    assert adapters.to_unload("c", "other") == Unload("b")  # "a" still runs a stream
+    # "k" holds its share (one of two slots): the other key's idle "b" is not its to give up.
+    with pytest.raises(AdaptersBusy):
+        adapters.to_unload("c", "k")
+    adapters.acquired("b", await adapters.path("b"), "k")  # used by "k" too: still "other"'s
+    adapters.released("b")
+    with pytest.raises(AdaptersBusy):
+        adapters.to_unload("c", "k")
     with pytest.raises(
         AdapterUnknown, match="no adapter 'z' here; the adapters served are: a, b, c"
     ):
-        adapters.to_unload("z")
+        adapters.to_unload("z", "k")
     assert [adapters.id_of(name) for name in "abc"] == [1, 2, 3]
 
 
@@ -78,7 +132,7 @@ async def test_a_loaded_staged_adapter_is_not_fetched_again(tmp_path: Path) -> N
         return tmp_path / "a1"
 
     adapters = Adapters({"a1": "s3://adapters/tiny/a1"}, max_loaded=1, fetch=fetch)
-    adapters.acquired("a1", await adapters.path("a1"))
+    adapters.acquired("a1", await adapters.path("a1"), "k")
     adapters.released("a1")
     assert await adapters.path("a1") == tmp_path / "a1"
     assert fetched == ["s3://adapters/tiny/a1"]  # once, for its load
