@@ -15,6 +15,7 @@ import openai
 import pytest
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, ConfigDict, Field
+from transformers import AutoTokenizer
 
 from gpu_agent.engine import Engine
 from spotgate.registry import CreatedApiKey
@@ -24,6 +25,7 @@ from tests.support.agents import (
     LORA_MODEL,
     REASONING_ANSWER,
     REASONING_MODEL,
+    REASONING_REPLY,
     REASONING_THINKING,
     REASONING_THINKING_TOKENS,
     TINY_MODEL,
@@ -694,6 +696,48 @@ async def test_a_reasoning_models_thinking_is_reasoning_content_whole_and_stream
     assert usage is not None
     assert usage.completion_tokens_details is not None
     assert usage.completion_tokens_details.reasoning_tokens == REASONING_THINKING_TOKENS
+
+
+async def assert_a_completion_is_the_whole_output(
+    client: openai.AsyncOpenAI, model: str, model_dir: Path, asked: dict[str, Any], whole: str
+) -> None:
+    """`/v1/completions` on a prompt the model answers with `whole`: `whole`, markup and all.
+
+    The legacy endpoint has no reasoning or tool-call fields: whatever parsers the model is
+    served with, every chunk carries `text` (a string) and the text is the model's whole
+    output, as `vllm serve` gives it.
+    """
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    prompt = tokenizer.apply_chat_template(
+        asked["messages"], tools=asked.get("tools"), add_generation_prompt=True, tokenize=False
+    )
+    request: Any = {"model": model, "prompt": prompt, "max_tokens": 200, "temperature": 0}
+    reply = await client.completions.create(**request)
+    chunks = [chunk async for chunk in await client.completions.create(**request, stream=True)]
+
+    assert reply.choices[0].text == whole
+    assert reply.choices[0].finish_reason == "stop"
+    assert not reply.choices[0].model_extra
+    texts = [chunk.choices[0].text for chunk in chunks if chunk.choices]
+    assert all(isinstance(text, str) for text in texts), texts
+    assert "".join(texts) == whole
+    assert not any(chunk.choices[0].model_extra for chunk in chunks if chunk.choices)
+
+
+async def test_a_completion_of_a_reasoning_model_is_its_thinking_and_answer_as_text(
+    reasoning_client: openai.AsyncOpenAI, reasoning_model_dir: Path
+) -> None:
+    await assert_a_completion_is_the_whole_output(
+        reasoning_client, REASONING_MODEL, reasoning_model_dir, ASKED_TO_THINK, REASONING_REPLY
+    )
+
+
+async def test_a_completion_of_a_tool_calling_model_is_its_call_markup_as_text(
+    tool_client: openai.AsyncOpenAI, tool_model_dir: Path
+) -> None:
+    await assert_a_completion_is_the_whole_output(
+        tool_client, TOOL_MODEL, tool_model_dir, ASKED_AUTO, TOOL_CALL_REPLY
+    )
 
 
 @pytest.mark.parametrize(

@@ -40,6 +40,8 @@ WORKER_GROUPS = {
     f"{OPENAI}::test_langchain_binds_tools_and_the_model_picks_one": "vllm tools",
     f"{OPENAI}::test_the_responses_api_reports_a_call_the_model_chose": "vllm tools",
     f"{OPENAI}::test_vllms_own_": "vllm tools",
+    f"{OPENAI}::test_a_completion_of_a_tool_calling_model": "vllm tools",
+    f"{OPENAI}::test_a_completion_of_a_reasoning_model": "vllm reasoning",
     f"{OPENAI}::test_a_reasoning_models_thinking": "vllm reasoning",
     f"{OPENAI}::test_thinking_turned_off": "vllm reasoning",
     f"{OPENAI}::test_a_turns_thinking": "vllm reasoning",
