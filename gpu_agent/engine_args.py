@@ -21,6 +21,9 @@ from spotgate.settings import AgentSettings
 from spotgate.settings_env_names import env_name
 
 CHAT_TEMPLATE_ENV = env_name(AgentSettings, "vllm.chat_template")
+MODEL_ENV = env_name(AgentSettings, "model")
+LOCAL_PATH_PREFIXES = ("/", "./", "../", "~")
+"""How a model given as a path on this machine starts (anything else may be a Hub id)."""
 JINJA_MARKUP = ("{{", "{%")
 """What tells a chat template's text from a file's name (as vLLM's `--chat-template` does)."""
 
@@ -65,6 +68,21 @@ def user_flags(settings: AgentSettings) -> list[str]:
     return flags
 
 
+def check_model_directory(model: str) -> None:
+    """Refuse a model given as a path that holds no model, naming it.
+
+    vLLM takes any other name for a Hugging Face id, and a missing directory would fail as
+    one ("Repo id must be in the form 'repo_name'…").
+    """
+    if not model.startswith(LOCAL_PATH_PREFIXES):
+        return
+    directory = Path(model).expanduser()
+    if not directory.is_dir():
+        raise EngineConfigError(f"{MODEL_ENV}: {model}: no such directory")
+    if not (directory / "config.json").is_file():
+        raise EngineConfigError(f"{MODEL_ENV}: {model} holds no model (no config.json)")
+
+
 def engine_args(settings: AgentSettings) -> Any:
     """VLLM's `AsyncEngineArgs` for the agent, read by vLLM's own `vllm serve` parser.
 
@@ -76,6 +94,7 @@ def engine_args(settings: AgentSettings) -> Any:
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
+    check_model_directory(settings.model)
     given = user_flags(settings)
     parser = AsyncEngineArgs.add_cli_args(FlexibleArgumentParser(exit_on_error=False))
     try:

@@ -113,6 +113,7 @@ class AgentRuntime:
     settings: AgentSettings
     registry: Registry
     url: str
+    imds: ImdsClient | None = None  # where its identity comes from on EC2
     metrics: AgentMetrics = field(default_factory=AgentMetrics)
     engine: Engine | None = None
     identity: AgentIdentity | None = None
@@ -162,12 +163,12 @@ class AgentRuntime:
 
     # -- bring-up --
 
-    async def bring_up(self, loader: EngineLoader, imds: ImdsClient | None) -> None:
+    async def bring_up(self, loader: EngineLoader) -> None:
         """Identity, engine, warm-up; then register as ready and keep heartbeating.
 
         Each phase's end goes into the boot timeline the agent registers with.
         """
-        self.identity = await self._resolve_identity(imds)
+        self.identity = await self._resolve_identity(self.imds)
         try:
             settings = await self._fetch_staged_model()
             self.engine = await loader(settings)
@@ -298,6 +299,12 @@ class AgentRuntime:
             version=__version__,
             boot=self.boot,  # the registry writes its `ready`
         )
+
+    async def cannot_serve(self, reason: str) -> None:
+        """Its port taken, the agent can serve nothing: stop bringing it up, fail saying why."""
+        await self.stop_tasks()
+        identity = self.identity or await self._resolve_identity(self.imds)
+        await self._failed_to_start(identity, reason)
 
     async def _failed_to_start(self, identity: AgentIdentity, reason: str) -> None:
         """Fail for good: `/healthz` and the registry (its entry `gone`) say why in one line.

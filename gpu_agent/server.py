@@ -41,7 +41,13 @@ from spotgate.protocol import (
 from spotgate.registry import Registry
 from spotgate.settings import MAX_REQUEST_BYTES, AgentSettings, advertised_url
 from spotgate.tenancy import agent_tenant, frame_tenant_refusal, is_gateway
-from spotgate.tokens import GATEWAY_SUBJECT_PREFIX, Claims, TokenError
+from spotgate.tokens import (
+    GATEWAY_SUBJECT_PREFIX,
+    Claims,
+    KeyFormatError,
+    TokenError,
+    VerifyKey,
+)
 from spotgate.wsserver import (
     AuthRefused,
     Send,
@@ -377,6 +383,11 @@ def create_app(
             "set SPOTGATE_AGENT_JWKS_PARAMETER, SPOTGATE_AGENT_JWKS_URL or "
             "SPOTGATE_AGENT_PINNED_PUBLIC_KEY"
         )
+    if settings.pinned_public_key:  # one line, not a traceback from inside the app's start
+        try:
+            VerifyKey.from_pem(settings.pinned_public_key)
+        except KeyFormatError as err:
+            raise AgentConfigError(f"SPOTGATE_AGENT_PINNED_PUBLIC_KEY: {err}") from err
     app = web.Application(client_max_size=MAX_REQUEST_BYTES)
     app[SETTINGS] = settings
 
@@ -396,14 +407,14 @@ def create_app(
         )
         await verifier.refresh()
         app[VERIFIER] = verifier
+        imds = ImdsClient(session, settings.imds_url)
         async with Registry.open(settings.shared) as registry:
             runtime = AgentRuntime(
-                settings=settings, registry=registry, url=advertised_url(settings)
+                settings=settings, registry=registry, url=advertised_url(settings), imds=imds
             )
             app[RUNTIME] = runtime
             runtime.spawn(verifier.refresh_forever(), "jwks-refresh")
-            imds = ImdsClient(session, settings.imds_url)
-            runtime.spawn(runtime.bring_up(engine_loader, imds), "bring-up")
+            runtime.spawn(runtime.bring_up(engine_loader), "bring-up")
             runtime.spawn(
                 watch_notices(
                     imds,

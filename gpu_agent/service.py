@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import time
 
 from aiohttp import web
 
+from gpu_agent import stderr_tail
 from gpu_agent.server import RUNTIME, AgentConfigError, create_app
 from spotgate.logging import get_logger
 from spotgate.process import freeze_long_lived_objects, listening_site, service_main
@@ -22,8 +24,15 @@ async def serve_agent(settings: AgentSettings) -> None:
     runner = web.AppRunner(app, handle_signals=False, keepalive_timeout=settings.keepalive_seconds)
     await runner.setup()
     site = listening_site(runner, settings.host, settings.port, settings.listen_fd)
-    await site.start()
     runtime = app[RUNTIME]
+    try:
+        await site.start()
+    except OSError as err:  # its port taken: the registry and `spotgate up` say so
+        why = os.strerror(err.errno) if err.errno else str(err)
+        reason = f"cannot listen on {settings.host}:{settings.port}: {why}"
+        await runtime.cannot_serve(reason)
+        await runner.cleanup()
+        raise AgentConfigError(reason) from err
     loop = asyncio.get_running_loop()
     signals_seen = 0
 
@@ -57,4 +66,5 @@ async def serve_agent(settings: AgentSettings) -> None:
 
 def main() -> int:
     """Run the agent with the settings in the environment (`python -m gpu_agent`)."""
+    stderr_tail.install()  # what its engine core processes write, the agent can name
     return service_main("agent", AgentSettings, serve_agent, (AgentConfigError,))

@@ -12,11 +12,13 @@ from typing import Any
 from vllm.v1.metrics.loggers import StatLoggerBase
 from vllm.v1.metrics.stats import IterationStats, MultiModalCacheStats, SchedulerStats
 
+from gpu_agent import stderr_tail
 from gpu_agent.adapters import Adapters, AdaptersBusy, AdapterUnknown
 from gpu_agent.bounded_encode import encode_within
 from gpu_agent.detokenizer import held_token_ids
 from gpu_agent.engine import (
     EngineBusy,
+    EngineConfigError,
     EngineFailed,
     EngineRequestError,
     EngineStep,
@@ -147,10 +149,19 @@ class VllmEngine:
         # `disable_log_stats`); vLLM then also keeps its own Prometheus counters in the
         # process-wide registry (which the agent does not serve; a later engine in the same
         # process replaces them there rather than clashing).
-        llm = AsyncLLM.from_engine_args(
-            args,
-            stat_loggers=[lambda _config, _index: PrefixCacheStatLogger(prefix_cache)],
-        )
+        tail = stderr_tail.installed()
+        if tail is not None:
+            tail.mark()
+        try:
+            llm = AsyncLLM.from_engine_args(
+                args,
+                stat_loggers=[lambda _config, _index: PrefixCacheStatLogger(prefix_cache)],
+            )
+        except Exception as err:  # vLLM's says only "see root cause above": its core's stderr
+            cause = tail.last_error() if tail is not None else None
+            if cause is None:
+                raise
+            raise EngineConfigError(f"the engine could not start: {cause}") from err
         # Where vLLM found the tokenizer: a staged model's is pulled to local disk.
         tokenizer = AutoTokenizer.from_pretrained(llm.model_config.tokenizer, revision=revision)
         max_model_len = int(llm.model_config.max_model_len)

@@ -10,6 +10,9 @@ from gpu_agent.engine import EngineConfigError
 from gpu_agent.engine_args import agent_flags, chat_template, engine_args
 from spotgate.settings import AgentSettings, VllmSettings
 
+HUB_MODEL = "org/tiny"
+"""A Hugging Face id: engine arguments are read without a directory to look in."""
+
 
 def settings(model: str = "/models/tiny", **vllm: object) -> AgentSettings:
     return AgentSettings(
@@ -44,11 +47,11 @@ def test_a_users_vllm_serve_flags_carry_over() -> None:
         "--kv-cache-dtype fp8 --max-num-batched-tokens 8192 --enable-prefix-caching "
         """--speculative-config '{"method": "ngram", "num_speculative_tokens": 3}'"""
     )
-    args = engine_args(settings(engine_args=given, max_num_seqs=12))
+    args = engine_args(settings(HUB_MODEL, engine_args=given, max_num_seqs=12))
 
     assert (args.kv_cache_dtype, args.max_num_batched_tokens) == ("fp8", 8192)
     assert args.speculative_config == {"method": "ngram", "num_speculative_tokens": 3}
-    assert (args.model, args.served_model_name, args.max_num_seqs) == ("/models/tiny", ["tiny"], 12)
+    assert (args.model, args.served_model_name, args.max_num_seqs) == (HUB_MODEL, ["tiny"], 12)
 
 
 @pytest.mark.vllm
@@ -68,7 +71,7 @@ def test_a_users_vllm_serve_flags_carry_over() -> None:
 )
 def test_an_argument_vllm_does_not_take_is_one_line_naming_it(given: str, message: str) -> None:
     with pytest.raises(EngineConfigError) as refused:
-        engine_args(settings(engine_args=given))
+        engine_args(settings(HUB_MODEL, engine_args=given))
 
     assert str(refused.value).startswith(message)
     assert "\n" not in str(refused.value)
@@ -120,3 +123,11 @@ def test_a_relative_chat_template_waits_for_a_staged_models_directory(tmp_path: 
     agent = settings(model="s3://bucket/models/tiny", chat_template="chat.jinja")
     assert chat_template(agent, agent.model, before_load=True) is None  # not here yet
     assert chat_template(settings(), "/models/tiny") is None  # none given: the model's own
+
+
+def test_a_model_path_that_holds_no_model_is_named_before_vllm_reads_it(tmp_path: Path) -> None:
+    with pytest.raises(EngineConfigError) as missing:
+        engine_args(settings(model=str(tmp_path / "absent")))
+    assert str(missing.value) == f"SPOTGATE_AGENT_MODEL: {tmp_path / 'absent'}: no such directory"
+    with pytest.raises(EngineConfigError, match="holds no model"):
+        engine_args(settings(model=str(tmp_path)))

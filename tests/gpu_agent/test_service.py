@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -83,6 +84,53 @@ async def test_agent_process_drains_on_sigterm_and_leaves_gone(
     output = process.stdout.read() if process.stdout else ""
     assert token not in output
     assert "draining" in output
+
+
+def run_agent(settings: AgentSettings) -> subprocess.CompletedProcess[str]:
+    """`spotgate agent` with these settings, run to its exit."""
+    env = {**os.environ, **settings_env(settings)}
+    command = [sys.executable, "-m", "cli", "agent"]
+    return subprocess.run(
+        command, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+async def test_an_agent_whose_port_is_taken_says_so_in_the_registry_and_one_line(
+    aws: AwsEmulator, ring: KeyRing
+) -> None:
+    with loopback_socket() as taken:
+        port = socket_port(taken)
+        settings = AgentSettings(
+            shared=aws.settings(),
+            engine="synthetic",
+            agent_id="local-taken",
+            port=port,
+            pinned_public_key=ring.signing_key.verify_key.to_pem(),
+            token_issuer=ISSUER,
+            imds_url="http://127.0.0.1:9",
+        )
+        async with Registry.open(aws.settings()) as registry:
+            await registry.create_tables()
+        agent = await asyncio.to_thread(run_agent, settings)
+    async with Registry.open(aws.settings()) as registry:
+        record = await registry.get_agent("local-taken")
+
+    reason = f"cannot listen on 127.0.0.1:{port}: Address already in use"
+    assert agent.returncode == 2
+    assert agent.stderr.strip().splitlines()[-1] == f"spotgate agent: {reason}"
+    assert record is not None
+    assert (record.shown_state, record.failure) == ("failed", reason)
+
+
+def test_an_agent_given_a_key_that_is_not_pem_says_so_in_one_line(aws: AwsEmulator) -> None:
+    settings = AgentSettings(
+        shared=aws.settings(), engine="synthetic", pinned_public_key="x", token_issuer=ISSUER
+    )
+    agent = run_agent(settings)
+    assert agent.returncode == 2
+    assert agent.stderr.strip().splitlines() == [
+        "spotgate agent: SPOTGATE_AGENT_PINNED_PUBLIC_KEY: not a PEM public key"
+    ]
 
 
 def test_model_tiny_command_writes_a_model(
