@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -72,6 +73,10 @@ def _up(args: argparse.Namespace) -> int:
     if unknown := unknown_regions(options.regions):
         raise CommandError(f"--regions: no EC2 region is called {', '.join(unknown)}")
     configure_logging("warning")  # what `up` says of its children (a restart), on stderr
+    # Started where SIGINT is ignored (`cmd &` in a script, CI runners), Python leaves it
+    # ignored and asyncio then takes no Ctrl-C: `kill -INT` would not stop the stack.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         return asyncio.run(
             run_up(Path.cwd(), options, announce=lambda line: print(line, flush=True))

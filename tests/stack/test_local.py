@@ -131,29 +131,53 @@ def test_no_process_up_started_outlives_it_killed_with_sigkill(up: UpStack) -> N
     assert not left, [" ".join(psutil.Process(pid).cmdline()) for pid in left]
 
 
-def test_ctrl_c_while_up_loads_ends_it_quietly(tmp_path: Path) -> None:
+def agent_started(processes: list[psutil.Process]) -> bool:
+    """Whether an agent is among the processes."""
+    return any("gpu_agent" in " ".join(process.cmdline()) for process in processes)
+
+
+@pytest.mark.parametrize("moment", ["while it loads", "while its agents start"])
+def test_ctrl_c_at_any_moment_of_up_ends_it_quietly_and_everything_it_started(
+    tmp_path: Path, moment: str
+) -> None:
     process = subprocess.Popen(
         [*UP_COMMAND, *UP],
         cwd=tmp_path,
+        # Agents that take ten minutes to load: `up` is still waiting for them at the signal.
+        env={**os.environ, "SPOTGATE_AGENT_SYNTHETIC__LOAD_SECONDS": "600"},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # As `up &` in a script starts it: SIGINT ignored by its parent, which it inherits.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )
+    started: list[psutil.Process] = []
+    pidfds: dict[int, int] = {}
     deadline = time.monotonic() + EXIT_TIMEOUT_SECONDS
-    maps = Path(f"/proc/{process.pid}/maps")
     try:
-        # While it loads its commands' modules, pydantic's native one among the first.
-        while "pydantic_core" not in maps.read_text() and time.monotonic() < deadline:
-            time.sleep(0.005)  # polling: an import has no event
+        if moment == "while it loads":  # its commands' modules, pydantic's among the first
+            maps = Path(f"/proc/{process.pid}/maps")
+            while "pydantic_core" not in maps.read_text() and time.monotonic() < deadline:
+                time.sleep(0.005)  # polling: an import has no event
+        else:
+            while not agent_started(started) and time.monotonic() < deadline:
+                time.sleep(0.05)  # polling: a child's start has no event
+                started = psutil.Process(process.pid).children(recursive=True)
+            assert agent_started(started), "up started no agent"
+            pidfds = {os.pidfd_open(child.pid): child.pid for child in started}
         process.send_signal(signal.SIGINT)
         out, err = process.communicate(timeout=EXIT_TIMEOUT_SECONDS)
+        left = wait_all_exited(pidfds, EXIT_TIMEOUT_SECONDS)
     finally:
         if process.poll() is None:
             process.kill()
+        for descriptor in pidfds:
+            os.close(descriptor)
 
     # 130 as it returns it; -SIGINT where the signal ended it before Python could
     assert process.returncode in (EXIT_INTERRUPTED, -signal.SIGINT), err
     assert (out, err) == ("", "")
+    assert not left, [" ".join(psutil.Process(pid).cmdline()) for pid in left]
     assert not (tmp_path / UP_FILE).exists()
 
 
