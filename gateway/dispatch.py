@@ -5,7 +5,8 @@ second, so a `draining` agent stops getting work within one), reading only what 
 DynamoDB is unreachable the gateway keeps routing on its last view and says so in `/readyz`.
 A stream that finds no agent with room waits in a bounded per-model queue, hearing its
 position, until an agent frees up or appears (scale-up, scale from zero) or its deadline
-passes. While the pool manager has an agent of the model booting, its forecast (when that
+passes; the queue takes tenants in fair turns by tokens (gateway/fair_queue.py). While the
+pool manager has an agent of the model booting, its forecast (when that
 agent should be ready, from the cold starts the pool has seen) stretches the deadline to
 cover the boot, and waiting streams hear the expected wait (`eta_seconds`).
 
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from ipaddress import IPv4Network, IPv6Network, ip_address
 from urllib.parse import urlsplit
 
+from gateway.fair_queue import FairQueue, Waiter, place_in_line
 from gateway.prefix import PrefixIndex, PromptPrefix, prompt_prefix
 from gateway.router import Candidate, PrefixAffinity, choose_agent
 from gateway.vouching import LaunchBook, RogueAgents, vouch
@@ -188,13 +190,6 @@ def agent_url_allowed(url: str, networks: Collection[IPv4Network | IPv6Network])
     return any(address in network for network in networks)
 
 
-@dataclass(eq=False, slots=True)
-class _Waiter:
-    """A stream in a model's queue (each one itself: compared by identity)."""
-
-    under_way: bool
-
-
 class Dispatcher:
     """Chooses agents for streams and queues the streams that must wait."""
 
@@ -222,7 +217,8 @@ class Dispatcher:
         self._queue = queue
         self._scalable = frozenset(scale_from_zero_models)
         self._clock = clock
-        self._waiting: dict[str, list[_Waiter]] = {}
+        self._waiting: dict[str, list[Waiter]] = {}
+        self._fair: dict[str, FairQueue] = {}
         self._changed = asyncio.Event()
         self._full_until: dict[str, float] = {}
         self.forecasts: dict[str, PoolForecast] = {}
@@ -348,12 +344,15 @@ class Dispatcher:
         prefix: PromptPrefix | None = None,
         adapter: str | None = None,
         under_way: bool = False,
+        tenant: str = "",
+        cost_tokens: int = 1,
     ) -> AsyncIterator[Queued | Candidate]:
         """Yield queue positions while waiting, then the chosen agent (last item).
 
         A stream `under_way` (moved, or resumed after a break) waits ahead of new ones and is
         never refused for a full queue: its client is mid-reply, and a spot loss, when the
-        queue fills, must not cut it off.
+        queue fills, must not cut it off. New ones wait in fair turns of their tenants
+        (`FairQueue`, each turn `cost_tokens` long).
         """
         if self.closing:
             raise GatewayClosing(model)
@@ -366,9 +365,9 @@ class Dispatcher:
         waiters = self._waiting.setdefault(model, [])
         if not under_way and len(waiters) >= self._queue.max_pending_per_model:
             raise QueueFull(model)
-        me = _Waiter(under_way)
-        # Those under way first, each group first come first served.
-        waiters.insert(sum(w.under_way for w in waiters) if under_way else len(waiters), me)
+        fair = self._fair.setdefault(model, FairQueue())
+        me = Waiter(under_way, 0.0 if under_way else fair.tag(tenant, cost_tokens))
+        waiters.insert(place_in_line(waiters, me), me)
         queued_at = self._clock()
         until = deadline
         try:
@@ -405,6 +404,8 @@ class Dispatcher:
         finally:
             waiters.remove(me)
             self.notify()
+        if not under_way:
+            fair.served(me.tag)
         yield chosen
 
     async def refresh_forever(self, registry: Registry, interval_seconds: float) -> None:

@@ -47,6 +47,7 @@ from gateway.dispatch import (
     UnknownModel,
 )
 from gateway.failover import HANDLE_KEY_BYTES, Failover
+from gateway.fair_queue import stream_cost_tokens
 from gateway.moves import (
     DropNext,
     MergeDeltas,
@@ -407,6 +408,8 @@ def _acquire(
         prefix=prefix,
         adapter=frame.adapter,
         under_way=under_way,
+        tenant=frame.tenant or "",
+        cost_tokens=stream_cost_tokens(frame),
     )
 
 

@@ -102,6 +102,7 @@ IO_LIBRARIES = {
 DECISION_MODULES = (
     "gateway.failover",
     "gateway.moves",
+    "gateway.fair_queue",
     "pool_manager.policy",
     "spotgate.admission",
     "gpu_agent.drain",

@@ -557,3 +557,23 @@ async def test_a_stream_under_way_waits_ahead_of_new_ones_even_in_a_full_queue()
     assert isinstance(chosen, Candidate)
     assert chosen.agent_id == "a"  # the new stream, behind it, could not choose first
     await new.aclose()
+
+
+async def test_a_tenants_burst_does_not_hold_another_tenants_stream_behind_it() -> None:
+    """Ten streams of one key wait; another key's stream waits behind one of them, not ten."""
+    clock = FakeClock(1_000.0)
+    dispatcher = Dispatcher(QueueSettings(), scale_from_zero_models=(MODEL,), clock=clock)
+    deadline = clock.now + 60.0
+
+    def waiting(tenant: str) -> Any:
+        return dispatcher.acquire(
+            MODEL, session=None, exclude=(), deadline=deadline, tenant=tenant, cost_tokens=100
+        )
+
+    burst = [waiting("heavy") for _ in range(10)]
+    assert [await anext(stream) for stream in burst] == [Queued(n, None) for n in range(10)]
+    light = waiting("light")
+
+    assert await anext(light) == Queued(1, None)  # after the burst's first, not its last
+    for stream in [*burst, light]:
+        await stream.aclose()
