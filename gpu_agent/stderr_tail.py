@@ -11,6 +11,7 @@ carry. Installed by the agent process alone (`gpu_agent.service`), never in a te
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import re
 import sys
@@ -40,8 +41,9 @@ class StderrTail:
         pending = b""
         while chunk := os.read(read_fd, 65536):
             view = memoryview(chunk)
-            while view:
-                view = view[os.write(onward_fd, view) :]
+            with contextlib.suppress(OSError):  # its reader gone: kept here, nothing blocks
+                while view:
+                    view = view[os.write(onward_fd, view) :]
             *complete, pending = (pending + chunk).split(b"\n")
             with self._lock:
                 for line in complete:
