@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 
@@ -14,7 +15,13 @@ from cli.args import (
     run_async,
     shared_settings,
 )
-from spotgate.registry import ApiKeyNotFound, ApiKeyRecord, Registry, UsageCounts
+from spotgate.registry import (
+    MAX_KEY_WEIGHT,
+    ApiKeyNotFound,
+    ApiKeyRecord,
+    Registry,
+    UsageCounts,
+)
 from spotgate.tenancy import valid_tenant_name
 
 SINCE_UNIT_SECONDS = {"m": 60, "h": 3600, "d": 86400}
@@ -30,6 +37,17 @@ def tenant_name(text: str) -> str:
     return text
 
 
+def key_weight(text: str) -> float:
+    """An argument type: a key's weight, above 0 and at most `MAX_KEY_WEIGHT`."""
+    try:
+        weight = float(text)
+    except ValueError:
+        weight = math.nan
+    if not 0 < weight <= MAX_KEY_WEIGHT:
+        raise argparse.ArgumentTypeError(f"a number above 0 and at most {MAX_KEY_WEIGHT:g}")
+    return weight
+
+
 def _describe_key(record: ApiKeyRecord) -> str:
     limits = ", ".join(
         f"{label}={value}"
@@ -39,6 +57,7 @@ def _describe_key(record: ApiKeyRecord) -> str:
             ("max_tokens", record.max_tokens),
             ("max_streams", record.max_streams),
             ("tenant", record.tenant),
+            ("weight", f"{record.weight:g}" if record.weight != 1 else None),
         )
         if value is not None
     )
@@ -57,6 +76,7 @@ async def _keys_create(args: argparse.Namespace) -> int:
             models=[model for model in (args.models or "").split(",") if model],
             max_streams=args.max_streams,
             tenant=args.tenant,
+            weight=args.weight,
         )
     print(created.api_key)
     print(
@@ -137,6 +157,13 @@ def setup_keys(commands: Commands) -> None:
         type=tenant_name,
         help="share routing and the prefix cache with the other keys of this tenant "
         "(default: the key is a tenant of its own)",
+    )
+    create.add_argument(
+        "--weight",
+        type=key_weight,
+        default=1.0,
+        help="its tenant's share of a full model's queue against other tenants' (default 1; "
+        "2: twice the tokens in each round)",
     )
     create.set_defaults(handler=run_async(_keys_create))
     key_commands.add_parser("list", help="list keys").set_defaults(handler=run_async(_keys_list))

@@ -47,6 +47,7 @@ class Principal:
     # Whose prefix cache the caller's streams share (`spotgate.tenancy.tenant_of`).
     tenant: str
     expires_at: float | None = None  # set when authenticated by a token
+    weight: float = 1.0  # its tenant's share of a full model's queue (`gateway.fair_queue`)
 
     @property
     def grant(self) -> Grant:
@@ -66,6 +67,7 @@ def principal_of(
         max_tokens=record.max_tokens,
         expires_at=expires_at,
         tenant=tenant_of(record.key_id, record.tenant),
+        weight=float(record.weight),
     )
 
 

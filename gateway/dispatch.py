@@ -1,14 +1,13 @@
 """The gateway's view of the pool, and the per-model queue streams wait in for an agent.
 
-The view is refreshed from the registry's change feed in the background (at most every
-second, so a `draining` agent stops getting work within one), reading only what changed; if
-DynamoDB is unreachable the gateway keeps routing on its last view and says so in `/readyz`.
-A stream that finds no agent with room waits in a bounded per-model queue, hearing its
-position, until an agent frees up or appears (scale-up, scale from zero) or its deadline
-passes; the queue takes tenants in fair turns by tokens (gateway/fair_queue.py). While the
-pool manager has an agent of the model booting, its forecast (when that
-agent should be ready, from the cold starts the pool has seen) stretches the deadline to
-cover the boot, and waiting streams hear the expected wait (`eta_seconds`).
+The view is refreshed from the registry's change feed in the background (at most every second,
+so a `draining` agent stops getting work within one), reading only what changed; if DynamoDB is
+unreachable the gateway keeps routing on its last view and says so in `/readyz`. A stream that
+finds no agent with room waits in a bounded per-model queue, hearing its position, until an
+agent frees up or appears (scale-up, scale from zero) or its deadline passes; the queue takes
+tenants in fair turns by tokens (gateway/fair_queue.py). While the pool manager has an agent of
+the model booting, its forecast (its ready time, from the cold starts the pool has seen)
+stretches the deadline to cover the boot; waiting streams hear the wait (`eta_seconds`).
 
 The dispatcher also keeps the prefix index (gateway/prefix.py): every stream it places is
 recorded against its agent, and agents that leave the view are forgotten. Prompts are hashed
@@ -219,6 +218,7 @@ class Dispatcher:
         self._clock = clock
         self._waiting: dict[str, list[Waiter]] = {}
         self._fair: dict[str, FairQueue] = {}
+        self._weights: dict[str, float] = {}  # each tenant's key's, as its last stream said
         self._changed = asyncio.Event()
         self._full_until: dict[str, float] = {}
         self.forecasts: dict[str, PoolForecast] = {}
@@ -228,6 +228,10 @@ class Dispatcher:
     def pending(self) -> dict[str, int]:
         """Streams waiting per model."""
         return {model: len(waiters) for model, waiters in self._waiting.items() if waiters}
+
+    def weigh(self, tenant: str, weight: float) -> None:
+        """The tenant's share of a full queue against other tenants' from now on."""
+        self._weights[tenant] = weight
 
     def notify(self) -> None:
         """Capacity may have changed: let waiting streams look again."""
@@ -351,8 +355,7 @@ class Dispatcher:
 
         A stream `under_way` (moved, or resumed after a break) waits ahead of new ones and is
         never refused for a full queue: its client is mid-reply, and a spot loss, when the
-        queue fills, must not cut it off. New ones wait in fair turns of their tenants
-        (`FairQueue`, each turn `cost_tokens` long).
+        queue fills, must not cut it off. New ones wait in their tenants' fair turns.
         """
         if self.closing:
             raise GatewayClosing(model)
@@ -366,7 +369,8 @@ class Dispatcher:
         if not under_way and len(waiters) >= self._queue.max_pending_per_model:
             raise QueueFull(model)
         fair = self._fair.setdefault(model, FairQueue())
-        me = Waiter(under_way, 0.0 if under_way else fair.tag(tenant, cost_tokens))
+        tag = 0.0 if under_way else fair.tag(tenant, cost_tokens, self._weights.get(tenant, 1))
+        me = Waiter(under_way, tag)
         waiters.insert(place_in_line(waiters, me), me)
         queued_at = self._clock()
         until = deadline

@@ -55,10 +55,14 @@ class FairQueue:
     virtual_time: float = 0.0
     _share_ends: dict[str, float] = field(default_factory=dict)
 
-    def tag(self, tenant: str, cost_tokens: int) -> float:
-        """The virtual start of a stream of `tenant` that joins the queue now."""
+    def tag(self, tenant: str, cost_tokens: int, weight: float = 1.0) -> float:
+        """The virtual start of a stream of `tenant` that joins the queue now.
+
+        Its share lasts its tokens over the tenant's `weight`: a tenant of weight 2 gets
+        twice the tokens of one of weight 1 in each round.
+        """
         start = max(self.virtual_time, self._share_ends.get(tenant, 0.0))
-        self._share_ends[tenant] = start + max(1, cost_tokens)
+        self._share_ends[tenant] = start + max(1, cost_tokens) / weight
         return start
 
     def served(self, tag: float) -> None:

@@ -76,6 +76,7 @@ async def admitted_frames(
     the agent salts its prefix cache with it.
     """
     frame = frame.model_copy(update={"tenant": principal.tenant})
+    state.dispatcher.weigh(principal.tenant, principal.weight)
     if principal.max_tokens is not None:  # a reply with no max_tokens stops at the key's limit
         frame = frame.model_copy(update={"max_tokens_cap": principal.max_tokens})
     revoked = await state.authenticator.revoked(principal)

@@ -24,7 +24,7 @@ from spotgate.registry.agents import AgentOperations, instance_agent_id
 from spotgate.registry.aws import aws_session
 from spotgate.registry.base import Clock
 from spotgate.registry.demand import POOL_TARGET_SOURCE, DemandOperations
-from spotgate.registry.keys import ApiKeyOperations
+from spotgate.registry.keys import MAX_KEY_WEIGHT, ApiKeyOperations
 from spotgate.registry.launches import LaunchOperations, LaunchRecord
 from spotgate.registry.records import (
     BOOT_PHASES,
@@ -65,6 +65,7 @@ __all__ = [
     "BY_CHANGE_INDEX",
     "BY_MODEL_INDEX",
     "FEED_FIELDS",
+    "MAX_KEY_WEIGHT",
     "POOL_TARGET_SOURCE",
     "TABLE_ACTIVE_TIMEOUT_SECONDS",
     "AgentGone",

@@ -27,6 +27,9 @@ from spotgate.registry.records import (
 )
 from spotgate.tenancy import valid_tenant_name
 
+MAX_KEY_WEIGHT = 1_000.0
+"""A key's weight at most: a thousand times another's share is as good as all of it."""
+
 
 class ApiKeyOperations(RegistryBase):
     """API keys: the CLI manages them, the gateway verifies them."""
@@ -41,6 +44,7 @@ class ApiKeyOperations(RegistryBase):
         models: Iterable[str] = (),
         max_streams: int | None = None,
         tenant: str | None = None,
+        weight: float = 1.0,
     ) -> CreatedApiKey:
         """Create a key; the returned full key text is the only time it is ever available."""
         if not name.strip():
@@ -49,6 +53,8 @@ class ApiKeyOperations(RegistryBase):
         for label, limit in (*limits, ("max_streams", max_streams)):
             if limit is not None and limit < 1:
                 raise ValueError(f"{label} must be positive")
+        if not 0 < weight <= MAX_KEY_WEIGHT:
+            raise ValueError(f"weight must be above 0 and at most {MAX_KEY_WEIGHT:g}")
         if tenant is not None and not valid_tenant_name(tenant):
             raise ValueError(
                 "tenant: 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit"
@@ -64,6 +70,7 @@ class ApiKeyOperations(RegistryBase):
             created_at=self._clock(),
             max_streams=max_streams,
             tenant=tenant,
+            weight=weight,
         )
         item = encode_item(
             {

@@ -169,6 +169,8 @@ class ApiKeyRecord:
     max_streams: int | None = None
     # The tenant whose prefix cache the key shares (`spotgate.tenancy`); None: its own.
     tenant: str | None = None
+    # Its tenant's share of a full model's queue against other tenants' (`gateway.fair_queue`).
+    weight: float = 1.0
 
     def allows_model(self, model: str) -> bool:
         """Whether this key may use `model` (an empty set means every model)."""

@@ -69,6 +69,7 @@ def one_line(text: str) -> str:
         (["bogus"], "invalid choice"),
         (["keys", "create"], "--name"),
         (["keys", "create", "--name", "x", "--rpm", "0"], "must be at least 1"),
+        (["keys", "create", "--name", "x", "--weight", "0"], "a number above 0 and at most 1000"),
         (["up", "--agents", "many"], "not a whole number"),
         (["up", "--regions", "us-east-1,us-west-9"], "no EC2 region is called us-west-9"),
         (["up", "--regions", "us-east-1,"], "an empty region"),

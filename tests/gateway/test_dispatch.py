@@ -575,5 +575,10 @@ async def test_a_tenants_burst_does_not_hold_another_tenants_stream_behind_it() 
     light = waiting("light")
 
     assert await anext(light) == Queued(1, None)  # after the burst's first, not its last
-    for stream in [*burst, light]:
+    dispatcher.weigh("weighty", 4.0)  # its key's weight: four of its streams a round
+    weighty = [waiting("weighty") for _ in range(2)]
+    # Its first with the other tenants' first; its second a quarter turn on, before the
+    # burst's second (weight 1: after it).
+    assert [await anext(stream) for stream in weighty] == [Queued(2, None), Queued(3, None)]
+    for stream in [*burst, light, *weighty]:
         await stream.aclose()

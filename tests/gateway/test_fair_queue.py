@@ -13,13 +13,15 @@ from gateway.fair_queue import (
 )
 from spotgate.protocol import GenerateFrame
 
+WEIGHTS = {"double": 2.0}
+
 
 def serve_order(arrivals: list[tuple[str, int]]) -> list[str]:
     """The tenants in the order a queue serves streams that all arrived before any left."""
     fair = FairQueue()
     line: list[tuple[Waiter, str]] = []
     for tenant, cost in arrivals:
-        me = Waiter(under_way=False, tag=fair.tag(tenant, cost))
+        me = Waiter(under_way=False, tag=fair.tag(tenant, cost, WEIGHTS.get(tenant, 1.0)))
         line.insert(place_in_line([w for w, _ in line], me), (me, tenant))
     order = []
     for waiter, tenant in line:
@@ -37,6 +39,8 @@ def serve_order(arrivals: list[tuple[str, int]]) -> list[str]:
         ([("a", 200), ("a", 200), ("b", 100), ("b", 100), ("b", 100)], ["a", "b", "b", "a", "b"]),
         # Alone, a tenant is first come first served.
         ([("a", 10), ("a", 500), ("a", 1)], ["a", "a", "a"]),
+        # A tenant of weight 2 gets twice the tokens in each round.
+        ([("double", 100)] * 4 + [("b", 100)] * 2, ["double", "b", *["double"] * 2, "b", "double"]),
         # Three tenants: round robin.
         ([("a", 1)] * 2 + [("b", 1)] * 2 + [("c", 1)] * 2, ["a", "b", "c", "a", "b", "c"]),
     ],

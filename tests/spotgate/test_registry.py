@@ -347,13 +347,15 @@ async def test_create_tables_is_idempotent(registry: Registry) -> None:
 
 
 async def test_created_key_verifies_and_carries_its_limits(registry: Registry) -> None:
-    created = await registry.create_key("ci", rpm=60, tpm=10_000, max_tokens=512, models=["m"])
+    created = await registry.create_key(
+        "ci", rpm=60, tpm=10_000, max_tokens=512, models=["m"], weight=2.5
+    )
     assert created.api_key.startswith(f"sg-{created.record.key_id}-")
 
     record = await registry.verify_key(created.api_key)
 
     assert record == created.record
-    assert (record.rpm, record.tpm, record.max_tokens) == (60, 10_000, 512)
+    assert (record.rpm, record.tpm, record.max_tokens, record.weight) == (60, 10_000, 512, 2.5)
     assert record.allows_model("m")
     assert not record.allows_model("other")
 
@@ -425,6 +427,8 @@ async def test_disabling_an_unknown_key_fails(registry: Registry) -> None:
 async def test_key_limits_must_be_positive(registry: Registry) -> None:
     with pytest.raises(ValueError, match="rpm"):
         await registry.create_key("ci", rpm=0)
+    with pytest.raises(ValueError, match="weight must be above 0"):
+        await registry.create_key("ci", weight=0)
     assert await registry.list_keys() == []
 
 
