@@ -13,14 +13,22 @@ A tiny model can also be taught one reply (`reply=`): trained for a few seconds 
 every chat with exactly that text, e.g. a tool call in its chat template's own markup, so
 what a real model does only with real weights (call a tool of its own accord) happens on the
 CPU engine too, through the real template, tokenizer and vLLM's own parsers.
+
+Teaching costs half a minute of a core, so a model can be kept in a cache shared by processes
+(`cache=`): one written before from the same arguments, tokenizer and code is copied from
+there, byte for byte what writing it again would give.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
+import importlib.metadata
 import json
 import shutil
 import tarfile
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -166,6 +174,66 @@ def _has_chat_template(tokenizer_dir: Path) -> bool:
     return config.is_file() and bool(json.loads(config.read_text()).get("chat_template"))
 
 
+MODEL_LIBRARIES = ("torch", "transformers", "tokenizers", "safetensors")
+"""The libraries that compute and save a tiny model: another version may write other bytes."""
+
+
+def tiny_model_key(
+    tokenizer_dir: Path | None = None,
+    reply: str | None = None,
+    *,
+    hidden_size: int = HIDDEN_SIZE,
+    layers: int = LAYERS,
+) -> str:
+    """The cache key of what `write_tiny_model` writes from these arguments.
+
+    A hash of everything that shapes its files: the arguments (the tokenizer by its files'
+    bytes and its directory's name, which `spotgate-tiny.json` records), this module's source,
+    so that a change to how a model is written or taught is a new key, and the versions of
+    `MODEL_LIBRARIES`.
+    """
+    files = [tokenizer_dir / file for file in TOKENIZER_FILES] if tokenizer_dir else []
+    shape = {
+        "reply": reply,
+        "hidden_size": hidden_size,
+        "layers": layers,
+        "tokenizer": tokenizer_dir.name if tokenizer_dir else None,
+        "tokenizer_files": [path.name for path in files if path.is_file()],
+        "libraries": {name: importlib.metadata.version(name) for name in MODEL_LIBRARIES},
+    }
+    digest = hashlib.sha256(json.dumps(shape, sort_keys=True).encode())
+    for content in [Path(__file__).read_bytes(), *(p.read_bytes() for p in files if p.is_file())]:
+        # Each part's length first: bytes moved from one part into the next change the hash.
+        digest.update(len(content).to_bytes(8, "big"))
+        digest.update(content)
+    return digest.hexdigest()
+
+
+def cache_entry(cache: Path, key: str, write: Callable[[Path], object]) -> Path:
+    """The directory `cache/key`, written first by `write` if the cache has none.
+
+    `write` fills the empty directory it is given: a temporary sibling, renamed into place
+    once whole, so that a writer killed midway leaves no half entry, and of writers of one key
+    at once (pytest-xdist's workers) the first to rename wins; the others drop their copy and
+    return the winner's.
+    """
+    entry = cache / key
+    if entry.is_dir():
+        return entry
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache, prefix=f".{key}.") as scratch:
+        written = Path(scratch) / key
+        written.mkdir()
+        write(written)
+        try:
+            written.rename(entry)
+        except OSError as err:
+            # The entry is there, whole: another writer renamed its copy first.
+            if err.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+    return entry
+
+
 def write_tiny_model(
     out: Path,
     tokenizer_dir: Path | None = None,
@@ -173,6 +241,7 @@ def write_tiny_model(
     *,
     hidden_size: int = HIDDEN_SIZE,
     layers: int = LAYERS,
+    cache: Path | None = None,
 ) -> Path:
     """Write the tiny Llama checkpoint (config, safetensors, tokenizer) into `out`.
 
@@ -181,11 +250,28 @@ def write_tiny_model(
     `reply`: the text the model is taught to answer every chat with (None: random weights).
     `hidden_size` (a multiple of the head size, 64) and `layers`: a larger model, for
     benchmarks where prefill must take measurable time.
+    `cache`: a directory of models by `tiny_model_key`, which processes may share: the model
+    is copied from there, written there first if it is not there yet (None: written anew).
     """
     if hidden_size <= 0 or hidden_size % HEAD_DIM or layers <= 0:
         raise ValueError(f"hidden_size must be a positive multiple of {HEAD_DIM}, layers > 0")
     if reply is not None and tokenizer_dir is not None and not _has_chat_template(tokenizer_dir):
         raise ValueError(f"{tokenizer_dir.name}: no chat template, so no chat to teach a reply")
+
+    def write(into: Path) -> Path:
+        return _write_model(into, tokenizer_dir, reply, hidden_size, layers)
+
+    if cache is None:
+        return write(out)
+    key = tiny_model_key(tokenizer_dir, reply, hidden_size=hidden_size, layers=layers)
+    shutil.copytree(cache_entry(cache, key, write), out, dirs_exist_ok=True)
+    return out
+
+
+def _write_model(
+    out: Path, tokenizer_dir: Path | None, reply: str | None, hidden_size: int, layers: int
+) -> Path:
+    """`write_tiny_model`'s writing, its arguments checked."""
     # After the checks: a refused request answers at once, without loading torch.
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM

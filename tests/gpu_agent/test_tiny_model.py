@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -68,3 +69,83 @@ def test_a_larger_model_keeps_the_head_size_and_the_default_is_unchanged(tmp_pat
     assert (HIDDEN_SIZE, LAYERS) == (128, 2)  # what every existing caller builds
     with pytest.raises(ValueError, match="multiple of 64"):
         write_tiny_model(tmp_path / "odd", hidden_size=100)
+
+
+def contents(directory: Path) -> dict[Path, bytes]:
+    """Every file under `directory`, by its path there, and its bytes."""
+    return {
+        path.relative_to(directory): path.read_bytes()
+        for path in directory.rglob("*")
+        if path.is_file()
+    }
+
+
+def test_the_cache_key_changes_with_whatever_shapes_the_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpu_agent import tiny_model
+    from gpu_agent.tiny_model import tiny_model_key
+
+    qwen3 = tokenizer_dir("qwen3")
+    renamed = shutil.copytree(qwen3, tmp_path / "renamed")  # the name is in spotgate-tiny.json
+    edited = shutil.copytree(qwen3, tmp_path / "edited" / "qwen3")
+    with (edited / "tokenizer_config.json").open("a") as config:
+        config.write("\n")
+    key = tiny_model_key(qwen3, "Hi.")
+    others = [
+        tiny_model_key(qwen3, "Hello."),
+        tiny_model_key(qwen3),
+        tiny_model_key(None, "Hi."),
+        tiny_model_key(tokenizer_dir("llama3"), "Hi."),
+        tiny_model_key(renamed, "Hi."),
+        tiny_model_key(edited, "Hi."),
+        tiny_model_key(qwen3, "Hi.", hidden_size=256),
+        tiny_model_key(qwen3, "Hi.", layers=3),
+    ]
+    assert tiny_model_key(qwen3, "Hi.") == key
+    assert len({key, *others}) == 1 + len(others)
+
+    changed = tmp_path / "tiny_model.py"  # the module's code, changed
+    changed.write_bytes(Path(tiny_model.__file__).read_bytes() + b"# taught otherwise\n")
+    monkeypatch.setattr(tiny_model, "__file__", str(changed))
+    assert tiny_model_key(qwen3, "Hi.") != key
+
+
+def test_a_model_from_the_cache_is_byte_for_byte_the_one_written_anew(tmp_path: Path) -> None:
+    from gpu_agent.tiny_model import tiny_model_key, write_tiny_model
+
+    cache = tmp_path / "cache"
+    first = write_tiny_model(tmp_path / "first", cache=cache)  # written into the cache
+    again = write_tiny_model(tmp_path / "again", cache=cache)  # copied from it
+    fresh = write_tiny_model(tmp_path / "fresh")
+
+    assert contents(first) == contents(again) == contents(fresh)
+    assert list(cache.iterdir()) == [cache / tiny_model_key()]  # no scratch left behind
+
+
+def test_a_cache_entry_is_written_once_and_a_writer_that_loses_the_race_takes_the_winners(
+    tmp_path: Path,
+) -> None:
+    from gpu_agent.tiny_model import cache_entry
+
+    cache = tmp_path / "cache"
+
+    def write(into: Path) -> None:
+        (into / "model").write_text("first")
+
+    def never(into: Path) -> None:
+        raise AssertionError("the cache had it: nothing to write")
+
+    entry = cache_entry(cache, "key", write)
+    assert cache_entry(cache, "key", never) == entry == cache / "key"
+    assert contents(entry) == {Path("model"): b"first"}
+
+    def beaten(into: Path) -> None:
+        (into / "model").write_text("loser")
+        winner = cache / "raced"  # another process renamed its whole copy in meanwhile
+        winner.mkdir()
+        (winner / "model").write_text("winner")
+
+    assert cache_entry(cache, "raced", beaten) == cache / "raced"
+    assert contents(cache / "raced") == {Path("model"): b"winner"}
+    assert sorted(path.name for path in cache.iterdir()) == ["key", "raced"]

@@ -28,8 +28,14 @@ from loadtest.chaos.stack import SYNTHETIC, StackEngine
 from loadtest.chaos.traffic import SseClients, Tally, Traffic
 from spotgate.registry import Registry
 from spotgate.settings import emulator_settings
-from stack.local import TINY_ANSWER, TINY_THINKING, TOKENIZER_CACHE_ENV, UP_FILE
-from tests.support.agents import wait_for
+from stack.local import (
+    TINY_ANSWER,
+    TINY_MODEL_CACHE_ENV,
+    TINY_THINKING,
+    TOKENIZER_CACHE_ENV,
+    UP_FILE,
+)
+from tests.support.agents import TINY_MODEL_CACHE, wait_for
 from tests.support.tokenizers import CACHE as TOKENIZER_CACHE
 from tests.support.up import UP_COMMAND, running_up
 
@@ -392,9 +398,17 @@ async def test_two_models_each_run_by_agents_of_their_own(tmp_path: Path) -> Non
 
 @pytest.fixture
 def default_up(tmp_path: Path) -> Iterator[dict[str, Any]]:
-    """`make up` as a new user first runs it: vLLM, the tiny model on Qwen3's template."""
+    """`make up` as a new user first runs it: vLLM, the tiny model on Qwen3's template.
+
+    The model comes from the suite's cache once taught (a new user's `up` teaches it: see
+    the test of a kill while it does).
+    """
     arguments = ["--agents", "1", "--port", "0"]
-    with running_up(tmp_path, arguments, {TOKENIZER_CACHE_ENV: str(TOKENIZER_CACHE)}) as running:
+    caches = {
+        TOKENIZER_CACHE_ENV: str(TOKENIZER_CACHE),
+        TINY_MODEL_CACHE_ENV: str(TINY_MODEL_CACHE),
+    }
+    with running_up(tmp_path, arguments, caches) as running:
         yield running.info
 
 
@@ -441,10 +455,12 @@ async def test_the_default_model_answers_tools_structured_output_and_reasoning(
 def test_no_model_writer_outlives_an_up_killed_while_it_writes_the_default_model(
     tmp_path: Path,
 ) -> None:
+    # No model cache, as a new user has none: `up` starts teaching the model at once.
+    env = {name: value for name, value in os.environ.items() if name != TINY_MODEL_CACHE_ENV}
     process = subprocess.Popen(
         [*UP_COMMAND, "--agents", "1", "--port", "0"],
         cwd=tmp_path,
-        env={**os.environ, TOKENIZER_CACHE_ENV: str(TOKENIZER_CACHE)},
+        env={**env, TOKENIZER_CACHE_ENV: str(TOKENIZER_CACHE)},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import time
 import urllib.request
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
@@ -29,6 +30,7 @@ from spotgate.registry import Registry
 from spotgate.settings import AgentSettings, SyntheticSettings, VllmSettings, advertised_url
 from spotgate.tokens import KeyRing, SigningKey, issue
 from stack.emulator import AwsEmulator
+from stack.local import TINY_MODEL_CACHE_ENV
 from tests.support.tokenizers import tokenizer_dir
 
 ISSUER = "http://gateway.test"
@@ -68,6 +70,12 @@ LORA_MODEL = "tiny-lora"
 that cannot load (`broken`: a config and no weights)."""
 LORA_ADAPTERS = {"a1": 1, "a2": 2, "a3": 3}
 MAX_LORAS = 2
+TINY_MODEL_CACHE = Path(
+    os.environ.get(TINY_MODEL_CACHE_ENV, Path(__file__).parents[2] / ".cache/tiny-models")
+)
+"""The tiny models' cache (`write_tiny_model`'s `cache`), in the checkout: shared by the
+workers and the `up`s they start, and kept between runs, since teaching a model its reply
+takes half a minute of a core."""
 
 
 @dataclass
@@ -116,18 +124,24 @@ def token(ring: KeyRing) -> str:
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_model(tmp_path_factory.mktemp("models") / "tiny")
+    """The tiny model on its own tokenizer, with random weights."""
+    return write_tiny_model(tmp_path_factory.mktemp("models") / "tiny", cache=TINY_MODEL_CACHE)
 
 
 @pytest.fixture(scope="session")
 def llama2_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_model(tmp_path_factory.mktemp("models") / "llama2", tokenizer_dir("llama2"))
+    """The tiny model on Llama-2's published tokenizer."""
+    out = tmp_path_factory.mktemp("models") / "llama2"
+    return write_tiny_model(out, tokenizer_dir("llama2"), cache=TINY_MODEL_CACHE)
 
 
 @pytest.fixture(scope="session")
 def reasoning_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model on Qwen3's tokenizer, taught `REASONING_REPLY`."""
     out = tmp_path_factory.mktemp("models") / "reasoning"
-    return write_tiny_model(out, tokenizer_dir("qwen3"), reply=REASONING_REPLY)
+    return write_tiny_model(
+        out, tokenizer_dir("qwen3"), reply=REASONING_REPLY, cache=TINY_MODEL_CACHE
+    )
 
 
 @pytest.fixture(scope="session")
@@ -147,8 +161,11 @@ def lora_adapter_dirs(
 
 @pytest.fixture(scope="session")
 def tool_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model on Qwen3's tokenizer, taught `TOOL_CALL_REPLY`."""
     out = tmp_path_factory.mktemp("models") / "tools"
-    return write_tiny_model(out, tokenizer_dir("qwen3"), reply=TOOL_CALL_REPLY)
+    return write_tiny_model(
+        out, tokenizer_dir("qwen3"), reply=TOOL_CALL_REPLY, cache=TINY_MODEL_CACHE
+    )
 
 
 ENGINE_BATCHED_TOKENS = 4096
