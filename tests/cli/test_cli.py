@@ -86,6 +86,47 @@ def process_state() -> tuple[object, ...]:
     return (*handlers, dict(os.environ), list(root.handlers), root.level)
 
 
+class Spotgate:
+    """`spotgate ARGS` run by `main` in this process, where `run` starts a process of its own
+    (1.5 s of CPU each): its status, stdout and stderr, as `run` returns them. The environment
+    and the directory are the test's (monkeypatch them)."""
+
+    def __init__(self, capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
+        self._capfd = capfd
+        self._caplog = caplog
+
+    def __call__(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """Run it; fail on what a process of its own would also have printed on stderr, which
+        pytest takes in-process (a warning Python shows by default, a log record at WARNING or
+        above), and on anything it leaves changed for the worker's later tests."""
+        self._capfd.readouterr()  # what came before is not the command's
+        logged_before = len(self._caplog.records)
+        before = process_state()
+        with warnings.catch_warnings(record=True) as warned:
+            warnings.simplefilter("always")
+            status = exit_status(list(args))
+        out, err = self._capfd.readouterr()
+        shown = [str(w.message) for w in warned if not issubclass(w.category, UNSHOWN_WARNINGS)]
+        logged = [
+            record.getMessage()
+            for record in self._caplog.records[logged_before:]
+            if record.levelno >= logging.WARNING
+        ]
+        assert (shown, logged) == ([], [])
+        assert process_state() == before
+        return subprocess.CompletedProcess([*SPOTGATE, *args], status, out, err)
+
+    async def in_thread(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """The same from a test's event loop, which `main`'s own (`asyncio.run`) cannot run in."""
+        return await asyncio.to_thread(self, *args)
+
+
+@pytest.fixture
+def spotgate(capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> Spotgate:
+    """`spotgate ARGS` run in this process (`Spotgate`)."""
+    return Spotgate(capfd, caplog)
+
+
 @pytest.mark.parametrize(
     ("args", "reason"),
     [
@@ -113,25 +154,12 @@ def process_state() -> tuple[object, ...]:
         (["model", "tiny-adapter", "--base", "/no/such/model", "--out", "x"], "holds no model"),
     ],
 )
-def test_bad_input_exits_2_with_one_line(
-    args: list[str],
-    reason: str,
-    capfd: pytest.CaptureFixture[str],
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    # In this process, through the `main` the console script runs: a process of its own per
-    # case cost 1.5 s of CPU each (the console script's own way in is the test below).
-    before = process_state()
-    with warnings.catch_warnings(record=True) as warned:
-        warnings.simplefilter("always")
-        status = exit_status(args)
-    assert status == 2
-    assert reason in one_line(capfd.readouterr().err)
-    # What a process of its own would print on stderr too, and pytest takes here instead.
-    shown = [str(w.message) for w in warned if not issubclass(w.category, UNSHOWN_WARNINGS)]
-    logged = [record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING]
-    assert (shown, logged) == ([], [])
-    assert process_state() == before  # nothing left changed for the worker's later tests
+def test_bad_input_exits_2_with_one_line(args: list[str], reason: str, spotgate: Spotgate) -> None:
+    # In this process, through the `main` the console script runs (the console script's own
+    # way in is the test below).
+    result = spotgate(*args)
+    assert result.returncode == 2
+    assert reason in one_line(result.stderr)
 
 
 def test_bad_input_to_the_console_command_exits_2_with_one_line() -> None:
@@ -143,47 +171,52 @@ def test_bad_input_to_the_console_command_exits_2_with_one_line() -> None:
     assert "no EC2 region is called us-west-9" in one_line(result.stderr)
 
 
-def test_sim_prints_one_json_object_per_policy_with_the_documented_fields() -> None:
+def test_sim_prints_one_json_object_per_policy_with_the_documented_fields(
+    spotgate: Spotgate,
+) -> None:
     traces = Path(__file__).parents[2] / "pool_manager" / "sim" / "traces" / "aws-16node-3zone"
     args = ["sim", "--traces", str(traces), "--windows", "1", "--window-hours", "3", "--json"]
-    single = json.loads(run(*args).stdout)
+    single = json.loads(spotgate(*args).stdout)
     assert single["policy"] == "spotgate"
-    both = json.loads(run(*args, "--policy", "spotgate,on-demand-only").stdout)
+    both = json.loads(spotgate(*args, "--policy", "spotgate,on-demand-only").stdout)
     assert [r["policy"] for r in both] == ["spotgate", "on-demand-only"]
     for result in [single, *both]:
         assert 0 <= result["availability"] <= 1
         assert result["cost_vs_on_demand"] > 0
         for field in ("preemptions", "launches", "lost_streams"):
             assert isinstance(result[field], int)
-    table = run("sim", "--traces", str(traces), "--windows", "1", "--window-hours", "3")
+    table = spotgate("sim", "--traces", str(traces), "--windows", "1", "--window-hours", "3")
     assert table.returncode == 0
     assert table.stdout.splitlines()[1].startswith("spotgate")
 
 
-def test_sim_streams_that_outlive_the_notice_are_resumed_elsewhere() -> None:
+def test_sim_streams_that_outlive_the_notice_are_resumed_elsewhere(spotgate: Spotgate) -> None:
     traces = Path(__file__).parents[2] / "pool_manager" / "sim" / "traces" / "aws-16node-3zone"
     day = ["sim", "--traces", str(traces), "--windows", "1", "--window-hours", "24", "--json"]
-    short = json.loads(run(*day).stdout)  # 60 s streams end within the 2-minute notice
-    long = json.loads(run(*day, "--stream-seconds", "1800").stdout)
+    short = json.loads(spotgate(*day).stdout)  # 60 s streams end within the 2-minute notice
+    long = json.loads(spotgate(*day, "--stream-seconds", "1800").stdout)
     assert short["preemptions"] == long["preemptions"] > 0
     assert short["streams_resumed"] == 0
     assert long["streams_resumed"] > 0
     assert long["lost_streams"] == 0  # the margin had room for every one of them
 
 
-def test_sim_refuses_a_cold_starts_file_it_cannot_read(tmp_path: Path) -> None:
+def test_sim_refuses_a_cold_starts_file_it_cannot_read(tmp_path: Path, spotgate: Spotgate) -> None:
     traces = Path(__file__).parents[2] / "pool_manager" / "sim" / "traces" / "aws-16node-3zone"
     bad = tmp_path / "boots.json"
     for content, reason in (("{}", "needs at least one"), ('[{"agent_id": "x"}]', "not a list")):
         bad.write_text(content)
-        result = run("sim", "--traces", str(traces), "--cold-starts", str(bad))
+        result = spotgate("sim", "--traces", str(traces), "--cold-starts", str(bad))
         assert result.returncode == 2
         assert reason in one_line(result.stderr)
 
 
-def test_bad_settings_are_one_line(tmp_path: Path) -> None:
-    env = {**os.environ, "SPOTGATE_REGISTRY__AGENT_TTL_SECONDS": "-5"}
-    result = run("keys", "list", cwd=tmp_path, env=env)
+def test_bad_settings_are_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spotgate: Spotgate
+) -> None:
+    monkeypatch.setenv("SPOTGATE_REGISTRY__AGENT_TTL_SECONDS", "-5")
+    monkeypatch.chdir(tmp_path)
+    result = spotgate("keys", "list")
     assert result.returncode == 2
     assert "agent_ttl_seconds" in one_line(result.stderr)
 
@@ -195,18 +228,21 @@ async def tables(aws: AwsEmulator) -> AwsEmulator:
     return aws
 
 
-def emulator_env(aws: AwsEmulator) -> dict[str, str]:
-    return {**os.environ, **settings_env(aws.settings())}
+def use_emulator(aws: AwsEmulator, directory: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Commands run in this process from now on act on `aws`, from `directory`."""
+    for name, value in settings_env(aws.settings()).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.chdir(directory)
 
 
 async def test_keys_create_list_disable_from_the_environment(
-    tables: AwsEmulator, tmp_path: Path
+    tables: AwsEmulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spotgate: Spotgate
 ) -> None:
-    env = emulator_env(tables)
+    use_emulator(tables, tmp_path, monkeypatch)
 
-    created = run(
+    created = await spotgate.in_thread(
         "keys", "create", "--name", "ci", "--rpm", "60", "--models", "a,b", "--max-streams", "3",
-        "--tenant", "acme", cwd=tmp_path, env=env,
+        "--tenant", "acme",
     )  # fmt: skip
     assert created.returncode == 0, created.stderr
     api_key = one_line(created.stdout)
@@ -216,29 +252,29 @@ async def test_keys_create_list_disable_from_the_environment(
     assert (record.name, record.rpm, record.models) == ("ci", 60, frozenset({"a", "b"}))
     assert (record.max_streams, record.tenant) == (3, "acme")
 
-    listed = run("keys", "list", cwd=tmp_path, env=env)
+    listed = await spotgate.in_thread("keys", "list")
     assert listed.returncode == 0
     assert key_id in listed.stdout
     assert "max_streams=3" in listed.stdout
     assert "tenant=acme" in listed.stdout
     assert api_key.split("-", 2)[2] not in listed.stdout + listed.stderr
 
-    assert run("keys", "disable", key_id, cwd=tmp_path, env=env).returncode == 0
-    assert "disabled" in run("keys", "list", cwd=tmp_path, env=env).stdout
+    assert (await spotgate.in_thread("keys", "disable", key_id)).returncode == 0
+    assert "disabled" in (await spotgate.in_thread("keys", "list")).stdout
 
-    bad_tenant = run("keys", "create", "--name", "x", "--tenant", "a b", cwd=tmp_path, env=env)
+    bad_tenant = await spotgate.in_thread("keys", "create", "--name", "x", "--tenant", "a b")
     assert bad_tenant.returncode == 2
     assert "--tenant" in one_line(bad_tenant.stderr)
 
-    missing = run("keys", "disable", "000000000000", cwd=tmp_path, env=env)
+    missing = await spotgate.in_thread("keys", "disable", "000000000000")
     assert missing.returncode == 2
     assert "no API key" in one_line(missing.stderr)
 
 
 async def test_keys_usage_sums_each_key_and_model_over_the_window(
-    tables: AwsEmulator, tmp_path: Path
+    tables: AwsEmulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spotgate: Spotgate
 ) -> None:
-    env = emulator_env(tables)
+    use_emulator(tables, tmp_path, monkeypatch)
     async with Registry.open(tables.settings()) as registry:
         busy = (await registry.create_key("busy")).record.key_id
         idle = (await registry.create_key("idle")).record.key_id
@@ -248,7 +284,7 @@ async def test_keys_usage_sums_each_key_and_model_over_the_window(
         await registry.add_usage(busy, "tiny", now - 2 * 86400, UsageCounts(99, 99, 9), "old")
         await registry.add_usage(idle, "other", now, UsageCounts(5, 0, 1), "idle")
 
-    every = run("keys", "usage", cwd=tmp_path, env=env)
+    every = await spotgate.in_thread("keys", "usage")
     assert every.returncode == 0, every.stderr
     header, *rows = every.stdout.splitlines()
     assert header.split() == ["key_id", "name", "model", "streams", "prompt_tokens",
@@ -256,15 +292,15 @@ async def test_keys_usage_sums_each_key_and_model_over_the_window(
     assert sorted(row.split() for row in rows) == sorted(
         [[busy, "busy", "tiny", "2", "11", "22"], [idle, "idle", "other", "1", "5", "0"]]
     )
-    one = run("keys", "usage", busy, "--since", "7d", cwd=tmp_path, env=env)
+    one = await spotgate.in_thread("keys", "usage", busy, "--since", "7d")
     assert one.stdout.splitlines()[1:] == [f"{busy}  busy  tiny  11  110  121"]
-    bad = run("keys", "usage", "--since", "yesterday", cwd=tmp_path, env=env)
+    bad = await spotgate.in_thread("keys", "usage", "--since", "yesterday")
     assert bad.returncode == 2
     assert "not a duration like 90m, 24h or 7d" in one_line(bad.stderr)
 
 
 async def test_pool_boots_tells_cold_boots_from_warm_starts(
-    tables: AwsEmulator, tmp_path: Path
+    tables: AwsEmulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spotgate: Spotgate
 ) -> None:
     booted = BootTimeline(instance_start=1000.0, agent_start=1010.0, engine_loaded=1030.0)
     async with Registry.open(tables.settings(), clock=lambda: 1040.0) as registry:
@@ -282,36 +318,38 @@ async def test_pool_boots_tells_cold_boots_from_warm_starts(
                 )
             )
         await registry.record_warm_boot("i-warm")
-    env = emulator_env(tables)
+    use_emulator(tables, tmp_path, monkeypatch)
 
     listed = {
         boot["agent_id"]: boot
-        for boot in json.loads(run("pool", "boots", "--json", cwd=tmp_path, env=env).stdout)
+        for boot in json.loads((await spotgate.in_thread("pool", "boots", "--json")).stdout)
     }
 
     assert (listed["i-cold"]["kind"], listed["i-cold"]["cold_start_seconds"]) == ("cold", 40.0)
     assert (listed["i-warm"]["kind"], listed["i-warm"]["warm_start_seconds"]) == ("warm", 40.0)
     assert "cold_start_seconds" not in listed["i-warm"]  # no reader of cold starts takes it
     assert (listed["i-cold"]["region"], listed["i-cold"]["zone"]) == ("us-west-2", "us-west-2b")
-    table = run("pool", "boots", cwd=tmp_path, env=env).stdout.splitlines()
+    table = (await spotgate.in_thread("pool", "boots")).stdout.splitlines()
     assert table[0].split()[:5] == ["AGENT", "KIND", "TYPE", "REGION", "ZONE"]
     assert sorted(row.split()[1] for row in table[1:]) == ["cold", "warm"]
     assert {row.split()[3] for row in table[1:]} == {"us-west-2"}
 
 
-def test_unreachable_aws_is_one_line(tmp_path: Path) -> None:
-    env = {
-        **os.environ,
-        "SPOTGATE_AWS__ENDPOINT_URL": "http://127.0.0.1:9",
-        "SPOTGATE_AWS__ACCESS_KEY_ID": "x",
-        "SPOTGATE_AWS__SECRET_ACCESS_KEY": "x",
-    }
-    result = run("keys", "list", cwd=tmp_path, env=env)
+def test_unreachable_aws_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spotgate: Spotgate
+) -> None:
+    monkeypatch.setenv("SPOTGATE_AWS__ENDPOINT_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("SPOTGATE_AWS__ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("SPOTGATE_AWS__SECRET_ACCESS_KEY", "x")
+    monkeypatch.chdir(tmp_path)
+    result = spotgate("keys", "list")
     assert result.returncode == 4
     assert "AWS request failed" in one_line(result.stderr)
 
 
 def test_up_on_a_taken_port_is_one_line_and_starts_nothing(tmp_path: Path) -> None:
+    # In a process of its own: `up` sets up its logging and its SIGINT before it finds the
+    # port taken, and on a free one it would start a whole stack.
     with loopback_socket() as taken:
         port = socket_port(taken)
         result = run("up", "--engine", "synthetic", "--port", str(port), cwd=tmp_path)
@@ -383,9 +421,13 @@ async def serving_agent(info: dict[str, Any]) -> str:
 
 
 async def test_up_runs_gateways_and_agents_and_stops_cleanly(
-    spotgate_up: tuple[subprocess.Popen[str], str], tmp_path: Path
+    spotgate_up: tuple[subprocess.Popen[str], str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    spotgate: Spotgate,
 ) -> None:
     process, line = spotgate_up
+    monkeypatch.chdir(tmp_path)  # `spotgate …` run in this process act on this stack
     up_file = tmp_path / UP_FILE
     assert line.startswith("spotgate ready: gateway=http://127.0.0.1:"), line + (
         process.stderr.read() if process.stderr and process.poll() is not None else ""
@@ -395,7 +437,7 @@ async def test_up_runs_gateways_and_agents_and_stops_cleanly(
     assert f"key={info['api_key']}" in line
     assert len(info["agents"]) == 2
     # `--regions`: the pool places in both regions' zones; its agents say which they run in.
-    boots = json.loads(run("pool", "boots", "--json", cwd=tmp_path).stdout)
+    boots = json.loads((await spotgate.in_thread("pool", "boots", "--json")).stdout)
     assert len(boots) == 2
     assert all(boot["zone"] in ("us-east-1a", "us-east-1b") for boot in boots), boots
     assert {boot["region"] for boot in boots} == {"us-east-1"}
@@ -416,7 +458,7 @@ async def test_up_runs_gateways_and_agents_and_stops_cleanly(
     assert len((reply.choices[0].message.content or "").split()) == 4
 
     # `spotgate keys …` run from the same directory act on this stack.
-    created = run("keys", "create", "--name", "second", "--rpm", "1", cwd=tmp_path)
+    created = await spotgate.in_thread("keys", "create", "--name", "second", "--rpm", "1")
     assert created.returncode == 0, created.stderr
     # The replicas share one limit store: the key's one request a minute, whichever is asked.
     limited_key = next(word for word in created.stdout.split() if word.startswith("sg-"))
@@ -447,7 +489,7 @@ async def test_up_runs_gateways_and_agents_and_stops_cleanly(
         for ops in ops_urls:  # decided in the store, not by a replica alone
             async with http.get(f"{ops}/readyz") as ready:
                 assert (await ready.json())["limits"] == "shared"
-    listed = run("keys", "list", cwd=tmp_path).stdout
+    listed = (await spotgate.in_thread("keys", "list")).stdout
     assert "  dev  " in listed
     assert "  second  " in listed
 
@@ -458,7 +500,7 @@ async def test_up_runs_gateways_and_agents_and_stops_cleanly(
             async with http.post(f"{url}/v1/token", headers=headers) as response:
                 assert (await response.json())["ws_url"] == f"ws{url[4:]}/v1/ws"
     # A key's own concurrency, set from the command line, holds over both replicas.
-    narrow = run("keys", "create", "--name", "narrow", "--max-streams", "1", cwd=tmp_path)
+    narrow = await spotgate.in_thread("keys", "create", "--name", "narrow", "--max-streams", "1")
     narrow_key = next(word for word in narrow.stdout.split() if word.startswith("sg-"))
     async with connect(f"ws{first[4:]}/v1/ws", narrow_key) as held:
         await send(held, generate("held", info["model"], max_tokens=2_000))
@@ -472,7 +514,7 @@ async def test_up_runs_gateways_and_agents_and_stops_cleanly(
     )
 
     # The pool manager runs the agents: status lists them, an interruption replaces one.
-    status = run("pool", "status", cwd=tmp_path)
+    status = await spotgate.in_thread("pool", "status")
     assert status.returncode == 0, status.stderr
     rows = [line.split() for line in status.stdout.splitlines()[1:] if line.startswith("local-")]
     assert sorted((r[0], r[2], r[3]) for r in rows) == [
@@ -491,7 +533,7 @@ async def test_up_runs_gateways_and_agents_and_stops_cleanly(
         while frames[-1]["type"] != "delta":
             frames.append(await receive(ws))
         serving = await serving_agent(info)
-        interrupted = run("pool", "interrupt", serving, "--in", "24", cwd=tmp_path)
+        interrupted = await spotgate.in_thread("pool", "interrupt", serving, "--in", "24")
         assert interrupted.returncode == 0, interrupted.stderr
         await receive_to_end(ws, frames)
     assert frames[-1]["type"] == "done", frames[-1]
@@ -510,23 +552,23 @@ async def test_up_runs_gateways_and_agents_and_stops_cleanly(
         model=info["model"], messages=[{"role": "user", "content": "still"}], max_tokens=3
     )
     assert len((again.choices[0].message.content or "").split()) == 3
-    scaled = run("pool", "scale", info["model"], "3", cwd=tmp_path)
+    scaled = await spotgate.in_thread("pool", "scale", info["model"], "3")
     assert scaled.stdout.strip() == f"{info['model']}: agent count fixed at 3"
-    assert "agent count fixed at 3" in run("pool", "status", cwd=tmp_path).stdout
+    assert "agent count fixed at 3" in (await spotgate.in_thread("pool", "status")).stdout
 
     # Every agent's boot, phase by phase, and the simulator replays them as cold starts.
-    boots = json.loads(run("pool", "boots", "--json", cwd=tmp_path).stdout)
+    boots = json.loads((await spotgate.in_thread("pool", "boots", "--json")).stdout)
     assert {boot["agent_id"] for boot in boots} >= {"local-1", "local-2", "local-3"}
     for boot in boots:
         phases = boot["phases_seconds"]
         assert 0 < phases["agent_start"] <= phases["engine_loaded"] <= phases["ready"]
         assert boot["cold_start_seconds"] == phases["ready"]
-    assert "ENGINE_LOADED s" in run("pool", "boots", cwd=tmp_path).stdout
+    assert "ENGINE_LOADED s" in (await spotgate.in_thread("pool", "boots")).stdout
     observed = tmp_path / "boots.json"
     observed.write_text(json.dumps(boots))
     traces = Path(__file__).parents[2] / "pool_manager" / "sim" / "traces" / "aws-16node-3zone"
-    replayed = run("sim", "--traces", str(traces), "--cold-starts", str(observed), "--json",
-                   "--windows", "1", "--window-hours", "3")  # fmt: skip
+    replay = ["sim", "--traces", str(traces), "--cold-starts", str(observed), "--json"]
+    replayed = await spotgate.in_thread(*replay, "--windows", "1", "--window-hours", "3")
     assert replayed.returncode == 0, replayed.stderr
     assert json.loads(replayed.stdout)["availability"] > 0
 
