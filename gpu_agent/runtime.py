@@ -186,7 +186,14 @@ class AgentRuntime:
             return
         if self.phase != "warming":  # a drain began while loading
             return
-        await self._register_until_done(self.engine, self.identity)
+        try:
+            await self._register_until_done(self.engine, self.identity)
+        except AgentGone as err:
+            # Its instance was started again with its last boot's entry still `gone` (by hand:
+            # the pool manager removes that entry first), which no agent may bring back.
+            log.error("cannot register; stopping", reason=str(err))  # noqa: TRY400
+            self._stop_as_gone()
+            return
         if self.phase != "warming":  # a drain began while the registry was out of reach
             return
         self.phase = "ready"
@@ -351,11 +358,15 @@ class AgentRuntime:
                 await self.registry.heartbeat(agent_id, active=len(self.streams))
             except AgentGone:
                 log.warning("registry says this agent is gone; stopping")
-                self.phase = "stopped"
-                self.stopped.set()
+                self._stop_as_gone()
                 return
             except Exception as err:  # a registry outage must not stop serving
                 log.warning("heartbeat failed", error=str(err))
+
+    def _stop_as_gone(self) -> None:
+        """Stop serving: the registry has this agent `gone`, and so routes it nothing."""
+        self.phase = "stopped"
+        self.stopped.set()
 
     async def _check_engine_forever(self, engine: Engine) -> None:
         """While ready or draining: fail the agent once its engine stops producing tokens."""

@@ -45,6 +45,9 @@ from tests.support.wsclient import (
     text_of,
 )
 
+STOP_GUARD_SECONDS = 30.0
+"""A guard against an agent that never stops, not a speed check."""
+
 
 async def test_stream_over_ws_is_labelled_synthetic_everywhere(
     start_agent: AgentFactory, synthetic_engine: SyntheticEngine, token: str, aws: AwsEmulator
@@ -384,6 +387,23 @@ async def test_spot_notice_drains_hands_back_long_streams_and_leaves_gone(
 
             await wait_for(gone)
         assert agent.runtime.stopped.is_set()
+
+
+async def test_an_agent_whose_last_boot_is_gone_stops_saying_so(
+    start_agent: AgentFactory, aws: AwsEmulator, synthetic_engine: SyntheticEngine
+) -> None:
+    """An instance started again by hand, its last boot's entry still `gone` (the pool manager
+    removes it before a warm start): the new boot cannot register, and stops, not hangs."""
+    first = await wait_ready(await start_agent(synthetic_engine, agent_id="i-restarted"))
+    async with Registry.open(aws.settings()) as registry:
+        await registry.set_gone("i-restarted")
+    await asyncio.wait_for(first.runtime.stopped.wait(), STOP_GUARD_SECONDS)  # its heartbeat
+
+    again = await start_agent(synthetic_engine, agent_id="i-restarted", vouched=False)
+    await asyncio.wait_for(again.runtime.stopped.wait(), STOP_GUARD_SECONDS)
+
+    assert again.runtime.phase == "stopped"
+    assert not again.runtime.became_ready.is_set()
 
 
 async def test_heartbeats_report_load_and_rebalance_is_only_recorded(
