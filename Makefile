@@ -29,7 +29,7 @@ CHAT_LIBRARY_CACHE := .cache/chat-libraries
 CHAT_LIBRARIES := gateway/static/vendor/.fetched
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: up test install lint typecheck docs unit bench chaos lock clean
+.PHONY: up test install lint typecheck docs unit bench chaos boot lock clean
 
 up: $(INSTALLED) $(REDIS_SERVER) $(CHAT_LIBRARIES) $(TOKENIZERS)
 	$(BIN)/spotgate up
@@ -83,30 +83,49 @@ chaos: $(INSTALLED) $(REDIS_SERVER)
 	$(BIN)/python -m loadtest.hostile --write docs/reliability.md
 	$(BIN)/python -m loadtest.soak --write docs/reliability.md
 
+# The agent's EC2 boot run end to end here (infra/boot/test_boot.py): the boot script the CDK
+# renders, run as user data on an instance booted by systemd (a container), which runs the
+# agent's image (agent.Dockerfile's CPU variant, on Debian from debootstrap) pulled from a local
+# registry; IMDS on its link-local address, the emulator's S3 and DynamoDB. Needs root (it adds
+# IMDS's address to loopback) and Docker's daemon, started here when none answers. The first
+# run builds and pushes the 4 GB image; later runs find it in Docker's cache and .cache/boot.
+DOCKERD := /usr/sbin/dockerd
+DEBOOTSTRAP := /usr/sbin/debootstrap
+DOCKER_REGISTRY := /usr/bin/docker-registry
+BOOT_TIMEOUT_SECONDS := 3600
+
+boot: $(INSTALLED) $(DOCKERD) $(DEBOOTSTRAP) $(DOCKER_REGISTRY)
+	@docker info > /dev/null 2>&1 || { \
+		mkdir -p .cache/boot; \
+		($(SUDO) $(DOCKERD) > .cache/boot/dockerd.log 2>&1 &); \
+		for second in $$(seq 60); do docker info > /dev/null 2>&1 && break; sleep 1; done; \
+	}
+	$(BIN)/pytest -p no:xdist -p no:cacheprovider --timeout $(BOOT_TIMEOUT_SECONDS) infra/boot
+
 # The hash-pinned locks the images install, resolved from PyPI for Linux x86_64: the agents'
-# (Python 3.12, agent.Dockerfile's) and the gateway's (Python 3.11). Run after changing a
-# dependency; the infra tests check the locks match pyproject.toml.
+# (Python 3.12, agent.Dockerfile's), the gateway's (Python 3.11) and the CPU agents' that
+# `make boot` builds (Python 3.11, the CPU torch wheel from PIP_FIND_LINKS). Run after changing
+# a dependency; the infra tests check the locks match pyproject.toml.
 LOCK := $(UV) pip compile --quiet --generate-hashes --no-header \
 	--index-url https://pypi.org/simple --python-platform x86_64-manylinux_2_28
 lock: | $(UV)
 	$(LOCK) pyproject.toml --extra gpu --python-version 3.12 -o requirements/agent-gpu.lock
 	echo "setuptools>=77" | $(LOCK) pyproject.toml - --python-version 3.11 -o requirements/service.lock
+	echo "setuptools>=77" | $(LOCK) $(foreach links,$(PIP_FIND_LINKS),--find-links $(links)) \
+		pyproject.toml - --extra cpu --python-version 3.11 -o requirements/agent-cpu.lock
 
-$(CHROMIUM):
-	$(SUDO) apt-get update -q
-	$(SUDO) apt-get install -y -q chromium
-
-$(NODE):
-	$(SUDO) apt-get update -q
-	$(SUDO) apt-get install -y -q nodejs
-
-$(REDIS_SERVER):
-	$(SUDO) apt-get update -q
-	$(SUDO) apt-get install -y -q redis-server
-
+# The Debian packages whose programs the targets run, each installed when its program is missing.
+$(CHROMIUM): DEBIAN_PACKAGE := chromium
+$(NODE): DEBIAN_PACKAGE := nodejs
+$(NPM): DEBIAN_PACKAGE := npm
+$(REDIS_SERVER): DEBIAN_PACKAGE := redis-server
+$(DOCKERD): DEBIAN_PACKAGE := docker.io
+$(DEBOOTSTRAP): DEBIAN_PACKAGE := debootstrap
+$(DOCKER_REGISTRY): DEBIAN_PACKAGE := docker-registry
 $(NPM): | $(NODE)
+$(CHROMIUM) $(NODE) $(NPM) $(REDIS_SERVER) $(DOCKERD) $(DEBOOTSTRAP) $(DOCKER_REGISTRY):
 	$(SUDO) apt-get update -q
-	$(SUDO) apt-get install -y -q npm
+	$(SUDO) apt-get install -y -q $(DEBIAN_PACKAGE)
 
 $(TOKENIZERS): | $(INSTALLED) $(NPM)
 	$(BIN)/spotgate model tokenizers --cache $(TOKENIZER_CACHE)

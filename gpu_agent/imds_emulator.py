@@ -36,6 +36,7 @@ class EmulatedInstance:
     """What the emulator reports, and the notices it was told to issue."""
 
     identity: InstanceIdentity
+    local_ipv4: str = "127.0.0.1"  # the address the boot script advertises the agent on
     spot_action: tuple[str, float] | None = None
     rebalance_at: float | None = None
     tokens: set[str] = field(default_factory=set)
@@ -69,6 +70,7 @@ async def _get_metadata(request: web.Request) -> web.Response:
         "/latest/meta-data/instance-type": identity.instance_type,
         "/latest/meta-data/placement/availability-zone": identity.zone,
         "/latest/meta-data/instance-life-cycle": identity.lifecycle,
+        "/latest/meta-data/local-ipv4": instance.local_ipv4,
         PARTITION_PATH: identity.partition,
     }
     if path in values:
@@ -113,10 +115,10 @@ async def _clear_notices(request: web.Request) -> web.Response:
     return web.Response(status=204)
 
 
-def create_app(identity: InstanceIdentity) -> web.Application:
+def create_app(identity: InstanceIdentity, local_ipv4: str = "127.0.0.1") -> web.Application:
     """The emulator as an aiohttp application."""
     app = web.Application()
-    app[EMULATED_INSTANCE] = EmulatedInstance(identity)
+    app[EMULATED_INSTANCE] = EmulatedInstance(identity, local_ipv4)
     app.router.add_put("/latest/api/token", _put_token)
     app.router.add_get("/latest/{path:.*}", _get_metadata)
     app.router.add_post("/_emulator/spot-notice", _issue_spot_notice)
@@ -135,6 +137,7 @@ def main() -> None:
     parser.add_argument("--instance-type", default="local")
     parser.add_argument("--zone", default="local")
     parser.add_argument("--lifecycle", default="spot")
+    parser.add_argument("--local-ipv4", default="127.0.0.1", help="the instance's private IP")
     parser.add_argument(
         "--launched-at", type=float, default=0.0, help="epoch seconds (default: its own start)"
     )
@@ -147,7 +150,7 @@ def main() -> None:
         region=zone_region(args.zone),
         launched_at=args.launched_at,
     )
-    app = create_app(identity)
+    app = create_app(identity, args.local_ipv4)
     if args.listen_fd is not None:
         web.run_app(app, sock=socket.socket(fileno=args.listen_fd), print=None)
     else:

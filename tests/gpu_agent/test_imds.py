@@ -31,6 +31,8 @@ async def test_identity_and_notices_through_the_client(imds: Imds) -> None:
         # The ARN IAM names this instance by: the agent's registry row may be only that one.
         assert identity.agent_id == "arn:aws:ec2:us-east-1:123456789012:instance/i-0test"
         assert identity.launched_at == IMDS_LAUNCHED_AT  # the document's `pendingTime`
+        # What the agent's boot script advertises it on (infra/cdk/stacks/agent_boot.sh).
+        assert await client.get("/latest/meta-data/local-ipv4") == "127.0.0.1"
         assert await client.spot_notice() is None
         assert await client.rebalance_recommendation() is None
 

@@ -61,6 +61,29 @@ def render_boot_script(values: Mapping[str, str]) -> str:
     return script
 
 
+def boot_script(
+    config: DeployConfig,
+    model: ModelConfig,
+    settings: Mapping[str, str],
+    image_uri: str,
+    log_group_name: str,
+) -> str:
+    """The boot script of `model`'s agents: it writes `settings` and runs `image_uri`."""
+    drain_stop_seconds = AGENT_DRAIN_GRACE_SECONDS + DOCKER_STOP_MARGIN_SECONDS
+    return render_boot_script(
+        {
+            "REGION": config.region,
+            "AGENT_PORT": str(AGENT_PORT),
+            "AGENT_IMAGE": image_uri,
+            "LOG_GROUP": log_group_name,
+            "AGENT_SETTINGS": "\n".join(f"{k}={v}" for k, v in settings.items()),
+            "KEEP_CACHE_ON_STOP": "true" if model.keeps_cache_on_stop else "false",
+            "DRAIN_STOP_SECONDS": str(drain_stop_seconds),
+            "STOP_TIMEOUT_SECONDS": str(drain_stop_seconds + DOCKER_STOP_MARGIN_SECONDS),
+        }
+    )
+
+
 def is_pinned_copy(model: str) -> bool:
     """Whether `model` names a fixed copy (a path on the AMI, a staged prefix): no revision."""
     return model.startswith("/") or is_s3_uri(model)
@@ -305,19 +328,7 @@ class GpuPool(Construct):
         self, config: DeployConfig, model: ModelConfig, settings: Mapping[str, str]
     ) -> str:
         """The boot script of `model`'s agents, which writes `settings` to their settings file."""
-        drain_stop_seconds = AGENT_DRAIN_GRACE_SECONDS + DOCKER_STOP_MARGIN_SECONDS
-        return render_boot_script(
-            {
-                "REGION": config.region,
-                "AGENT_PORT": str(AGENT_PORT),
-                "AGENT_IMAGE": self.image_uri,
-                "LOG_GROUP": self.log_group.log_group_name,
-                "AGENT_SETTINGS": "\n".join(f"{k}={v}" for k, v in settings.items()),
-                "KEEP_CACHE_ON_STOP": "true" if model.keeps_cache_on_stop else "false",
-                "DRAIN_STOP_SECONDS": str(drain_stop_seconds),
-                "STOP_TIMEOUT_SECONDS": str(drain_stop_seconds + DOCKER_STOP_MARGIN_SECONDS),
-            }
-        )
+        return boot_script(config, model, settings, self.image_uri, self.log_group.log_group_name)
 
     def allow_from(self, peer: ec2.IPeer) -> None:
         """Let `peer` (the gateways, or the home VPC's network) reach the agents' port."""

