@@ -8,7 +8,6 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from transformers import AutoTokenizer
 
 from gateway.charges import (
     TEMPLATE_BASE_TOKENS,
@@ -36,7 +35,7 @@ from tests.gateway.conftest import MODEL, Gateway, replicas
 from tests.support.agents import AgentFactory, wait_for
 from tests.support.clocks import FakeClock
 from tests.support.metrics import metric_value, scrape
-from tests.support.tokenizers import tokenizer_dir
+from tests.support.tokenizers import auto_tokenizer
 from tests.support.wsclient import connect, generate, ids_of, run_streams
 
 ROW = AgentRecord(
@@ -202,7 +201,7 @@ CHAT = [
 def test_no_published_chat_template_makes_more_prompt_tokens_than_the_bound(
     family: str, tools: list[Any] | None
 ) -> None:
-    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir(family)))
+    tokenizer = auto_tokenizer(family)
     text = tokenizer.apply_chat_template(
         CHAT, tools=tools, add_generation_prompt=True, tokenize=False
     )

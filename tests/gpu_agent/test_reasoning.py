@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-from typing import Any
-
 import pytest
 
 from gpu_agent.reasoning import (
@@ -15,7 +12,7 @@ from gpu_agent.reasoning import (
     split_reasoning,
     think_tags,
 )
-from tests.support.tokenizers import tokenizer_dir
+from tests.support.tokenizers import auto_tokenizer
 
 TAGS = ThinkTags("<think>", "</think>", 1, 2)
 
@@ -90,16 +87,9 @@ def test_thinking_tokens_are_those_before_the_closing_tag_tags_left_out() -> Non
     assert ReasoningTokens(ThinkTags("<t>", "</t>"), [5, 6]).count is None  # tags not one token
 
 
-@functools.cache
-def qwen3_tokenizer() -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tokenizer_dir("qwen3"))
-
-
 @pytest.mark.parametrize("parser", ["qwen3", "deepseek_r1"])
 def test_vllms_parsers_name_the_tags_as_the_agents_text_has_them(parser: str) -> None:
-    tags = think_tags(parser, qwen3_tokenizer())
+    tags = think_tags(parser, auto_tokenizer("qwen3"))
     assert tags == ThinkTags("<think>", "</think>", 151667, 151668)
 
 
@@ -110,7 +100,7 @@ def test_vllms_parsers_name_the_tags_as_the_agents_text_has_them(parser: str) ->
 )  # fmt: skip
 def test_a_parser_that_cannot_split_by_tags_is_one_clear_line(parser: str, says: str) -> None:
     with pytest.raises(ReasoningParserUnusable, match=says):
-        think_tags(parser, qwen3_tokenizer())
+        think_tags(parser, auto_tokenizer("qwen3"))
 
 
 THINK_THEN_CALL = (
@@ -124,7 +114,7 @@ def test_a_reply_that_thinks_then_calls_a_tool_reads_alike_from_any_cut() -> Non
     from gpu_agent.tool_calls import ToolCallReader
     from spotgate.protocol import FunctionDefinition, Tool
 
-    tokenizer = qwen3_tokenizer()
+    tokenizer = auto_tokenizer("qwen3")
     tags = think_tags("qwen3", tokenizer)
     tools = [Tool(function=FunctionDefinition(name="get_weather"))]
 
