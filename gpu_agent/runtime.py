@@ -54,6 +54,11 @@ EndReason = Literal["cancelled", "interrupted"]
 EngineLoader = Callable[[AgentSettings], Awaitable[Engine]]
 
 
+def _set_event(event: asyncio.Event) -> asyncio.Event:
+    event.set()
+    return event
+
+
 @dataclass(eq=False)
 class StreamHandle:
     """A stream being served: its task, how far it got, and why it was ended early."""
@@ -125,6 +130,10 @@ class AgentRuntime:
     websockets: set[FrameSocket] = field(default_factory=set)
     stopped: asyncio.Event = field(default_factory=asyncio.Event)
     became_ready: asyncio.Event = field(default_factory=asyncio.Event)
+    # Set once the agent's socket takes connections: it registers ready only then, so its port
+    # found taken is recorded as its failure, not after a registration (the default: a socket
+    # bound and listening before the app starts).
+    listening: asyncio.Event = field(default_factory=lambda: _set_event(asyncio.Event()))
     # From the agent's own start (its image ready); the instance's launch comes from IMDS.
     boot: BootTimeline = field(default_factory=lambda: BootTimeline(agent_start=time.time()))
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
@@ -186,6 +195,7 @@ class AgentRuntime:
             return
         if self.phase != "warming":  # a drain began while loading
             return
+        await self.listening.wait()
         try:
             await self._register_until_done(self.engine, self.identity)
         except AgentGone as err:

@@ -375,8 +375,13 @@ def create_app(
     *,
     engine_loader: EngineLoader = load_engine,
     owns_engine: bool = True,
+    listening: asyncio.Event | None = None,
 ) -> web.Application:
-    """The agent application; `engine_loader` may hand in an engine shared across apps."""
+    """The agent application; `engine_loader` may hand in an engine shared across apps.
+
+    `listening`: set by the caller once the app's socket takes connections (None: it does
+    before the app starts); the agent registers ready only then.
+    """
     issuer = token_issuer(settings)
     if not (settings.jwks_parameter or settings.jwks_url or settings.pinned_public_key):
         raise AgentConfigError(
@@ -412,6 +417,8 @@ def create_app(
             runtime = AgentRuntime(
                 settings=settings, registry=registry, url=advertised_url(settings), imds=imds
             )
+            if listening is not None:
+                runtime.listening = listening
             app[RUNTIME] = runtime
             runtime.spawn(verifier.refresh_forever(), "jwks-refresh")
             runtime.spawn(runtime.bring_up(engine_loader), "bring-up")

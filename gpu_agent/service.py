@@ -20,7 +20,8 @@ log = get_logger(__name__)
 
 async def serve_agent(settings: AgentSettings) -> None:
     """Serve until drained: the first signal drains, a second one stops at once."""
-    app = create_app(settings)
+    listening = asyncio.Event()
+    app = create_app(settings, listening=listening)
     runner = web.AppRunner(app, handle_signals=False, keepalive_timeout=settings.keepalive_seconds)
     await runner.setup()
     site = listening_site(runner, settings.host, settings.port, settings.listen_fd)
@@ -33,6 +34,7 @@ async def serve_agent(settings: AgentSettings) -> None:
         await runtime.cannot_serve(reason)
         await runner.cleanup()
         raise AgentConfigError(reason) from err
+    listening.set()
     loop = asyncio.get_running_loop()
     signals_seen = 0
 

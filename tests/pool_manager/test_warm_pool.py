@@ -9,6 +9,7 @@ warm-pool actions, not about when it asks for them.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from pool_manager.service import policy_settings
 from spotgate.registry import AgentRecord, AgentState, BootTimeline, PoolForecast, Registry
 from spotgate.settings import AgentSettings, LocalPoolSettings, PoolSettings, settings_env
 from stack.emulator import AwsEmulator
-from tests.cli.test_cli import emulator_env, run
+from tests.cli.test_cli import run
 from tests.pool_manager.test_controller import Scripted
 from tests.pool_manager.test_ec2_provider import GPU_TYPE, ZONE_A, Network, network, pool_settings
 from tests.support.agents import wait_for
@@ -117,13 +118,14 @@ async def test_on_ec2_an_instance_stopped_into_the_warm_pool_boots_warm_when_sta
         assert (record.state, record.boot_kind) == (AgentState.READY, "warm")
         assert cold_starts.estimate_seconds(PLACEMENT.key, "warm") == WARM_BOOT_SECONDS
 
-    listed = run("pool", "boots", "--json", env=emulator_env(aws))
+    on_the_emulator = {**os.environ, **settings_env(aws.settings())}
+    listed = run("pool", "boots", "--json", env=on_the_emulator)
     assert listed.returncode == 0, listed.stderr
     (boot,) = json.loads(listed.stdout)
     assert (boot["agent_id"], boot["kind"]) == (first.agent_id, "warm")
     assert boot["warm_start_seconds"] == boot["phases_seconds"]["ready"] == WARM_BOOT_SECONDS
     assert "cold_start_seconds" not in boot  # a reader of cold starts never takes it for one
-    table = run("pool", "boots", env=emulator_env(aws)).stdout.splitlines()
+    table = run("pool", "boots", env=on_the_emulator).stdout.splitlines()
     assert table[0].split()[:2] == ["AGENT", "KIND"]
     assert table[1].split()[:2] == [first.agent_id, "warm"]
 
