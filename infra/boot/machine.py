@@ -19,7 +19,8 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from stacks.source import AGENT_DOCKERFILE, LOCKS, PACKAGES, REPO_ROOT
+
 BOOT_DIR = REPO_ROOT / "infra" / "boot"
 CACHE_DIR = REPO_ROOT / ".cache" / "boot"
 DEBIAN_IMAGE = "spotgate-boot/debian:bookworm"
@@ -28,11 +29,10 @@ AGENT_IMAGE = "spotgate-boot/agent:cpu"
 INSTANCE_IMAGE = "spotgate-boot/instance:bookworm"
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 IMDS_ADDRESS = "169.254.169.254"
-AGENT_SOURCES = ("pyproject.toml", "README.md", "spotgate", "gateway", "gpu_agent")
-AGENT_SOURCES_TOO = ("pool_manager", "stack", "cli")
+AGENT_SOURCES = ("pyproject.toml", "README.md", *PACKAGES)
 CPU_TORCH_EXTRAS = "torchvision torchaudio torchcodec"
 """Installed by the CPU lock, removed after: their PyPI builds do not load against CPU torch."""
-REGISTRY_START_SECONDS = 30.0
+SERVER_START_SECONDS = 30.0
 
 
 def docker(*args: str) -> str:
@@ -94,7 +94,7 @@ def _without_caches(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
 def cpu_torch_wheels() -> dict[str, Path]:
     """The CPU torch wheel the CPU lock pins, from pip's find-links (it is not on PyPI)."""
     wheels = {
-        f"requirements/wheels/{wheel.name}": wheel
+        f"{LOCKS}/wheels/{wheel.name}": wheel
         for links in os.environ.get("PIP_FIND_LINKS", "").split()
         for wheel in Path(links).glob("torch-*+cpu-*.whl")
     }
@@ -112,16 +112,16 @@ def build_images() -> None:
         {"Dockerfile": BOOT_DIR / "python.Dockerfile", "ca-certificates.crt": HOST_CA_BUNDLE},
         DEBIAN=DEBIAN_IMAGE,
     )
-    sources = {name: REPO_ROOT / name for name in (*AGENT_SOURCES, *AGENT_SOURCES_TOO)}
-    locks = {f"requirements/{lock.name}": lock for lock in REPO_ROOT.glob("requirements/*.lock")}
+    sources = {name: REPO_ROOT / name for name in AGENT_SOURCES}
+    locks = {f"{LOCKS}/{lock.name}": lock for lock in (REPO_ROOT / LOCKS).glob("*.lock")}
     build(
         AGENT_IMAGE,
-        "infra/cdk/agent.Dockerfile",
+        AGENT_DOCKERFILE,
         {
             **sources,
             **locks,
             **cpu_torch_wheels(),
-            "infra/cdk/agent.Dockerfile": REPO_ROOT / "infra/cdk/agent.Dockerfile",
+            AGENT_DOCKERFILE: REPO_ROOT / AGENT_DOCKERFILE,
         },
         BASE=PYTHON_IMAGE,
         LOCK="agent-cpu.lock",
@@ -204,7 +204,7 @@ def imds_on_link_local(directory: Path, instance_id: str, zone: str) -> Iterator
 
 
 def _wait_for_http(url: str, process: subprocess.Popen[bytes], method: str = "GET") -> None:
-    deadline = time.monotonic() + REGISTRY_START_SECONDS
+    deadline = time.monotonic() + SERVER_START_SECONDS
     headers = {"X-aws-ec2-metadata-token-ttl-seconds": "60"}
     while True:
         if process.poll() is not None:

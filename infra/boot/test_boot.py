@@ -13,8 +13,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -22,6 +22,8 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from stacks.config import DeployConfig, ModelConfig
+from stacks.gpu_pool import AGENT_PORT, agent_settings, boot_script, pool_agent_settings
 
 from boot import machine
 from gpu_agent.tiny_model import write_tiny_model
@@ -32,10 +34,6 @@ from spotgate.settings import AgentSettings, emulator_settings, settings_env
 from spotgate.settings_env_names import env_names
 from spotgate.tokens import KeyRing, SigningKey, issue
 from stack.emulator import AwsEmulator
-
-sys.path.insert(0, str(machine.REPO_ROOT / "infra" / "cdk"))
-from stacks.config import DeployConfig, ModelConfig
-from stacks.gpu_pool import AGENT_PORT, agent_settings, boot_script, pool_agent_settings
 
 REGION = "us-east-1"
 ZONE = "us-east-1a"
@@ -51,14 +49,13 @@ CACHE = Path("/var/cache/spotgate")
 READY_SECONDS = 900.0
 """A guard, not a speed check: a pull, a model fetch and a CPU engine's start on two cores."""
 CPU_ENGINE = {
-    "vllm": {
-        "dtype": "float32",
-        "enforce_eager": "true",
-        "max_model_len": "2048",
-        "gpu_memory_utilization": "0.3",
-        "engine_args": "--kv-cache-memory-bytes 268435456",
-    }
+    "dtype": "float32",
+    "enforce_eager": "true",
+    "max_model_len": "2048",
+    "gpu_memory_utilization": "0.3",
+    "engine_args": "--kv-cache-memory-bytes 268435456",
 }
+"""The agent's vLLM settings on a CPU the machine shares (the pool's are a GPU's)."""
 
 
 @dataclass
@@ -136,15 +133,16 @@ def _rendered_boot_script(aws: AwsEmulator, image: str) -> str:
     config = DeployConfig(region=REGION, models=(MODEL,))
     shared = settings_env(emulator_settings(aws.url, REGION))
     settings = agent_settings(pool_agent_settings(config, shared, ISSUER), MODEL)
-    settings |= env_names(AgentSettings, {f"vllm.{k}": v for k, v in CPU_ENGINE["vllm"].items()})
+    settings |= env_names(AgentSettings, {f"vllm.{k}": v for k, v in CPU_ENGINE.items()})
     return boot_script(config, MODEL, settings, image, "spotgate-boot")
 
 
 def _start_instance(directory: Path) -> None:
     """Boot the instance: systemd as its first process, the user data run once."""
-    subprocess.run(["rm", "-rf", str(CACHE)], check=True)  # a new instance: no model kept
+    shutil.rmtree(CACHE, ignore_errors=True)  # a new instance: no model kept
     CACHE.mkdir(parents=True)
-    docker_client = subprocess.run(["which", "docker"], capture_output=True, text=True).stdout
+    docker_client = shutil.which("docker")
+    assert docker_client is not None, "no docker client on PATH"
     machine.docker(
         "run",
         "--detach",
@@ -161,7 +159,7 @@ def _start_instance(directory: Path) -> None:
         # The agent's container runs beside the instance, by the host's Docker: the cache
         # path it mounts is the host's, the same directory as the instance's.
         "--volume=/var/run/docker.sock:/var/run/docker.sock",
-        f"--volume={docker_client.strip()}:/usr/libexec/docker-cli:ro",
+        f"--volume={docker_client}:/usr/libexec/docker-cli:ro",
         f"--volume={CACHE}:{CACHE}",
         f"--volume={directory / 'user-data'}:/var/lib/cloud/user-data:ro",
         f"--volume={directory / 'registry-password'}:/etc/spotgate-boot/registry-password:ro",
