@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Generator, Iterator
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
+from typing import Any
 
+import openai
 import pytest
 from hypothesis import settings as hypothesis_settings
 from xdist.remote import Producer
@@ -150,3 +152,18 @@ async def registry(aws: AwsEmulator, clock: FakeClock) -> AsyncIterator[Registry
     await ensure_tables(aws)
     async with Registry.open(aws.settings(), clock=clock) as opened:
         yield opened
+
+
+@pytest.fixture
+async def openai_client() -> AsyncIterator[Callable[..., openai.AsyncOpenAI]]:
+    """`openai.AsyncOpenAI(**arguments)`, closed after the test: an SDK client left open holds
+    its sockets until the garbage collector finds them, inside whichever test runs then."""
+    clients: list[openai.AsyncOpenAI] = []
+
+    def open_client(**arguments: Any) -> openai.AsyncOpenAI:
+        clients.append(openai.AsyncOpenAI(**arguments))
+        return clients[-1]
+
+    yield open_client
+    for client in clients:
+        await client.close()

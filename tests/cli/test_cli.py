@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -425,6 +425,7 @@ async def test_up_runs_gateways_and_agents_and_stops_cleanly(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     spotgate: Spotgate,
+    openai_client: Callable[..., openai.AsyncOpenAI],
 ) -> None:
     process, line = spotgate_up
     monkeypatch.chdir(tmp_path)  # `spotgate …` run in this process act on this stack
@@ -449,7 +450,7 @@ async def test_up_runs_gateways_and_agents_and_stops_cleanly(
     assert len(set(ops_urls)) == 2
     assert not set(ops_urls) & {first, second}
 
-    client = openai.AsyncOpenAI(
+    client = openai_client(
         base_url=f"{info['gateway_url']}/v1", api_key=info["api_key"], max_retries=0
     )
     reply = await client.chat.completions.create(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import aiohttp
 import openai
 
@@ -85,10 +87,13 @@ async def test_a_prompt_too_long_for_the_model_is_answered_400_and_harms_no_stre
 
 
 async def test_without_max_tokens_a_reply_may_fill_the_rest_of_the_context(
-    gateway: Gateway, gateway_agent: GatewayAgentFactory, api_key: CreatedApiKey
+    gateway: Gateway,
+    gateway_agent: GatewayAgentFactory,
+    api_key: CreatedApiKey,
+    openai_client: Callable[..., openai.AsyncOpenAI],
 ) -> None:
     await gateway_agent(engine=synthetic(2000.0, model=MODEL, max_model_len=300))
-    client = openai.AsyncOpenAI(base_url=f"{gateway.url}/v1", api_key=api_key.api_key)
+    client = openai_client(base_url=f"{gateway.url}/v1", api_key=api_key.api_key)
 
     reply = await client.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "fill the context"}]
@@ -100,12 +105,15 @@ async def test_without_max_tokens_a_reply_may_fill_the_rest_of_the_context(
 
 
 async def test_a_keys_max_tokens_caps_a_reply_that_names_no_max_tokens(
-    gateway: Gateway, gateway_agent: GatewayAgentFactory, aws: AwsEmulator
+    gateway: Gateway,
+    gateway_agent: GatewayAgentFactory,
+    aws: AwsEmulator,
+    openai_client: Callable[..., openai.AsyncOpenAI],
 ) -> None:
     await gateway_agent(engine=synthetic(2000.0, model=MODEL, max_model_len=300))
     async with Registry.open(aws.settings()) as registry:
         capped = await registry.create_key("capped", max_tokens=7)
-    client = openai.AsyncOpenAI(base_url=f"{gateway.url}/v1", api_key=capped.api_key)
+    client = openai_client(base_url=f"{gateway.url}/v1", api_key=capped.api_key)
 
     reply = await client.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "as much as allowed"}]

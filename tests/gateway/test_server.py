@@ -7,7 +7,7 @@ import json
 import logging
 import signal
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 
 import aiohttp
 import openai
@@ -109,12 +109,14 @@ async def test_the_gateway_publishes_its_public_keys_for_agents_in_ssm(
 
 
 async def test_openai_sdk_through_the_gateway(
-    gateway: Gateway, gateway_agent: GatewayAgentFactory, api_key: CreatedApiKey, aws: AwsEmulator
+    gateway: Gateway,
+    gateway_agent: GatewayAgentFactory,
+    api_key: CreatedApiKey,
+    aws: AwsEmulator,
+    openai_client: Callable[..., openai.AsyncOpenAI],
 ) -> None:
     await gateway_agent()
-    client = openai.AsyncOpenAI(
-        base_url=f"{gateway.url}/v1", api_key=api_key.api_key, max_retries=0
-    )
+    client = openai_client(base_url=f"{gateway.url}/v1", api_key=api_key.api_key, max_retries=0)
     messages = [{"role": "user", "content": "hello"}]
 
     whole = await client.chat.completions.create(
@@ -143,14 +145,14 @@ async def test_openai_sdk_through_the_gateway(
     assert {model.id for model in listed.data} == {MODEL, "scalable"}
     async with Registry.open(aws.settings()) as registry:
         narrow = await registry.create_key("narrow", models=[MODEL, "elsewhere"])
-    narrow_client = openai.AsyncOpenAI(
+    narrow_client = openai_client(
         base_url=f"{gateway.url}/v1", api_key=narrow.api_key, max_retries=0
     )
     assert [model.id for model in (await narrow_client.models.list()).data] == [MODEL]
     async with aiohttp.ClientSession() as http, http.get(f"{gateway.url}/v1/models") as r:
         assert r.status == 401  # as OpenAI's: no key, no list
     with pytest.raises(openai.AuthenticationError):
-        await openai.AsyncOpenAI(
+        await openai_client(
             base_url=f"{gateway.url}/v1",
             api_key="sg-000000000000-wrongwrongwrongwrong",
             max_retries=0,
@@ -158,12 +160,13 @@ async def test_openai_sdk_through_the_gateway(
 
 
 async def test_the_shapes_current_sdks_send_are_read_and_the_unsupported_named(
-    gateway: Gateway, gateway_agent: GatewayAgentFactory, api_key: CreatedApiKey
+    gateway: Gateway,
+    gateway_agent: GatewayAgentFactory,
+    api_key: CreatedApiKey,
+    openai_client: Callable[..., openai.AsyncOpenAI],
 ) -> None:
     await gateway_agent()
-    client = openai.AsyncOpenAI(
-        base_url=f"{gateway.url}/v1", api_key=api_key.api_key, max_retries=0
-    )
+    client = openai_client(base_url=f"{gateway.url}/v1", api_key=api_key.api_key, max_retries=0)
     parts = await client.chat.completions.create(
         model=MODEL,
         messages=[
@@ -854,13 +857,14 @@ async def test_streams_still_open_when_the_grace_ends_hear_going_away_and_their_
     start_agent: AgentFactory,
     api_key: CreatedApiKey,
     limit_store: LimitStoreSettings,
+    openai_client: Callable[..., openai.AsyncOpenAI],
 ) -> None:
     """SSE and websocket streams longer than the grace: an error each, then the exit."""
     async with running_gateway(
         aws, gateway_key, limit_store=limit_store, shutdown_grace_seconds=0.5
     ) as gw:
         agent = await agents_of(gw, start_agent)(tokens_per_second=20.0)
-        client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key=api_key.api_key, max_retries=0)
+        client = openai_client(base_url=f"{gw.url}/v1", api_key=api_key.api_key, max_retries=0)
         async with connect(gw.ws_url, api_key.api_key) as ws:
             await send(ws, generate("w", MODEL, max_tokens=1_000, want_ids=True))
             frames = [await receive(ws), await receive(ws)]  # started, with a token

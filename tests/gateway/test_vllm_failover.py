@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 import jsonschema
@@ -328,6 +329,7 @@ async def test_an_sdk_stream_moved_by_a_kill_reads_as_one_unbroken_reply(
     vllm_engine: Engine,
     api_key: CreatedApiKey,
     surface: str,
+    openai_client: Callable[..., openai.AsyncOpenAI],
 ) -> None:
     """The official SDK's streams (SSE) through a kill mid-reply: the same JSON as an unmoved
     reply, every event once and in order, and the SDK's own stream reader satisfied."""
@@ -335,9 +337,7 @@ async def test_an_sdk_stream_moved_by_a_kill_reads_as_one_unbroken_reply(
         await gateway_agent(model=TINY_MODEL, engine=vllm_engine),
         await gateway_agent(model=TINY_MODEL, engine=vllm_engine, imds_url="http://127.0.0.1:9"),
     ]
-    client = openai.AsyncOpenAI(
-        base_url=f"{gateway.url}/v1", api_key=api_key.api_key, max_retries=0
-    )
+    client = openai_client(base_url=f"{gateway.url}/v1", api_key=api_key.api_key, max_retries=0)
     deltas: list[str] = []
     if surface == "chat completions":
         asked: Any = {

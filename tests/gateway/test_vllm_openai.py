@@ -55,15 +55,16 @@ SdkClient = Callable[[str, Engine], Awaitable[openai.AsyncOpenAI]]
 
 @pytest.fixture
 def sdk_client(
-    gateway: Gateway, gateway_agent: GatewayAgentFactory, api_key: CreatedApiKey
+    gateway: Gateway,
+    gateway_agent: GatewayAgentFactory,
+    api_key: CreatedApiKey,
+    openai_client: Callable[..., openai.AsyncOpenAI],
 ) -> SdkClient:
     """The official SDK's client of the gateway, once an agent serves `model` on `engine`."""
 
     async def start(model: str, engine: Engine) -> openai.AsyncOpenAI:
         await gateway_agent(model=model, engine=engine)
-        return openai.AsyncOpenAI(
-            base_url=f"{gateway.url}/v1", api_key=api_key.api_key, max_retries=0
-        )
+        return openai_client(base_url=f"{gateway.url}/v1", api_key=api_key.api_key, max_retries=0)
 
     return start
 

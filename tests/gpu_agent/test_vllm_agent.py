@@ -10,6 +10,7 @@ import asyncio
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -377,8 +378,10 @@ async def test_a_resume_with_ids_the_model_lacks_is_refused_and_harms_no_other_s
     assert served.engine.failure() is None
 
 
-async def test_openai_sdk_against_the_agent(agent: RunningAgent, token: str) -> None:
-    client = openai.AsyncOpenAI(base_url=f"{agent.url}/v1", api_key=token, max_retries=0)
+async def test_openai_sdk_against_the_agent(
+    agent: RunningAgent, token: str, openai_client: Callable[..., openai.AsyncOpenAI]
+) -> None:
+    client = openai_client(base_url=f"{agent.url}/v1", api_key=token, max_retries=0)
     messages = [{"role": "user", "content": "Hello there"}]
 
     whole = await client.chat.completions.create(
@@ -410,7 +413,7 @@ async def test_openai_sdk_against_the_agent(agent: RunningAgent, token: str) -> 
     with pytest.raises(openai.BadRequestError):
         await client.chat.completions.create(model=TINY_MODEL, messages=[], max_tokens=4)
     with pytest.raises(openai.AuthenticationError):
-        await openai.AsyncOpenAI(
+        await openai_client(
             base_url=f"{agent.url}/v1", api_key="not-a-token", max_retries=0
         ).chat.completions.create(model=TINY_MODEL, messages=messages, max_tokens=4)  # type: ignore[arg-type]
 
@@ -472,12 +475,15 @@ async def test_a_stop_string_across_the_seam_of_a_moved_stream_is_honoured(
 
 
 async def test_a_chat_to_a_model_without_a_chat_template_is_refused_clearly(
-    start_agent: AgentFactory, vllm_llama2_engine: Engine, token: str
+    start_agent: AgentFactory,
+    vllm_llama2_engine: Engine,
+    token: str,
+    openai_client: Callable[..., openai.AsyncOpenAI],
 ) -> None:
     agent = await wait_ready(await start_agent(vllm_llama2_engine))
     async with connect(agent.ws_url, token) as ws:
         refused = (await run_streams(ws, generate("chat", LLAMA2_MODEL, max_tokens=4)))["chat"]
-    client = openai.AsyncOpenAI(base_url=f"{agent.url}/v1", api_key=token, max_retries=0)
+    client = openai_client(base_url=f"{agent.url}/v1", api_key=token, max_retries=0)
     with pytest.raises(openai.BadRequestError) as http_refusal:
         await client.chat.completions.create(
             model=LLAMA2_MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4

@@ -7,7 +7,7 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import aiohttp
@@ -116,12 +116,16 @@ async def ready_agents(aws: AwsEmulator) -> list[str]:
 
 
 async def test_a_request_to_an_empty_pool_queues_an_agent_starts_and_it_completes(
-    aws: AwsEmulator, gateway: Gateway, api_key: CreatedApiKey, tmp_path: Path
+    aws: AwsEmulator,
+    gateway: Gateway,
+    api_key: CreatedApiKey,
+    tmp_path: Path,
+    openai_client: Callable[..., openai.AsyncOpenAI],
 ) -> None:
     assert await ready_agents(aws) == []
     port = free_port()
     async with pool_running(pool_settings(aws, gateway, tmp_path, port=port)):
-        client = openai.AsyncOpenAI(
+        client = openai_client(
             base_url=f"{gateway.url}/v1", api_key=api_key.api_key, max_retries=0, timeout=90
         )
         reply = await client.chat.completions.create(

@@ -125,5 +125,6 @@ async def test_a_child_and_its_process_group_die_with_a_parent_killed_with_sigki
 
     parent.kill()
     parent.wait()
+    parent.stdout.close()
     gone, _ = psutil.wait_procs([child, grandchild], timeout=10)
     assert set(gone) == {child, grandchild}

@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -367,11 +367,13 @@ WEATHER_TOOL: Any = {
 }
 
 
-async def test_two_models_each_run_by_agents_of_their_own(tmp_path: Path) -> None:
+async def test_two_models_each_run_by_agents_of_their_own(
+    tmp_path: Path, openai_client: Callable[..., openai.AsyncOpenAI]
+) -> None:
     arguments = ["--engine", "synthetic", "--agents", "1", "--port", "0"]
     with running_up(tmp_path, [*arguments, "--model", "chat", "--model", "code"]) as running:
         info = running.info
-        client = openai.AsyncOpenAI(
+        client = openai_client(
             base_url=f"{info['gateway_url']}/v1", api_key=info["api_key"], max_retries=0
         )
         listed = {model.id for model in (await client.models.list()).data}
@@ -414,8 +416,9 @@ def default_up(tmp_path: Path) -> Iterator[dict[str, Any]]:
 
 async def test_the_default_model_answers_tools_structured_output_and_reasoning(
     default_up: dict[str, Any],
+    openai_client: Callable[..., openai.AsyncOpenAI],
 ) -> None:
-    client = openai.AsyncOpenAI(
+    client = openai_client(
         base_url=f"{default_up['gateway_url']}/v1", api_key=default_up["api_key"]
     )
     model = default_up["model"]
