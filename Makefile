@@ -28,6 +28,12 @@ TOKENIZERS := $(TOKENIZER_CACHE)/.fetched
 CHAT_LIBRARY_CACHE := .cache/chat-libraries
 CHAT_LIBRARIES := gateway/static/vendor/.fetched
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+# Python's bytecode caches are written (into .venv and the tree, both ignored by git) even where
+# the environment says not to, as container images often do: without them every process
+# compiles its imports from source again, and the suite starts hundreds. A gateway's imports
+# took 1.8 s of CPU uncached and 0.6 s cached, an engine's 13 s and 7 s; the suite's CPU fell
+# from 18.2 to 14.3 minutes.
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: up test install lint typecheck docs unit bench chaos boot lock clean
 
