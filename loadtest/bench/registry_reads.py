@@ -35,10 +35,10 @@ import heapq
 import itertools
 import math
 import random
-import sys
+import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -47,11 +47,12 @@ from typing import Any
 import uvloop
 
 from gateway.dispatch import Dispatcher, PoolView
+from loadtest.bench.harness import bench_spec
 from loadtest.bench.report import machine_facts, percentile, write_section
 from pool_manager.launches import vouch_for_agent
 from spotgate.registry import AgentRecord, AgentState, Registry
-from spotgate.settings import QueueSettings, emulator_settings
-from stack.emulator import EMULATOR_REGION
+from spotgate.settings import QueueSettings
+from stack.builder import LocalStack
 
 COMMAND = "python -m loadtest.bench.registry_reads --write docs/benchmarks.md"
 REFRESH_SECONDS = 0.5  # the gateway's default `registry_refresh_seconds`
@@ -205,21 +206,6 @@ def _agent(index: int) -> AgentRecord:
     )
 
 
-@asynccontextmanager
-async def _emulator() -> AsyncIterator[str]:
-    """The emulator in a process of its own, so it does not share the readers' core."""
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "stack.emulator", stdout=asyncio.subprocess.PIPE
-    )
-    try:
-        if process.stdout is None:
-            raise RuntimeError("the emulator has no stdout")
-        yield (await process.stdout.readline()).decode().strip()
-    finally:
-        process.terminate()
-        await process.wait()
-
-
 Event = tuple[float, int, Callable[[], Awaitable[None]]]
 """When, in what order among equals, and what."""
 
@@ -230,7 +216,10 @@ async def _one_run(path: str, agents: int, gateways: int, seconds: float) -> Pat
     clock = SimulatedClock(START)
     load = random.Random(11)
     async with AsyncExitStack() as stack:
-        settings = emulator_settings(await stack.enter_async_context(_emulator()), EMULATOR_REGION)
+        # The emulator in a process of its own, so it does not share the readers' core.
+        logs = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="spotgate-bench-")))
+        emulator = await stack.enter_async_context(LocalStack(bench_spec(logs, [], keys=())))
+        settings = emulator.shared
         fleet = await stack.enter_async_context(Registry.open(settings, clock))
         pool_manager = await stack.enter_async_context(
             Registry.open(settings, lambda: clock.now - DRAIN_CLOCK_BEHIND_SECONDS)
