@@ -129,6 +129,8 @@ class StackSpec:
     # the load generator's interpreter, nor only one path's CPUs.
     emulator_process: bool = False
     emulator_cpus: frozenset[int] | None = None
+    # An emulator already running (a test session's): the stack starts none and leaves it.
+    running_emulator: AwsSettings | None = None
     keys: tuple[ApiKeySpec, ...] = ()
     chat_key: str | None = None  # the name of the key the gateways' chat page uses
     limit_store: bool = False
@@ -194,7 +196,9 @@ class LocalStack:
             raise StackFailed(gave_up.message())
 
     async def _start(self) -> None:
-        if self.spec.emulator_process:
+        if self.spec.running_emulator is not None:
+            self._aws = self.spec.running_emulator
+        elif self.spec.emulator_process:
             self._aws = await self._start_emulator_process()
         else:
             self._emulator = _start_emulator()

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import subprocess
-import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import pytest
@@ -19,7 +18,6 @@ from gateway.routes.health import OPS_PORT
 from gateway.server import create_app
 from gateway.state import STATE, GatewayState
 from gpu_agent.engine import Engine
-from pool_manager.launches import vouch_for_agent
 from spotgate.process import loopback_socket, serving_on_loopback, socket_port
 from spotgate.registry import AgentState, CreatedApiKey, Registry
 from spotgate.settings import (
@@ -29,10 +27,9 @@ from spotgate.settings import (
     QueueSettings,
     SyntheticSettings,
     TokenSettings,
-    advertised_url,
 )
 from spotgate.tokens import SigningKey
-from stack.children import service_command
+from stack import builder
 from stack.emulator import AwsEmulator
 from tests.support.agents import (
     AgentFactory,
@@ -202,68 +199,46 @@ class AgentProcesses(Protocol):
 
 
 @pytest.fixture
-def agent_processes(aws: AwsEmulator, gateway: Gateway) -> Iterator[AgentProcesses]:
-    """Synthetic agents as real processes (so they can be killed with SIGKILL)."""
-    started: list[AgentProcess] = []
+async def agent_processes(
+    aws: AwsEmulator, gateway: Gateway, tmp_path: Path
+) -> AsyncIterator[AgentProcesses]:
+    """Synthetic agents as real processes (so they can be killed with SIGKILL), started by the
+    stack builder on the session's emulator; their logs in the test's directory."""
+    shared = aws.settings().model_copy(update={"log_level": "warning"})
+    spec = builder.StackSpec(log_dir=tmp_path, shared=shared, running_emulator=shared.aws)
+    async with builder.LocalStack(spec) as stack:
 
-    def spawn(
-        tokens_per_second: float, ttft_seconds: float, imds_url: str
-    ) -> tuple[AgentSettings, AgentProcess]:
-        sock = loopback_socket()  # handed over: the agent serves on it
-        port = socket_port(sock)
-        agent_id = f"proc-{port}"
-        settings = AgentSettings(
-            shared=aws.settings().model_copy(update={"log_level": "warning"}),
-            engine="synthetic",
-            served_model_name=MODEL,
-            agent_id=agent_id,
-            port=port,
-            listen_fd=sock.fileno(),
-            pinned_public_key=gateway.signing_key.verify_key.to_pem(),
-            token_issuer=gateway.url,
-            imds_url=imds_url,
-            heartbeat_seconds=1,
-            imds_poll_seconds=0.5,
-            synthetic=SyntheticSettings(
-                tokens_per_second=tokens_per_second, ttft_seconds=ttft_seconds
-            ),
-        )
-        args, env = service_command(settings)
-        process = subprocess.Popen(
-            [sys.executable, "-m", *args],
-            env={**os.environ, **env},
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            pass_fds=[sock.fileno()],
-        )
-        sock.close()  # the agent's alone: a killed agent's port refuses connections
-        started.append(AgentProcess(agent_id, process))
-        return settings, started[-1]
+        async def start(
+            count: int,
+            tokens_per_second: float,
+            *,
+            ttft_seconds: float = 0.01,
+            imds_url: str = "http://127.0.0.1:9",
+        ) -> list[AgentProcess]:
+            batch = []
+            for _ in range(count):
+                sock = loopback_socket()  # handed over: the agent serves on it
+                agent_id = f"proc-{socket_port(sock)}"
+                settings = AgentSettings(
+                    engine="synthetic",
+                    served_model_name=MODEL,
+                    agent_id=agent_id,
+                    pinned_public_key=gateway.signing_key.verify_key.to_pem(),
+                    token_issuer=gateway.url,
+                    imds_url=imds_url,
+                    heartbeat_seconds=1,
+                    imds_poll_seconds=0.5,
+                    synthetic=SyntheticSettings(
+                        tokens_per_second=tokens_per_second, ttft_seconds=ttft_seconds
+                    ),
+                )
+                # Vouched for before it can register ready: it boots in a second or two.
+                child = await stack.start_agent(builder.AgentProcess(agent_id, settings, sock))
+                sock.close()  # the agent's alone: a killed agent's port refuses connections
+                batch.append(AgentProcess(agent_id, child.process))
+            return batch
 
-    async def start(
-        count: int,
-        tokens_per_second: float,
-        *,
-        ttft_seconds: float = 0.01,
-        imds_url: str = "http://127.0.0.1:9",
-    ) -> list[AgentProcess]:
-        batch = []
-        for _ in range(count):
-            settings, agent = spawn(tokens_per_second, ttft_seconds, imds_url)
-            await vouch_for_agent(  # before it can register ready: it boots in a second or two
-                gateway.state.registry,
-                agent_id=agent.agent_id,
-                model=MODEL,
-                url=advertised_url(settings),
-            )
-            batch.append(agent)
-        return batch
-
-    yield start
-    for agent in started:
-        if agent.process.poll() is None:
-            agent.process.kill()
-        agent.process.wait()
+        yield start
 
 
 @contextlib.asynccontextmanager
