@@ -402,7 +402,8 @@ class Dispatcher:
                 if remaining <= 0:
                     raise NoCapacity(model)
                 try:
-                    await asyncio.wait_for(changed.wait(), remaining)
+                    async with asyncio.timeout(remaining):
+                        await changed.wait()
                 except TimeoutError:
                     continue
         finally:

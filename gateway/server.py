@@ -92,13 +92,15 @@ async def _close_sockets(state: GatewayState) -> None:
     state.shutting_down = True
     if state.active_streams:
         with suppress(TimeoutError):
-            await asyncio.wait_for(state.idle.wait(), state.settings.shutdown_grace_seconds)
+            async with asyncio.timeout(state.settings.shutdown_grace_seconds):
+                await state.idle.wait()
     if state.active_streams:
         state.dispatcher.close()
         for link in list(state.links.values()):
             link.going_away()
         with suppress(TimeoutError):  # what a client that stopped reading never gets
-            await asyncio.wait_for(state.idle.wait(), GOING_AWAY_WRITE_SECONDS)
+            async with asyncio.timeout(GOING_AWAY_WRITE_SECONDS):
+                await state.idle.wait()
     for socket in list(state.sockets):
         await socket.close(code=WSCloseCode.GOING_AWAY, message=b"gateway shutting down")
 

@@ -246,7 +246,8 @@ class AgentRuntime:
         found: InstanceIdentity | None = None
         if imds is not None:
             try:
-                found = await asyncio.wait_for(imds.identity(), IDENTITY_TIMEOUT_SECONDS)
+                async with asyncio.timeout(IDENTITY_TIMEOUT_SECONDS):
+                    found = await imds.identity()
             except (ImdsUnavailable, TimeoutError) as err:
                 log.info("no instance identity from IMDS; using settings", reason=str(err))
         if found is not None:

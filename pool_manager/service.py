@@ -227,7 +227,8 @@ async def run_pool(
             remaining = settings.loop_seconds - (time.monotonic() - started)
             if remaining > 0:
                 with suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), remaining)
+                    async with asyncio.timeout(remaining):
+                        await stop.wait()
 
 
 async def serve_pool(settings: PoolSettings) -> None:
