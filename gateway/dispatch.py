@@ -21,6 +21,7 @@ import math
 import time
 from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Callable, Collection
+from contextlib import suppress
 from dataclasses import dataclass, field
 from ipaddress import IPv4Network, IPv6Network, ip_address
 from urllib.parse import urlsplit
@@ -401,11 +402,9 @@ class Dispatcher:
                 remaining = until - self._clock()
                 if remaining <= 0:
                     raise NoCapacity(model)
-                try:
+                with suppress(TimeoutError):  # the wait ran out: look again
                     async with asyncio.timeout(remaining):
                         await changed.wait()
-                except TimeoutError:
-                    continue
         finally:
             waiters.remove(me)
             self.notify()
