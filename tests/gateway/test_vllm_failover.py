@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -144,14 +145,18 @@ async def test_a_vllm_stream_moved_before_the_break_equals_its_unmoved_run(
             frames.append(await receive(ws))
         produced = sum(f.get("n", 0) for f in frames)
         rate = (produced - counted_from) / (time.monotonic() - since)
-        # The notice leaves the stream half the time before the drain's margin that its rest
-        # needs at this rate, whatever the machine's pace: the agent says `moving` and streams
-        # on (unless its stream ran twice as fast as measured), and the gateway opens its
-        # continuation on the other agent, which catches up with the client and takes the
-        # stream over within that window. Catching up takes about five of the continuation's
-        # TTFTs (the client falls back a quarter gap a token), far less than half the rest.
-        window = min(8.0, 0.5 * (request["max_tokens"] - produced) / rate)
-        await spot_notice(imds, in_seconds=HANDBACK_MARGIN_SECONDS + window)
+        # The notice leaves the stream less time before the drain's margin than its rest needs
+        # at this rate, whatever the machine's pace: the agent says `moving` and streams on,
+        # and the gateway opens its continuation on the other agent, which catches up with the
+        # client and takes the stream over within that window. Catching up takes about five of
+        # the continuation's TTFTs (the client falls back a quarter gap a token): a third of
+        # the rest. A notice's time is in whole seconds, as AWS's is, so the deadline is the
+        # whole second after that: a fast machine's whole rest may be two seconds, and a
+        # deadline rounded down left the agent no time before its margin.
+        window = min(8.0, (request["max_tokens"] - produced) / rate / 3)
+        now = time.time()
+        deadline = math.ceil(now + HANDBACK_MARGIN_SECONDS + window)
+        await spot_notice(imds, in_seconds=deadline - now)
         await receive_to_end(ws, frames)
 
     assert frames[-1]["type"] == "done", frames[-1]
