@@ -224,7 +224,6 @@ async def _one_run(path: str, agents: int, gateways: int, seconds: float) -> Pat
         pool_manager = await stack.enter_async_context(
             Registry.open(settings, lambda: clock.now - DRAIN_CLOCK_BEHIND_SECONDS)
         )
-        await fleet.create_tables()
         records = [_agent(index) for index in range(agents)]
         await asyncio.gather(*(fleet.register(record) for record in records))
         await asyncio.gather(  # what the pool manager vouches for: gateways route by it
