@@ -23,6 +23,7 @@ import aiohttp
 
 from spotgate.logging import get_logger
 from spotgate.protocol import (
+    FRAME_LINES_SUBPROTOCOL,
     AuthFrame,
     CancelFrame,
     DeltaFrame,
@@ -79,47 +80,55 @@ ChannelItem = ServerFrame | LinkLost | StreamStalled | GatewayGoingAway | Wakeup
 
 
 class _PendingDelta:
-    """Consecutive deltas not yet taken by the client, merged only when taken (linear cost)."""
+    """Consecutive deltas not yet taken by the client, merged only when taken (linear cost).
+
+    A delta taken alone, as most are while the client keeps up, is passed on as it came.
+    """
+
+    __slots__ = ("arrived_at", "frames", "n")
 
     def __init__(self, first: DeltaFrame, arrived_at: float) -> None:
-        self.id = first.id
+        self.frames = [first]
         self.arrived_at = arrived_at  # monotonic: when its first part came in
-        self.texts = [first.text]
-        self.ids: list[int] | None = list(first.ids) if first.ids is not None else None
-        self.logprobs = list(first.logprobs) if first.logprobs is not None else None
-        # A stream read for tool calls or thinking gives every delta a `content`; any other,
-        # none; one whose model reasons, a `reasoning` too.
-        self.contents = [first.content] if first.content is not None else None
-        self.reasonings = [first.reasoning] if first.reasoning is not None else None
         self.n = first.n
 
     def add(self, frame: DeltaFrame) -> None:
-        self.texts.append(frame.text)
+        self.frames.append(frame)
         self.n += frame.n
-        if self.ids is not None and frame.ids is not None:
-            self.ids.extend(frame.ids)
-        else:
-            self.ids = None
-        if self.logprobs is not None and frame.logprobs is not None:
-            self.logprobs.extend(frame.logprobs)
-        else:
-            self.logprobs = None
-        if self.contents is not None and frame.content is not None:
-            self.contents.append(frame.content)
-        if self.reasonings is not None and frame.reasoning is not None:
-            self.reasonings.append(frame.reasoning)
 
     def frame(self) -> DeltaFrame:
-        # Its parts were validated as they arrived; no need to validate the merge again.
-        return DeltaFrame.model_construct(
-            id=self.id,
-            text="".join(self.texts),
-            n=self.n,
-            ids=self.ids,
-            logprobs=self.logprobs,
-            content="".join(self.contents) if self.contents is not None else None,
-            reasoning="".join(self.reasonings) if self.reasonings is not None else None,
-        )
+        frames = self.frames
+        return frames[0] if len(frames) == 1 else merged_delta(frames)
+
+
+def merged_delta(frames: list[DeltaFrame]) -> DeltaFrame:
+    """Consecutive deltas of one stream as one: ids, logprobs and text in order.
+
+    Ids and logprobs stay only if every part has them. A stream read for tool calls or
+    thinking gives every delta a `content`; any other, none; one whose model reasons, a
+    `reasoning` too.
+    """
+    first = frames[0]
+    ids = None if any(f.ids is None for f in frames) else [i for f in frames for i in f.ids or ()]
+    logprobs = (
+        None
+        if any(f.logprobs is None for f in frames)
+        else [entry for f in frames for entry in f.logprobs or ()]
+    )
+    content = None if first.content is None else "".join(f.content for f in frames if f.content)
+    reasoning = (
+        None if first.reasoning is None else "".join(f.reasoning for f in frames if f.reasoning)
+    )
+    # Its parts were validated as they arrived; no need to validate the merge again.
+    return DeltaFrame.model_construct(
+        id=first.id,
+        text="".join(f.text for f in frames),
+        n=sum(f.n for f in frames),
+        ids=ids,
+        logprobs=logprobs,
+        content=content,
+        reasoning=reasoning,
+    )
 
 
 class StreamChannel:
@@ -129,6 +138,8 @@ class StreamChannel:
         self._items: deque[ChannelItem | _PendingDelta] = deque()
         self._backlog_tokens = 0
         self._waiter: asyncio.Future[bool] | None = None  # the reader's, while none is pushed
+        self._wait_started = 0.0  # the loop's time when the reader's latest wait began
+        self._stall_timer: asyncio.TimerHandle | None = None
         self.closed = False
         self.overflowed = False  # the client did not read: the agent must be told to stop
         # Off while each delta must stay as the agent sent it (a move's token boundaries).
@@ -189,37 +200,59 @@ class StreamChannel:
 
         Taken one entry at a time: a reader that stops early leaves the rest unread.
         """
-        while True:
-            if not self._items and not await self._pushed_within(stall_seconds):
-                yield StreamStalled(stall_seconds or 0.0)
-                return
-            entry = self._items.popleft()
-            if isinstance(entry, _PendingDelta):
-                self._backlog_tokens -= entry.n
-                self.delta_arrived_at = entry.arrived_at
-                item: ChannelItem = entry.frame()
-            else:
-                item = entry
-            yield item
-            if isinstance(item, DoneFrame | ErrorFrame | LinkLost | GatewayGoingAway):
-                return
+        try:
+            while True:
+                if not self._items and not await self._pushed_within(stall_seconds):
+                    yield StreamStalled(stall_seconds or 0.0)
+                    return
+                entry = self._items.popleft()
+                if isinstance(entry, _PendingDelta):
+                    self._backlog_tokens -= entry.n
+                    self.delta_arrived_at = entry.arrived_at
+                    item: ChannelItem = entry.frame()
+                else:
+                    item = entry
+                yield item
+                if isinstance(item, DoneFrame | ErrorFrame | LinkLost | GatewayGoingAway):
+                    return
+        finally:
+            if self._stall_timer is not None:
+                self._stall_timer.cancel()
+                self._stall_timer = None
 
     async def _pushed_within(self, seconds: float | None) -> bool:
         """Wait for the next push: True once one came, False if none did for `seconds`.
 
-        A future and a timer per wait: the stream's reader waits once per delta, where
-        `asyncio.timeout` and an `Event` cost the relay a tenth of its CPU.
+        A future per wait, and one timer per `seconds` that looks whether the wait then under
+        way is that old: the reader waits once per delta, where a timer per wait, or
+        `asyncio.timeout` and an `Event`, cost the relay a tenth of its CPU.
         """
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[bool] = loop.create_future()
         self._waiter = waiter
-        timer = None if seconds is None else loop.call_later(seconds, _wake_reader, waiter, False)
+        if seconds is not None:
+            self._wait_started = loop.time()
+            if self._stall_timer is None:
+                self._stall_timer = loop.call_at(
+                    self._wait_started + seconds, self._check_stall, seconds
+                )
         try:
             return await waiter
         finally:
             self._waiter = None
-            if timer is not None:
-                timer.cancel()
+
+    def _check_stall(self, seconds: float) -> None:
+        """The stall timer: end a wait `seconds` old, or look again when the current one is."""
+        self._stall_timer = None
+        waiter = self._waiter
+        if waiter is None or waiter.done():  # not waiting: its next wait sets the timer
+            return
+        loop = waiter.get_loop()
+        due = self._wait_started + seconds
+        if loop.time() >= due:
+            waiter.set_result(False)
+        else:
+            self._stall_timer = loop.call_at(due, self._check_stall, seconds)
 
 
 def _wake_reader(waiter: asyncio.Future[bool] | None, pushed: bool) -> None:
@@ -318,6 +351,7 @@ class AgentLink:
                     max_msg_size=MAX_AGENT_FRAME_BYTES,
                     timeout=aiohttp.ClientWSTimeout(ws_close=CONNECT_TIMEOUT_SECONDS),
                     compress=0,
+                    protocols=(FRAME_LINES_SUBPROTOCOL,),
                 )
             except (aiohttp.ClientError, TimeoutError, OSError) as err:
                 delay = RECONNECT_BACKOFF_SECONDS[
@@ -341,6 +375,7 @@ class AgentLink:
 
     async def _read(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         reason = "agent closed the connection"
+        lines = ws.protocol == FRAME_LINES_SUBPROTOCOL  # several frames a message, a line each
         try:
             async for message in ws:
                 if message.type != aiohttp.WSMsgType.TEXT:
@@ -348,33 +383,39 @@ class AgentLink:
                         reason = f"socket error: {ws.exception()}"
                         break
                     continue
-                try:
-                    frame = parse_frame(
-                        message.data, origin="server", max_bytes=MAX_AGENT_FRAME_BYTES
-                    )
-                except FrameError as err:
-                    log.warning("bad frame from agent", agent_id=self.agent_id, error=str(err))
-                    continue
-                stream_id = getattr(frame, "id", None)
-                channel = self._channels.get(stream_id) if stream_id else None
-                if channel is None:
-                    if isinstance(frame, ErrorFrame) and frame.id is None:
-                        log.warning("agent error", agent_id=self.agent_id, message=frame.message)
-                    continue
-                was_closed = channel.closed
-                channel.push(frame)
-                if channel.closed and not was_closed:  # the agent's last frame of the stream
-                    # A channel the gateway closed itself (`going_away`) stays until its relay
-                    # cancels it: the agent must still hear that.
-                    self._channels.pop(stream_id or "", None)
-                if channel.overflowed and stream_id:
-                    log.warning("client not reading; stream stopped", agent_stream_id=stream_id)
-                    with suppress(ConnectionResetError, aiohttp.ClientError):
-                        await ws.send_str(encode_frame(CancelFrame(id=stream_id)))
+                for text in message.data.split("\n") if lines else (message.data,):
+                    overflowed = self._deliver(text)
+                    if overflowed is not None:
+                        log.warning(
+                            "client not reading; stream stopped", agent_stream_id=overflowed
+                        )
+                        with suppress(ConnectionResetError, aiohttp.ClientError):
+                            await ws.send_str(encode_frame(CancelFrame(id=overflowed)))
         finally:
             if ws.close_code is not None:
                 reason = f"{reason} (code {ws.close_code})"
             self._lose_all(reason)
+
+    def _deliver(self, text: str) -> str | None:
+        """One frame from the agent to its stream's channel; the stream's id if it overflowed."""
+        try:
+            frame = parse_frame(text, origin="server", max_bytes=MAX_AGENT_FRAME_BYTES)
+        except FrameError as err:
+            log.warning("bad frame from agent", agent_id=self.agent_id, error=str(err))
+            return None
+        stream_id = getattr(frame, "id", None)
+        channel = self._channels.get(stream_id) if stream_id else None
+        if channel is None:
+            if isinstance(frame, ErrorFrame) and frame.id is None:
+                log.warning("agent error", agent_id=self.agent_id, message=frame.message)
+            return None
+        was_closed = channel.closed
+        channel.push(frame)
+        if channel.closed and not was_closed:  # the agent's last frame of the stream
+            # A channel the gateway closed itself (`going_away`) stays until its relay
+            # cancels it: the agent must still hear that.
+            self._channels.pop(stream_id or "", None)
+        return stream_id if channel.overflowed else None
 
     def going_away(self) -> None:
         """End every stream open on the link: the gateway is stopping (each tells its client)."""

@@ -412,16 +412,13 @@ class Failover:
         if self.receipts is not None and self.request.want_ids:
             self.receipts.extend(delta.ids or ())
             receipt = self.receipts.receipt()
-        # Its parts are the agent's delta, validated when it came in.
-        return DeltaFrame.model_construct(
-            id=self.request.id,
-            text=delta.text,
-            n=delta.n,
-            ids=delta.ids if self.request.want_ids else None,
-            logprobs=delta.logprobs,
-            content=delta.content,
-            reasoning=delta.reasoning,
-            receipt=receipt,
+        # The agent's delta, validated when it came in, in the client's stream id.
+        return delta.model_copy(
+            update={
+                "id": self.request.id,
+                "ids": delta.ids if self.request.want_ids else None,
+                "receipt": receipt,
+            }
         )
 
     def on_done(self, done: DoneFrame, *, monotonic: float) -> DoneFrame:

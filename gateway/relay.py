@@ -223,7 +223,8 @@ class _Relay:
             if repeated.beyond is None:
                 return None
             item = repeated.beyond  # the rest of its delta: the client's next tokens
-        await self._carry_out(leg, stream.pace())
+        if (pace := stream.pace()) is not None:  # a move is catching up
+            await self._carry_out(leg, pace)
         return stream.on_delta(
             item,
             monotonic=time.monotonic(),

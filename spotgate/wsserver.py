@@ -21,6 +21,7 @@ from aiohttp.abc import AbstractStreamWriter
 from spotgate.admission import Refusal
 from spotgate.openai_replies import ERROR_STATUS, error_body
 from spotgate.protocol import (
+    FRAME_LINES_SUBPROTOCOL,
     AnyFrame,
     AuthFrame,
     CancelFrame,
@@ -74,7 +75,9 @@ class FrameSocket:
     A socket carrying many streams (an agent's link to the gateway, a client's socket to the
     gateway) would otherwise cost a write, a system call and a packet per token. Frames sent
     in one turn of the loop are written at its end, in order; a sender waits only when the
-    peer stops reading. A socket with per-message compression sends frame by frame.
+    peer stops reading. A socket with per-message compression sends frame by frame. A peer
+    that asked for `FRAME_LINES_SUBPROTOCOL` gets a turn's frames as one message, a line
+    each, of at most `WRITE_BUFFER_HIGH_BYTES` unless one frame alone is larger.
     """
 
     def __init__(
@@ -83,7 +86,8 @@ class FrameSocket:
         self.ws = ws
         self._transport = request.transport
         self._writer = writer
-        self._pending: list[bytes] = []
+        self._lines = ws.ws_protocol == FRAME_LINES_SUBPROTOCOL
+        self._pending: list[bytes] = []  # websocket frames, or with `_lines` their lines
         self._pending_bytes = 0
 
     async def send(self, frame: AnyFrame) -> None:
@@ -94,7 +98,12 @@ class FrameSocket:
             with suppress(ConnectionResetError):
                 await self.ws.send_str(encode_frame(frame))
             return
-        data = text_frame(encode_frame(frame).encode())
+        if self._lines:
+            data = encode_frame(frame).encode()
+            if self._pending and self._pending_bytes + len(data) > WRITE_BUFFER_HIGH_BYTES:
+                self.flush()  # the message stays within the bound
+        else:
+            data = text_frame(encode_frame(frame).encode())
         self._pending.append(data)
         self._pending_bytes += len(data)
         if len(self._pending) == 1:
@@ -108,7 +117,9 @@ class FrameSocket:
         """Write every queued frame now."""
         frames, self._pending, self._pending_bytes = self._pending, [], 0
         if frames and self._transport is not None and not self._transport.is_closing():
-            self._transport.write(b"".join(frames))
+            self._transport.write(
+                text_frame(b"\n".join(frames)) if self._lines else b"".join(frames)
+            )
 
     async def close(self, code: int = WSCloseCode.OK, message: bytes = b"") -> None:
         """Send what is queued, then close."""
@@ -190,6 +201,7 @@ async def serve_websocket(
         heartbeat=limits.heartbeat_seconds,
         max_msg_size=receive_limit(frame_limit),
         compress=compress,
+        protocols=(FRAME_LINES_SUBPROTOCOL,),
     )
     socket = FrameSocket(ws, request, await ws.prepare(request))
     if sockets is not None:

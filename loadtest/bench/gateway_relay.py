@@ -1,7 +1,8 @@
 """The gateway's cost: clients direct to an agent, through our gateway, through LiteLLM.
 
     python -m loadtest.bench.gateway_relay [--litellm PATH] [--runs 3] [--max-tokens 32]
-                                           [--concurrency 1 100 1000] [--write FILE]
+                                           [--concurrency 1 100 1000] [--paths PATH ...]
+                                           [--write FILE]
 
 One agent with the **synthetic engine** (fixed TTFT and rate, so the engine adds no noise)
 serves all three paths side by side: (a) its own OpenAI endpoint, (b) our gateway in front
@@ -63,6 +64,8 @@ AGENT_CAPACITY = 4096
 AGENT_ID = "bench-agent"
 MAX_REQUESTS_PER_CLIENT = 20
 """The most completions one client streams back to back in a run (at 1 stream: ~13 s)."""
+MIN_REQUESTS_PER_CLIENT = 5
+"""The fewest: four of a run's five stream lengths are in steady state (at 1000: 5,000 streams)."""
 COMMAND = (
     "python -m loadtest.bench.gateway_relay --litellm .bench/litellm/bin/litellm "
     "--write docs/benchmarks.md"
@@ -192,13 +195,19 @@ async def measure_on_stack(
 ) -> dict[tuple[str, int], list[Sample]]:
     """Start the stack, measure it, stop it."""
     async with _stack(logs, litellm, client_cpus, relay_cpus) as servers:
-        return await measure(servers, args.concurrency, args.runs, args.max_tokens)
+        return await measure(
+            servers, args.concurrency, args.runs, args.max_tokens, frozenset(args.paths)
+        )
 
 
 async def measure(
-    servers: dict[str, Server], concurrencies: list[int], runs: int, max_tokens: int
+    servers: dict[str, Server],
+    concurrencies: list[int],
+    runs: int,
+    max_tokens: int,
+    paths: frozenset[str] = frozenset(PATHS),
 ) -> dict[tuple[str, int], list[Sample]]:
-    """Alternate runs between the paths at each concurrency."""
+    """Alternate runs between the paths (those of `paths`) at each concurrency."""
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
     timeout = aiohttp.ClientTimeout(total=600)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
@@ -214,7 +223,7 @@ async def measure(
                 await asyncio.sleep(0.5)
         return await alternating_runs(
             http,
-            list(servers.values()),
+            [server for name, server in servers.items() if name in paths],
             concurrencies,
             runs,
             max_tokens,
@@ -224,8 +233,12 @@ async def measure(
 
 
 def requests_per_client(concurrency: int) -> int:
-    """Enough streams per client for steady state and ~1000 TTFT samples per path and run."""
-    return max(1, min(MAX_REQUESTS_PER_CLIENT, 1000 // concurrency))
+    """Enough streams per client for ~1000 TTFT samples per path and run, and a steady state.
+
+    Each client streams at least `MIN_REQUESTS_PER_CLIENT` replies back to back: the first
+    stream's length is the arrival ramp, the others run at the stated concurrency.
+    """
+    return max(MIN_REQUESTS_PER_CLIENT, min(MAX_REQUESTS_PER_CLIENT, 1000 // concurrency))
 
 
 def stream_seconds(max_tokens: int) -> float:
@@ -242,6 +255,7 @@ class PathStats:
     added_ms: tuple[float, float] | None  # None: the baseline row
     own_ms: tuple[float, float] | None  # the gateway's histogram (bucket bounds)
     tokens_per_relay_cpu_second: float | None
+    tokens_per_chunk: float  # tokens per message that carried text, as the client got them
     failures: int
     samples: int
     added_p99_per_run_ms: tuple[float, ...] = ()  # run i against the baseline's run i
@@ -287,6 +301,8 @@ def path_stats(
             added_ms=added,
             own_ms=own,
             tokens_per_relay_cpu_second=per_cpu,
+            tokens_per_chunk=sum(sample.total_tokens for sample in samples)
+            / max(1, sum(sample.chunks for sample in samples)),
             failures=sum(sample.failures for sample in samples),
             samples=sum(len(sample.ttfts_seconds) for sample in samples),
             added_p99_per_run_ms=per_run,
@@ -305,7 +321,8 @@ def _row(concurrency: int, path: str, row: PathStats) -> str:
     return (
         f"| {concurrency} | {path} | {row.tokens_per_second:,.0f} | {row.samples:,} "
         f"| {row.ttft_ms[0]:.1f} | {row.ttft_ms[1]:.1f} | {added[0]} | {added[1]} | {own} "
-        f"| {'—' if per_cpu is None else f'{per_cpu:,.0f}'} | {row.failures} |"
+        f"| {'—' if per_cpu is None else f'{per_cpu:,.0f}'} | {row.tokens_per_chunk:.2f} "
+        f"| {row.failures} |"
     )
 
 
@@ -334,7 +351,7 @@ def goal_lines(stats: dict[int, dict[str, PathStats]]) -> list[str]:
             ("SSE", "direct", "gateway"),
             ("websocket", "direct ws", "gateway ws"),
         ):
-            if gateway in stats[1000]:
+            if gateway in stats[1000] and direct in stats[1000]:
                 ours, theirs = stats[1000][gateway], stats[1000][direct]
                 lines.append(
                     f"- relay throughput ≥ 50 % of direct at 1000 streams ({label}): "
@@ -342,7 +359,8 @@ def goal_lines(stats: dict[int, dict[str, PathStats]]) -> list[str]:
                     f"**{ours.tokens_per_second / theirs.tokens_per_second:.0%}**."
                 )
     for concurrency, rows in stats.items():
-        gateway_added, litellm = rows["gateway"].added_ms, rows.get("litellm")
+        relayed, litellm = rows.get("gateway"), rows.get("litellm")
+        gateway_added = None if relayed is None else relayed.added_ms
         if gateway_added is None or litellm is None or litellm.added_ms is None:
             continue
         lines.append(
@@ -378,8 +396,8 @@ def render(
         "",
         "| streams | path | tok/s (median) | TTFT samples | TTFT p50 ms | TTFT p99 ms "
         "| added p50 ms | added p99 ms | gateway's own p50 / p99 ms "
-        "| relayed tok per relay CPU-s | failures |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| relayed tok per relay CPU-s | tok per chunk | failures |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     stats = {c: path_stats(results, c, paths) for c in concurrencies}
     for concurrency, rows in stats.items():
@@ -393,7 +411,10 @@ def render(
         "be negative. The websocket rows give the agent and the client the same work on both "
         "paths and isolate the extra hop. *gateway's own*: its "
         "`spotgate_gateway_added_ttft_seconds` histogram over the same runs (bucket upper "
-        "bounds): request to agent, plus agent's first token to the client's writer.",
+        "bounds): request to agent, plus agent's first token to the client's writer. "
+        "*tok per chunk*: completion tokens per message that carried text (an SSE chunk, a "
+        "websocket `delta`) as the client got them; above 1 where a client fell behind and "
+        "its deltas were merged.",
         "",
         *goal_lines(stats),
     ]
@@ -407,6 +428,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 100, 1000])
+    parser.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS))
     parser.add_argument("--write", type=Path)
     args = parser.parse_args()
     litellm = args.litellm if args.litellm and args.litellm.exists() else None

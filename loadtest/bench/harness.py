@@ -140,6 +140,7 @@ class Sample:
     server_cpu_seconds: float = 0.0
     ttfts_seconds: list[float] = field(default_factory=list)
     failures: int = 0
+    chunks: int = 0  # the messages (SSE chunks, websocket frames) that carried text
     # Observations of the server's added-TTFT histogram during the run: {upper bound: count}.
     added_ttft_buckets: dict[float, float] = field(default_factory=dict)
 
@@ -209,6 +210,7 @@ class ChatReply:
     completion_tokens: int
     prompt_tokens: int
     text: str
+    chunks: int = 0  # the SSE chunks that carried text
 
 
 async def stream_chat(
@@ -233,6 +235,7 @@ async def stream_chat(
     ttft = None
     completion_tokens = prompt_tokens = 0
     text: list[str] = []
+    chunks = 0
     async with http.post(
         f"{server.url}/v1/chat/completions", json=body, headers=server.headers
     ) as response:
@@ -247,6 +250,7 @@ async def stream_chat(
             for choice in chunk.get("choices", []):
                 content = choice.get("delta", {}).get("content")
                 if content:
+                    chunks += 1
                     text.append(content)
                     if ttft is None:
                         ttft = time.perf_counter() - started
@@ -255,15 +259,16 @@ async def stream_chat(
         completion_tokens,
         prompt_tokens,
         "".join(text),
+        chunks,
     )
 
 
 async def one_request(
     http: aiohttp.ClientSession, server: Server, prompt: str, max_tokens: int
-) -> tuple[float, int]:
-    """Stream one chat completion; return (TTFT seconds, completion tokens)."""
+) -> tuple[float, int, int]:
+    """Stream one chat completion; return (TTFT seconds, completion tokens, text chunks)."""
     reply = await stream_chat(http, server, [{"role": "user", "content": prompt}], max_tokens)
-    return reply.ttft_seconds, reply.completion_tokens
+    return reply.ttft_seconds, reply.completion_tokens, reply.chunks
 
 
 class StreamSocket:
@@ -274,13 +279,14 @@ class StreamSocket:
         self._streams: dict[str, asyncio.Queue[dict[str, Any]]] = {}
         self._reader = asyncio.create_task(self._read())
 
-    async def one_request(self, model: str, prompt: str, max_tokens: int) -> tuple[float, int]:
-        """Stream one chat generation; return (TTFT seconds, completion tokens)."""
+    async def one_request(self, model: str, prompt: str, max_tokens: int) -> tuple[float, int, int]:
+        """Stream one chat generation; return (TTFT seconds, completion tokens, text frames)."""
         stream_id = uuid.uuid4().hex
         frames: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self._streams[stream_id] = frames
         started = time.perf_counter()
         ttft = None
+        chunks = 0
         try:
             await self._ws.send_json(
                 {
@@ -294,11 +300,14 @@ class StreamSocket:
             )
             while True:
                 frame = await frames.get()
-                if frame["type"] == "delta" and ttft is None and frame["text"]:
-                    ttft = time.perf_counter() - started
+                if frame["type"] == "delta" and frame["text"]:
+                    chunks += 1
+                    if ttft is None:
+                        ttft = time.perf_counter() - started
                 elif frame["type"] == "done":
                     tokens = int(frame["usage"]["completion_tokens"])
-                    return (ttft if ttft is not None else time.perf_counter() - started), tokens
+                    ttft = ttft if ttft is not None else time.perf_counter() - started
+                    return ttft, tokens, chunks
                 elif frame["type"] == "error":
                     raise aiohttp.ClientError(f"{frame['code']}: {frame['message']}")
         finally:
@@ -346,14 +355,16 @@ async def timed_run(
             prompt = f"request {worker_id}-{index}: tell me about spot"
             try:
                 if sockets is not None:
-                    ttft, tokens = await sockets.one_request(server.model, prompt, max_tokens)
+                    reply = await sockets.one_request(server.model, prompt, max_tokens)
                 else:
-                    ttft, tokens = await one_request(http, server, prompt, max_tokens)
+                    reply = await one_request(http, server, prompt, max_tokens)
             except (aiohttp.ClientError, TimeoutError):
                 sample.failures += 1
                 continue
+            ttft, tokens, chunks = reply
             sample.ttfts_seconds.append(ttft)
             sample.total_tokens += tokens
+            sample.chunks += chunks
 
     histogram = server.added_ttft_histogram
     before = await histogram_buckets(http, server.operations_url, histogram) if histogram else {}

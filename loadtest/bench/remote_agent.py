@@ -149,7 +149,9 @@ async def measure(runs: int, streams: int) -> dict[str, list[float]]:
                     for where, round_trip in ROUND_TRIP_SECONDS.items():
                         proxy.one_way_seconds = round_trip / 2
                         for n in range(streams):
-                            ttft, _tokens = await client.one_request(MODEL, f"hello {n}", 4)
+                            ttft, _tokens, _chunks = await client.one_request(
+                                MODEL, f"hello {n}", 4
+                            )
                             ttfts[where].append(ttft)
                 await client.close()
     return ttfts

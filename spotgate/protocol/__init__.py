@@ -35,6 +35,7 @@ from spotgate.protocol.client_frames import (
     Resume,
 )
 from spotgate.protocol.codec import (
+    FRAME_LINES_SUBPROTOCOL,
     AnyFrame,
     FrameError,
     encode_frame,
@@ -71,6 +72,7 @@ from spotgate.protocol.server_frames import (
 )
 
 __all__ = [
+    "FRAME_LINES_SUBPROTOCOL",
     "MAX_LOGIT_BIAS_ENTRIES",
     "MAX_SEED",
     "MAX_STOP_SEQUENCES",

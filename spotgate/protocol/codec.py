@@ -203,3 +203,10 @@ def max_gateway_frame_bytes(max_model_len: int, max_token_chars: int) -> int:
 def encode_frame(frame: AnyFrame) -> str:
     """Serialize a frame to its JSON text, leaving out unset optional fields."""
     return frame.model_dump_json(exclude_none=True)
+
+
+FRAME_LINES_SUBPROTOCOL = "spotgate.v1.lines"
+"""The websocket subprotocol a receiver asks for to take a server's frames several to a
+message, one per line. Encoded JSON holds no raw newline, and a message costs a receiver
+several times a frame's parsing: a gateway reading an agent's thousand streams pays per
+message."""

@@ -15,6 +15,7 @@ from gateway.agent_link import (
     AgentLink,
     GatewayGoingAway,
     StreamChannel,
+    StreamStalled,
 )
 from spotgate.protocol import (
     DeltaFrame,
@@ -79,6 +80,47 @@ async def test_a_delta_without_ids_drops_the_ids_of_the_merge() -> None:
     first = await anext(channel.items())
 
     assert first == DeltaFrame(id="s", text="ab", n=2, ids=None)
+
+
+async def test_a_lone_delta_is_passed_on_as_it_came() -> None:
+    channel = StreamChannel()
+    sent = delta("a", [1])
+    channel.push(sent)
+
+    assert await anext(channel.items()) is sent
+
+
+async def test_merged_deltas_keep_content_and_reasoning_in_order() -> None:
+    channel = StreamChannel()
+    channel.push(DeltaFrame(id="s", text="", n=1, ids=[1], reasoning="hm", content=""))
+    channel.push(DeltaFrame(id="s", text="a", n=1, ids=[2], content="a"))
+    channel.push(DeltaFrame(id="s", text="b", n=1, ids=[3], reasoning="!", content="b"))
+
+    merged = await anext(channel.items())
+
+    assert (merged.text, merged.content, merged.reasoning) == ("ab", "ab", "hm!")  # type: ignore[union-attr]
+    assert merged.ids == [1, 2, 3]  # type: ignore[union-attr]
+
+
+async def test_a_silent_stream_stalls() -> None:
+    channel = StreamChannel()
+
+    assert await anext(channel.items(0.01)) == StreamStalled(0.01)
+
+
+async def test_a_stall_is_counted_from_the_wait_under_way_not_an_earlier_one() -> None:
+    """One timer serves many waits: when it fires on a younger wait, it looks again later."""
+    stall_seconds = 0.2
+    loop = asyncio.get_running_loop()
+    channel = StreamChannel()
+    items = channel.items(stall_seconds)
+    loop.call_later(stall_seconds / 2, channel.push, delta("a", [1]))  # within the first wait
+
+    assert await anext(items) == delta("a", [1])
+    second_wait_began = loop.time()
+    assert await anext(items) == StreamStalled(stall_seconds)
+    # The timer set by the first wait fired half-way through this one, and let it run on.
+    assert loop.time() - second_wait_began >= stall_seconds - 0.01
 
 
 async def test_an_unread_stream_stops_at_the_backlog_bound_after_what_it_holds() -> None:

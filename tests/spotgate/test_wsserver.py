@@ -10,7 +10,7 @@ import aiohttp
 from aiohttp import WSCloseCode, web
 from aiohttp.test_utils import TestClient
 
-from spotgate.protocol import ErrorCode, ErrorFrame, encode_frame
+from spotgate.protocol import FRAME_LINES_SUBPROTOCOL, ErrorCode, ErrorFrame, encode_frame
 from spotgate.wsserver import FrameSocket, text_frame
 
 # Each length class of RFC 6455 §5.2: 7-bit, 16-bit and 64-bit payload lengths.
@@ -25,11 +25,13 @@ def frame(message: str) -> ErrorFrame:
     return ErrorFrame(code=ErrorCode.INTERNAL, message=message)
 
 
-async def serve(aiohttp_client: ClientFactory, act: Act, writes: list[int]) -> TestClient[Any, Any]:
+async def serve(
+    aiohttp_client: ClientFactory, act: Act, writes: list[int], protocols: tuple[str, ...] = ()
+) -> TestClient[Any, Any]:
     """A server whose socket handler runs `act`, counting its transport's writes into `writes`."""
 
     async def handler(request: web.Request) -> web.WebSocketResponse:
-        ws = web.WebSocketResponse(compress=True)
+        ws = web.WebSocketResponse(compress=True, protocols=protocols)
         socket = FrameSocket(ws, request, await ws.prepare(request))
         transport = request.transport
         assert transport is not None
@@ -57,21 +59,41 @@ async def received(ws: aiohttp.ClientWebSocketResponse) -> list[str]:
     return messages
 
 
+async def send_messages(socket: FrameSocket) -> None:
+    """Send a frame of each of `MESSAGES` in one loop turn, then close."""
+    for message in MESSAGES:
+        await socket.send(frame(message))
+    await socket.close()
+
+
 async def test_frames_of_one_turn_go_out_in_one_write_in_order(
     aiohttp_client: ClientFactory,
 ) -> None:
     writes: list[int] = []
 
-    async def act(socket: FrameSocket) -> None:
-        for message in MESSAGES:
-            await socket.send(frame(message))
-        await socket.close()
-
-    client = await serve(aiohttp_client, act, writes)
+    client = await serve(aiohttp_client, send_messages, writes)
     async with client.ws_connect("/ws", max_msg_size=0, compress=0) as ws:
         assert await received(ws) == MESSAGES
     expected = sum(len(text_frame(encode_frame(frame(m)).encode())) for m in MESSAGES)
     assert writes[0] == expected  # one write for the three frames; the close frame follows
+
+
+async def test_a_peer_that_asks_gets_a_turns_frames_as_lines_of_one_bounded_message(
+    aiohttp_client: ClientFactory,
+) -> None:
+    """One message for the turn, split before a frame that would take it past the bound."""
+    writes: list[int] = []
+
+    client = await serve(
+        aiohttp_client, send_messages, writes, protocols=(FRAME_LINES_SUBPROTOCOL,)
+    )
+    async with client.ws_connect(
+        "/ws", max_msg_size=0, compress=0, protocols=(FRAME_LINES_SUBPROTOCOL,)
+    ) as ws:
+        assert ws.protocol == FRAME_LINES_SUBPROTOCOL
+        messages = [message.data async for message in ws]
+    lines = [[json.loads(line)["message"] for line in m.split("\n")] for m in messages]
+    assert lines == [MESSAGES[:2], MESSAGES[2:]]  # the third alone is past WRITE_BUFFER_HIGH_BYTES
 
 
 async def test_close_sends_what_is_queued_first(aiohttp_client: ClientFactory) -> None:
@@ -86,12 +108,7 @@ async def test_close_sends_what_is_queued_first(aiohttp_client: ClientFactory) -
 
 
 async def test_a_compressed_socket_sends_frame_by_frame(aiohttp_client: ClientFactory) -> None:
-    async def act(socket: FrameSocket) -> None:
-        for message in MESSAGES:
-            await socket.send(frame(message))
-        await socket.close()
-
-    client = await serve(aiohttp_client, act, [])
+    client = await serve(aiohttp_client, send_messages, [])
     async with client.ws_connect("/ws", max_msg_size=0, compress=15) as ws:
         assert ws.compress == 15
         assert await received(ws) == MESSAGES
