@@ -387,9 +387,11 @@ def render(
         f"Engine: **synthetic** ({TOKENS_PER_SECOND:.0f} tokens/s per stream, TTFT "
         f"{TTFT_SECONDS * 1000:.0f} ms); streamed chat completions of {max_tokens} tokens; "
         f"{runs} alternating runs per path and concurrency. Clients arrive staggered over one "
-        f"stream's length and each streams up to {MAX_REQUESTS_PER_CLIENT} completions back "
-        "to back, so the streams are in steady state at the stated concurrency (*TTFT "
-        "samples*: over all runs; at 1 stream the p99 is close to the slowest sample). "
+        f"stream's length and each streams {MIN_REQUESTS_PER_CLIENT} to "
+        f"{MAX_REQUESTS_PER_CLIENT} completions back to back, so the streams are in steady "
+        "state at the stated concurrency (*TTFT samples*: over all runs; at 1 stream the p99 "
+        "is close to the slowest sample; a failed request, which the client's 600-second "
+        "timeout or a refusal ended, gives none). "
         "Client and agent are pinned to one half of the CPUs, the relay under test (gateway "
         "or LiteLLM) to the other, as a relay has its own CPUs in a deployment.",
         f"Machine: {machine_facts(['aiohttp'])}.",
