@@ -250,7 +250,7 @@ class StreamChannel:
         loop = waiter.get_loop()
         due = self._wait_started + seconds
         if loop.time() >= due:
-            waiter.set_result(False)
+            _wake_reader(waiter, False)
         else:
             self._stall_timer = loop.call_at(due, self._check_stall, seconds)
 

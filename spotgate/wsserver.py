@@ -98,12 +98,15 @@ class FrameSocket:
             with suppress(ConnectionResetError):
                 await self.ws.send_str(encode_frame(frame))
             return
+        data = encode_frame(frame).encode()
         if self._lines:
-            data = encode_frame(frame).encode()
+            # Each line counts the newline after it: with this frame the message would be
+            # `_pending_bytes + len(data)` bytes, kept within the bound.
             if self._pending and self._pending_bytes + len(data) > WRITE_BUFFER_HIGH_BYTES:
-                self.flush()  # the message stays within the bound
+                self.flush()
+            self._pending_bytes += 1
         else:
-            data = text_frame(encode_frame(frame).encode())
+            data = text_frame(data)
         self._pending.append(data)
         self._pending_bytes += len(data)
         if len(self._pending) == 1:

@@ -215,7 +215,8 @@ async def measure(
         await wait_ready(http, servers["gateway"], "/readyz")
         if "litellm" in servers:
             await wait_ready(http, servers["litellm"], "/health/liveliness")
-        for server in servers.values():  # warm every path (links, pools) before timing
+        chosen = [server for name, server in servers.items() if name in paths]
+        for server in chosen:  # warm every path (links, pools) before timing
             for _ in range(30):
                 with contextlib.suppress(aiohttp.ClientError):
                     await timed_run(http, server, 2, 1, 4)
@@ -223,7 +224,7 @@ async def measure(
                 await asyncio.sleep(0.5)
         return await alternating_runs(
             http,
-            [server for name, server in servers.items() if name in paths],
+            chosen,
             concurrencies,
             runs,
             max_tokens,
