@@ -75,6 +75,7 @@ bench: $(INSTALLED) $(REDIS_SERVER) $(LITELLM) $(TOKENIZERS)
 	$(BIN)/python -m loadtest.bench.move_divergence --write docs/benchmarks.md
 	$(BIN)/python -m loadtest.bench.remote_agent --write docs/benchmarks.md
 	$(BIN)/python -m loadtest.bench.move_gap --cache $(TOKENIZER_CACHE) --write docs/benchmarks.md
+	$(BIN)/python -m loadtest.bench.move_gap --cache $(TOKENIZER_CACHE) --burner --write docs/benchmarks.md
 	$(BIN)/python -m loadtest.bench.prefix_routing --write docs/benchmarks.md
 	$(BIN)/python -m loadtest.bench.tenant_isolation --write docs/benchmarks.md
 	$(BIN)/python -m loadtest.bench.gateway_relay --litellm $(LITELLM) --write docs/benchmarks.md

@@ -33,7 +33,7 @@ The rules (ARCHITECTURE.md):
 - A client that asked for token ids gets with each delta a receipt for every id it holds
   (gateway/receipts.py), which its own `resume` brings back.
 - Make-before-break (gateway/moves.py): the Failover holds a move's state (`Move`) and
-  answers the relay with the effects to carry out (`OpenNext`, `Pace`, `Switch`…).
+  answers the relay with the effects to carry out (`OpenNext`, `Reopen`, `Pace`, `Switch`…).
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ from gateway.moves import (
     Move,
     OpenNext,
     Pace,
+    Reopen,
     Repeat,
     Repeated,
     Switch,
@@ -223,18 +224,14 @@ class Failover:
         return OpenNext()
 
     def next_agent_frame(self, agent_stream_id: str) -> GenerateFrame:
-        """The next agent's continuation of a moving stream, from the tokens the client has now.
-
-        The draining agent's tokens are paced from here until the stream switches.
-        """
+        """The next agent's continuation of a moving stream, from the tokens the client has now."""
         self.move.open_next(len(self.ids), len(self.text))
         return self.agent_frame(agent_stream_id)
 
     def on_next_opened(self, opened: bool) -> MergeDeltas | None:
         """The next agent's continuation opened, or none could be (the move is abandoned).
 
-        Opened, the draining agent's deltas reach the client one at a time, paced, so the
-        stream can switch at any of them.
+        Opened, the draining agent's deltas reach the client one at a time: a switch at any.
         """
         if not opened:
             self.on_move_abandoned()
@@ -263,11 +260,14 @@ class Failover:
         return verdict
 
     def on_next_agent_news(
-        self, frames: Sequence[object], *, silent: bool
-    ) -> Switch | DropNext | None:
-        """After a delta of the draining agent, its next agent's new `frames`: switch, or drop it.
+        self, frames: Sequence[object], *, silent: bool, ttft_seconds: float | None
+    ) -> Switch | DropNext | Reopen | None:
+        """After a delta of the draining agent, its next agent's new `frames`: what comes next.
 
-        It is dropped when it went another way, failed, or is `silent` past the stall limit.
+        Caught up with the client: switch. Behind it, with its first token in after
+        `ttft_seconds`: the round is over (`Move.next_round`), unless it is the last, which
+        catches up with a paced client. Dropped when it went another way, failed, or is
+        `silent` past the stall limit (or a held switch's wait).
         """
         verdict = self.on_next_agent_frames(frames)
         if verdict is CatchUp.CAUGHT_UP:
@@ -275,7 +275,9 @@ class Failover:
         if verdict is not CatchUp.BEHIND or silent:
             self.on_move_abandoned()
             return DropNext()
-        return None
+        if ttft_seconds is None or self.move.pacing:
+            return None
+        return self.move.next_round(ttft_seconds)
 
     def at_break(
         self, frames: Sequence[object], *, prefill_seconds: float | None, gap_seconds: float | None

@@ -2,21 +2,31 @@
 
 An agent that drains says `moving` for a stream that cannot finish in time, and streams on.
 The stream's next agent is chosen meanwhile and its continuation opened there at once, from
-the tokens the client holds then: it prefills while the draining agent's tokens still reach
-the client, paced a little slower than they come in (`MOVE_PACE_GAP_MULTIPLE`, by the gaps
-they come in at, measured on through the move), so the client's stream falls back to where
-the next agent stands. The stream switches at the first of the next agent's deltas by which
-its tokens equal what the client holds (`early_move_checked_tokens`): the client sees no
-wait, the draining agent's later tokens are dropped and the next agent's repeats of held
-ones too (`past_held`: of a delta that goes on past them, the client is sent the rest).
+the tokens the client holds then: it prefills while the draining agent's tokens reach the
+client at their own pace. A continuation that came to its first token behind the client is
+a warming round (`next_round`): it is cancelled and another opened on the same agent from
+where the client is now, which prefills only the tokens the client received meanwhile (the
+agent's prefix cache holds the rest), so each round is shorter than the one before. The last
+round is opened as the switch. If the round before it was short (`HOLD_GAP_MULTIPLE` of the
+stream's median gaps), the client is sent nothing more of the draining agent while it comes
+to its first token, the client's next: it waits that once. Else (rounds that stopped
+shrinking, `CONVERGED_TTFT_RATIO`, or were spent, `MOVE_WARM_ROUNDS`) the draining agent's
+tokens reach the client paced a little slower than they come in (`MOVE_PACE_GAP_MULTIPLE`),
+so that the client's stream falls back to where the next agent's stands, a last round's time
+later by a few of them. The stream switches at the first of the next agent's deltas by which
+its tokens equal what the client holds (`early_move_checked_tokens`): the draining agent's
+later tokens are dropped and the next agent's repeats of held ones too (`past_held`: of a
+delta that goes on past them, the client is sent the rest).
 If the draining agent breaks first, the next agent takes over where it stands, unless a
 resume elsewhere is sooner (`worth_taking_over`). A next agent that goes another way
-(`early_move_diverged`), fails or stays silent is dropped: the stream moves at the break as
-any stream does.
+(`early_move_diverged`), fails or stays silent is dropped, as is a switch's continuation
+that does not come in time (the client is sent the draining agent's tokens it held back):
+the stream moves at the break as any stream does.
 
 `Move` is that state, held by the stream's `Failover` (gateway/failover.py) as a value; the
 Failover answers the relay (gateway/relay.py) with the effects below, which the relay
-carries out: open the next agent (`OpenNext`), pace the client (`Pace`), relay deltas one at
+carries out: open the next agent (`OpenNext`), open it afresh (`Reopen`), pace the client
+(`Pace`), relay deltas one at
 a time or merged (`MergeDeltas`), switch to the next agent (`Switch`) or let it take over at
 the break (`TakeOver`), drop it (`DropNext`), and go on after its repeats (`Repeated`).
 """
@@ -31,12 +41,26 @@ from enum import Enum
 
 from spotgate.protocol import DeltaFrame, DoneFrame, StartFrame
 
-MOVE_PACE_GAP_MULTIPLE = 1.25
-"""While a moving stream's next agent catches up, the draining agent's tokens reach the
-client at most this many of the stream's median gaps apart (never faster than they come):
-the client's stream falls back a quarter of a gap per token, so a next agent that took P
-seconds to its first token stands where the client does about 4·P seconds later, and no
-gap the client sees on the way is much longer than the stream's usual ones."""
+MOVE_WARM_ROUNDS = 4
+"""At most this many continuations warm a moving stream's next agent before the one the
+stream switches to. Each prefills what the client received while the one before prefilled,
+so each is shorter than the one before by a token's prefill over a decode step's gap (a
+small share where prefill is batched): a few rounds reach the agent's own turn-around."""
+HOLD_GAP_MULTIPLE = 1.2
+"""A round that came to its first token within this many of the stream's median gaps is
+warm enough: the next one is the switch, for which the client waits about as long, once."""
+MOVE_PACE_GAP_MULTIPLE = 1.2
+"""While a longer last round catches up, the draining agent's tokens reach the client at most
+this many of the stream's median gaps apart (never faster than they come): the client's
+stream falls back a fifth of a gap per token, so a last round that took P seconds to its
+first token stands where the client does about 6·P seconds later."""
+CONVERGED_TTFT_RATIO = 0.5
+"""A round that took more than this share of the round before's no longer shrinks: what is
+left is the agent's own turn-around (its batch's step, the link), which rounds do not cut."""
+HOLD_TTFT_MULTIPLE = 4.0
+"""A held switch's continuation may take this many of the round before's time to its first
+token (and at least as long as the first round's, a resume's prefill) before the client is
+sent the draining agent's held tokens and the move is dropped."""
 GAPS_REMEMBERED = 128
 """Gaps between a stream's deltas its pace is measured over: a next agent's prefill that slows
 the draining agent for a few dozen tokens (one machine) barely moves their median, a lasting
@@ -46,7 +70,7 @@ slowdown (one batch) does."""
 class CatchUp(Enum):
     """Where a moving stream's next agent stands against what the client holds."""
 
-    BEHIND = "behind"  # not yet at a token boundary where the client is: keep pacing
+    BEHIND = "behind"  # not yet at a token boundary where the client is
     CAUGHT_UP = "caught_up"  # it repeated exactly what the client holds: switch to it now
     DIVERGED = "diverged"  # it went another way than the client's tokens: drop it
     FAILED = "failed"  # it ended or broke: drop it
@@ -66,6 +90,18 @@ class Repeat:
 @dataclass(frozen=True, slots=True)
 class OpenNext:
     """Choose the stream's next agent and open its continuation there (`next_agent_frame`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Reopen:
+    """Cancel the next agent's continuation and open another there from the client's tokens now.
+
+    `hold_seconds` None: a warming round; the draining agent's tokens still reach the client.
+    Else the switch: the client is sent no more of the draining agent's tokens while the new
+    continuation comes to its first token, for at most `hold_seconds`.
+    """
+
+    hold_seconds: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +145,7 @@ class Repeated:
     beyond: DeltaFrame | None = None
 
 
-MoveEffect = OpenNext | Pace | MergeDeltas | Switch | TakeOver | DropNext | Repeated
+MoveEffect = OpenNext | Reopen | Pace | MergeDeltas | Switch | TakeOver | DropNext | Repeated
 """What a moving stream's Failover asks the relay to do."""
 
 
@@ -211,7 +247,7 @@ class Move:
 
     moving: bool = False  # the serving agent said `moving`: its successor is being prepared
     # The next agent's continuation starts after this many of the client's tokens (and this
-    # many of its text parts), once opened: the draining agent's tokens are paced meanwhile.
+    # many of its text parts), once opened.
     next_from: int | None = None
     next_text_from: int = 0
     # Its first frames, judged already to repeat held tokens with more to come (a verdict
@@ -224,10 +260,13 @@ class Move:
     repeats_text: str = ""
     repeated_text: list[str] = field(default_factory=list)
     # Gaps between the serving agent's deltas as they came in (seconds): its own pace, which
-    # a move's pacing of the client does not change, and which a move may slow.
+    # a warming round is measured against.
     recent_gaps: deque[float] = field(default_factory=lambda: deque(maxlen=GAPS_REMEMBERED))
     last_arrived_at: float | None = None  # monotonic
     last_delta_at: float | None = None  # monotonic: when the client was sent the last one
+    # Each warming round's time from sending its continuation to its first token (seconds).
+    round_ttfts: list[float] = field(default_factory=list)
+    pacing: bool = False  # the last round is open, and catches up with a paced client
 
     @property
     def repeating(self) -> bool:
@@ -240,9 +279,23 @@ class Move:
         self.next_text_from = held_parts
         self.next_judged, self.next_repeated, self.next_repeated_text = 0, 0, []
 
+    def next_round(self, ttft_seconds: float) -> Reopen:
+        """The round whose continuation came to its first token behind the client is over.
+
+        It took `ttft_seconds`; the next one warms the agent again, or is the switch.
+        """
+        rounds = self.round_ttfts
+        rounds.append(ttft_seconds)
+        gap = statistics.median(self.recent_gaps) if self.recent_gaps else None
+        if gap is not None and ttft_seconds <= HOLD_GAP_MULTIPLE * gap:
+            return Reopen(hold_seconds=max(HOLD_TTFT_MULTIPLE * ttft_seconds, rounds[0]))
+        converged = len(rounds) > 1 and ttft_seconds > CONVERGED_TTFT_RATIO * rounds[-2]
+        self.pacing = converged or len(rounds) >= MOVE_WARM_ROUNDS
+        return Reopen()
+
     def pace_until(self) -> float | None:
         """When the draining agent's next delta may reach the client (monotonic; None: now)."""
-        if self.next_from is None or self.last_delta_at is None or not self.recent_gaps:
+        if not self.pacing or self.last_delta_at is None or not self.recent_gaps:
             return None
         return self.last_delta_at + MOVE_PACE_GAP_MULTIPLE * statistics.median(self.recent_gaps)
 
@@ -321,6 +374,8 @@ class Move:
         """No next agent any more: the stream stays, and may move again."""
         self.moving = False
         self.next_from = None
+        self.round_ttfts = []
+        self.pacing = False
 
     def leave_agent(self) -> None:
         """The serving agent's stream is over: its pace and the repeats it owed go with it."""

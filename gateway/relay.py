@@ -13,9 +13,12 @@ its frames, hands each to the Failover, forwards what that returns and carries o
 effects it asks for (gateway/moves.py). A move made before the break (`moving`,
 `OpenNext`) opens the stream's continuation on the next agent in a task of its own while
 the draining agent's frames are relayed; the task's end wakes the relay up through the
-draining agent's channel. From then the draining agent's deltas are paced (`Pace`), and
-after each the relay shows the Failover what the next agent has sent: it switches the
-stream there once it caught up (`Switch`), or drops it (`DropNext`).
+draining agent's channel. From then, after each of the draining agent's deltas, the relay
+shows the Failover what the next agent has sent: it switches the stream there once it caught
+up (`Switch`), opens it afresh from where the client is (`Reopen`: a warming round, or the
+last, waited for or caught up with by pacing the draining agent's deltas, `Pace`), or drops
+it (`DropNext`). Choosing and opening agents' streams is
+gateway/agent_streams.py's.
 """
 
 from __future__ import annotations
@@ -23,8 +26,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Collection
+from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 from functools import partial
@@ -33,11 +35,10 @@ from gateway.agent_link import (
     AgentLink,
     GatewayGoingAway,
     LinkLost,
-    LinkUnavailable,
-    StreamChannel,
     StreamStalled,
     Wakeup,
 )
+from gateway.agent_streams import Leg, acquire, close_leg, open_leg, prepare_move, prepared, wake
 from gateway.dispatch import (
     Dispatcher,
     GatewayClosing,
@@ -47,20 +48,20 @@ from gateway.dispatch import (
     UnknownModel,
 )
 from gateway.failover import HANDLE_KEY_BYTES, Failover
-from gateway.fair_queue import stream_cost_tokens
 from gateway.moves import (
     DropNext,
     MergeDeltas,
     MoveEffect,
     OpenNext,
     Pace,
+    Reopen,
     Repeated,
     Switch,
     TakeOver,
     next_silent,
 )
 from gateway.outcome import GiveUp, RelayOutcome, ResumeElsewhere, Unplaced, WaitForRoom
-from gateway.prefix import PromptPrefix, tenant_session
+from gateway.prefix import PromptPrefix
 from gateway.receipts import ReceiptChain
 from gateway.router import Candidate
 from spotgate.logging import get_logger
@@ -79,16 +80,6 @@ __all__ = ["ClientFrame", "RelayOutcome", "relay_stream"]
 log = get_logger(__name__)
 
 ClientFrame = QueuedFrame | StartFrame | DeltaFrame | DoneFrame | ErrorFrame
-
-
-@dataclass(frozen=True, slots=True)
-class _Leg:
-    """One agent's stream of the client's stream: where it runs and its channel."""
-
-    agent_id: str
-    link: AgentLink
-    frame_id: str
-    channel: StreamChannel
 
 
 async def relay_stream(
@@ -143,10 +134,10 @@ class _Relay:
     stall_seconds: float
     prefix: PromptPrefix | None
     over: bool = False  # the client's stream ended
-    placed: _Leg | None = None  # the agent's stream a placement opened
-    switched: _Leg | None = None  # the next agent's stream, taking over from the serving one
-    mover: asyncio.Task[_Leg | None] | None = None  # opening the next agent's stream
-    following: _Leg | None = None  # the next agent's stream, catching up with the client
+    placed: Leg | None = None  # the agent's stream a placement opened
+    switched: Leg | None = None  # the next agent's stream, taking over from the serving one
+    mover: asyncio.Task[Leg | None] | None = None  # opening the next agent's stream
+    following: Leg | None = None  # the next agent's stream, catching up with the client
     leg_over: bool = False  # the serving agent's stream is over for the client
     full: bool = False  # the agent refused the stream for capacity
     left_running: bool = False  # the stream went on elsewhere while this agent's still ran
@@ -156,7 +147,7 @@ class _Relay:
         stream = self.stream
         chosen: Candidate | None = None
         try:
-            async for event in _acquire(
+            async for event in acquire(
                 self.dispatcher,
                 stream.request,
                 self.prefix,
@@ -177,13 +168,13 @@ class _Relay:
         if chosen is None:  # acquire always ends with an agent or an exception
             return
         stream.on_agent_chosen(monotonic=time.monotonic())
-        self.placed = await _open(
+        self.placed = await open_leg(
             stream.agent_frame, chosen.agent_id, self.dispatcher, self.link_for
         )
         if self.placed is None:
             stream.on_unavailable(chosen.agent_id)
 
-    async def serve(self, leg: _Leg) -> AsyncGenerator[ClientFrame, None]:
+    async def serve(self, leg: Leg) -> AsyncGenerator[ClientFrame, None]:
         """The agent's stream relayed to the client, until it ends, breaks or moves on."""
         self.stream.on_opened(leg.agent_id)
         self.leg_over = self.full = self.left_running = False
@@ -206,8 +197,8 @@ class _Relay:
         if self.full:  # after `finished`, which takes the mark off: this stream never ran there
             self.dispatcher.refused_for_capacity(leg.agent_id)
 
-    async def _delta(self, leg: _Leg, item: DeltaFrame) -> DeltaFrame | None:
-        """What the client is sent of the agent's delta (None: nothing), paced while moving."""
+    async def _delta(self, leg: Leg, item: DeltaFrame) -> DeltaFrame | None:
+        """What the client is sent of the agent's delta (None: nothing)."""
         stream = self.stream
         if stream.repeating:  # the next agent, switched to, repeating what the client holds
             repeated = stream.on_next_agent_delta(item, now=time.time())
@@ -223,7 +214,7 @@ class _Relay:
             if repeated.beyond is None:
                 return None
             item = repeated.beyond  # the rest of its delta: the client's next tokens
-        if (pace := stream.pace()) is not None:  # a move is catching up
+        if (pace := stream.pace()) is not None:  # a move's last round is catching up
             await self._carry_out(leg, pace)
         return stream.on_delta(
             item,
@@ -233,7 +224,7 @@ class _Relay:
             agent_first_token_at=leg.channel.first_delta_at,
         )
 
-    async def _event(self, leg: _Leg, item: object) -> ClientFrame | None:
+    async def _event(self, leg: Leg, item: object) -> ClientFrame | None:
         """Any other item of the agent's stream: what the client is sent of it (None: nothing)."""
         stream = self.stream
         if isinstance(item, StartFrame):
@@ -249,7 +240,7 @@ class _Relay:
             await self._carry_out(leg, stream.on_moving())
         elif isinstance(item, Wakeup):
             if self.mover is not None and self.mover.done():
-                self.following, self.mover = _prepared(self.mover), None
+                self.following, self.mover = prepared(self.mover), None
                 await self._carry_out(leg, stream.on_next_opened(self.following is not None))
         elif isinstance(item, StreamStalled):  # nothing for too long: stop it there
             stalled = stream.on_stalled(now=time.time())
@@ -285,7 +276,7 @@ class _Relay:
             self.leg_over = True
         return None
 
-    async def _judge_next(self, leg: _Leg, following: _Leg) -> None:
+    async def _judge_next(self, leg: Leg, following: Leg) -> None:
         """After a delta of the draining agent: switch to its next agent, drop it, or wait on."""
         channel = following.channel
         silent = next_silent(
@@ -294,10 +285,12 @@ class _Relay:
             monotonic=time.monotonic(),
             stall_seconds=self.stall_seconds,
         )
+        ttft = None if channel.first_delta_at is None else channel.first_delta_at - channel.sent_at
         news = channel.unread(skipped=self.stream.move.next_judged)
-        await self._carry_out(leg, self.stream.on_next_agent_news(news, silent=silent))
+        effect = self.stream.on_next_agent_news(news, silent=silent, ttft_seconds=ttft)
+        await self._carry_out(leg, effect)
 
-    async def _at_break(self, leg: _Leg) -> None:
+    async def _at_break(self, leg: Leg) -> None:
         """The serving agent broke: a next agent catching up takes over where it is, or not."""
         if self.following is None:
             return
@@ -311,7 +304,7 @@ class _Relay:
         )
         await self._carry_out(leg, effect)
 
-    async def _carry_out(self, leg: _Leg, effect: MoveEffect | None) -> None:
+    async def _carry_out(self, leg: Leg, effect: MoveEffect | None) -> None:
         """Do what the stream's Failover asked for its move (gateway/moves.py)."""
         stream = self.stream
         match effect:
@@ -319,7 +312,7 @@ class _Relay:
                 pass
             case OpenNext():
                 self.mover = asyncio.create_task(
-                    _prepare_move(
+                    prepare_move(
                         stream,
                         dispatcher=self.dispatcher,
                         link_for=self.link_for,
@@ -327,8 +320,10 @@ class _Relay:
                     ),
                     name=f"move {stream.request.id}",
                 )
-                self.mover.add_done_callback(partial(_wake, leg.channel))
-            case Pace(until=until):  # a move is catching up: the client's pace eases
+                self.mover.add_done_callback(partial(wake, leg.channel))
+            case Reopen(hold_seconds=hold_seconds):
+                await self._reopen(leg, hold_seconds)
+            case Pace(until=until):  # the client's pace eases while the last round catches up
                 await asyncio.sleep(max(0.0, until - time.monotonic()))
             case MergeDeltas(merge=merge) | Repeated(merge=merge):
                 leg.channel.merge_deltas = merge
@@ -355,25 +350,48 @@ class _Relay:
                         behind_tokens=behind_tokens,
                     )
                 if self.following is not None:
-                    await _close_leg(self.following, self.dispatcher, cancel=True)
+                    await close_leg(self.following, self.dispatcher, cancel=True)
                     self.following = None
                 leg.channel.merge_deltas = True
 
-    async def _close(self, leg: _Leg) -> None:
+    async def _reopen(self, leg: Leg, hold_seconds: float | None) -> None:
+        """The next agent's continuation afresh from the client's tokens; waited for if a switch.
+
+        While it is waited for, the client is sent nothing: the draining agent's deltas stay
+        in its channel, dropped at the switch or sent on if the move is dropped.
+        """
+        following, self.following = self.following, None
+        if following is None:
+            raise RuntimeError("a stream reopened with no next agent's stream")
+        await close_leg(following, self.dispatcher, cancel=True)
+        frame_for = self.stream.next_agent_frame
+        self.following = await open_leg(
+            frame_for, following.agent_id, self.dispatcher, self.link_for, merge_deltas=False
+        )
+        if self.following is None:
+            self.stream.on_move_abandoned()
+            leg.channel.merge_deltas = True
+        elif hold_seconds is not None:
+            channel = self.following.channel
+            await channel.first_delta_within(hold_seconds)  # then it is silent, or came
+            news = self.stream.on_next_agent_news(channel.unread(), silent=True, ttft_seconds=None)
+            await self._carry_out(leg, news)
+
+    async def _close(self, leg: Leg) -> None:
         """The agent's stream is over for the client: close it, and any move under way."""
         stream = self.stream
         moved = self.mover is not None or self.following is not None
         if self.mover is not None:  # the stream ended or broke before its move was ready
             self.mover.cancel()
             await asyncio.wait([self.mover])
-            self.following, self.mover = _prepared(self.mover), None
+            self.following, self.mover = prepared(self.mover), None
         if moved:
             stream.on_move_abandoned()
         if self.following is not None:
-            await _close_leg(self.following, self.dispatcher, cancel=True)
+            await close_leg(self.following, self.dispatcher, cancel=True)
             self.following = None
         # The client went away mid-stream (still serving), or the stream went on elsewhere.
-        await _close_leg(
+        await close_leg(
             leg, self.dispatcher, cancel=stream.serving is not None or self.left_running
         )
 
@@ -389,112 +407,3 @@ def _unplaced(
     if isinstance(error, QueueFull):
         return stream.on_unplaced(Unplaced.QUEUE_FULL)
     return stream.on_unplaced(Unplaced.NO_CAPACITY)
-
-
-def _acquire(
-    dispatcher: Dispatcher,
-    frame: GenerateFrame,
-    prefix: PromptPrefix | None,
-    *,
-    exclude: Collection[str],
-    deadline: float,
-    under_way: bool,
-) -> AsyncIterator[Queued | Candidate]:
-    """The dispatcher's wait for an agent for the client's stream (its session, prefix, adapter)."""
-    return dispatcher.acquire(
-        frame.base_model,
-        session=tenant_session(frame.tenant or "", frame.session),
-        exclude=exclude,
-        deadline=deadline,
-        prefix=prefix,
-        adapter=frame.adapter,
-        under_way=under_way,
-        tenant=frame.tenant or "",
-        cost_tokens=stream_cost_tokens(frame),
-    )
-
-
-async def _open(
-    frame_for: Callable[[str], GenerateFrame],
-    agent_id: str,
-    dispatcher: Dispatcher,
-    link_for: Callable[[str], AgentLink | None],
-    *,
-    merge_deltas: bool = True,
-) -> _Leg | None:
-    """Open a stream on the agent (None: it cannot be reached; it is marked busy meanwhile)."""
-    link = link_for(agent_id)
-    if link is None:
-        return None
-    agent_frame = frame_for(uuid.uuid4().hex)
-    # Counted from the moment it is chosen: streams choosing while this link opens (a
-    # fresh agent's first connection) must see the room the agent will have left.
-    dispatcher.started(agent_id)
-    try:
-        channel = await link.open_stream(agent_frame)
-    except LinkUnavailable as err:
-        dispatcher.finished(agent_id)
-        log.info("agent unavailable; trying another", agent_id=agent_id, error=str(err))
-        return None
-    except BaseException:
-        dispatcher.finished(agent_id)
-        raise
-    # Set before any delta can come: the agent has the frame only now, and prefills first.
-    channel.merge_deltas = merge_deltas
-    return _Leg(agent_id, link, agent_frame.id, channel)
-
-
-async def _close_leg(leg: _Leg, dispatcher: Dispatcher, *, cancel: bool) -> None:
-    """The agent's stream is over for this client: cancel it there if it still runs."""
-    dispatcher.finished(leg.agent_id)
-    if cancel:
-        await leg.link.cancel(leg.frame_id)
-    else:
-        leg.link.forget(leg.frame_id)
-
-
-def _wake(channel: StreamChannel, _task: asyncio.Task[str | None]) -> None:
-    """A move's preparation ended: its stream's reader sees it among the agent's frames."""
-    channel.push(Wakeup())
-
-
-def _prepared(task: asyncio.Task[_Leg | None]) -> _Leg | None:
-    """The next agent's stream a finished move opened (None: it found none, or failed)."""
-    if task.cancelled():
-        return None
-    error = task.exception()
-    if error is not None:
-        log.warning("preparing a move failed", error=repr(error))
-        return None
-    return task.result()
-
-
-async def _prepare_move(
-    stream: Failover,
-    *,
-    dispatcher: Dispatcher,
-    link_for: Callable[[str], AgentLink | None],
-    prefix: PromptPrefix | None,
-) -> _Leg | None:
-    """The stream's continuation opened on its next agent (None: none could be)."""
-    frame = stream.request
-    serving = stream.serving
-    chosen: Candidate | None = None
-    try:
-        async for event in _acquire(
-            dispatcher,
-            frame,
-            prefix,
-            exclude=stream.excluded | ({serving} if serving else set()),
-            deadline=time.time() + stream.deadline_seconds,
-            under_way=True,
-        ):
-            if not isinstance(event, Queued):
-                chosen = event
-    except (UnknownModel, QueueFull, NoCapacity, GatewayClosing):
-        return None
-    if chosen is None:
-        return None
-    return await _open(
-        stream.next_agent_frame, chosen.agent_id, dispatcher, link_for, merge_deltas=False
-    )

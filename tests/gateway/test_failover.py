@@ -7,7 +7,16 @@ import itertools
 import pytest
 
 from gateway.failover import Failover, agent_handle
-from gateway.moves import GAPS_REMEMBERED, MOVE_PACE_GAP_MULTIPLE, CatchUp, OpenNext, Repeat
+from gateway.moves import (
+    MOVE_PACE_GAP_MULTIPLE,
+    CatchUp,
+    DropNext,
+    OpenNext,
+    Pace,
+    Reopen,
+    Repeat,
+    Switch,
+)
 from gateway.outcome import Decision, GiveUp, ResumeElsewhere, Unplaced, WaitForRoom
 from gateway.receipts import ReceiptSigner
 from spotgate.protocol import (
@@ -570,7 +579,7 @@ def test_a_stream_open_when_its_gateway_stops_ends_with_going_away(
 
 
 # Make-before-break: a draining agent says `moving`; the next agent's continuation opens at
-# once, the draining agent's tokens are paced until it caught up, then the stream switches.
+# once, is opened afresh from the client's tokens in rounds, and the stream switches to it.
 
 
 def moving(stream: Failover, held: list[int]) -> GenerateFrame:
@@ -608,43 +617,79 @@ def test_a_stream_not_asked_to_move_early_tells_its_agent_so() -> None:
     assert place(stream, "a").move_early is False
 
 
-def test_the_draining_agents_tokens_are_paced_only_while_a_next_agent_catches_up() -> None:
+def test_a_next_agent_behind_the_client_at_its_first_token_is_opened_afresh() -> None:
+    """Its round is over: the next continuation starts from where the client is now."""
     stream = arrive()
-    place(stream, "a")
-    for i in range(4):  # deltas 20 ms apart
-        relay(stream, [i], "x", at=STARTED + 1 + 0.02 * i)
-    assert stream.move.pace_until() is None  # no move: as fast as they come
-    stream.on_moving()
-    assert stream.move.pace_until() is None  # no next agent yet
-    stream.next_agent_frame("to-b")
-    last = STARTED + 1 + 0.06
-    assert stream.move.pace_until() == pytest.approx(last + MOVE_PACE_GAP_MULTIPLE * 0.02)
+    moving(stream, [5, 6, 7])  # its deltas came 20 ms apart
+    relay(stream, [8], "h", at=STARTED + 1.06)
+    following = [start("b")]
+    assert stream.on_next_agent_news(following, silent=False, ttft_seconds=None) is None
+    following.append(delta([8], "h"))
+    relay(stream, [9], "i", at=STARTED + 1.08)
+    news = following[stream.move.next_judged :]
+    assert stream.on_next_agent_news(news, silent=False, ttft_seconds=0.6) == Reopen()
+    assert stream.next_agent_frame("to-b-2").resume == Resume(
+        token_ids=[5, 6, 7, 8, 9], text="abchi", completion_tokens=5
+    )
+    # The second round took a tenth of the first: not yet within a gap, the third is a round too.
+    assert stream.on_next_agent_news([start("b")], silent=False, ttft_seconds=None) is None
+    relay(stream, [10], "j", at=STARTED + 1.1)
+    relay(stream, [11], "k", at=STARTED + 1.12)
+    news = [delta([10], "j")]  # its first token, one behind the client
+    assert stream.on_next_agent_news(news, silent=False, ttft_seconds=0.06) == Reopen()
+    stream.next_agent_frame("to-b-3")
+    relay(stream, [12], "l", at=STARTED + 1.14)
+    news = [start("b"), delta([], "")]  # its first delta, its text held back
+    held = stream.on_next_agent_news(news, silent=False, ttft_seconds=0.02)
+    assert held == Reopen(hold_seconds=0.6)  # within a gap: the next is the switch
+    stream.next_agent_frame("to-b-4")
+    news = [start("b"), delta([13], "m")]  # the held switch's first token came
+    switched = stream.on_next_agent_news(news, silent=True, ttft_seconds=None)
+    assert switched == Switch(draining="a")
+    assert not stream.repeating  # it started where the client stands: its token is new
+    assert (stream.outcome.early_moves, stream.move.round_ttfts) == (1, [])
+
+
+@pytest.mark.parametrize(
+    "frames",
+    [
+        [],  # nothing in time
+        [start("b")],  # its start, no token in time
+        [start("b"), ErrorFrame(id="x", code=ErrorCode.INTERNAL, message="agent says")],
+    ],
+)
+def test_a_switch_whose_continuation_does_not_come_is_dropped(frames: list[object]) -> None:
+    stream = arrive()
+    moving(stream, [5, 6, 7])
+    stream.move.round_ttfts = [0.6]
+    assert stream.on_next_agent_news(frames, silent=True, ttft_seconds=None) == DropNext()
+    assert stream.move.next_from is None
+    assert stream.on_moving() == OpenNext()  # the stream stays, and may move again
+
+
+def test_a_last_round_that_stopped_shrinking_catches_up_with_a_paced_client() -> None:
+    stream = arrive()
+    moving(stream, [5, 6, 7])  # its deltas came 20 ms apart
+    relay(stream, [8], "h", at=STARTED + 1.06)
+    assert stream.on_next_agent_news([delta([], "")], silent=False, ttft_seconds=0.6) == Reopen()
+    stream.next_agent_frame("to-b-2")
+    assert stream.pace() is None  # a warming round: the client's own pace
+    relay(stream, [9], "i", at=STARTED + 1.08)
+    relay(stream, [10], "j", at=STARTED + 1.1)
+    news = [delta([9], "i")]  # behind, after as long as the round before: it stopped shrinking
+    assert stream.on_next_agent_news(news, silent=False, ttft_seconds=0.5) == Reopen()
+    stream.next_agent_frame("to-b-3")
+    last = STARTED + 1.1
+    assert stream.pace() == Pace(last + MOVE_PACE_GAP_MULTIPLE * 0.02)
     # A paced delta is no measure of the pace: the gaps are those the agent's deltas came at.
-    relay(stream, [9], "x", at=last + 0.025, arrived=last + 0.02)
-    assert stream.move.pace_until() == pytest.approx(last + 0.025 + MOVE_PACE_GAP_MULTIPLE * 0.02)
-    stream.on_move_abandoned()
-    assert stream.move.pace_until() is None
-
-
-def test_a_draining_agent_that_slows_during_a_move_slows_the_pace_with_it() -> None:
-    """The client keeps falling back: a next agent as slow as the draining one still catches up.
-
-    (Sharing its machine, or its batch, the next agent's continuation may slow both.)
-    """
-    stream = arrive()
-    place(stream, "a")
-    arrived = STARTED + 1.0
-    for i in range(GAPS_REMEMBERED):  # deltas 20 ms apart
-        arrived += 0.02
-        relay(stream, [i], "x", at=arrived)
-    stream.on_moving()
-    stream.next_agent_frame("to-b")
-    sent = arrived
-    for i in range(GAPS_REMEMBERED):  # from now on they come 40 ms apart
-        arrived += 0.04
-        sent = max(arrived, stream.move.pace_until() or arrived)
-        relay(stream, [100 + i], "x", at=sent, arrived=arrived)
-    assert stream.move.pace_until() == pytest.approx(sent + MOVE_PACE_GAP_MULTIPLE * 0.04)
+    relay(stream, [11], "k", at=last + 0.025, arrived=last + 0.02)
+    assert stream.pace() == Pace(last + 0.025 + MOVE_PACE_GAP_MULTIPLE * 0.02)
+    relay(stream, [12], "l", at=last + 0.05, arrived=last + 0.04)
+    news = [delta([11], "k")]  # its first token, behind: it catches up, not another round
+    assert stream.on_next_agent_news(news, silent=False, ttft_seconds=0.05) is None
+    news = [delta([12], "l")]  # where the client stands
+    assert stream.on_next_agent_news(news, silent=False, ttft_seconds=0.05) == Switch("a")
+    assert stream.pace() is None
 
 
 def test_a_next_agents_pace_is_measured_afresh() -> None:
@@ -735,7 +780,7 @@ def test_a_next_agents_frames_are_judged_once_as_they_come() -> None:
     following = [start("b"), delta([8], "h")]
     assert stream.on_next_agent_frames(following[stream.move.next_judged :]) is CatchUp.BEHIND
     assert stream.move.next_judged == 2
-    relay(stream, [10], "j")  # the client goes on meanwhile, paced
+    relay(stream, [10], "j")  # the client goes on meanwhile
     following.append(delta([9], "i"))
     assert stream.on_next_agent_frames(following[stream.move.next_judged :]) is CatchUp.BEHIND
     following.append(delta([10, 11], "jk"))

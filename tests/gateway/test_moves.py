@@ -1,11 +1,21 @@
 """The rules of make-before-break, on plain data: a next agent's deltas against the tokens
-the client holds, whether it takes over at the break, whether it is silent."""
+the client holds, its warming rounds, whether it takes over at the break, whether it is
+silent."""
 
 from __future__ import annotations
 
 import pytest
 
-from gateway.moves import Against, against_held, next_silent, past_held, worth_taking_over
+from gateway.moves import (
+    MOVE_WARM_ROUNDS,
+    Against,
+    Move,
+    Reopen,
+    against_held,
+    next_silent,
+    past_held,
+    worth_taking_over,
+)
 from spotgate.protocol import DeltaFrame, TokenLogprob
 
 
@@ -101,3 +111,37 @@ def test_a_next_agent_is_silent_once_the_stall_limit_passes_without_a_token(
     first_token_at: float | None, sent_at: float, monotonic: float, silent: bool
 ) -> None:
     assert next_silent(first_token_at, sent_at, monotonic=monotonic, stall_seconds=10.0) is silent
+
+
+@pytest.mark.parametrize(
+    ("earlier_rounds", "ttft_seconds", "reopen", "paced"),
+    [
+        ([], 0.6, Reopen(), False),  # a cold prefill: warm it again from where the client is
+        ([], 0.02, Reopen(hold_seconds=0.08), False),  # within a gap: the next, held, switches
+        ([0.6], 0.06, Reopen(), False),  # a tenth of the round before: another shrinks it more
+        ([0.6], 0.024, Reopen(hold_seconds=0.6), False),  # held at most the first round's time
+        ([0.6, 0.06], 0.025, Reopen(), False),  # past 1.2 gaps, and still halving
+        # It stopped shrinking (the agent's own turn-around), or the rounds are spent: the last
+        # round catches up with the client's stream, paced.
+        ([0.6, 0.06], 0.04, Reopen(), True),
+        ([0.6, 0.2, 0.08], 0.03, Reopen(), True),
+        ([0.01], 0.02, Reopen(hold_seconds=0.08), False),  # held at most 4 of the round before
+    ],
+)
+def test_a_next_agent_is_warmed_in_rounds_until_one_is_short_and_the_next_is_the_switch(
+    earlier_rounds: list[float], ttft_seconds: float, reopen: Reopen, paced: bool
+) -> None:
+    move = Move(round_ttfts=list(earlier_rounds))
+    for i in range(10):  # the stream's deltas came 20 ms apart
+        move.relayed(arrived_at=0.02 * i, monotonic=0.02 * i)
+
+    assert move.next_round(ttft_seconds) == reopen
+    assert move.round_ttfts == [*earlier_rounds, ttft_seconds]
+    assert len(earlier_rounds) < MOVE_WARM_ROUNDS
+    assert move.pacing is paced
+    assert (move.pace_until() is not None) is paced
+
+
+def test_a_round_without_a_measured_pace_waits_for_the_rounds_to_shrink() -> None:
+    """No gap known yet (a move at the stream's first token): only the rounds' own trend counts."""
+    assert Move().next_round(0.01) == Reopen()

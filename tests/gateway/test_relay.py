@@ -7,7 +7,9 @@ import time
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
-from gateway.agent_link import StreamChannel
+import pytest
+
+from gateway.agent_link import ChannelItem, StreamChannel, Wakeup
 from gateway.dispatch import Dispatcher
 from gateway.relay import ClientFrame, RelayOutcome, relay_stream
 from gateway.streams import RelayHandle
@@ -77,18 +79,32 @@ async def test_a_chosen_agent_counts_the_stream_while_its_link_opens() -> None:
     assert dict(dispatcher.outstanding) == {}  # the cancelled placement gave its slot back
 
 
+class WatchedChannel(StreamChannel):
+    """A stream's channel that tells when a move's task, ended, woke its reader."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.woken = asyncio.Event()
+
+    def push(self, item: ChannelItem) -> None:
+        super().push(item)
+        if isinstance(item, Wakeup):
+            self.woken.set()
+
+
 class ScriptedLink:
     """A link to an agent whose stream's frames the test pushes, as the agent would send them."""
 
     def __init__(self, agent: str) -> None:
         self.agent = agent
         self.frames: list[GenerateFrame] = []
-        self.channel = StreamChannel()
+        self.channel = WatchedChannel()
         self.opened = asyncio.Event()
         self.cancelled: list[str] = []
 
     async def open_stream(self, frame: GenerateFrame) -> StreamChannel:
         self.frames.append(frame)
+        self.channel = WatchedChannel()  # each stream its own
         self.opened.set()
         return self.channel
 
@@ -103,6 +119,15 @@ class ScriptedLink:
 
     def delta(self, ids: list[int], text: str) -> None:
         self.channel.push(DeltaFrame(id=self.frames[-1].id, text=text, n=len(ids), ids=ids))
+
+
+def done(stream_id: str, tokens: int) -> DoneFrame:
+    return DoneFrame(
+        id=stream_id,
+        finish_reason="stop",
+        usage=Usage(prompt_tokens=1, completion_tokens=tokens),
+        timings=Timings(queue_ms=0, ttft_ms=1, total_ms=2),
+    )
 
 
 def ready(*agents: str) -> list[AgentRecord]:
@@ -220,7 +245,7 @@ async def test_a_client_that_cancels_twice_mid_move_leaves_neither_agent_streami
     assert dict(dispatcher.outstanding) == {}  # both agents' slots given back
 
 
-async def test_a_next_agent_that_drains_while_it_repeats_is_paced_a_token_at_a_time() -> None:
+async def test_a_next_agent_that_drains_while_it_repeats_is_relayed_a_token_at_a_time() -> None:
     """Its own move may switch at any of its tokens: its deltas stay unmerged past its repeats."""
     relay = ScriptedRelay.open(50, "abc")
     links, frames = relay.links, relay.frames
@@ -252,3 +277,73 @@ async def test_a_next_agent_that_drains_while_it_repeats_is_paced_a_token_at_a_t
     assert await reading == DeltaFrame(id="s", text="c", n=1, ids=[3])
     assert following.channel.merge_deltas is False
     await frames.aclose()
+
+
+@pytest.mark.parametrize("switch_comes", [True, False])
+async def test_a_next_agent_behind_at_its_first_token_is_warmed_again_then_switched_to(
+    switch_comes: bool,
+) -> None:
+    """Each round opens its continuation afresh from the client's tokens; the last is waited for.
+
+    While the client waits for the switch's first token, the draining agent's deltas are held:
+    dropped when it comes, sent on when that continuation fails. (The relay looks at the next
+    agent's frames after each delta it sent the client, before it reads the next.)
+    """
+    relay = ScriptedRelay.open(50)
+    links, frames = relay.links, relay.frames
+    draining, following = links["a"], links["b"]
+    placing = asyncio.create_task(anext(frames))
+    await draining.opened.wait()
+    draining.start()
+    client: list[ClientFrame] = [await placing]
+
+    async def client_gets(token: int) -> None:
+        draining.delta([token], chr(ord("a") + token))
+        client.append(await anext(frames))
+
+    async def round_opened(tokens: list[int]) -> str:
+        await following.opened.wait()
+        following.opened.clear()
+        assert following.frames[-1].resume is not None
+        assert following.frames[-1].resume.token_ids == tokens
+        return following.frames[-1].id
+
+    def first_token(token: int, *, took_seconds: float) -> None:
+        following.channel.sent_at -= took_seconds
+        following.start()
+        following.delta([token], chr(ord("a") + token))
+
+    await client_gets(1)
+    relay.routable("a", "b")
+    draining.channel.push(MovingFrame(id=draining.frames[-1].id))
+    await client_gets(2)
+    rounds = [await round_opened([1, 2])]
+    await draining.channel.woken.wait()  # the move's task ended: the relay reads that next
+    await client_gets(3)
+    await client_gets(4)
+    first_token(3, took_seconds=10.0)  # a cold prefill, behind the client: the round is over
+    await client_gets(5)
+    rounds.append(await round_opened([1, 2, 3, 4]))
+    await client_gets(6)
+    first_token(5, took_seconds=9.0)  # it no longer shrinks: the next round is the switch
+    reading = asyncio.create_task(client_gets(7))  # held while the client waits for the switch
+    switch = await round_opened([1, 2, 3, 4, 5, 6])
+    assert following.cancelled == rounds
+    if switch_comes:
+        first_token(7, took_seconds=0.0)
+        following.channel.push(done(switch, 7))
+    else:
+        following.channel.push(ErrorFrame(id=switch, code=ErrorCode.INTERNAL, message="broke"))
+        draining.channel.push(done(draining.frames[-1].id, 7))
+    async with asyncio.timeout(30):
+        await reading
+        client += [frame async for frame in frames]
+
+    deltas = [frame for frame in client if isinstance(frame, DeltaFrame)]
+    assert [token for d in deltas for token in d.ids or ()] == [1, 2, 3, 4, 5, 6, 7]
+    assert [type(frame) for frame in client].count(StartFrame) == (2 if switch_comes else 1)
+    if switch_comes:  # the draining agent's 7 was dropped, the next agent's sent
+        assert draining.cancelled == [draining.frames[-1].id]
+    else:
+        assert following.cancelled[-1] == switch
+    assert isinstance(client[-1], DoneFrame)

@@ -18,6 +18,7 @@ def record(times: list[float], notice_at: float, switch_at: float) -> StreamReco
         delta_tokens=[1] * len(times),
         starts=[(0.0, "a", 0), (switch_at, "b", 4)],
         notice_at=notice_at,
+        done_at=times[-1] + 0.001,
     )
 
 
@@ -29,11 +30,22 @@ def test_the_move_gap_is_the_longest_wait_after_the_notice() -> None:
     assert figures.median_gap == pytest.approx(0.02)
     assert figures.move_gap == pytest.approx(0.07)
     assert figures.ratio == pytest.approx(3.5)
-    assert figures.paced_gap == pytest.approx(0.02)  # 0.06 and 0.08, before the switch
+    assert figures.warming_gap == pytest.approx(0.02)  # 0.06 and 0.08, before the switch
     assert figures.after_gap == pytest.approx(0.02)  # 0.17 and 0.19, after the switch's
     assert figures.last_delta_to_start == pytest.approx(0.015)
     assert figures.continuation_ttft == pytest.approx(0.055)
     assert figures.switched_at == 4
+    assert figures.reply_seconds == pytest.approx(0.171)
+    assert figures.window == (1, 6)  # the last token before the notice, the move gap's last
+    assert figures.window_seconds == pytest.approx(0.15)
+
+
+def test_the_streams_own_pace_is_its_median_gap_before_the_notice() -> None:
+    """Gaps slowed by the move (or its warming rounds on a shared machine) are not its pace."""
+    times = [0.02, 0.04, 0.06, 0.08, 0.11, 0.14, 0.17, 0.20, 0.23, 0.26, 0.30, 0.32]
+    figures = move_figures(record(times, notice_at=0.09, switch_at=0.28))
+    assert figures.median_gap == pytest.approx(0.02)
+    assert figures.warming_gap == pytest.approx(0.03)
 
 
 def test_the_move_gap_ends_a_few_deltas_past_the_switch() -> None:
