@@ -72,15 +72,23 @@ async def open_leg(
     link_for: Callable[[str], AgentLink | None],
     *,
     merge_deltas: bool = True,
+    slot_held: bool = False,
 ) -> Leg | None:
-    """Open a stream on the agent (None: it cannot be reached; it is marked busy meanwhile)."""
+    """Open a stream on the agent (None: it cannot be reached; it is marked busy meanwhile).
+
+    `slot_held`: in the slot of a stream of this client's just cancelled there (a move's
+    next round), which is given back only if this one cannot be opened.
+    """
     link = link_for(agent_id)
     if link is None:
+        if slot_held:
+            dispatcher.finished(agent_id)
         return None
     agent_frame = frame_for(uuid.uuid4().hex)
     # Counted from the moment it is chosen: streams choosing while this link opens (a
     # fresh agent's first connection) must see the room the agent will have left.
-    dispatcher.started(agent_id)
+    if not slot_held:
+        dispatcher.started(agent_id)
     try:
         channel = await link.open_stream(agent_frame)
     except LinkUnavailable as err:

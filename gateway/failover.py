@@ -290,6 +290,8 @@ class Failover:
         if self.on_next_agent_frames(frames) in (CatchUp.DIVERGED, CatchUp.FAILED):
             return DropNext()
         behind = self.move.behind(len(self.ids))
+        if prefill_seconds is not None and self.move.round_ttfts:  # a warm round's is short
+            prefill_seconds = max(prefill_seconds, self.move.round_ttfts[0])
         if not worth_taking_over(behind, prefill_seconds, gap_seconds):
             self.on_move_abandoned()
             return DropNext(behind_tokens=behind)

@@ -96,7 +96,8 @@ class OpenNext:
 class Reopen:
     """Cancel the next agent's continuation and open another there from the client's tokens now.
 
-    `hold_seconds` None: a warming round; the draining agent's tokens still reach the client.
+    `hold_seconds` None: a warming round, or the last one, paced (`Move.pacing`); the draining
+    agent's tokens still reach the client.
     Else the switch: the client is sent no more of the draining agent's tokens while the new
     continuation comes to its first token, for at most `hold_seconds`.
     """

@@ -360,13 +360,19 @@ class _Relay:
         While it is waited for, the client is sent nothing: the draining agent's deltas stay
         in its channel, dropped at the switch or sent on if the move is dropped.
         """
-        following, self.following = self.following, None
+        following = self.following
         if following is None:
             raise RuntimeError("a stream reopened with no next agent's stream")
-        await close_leg(following, self.dispatcher, cancel=True)
-        frame_for = self.stream.next_agent_frame
+        # Its slot on the agent is the next round's: no other stream may take it meanwhile.
+        await following.link.cancel(following.frame_id)
+        self.following = None
         self.following = await open_leg(
-            frame_for, following.agent_id, self.dispatcher, self.link_for, merge_deltas=False
+            self.stream.next_agent_frame,
+            following.agent_id,
+            self.dispatcher,
+            self.link_for,
+            merge_deltas=False,
+            slot_held=True,
         )
         if self.following is None:
             self.stream.on_move_abandoned()

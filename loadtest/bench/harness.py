@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import json
 import os
+import signal
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from subprocess import STDOUT, Popen, TimeoutExpired
@@ -404,3 +406,28 @@ async def alternating_runs(
                 )
                 results.setdefault((server.name, concurrency), []).append(sample)
     return results
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In a child, before it runs: the kernel kills it when its parent dies (Linux)."""
+    libc = ctypes.CDLL(None)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def cpu_burners(count: int) -> Iterator[None]:
+    """`count` processes that each keep a CPU busy (unpinned, as any other tenant's work)."""
+    # Killed with the bench, however it ends (a SIGTERM skips the `finally` below).
+    burners = [
+        Popen([sys.executable, "-c", "while True: pass"], preexec_fn=_die_with_parent)
+        for _ in range(count)
+    ]
+    try:
+        yield
+    finally:
+        for burner in burners:
+            burner.kill()
+            burner.wait()

@@ -32,11 +32,9 @@ import itertools
 import json
 import os
 import random
-import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,6 +47,7 @@ from loadtest.bench.harness import (
     BENCH_KEY,
     Server,
     bench_spec,
+    cpu_burners,
     metric_value,
     metrics_text,
     print_log_tails,
@@ -428,18 +427,6 @@ async def measure_on_stack(
         return await measure(
             gateways, pool, args.runs, args.prompt_tokens, args.reply_tokens, tokenizer
         )
-
-
-@contextlib.contextmanager
-def cpu_burners(count: int) -> Iterator[None]:
-    """`count` processes that each keep a CPU busy (unpinned, as any other tenant's work)."""
-    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
-    try:
-        yield
-    finally:
-        for burner in burners:
-            burner.kill()
-            burner.wait()
 
 
 def _write_model(scratch: Path, cache: Path) -> Path:

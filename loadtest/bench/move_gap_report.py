@@ -88,7 +88,7 @@ def render(results: Sequence[MoveRun], args: argparse.Namespace, where: str) -> 
         f"own every {IMDS_POLL_SECONDS:g} s; a drained agent exits and a fresh one takes its "
         "CPU."
         + (
-            " Beside them, a process per CPU, unpinned, that keeps it busy (`while True: pass`)."
+            " Beside them, a process per CPU, unpinned, that keeps it busy (a busy loop)."
             if args.burner
             else ""
         ),

@@ -16,6 +16,7 @@ from gateway.moves import (
     Reopen,
     Repeat,
     Switch,
+    TakeOver,
 )
 from gateway.outcome import Decision, GiveUp, ResumeElsewhere, Unplaced, WaitForRoom
 from gateway.receipts import ReceiptSigner
@@ -690,6 +691,20 @@ def test_a_last_round_that_stopped_shrinking_catches_up_with_a_paced_client() ->
     news = [delta([12], "l")]  # where the client stands
     assert stream.on_next_agent_news(news, silent=False, ttft_seconds=0.05) == Switch("a")
     assert stream.pace() is None
+
+
+def test_at_the_break_a_warm_rounds_short_prefill_is_no_measure_of_a_resume() -> None:
+    """A resume elsewhere prefills the whole conversation, as the first round did."""
+    stream = arrive()
+    moving(stream, [5, 6, 7])  # its deltas came 20 ms apart
+    relay(stream, [8], "h")
+    assert stream.on_next_agent_news([delta([], "")], silent=False, ttft_seconds=5.0) == Reopen()
+    stream.next_agent_frame("to-b-2")
+    for token in range(9, 24):  # 15 tokens on, the draining agent breaks
+        relay(stream, [token], "x")
+    end(stream, ErrorCode.INTERRUPTED)
+    # 15 repeats at 20 ms: 0.3 s, more than this round's 0.25 s, less than a resume's 5 s.
+    assert stream.at_break([], prefill_seconds=0.25, gap_seconds=0.02) == TakeOver()
 
 
 def test_a_next_agents_pace_is_measured_afresh() -> None:

@@ -290,7 +290,7 @@ async def test_a_next_agent_behind_at_its_first_token_is_warmed_again_then_switc
     agent's frames after each delta it sent the client, before it reads the next.)
     """
     relay = ScriptedRelay.open(50)
-    links, frames = relay.links, relay.frames
+    dispatcher, links, frames = relay.dispatcher, relay.links, relay.frames
     draining, following = links["a"], links["b"]
     placing = asyncio.create_task(anext(frames))
     await draining.opened.wait()
@@ -306,12 +306,13 @@ async def test_a_next_agent_behind_at_its_first_token_is_warmed_again_then_switc
         following.opened.clear()
         assert following.frames[-1].resume is not None
         assert following.frames[-1].resume.token_ids == tokens
+        assert dispatcher.outstanding["b"] == 1  # each round in the one slot
         return following.frames[-1].id
 
     def first_token(token: int, *, took_seconds: float) -> None:
-        following.channel.sent_at -= took_seconds
         following.start()
         following.delta([token], chr(ord("a") + token))
+        following.channel.first_delta_at = following.channel.sent_at + took_seconds
 
     await client_gets(1)
     relay.routable("a", "b")
@@ -325,12 +326,13 @@ async def test_a_next_agent_behind_at_its_first_token_is_warmed_again_then_switc
     await client_gets(5)
     rounds.append(await round_opened([1, 2, 3, 4]))
     await client_gets(6)
-    first_token(5, took_seconds=9.0)  # it no longer shrinks: the next round is the switch
-    reading = asyncio.create_task(client_gets(7))  # held while the client waits for the switch
+    first_token(5, took_seconds=0.0)  # at once, behind: the next round is the switch, held
+    reading = asyncio.create_task(client_gets(7))
     switch = await round_opened([1, 2, 3, 4, 5, 6])
     assert following.cancelled == rounds
+    assert not reading.done()  # the client waits: the draining agent's 7 is held
     if switch_comes:
-        first_token(7, took_seconds=0.0)
+        first_token(70, took_seconds=0.0)
         following.channel.push(done(switch, 7))
     else:
         following.channel.push(ErrorFrame(id=switch, code=ErrorCode.INTERNAL, message="broke"))
@@ -340,10 +342,13 @@ async def test_a_next_agent_behind_at_its_first_token_is_warmed_again_then_switc
         client += [frame async for frame in frames]
 
     deltas = [frame for frame in client if isinstance(frame, DeltaFrame)]
-    assert [token for d in deltas for token in d.ids or ()] == [1, 2, 3, 4, 5, 6, 7]
-    assert [type(frame) for frame in client].count(StartFrame) == (2 if switch_comes else 1)
-    if switch_comes:  # the draining agent's 7 was dropped, the next agent's sent
+    ids = [token for d in deltas for token in d.ids or ()]
+    assert isinstance(client[-1], DoneFrame)
+    assert dict(dispatcher.outstanding) == {}
+    if switch_comes:  # the draining agent's 7 was dropped, the next agent's token sent
+        assert ids == [1, 2, 3, 4, 5, 6, 70]
+        assert [type(frame) for frame in client].count(StartFrame) == 2
         assert draining.cancelled == [draining.frames[-1].id]
     else:
+        assert ids == [1, 2, 3, 4, 5, 6, 7]
         assert following.cancelled[-1] == switch
-    assert isinstance(client[-1], DoneFrame)
