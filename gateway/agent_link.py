@@ -182,6 +182,10 @@ class StreamChannel:
             self.closed = isinstance(item, DoneFrame | ErrorFrame | LinkLost | GatewayGoingAway)
         _wake_reader(self._waiter, True)
 
+    def first_delta_seconds(self) -> float | None:
+        """From sending the stream to its first token coming in (None: none yet)."""
+        return None if self.first_delta_at is None else self.first_delta_at - self.sent_at
+
     def gap_seconds(self) -> float | None:
         """The agent's mean time per token after its first (None: too few yet to tell)."""
         if self.first_delta_at is None or self.last_delta_at is None or self.tokens_in < 2:

@@ -26,9 +26,9 @@ the stream moves at the break as any stream does.
 `Move` is that state, held by the stream's `Failover` (gateway/failover.py) as a value; the
 Failover answers the relay (gateway/relay.py) with the effects below, which the relay
 carries out: open the next agent (`OpenNext`), open it afresh (`Reopen`), pace the client
-(`Pace`), relay deltas one at
-a time or merged (`MergeDeltas`), switch to the next agent (`Switch`) or let it take over at
-the break (`TakeOver`), drop it (`DropNext`), and go on after its repeats (`Repeated`).
+(`Pace`), relay deltas one at a time or merged (`MergeDeltas`), switch to the next agent
+(`Switch`) or let it take over at the break (`TakeOver`), drop it (`DropNext`), and go on
+after its repeats (`Repeated`).
 """
 
 from __future__ import annotations

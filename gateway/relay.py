@@ -17,8 +17,7 @@ draining agent's channel. From then, after each of the draining agent's deltas, 
 shows the Failover what the next agent has sent: it switches the stream there once it caught
 up (`Switch`), opens it afresh from where the client is (`Reopen`: a warming round, or the
 last, waited for or caught up with by pacing the draining agent's deltas, `Pace`), or drops
-it (`DropNext`). Choosing and opening agents' streams is
-gateway/agent_streams.py's.
+it (`DropNext`). Choosing and opening agents' streams is gateway/agent_streams.py's.
 """
 
 from __future__ import annotations
@@ -285,8 +284,8 @@ class _Relay:
             monotonic=time.monotonic(),
             stall_seconds=self.stall_seconds,
         )
-        ttft = None if channel.first_delta_at is None else channel.first_delta_at - channel.sent_at
         news = channel.unread(skipped=self.stream.move.next_judged)
+        ttft = channel.first_delta_seconds()
         effect = self.stream.on_next_agent_news(news, silent=silent, ttft_seconds=ttft)
         await self._carry_out(leg, effect)
 
@@ -295,12 +294,9 @@ class _Relay:
         if self.following is None:
             return
         channel = self.following.channel
-        prefill = (
-            None if channel.first_delta_at is None else channel.first_delta_at - channel.sent_at
-        )
         news = channel.unread(skipped=self.stream.move.next_judged)
         effect = self.stream.at_break(
-            news, prefill_seconds=prefill, gap_seconds=channel.gap_seconds()
+            news, prefill_seconds=channel.first_delta_seconds(), gap_seconds=channel.gap_seconds()
         )
         await self._carry_out(leg, effect)
 
