@@ -231,6 +231,14 @@ class StreamChannel:
                 while self.first_delta_at is None and not self.closed:
                     await self._pushed_within(None)
 
+    async def pushed_within(self, seconds: float) -> bool:
+        """Wait, reading nothing, for the next push, at most `seconds`: whether one came."""
+        try:
+            async with asyncio.timeout(max(0.0, seconds)):
+                return await self._pushed_within(None)
+        except TimeoutError:
+            return False
+
     async def _pushed_within(self, seconds: float | None) -> bool:
         """Wait for the next push: True once one came, False if none did for `seconds`.
 

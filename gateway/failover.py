@@ -47,6 +47,7 @@ from gateway.moves import (
     Against,
     CatchUp,
     DropNext,
+    HoldForNext,
     MergeDeltas,
     Move,
     OpenNext,
@@ -196,15 +197,11 @@ class Failover:
 
     def agent_frame(self, agent_stream_id: str) -> GenerateFrame:
         """The `generate` frame for the chosen agent, with `resume` once the client has tokens."""
-        resume = (
-            Resume(  # validation copies the ids: later tokens do not change this frame
-                token_ids=self.ids,
-                text="".join(self.text),
-                completion_tokens=len(self.ids),
+        resume = None
+        if self.has_tokens:  # validation copies the ids: later tokens do not change this frame
+            resume = Resume(
+                token_ids=self.ids, text="".join(self.text), completion_tokens=len(self.ids)
             )
-            if self.has_tokens
-            else None
-        )
         return self.request.model_copy(
             update={
                 "id": agent_stream_id,
@@ -229,10 +226,7 @@ class Failover:
         return self.agent_frame(agent_stream_id)
 
     def on_next_opened(self, opened: bool) -> MergeDeltas | None:
-        """The next agent's continuation opened, or none could be (the move is abandoned).
-
-        Opened, the draining agent's deltas reach the client one at a time: a switch at any.
-        """
+        """The next agent's continuation opened (deltas one at a time now), or none could be."""
         if not opened:
             self.on_move_abandoned()
             return None
@@ -260,14 +254,20 @@ class Failover:
         return verdict
 
     def on_next_agent_news(
-        self, frames: Sequence[object], *, silent: bool, ttft_seconds: float | None
-    ) -> Switch | DropNext | Reopen | None:
+        self,
+        frames: Sequence[object],
+        *,
+        silent: bool,
+        ttft_seconds: float | None,
+        next_gap_seconds: float | None = None,
+    ) -> Switch | DropNext | Reopen | HoldForNext | None:
         """After a delta of the draining agent, its next agent's new `frames`: what comes next.
 
         Caught up with the client: switch. Behind it, with its first token in after
         `ttft_seconds`: the round is over (`Move.next_round`), unless it is the last, which
-        catches up with a paced client. Dropped when it went another way, failed, or is
-        `silent` past the stall limit (or a held switch's wait).
+        catches up with a paced client or, too slow for that (`next_gap_seconds`), is
+        waited for. Dropped when it went another way, failed, or is `silent` past the stall
+        limit (or a wait for it).
         """
         verdict = self.on_next_agent_frames(frames)
         if verdict is CatchUp.CAUGHT_UP:
@@ -275,8 +275,8 @@ class Failover:
         if verdict is not CatchUp.BEHIND or silent:
             self.on_move_abandoned()
             return DropNext()
-        if ttft_seconds is None or self.move.pacing:
-            return None
+        if ttft_seconds is None or self.move.pacing:  # no round is over
+            return self.move.give_up_pacing(self.move.behind(len(self.ids)), next_gap_seconds)
         return self.move.next_round(ttft_seconds)
 
     def at_break(

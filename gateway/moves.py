@@ -13,10 +13,12 @@ to its first token, the client's next: it waits that once. Else (rounds that sto
 shrinking, `CONVERGED_TTFT_RATIO`, or were spent, `MOVE_WARM_ROUNDS`) the draining agent's
 tokens reach the client paced a little slower than they come in (`MOVE_PACE_GAP_MULTIPLE`),
 so that the client's stream falls back to where the next agent's stands, a last round's time
-later by a few of them. The stream switches at the first of the next agent's deltas by which
-its tokens equal what the client holds (`early_move_checked_tokens`): the draining agent's
-later tokens are dropped and the next agent's repeats of held ones too (`past_held`: of a
-delta that goes on past them, the client is sent the rest).
+later by a few of them; a last round whose agent is too slow for that
+(`PACE_GIVE_UP_GAP_MULTIPLE`) is waited for instead (`HoldForNext`), the client sent nothing
+meanwhile. The stream switches at the first of the next agent's deltas by which its tokens
+equal what the client holds (`early_move_checked_tokens`): the draining agent's later tokens
+are dropped and the next agent's repeats of held ones too (`past_held`: of a delta that goes
+on past them, the client is sent the rest).
 If the draining agent breaks first, the next agent takes over where it stands, unless a
 resume elsewhere is sooner (`worth_taking_over`). A next agent that goes another way
 (`early_move_diverged`), fails or stays silent is dropped, as is a switch's continuation
@@ -26,9 +28,9 @@ the stream moves at the break as any stream does.
 `Move` is that state, held by the stream's `Failover` (gateway/failover.py) as a value; the
 Failover answers the relay (gateway/relay.py) with the effects below, which the relay
 carries out: open the next agent (`OpenNext`), open it afresh (`Reopen`), pace the client
-(`Pace`), relay deltas one at a time or merged (`MergeDeltas`), switch to the next agent
-(`Switch`) or let it take over at the break (`TakeOver`), drop it (`DropNext`), and go on
-after its repeats (`Repeated`).
+(`Pace`) or hold it (`HoldForNext`), relay deltas one at a time or merged (`MergeDeltas`),
+switch to the next agent (`Switch`) or let it take over at the break (`TakeOver`), drop it
+(`DropNext`), and go on after its repeats (`Repeated`).
 """
 
 from __future__ import annotations
@@ -57,6 +59,11 @@ first token stands where the client does about 6·P seconds later."""
 CONVERGED_TTFT_RATIO = 0.5
 """A round that took more than this share of the round before's no longer shrinks: what is
 left is the agent's own turn-around (its batch's step, the link), which rounds do not cut."""
+PACE_GIVE_UP_GAP_MULTIPLE = 1.1
+"""A paced last round whose agent's own gap is this many of the stream's median gaps or more
+is waited for instead (`Move.give_up_pacing`): against the paced client it would catch up in
+more than a dozen of its lags, costing the reply twice what a wait for its lag's tokens
+costs, or never, when the agent is slower than the pace (a busy machine)."""
 HOLD_TTFT_MULTIPLE = 4.0
 """A held switch's continuation may take this many of the round before's time to its first
 token (and at least as long as the first round's, a resume's prefill) before the client is
@@ -113,6 +120,17 @@ class Pace:
 
 
 @dataclass(frozen=True, slots=True)
+class HoldForNext:
+    """Send the client no more of the draining agent while the last round catches up.
+
+    The client waits, at most `seconds`, for the next agent to repeat the tokens it holds:
+    then the switch; else the move is dropped and the client sent the tokens held back.
+    """
+
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
 class MergeDeltas:
     """Whether the serving agent's deltas may merge while the client reads (else one a token)."""
 
@@ -146,7 +164,9 @@ class Repeated:
     beyond: DeltaFrame | None = None
 
 
-MoveEffect = OpenNext | Reopen | Pace | MergeDeltas | Switch | TakeOver | DropNext | Repeated
+MoveEffect = (
+    OpenNext | Reopen | Pace | HoldForNext | MergeDeltas | Switch | TakeOver | DropNext | Repeated
+)
 """What a moving stream's Failover asks the relay to do."""
 
 
@@ -293,6 +313,24 @@ class Move:
         converged = len(rounds) > 1 and ttft_seconds > CONVERGED_TTFT_RATIO * rounds[-2]
         self.pacing = converged or len(rounds) >= MOVE_WARM_ROUNDS
         return Reopen()
+
+    def give_up_pacing(
+        self, behind_tokens: int, next_gap_seconds: float | None
+    ) -> HoldForNext | None:
+        """Whether the paced last round, `behind_tokens` short of the client, is waited for.
+
+        Yes once its agent's own gap (`next_gap_seconds`, measured over its tokens so far)
+        is `PACE_GIVE_UP_GAP_MULTIPLE` of the stream's median gaps: the client then waits
+        about as long as those tokens take it, and at most `HOLD_TTFT_MULTIPLE` times that
+        (or the first round's time, a resume's prefill).
+        """
+        if not self.pacing or next_gap_seconds is None or not self.recent_gaps:
+            return None
+        if next_gap_seconds < PACE_GIVE_UP_GAP_MULTIPLE * statistics.median(self.recent_gaps):
+            return None
+        self.pacing = False
+        wait = HOLD_TTFT_MULTIPLE * behind_tokens * next_gap_seconds
+        return HoldForNext(seconds=max(wait, *self.round_ttfts[:1]))
 
     def pace_until(self) -> float | None:
         """When the draining agent's next delta may reach the client (monotonic; None: now)."""

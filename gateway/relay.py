@@ -49,6 +49,7 @@ from gateway.dispatch import (
 from gateway.failover import HANDLE_KEY_BYTES, Failover
 from gateway.moves import (
     DropNext,
+    HoldForNext,
     MergeDeltas,
     MoveEffect,
     OpenNext,
@@ -285,8 +286,12 @@ class _Relay:
             stall_seconds=self.stall_seconds,
         )
         news = channel.unread(skipped=self.stream.move.next_judged)
-        ttft = channel.first_delta_seconds()
-        effect = self.stream.on_next_agent_news(news, silent=silent, ttft_seconds=ttft)
+        effect = self.stream.on_next_agent_news(
+            news,
+            silent=silent,
+            ttft_seconds=channel.first_delta_seconds(),
+            next_gap_seconds=channel.gap_seconds(),
+        )
         await self._carry_out(leg, effect)
 
     async def _at_break(self, leg: Leg) -> None:
@@ -321,6 +326,8 @@ class _Relay:
                 await self._reopen(leg, hold_seconds)
             case Pace(until=until):  # the client's pace eases while the last round catches up
                 await asyncio.sleep(max(0.0, until - time.monotonic()))
+            case HoldForNext(seconds=seconds):
+                await self._hold_for_next(leg, seconds)
             case MergeDeltas(merge=merge) | Repeated(merge=merge):
                 leg.channel.merge_deltas = merge
             case Switch() | TakeOver():
@@ -378,6 +385,20 @@ class _Relay:
             await channel.first_delta_within(hold_seconds)  # then it is silent, or came
             news = self.stream.on_next_agent_news(channel.unread(), silent=True, ttft_seconds=None)
             await self._carry_out(leg, news)
+
+    async def _hold_for_next(self, leg: Leg, seconds: float) -> None:
+        """The client waits, at most `seconds`, for the last round to repeat what it holds.
+
+        Sent nothing meanwhile: the draining agent's deltas stay in its channel, dropped at
+        the switch or sent on if the move is dropped.
+        """
+        deadline = time.monotonic() + seconds
+        effect: MoveEffect | None = None
+        while effect is None and (following := self.following) is not None:
+            came = await following.channel.pushed_within(deadline - time.monotonic())
+            news = following.channel.unread(skipped=self.stream.move.next_judged)
+            effect = self.stream.on_next_agent_news(news, silent=not came, ttft_seconds=None)
+        await self._carry_out(leg, effect)
 
     async def _close(self, leg: Leg) -> None:
         """The agent's stream is over for the client: close it, and any move under way."""

@@ -209,3 +209,13 @@ async def test_an_agents_pace_is_told_from_the_tokens_come_in() -> None:
     assert gap is not None
     assert channel.first_delta_at is not None
     assert (before - channel.first_delta_at) / 2 <= gap <= (after - channel.first_delta_at) / 2
+
+
+async def test_a_wait_for_the_next_push_tells_whether_one_came_and_reads_nothing() -> None:
+    channel = StreamChannel()
+    assert await channel.pushed_within(0.0) is False  # nothing pushed: the wait ran out
+    waiting = asyncio.create_task(channel.pushed_within(60.0))
+    await asyncio.sleep(0)
+    channel.push(delta("a", [1]))
+    assert await waiting is True
+    assert [frame.text for frame in channel.unread()] == ["a"]  # still there to be read

@@ -11,6 +11,7 @@ from gateway.moves import (
     MOVE_PACE_GAP_MULTIPLE,
     CatchUp,
     DropNext,
+    HoldForNext,
     OpenNext,
     Pace,
     Reopen,
@@ -691,6 +692,26 @@ def test_a_last_round_that_stopped_shrinking_catches_up_with_a_paced_client() ->
     news = [delta([12], "l")]  # where the client stands
     assert stream.on_next_agent_news(news, silent=False, ttft_seconds=0.05) == Switch("a")
     assert stream.pace() is None
+
+
+@pytest.mark.parametrize("catches_up", [True, False])
+def test_a_paced_last_round_too_slow_to_catch_up_is_waited_for_once(catches_up: bool) -> None:
+    stream = arrive()
+    moving(stream, [5, 6, 7])  # its deltas came 20 ms apart
+    stream.move.round_ttfts, stream.move.pacing = [0.6, 0.5], True  # the last round, paced
+    stream.next_agent_frame("to-b-3")
+    relay(stream, [8], "h", at=STARTED + 1.06)
+    relay(stream, [9], "i", at=STARTED + 1.08)
+    news = [start("b"), delta([8], "h")]  # its first token: its pace not yet told
+    assert stream.on_next_agent_news(news, silent=False, ttft_seconds=0.05) is None
+    # Nothing new, its pace told: 30 ms a token against the stream's 20.
+    waited = stream.on_next_agent_news([], silent=False, ttft_seconds=0.05, next_gap_seconds=0.03)
+    assert waited == HoldForNext(seconds=0.6)  # one token behind: at least a resume's time
+    assert stream.pace() is None  # the client is sent nothing while it waits, not paced
+    news = [delta([9], "i")] if catches_up else []
+    after = stream.on_next_agent_news(news, silent=not catches_up, ttft_seconds=None)
+    assert after == (Switch("a") if catches_up else DropNext())
+    assert stream.move.next_from is None
 
 
 def test_at_the_break_a_warm_rounds_short_prefill_is_no_measure_of_a_resume() -> None:

@@ -1,14 +1,17 @@
 """The rules of make-before-break, on plain data: a next agent's deltas against the tokens
-the client holds, its warming rounds, whether it takes over at the break, whether it is
-silent."""
+the client holds, its warming rounds, whether its last round is waited for, whether it takes
+over at the break, whether it is silent."""
 
 from __future__ import annotations
 
 import pytest
 
 from gateway.moves import (
+    MOVE_PACE_GAP_MULTIPLE,
     MOVE_WARM_ROUNDS,
+    PACE_GIVE_UP_GAP_MULTIPLE,
     Against,
+    HoldForNext,
     Move,
     Reopen,
     against_held,
@@ -145,3 +148,26 @@ def test_a_next_agent_is_warmed_in_rounds_until_one_is_short_and_the_next_is_the
 def test_a_round_without_a_measured_pace_waits_for_the_rounds_to_shrink() -> None:
     """No gap known yet (a move at the stream's first token): only the rounds' own trend counts."""
     assert Move().next_round(0.01) == Reopen()
+
+
+@pytest.mark.parametrize(
+    ("pacing", "behind", "next_gap", "hold"),
+    [
+        (True, 3, 0.02, None),  # as fast as the stream: the paced client is caught up with
+        (True, 3, 0.0215, None),  # a little slower: it still catches up soon enough
+        (True, 3, 0.023, HoldForNext(seconds=0.6)),  # too slow: wait, at least a resume's time
+        (True, 10, 0.025, HoldForNext(seconds=1.0)),  # slower than the pace: it never would
+        (True, 3, None, None),  # its pace not yet told (one token)
+        (False, 3, 0.05, None),  # no last round paced: nothing to give up
+    ],
+)
+def test_a_paced_last_round_too_slow_to_catch_up_is_waited_for(
+    pacing: bool, behind: int, next_gap: float | None, hold: HoldForNext | None
+) -> None:
+    move = Move(round_ttfts=[0.6, 0.5], pacing=pacing)
+    for i in range(10):  # the stream's deltas came 20 ms apart
+        move.relayed(arrived_at=0.02 * i, monotonic=0.02 * i)
+
+    assert move.give_up_pacing(behind, next_gap) == hold
+    assert move.pacing is (pacing and hold is None)
+    assert PACE_GIVE_UP_GAP_MULTIPLE < MOVE_PACE_GAP_MULTIPLE  # waited for before it falls back

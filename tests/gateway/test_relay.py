@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 
@@ -162,6 +162,34 @@ class ScriptedRelay:
         )
         return cls(dispatcher, links, frames)
 
+    client: list[ClientFrame] = field(default_factory=list)  # what the client read so far
+
+    async def started_on_a(self) -> None:
+        """The stream placed on "a", the client given its `start`."""
+        placing = asyncio.create_task(anext(self.frames))
+        await self.links["a"].opened.wait()
+        self.links["a"].start()
+        self.client.append(await placing)
+
+    async def client_gets(self, token: int) -> None:
+        """Agent "a" sends `token`; the client reads the frame that comes next."""
+        self.links["a"].delta([token], chr(ord("a") + token))
+        self.client.append(await anext(self.frames))
+
+    def next_breaks(self, next_stream: str, tokens: int) -> None:
+        """The next agent's continuation `next_stream` breaks; "a" ends after `tokens`."""
+        self.links["b"].channel.push(
+            ErrorFrame(id=next_stream, code=ErrorCode.INTERNAL, message="broke")
+        )
+        self.links["a"].channel.push(done(self.links["a"].frames[-1].id, tokens))
+
+    async def rest(self, reading: asyncio.Task[None]) -> list[ClientFrame]:
+        """All the client read, once its pending read is done, to the stream's end."""
+        async with asyncio.timeout(30):
+            await reading
+            self.client += [frame async for frame in self.frames]
+        return self.client
+
     def routable(self, *agents: str) -> None:
         """The agents the dispatcher may choose from now on."""
         self.dispatcher.view.replace(ready(*agents), time.time())
@@ -290,16 +318,10 @@ async def test_a_next_agent_behind_at_its_first_token_is_warmed_again_then_switc
     agent's frames after each delta it sent the client, before it reads the next.)
     """
     relay = ScriptedRelay.open(50)
-    dispatcher, links, frames = relay.dispatcher, relay.links, relay.frames
+    await relay.started_on_a()
+    dispatcher, links = relay.dispatcher, relay.links
     draining, following = links["a"], links["b"]
-    placing = asyncio.create_task(anext(frames))
-    await draining.opened.wait()
-    draining.start()
-    client: list[ClientFrame] = [await placing]
-
-    async def client_gets(token: int) -> None:
-        draining.delta([token], chr(ord("a") + token))
-        client.append(await anext(frames))
+    client_gets = relay.client_gets
 
     async def round_opened(tokens: list[int]) -> str:
         await following.opened.wait()
@@ -335,11 +357,8 @@ async def test_a_next_agent_behind_at_its_first_token_is_warmed_again_then_switc
         first_token(70, took_seconds=0.0)
         following.channel.push(done(switch, 7))
     else:
-        following.channel.push(ErrorFrame(id=switch, code=ErrorCode.INTERNAL, message="broke"))
-        draining.channel.push(done(draining.frames[-1].id, 7))
-    async with asyncio.timeout(30):
-        await reading
-        client += [frame async for frame in frames]
+        relay.next_breaks(switch, 7)
+    client = await relay.rest(reading)
 
     deltas = [frame for frame in client if isinstance(frame, DeltaFrame)]
     ids = [token for d in deltas for token in d.ids or ()]
@@ -352,3 +371,75 @@ async def test_a_next_agent_behind_at_its_first_token_is_warmed_again_then_switc
     else:
         assert ids == [1, 2, 3, 4, 5, 6, 7]
         assert following.cancelled[-1] == switch
+
+
+@pytest.mark.parametrize("catches_up", [True, False])
+async def test_a_last_round_too_slow_to_catch_up_with_a_paced_client_is_waited_for(
+    catches_up: bool,
+) -> None:
+    """Once the paced last round's own gap is too long, the client's next tokens are held.
+
+    Held until it repeats what the client holds (the switch: the draining agent's held token
+    dropped), or sent on when it fails.
+    """
+    relay = ScriptedRelay.open(50)
+    await relay.started_on_a()
+    dispatcher, links = relay.dispatcher, relay.links
+    draining, following = links["a"], links["b"]
+    client_gets = relay.client_gets
+
+    async def round_opened() -> str:
+        await following.opened.wait()
+        following.opened.clear()
+        return following.frames[-1].id
+
+    def next_delta(token: int, *, first_token_seconds: float | None = None) -> None:
+        if first_token_seconds is not None:
+            following.start()
+        following.delta([token], chr(ord("a") + token))
+        if first_token_seconds is not None:
+            following.channel.first_delta_at = following.channel.sent_at + first_token_seconds
+
+    await client_gets(1)
+    relay.routable("a", "b")
+    draining.channel.push(MovingFrame(id=draining.frames[-1].id))
+    await client_gets(2)
+    await round_opened()
+    await draining.channel.woken.wait()
+    await client_gets(3)
+    await client_gets(4)
+    next_delta(3, first_token_seconds=10.0)  # a cold prefill, behind: the round is over
+    await client_gets(5)
+    await round_opened()  # from [1..4]
+    await client_gets(6)
+    next_delta(5, first_token_seconds=8.0)  # no shorter: the last round catches up, paced
+    await client_gets(7)
+    last = await round_opened()  # from [1..6]
+    await client_gets(8)
+    await client_gets(9)
+    next_delta(7, first_token_seconds=1.0)
+    next_delta(8)
+    channel = following.channel
+    assert channel.first_delta_at is not None
+    channel.last_delta_at = channel.first_delta_at + 10.0  # a token in 10 s: far too slow
+    # Before it reads the draining agent's 10, the relay looks at the next agent: behind.
+    reading = asyncio.create_task(client_gets(10))
+    await asyncio.sleep(0)
+    assert not reading.done()  # the client waits: the draining agent's 10 is held
+    if catches_up:
+        next_delta(9)  # it repeats the client's last token: the switch
+        next_delta(90)
+        following.channel.push(done(last, 10))
+    else:
+        relay.next_breaks(last, 10)
+    client = await relay.rest(reading)
+
+    ids = [token for frame in client if isinstance(frame, DeltaFrame) for token in frame.ids or ()]
+    assert isinstance(client[-1], DoneFrame)
+    assert dict(dispatcher.outstanding) == {}
+    if catches_up:
+        assert ids == [*range(1, 10), 90]
+        assert draining.cancelled == [draining.frames[-1].id]
+    else:
+        assert ids == list(range(1, 11))
+        assert following.cancelled[-1] == last
