@@ -1,7 +1,8 @@
-"""The client's longest wait across a move on a spot notice: today's move against make-before-break.
+"""The client's longest wait across a move: today's move, make-before-break, and a kill -9.
 
     python -m loadtest.bench.move_gap [--runs 3] [--prompt-tokens 1000 4000 8000]
-                                      [--reply-tokens 1200] [--burner]
+                                      [--reply-tokens 1200] [--modes today early kill]
+                                      [--burner]
                                       [--cache .cache/tokenizers] [--write docs/benchmarks.md]
 
 Two agents running vLLM's CPU engine, each pinned to a CPU and polling an IMDS emulator of
@@ -12,15 +13,17 @@ token) and one with the default (*make-before-break*: the draining agent says `m
 streams on at its own pace while the stream's continuation warms the next agent in rounds;
 the stream switches at the last round's first token). Each run streams one greedy reply to a
 fresh conversation of each context length, and once the reply is going, the serving agent
-gets a spot notice whose deadline it cannot make; the gateways take turns run by run. The
-client records each delta's arrival: the largest gap across the move over the stream's
-median gap before the notice is the figure. Each moved reply is checked against the same
-conversation's unmoved reply, which gives the time the move added to the reply too, and the
-gateway's early-move counters are read. `--burner` runs it all beside a process per CPU
-that keeps that CPU busy.
+gets a spot notice whose deadline it cannot make; the gateways take turns run by run. A
+third mode gives no notice: the serving agent and its engine are SIGKILLed (a machine gone),
+and the stream resumes through the make-before-break gateway on the other agent, which
+prefills the whole conversation. The client records each delta's arrival: the largest gap
+across the move over the stream's median gap before the notice (or kill) is the figure.
+Each moved reply is checked against the same conversation's unmoved reply, which gives the
+time the move added to the reply too, and the gateway's early-move counters are read.
+`--burner` runs it all beside a process per CPU that keeps that CPU busy.
 
-A drained agent exits, as on EC2: after each run a fresh one (its own IMDS emulator, a new
-agent id) takes its CPU before the unmoved reference streams.
+A drained agent exits, as on EC2 (a killed one is gone at once): after each run a fresh one
+(its own IMDS emulator, a new agent id) takes its CPU before the unmoved reference streams.
 """
 
 from __future__ import annotations
@@ -34,8 +37,8 @@ import os
 import random
 import tempfile
 import time
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -55,16 +58,16 @@ from loadtest.bench.harness import (
 )
 from loadtest.bench.move_gap_figures import (
     ACTIVE_STREAMS,
-    AGENT_EXIT_SECONDS,
     AGENT_TTFT,
     CONTEXT_TOKENS,
     CONVERSATION_TURN_WORDS,
     EARLY,
     GATEWAY_COUNTERS,
-    IMDS_POLL_SECONDS,
+    KILLED,
     LATE_FACTOR,
     MAX_MODEL_LEN,
     MODEL_POSITIONS,
+    MODES,
     MOVE_WINDOW_SECONDS,
     NOTICE_AFTER_TOKENS,
     STREAM_TIMEOUT_SECONDS,
@@ -78,27 +81,25 @@ from loadtest.bench.move_gap_figures import (
     window_seconds,
 )
 from loadtest.bench.move_gap_report import render, summary
+from loadtest.bench.move_pool import Pool, Slot
 from loadtest.bench.report import write_section
 from loadtest.bench.routing_modes import HIT_COUNTER, QUERIED_COUNTER, progress
 from loadtest.bench.routing_stack import (
     MODEL_HIDDEN_SIZE,
     MODEL_LAYERS,
     SERVED_NAME,
-    agent_process,
-    agent_server,
     gateway_replica,
     gateway_server,
     placement,
     wait_for_agents,
 )
-from spotgate.process import Child, free_port
 from spotgate.settings import RoutingSettings
 from spotgate.tokens import SigningKey
-from stack.builder import AgentProcess, LocalStack
+from stack.builder import LocalStack
 from stack.children import GatewaySockets
 
-IMDS_START_SECONDS = 30.0
-IMDS_STOP_SECONDS = 30.0
+MODE_FLAGS = {"today": TODAY, "early": EARLY, "kill": KILLED}
+"""`--modes`: today's move and make-before-break on a notice, and a kill without one."""
 
 # -- imperative shell ------------------------------------------------------------------------
 
@@ -126,76 +127,6 @@ def conversation(seed: int, prompt_tokens: int, tokenizer: Any) -> list[dict[str
         messages += [question, {"role": "assistant", "content": words(CONVERSATION_TURN_WORDS)}]
 
 
-@dataclass
-class Slot:
-    """A CPU, the agent on it and the IMDS emulator that agent polls."""
-
-    cpu: int
-    agent: Server
-    agent_id: str
-    imds: Child
-    imds_url: str
-    process: AgentProcess  # how the agent was started (its socket, closed once it is gone)
-
-
-class Pool:
-    """Two agents, each with an IMDS emulator of its own; a drained one is replaced."""
-
-    def __init__(self, stack: LocalStack, model: Path, key: SigningKey, issuer: str) -> None:
-        self._stack, self._model, self._key, self._issuer = stack, model, key, issuer
-        self._serial = 0
-        self.slots: list[Slot] = []
-
-    async def start(self, cpu: int) -> Slot:
-        """A fresh IMDS emulator and agent on `cpu`, vouched for as the pool manager would."""
-        n, self._serial = self._serial, self._serial + 1
-        port = free_port()
-        command = ["gpu_agent.imds_emulator", "--port", str(port)]
-        command += ["--instance-id", f"i-bench{n:04d}"]
-        imds = self._stack.processes.start(f"imds-{n + 1}", command, {})
-        await self._stack.wait_accepting(port, imds, IMDS_START_SECONDS)
-        imds_url = f"http://127.0.0.1:{port}"
-        agent = agent_process(
-            self._model,
-            self._key,
-            self._issuer,
-            n,
-            cpu,
-            imds_url=imds_url,
-            imds_poll_seconds=IMDS_POLL_SECONDS,
-            max_model_len=MAX_MODEL_LEN,
-        )
-        await self._stack.start_agent(agent)
-        server = agent_server(self._stack, n, agent)
-        slot = Slot(cpu, server, agent.agent_id, imds, imds_url, agent)
-        self.slots.append(slot)
-        return slot
-
-    def slot_of(self, agent_id: str) -> Slot:
-        """The slot whose agent registered as `agent_id`."""
-        return next(slot for slot in self.slots if slot.agent_id == agent_id)
-
-    async def replace(self, slot: Slot) -> Slot:
-        """Once the drained agent has exited, a fresh one on its CPU."""
-        processes = self._stack.processes
-        agent = next(child for child in processes.children if child.process is slot.agent.process)
-        try:
-            await asyncio.wait_for(agent.exited(), AGENT_EXIT_SECONDS)
-        except TimeoutError:
-            raise TimeoutError(f"{slot.agent_id} did not exit after its drain") from None
-        await processes.stop(lambda child: child is slot.imds, IMDS_STOP_SECONDS)
-        for child in (agent, slot.imds):
-            processes.forget(child)
-        slot.process.socket.close()
-        self.slots.remove(slot)
-        return await self.start(slot.cpu)
-
-    def close(self) -> None:
-        """Close the agents' sockets (the stack stops their processes)."""
-        for slot in self.slots:
-            slot.process.socket.close()
-
-
 def _generate(stream_id: str, messages: list[dict[str, str]], reply_tokens: int) -> dict[str, Any]:
     return {
         "type": "generate",
@@ -209,14 +140,18 @@ def _generate(stream_id: str, messages: list[dict[str, str]], reply_tokens: int)
     }
 
 
+Interrupt = Callable[[StreamRecord], Coroutine[Any, Any, None]]
+"""What befalls the serving agent once the reply runs at its pace: a spot notice, or SIGKILL."""
+
+
 async def stream(
     http: aiohttp.ClientSession,
     gateway: Server,
     messages: list[dict[str, str]],
     reply_tokens: int,
-    pool: Pool | None = None,
+    interrupt: Interrupt | None = None,
 ) -> StreamRecord:
-    """One greedy stream, its deltas timed; with `pool`, its serving agent gets a notice."""
+    """One greedy stream, its deltas timed; `interrupt` befalls its serving agent mid-reply."""
     record = StreamRecord()
     notice: asyncio.Task[None] | None = None
     url = gateway.url.replace("http://", "ws://") + "/v1/ws"
@@ -236,9 +171,9 @@ async def stream(
                 record.delta_times.append(now)
                 record.delta_tokens.append(int(frame["n"]))
                 record.ids.extend(frame.get("ids") or ())
-                if pool is not None and notice is None and len(record.ids) >= NOTICE_AFTER_TOKENS:
+                if interrupt and notice is None and len(record.ids) >= NOTICE_AFTER_TOKENS:
                     record.notice_at = now
-                    notice = asyncio.create_task(_notify(http, pool, record, reply_tokens))
+                    notice = asyncio.create_task(interrupt(record))
             elif kind == "done":
                 record.done_at = now
                 record.prompt_tokens = int(frame["usage"]["prompt_tokens"])
@@ -251,11 +186,8 @@ async def stream(
     return record
 
 
-async def _notify(
-    http: aiohttp.ClientSession, pool: Pool, record: StreamRecord, reply_tokens: int
-) -> None:
-    """The serving agent's IMDS announces an interruption it cannot stream past."""
-    # The client's `start` names an opaque handle: the serving agent is the one streaming.
+async def _serving(http: aiohttp.ClientSession, pool: Pool, record: StreamRecord) -> Slot:
+    """The stream's serving agent: the one streaming (the client's `start` names a handle)."""
     streaming = [
         slot
         for slot in pool.slots
@@ -263,8 +195,20 @@ async def _notify(
     ]
     if len(streaming) != 1:
         raise RuntimeError(f"{len(streaming)} agents are streaming; one was expected")
-    slot = streaming[0]
-    record.served_by = slot.agent_id
+    record.served_by = streaming[0].agent_id
+    return streaming[0]
+
+
+async def _kill(http: aiohttp.ClientSession, pool: Pool, record: StreamRecord) -> None:
+    """The serving agent and its engine are SIGKILLed: no notice, no drain."""
+    pool.kill(await _serving(http, pool, record))
+
+
+async def _notify(
+    http: aiohttp.ClientSession, pool: Pool, reply_tokens: int, record: StreamRecord
+) -> None:
+    """The serving agent's IMDS announces an interruption it cannot stream past."""
+    slot = await _serving(http, pool, record)
     decoding = record.delta_times[-1] - record.delta_times[0]
     rate = (len(record.ids) - record.delta_tokens[0]) / decoding
     remaining_seconds = (reply_tokens - len(record.ids)) / rate
@@ -301,19 +245,22 @@ async def one_run(
     reply_tokens: int,
     tokenizer: Any,
 ) -> MoveRun:
-    """A stream moved on a notice; its unmoved reference once a fresh agent is up."""
-    gateway = gateways[mode]
+    """A stream moved (on a notice, or its agent killed); then its unmoved reference."""
+    gateway = gateways[EARLY if mode == KILLED else mode]
     messages = conversation(seed, prompt_tokens, tokenizer)
     before = await _counters(http, gateway)
     agents_before = {slot.agent_id: await _agent_counters(http, slot.agent) for slot in pool.slots}
-    moved = await stream(http, gateway, messages, reply_tokens, pool)
+    interrupt = (
+        partial(_kill, http, pool) if mode == KILLED else partial(_notify, http, pool, reply_tokens)
+    )
+    moved = await stream(http, gateway, messages, reply_tokens, interrupt)
     if moved.error is not None:
         raise RuntimeError(f"{mode}: the moved stream failed: {moved.error}")
     if len({agent for _, agent, _ in moved.starts}) < 2:
         raise RuntimeError(f"{mode}: the stream did not move: {moved.starts}")
     after = await _counters(http, gateway)
     if moved.served_by is None:
-        raise RuntimeError(f"{mode}: no notice was sent")
+        raise RuntimeError(f"{mode}: the serving agent was not interrupted")
     drained = pool.slot_of(moved.served_by)
     next_agent = next(slot for slot in pool.slots if slot is not drained)
     queried, hit, streams, ttft_sum = (
@@ -358,8 +305,9 @@ async def measure(
     contexts: Sequence[int],
     reply_tokens: int,
     tokenizer: Any,
+    modes: Sequence[str] = MODES,
 ) -> list[MoveRun]:
-    """Per context length, `runs` rounds of one run per gateway, the order alternating."""
+    """Per context length, `runs` rounds of one run per mode, the order alternating."""
     timeout = aiohttp.ClientTimeout(total=None)
     async with aiohttp.ClientSession(timeout=timeout) as http:
         for slot in pool.slots:
@@ -374,8 +322,7 @@ async def measure(
         results = []
         seeds = random.Random()
         for round_, prompt_tokens in itertools.product(range(runs), contexts):
-            order = [TODAY, EARLY] if round_ % 2 == 0 else [EARLY, TODAY]
-            for mode in order:
+            for mode in modes if round_ % 2 == 0 else reversed(modes):
                 run_started = time.perf_counter()
                 run = await one_run(
                     http,
@@ -425,7 +372,13 @@ async def measure_on_stack(
     """Start the stack, run both gateways' moves on it, stop it."""
     async with move_stack(model, logs, cpus) as (gateways, pool):
         return await measure(
-            gateways, pool, args.runs, args.prompt_tokens, args.reply_tokens, tokenizer
+            gateways,
+            pool,
+            args.runs,
+            args.prompt_tokens,
+            args.reply_tokens,
+            tokenizer,
+            [MODE_FLAGS[flag] for flag in args.modes],
         )
 
 
@@ -446,15 +399,16 @@ def _write_model(scratch: Path, cache: Path) -> Path:
 
 
 def main() -> None:
-    """Run both gateways' moves in alternating rounds and print (and optionally write) them."""
+    """Run each mode's moves in alternating rounds and print (and optionally write) them."""
     from transformers import AutoTokenizer
 
     from gpu_agent.tiny_model import DEFAULT_TOKENIZER_CACHE
 
     parser = argparse.ArgumentParser(description="the client's gap across a move")
-    parser.add_argument("--runs", type=int, default=3, help="runs per gateway and context")
+    parser.add_argument("--runs", type=int, default=3, help="runs per mode and context")
     parser.add_argument("--prompt-tokens", type=int, nargs="+", default=list(CONTEXT_TOKENS))
     parser.add_argument("--reply-tokens", type=int, default=1200)
+    parser.add_argument("--modes", nargs="+", choices=MODE_FLAGS, default=list(MODE_FLAGS))
     parser.add_argument("--burner", action="store_true", help="beside a busy process per CPU")
     parser.add_argument("--cache", type=Path, default=DEFAULT_TOKENIZER_CACHE)
     parser.add_argument("--write", type=Path)

