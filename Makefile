@@ -71,6 +71,7 @@ bench: $(INSTALLED) $(REDIS_SERVER) $(LITELLM) $(TOKENIZERS)
 	$(BIN)/python -m loadtest.bench.detokenizer --cache $(TOKENIZER_CACHE) --write docs/benchmarks.md
 	$(BIN)/python -m loadtest.bench.seeded_draw --write docs/benchmarks.md
 	$(BIN)/python -m loadtest.bench.agent_vs_vllm --write docs/benchmarks.md
+	$(BIN)/python -m loadtest.bench.cold_start --cache $(TOKENIZER_CACHE) --write docs/benchmarks.md
 	$(BIN)/python -m loadtest.bench.prompt_isolation --cache $(TOKENIZER_CACHE) --write docs/benchmarks.md
 	$(BIN)/python -m loadtest.bench.move_divergence --write docs/benchmarks.md
 	$(BIN)/python -m loadtest.bench.remote_agent --write docs/benchmarks.md

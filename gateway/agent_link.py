@@ -224,13 +224,6 @@ class StreamChannel:
                 self._stall_timer.cancel()
                 self._stall_timer = None
 
-    async def first_delta_within(self, seconds: float) -> None:
-        """Wait, reading nothing, for the first delta or the stream's end, at most `seconds`."""
-        with suppress(TimeoutError):
-            async with asyncio.timeout(seconds):
-                while self.first_delta_at is None and not self.closed:
-                    await self._pushed_within(None)
-
     async def pushed_within(self, seconds: float) -> bool:
         """Wait, reading nothing, for the next push, at most `seconds`: whether one came."""
         try:

@@ -358,7 +358,7 @@ class _Relay:
                 leg.channel.merge_deltas = True
 
     async def _reopen(self, leg: Leg, hold_seconds: float | None) -> None:
-        """The next agent's continuation afresh from the client's tokens; waited for if a switch.
+        """The next agent's continuation afresh from the client's tokens; a switch is waited for.
 
         While it is waited for, the client is sent nothing: the draining agent's deltas stay
         in its channel, dropped at the switch or sent on if the move is dropped.
@@ -381,16 +381,14 @@ class _Relay:
             self.stream.on_move_abandoned()
             leg.channel.merge_deltas = True
         elif hold_seconds is not None:
-            channel = self.following.channel
-            await channel.first_delta_within(hold_seconds)  # then it is silent, or came
-            news = self.stream.on_next_agent_news(channel.unread(), silent=True, ttft_seconds=None)
-            await self._carry_out(leg, news)
+            await self._hold_for_next(leg, hold_seconds)
 
     async def _hold_for_next(self, leg: Leg, seconds: float) -> None:
-        """The client waits, at most `seconds`, for the last round to repeat what it holds.
+        """The client waits, at most `seconds`, for the last round to stand where it does.
 
         Sent nothing meanwhile: the draining agent's deltas stay in its channel, dropped at
-        the switch or sent on if the move is dropped.
+        the switch or sent on if the move is dropped (the next agent failed, drains too, or
+        did not come in time).
         """
         deadline = time.monotonic() + seconds
         effect: MoveEffect | None = None

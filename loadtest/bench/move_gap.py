@@ -82,7 +82,7 @@ from loadtest.bench.move_gap_figures import (
 )
 from loadtest.bench.move_gap_report import render, summary
 from loadtest.bench.move_pool import Pool, Slot
-from loadtest.bench.report import write_section
+from loadtest.bench.report import publish
 from loadtest.bench.routing_modes import HIT_COUNTER, QUERIED_COUNTER, progress
 from loadtest.bench.routing_stack import (
     MODEL_HIDDEN_SIZE,
@@ -428,11 +428,8 @@ def main() -> None:
         except (RuntimeError, TimeoutError, aiohttp.ClientError):
             print_log_tails(logs)
             raise
-    section = render(results, args, where)
-    print(section)
-    progress(f"wall time {time.perf_counter() - started:.0f} s")
-    if args.write:
-        write_section(args.write, "move-gap-burner" if args.burner else "move-gap", section)
+    name = "move-gap-burner" if args.burner else "move-gap"
+    publish(render(results, args, where), name, args.write, started)
 
 
 if __name__ == "__main__":

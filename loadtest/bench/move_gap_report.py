@@ -271,7 +271,9 @@ def _without_a_notice() -> list[str]:
         f"link closed {LINK_HEARTBEAT_SECONDS / 2:g} s later without a pong; a wedged engine "
         "behind a live agent, by the stream's stall limit (`queue.stall_seconds`, "
         f"{QueueSettings().stall_seconds:g} s). Either gap is that wait plus the *{KILLED}* "
-        "row's.",
+        "row's. A kill's own *notice → start* is mostly the kernel freeing the killed "
+        "agent's memory before it closes the agent's sockets: only then does the gateway "
+        "hear of it.",
     ]
 
 

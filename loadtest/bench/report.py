@@ -10,11 +10,16 @@ from __future__ import annotations
 import platform
 import re
 import statistics
+import sys
+import time
 from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 
-REPORT_TITLE = "# Benchmarks\n\nEach section names the command that produced it.\n"
+REPORT_TITLE = (
+    "# Benchmarks\n\nEach section names the command that produced it; `make bench` runs them "
+    "all and rewrites each section between its markers.\n"
+)
 
 
 def percentile(values: Sequence[float], fraction: float) -> float:
@@ -57,3 +62,11 @@ def write_section(report: Path, name: str, body: str) -> None:
         text = f"{text.rstrip()}\n\n{section}\n"
     report.parent.mkdir(parents=True, exist_ok=True)
     report.write_text(text)
+
+
+def publish(section: str, name: str, report: Path | None, started: float) -> None:
+    """Print a benchmark's section and its wall time (since `started`); write it to `report`."""
+    print(section)
+    print(f"wall time {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
+    if report is not None:
+        write_section(report, name, section)

@@ -307,15 +307,16 @@ async def test_a_next_agent_that_drains_while_it_repeats_is_relayed_a_token_at_a
     await frames.aclose()
 
 
-@pytest.mark.parametrize("switch_comes", [True, False])
+@pytest.mark.parametrize("switch", ["comes", "fails", "drains too"])
 async def test_a_next_agent_behind_at_its_first_token_is_warmed_again_then_switched_to(
-    switch_comes: bool,
+    switch: str,
 ) -> None:
     """Each round opens its continuation afresh from the client's tokens; the last is waited for.
 
     While the client waits for the switch's first token, the draining agent's deltas are held:
-    dropped when it comes, sent on when that continuation fails. (The relay looks at the next
-    agent's frames after each delta it sent the client, before it reads the next.)
+    dropped when it comes, sent on when that continuation fails or its agent drains too. (The
+    relay looks at the next agent's frames after each delta it sent the client, before it
+    reads the next.)
     """
     relay = ScriptedRelay.open(50)
     await relay.started_on_a()
@@ -344,33 +345,41 @@ async def test_a_next_agent_behind_at_its_first_token_is_warmed_again_then_switc
     await draining.channel.woken.wait()  # the move's task ended: the relay reads that next
     await client_gets(3)
     await client_gets(4)
-    first_token(3, took_seconds=10.0)  # a cold prefill, behind the client: the round is over
+    # A cold prefill, behind the client: the round is over. (The switch is then waited for as
+    # long as a resume's prefill would take: longer than this test runs.)
+    first_token(3, took_seconds=1000.0)
     await client_gets(5)
     rounds.append(await round_opened([1, 2, 3, 4]))
     await client_gets(6)
     first_token(5, took_seconds=0.0)  # at once, behind: the next round is the switch, held
     reading = asyncio.create_task(client_gets(7))
-    switch = await round_opened([1, 2, 3, 4, 5, 6])
+    last = await round_opened([1, 2, 3, 4, 5, 6])
     assert following.cancelled == rounds
     assert not reading.done()  # the client waits: the draining agent's 7 is held
-    if switch_comes:
+    if switch == "comes":
         first_token(70, took_seconds=0.0)
-        following.channel.push(done(switch, 7))
+        following.channel.push(done(last, 7))
+    elif switch == "fails":
+        relay.next_breaks(last, 7)
     else:
-        relay.next_breaks(switch, 7)
+        following.start()
+        following.channel.push(MovingFrame(id=last))
+        async with asyncio.timeout(30):  # at once, not when the wait would run out
+            await reading
+        draining.channel.push(done(draining.frames[-1].id, 7))
     client = await relay.rest(reading)
 
     deltas = [frame for frame in client if isinstance(frame, DeltaFrame)]
     ids = [token for d in deltas for token in d.ids or ()]
     assert isinstance(client[-1], DoneFrame)
     assert dict(dispatcher.outstanding) == {}
-    if switch_comes:  # the draining agent's 7 was dropped, the next agent's token sent
+    if switch == "comes":  # the draining agent's 7 was dropped, the next agent's token sent
         assert ids == [1, 2, 3, 4, 5, 6, 70]
         assert [type(frame) for frame in client].count(StartFrame) == 2
         assert draining.cancelled == [draining.frames[-1].id]
     else:
         assert ids == [1, 2, 3, 4, 5, 6, 7]
-        assert following.cancelled[-1] == switch
+        assert following.cancelled[-1] == last
 
 
 @pytest.mark.parametrize("catches_up", [True, False])
