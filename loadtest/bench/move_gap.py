@@ -65,11 +65,12 @@ from loadtest.bench.move_gap_figures import (
     GATEWAY_COUNTERS,
     KILLED,
     LATE_FACTOR,
+    LONG_PROMPT_LIMITS,
     MAX_MODEL_LEN,
     MODEL_POSITIONS,
     MODES,
-    MOVE_WINDOW_SECONDS,
     NOTICE_AFTER_TOKENS,
+    REPLY_TOKENS,
     STREAM_TIMEOUT_SECONDS,
     TODAY,
     TOKENIZER,
@@ -77,6 +78,7 @@ from loadtest.bench.move_gap_figures import (
     StreamRecord,
     first_difference,
     move_figures,
+    move_window_seconds,
     notice_deadline_seconds,
     window_seconds,
 )
@@ -205,19 +207,23 @@ async def _kill(http: aiohttp.ClientSession, pool: Pool, record: StreamRecord) -
 
 
 async def _notify(
-    http: aiohttp.ClientSession, pool: Pool, reply_tokens: int, record: StreamRecord
+    http: aiohttp.ClientSession,
+    pool: Pool,
+    reply_tokens: int,
+    window: float,
+    record: StreamRecord,
 ) -> None:
     """The serving agent's IMDS announces an interruption it cannot stream past."""
     slot = await _serving(http, pool, record)
     decoding = record.delta_times[-1] - record.delta_times[0]
     rate = (len(record.ids) - record.delta_tokens[0]) / decoding
     remaining_seconds = (reply_tokens - len(record.ids)) / rate
-    if remaining_seconds < LATE_FACTOR * MOVE_WINDOW_SECONDS:
+    if remaining_seconds < LATE_FACTOR * window:
         raise RuntimeError(
             f"the reply's rest takes {remaining_seconds:.1f} s at {rate:.0f} tokens/s: too "
-            f"close to the move's {MOVE_WINDOW_SECONDS:g} s window; raise --reply-tokens"
+            f"close to the move's {window:g} s window; raise --reply-tokens"
         )
-    record.notice_in_seconds = notice_deadline_seconds(MOVE_WINDOW_SECONDS, HANDBACK_MARGIN_SECONDS)
+    record.notice_in_seconds = notice_deadline_seconds(window, HANDBACK_MARGIN_SECONDS)
     async with http.post(
         f"{slot.imds_url}/_emulator/spot-notice", json={"in_seconds": record.notice_in_seconds}
     ) as reply:
@@ -251,7 +257,9 @@ async def one_run(
     before = await _counters(http, gateway)
     agents_before = {slot.agent_id: await _agent_counters(http, slot.agent) for slot in pool.slots}
     interrupt = (
-        partial(_kill, http, pool) if mode == KILLED else partial(_notify, http, pool, reply_tokens)
+        partial(_kill, http, pool)
+        if mode == KILLED
+        else partial(_notify, http, pool, reply_tokens, move_window_seconds(prompt_tokens))
     )
     moved = await stream(http, gateway, messages, reply_tokens, interrupt)
     if moved.error is not None:
@@ -349,7 +357,15 @@ async def move_stack(
     issuer = sockets[EARLY].url  # replicas behind one load balancer
     skew = RoutingSettings().prefix_load_skew
     gateways = {
-        name: gateway_replica(key, issuer, name, each, skew, move_before_break=name == EARLY)
+        name: gateway_replica(
+            key,
+            issuer,
+            name,
+            each,
+            skew,
+            move_before_break=name == EARLY,
+            limits=LONG_PROMPT_LIMITS,
+        )
         for name, each in sockets.items()
     }
     async with LocalStack(bench_spec(logs, gateways.values())) as running:
@@ -407,11 +423,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="the client's gap across a move")
     parser.add_argument("--runs", type=int, default=3, help="runs per mode and context")
     parser.add_argument("--prompt-tokens", type=int, nargs="+", default=list(CONTEXT_TOKENS))
-    parser.add_argument("--reply-tokens", type=int, default=1200)
+    parser.add_argument("--reply-tokens", type=int, default=REPLY_TOKENS)
     parser.add_argument("--modes", nargs="+", choices=MODE_FLAGS, default=list(MODE_FLAGS))
     parser.add_argument("--burner", action="store_true", help="beside a busy process per CPU")
     parser.add_argument("--cache", type=Path, default=DEFAULT_TOKENIZER_CACHE)
     parser.add_argument("--write", type=Path)
+    parser.add_argument("--section", help="its section's name (default: by --burner)")
     args = parser.parse_args()
     if max(args.prompt_tokens) + args.reply_tokens > MAX_MODEL_LEN:
         parser.error(f"prompt and reply must fit in {MAX_MODEL_LEN} tokens")
@@ -428,7 +445,7 @@ def main() -> None:
         except (RuntimeError, TimeoutError, aiohttp.ClientError):
             print_log_tails(logs)
             raise
-    name = "move-gap-burner" if args.burner else "move-gap"
+    name = args.section or ("move-gap-burner" if args.burner else "move-gap")
     publish(render(results, args, where), name, args.write, started)
 
 

@@ -11,15 +11,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from loadtest.bench.report import median
+from spotgate.settings import SocketLimits
 
 COMMAND = "python -m loadtest.bench.move_gap --write docs/benchmarks.md"
-BURNER_COMMAND = f"{COMMAND} --burner"
+REPLY_TOKENS = 1200
 TOKENIZER = "qwen3"
 CONTEXT_TOKENS = (1000, 4000, 8000)
 """The conversations' lengths, in prompt tokens: a table by context length."""
-# An ~8,000-token prompt and its reply must fit: the model's positions are raised to match.
-MAX_MODEL_LEN = 9728
-MODEL_POSITIONS = 16384
+# A ~32,000-token prompt and its reply must fit: the model's positions are raised to match.
+MAX_MODEL_LEN = 36864
+MODEL_POSITIONS = 40960
+LONG_PROMPT_LIMITS = SocketLimits(max_frame_bytes=1 << 20, max_prompt_chars=400_000)
+"""The gateways' and agents' sockets: a 32,000-token conversation is ~203,000 characters, past
+the defaults' 64 KiB frame and 200,000 characters."""
 GOAL_GAP_RATIO = 1.2
 GOAL_REPLY_GAPS = 1.0
 """A move may cost the reply at most this many of its gaps (`MoveFigures.lost_gaps`)."""
@@ -29,11 +33,12 @@ KILLED = "kill -9, no notice"
 """The serving agent SIGKILLed instead of warned (through the make-before-break gateway)."""
 MODES = (TODAY, EARLY, KILLED)
 # The notice comes once the reply runs at its pace, and its deadline leaves the drain
-# MOVE_WINDOW_SECONDS before its margin: enough for the next agent's prefill (an ~8,000-token
-# conversation, ~2 s here) and its warming rounds, too little for the rest of the reply
-# (checked at the notice).
+# MOVE_WINDOW_SECONDS (more for a longer conversation: `move_window_seconds`) before its
+# margin: enough for the next agent's prefill (an ~8,000-token conversation, ~1 s here) and
+# its warming rounds, too little for the rest of the reply (checked at the notice).
 NOTICE_AFTER_TOKENS = 40
 MOVE_WINDOW_SECONDS = 6.0
+WINDOW_CONTEXT_TOKENS = 8000
 IMDS_POLL_SECONDS = 0.2
 # The reply's rest must take this many times the window at the notice: the drain's rate
 # estimate then finds it late for sure.
@@ -155,6 +160,11 @@ def first_difference(moved: Sequence[int], reference: Sequence[int]) -> int | No
         if a != b:
             return index
     return None if len(moved) == len(reference) else min(len(moved), len(reference))
+
+
+def move_window_seconds(prompt_tokens: int) -> float:
+    """The move's window before the drain's margin: MOVE_WINDOW_SECONDS per 8,000 tokens."""
+    return MOVE_WINDOW_SECONDS * max(1.0, prompt_tokens / WINDOW_CONTEXT_TOKENS)
 
 
 def notice_deadline_seconds(window_seconds: float, margin_seconds: float) -> float:

@@ -15,8 +15,8 @@ from gateway.moves import (
 from gpu_agent.drain import HANDBACK_MARGIN_SECONDS
 from loadtest.bench.move_gap_figures import (
     AFTER_SWITCH_DELTAS,
-    BURNER_COMMAND,
     COMMAND,
+    CONTEXT_TOKENS,
     EARLY,
     EARLY_CHECKED,
     EARLY_DIVERGENCES,
@@ -31,9 +31,12 @@ from loadtest.bench.move_gap_figures import (
     MODES,
     MOVE_WINDOW_SECONDS,
     NOTICE_AFTER_TOKENS,
+    REPLY_TOKENS,
     RESUMES,
     TODAY,
+    WINDOW_CONTEXT_TOKENS,
     MoveRun,
+    move_window_seconds,
     notice_deadline_seconds,
 )
 from loadtest.bench.report import machine_facts, median
@@ -73,11 +76,13 @@ def render(results: Sequence[MoveRun], args: argparse.Namespace, where: str) -> 
     """The Markdown section for `docs/benchmarks.md`."""
     replies = [r.reply_tokens for r in results]
     beside = " beside a CPU burner" if args.burner else ""
-    command = BURNER_COMMAND if args.burner else COMMAND
+    contexts = sorted({r.context for r in results})
+    if tuple(contexts) != CONTEXT_TOKENS:
+        beside += f", {', '.join(f'{c:,}' for c in contexts)} tokens of context"
     lines = [
         f"## A stream moved on a spot notice: the client's longest wait (vLLM CPU){beside}",
         "",
-        f"Command: `{command}`" + (f" `--runs {args.runs}`" if args.runs != 3 else "") + ".",
+        f"Command: `{_command(args)}`.",
         f"Model: tiny Llama with random weights, generated offline, on Qwen3's tokenizer and "
         f"chat template: hidden {MODEL_HIDDEN_SIZE}, {MODEL_LAYERS} layers, positions raised "
         f"to {MODEL_POSITIONS:,}. Engine: dtype {ENGINE_DTYPE}, max_model_len {MAX_MODEL_LEN}, "
@@ -110,9 +115,10 @@ def render(results: Sequence[MoveRun], args: argparse.Namespace, where: str) -> 
         f"Each run: one greedy stream (`ignore_eos`) of a fresh conversation of each context "
         f"length, replies of {_span(replies)} tokens; after "
         f"{NOTICE_AFTER_TOKENS} tokens the serving agent gets a spot notice "
-        f"{notice_deadline_seconds(MOVE_WINDOW_SECONDS, HANDBACK_MARGIN_SECONDS):g} s ahead "
-        f"(the drain's {HANDBACK_MARGIN_SECONDS:g} s margin plus {MOVE_WINDOW_SECONDS:g} s, "
-        f"less than the reply's rest needs, so the stream moves), or, *{KILLED}*, is killed. "
+        f"{_notice_ahead(results)} (the drain's {HANDBACK_MARGIN_SECONDS:g} s margin plus "
+        f"{MOVE_WINDOW_SECONDS:g} s per {WINDOW_CONTEXT_TOKENS:,} tokens of context, at least "
+        f"{MOVE_WINDOW_SECONDS:g} s: less than the reply's rest needs, so the stream moves), "
+        f"or, *{KILLED}*, is killed. "
         "Then its CPU gets a fresh agent, and the same conversation streams again, unmoved. "
         f"{args.runs} runs per mode and context, alternating ({' → '.join(MODES)} in even "
         "rounds, the other way in odd ones).",
@@ -275,6 +281,34 @@ def _without_a_notice() -> list[str]:
         "agent's memory before it closes the agent's sockets: only then does the gateway "
         "hear of it.",
     ]
+
+
+def _command(args: argparse.Namespace) -> str:
+    """The command that gives this section: the defaults unsaid."""
+    given = ["--burner"] if args.burner else []
+    if args.runs != 3:
+        given.append(f"--runs {args.runs}")
+    if tuple(args.prompt_tokens) != CONTEXT_TOKENS:
+        given.append(f"--prompt-tokens {' '.join(str(t) for t in args.prompt_tokens)}")
+    if args.reply_tokens != REPLY_TOKENS:
+        given.append(f"--reply-tokens {args.reply_tokens}")
+    if len(args.modes) != len(MODES):
+        given.append(f"--modes {' '.join(args.modes)}")
+    if args.section:
+        given.append(f"--section {args.section}")
+    return " ".join([COMMAND, *given])
+
+
+def _notice_ahead(results: Sequence[MoveRun]) -> str:
+    """How far ahead of its deadline the notice came, by context length."""
+    by_deadline: dict[float, list[int]] = {}
+    for context in sorted({r.context for r in results}):
+        ahead = notice_deadline_seconds(move_window_seconds(context), HANDBACK_MARGIN_SECONDS)
+        by_deadline.setdefault(ahead, []).append(context)
+    return "; ".join(
+        f"{ahead:g} s ahead at {', '.join(f'{c:,}' for c in contexts)} tokens"
+        for ahead, contexts in by_deadline.items()
+    )
 
 
 def _span(values: Sequence[int]) -> str:

@@ -12,7 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loadtest.bench.harness import Server
-from loadtest.bench.move_gap_figures import AGENT_EXIT_SECONDS, IMDS_POLL_SECONDS, MAX_MODEL_LEN
+from loadtest.bench.move_gap_figures import (
+    AGENT_EXIT_SECONDS,
+    IMDS_POLL_SECONDS,
+    LONG_PROMPT_LIMITS,
+    MAX_MODEL_LEN,
+)
 from loadtest.bench.routing_stack import agent_process, agent_server
 from spotgate.process import Child, free_port
 from spotgate.tokens import SigningKey
@@ -60,6 +65,7 @@ class Pool:
             imds_url=imds_url,
             imds_poll_seconds=IMDS_POLL_SECONDS,
             max_model_len=MAX_MODEL_LEN,
+            limits=LONG_PROMPT_LIMITS,
         )
         await self._stack.start_agent(agent)
         server = agent_server(self._stack, n, agent)

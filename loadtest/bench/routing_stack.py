@@ -24,6 +24,7 @@ from spotgate.settings import (
     GatewaySettings,
     QueueSettings,
     RoutingSettings,
+    SocketLimits,
     TokenSettings,
     VllmSettings,
 )
@@ -98,10 +99,12 @@ def agent_process(
     imds_url: str = NO_IMDS_URL,
     imds_poll_seconds: float = AgentSettings.model_fields["imds_poll_seconds"].default,
     max_model_len: int = MAX_MODEL_LEN,
+    limits: SocketLimits | None = None,
 ) -> AgentProcess:
     """Agent `n + 1` on vLLM's CPU engine, pinned to `cpu`, taking tokens of `key`.
 
-    `imds_url`: an IMDS (emulator) it polls for spot notices every `imds_poll_seconds`.
+    `imds_url`: an IMDS (emulator) it polls for spot notices every `imds_poll_seconds`;
+    `limits`: its sockets' (the defaults unless given).
     """
     settings = AgentSettings(
         agent_id=f"bench-agent-{n + 1}",
@@ -113,6 +116,7 @@ def agent_process(
         imds_url=imds_url,
         imds_poll_seconds=imds_poll_seconds,
         heartbeat_seconds=HEARTBEAT_SECONDS,
+        limits=limits or SocketLimits(),
         vllm=VllmSettings(
             dtype=ENGINE_DTYPE,
             max_model_len=max_model_len,
@@ -145,8 +149,12 @@ def gateway_replica(
     load_skew: float,
     shared_prompt_sha256: tuple[str, ...] = (),
     move_before_break: bool = True,
+    limits: SocketLimits | None = None,
 ) -> GatewayReplica:
-    """Gateway `name` on `sockets`, signing with `key`: prefix-aware unless named LEAST_LOAD."""
+    """Gateway `name` on `sockets`, signing with `key`: prefix-aware unless named LEAST_LOAD.
+
+    `limits`: its clients' sockets' (the defaults unless given).
+    """
     settings = GatewaySettings(
         public_url=issuer,
         token=TokenSettings(signing_key_pem=SecretStr(key.to_pem())),
@@ -156,6 +164,7 @@ def gateway_replica(
             shared_prompt_sha256=shared_prompt_sha256,
         ),
         queue=QueueSettings(move_before_break=move_before_break),
+        limits=limits or SocketLimits(),
     )
     return GatewayReplica(f"gateway-{name.replace(' ', '-')}", settings, sockets)
 

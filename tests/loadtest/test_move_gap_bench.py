@@ -6,9 +6,11 @@ import pytest
 
 from loadtest.bench.move_gap_figures import (
     AFTER_SWITCH_DELTAS,
+    MAX_MODEL_LEN,
     StreamRecord,
     first_difference,
     move_figures,
+    move_window_seconds,
 )
 
 
@@ -76,3 +78,14 @@ def test_where_a_moved_reply_first_differs(
     moved: list[int], reference: list[int], expected: int | None
 ) -> None:
     assert first_difference(moved, reference) == expected
+
+
+@pytest.mark.parametrize(
+    ("prompt_tokens", "window_seconds"), [(1000, 6.0), (8000, 6.0), (16000, 12.0), (32000, 24.0)]
+)
+def test_a_longer_conversation_gets_a_longer_window_to_move_in(
+    prompt_tokens: int, window_seconds: float
+) -> None:
+    """Its first round prefills the whole conversation: the notice comes that much earlier."""
+    assert move_window_seconds(prompt_tokens) == pytest.approx(window_seconds)
+    assert prompt_tokens < MAX_MODEL_LEN
