@@ -177,6 +177,8 @@ def past_held(delta: DeltaFrame, ids_left: Sequence[int], text_left: str) -> Del
     (more tokens, or text the draining agent held back). None: it does not, or its parts
     cannot be cut there (thinking and content both in the one delta).
     """
+    if not ids_left and not text_left:  # it starts where the client stands: all of it is new
+        return delta if delta.ids or delta.text else None
     ids = list(delta.ids or ())
     held = len(ids_left)
     repeats = ids[:held] == list(ids_left) and delta.text.startswith(text_left)
@@ -330,7 +332,7 @@ class Move:
             return None
         self.pacing = False
         wait = HOLD_TTFT_MULTIPLE * behind_tokens * next_gap_seconds
-        return HoldForNext(seconds=max(wait, *self.round_ttfts[:1]))
+        return HoldForNext(seconds=max([wait, *self.round_ttfts[:1]]))
 
     def pace_until(self) -> float | None:
         """When the draining agent's next delta may reach the client (monotonic; None: now)."""

@@ -393,9 +393,14 @@ class _Relay:
         deadline = time.monotonic() + seconds
         effect: MoveEffect | None = None
         while effect is None and (following := self.following) is not None:
+            judged = self.stream.move.next_judged
             came = await following.channel.pushed_within(deadline - time.monotonic())
-            news = following.channel.unread(skipped=self.stream.move.next_judged)
+            news = following.channel.unread(skipped=judged)
             effect = self.stream.on_next_agent_news(news, silent=not came, ttft_seconds=None)
+            if effect is None and news and self.stream.move.next_judged == judged:
+                # Its next delta is not to be cut where the client waits (its text held
+                # back): only more of the client's tokens would settle it, and none come.
+                effect = self.stream.on_next_agent_news([], silent=True, ttft_seconds=None)
         await self._carry_out(leg, effect)
 
     async def _close(self, leg: Leg) -> None:

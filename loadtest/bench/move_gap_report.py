@@ -75,12 +75,8 @@ def _ms(seconds: float) -> str:
 def render(results: Sequence[MoveRun], args: argparse.Namespace, where: str) -> str:
     """The Markdown section for `docs/benchmarks.md`."""
     replies = [r.reply_tokens for r in results]
-    beside = " beside a CPU burner" if args.burner else ""
-    contexts = sorted({r.context for r in results})
-    if tuple(contexts) != CONTEXT_TOKENS:
-        beside += f", {', '.join(f'{c:,}' for c in contexts)} tokens of context"
     lines = [
-        f"## A stream moved on a spot notice: the client's longest wait (vLLM CPU){beside}",
+        _heading(results, burner=args.burner),
         "",
         f"Command: `{_command(args)}`.",
         f"Model: tiny Llama with random weights, generated offline, on Qwen3's tokenizer and "
@@ -94,9 +90,10 @@ def render(results: Sequence[MoveRun], args: argparse.Namespace, where: str) -> 
         f"*{EARLY}* (the default: the draining agent says `moving` and streams on at its own "
         f"pace while the stream's continuation warms the next agent in rounds, each opened "
         f"afresh from the client's tokens once the one before came to its first token, at "
-        f"most {MOVE_WARM_ROUNDS}; after a round of at most {HOLD_GAP_MULTIPLE:g} of the "
-        f"stream's median gaps the next is the switch, the client waiting for its first "
-        f"token; after rounds that stopped shrinking the last catches up with the client's "
+        f"most {MOVE_WARM_ROUNDS} before the last; after a round of at most "
+        f"{HOLD_GAP_MULTIPLE:g} of the stream's median gaps the next is the switch, the "
+        f"client waiting for its first token; after rounds that stopped shrinking the last "
+        f"catches up with the client's "
         f"stream, its tokens paced at most {MOVE_PACE_GAP_MULTIPLE:g}× the median gap apart, "
         f"or waited for once its own tokens come {PACE_GIVE_UP_GAP_MULTIPLE:g} median gaps "
         f"apart or slower). *{KILLED}*: no notice; the serving agent and its engine are "
@@ -281,6 +278,15 @@ def _without_a_notice() -> list[str]:
         "agent's memory before it closes the agent's sockets: only then does the gateway "
         "hear of it.",
     ]
+
+
+def _heading(results: Sequence[MoveRun], *, burner: bool) -> str:
+    """The section's heading: beside a burner or not, and its context lengths if not the usual."""
+    beside = " beside a CPU burner" if burner else ""
+    contexts = sorted({r.context for r in results})
+    if tuple(contexts) != CONTEXT_TOKENS:
+        beside += f", {', '.join(f'{c:,}' for c in contexts)} tokens of context"
+    return f"## A stream moved on a spot notice: the client's longest wait (vLLM CPU){beside}"
 
 
 def _command(args: argparse.Namespace) -> str:

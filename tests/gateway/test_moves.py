@@ -171,3 +171,10 @@ def test_a_paced_last_round_too_slow_to_catch_up_is_waited_for(
     assert move.give_up_pacing(behind, next_gap) == hold
     assert move.pacing is (pacing and hold is None)
     assert PACE_GIVE_UP_GAP_MULTIPLE < MOVE_PACE_GAP_MULTIPLE  # waited for before it falls back
+
+
+def test_a_delta_from_where_the_client_stands_is_all_new_whatever_its_parts() -> None:
+    """A switch opened from the client's tokens repeats none: nothing of it is to be cut."""
+    both = DeltaFrame(id="x", text="i</think>j", n=2, ids=[9, 10], content="j", reasoning="i")
+    assert past_held(both, [], "") == both
+    assert past_held(delta([], ""), [], "") is None  # nothing in it yet

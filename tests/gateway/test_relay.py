@@ -382,14 +382,14 @@ async def test_a_next_agent_behind_at_its_first_token_is_warmed_again_then_switc
         assert following.cancelled[-1] == last
 
 
-@pytest.mark.parametrize("catches_up", [True, False])
+@pytest.mark.parametrize("next_agent", ["catches up", "fails", "holds its text back"])
 async def test_a_last_round_too_slow_to_catch_up_with_a_paced_client_is_waited_for(
-    catches_up: bool,
+    next_agent: str,
 ) -> None:
     """Once the paced last round's own gap is too long, the client's next tokens are held.
 
     Held until it repeats what the client holds (the switch: the draining agent's held token
-    dropped), or sent on when it fails.
+    dropped), or sent on when it fails or its repeat cannot be cut where the client waits.
     """
     relay = ScriptedRelay.open(50)
     await relay.started_on_a()
@@ -435,18 +435,23 @@ async def test_a_last_round_too_slow_to_catch_up_with_a_paced_client_is_waited_f
     reading = asyncio.create_task(client_gets(10))
     await asyncio.sleep(0)
     assert not reading.done()  # the client waits: the draining agent's 10 is held
-    if catches_up:
+    if next_agent == "catches up":
         next_delta(9)  # it repeats the client's last token: the switch
         next_delta(90)
         following.channel.push(done(last, 10))
-    else:
+    elif next_agent == "fails":
         relay.next_breaks(last, 10)
+    else:  # the client's 9, its text not yet: only the client's next tokens would tell
+        following.channel.push(DeltaFrame(id=last, text="", n=1, ids=[9]))
+        async with asyncio.timeout(30):  # at once, not when the wait would run out
+            await reading
+        draining.channel.push(done(draining.frames[-1].id, 10))
     client = await relay.rest(reading)
 
     ids = [token for frame in client if isinstance(frame, DeltaFrame) for token in frame.ids or ()]
     assert isinstance(client[-1], DoneFrame)
     assert dict(dispatcher.outstanding) == {}
-    if catches_up:
+    if next_agent == "catches up":
         assert ids == [*range(1, 10), 90]
         assert draining.cancelled == [draining.frames[-1].id]
     else:
