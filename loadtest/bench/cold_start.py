@@ -35,6 +35,7 @@ UP_ARGUMENTS = ("up", "--engine", "vllm", "--agents", "1", "--port", "0")
 READY_LINE = "spotgate ready:"
 READY_TIMEOUT_SECONDS = 900.0
 STOP_TIMEOUT_SECONDS = 120.0
+BOOTS_TIMEOUT_SECONDS = 120.0
 PHASES = BOOT_PHASES[1:]  # the first is the launch itself, from which the others are counted
 
 
@@ -70,8 +71,10 @@ def one_boot(directory: Path, env: Mapping[str, str]) -> dict[str, float]:
                 env={**os.environ, **env},
                 capture_output=True,
                 text=True,
-                check=True,
+                timeout=BOOTS_TIMEOUT_SECONDS,
             )
+            if boots.returncode != 0:
+                raise RuntimeError(f"spotgate pool boots failed: {boots.stderr[-4000:]}")
         finally:
             watchdog.cancel()
             up.terminate()

