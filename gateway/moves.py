@@ -292,6 +292,11 @@ class Move:
     pacing: bool = False  # the last round is open, and catches up with a paced client
 
     @property
+    def median_gap(self) -> float | None:
+        """The stream's own pace: the median of its recent gaps (None: none measured yet)."""
+        return statistics.median(self.recent_gaps) if self.recent_gaps else None
+
+    @property
     def repeating(self) -> bool:
         """Whether the agent's next deltas repeat tokens the client holds (after a switch)."""
         return bool(self.repeats)
@@ -309,7 +314,7 @@ class Move:
         """
         rounds = self.round_ttfts
         rounds.append(ttft_seconds)
-        gap = statistics.median(self.recent_gaps) if self.recent_gaps else None
+        gap = self.median_gap
         if gap is not None and ttft_seconds <= HOLD_GAP_MULTIPLE * gap:
             return Reopen(hold_seconds=max(HOLD_TTFT_MULTIPLE * ttft_seconds, rounds[0]))
         converged = len(rounds) > 1 and ttft_seconds > CONVERGED_TTFT_RATIO * rounds[-2]
@@ -326,9 +331,10 @@ class Move:
         about as long as those tokens take it, and at most `HOLD_TTFT_MULTIPLE` times that
         (or the first round's time, a resume's prefill).
         """
-        if not self.pacing or next_gap_seconds is None or not self.recent_gaps:
+        gap = self.median_gap
+        if not self.pacing or next_gap_seconds is None or gap is None:
             return None
-        if next_gap_seconds < PACE_GIVE_UP_GAP_MULTIPLE * statistics.median(self.recent_gaps):
+        if next_gap_seconds < PACE_GIVE_UP_GAP_MULTIPLE * gap:
             return None
         self.pacing = False
         wait = HOLD_TTFT_MULTIPLE * behind_tokens * next_gap_seconds
@@ -336,9 +342,10 @@ class Move:
 
     def pace_until(self) -> float | None:
         """When the draining agent's next delta may reach the client (monotonic; None: now)."""
-        if not self.pacing or self.last_delta_at is None or not self.recent_gaps:
+        gap = self.median_gap
+        if not self.pacing or self.last_delta_at is None or gap is None:
             return None
-        return self.last_delta_at + MOVE_PACE_GAP_MULTIPLE * statistics.median(self.recent_gaps)
+        return self.last_delta_at + MOVE_PACE_GAP_MULTIPLE * gap
 
     def relayed(self, *, arrived_at: float, monotonic: float) -> None:
         """A delta that came in `arrived_at` reached the client at `monotonic`."""

@@ -16,8 +16,9 @@ the draining agent's frames are relayed; the task's end wakes the relay up throu
 draining agent's channel. From then, after each of the draining agent's deltas, the relay
 shows the Failover what the next agent has sent: it switches the stream there once it caught
 up (`Switch`), opens it afresh from where the client is (`Reopen`: a warming round, or the
-last, waited for or caught up with by pacing the draining agent's deltas, `Pace`), or drops
-it (`DropNext`). Choosing and opening agents' streams is gateway/agent_streams.py's.
+last, waited for or caught up with by pacing the draining agent's deltas, `Pace`), waits for
+a last round too slow to catch up (`HoldForNext`), or drops it (`DropNext`). Choosing and
+opening agents' streams is gateway/agent_streams.py's.
 """
 
 from __future__ import annotations
