@@ -149,6 +149,9 @@ class StreamChannel:
         self.last_delta_at: float | None = None  # and its latest
         self.tokens_in = 0  # tokens come in, read or not
         self.delta_arrived_at = self.sent_at  # when the delta last taken came in
+        # While set, and the reader waits with nothing unread, a delta is offered to it here,
+        # from the link's reader, before it is queued: True, it was taken (sent on at once).
+        self.take_now: Callable[[DeltaFrame], bool] | None = None
 
     def push(self, item: ChannelItem) -> None:
         """Add a frame without ever waiting (called by the link's reader)."""
@@ -160,6 +163,8 @@ class StreamChannel:
                 self.first_delta_at = arrived_at
             self.last_delta_at = arrived_at
             self.tokens_in += item.n
+            if self._taken_now(item, arrived_at):
+                return
             last = self._items[-1] if self._items else None
             if isinstance(last, _PendingDelta) and self.merge_deltas:
                 last.add(item)
@@ -181,6 +186,29 @@ class StreamChannel:
             self._items.append(item)
             self.closed = isinstance(item, DoneFrame | ErrorFrame | LinkLost | GatewayGoingAway)
         _wake_reader(self._waiter, True)
+
+    def _taken_now(self, delta: DeltaFrame, arrived_at: float) -> bool:
+        """Whether the waiting reader took the delta at once (`take_now`).
+
+        Its wait goes on, renewed: the stall timer counts from this delta. Saves the reader a
+        wake-up per delta, the relay's largest cost per token while its client keeps up.
+        """
+        take_now = self.take_now
+        if take_now is None or not self.reader_waiting or not self.merge_deltas:
+            return False
+        previous = self.delta_arrived_at
+        self.delta_arrived_at = arrived_at
+        if not take_now(delta):
+            self.delta_arrived_at = previous
+            return False
+        self._wait_started = asyncio.get_running_loop().time()
+        return True
+
+    @property
+    def reader_waiting(self) -> bool:
+        """Whether the stream's reader has read everything and waits for the next push."""
+        waiter = self._waiter
+        return waiter is not None and not waiter.done() and not self._items
 
     def first_delta_seconds(self) -> float | None:
         """From sending the stream to its first token coming in (None: none yet)."""

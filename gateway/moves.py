@@ -342,10 +342,10 @@ class Move:
 
     def pace_until(self) -> float | None:
         """When the draining agent's next delta may reach the client (monotonic; None: now)."""
-        gap = self.median_gap
-        if not self.pacing or self.last_delta_at is None or gap is None:
+        if not self.pacing or self.last_delta_at is None:  # as most deltas find it: no median
             return None
-        return self.last_delta_at + MOVE_PACE_GAP_MULTIPLE * gap
+        gap = self.median_gap
+        return None if gap is None else self.last_delta_at + MOVE_PACE_GAP_MULTIPLE * gap
 
     def relayed(self, *, arrived_at: float, monotonic: float) -> None:
         """A delta that came in `arrived_at` reached the client at `monotonic`."""

@@ -30,6 +30,7 @@ from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 from functools import partial
+from typing import Protocol
 
 from gateway.agent_link import (
     AgentLink,
@@ -76,11 +77,23 @@ from spotgate.protocol import (
     StartFrame,
 )
 
-__all__ = ["ClientFrame", "RelayOutcome", "relay_stream"]
+__all__ = ["ClientFrame", "DirectSend", "RelayOutcome", "relay_stream"]
 
 log = get_logger(__name__)
 
 ClientFrame = QueuedFrame | StartFrame | DeltaFrame | DoneFrame | ErrorFrame
+
+
+class DirectSend(Protocol):
+    """The client's socket, written to without waiting while it keeps up (a `FrameSocket`)."""
+
+    def keeps_up(self) -> bool:
+        """Whether a frame may be sent now without waiting."""
+        ...
+
+    def send_now(self, frame: DeltaFrame) -> None:
+        """Send a frame now, on a socket that keeps up."""
+        ...
 
 
 async def relay_stream(
@@ -93,11 +106,13 @@ async def relay_stream(
     outcome: RelayOutcome,
     receipts: ReceiptChain | None = None,
     move_early: bool = True,
+    direct: DirectSend | None = None,
 ) -> AsyncGenerator[ClientFrame, None]:
     """Frames for the client, in its own stream id, from whichever agents serve it.
 
     With `receipts`, each delta carries the receipt of every id the client then holds; with
-    `move_early`, a draining agent's streams move before it breaks them.
+    `move_early`, a draining agent's streams move before it breaks them; with `direct`, the
+    deltas that come while nothing else is to be done go to it at once, not through here.
     """
     stream = Failover.begin(
         frame,
@@ -110,7 +125,9 @@ async def relay_stream(
         move_early=move_early,
     )
     # Hashed once: a moved stream's prompt is the same, and goes where it is most likely cached.
-    relay = _Relay(stream, dispatcher, link_for, stall_seconds, dispatcher.prompt_prefix(frame))
+    relay = _Relay(
+        stream, dispatcher, link_for, stall_seconds, dispatcher.prompt_prefix(frame), direct
+    )
     while not relay.over:
         leg, relay.switched = relay.switched, None
         if leg is None:
@@ -134,6 +151,7 @@ class _Relay:
     link_for: Callable[[str], AgentLink | None]
     stall_seconds: float
     prefix: PromptPrefix | None
+    direct: DirectSend | None
     over: bool = False  # the client's stream ended
     placed: Leg | None = None  # the agent's stream a placement opened
     switched: Leg | None = None  # the next agent's stream, taking over from the serving one
@@ -179,6 +197,8 @@ class _Relay:
         """The agent's stream relayed to the client, until it ends, breaks or moves on."""
         self.stream.on_opened(leg.agent_id)
         self.leg_over = self.full = self.left_running = False
+        if self.direct is not None:
+            leg.channel.take_now = partial(self._take_now, leg, self.direct)
         try:
             async for item in leg.channel.items(self.stall_seconds):
                 if isinstance(item, DeltaFrame):
@@ -194,9 +214,28 @@ class _Relay:
                 if self.over or self.leg_over:
                     break
         finally:
+            leg.channel.take_now = None
             await self._close(leg)
         if self.full:  # after `finished`, which takes the mark off: this stream never ran there
             self.dispatcher.refused_for_capacity(leg.agent_id)
+
+    def _take_now(self, leg: Leg, direct: DirectSend, item: DeltaFrame) -> bool:
+        """The agent's delta sent to the client from the link's reader (False: not taken).
+
+        Taken only while the stream has nothing else to do for it (no move under way) and
+        the client keeps up: `_delta` would send it the same frame.
+        """
+        stream = self.stream
+        if (
+            self.mover is not None
+            or self.following is not None
+            or stream.repeating
+            or stream.move.pacing
+            or not direct.keeps_up()
+        ):
+            return False
+        direct.send_now(self._on_delta(leg, item))
+        return True
 
     async def _delta(self, leg: Leg, item: DeltaFrame) -> DeltaFrame | None:
         """What the client is sent of the agent's delta (None: nothing)."""
@@ -217,12 +256,17 @@ class _Relay:
             item = repeated.beyond  # the rest of its delta: the client's next tokens
         if (pace := stream.pace()) is not None:  # a move's last round is catching up
             await self._carry_out(leg, pace)
-        return stream.on_delta(
+        return self._on_delta(leg, item)
+
+    def _on_delta(self, leg: Leg, item: DeltaFrame) -> DeltaFrame:
+        """The client's frame of the agent's delta, which the stream now holds."""
+        channel = leg.channel
+        return self.stream.on_delta(
             item,
             monotonic=time.monotonic(),
-            arrived_at=leg.channel.delta_arrived_at,
-            agent_sent_at=leg.channel.sent_at,
-            agent_first_token_at=leg.channel.first_delta_at,
+            arrived_at=channel.delta_arrived_at,
+            agent_sent_at=channel.sent_at,
+            agent_first_token_at=channel.first_delta_at,
         )
 
     async def _event(self, leg: Leg, item: object) -> ClientFrame | None:

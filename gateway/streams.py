@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from gateway.auth import Principal
 from gateway.charges import resume_as_prompt
 from gateway.ratelimit import prompt_tokens_estimate
-from gateway.relay import ClientFrame, RelayOutcome, relay_stream
+from gateway.relay import ClientFrame, DirectSend, RelayOutcome, relay_stream
 from gateway.state import GatewayState
 from spotgate.admission import (
     GatewayConditions,
@@ -27,7 +27,7 @@ from spotgate.admission import (
 from spotgate.logging import bound_context
 from spotgate.protocol import DoneFrame, ErrorCode, ErrorFrame, GenerateFrame, Usage
 from spotgate.tenancy import frame_tenant_refusal
-from spotgate.wsserver import Send
+from spotgate.wsserver import FrameSocket
 
 
 @dataclass(eq=False)
@@ -68,12 +68,17 @@ def stream_refusal(
 
 
 async def admitted_frames(
-    state: GatewayState, frame: GenerateFrame, principal: Principal, outcome: RelayOutcome
+    state: GatewayState,
+    frame: GenerateFrame,
+    principal: Principal,
+    outcome: RelayOutcome,
+    direct: DirectSend | None = None,
 ) -> AsyncGenerator[ClientFrame, None]:
     """A stream's frames for its client: admitted against its key's limits, then relayed.
 
     The frame names the key's tenant from here on: routing matches its prompt within it, and
-    the agent salts its prefix cache with it.
+    the agent salts its prefix cache with it. With `direct`, the client's socket, deltas may
+    go there at once instead (`relay_stream`).
     """
     frame = frame.model_copy(update={"tenant": principal.tenant})
     state.dispatcher.weigh(principal.tenant, principal.weight)
@@ -116,6 +121,7 @@ async def admitted_frames(
                 move_early=state.settings.queue.move_before_break,
                 outcome=outcome,
                 receipts=state.receipts.chain(principal.key_id, frame) if frame.want_ids else None,
+                direct=direct,
             )
             async with aclosing(frames) as relayed:
                 async for out in relayed:
@@ -151,9 +157,9 @@ async def admitted_frames(
 
 
 def start_stream(
-    state: GatewayState, frame: GenerateFrame, principal: Principal, send: Send
+    state: GatewayState, frame: GenerateFrame, principal: Principal, socket: FrameSocket
 ) -> RelayHandle:
-    """Relay a websocket stream in its own task; its frames go to `send`.
+    """Relay a websocket stream in its own task; its frames go to the client's `socket`.
 
     A stream cancelled by its client still ends with a `done` frame (`cancelled`, with the
     tokens it got), so the client knows where it stopped.
@@ -163,9 +169,10 @@ def start_stream(
 
     async def run() -> None:
         try:
-            async with aclosing(admitted_frames(state, frame, principal, outcome)) as frames:
+            relayed = admitted_frames(state, frame, principal, outcome, direct=socket)
+            async with aclosing(relayed) as frames:
                 async for out in frames:
-                    await send(out)
+                    await socket.send(out)
         except asyncio.CancelledError:
             elapsed_ms = (time.monotonic() - started) * 1000
             done = DoneFrame(
@@ -178,7 +185,7 @@ def start_stream(
                 timings=outcome.timings(elapsed_ms),
             )
             with suppress(Exception):  # the socket may be what went away
-                await send(done)
+                await socket.send(done)
             raise
 
     return RelayHandle(asyncio.create_task(run(), name=f"relay {frame.id}"))

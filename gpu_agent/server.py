@@ -50,6 +50,7 @@ from spotgate.tokens import (
 )
 from spotgate.wsserver import (
     AuthRefused,
+    FrameSocket,
     Send,
     StreamHandlers,
     bearer_token,
@@ -303,8 +304,8 @@ def _stream_handlers(runtime: AgentRuntime, verifier: TokenVerifier) -> StreamHa
             return tenant_refusal
         return agent_refusal(claims.grant, _conditions(runtime), time.time())
 
-    def start(frame: GenerateFrame, claims: Claims, send: Send) -> StreamHandle:
-        return _start_stream(runtime, (id(send), frame.id), frame, claims, send)
+    def start(frame: GenerateFrame, claims: Claims, socket: FrameSocket) -> StreamHandle:
+        return _start_stream(runtime, (id(socket), frame.id), frame, claims, socket.send)
 
     def max_streams(claims: Claims) -> int | None:
         # A gateway multiplexes all its clients over one link: the engine is its limit.

@@ -98,6 +98,27 @@ class FrameSocket:
             with suppress(ConnectionResetError):
                 await self.ws.send_str(encode_frame(frame))
             return
+        self._queue(frame)
+        if self._transport.get_write_buffer_size() > WRITE_BUFFER_HIGH_BYTES:
+            await self._writer.drain()
+
+    def keeps_up(self) -> bool:
+        """Whether a frame may be sent now without waiting: the peer reads what it is sent."""
+        transport = self._transport
+        return (
+            transport is not None
+            and not self.ws.closed
+            and not self.ws.compress
+            and transport.get_write_buffer_size() <= WRITE_BUFFER_HIGH_BYTES
+        )
+
+    def send_now(self, frame: AnyFrame) -> None:
+        """Queue a frame for this loop turn's write, on a socket that `keeps_up`."""
+        self._queue(frame)
+
+    def _queue(self, frame: AnyFrame) -> None:
+        if self._transport is None:
+            raise RuntimeError("the socket has no transport")
         data = encode_frame(frame).encode()
         if self._lines:
             # Each line counts the newline after it: with this frame the message would be
@@ -113,8 +134,6 @@ class FrameSocket:
             asyncio.get_running_loop().call_soon(self.flush)
         if self._pending_bytes > WRITE_BUFFER_HIGH_BYTES:  # a sender that never lets the loop turn
             self.flush()
-        if self._transport.get_write_buffer_size() > WRITE_BUFFER_HIGH_BYTES:
-            await self._writer.drain()
 
     def flush(self) -> None:
         """Write every queued frame now."""
@@ -146,7 +165,7 @@ class StreamHandlers(Generic[Principal]):
 
     authenticate: Callable[[str], Awaitable[Principal]]
     refusal: Callable[[GenerateFrame, Principal], Refusal | None]  # `spotgate.admission`
-    start: Callable[[GenerateFrame, Principal, Send], StreamControl]
+    start: Callable[[GenerateFrame, Principal, FrameSocket], StreamControl]
     # Streams one socket may run at once; None: the socket limit of the settings.
     max_streams: Callable[[Principal], int | None] = lambda _principal: None
     # The largest frame a principal authenticated by header may send; None: the settings'.
@@ -240,7 +259,7 @@ async def serve_websocket(
             except FrameError as err:
                 await send(err.frame())
                 continue
-            principal = await _handle(frame, principal, handlers, limits, streams, send)
+            principal = await _handle(frame, principal, handlers, limits, streams, socket)
     finally:
         for stream in list(streams.values()):
             stream.end("cancelled")
@@ -284,9 +303,10 @@ async def _handle(
     handlers: StreamHandlers[Principal],
     limits: SocketLimits,
     streams: dict[str, StreamControl],
-    send: Send,
+    socket: FrameSocket,
 ) -> Principal:
     """Act on one frame; returns the socket's principal (refreshed by an `auth` frame)."""
+    send = socket.send
     if isinstance(frame, PingFrame):
         await send(PongFrame())
     elif isinstance(frame, AuthFrame):
@@ -307,7 +327,7 @@ async def _handle(
                 )
             )
             return principal
-        stream = handlers.start(frame, principal, send)
+        stream = handlers.start(frame, principal, socket)
         streams[frame.id] = stream
         stream_id = frame.id
 

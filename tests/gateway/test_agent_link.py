@@ -25,6 +25,7 @@ from spotgate.protocol import (
     GenerateFrame,
     encode_frame,
 )
+from tests.support.channels import WaitedChannel, reader_waits
 
 
 def delta(text: str, ids: list[int] | None) -> DeltaFrame:
@@ -219,3 +220,64 @@ async def test_a_wait_for_the_next_push_tells_whether_one_came_and_reads_nothing
     channel.push(delta("a", [1]))
     assert await waiting is True
     assert [frame.text for frame in channel.unread()] == ["a"]  # still there to be read
+
+
+async def test_a_waiting_reader_takes_deltas_at_once_and_reads_what_comes_after_them() -> None:
+    channel = WaitedChannel()
+    taken: list[DeltaFrame] = []
+    channel.take_now = lambda frame: taken.append(frame) is None
+    channel.push(delta("a", [1]))  # nobody waits yet: queued
+    items = channel.items()
+    assert await anext(items) == delta("a", [1])
+    reading = asyncio.create_task(anext(items))
+    await reader_waits(channel)
+
+    before = time.monotonic()
+    channel.push(delta("b", [2]))
+    channel.push(delta("c", [3]))
+    assert taken == [delta("b", [2]), delta("c", [3])]
+    assert not reading.done()
+    assert channel.delta_arrived_at >= before  # when the delta taken last came in
+    channel.push(done())
+    assert await reading == done()
+    assert channel.tokens_in == 3
+
+
+async def test_a_delta_not_taken_at_once_is_read_and_so_is_all_that_follows_it() -> None:
+    """Declined, or with deltas kept apart (a move's), it is queued; what comes after waits."""
+    channel = WaitedChannel()
+    offered: list[str] = []
+
+    def decline(frame: DeltaFrame) -> bool:
+        offered.append(frame.text)
+        return False
+
+    channel.take_now = decline
+    items = channel.items()
+    reading = asyncio.create_task(anext(items))
+    await reader_waits(channel)
+    channel.push(delta("a", [1]))
+    channel.take_now = lambda _frame: True
+    channel.push(delta("b", [2]))  # "a" is unread: not offered, merged after it
+    assert await reading == delta("ab", [1, 2])
+    channel.merge_deltas = False
+    reading = asyncio.create_task(anext(items))
+    await reader_waits(channel)
+    channel.push(delta("c", [3]))
+    assert await reading == delta("c", [3])
+    assert offered == ["a"]
+
+
+async def test_deltas_taken_at_once_keep_a_stream_from_stalling() -> None:
+    """The stall is counted from the last delta taken, not from when the wait began."""
+    stall_seconds = 1.0
+    loop = asyncio.get_running_loop()
+    channel = StreamChannel()
+    taken: list[DeltaFrame] = []
+    channel.take_now = lambda frame: taken.append(frame) is None
+    items = channel.items(stall_seconds)
+    for step, token in enumerate((1, 2, 3), start=1):  # each within the stall of the last
+        loop.call_later(step * stall_seconds / 2, channel.push, delta("x", [token]))
+
+    assert await anext(items) == StreamStalled(stall_seconds)
+    assert [frame.ids for frame in taken] == [[1], [2], [3]]

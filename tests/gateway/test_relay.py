@@ -27,6 +27,7 @@ from spotgate.protocol import (
 )
 from spotgate.registry import AgentRecord, AgentState
 from spotgate.settings import QueueSettings
+from tests.support.channels import WaitedChannel, reader_waits
 
 MODEL = "synth"
 
@@ -79,8 +80,9 @@ async def test_a_chosen_agent_counts_the_stream_while_its_link_opens() -> None:
     assert dict(dispatcher.outstanding) == {}  # the cancelled placement gave its slot back
 
 
-class WatchedChannel(StreamChannel):
-    """A stream's channel that tells when a move's task, ended, woke its reader."""
+class WatchedChannel(WaitedChannel):
+    """A stream's channel that tells when a move's task, ended, woke its reader, and when its
+    reader waits for the next push."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -139,6 +141,20 @@ def ready(*agents: str) -> list[AgentRecord]:
 
 
 @dataclass
+class ClientSocket:
+    """The client's socket, as the relay sends to it without waiting."""
+
+    keeping_up: bool = True
+    sent: list[DeltaFrame] = field(default_factory=list)
+
+    def keeps_up(self) -> bool:
+        return self.keeping_up
+
+    def send_now(self, frame: DeltaFrame) -> None:
+        self.sent.append(frame)
+
+
+@dataclass
 class ScriptedRelay:
     """One client stream relayed to agents whose frames the test scripts; only "a" ready yet."""
 
@@ -147,7 +163,9 @@ class ScriptedRelay:
     frames: AsyncGenerator[ClientFrame, None]
 
     @classmethod
-    def open(cls, max_tokens: int, agents: str = "ab") -> ScriptedRelay:
+    def open(
+        cls, max_tokens: int, agents: str = "ab", direct: ClientSocket | None = None
+    ) -> ScriptedRelay:
         """The stream, asking for `max_tokens`, with a scripted link to each of `agents`."""
         dispatcher = Dispatcher(QueueSettings(deadline_seconds=5.0))
         dispatcher.view.replace(ready("a"), time.time())
@@ -159,6 +177,7 @@ class ScriptedRelay:
             deadline_seconds=5.0,
             stall_seconds=30.0,
             outcome=RelayOutcome(),
+            direct=direct,
         )
         return cls(dispatcher, links, frames)
 
@@ -457,3 +476,49 @@ async def test_a_last_round_too_slow_to_catch_up_with_a_paced_client_is_waited_f
     else:
         assert ids == list(range(1, 11))
         assert following.cancelled[-1] == last
+
+
+async def test_a_client_that_keeps_up_is_sent_each_delta_at_once_and_one_that_lags_is_not() -> None:
+    """Sent from the agent's link as it comes; through the relay, which waits, when it lags."""
+    socket = ClientSocket()
+    relay = ScriptedRelay.open(3, direct=socket)
+    agent = relay.links["a"]
+    await relay.started_on_a()
+    reading = asyncio.create_task(anext(relay.frames))
+    await reader_waits(agent.channel)
+    agent.delta([1], "a")
+    assert socket.sent == [DeltaFrame(id="s", text="a", n=1, ids=[1])]  # the client's stream id
+    socket.keeping_up = False
+    agent.delta([2], "b")
+    assert await reading == DeltaFrame(id="s", text="b", n=1, ids=[2])
+    socket.keeping_up = True
+    reading = asyncio.create_task(anext(relay.frames))
+    await reader_waits(agent.channel)
+    agent.delta([3], "c")
+    agent.channel.push(done(agent.frames[-1].id, 3))
+    finished = await reading
+
+    assert [frame.ids for frame in socket.sent] == [[1], [3]]
+    assert isinstance(finished, DoneFrame)
+    assert finished.usage.completion_tokens == 3
+
+
+async def test_a_stream_being_moved_sends_no_delta_at_once() -> None:
+    """From `moving` on, the move decides what the client is sent of each delta, and when."""
+    socket = ClientSocket()
+    relay = ScriptedRelay.open(50, direct=socket)
+    draining, following = relay.links["a"], relay.links["b"]
+    await relay.started_on_a()
+    reading = asyncio.create_task(anext(relay.frames))
+    await reader_waits(draining.channel)
+    draining.delta([1], "a")
+    relay.routable("a", "b")
+    draining.channel.push(MovingFrame(id=draining.frames[-1].id))
+    await following.opened.wait()
+    await reader_waits(draining.channel)
+    draining.delta([2], "b")
+
+    assert await reading == DeltaFrame(id="s", text="b", n=1, ids=[2])
+    assert [frame.ids for frame in socket.sent] == [[1]]
+    reading.cancel()
+    await relay.frames.aclose()
