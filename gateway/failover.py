@@ -392,8 +392,10 @@ class Failover:
         arrived_at: float,
         agent_sent_at: float,
         agent_first_token_at: float | None,
-    ) -> DeltaFrame:
-        """More tokens: kept for a resume, and passed on in the client's stream id.
+    ) -> str | None:
+        """More tokens, kept for a resume and counted: the receipt their client frame carries.
+
+        The frame is `client_delta`'s (None: no receipt).
 
         `arrived_at` is when the agent's delta came in, `monotonic` when the client is sent
         it. The first token fixes the stream's time to first token; the gateway's own share
@@ -412,18 +414,10 @@ class Failover:
         self.text.append(delta.text)
         # Measured by the ids relayed (every agent is asked for them), not the agent's `n`.
         outcome.relayed_tokens += len(delta.ids or ())
-        receipt = None
-        if self.receipts is not None and self.request.want_ids:
-            self.receipts.extend(delta.ids or ())
-            receipt = self.receipts.receipt()
-        # The agent's delta, validated when it came in, in the client's stream id.
-        return delta.model_copy(
-            update={
-                "id": self.request.id,
-                "ids": delta.ids if self.request.want_ids else None,
-                "receipt": receipt,
-            }
-        )
+        if self.receipts is None or not self.request.want_ids:
+            return None
+        self.receipts.extend(delta.ids or ())
+        return self.receipts.receipt()
 
     def on_done(self, done: DoneFrame, *, monotonic: float) -> DoneFrame:
         """The stream finished: its usage (as charged: `gateway.charges`), and its timings.

@@ -75,6 +75,8 @@ from spotgate.protocol import (
     MovingFrame,
     QueuedFrame,
     StartFrame,
+    client_delta,
+    client_delta_json,
 )
 
 __all__ = ["ClientFrame", "DirectSend", "RelayOutcome", "relay_stream"]
@@ -91,8 +93,8 @@ class DirectSend(Protocol):
         """Whether a frame may be sent now without waiting."""
         ...
 
-    def send_now(self, frame: DeltaFrame) -> None:
-        """Send a frame now, on a socket that keeps up."""
+    def send_now(self, frame_json: bytes) -> None:
+        """Send a frame (its JSON, `encode_frame`'s) now, on a socket that keeps up."""
         ...
 
 
@@ -234,7 +236,12 @@ class _Relay:
             or not direct.keeps_up()
         ):
             return False
-        direct.send_now(self._on_delta(leg, item))
+        receipt = self._hold(leg, item)
+        direct.send_now(
+            client_delta_json(
+                item, stream.request.id, with_ids=stream.request.want_ids, receipt=receipt
+            )
+        )
         return True
 
     async def _delta(self, leg: Leg, item: DeltaFrame) -> DeltaFrame | None:
@@ -256,10 +263,13 @@ class _Relay:
             item = repeated.beyond  # the rest of its delta: the client's next tokens
         if (pace := stream.pace()) is not None:  # a move's last round is catching up
             await self._carry_out(leg, pace)
-        return self._on_delta(leg, item)
+        receipt = self._hold(leg, item)
+        return client_delta(
+            item, stream.request.id, with_ids=stream.request.want_ids, receipt=receipt
+        )
 
-    def _on_delta(self, leg: Leg, item: DeltaFrame) -> DeltaFrame:
-        """The client's frame of the agent's delta, which the stream now holds."""
+    def _hold(self, leg: Leg, item: DeltaFrame) -> str | None:
+        """The agent's delta held by the stream; the receipt the client's frame of it carries."""
         channel = leg.channel
         return self.stream.on_delta(
             item,

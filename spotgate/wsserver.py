@@ -98,7 +98,7 @@ class FrameSocket:
             with suppress(ConnectionResetError):
                 await self.ws.send_str(encode_frame(frame))
             return
-        self._queue(frame)
+        self._queue(encode_frame(frame).encode())
         if self._transport.get_write_buffer_size() > WRITE_BUFFER_HIGH_BYTES:
             await self._writer.drain()
 
@@ -112,14 +112,13 @@ class FrameSocket:
             and transport.get_write_buffer_size() <= WRITE_BUFFER_HIGH_BYTES
         )
 
-    def send_now(self, frame: AnyFrame) -> None:
-        """Queue a frame for this loop turn's write, on a socket that `keeps_up`."""
-        self._queue(frame)
+    def send_now(self, frame_json: bytes) -> None:
+        """Queue a frame's JSON (`encode_frame`'s) for this turn's write; the socket `keeps_up`."""
+        self._queue(frame_json)
 
-    def _queue(self, frame: AnyFrame) -> None:
+    def _queue(self, data: bytes) -> None:
         if self._transport is None:
             raise RuntimeError("the socket has no transport")
-        data = encode_frame(frame).encode()
         if self._lines:
             # Each line counts the newline after it: with this frame the message would be
             # `_pending_bytes + len(data)` bytes, kept within the bound.

@@ -7,6 +7,7 @@ import re
 from typing import Any, Literal, overload
 
 from pydantic import TypeAdapter, ValidationError
+from pydantic_core import to_json
 
 from spotgate.protocol.client_frames import (
     CLIENT_FRAME_TYPES,
@@ -203,6 +204,36 @@ def max_gateway_frame_bytes(max_model_len: int, max_token_chars: int) -> int:
 def encode_frame(frame: AnyFrame) -> str:
     """Serialize a frame to its JSON text, leaving out unset optional fields."""
     return frame.model_dump_json(exclude_none=True)
+
+
+def client_delta(
+    delta: DeltaFrame, stream_id: str, *, with_ids: bool, receipt: str | None
+) -> DeltaFrame:
+    """An agent's delta as a gateway's client is sent it, in the client's stream id.
+
+    Its ids only `with_ids`, and the gateway's `receipt`, never one the agent sent.
+    """
+    update = {"id": stream_id, "ids": delta.ids if with_ids else None, "receipt": receipt}
+    return delta.model_copy(update=update)
+
+
+_DELTA_SERIALIZER = DeltaFrame.__pydantic_serializer__
+_CLIENT_DELTA_LEAVES_OUT = {True: {"receipt"}, False: {"ids", "receipt"}}
+
+
+def client_delta_json(
+    delta: DeltaFrame, stream_id: str, *, with_ids: bool, receipt: str | None
+) -> bytes:
+    """`encode_frame` of `client_delta`, without the copy: the delta's own JSON, spliced.
+
+    Only `type` precedes `id`, and a string's quotes are escaped within it, so the first
+    `"id":…` is the id's; `receipt` is the last field.
+    """
+    data: bytes = _DELTA_SERIALIZER.to_json(
+        delta, exclude_none=True, exclude=_CLIENT_DELTA_LEAVES_OUT[with_ids]
+    )
+    data = data.replace(b'"id":' + to_json(delta.id), b'"id":' + to_json(stream_id), 1)
+    return data if receipt is None else data[:-1] + b',"receipt":' + to_json(receipt) + b"}"
 
 
 FRAME_LINES_SUBPROTOCOL = "spotgate.v1.lines"

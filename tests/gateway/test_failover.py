@@ -33,6 +33,7 @@ from spotgate.protocol import (
     StartFrame,
     Timings,
     Usage,
+    client_delta,
 )
 from spotgate.tokens import KeyRing, SigningKey
 
@@ -82,13 +83,16 @@ def relay(
     arrived: float | None = None,
 ) -> DeltaFrame:
     """The client is sent the agent's delta `at`; it came in `arrived` (the same, unless paced)."""
-    return stream.on_delta(
-        delta(ids, text),
+    agent_delta = delta(ids, text)
+    receipt = stream.on_delta(
+        agent_delta,
         monotonic=at,
         arrived_at=at if arrived is None else arrived,
         agent_sent_at=STARTED,
         agent_first_token_at=None,
     )
+    request = stream.request
+    return client_delta(agent_delta, request.id, with_ids=request.want_ids, receipt=receipt)
 
 
 def start(agent: str) -> StartFrame:

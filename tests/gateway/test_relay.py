@@ -24,6 +24,7 @@ from spotgate.protocol import (
     StartFrame,
     Timings,
     Usage,
+    parse_frame,
 )
 from spotgate.registry import AgentRecord, AgentState
 from spotgate.settings import QueueSettings
@@ -150,7 +151,9 @@ class ClientSocket:
     def keeps_up(self) -> bool:
         return self.keeping_up
 
-    def send_now(self, frame: DeltaFrame) -> None:
+    def send_now(self, frame_json: bytes) -> None:
+        frame = parse_frame(frame_json, origin="server")
+        assert isinstance(frame, DeltaFrame)
         self.sent.append(frame)
 
 

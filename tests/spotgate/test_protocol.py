@@ -4,7 +4,7 @@ import json
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from spotgate.protocol import (
@@ -40,6 +40,8 @@ from spotgate.protocol import (
     ToolCall,
     TopLogprob,
     Usage,
+    client_delta,
+    client_delta_json,
     encode_frame,
     parse_frame,
 )
@@ -380,3 +382,36 @@ def test_every_valid_client_frame_round_trips(frame: AnyFrame) -> None:
 @given(frame=server_frames)
 def test_every_valid_server_frame_round_trips(frame: AnyFrame) -> None:
     assert parse_frame(encode_frame(frame), origin="server", max_bytes=10**7) == frame
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    frame=delta_frames(),
+    parts=st.fixed_dictionaries(
+        {"content": st.none() | texts, "reasoning": st.none() | texts, "receipt": st.none() | texts}
+    ),
+    stream_id=stream_ids,
+    with_ids=st.booleans(),
+    receipt=st.none() | texts,
+)
+@example(  # the agent's id within its text, quoted as JSON would quote it
+    frame=DeltaFrame(id="a1", text='{"id":"a1"} "id":"a1"', n=1, ids=[7]),
+    parts={"content": None, "reasoning": None, "receipt": "forged"},
+    stream_id='c "1"',
+    with_ids=False,
+    receipt="r",
+)
+def test_a_clients_delta_spliced_from_the_agents_json_is_the_one_encoded(
+    frame: DeltaFrame,
+    parts: dict[str, str | None],
+    stream_id: str,
+    with_ids: bool,
+    receipt: str | None,
+) -> None:
+    agent_delta = frame.model_copy(update=parts)
+    copied = client_delta(agent_delta, stream_id, with_ids=with_ids, receipt=receipt)
+
+    spliced = client_delta_json(agent_delta, stream_id, with_ids=with_ids, receipt=receipt)
+
+    assert spliced == encode_frame(copied).encode()
+    assert parse_frame(spliced, origin="server", max_bytes=10**7) == copied
