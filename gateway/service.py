@@ -12,9 +12,9 @@ from gateway.server import create_app, drain_sockets
 from gateway.signing import SigningKeyMissing
 from spotgate.logging import get_logger
 from spotgate.process import (
-    freeze_long_lived_objects,
     listening_site,
     service_main,
+    settle_garbage_collector,
     stop_listening,
 )
 from spotgate.settings import GatewaySettings
@@ -34,7 +34,7 @@ async def serve_gateway(settings: GatewaySettings) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     log.info("gateway listening", host=settings.host, port=settings.port, ops_port=app[OPS_PORT])
-    freeze_long_lived_objects()
+    settle_garbage_collector()
     try:
         await stop.wait()
     finally:

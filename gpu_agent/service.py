@@ -12,7 +12,7 @@ from aiohttp import web
 from gpu_agent import stderr_tail
 from gpu_agent.server import RUNTIME, AgentConfigError, create_app
 from spotgate.logging import get_logger
-from spotgate.process import freeze_long_lived_objects, listening_site, service_main
+from spotgate.process import listening_site, service_main, settle_garbage_collector
 from spotgate.settings import AgentSettings
 
 log = get_logger(__name__)
@@ -55,7 +55,7 @@ async def serve_agent(settings: AgentSettings) -> None:
 
     async def freeze_once_ready() -> None:
         await runtime.became_ready.wait()  # the engine and its warm-up are in memory by now
-        freeze_long_lived_objects()
+        settle_garbage_collector()
 
     runtime.spawn(freeze_once_ready(), "gc-freeze")
     try:

@@ -4,6 +4,7 @@ nothing a child started outlives it."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import socket
 import subprocess
@@ -13,7 +14,13 @@ from pathlib import Path
 import psutil
 import pytest
 
-from spotgate.process import ChildProcesses, listen_again, loopback_socket
+from spotgate.process import (
+    GC_YOUNG_OBJECTS,
+    ChildProcesses,
+    listen_again,
+    loopback_socket,
+    settle_garbage_collector,
+)
 
 ZEN_FIRST_LINE = "The Zen of Python, by Tim Peters"
 
@@ -128,3 +135,14 @@ async def test_a_child_and_its_process_group_die_with_a_parent_killed_with_sigki
     parent.stdout.close()
     gone, _ = psutil.wait_procs([child, grandchild], timeout=10)
     assert set(gone) == {child, grandchild}
+
+
+def test_a_started_service_freezes_what_it_holds_and_collects_its_young_objects_seldom() -> None:
+    threshold = gc.get_threshold()
+    try:
+        settle_garbage_collector()
+        assert gc.get_freeze_count() > 0
+        assert gc.get_threshold() == (GC_YOUNG_OBJECTS, *threshold[1:])
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*threshold)
