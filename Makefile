@@ -81,6 +81,7 @@ bench: $(INSTALLED) $(REDIS_SERVER) $(LITELLM) $(TOKENIZERS)
 	$(BIN)/python -m loadtest.bench.prefix_routing --write docs/benchmarks.md
 	$(BIN)/python -m loadtest.bench.tenant_isolation --write docs/benchmarks.md
 	$(BIN)/python -m loadtest.bench.gateway_relay --litellm $(LITELLM) --write docs/benchmarks.md
+	$(BIN)/python -m loadtest.bench.gateway_profile --write docs/benchmarks.md
 	$(BIN)/python -m loadtest.bench.pool_sim --write docs/benchmarks.md
 	$(BIN)/python -m loadtest.bench.pool_sim_regions --write docs/benchmarks.md
 

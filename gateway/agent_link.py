@@ -151,7 +151,7 @@ class StreamChannel:
         self.delta_arrived_at = self.sent_at  # when the delta last taken came in
         # While set, and the reader waits with nothing unread, a delta is offered to it here,
         # from the link's reader, before it is queued: True, it was taken (sent on at once).
-        self.take_now: Callable[[DeltaFrame], bool] | None = None
+        self.take_now: Callable[[StreamChannel, DeltaFrame], bool] | None = None
 
     def push(self, item: ChannelItem) -> None:
         """Add a frame without ever waiting (called by the link's reader)."""
@@ -196,13 +196,13 @@ class StreamChannel:
         take_now = self.take_now
         if take_now is None or not self.reader_waiting or not self.merge_deltas:
             return False
-        previous = self.delta_arrived_at
-        self.delta_arrived_at = arrived_at
-        if not take_now(delta):
-            self.delta_arrived_at = previous
-            return False
-        self._wait_started = asyncio.get_running_loop().time()
-        return True
+        previous, wait_started = self.delta_arrived_at, self._wait_started
+        # The loop's clock is time.monotonic's (asyncio's; uvloop's, to the millisecond).
+        self.delta_arrived_at = self._wait_started = arrived_at
+        if take_now(self, delta):
+            return True
+        self.delta_arrived_at, self._wait_started = previous, wait_started
+        return False
 
     @property
     def reader_waiting(self) -> bool:

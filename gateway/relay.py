@@ -36,6 +36,7 @@ from gateway.agent_link import (
     AgentLink,
     GatewayGoingAway,
     LinkLost,
+    StreamChannel,
     StreamStalled,
     Wakeup,
 )
@@ -200,7 +201,7 @@ class _Relay:
         self.stream.on_opened(leg.agent_id)
         self.leg_over = self.full = self.left_running = False
         if self.direct is not None:
-            leg.channel.take_now = partial(self._take_now, leg, self.direct)
+            leg.channel.take_now = self._take_now
         try:
             async for item in leg.channel.items(self.stall_seconds):
                 if isinstance(item, DeltaFrame):
@@ -221,22 +222,23 @@ class _Relay:
         if self.full:  # after `finished`, which takes the mark off: this stream never ran there
             self.dispatcher.refused_for_capacity(leg.agent_id)
 
-    def _take_now(self, leg: Leg, direct: DirectSend, item: DeltaFrame) -> bool:
+    def _take_now(self, channel: StreamChannel, item: DeltaFrame) -> bool:
         """The agent's delta sent to the client from the link's reader (False: not taken).
 
         Taken only while the stream has nothing else to do for it (no move under way) and
         the client keeps up: `_delta` would send it the same frame.
         """
-        stream = self.stream
+        stream, direct = self.stream, self.direct
         if (
-            self.mover is not None
+            direct is None
+            or self.mover is not None
             or self.following is not None
             or stream.repeating
             or stream.move.pacing
             or not direct.keeps_up()
         ):
             return False
-        receipt = self._hold(leg, item)
+        receipt = self._hold(channel, item)
         direct.send_now(
             client_delta_json(
                 item, stream.request.id, with_ids=stream.request.want_ids, receipt=receipt
@@ -263,14 +265,13 @@ class _Relay:
             item = repeated.beyond  # the rest of its delta: the client's next tokens
         if (pace := stream.pace()) is not None:  # a move's last round is catching up
             await self._carry_out(leg, pace)
-        receipt = self._hold(leg, item)
+        receipt = self._hold(leg.channel, item)
         return client_delta(
             item, stream.request.id, with_ids=stream.request.want_ids, receipt=receipt
         )
 
-    def _hold(self, leg: Leg, item: DeltaFrame) -> str | None:
+    def _hold(self, channel: StreamChannel, item: DeltaFrame) -> str | None:
         """The agent's delta held by the stream; the receipt the client's frame of it carries."""
-        channel = leg.channel
         return self.stream.on_delta(
             item,
             monotonic=time.monotonic(),

@@ -225,7 +225,7 @@ async def test_a_wait_for_the_next_push_tells_whether_one_came_and_reads_nothing
 async def test_a_waiting_reader_takes_deltas_at_once_and_reads_what_comes_after_them() -> None:
     channel = WaitedChannel()
     taken: list[DeltaFrame] = []
-    channel.take_now = lambda frame: taken.append(frame) is None
+    channel.take_now = lambda _channel, frame: taken.append(frame) is None
     channel.push(delta("a", [1]))  # nobody waits yet: queued
     items = channel.items()
     assert await anext(items) == delta("a", [1])
@@ -248,7 +248,7 @@ async def test_a_delta_not_taken_at_once_is_read_and_so_is_all_that_follows_it()
     channel = WaitedChannel()
     offered: list[str] = []
 
-    def decline(frame: DeltaFrame) -> bool:
+    def decline(_channel: StreamChannel, frame: DeltaFrame) -> bool:
         offered.append(frame.text)
         return False
 
@@ -257,7 +257,7 @@ async def test_a_delta_not_taken_at_once_is_read_and_so_is_all_that_follows_it()
     reading = asyncio.create_task(anext(items))
     await reader_waits(channel)
     channel.push(delta("a", [1]))
-    channel.take_now = lambda _frame: True
+    channel.take_now = lambda _channel, _frame: True
     channel.push(delta("b", [2]))  # "a" is unread: not offered, merged after it
     assert await reading == delta("ab", [1, 2])
     channel.merge_deltas = False
@@ -274,7 +274,7 @@ async def test_deltas_taken_at_once_keep_a_stream_from_stalling() -> None:
     loop = asyncio.get_running_loop()
     channel = StreamChannel()
     taken: list[DeltaFrame] = []
-    channel.take_now = lambda frame: taken.append(frame) is None
+    channel.take_now = lambda _channel, frame: taken.append(frame) is None
     items = channel.items(stall_seconds)
     for step, token in enumerate((1, 2, 3), start=1):  # each within the stall of the last
         loop.call_later(step * stall_seconds / 2, channel.push, delta("x", [token]))

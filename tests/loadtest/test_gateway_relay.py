@@ -65,3 +65,16 @@ def test_goals_are_judged_from_the_rows() -> None:
     assert "+1.0 vs +24.0 ms: 24.0× lower" in lines  # 1 stream: a real ratio
     assert "ours -10.0 ms (nothing added) vs +320.0 ms" in lines  # offload: no ratio to take
     assert "relay throughput" not in lines  # no 1000-stream rows
+
+
+def test_the_1000_stream_goals_are_judged_per_transport() -> None:
+    results = _results(
+        1000, {"direct": 80, "gateway": 70, "litellm": 400, "direct ws": 50, "gateway ws": 53}
+    )
+    results[("gateway", 1000)] = [_sample(70, tokens_per_second=900.0)] * 3
+    lines = "\n".join(goal_lines({1000: path_stats(results, 1000, PATHS)}))
+    # 3 × 2000 tokens over 1.5 CPU-seconds: 4,000 a CPU-second; the own p99 bucket is 2 ms.
+    assert "(SSE): relayed tokens per gateway CPU-second ≥ 50,000: **4,000** (not met)" in lines
+    assert "900 vs 1,000 tok/s, **90%** (not met)" in lines
+    assert "1,000 vs 1,000 tok/s, **100%** (met)" in lines
+    assert lines.count("TTFT p99 ≤ 10 ms: **≤ 2 ms** (met)") == 2

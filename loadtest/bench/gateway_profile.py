@@ -1,0 +1,184 @@
+"""Where the gateway's CPU goes at 1,000 streams: its samples by stage, taken by py-spy.
+
+    python -m loadtest.bench.gateway_profile [--concurrency 1000] [--seconds 20]
+                                             [--transport ws sse] [--write FILE]
+
+The gateway relay benchmark's stack (loadtest/bench/gateway_relay.py: one agent with the
+**synthetic engine**, the gateway on its own CPUs); clients stream 32-token replies back to
+back while py-spy samples the gateway's Python stacks (250 a second, pausing it for each) for
+`--seconds`, once per transport. Reported: the share of the samples spent within each stage
+of a stream's way through the gateway (a sample inside a stage nested in another counts for
+both), and the functions that most samples were in themselves. Native code (uvloop's socket
+work, pydantic's validation) counts for the Python function that called it; the event loop's
+own work is the samples with no Python frame but its `run`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import aiohttp
+
+from loadtest.bench.gateway_relay import relay_stack, requests_per_client, stream_seconds
+from loadtest.bench.harness import Server, print_log_tails, split_cpus, timed_run, wait_ready
+from loadtest.bench.report import machine_facts, publish
+
+MAX_TOKENS = 32
+SAMPLES_PER_SECOND = 250
+TOP_FUNCTIONS = 12
+STAGES = (
+    ("agent frames read (the link's reader)", "AgentLink._read "),
+    ("· parsed (parse_frame)", "parse_frame "),
+    ("· sent to the client at once (take_now)", "_Relay._take_now "),
+    ("streams' relays (their tasks)", "start_stream.<locals>.run "),
+    ("· placing a stream (dispatcher, agent)", "_Relay.place "),
+    ("· deltas through the relay", "_Relay._delta "),
+    ("SSE streams (their handlers)", "_openai "),
+    ("client frames read (the socket's loop)", "serve_websocket "),
+    ("event loop and sockets (no Python frame)", None),
+)
+
+
+def py_spy() -> Path:
+    """The py-spy beside this Python (the dev install puts it there)."""
+    binary = Path(sys.executable).with_name("py-spy")
+    if not binary.exists():
+        raise SystemExit(f"py-spy is not installed at {binary}: make install")
+    return binary
+
+
+async def profile(server: Server, concurrency: int, seconds: float, out: Path) -> None:
+    """Sample the gateway while `concurrency` clients stream back to back on `server`."""
+    timeout = aiohttp.ClientTimeout(total=600)
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
+        await wait_ready(http, server, "/readyz")
+        await timed_run(http, server, 2, 1, 4)  # links and pools open before sampling
+        sampler = await asyncio.create_subprocess_exec(
+            str(py_spy()),
+            "record",
+            "--pid",
+            str(server.process.pid),
+            "--rate",
+            str(SAMPLES_PER_SECOND),
+            "--duration",
+            str(round(seconds)),
+            "--format",
+            "raw",
+            "--output",
+            str(out),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        sampling = asyncio.create_task(sampler.wait())
+        while not sampling.done():
+            await timed_run(
+                http,
+                server,
+                concurrency,
+                requests_per_client(concurrency),
+                MAX_TOKENS,
+                stream_seconds(MAX_TOKENS),
+            )
+        if await sampling != 0:
+            raise RuntimeError(f"py-spy failed ({sampler.returncode}); it needs ptrace rights")
+
+
+def stage_shares(raw: str) -> tuple[int, dict[str, float], list[tuple[str, float]]]:
+    """Samples, each stage's share of them, and the functions most samples were in."""
+    total = 0
+    within: Counter[str] = Counter()
+    own: Counter[str] = Counter()
+    for line in raw.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack:
+            continue
+        samples = int(count)
+        total += samples
+        frames = stack.split(";")
+        own[frames[-1]] += samples
+        loop_only = frames[-1].startswith(("Runner.run ", "run (uvloop"))
+        for label, marker in STAGES:
+            if loop_only if marker is None else any(f.startswith(marker) for f in frames):
+                within[label] += samples
+    shares = {label: 100 * within[label] / max(1, total) for label, _ in STAGES}
+    top = [(name, 100 * n / max(1, total)) for name, n in own.most_common(TOP_FUNCTIONS)]
+    return total, shares, top
+
+
+def render(results: dict[str, str], concurrency: int, seconds: float) -> str:
+    """The section of docs/benchmarks.md: stages by transport, then the top functions."""
+    parsed = {transport: stage_shares(raw) for transport, raw in results.items()}
+    transports = list(parsed)
+    lines = [
+        "## Gateway CPU profile at 1,000 streams (synthetic engine)",
+        "",
+        f"Command: `python -m loadtest.bench.gateway_profile --write docs/benchmarks.md`. "
+        f"The gateway relay benchmark's stack; {concurrency} clients streaming {MAX_TOKENS}-token "
+        f"replies back to back, sampled by py-spy for {seconds:.0f} s per transport "
+        f"({SAMPLES_PER_SECOND} samples a second). *Share*: of the gateway's samples, those "
+        "within the stage (a `·` stage lies within the one above it). Native code counts "
+        "for the Python function that called it.",
+        f"Machine: {machine_facts(['aiohttp', 'pydantic', 'uvloop'])}.",
+        "",
+        "| stage | " + " | ".join(f"{t} share" for t in transports) + " |",
+        "|---|" + "---|" * len(transports),
+    ]
+    for label, _ in STAGES:
+        shares = " | ".join(f"{parsed[t][1][label]:.1f} %" for t in transports)
+        lines.append(f"| {label} | {shares} |")
+    samples = ", ".join(f"{parsed[t][0]:,} ({t})" for t in transports)
+    lines += ["", f"Samples: {samples}.", ""]
+    for transport in transports:
+        lines += [
+            f"Functions most {transport} samples were in themselves:",
+            "",
+            "| function | share |",
+            "|---|---|",
+        ]
+        lines += [f"| `{name}` | {share:.1f} % |" for name, share in parsed[transport][2]]
+        lines.append("")
+    return "\n".join(lines).rstrip()
+
+
+def main() -> None:
+    """Profile the gateway for each transport and print (and optionally write) the section."""
+    parser = argparse.ArgumentParser(description="the gateway's CPU profile under load")
+    parser.add_argument("--concurrency", type=int, default=1000)
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--transport", nargs="+", choices=("ws", "sse"), default=["ws", "sse"])
+    parser.add_argument("--write", type=Path)
+    args = parser.parse_args()
+    started = time.perf_counter()
+    client_cpus, relay_cpus = split_cpus()
+    os.sched_setaffinity(0, client_cpus)
+    results: dict[str, str] = {}
+    with tempfile.TemporaryDirectory(prefix="spotgate-bench-") as scratch:
+        logs = Path(scratch)
+
+        async def run() -> None:
+            async with relay_stack(logs, None, client_cpus, relay_cpus) as servers:
+                for transport in args.transport:
+                    out = logs / f"profile-{transport}.txt"
+                    server = servers["gateway ws" if transport == "ws" else "gateway"]
+                    await profile(server, args.concurrency, args.seconds, out)
+                    results[transport] = out.read_text()
+
+        try:
+            asyncio.run(run())
+        except (RuntimeError, TimeoutError):
+            print_log_tails(logs)
+            raise
+    publish(render(results, args.concurrency, args.seconds), "gateway-profile", args.write, started)
+
+
+if __name__ == "__main__":
+    main()
