@@ -44,6 +44,7 @@ MAX_AGENT_FRAME_BYTES = 16 * 1024 * 1024
 TOKEN_REFRESH_MARGIN_SECONDS = 120.0
 MAX_STREAM_BACKLOG_TOKENS = 16_384
 """Tokens a stream may hold for its client: minutes of a real engine's output unread."""
+RELAY_FAILED = "the gateway failed to relay this stream"
 
 log = get_logger(__name__)
 
@@ -141,7 +142,7 @@ class StreamChannel:
         self._wait_started = 0.0  # the loop's time when the reader's latest wait began
         self._stall_timer: asyncio.TimerHandle | None = None
         self.closed = False
-        self.overflowed = False  # the client did not read: the agent must be told to stop
+        self.overflowed = False  # the client did not read (or a fault): the agent must stop it
         # Off while each delta must stay as the agent sent it (a move's token boundaries).
         self.merge_deltas = True
         self.sent_at = time.monotonic()
@@ -199,10 +200,19 @@ class StreamChannel:
         previous, wait_started = self.delta_arrived_at, self._wait_started
         # The loop's clock is time.monotonic's (asyncio's; uvloop's, to the millisecond).
         self.delta_arrived_at = self._wait_started = arrived_at
-        if take_now(self, delta):
+        try:
+            taken = take_now(self, delta)
+        except Exception:  # a fault of this stream's: it ends, the link's other streams go on
+            log.exception(
+                "sending a delta at once failed; the stream ends", agent_stream_id=delta.id
+            )
+            self.take_now = None
+            self.overflowed = True  # its agent is told to stop it
+            self.push(ErrorFrame(id=delta.id, code=ErrorCode.INTERNAL, message=RELAY_FAILED))
             return True
-        self.delta_arrived_at, self._wait_started = previous, wait_started
-        return False
+        if not taken:
+            self.delta_arrived_at, self._wait_started = previous, wait_started
+        return taken
 
     @property
     def reader_waiting(self) -> bool:
@@ -427,7 +437,8 @@ class AgentLink:
                     overflowed = self._deliver(text)
                     if overflowed is not None:
                         log.warning(
-                            "client not reading; stream stopped", agent_stream_id=overflowed
+                            "stream stopped (its client did not read, or it failed)",
+                            agent_stream_id=overflowed,
                         )
                         with suppress(ConnectionResetError, aiohttp.ClientError):
                             await ws.send_str(encode_frame(CancelFrame(id=overflowed)))

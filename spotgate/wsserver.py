@@ -103,13 +103,13 @@ class FrameSocket:
             await self._writer.drain()
 
     def keeps_up(self) -> bool:
-        """Whether a frame may be sent now without waiting: the peer reads what it is sent."""
+        """Whether a frame may be sent now without waiting (`WRITE_BUFFER_HIGH_BYTES` unsent)."""
         transport = self._transport
         return (
             transport is not None
             and not self.ws.closed
             and not self.ws.compress
-            and transport.get_write_buffer_size() <= WRITE_BUFFER_HIGH_BYTES
+            and self._pending_bytes + transport.get_write_buffer_size() <= WRITE_BUFFER_HIGH_BYTES
         )
 
     def send_now(self, frame_json: bytes) -> None:

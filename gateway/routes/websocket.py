@@ -53,7 +53,7 @@ async def websocket(request: web.Request) -> web.StreamResponse:
             state, request, credential, state.authenticator.authenticate
         ),
         refusal=lambda frame, principal: stream_refusal(state, frame, principal),
-        start=lambda frame, principal, send: start_stream(state, frame, principal, send),
+        start=lambda frame, principal, socket: start_stream(state, frame, principal, socket),
     )
     return await serve_websocket(
         request,

@@ -281,3 +281,23 @@ async def test_deltas_taken_at_once_keep_a_stream_from_stalling() -> None:
 
     assert await anext(items) == StreamStalled(stall_seconds)
     assert [frame.ids for frame in taken] == [[1], [2], [3]]
+
+
+async def test_a_delta_that_fails_to_be_sent_at_once_ends_its_stream_alone() -> None:
+    """An error for the stream, whose agent is told to stop it; the link's reader goes on."""
+    channel = WaitedChannel()
+
+    def fail(_channel: StreamChannel, _frame: DeltaFrame) -> bool:
+        raise RuntimeError("a fault")
+
+    channel.take_now = fail
+    items = channel.items()
+    reading = asyncio.create_task(anext(items))
+    await reader_waits(channel)
+    channel.push(delta("a", [1]))  # raises nothing here
+
+    error = await reading
+    assert isinstance(error, ErrorFrame)
+    assert (error.id, error.code) == ("s", ErrorCode.INTERNAL)
+    assert channel.overflowed
+    assert channel.closed
