@@ -98,7 +98,7 @@ class FrameSocket:
             with suppress(ConnectionResetError):
                 await self.ws.send_str(encode_frame(frame))
             return
-        self._queue(encode_frame(frame).encode())
+        self.send_now(encode_frame(frame).encode())
         if self._transport.get_write_buffer_size() > WRITE_BUFFER_HIGH_BYTES:
             await self._writer.drain()
 
@@ -112,11 +112,8 @@ class FrameSocket:
             and self._pending_bytes + transport.get_write_buffer_size() <= WRITE_BUFFER_HIGH_BYTES
         )
 
-    def send_now(self, frame_json: bytes) -> None:
-        """Queue a frame's JSON (`encode_frame`'s) for this turn's write; the socket `keeps_up`."""
-        self._queue(frame_json)
-
-    def _queue(self, data: bytes) -> None:
+    def send_now(self, data: bytes) -> None:
+        """Queue a frame's JSON (`encode_frame`'s) for this turn's write, without waiting."""
         if self._transport is None:
             raise RuntimeError("the socket has no transport")
         if self._lines:
