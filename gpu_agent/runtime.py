@@ -125,6 +125,8 @@ class AgentRuntime:
     phase: Phase = "loading"
     failure: str | None = None
     drain_deadline: float | None = None
+    # What a drain's deadline (epoch seconds, as IMDS gives it) is read against.
+    wall_clock: Callable[[], float] = time.time
     registered: bool = False
     streams: dict[Hashable, StreamHandle] = field(default_factory=dict)
     websockets: set[FrameSocket] = field(default_factory=set)
@@ -454,7 +456,7 @@ class AgentRuntime:
     async def _drain_until_empty(self, deadline: float) -> None:
         while self.streams:
             loads = [handle.load(key) for key, handle in self.streams.items()]
-            plan = plan_hand_back(loads, now=time.time(), deadline=deadline)
+            plan = plan_hand_back(loads, now=self.wall_clock(), deadline=deadline)
             for key in plan.end:
                 handle = self.streams.get(key)
                 if handle is not None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -136,27 +135,15 @@ async def test_a_vllm_stream_moved_before_the_break_equals_its_unmoved_run(
         await send(ws, {**request, "id": "moved"})
         frames = [await receive(ws)]
         assert serving(gateway) == {doomed.runtime.identity.agent_id}, frames  # type: ignore[union-attr]
-        frames.append(await receive(ws))
-        counted_from, since = sum(f.get("n", 0) for f in frames), time.monotonic()
-        # Its rate, over a tenth of a second or more of a fast machine's stream: over fewer
-        # tokens (a frame or two, as the gateway batches them) a pause of a few milliseconds
-        # read as half the rate, and the stream ended here before the break.
-        while sum(f.get("n", 0) for f in frames) < counted_from + 100:
+        while sum(f.get("n", 0) for f in frames) < 50:  # the agent knows the stream's rate
             frames.append(await receive(ws))
-        produced = sum(f.get("n", 0) for f in frames)
-        rate = (produced - counted_from) / (time.monotonic() - since)
-        # The notice leaves the stream less time before the drain's margin than its rest needs
-        # at this rate, whatever the machine's pace: the agent says `moving` and streams on,
-        # and the gateway opens its continuation on the other agent, which catches up with the
-        # client and takes the stream over within that window. Catching up takes about five of
-        # the continuation's TTFTs (the client falls back a quarter gap a token): a third of
-        # the rest. A notice's time is in whole seconds, as AWS's is, so the deadline is the
-        # whole second after that: a fast machine's whole rest may be two seconds, and a
-        # deadline rounded down left the agent no time before its margin.
-        window = min(8.0, (request["max_tokens"] - produced) / rate / 3)
-        now = time.time()
-        deadline = math.ceil(now + HANDBACK_MARGIN_SECONDS + window)
-        await spot_notice(imds, in_seconds=deadline - now)
+        # The drain's clock stops half a second before the margin: the stream cannot finish
+        # by then at any rate, so the agent says `moving` and streams on, and the break never
+        # comes; the gateway's continuation on the other agent catches up with the client and
+        # takes the stream over (about five of its TTFTs, against the rest's 1,700 tokens).
+        deadline = await spot_notice(imds, in_seconds=HANDBACK_MARGIN_SECONDS + 600)
+        margin_at = math.floor(deadline) - HANDBACK_MARGIN_SECONDS  # IMDS says whole seconds
+        doomed.runtime.wall_clock = lambda: margin_at - 0.5
         await receive_to_end(ws, frames)
 
     assert frames[-1]["type"] == "done", frames[-1]
