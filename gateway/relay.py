@@ -77,7 +77,6 @@ from spotgate.protocol import (
     QueuedFrame,
     StartFrame,
     client_delta,
-    client_delta_json,
 )
 
 __all__ = ["ClientFrame", "DirectSend", "RelayOutcome", "relay_stream"]
@@ -88,14 +87,20 @@ ClientFrame = QueuedFrame | StartFrame | DeltaFrame | DoneFrame | ErrorFrame
 
 
 class DirectSend(Protocol):
-    """The client's socket, written to without waiting while it keeps up (a `FrameSocket`)."""
+    """The client's connection, written to without waiting while it keeps up.
+
+    A websocket's (`gateway.streams.SocketDeltas`) or an SSE response's
+    (`spotgate.openai_http.SseDeltas`).
+    """
 
     def keeps_up(self) -> bool:
-        """Whether a frame may be sent now without waiting."""
+        """Whether a delta may be sent now without waiting."""
         ...
 
-    def send_now(self, frame_json: bytes) -> None:
-        """Send a frame (its JSON, `encode_frame`'s) now, on a socket that keeps up."""
+    def send_delta(
+        self, delta: DeltaFrame, stream_id: str, *, with_ids: bool, receipt: str | None
+    ) -> None:
+        """Send the client the agent's `delta` as `client_delta` makes it, now."""
         ...
 
 
@@ -239,10 +244,8 @@ class _Relay:
         ):
             return False
         receipt = self._hold(channel, item)
-        direct.send_now(
-            client_delta_json(
-                item, stream.request.id, with_ids=stream.request.want_ids, receipt=receipt
-            )
+        direct.send_delta(
+            item, stream.request.id, with_ids=stream.request.want_ids, receipt=receipt
         )
         return True
 

@@ -25,7 +25,15 @@ from spotgate.admission import (
     gateway_refusal,
 )
 from spotgate.logging import bound_context
-from spotgate.protocol import DoneFrame, ErrorCode, ErrorFrame, GenerateFrame, Usage
+from spotgate.protocol import (
+    DeltaFrame,
+    DoneFrame,
+    ErrorCode,
+    ErrorFrame,
+    GenerateFrame,
+    Usage,
+    client_delta_json,
+)
 from spotgate.tenancy import frame_tenant_refusal
 from spotgate.wsserver import FrameSocket
 
@@ -42,6 +50,25 @@ class RelayHandle:
         # agents' streams, giving their slots back, charging the key) and cut it short.
         if not self.task.done() and not self.task.cancelling():
             self.task.cancel()
+
+
+@dataclass(frozen=True, slots=True)
+class SocketDeltas:
+    """A websocket client's deltas sent at once (`DirectSend`): spliced into its own frames."""
+
+    socket: FrameSocket
+
+    def keeps_up(self) -> bool:
+        """Whether the socket takes a frame now (`FrameSocket.keeps_up`)."""
+        return self.socket.keeps_up()
+
+    def send_delta(
+        self, delta: DeltaFrame, stream_id: str, *, with_ids: bool, receipt: str | None
+    ) -> None:
+        """Queue the client's frame of the agent's `delta` for this turn's write."""
+        self.socket.send_now(
+            client_delta_json(delta, stream_id, with_ids=with_ids, receipt=receipt)
+        )
 
 
 def resume_delivered(state: GatewayState, frame: GenerateFrame, principal: Principal) -> bool:
@@ -77,8 +104,8 @@ async def admitted_frames(
     """A stream's frames for its client: admitted against its key's limits, then relayed.
 
     The frame names the key's tenant from here on: routing matches its prompt within it, and
-    the agent salts its prefix cache with it. With `direct`, the client's socket, deltas may
-    go there at once instead (`relay_stream`).
+    the agent salts its prefix cache with it. With `direct`, the client's connection, deltas
+    may go there at once instead (`relay_stream`).
     """
     frame = frame.model_copy(update={"tenant": principal.tenant})
     state.dispatcher.weigh(principal.tenant, principal.weight)
@@ -169,7 +196,8 @@ def start_stream(
 
     async def run() -> None:
         try:
-            relayed = admitted_frames(state, frame, principal, outcome, direct=socket)
+            direct = SocketDeltas(socket)
+            relayed = admitted_frames(state, frame, principal, outcome, direct=direct)
             async with aclosing(relayed) as frames:
                 async for out in frames:
                     await socket.send(out)

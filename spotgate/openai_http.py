@@ -9,11 +9,11 @@ is sent in-band, as vLLM does.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import suppress
 from typing import TypeVar
 
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 from pydantic import BaseModel, ValidationError
 
 from spotgate.openai_api import validation_message
@@ -40,7 +40,7 @@ from spotgate.protocol import (
     ErrorFrame,
     TokenLogprob,
 )
-from spotgate.wsserver import json_error
+from spotgate.wsserver import WRITE_BUFFER_HIGH_BYTES, json_error
 
 RequestModel = TypeVar("RequestModel", bound=BaseModel)
 
@@ -67,6 +67,45 @@ async def read_body(
         return json_error(ErrorCode.INVALID_REQUEST, message, param=where)
 
 
+class SseDeltas:
+    """A streamed response's deltas written to its connection at once, while it keeps up.
+
+    The gateway's relay sends a delta here from the agent link's reader (`DirectSend`)
+    instead of waking the request's handler to write it. Open once the handler has written
+    the response's first chunk (aiohttp sends the headers with it) and only for a reply whose
+    deltas are chunks of their own (not a forced tool call's): each is then one HTTP/1.1
+    chunk, framed as aiohttp frames them, written to the transport in order with the
+    handler's own writes. An HTTP/1.0 response is not chunked, and never open.
+    """
+
+    def __init__(self, request: web.Request) -> None:
+        self._transport = request.transport if request.version >= HttpVersion11 else None
+        self._encode: Callable[[DeltaFrame], bytes] | None = None
+
+    def open(self, encode: Callable[[DeltaFrame], bytes]) -> None:
+        """Send deltas at once from now on, as `encode` makes their events."""
+        self._encode = encode
+
+    def keeps_up(self) -> bool:
+        """Whether open, and the connection holds `WRITE_BUFFER_HIGH_BYTES` unsent at most."""
+        transport = self._transport
+        return (
+            self._encode is not None
+            and transport is not None
+            and not transport.is_closing()
+            and transport.get_write_buffer_size() <= WRITE_BUFFER_HIGH_BYTES
+        )
+
+    def send_delta(
+        self, delta: DeltaFrame, stream_id: str, *, with_ids: bool, receipt: str | None
+    ) -> None:
+        """Write the agent's `delta` as the response's events (no ids or receipts in SSE)."""
+        if self._encode is None or self._transport is None:
+            raise RuntimeError("deltas sent to an SSE response not open for them")
+        if events := self._encode(delta):
+            self._transport.write(b"%x\r\n%b\r\n" % (len(events), events))
+
+
 async def queued_frames(queue: asyncio.Queue[AnyFrame]) -> AsyncIterator[AnyFrame]:
     """Frames put on `queue` by a stream, up to its `done` or `error`."""
     while True:
@@ -86,8 +125,12 @@ async def respond(
     stream: bool,
     include_usage: bool,
     forced: ForcedTools | None = None,
+    direct: SseDeltas | None = None,
 ) -> web.StreamResponse:
-    """The OpenAI response for a stream's frames (`forced`: a reply that must call tools)."""
+    """The OpenAI response for a stream's frames (`forced`: a reply that must call tools).
+
+    With `direct`, the stream's deltas after the first may be written there instead.
+    """
     if not stream:
         return await _collect(frames, kind=kind, cid=cid, model=model, forced=forced)
     response = web.StreamResponse(
@@ -115,9 +158,12 @@ async def respond(
                         await response.write(chunks.first("") + _delta_chunks(chunks, frame))
                     else:
                         await response.write(chunks.first(shown_text(frame), frame.logprobs))
-                    continue  # the role and the first token in one write
                 else:
                     await response.write(chunks.first(""))
+                if direct is not None and forced is None:
+                    direct.open(lambda delta: _delta_chunks(chunks, delta))
+                if isinstance(frame, DeltaFrame) and forced is None:
+                    continue  # the role and the first token in one write
             if isinstance(frame, DeltaFrame):
                 if forced is not None:
                     calls_text.append(frame.text)
@@ -197,8 +243,12 @@ async def respond_response(
     writer: ResponseWriter,
     *,
     stream: bool,
+    direct: SseDeltas | None = None,
 ) -> web.StreamResponse:
-    """The Responses API's answer to a stream's frames: one `response` object, or its events."""
+    """The Responses API's answer to a stream's frames: one `response` object, or its events.
+
+    With `direct`, the stream's deltas after the first may be written there instead.
+    """
     response = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
@@ -222,6 +272,8 @@ async def respond_response(
                 await response.write(writer.opening(reasons=reasons))
             if isinstance(frame, DeltaFrame):
                 await response.write(writer.delta(shown_text(frame), frame.reasoning))
+                if direct is not None:
+                    direct.open(lambda delta: writer.delta(shown_text(delta), delta.reasoning))
             elif isinstance(frame, ErrorFrame):
                 await response.write(
                     writer.error(frame.code, frame.message, responses_param(frame.param))

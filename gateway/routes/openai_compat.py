@@ -11,7 +11,7 @@ from gateway.relay import RelayOutcome
 from gateway.state import STATE
 from gateway.streams import admitted_frames, stream_refusal
 from spotgate.openai_api import ChatCompletionRequest, CompletionRequest
-from spotgate.openai_http import read_body, respond, respond_response
+from spotgate.openai_http import SseDeltas, read_body, respond, respond_response
 from spotgate.openai_replies import ForcedTools, completion_id
 from spotgate.openai_response_writer import ResponseWriter, response_id
 from spotgate.openai_responses import ResponsesRequest, responses_param
@@ -77,7 +77,10 @@ async def _openai(
         return json_error(refusal.code, refusal.message, param=refusal.param)
     # The handler drives the relay itself (no task, no queue between them): if the client
     # goes away, the failed write ends the handler and `aclosing` cancels the agent's stream.
-    async with aclosing(admitted_frames(state, frame, principal, RelayOutcome())) as frames:
+    # Deltas that come while the client keeps up are written from the agent link's reader.
+    direct = SseDeltas(request) if body.stream else None
+    relayed = admitted_frames(state, frame, principal, RelayOutcome(), direct=direct)
+    async with aclosing(relayed) as frames:
         return await respond(
             request,
             frames,
@@ -87,6 +90,7 @@ async def _openai(
             stream=body.stream,
             include_usage=body.include_usage,
             forced=ForcedTools.of(frame),
+            direct=direct,
         )
 
 
@@ -105,8 +109,10 @@ async def responses(request: web.Request) -> web.StreamResponse:
     if refusal is not None:
         return json_error(refusal.code, refusal.message, param=responses_param(refusal.param))
     writer = ResponseWriter(body, rid, ForcedTools.of(frame))
-    async with aclosing(admitted_frames(state, frame, principal, RelayOutcome())) as frames:
-        return await respond_response(request, frames, writer, stream=body.stream)
+    direct = SseDeltas(request) if body.stream else None
+    relayed = admitted_frames(state, frame, principal, RelayOutcome(), direct=direct)
+    async with aclosing(relayed) as frames:
+        return await respond_response(request, frames, writer, stream=body.stream, direct=direct)
 
 
 def setup_openai_compat(app: web.Application) -> None:

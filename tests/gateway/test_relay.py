@@ -24,7 +24,7 @@ from spotgate.protocol import (
     StartFrame,
     Timings,
     Usage,
-    parse_frame,
+    client_delta,
 )
 from spotgate.registry import AgentRecord, AgentState
 from spotgate.settings import QueueSettings
@@ -151,10 +151,10 @@ class ClientSocket:
     def keeps_up(self) -> bool:
         return self.keeping_up
 
-    def send_now(self, frame_json: bytes) -> None:
-        frame = parse_frame(frame_json, origin="server")
-        assert isinstance(frame, DeltaFrame)
-        self.sent.append(frame)
+    def send_delta(
+        self, delta: DeltaFrame, stream_id: str, *, with_ids: bool, receipt: str | None
+    ) -> None:
+        self.sent.append(client_delta(delta, stream_id, with_ids=with_ids, receipt=receipt))
 
 
 @dataclass
