@@ -86,6 +86,10 @@ class SseDeltas:
         """Send deltas at once from now on, as `encode` makes their events."""
         self._encode = encode
 
+    def close(self) -> None:
+        """Send nothing more at once: the response's end is being written."""
+        self._encode = None
+
     def keeps_up(self) -> bool:
         """Whether open, and the connection holds `WRITE_BUFFER_HIGH_BYTES` unsent at most."""
         transport = self._transport
@@ -171,24 +175,39 @@ async def respond(
                         await response.write(chunks.tool_arguments(frame.text))
                 elif written := _delta_chunks(chunks, frame):
                     await response.write(written)
-            elif isinstance(frame, ErrorFrame):
-                await response.write(sse_event(error_body(frame.code, frame.message, frame.param)))
             else:
-                finish_reason = openai_finish_reason(frame)
-                if forced is not None:
-                    await response.write(_forced_ending(chunks, forced, "".join(calls_text)))
-                    finish_reason = forced.finish_reason(frame, "".join(calls_text))
-                elif (own := own_tool_calls(frame)) is not None:
-                    await response.write(chunks.tool_calls(own))
-                    finish_reason = "tool_calls"
-                await response.write(chunks.finish(finish_reason))
-                if include_usage:
-                    await response.write(chunks.usage(usage_body(frame)))
+                # The stream's last events and the chunked body's end in one write.
+                if direct is not None:
+                    direct.close()
+                if isinstance(frame, ErrorFrame):
+                    ending = sse_event(error_body(frame.code, frame.message, frame.param))
+                else:
+                    ending = _ending(chunks, frame, forced, "".join(calls_text), include_usage)
+                await response.write_eof(ending + SSE_DONE)
         if not started:
             return json_error(ErrorCode.INTERNAL, "stream ended without a result")
-        await response.write(SSE_DONE)
-        await response.write_eof()
+        await response.write_eof(SSE_DONE)  # nothing when written above
     return response
+
+
+def _ending(
+    chunks: ChunkEncoder,
+    done: DoneFrame,
+    forced: ForcedTools | None,
+    calls_text: str,
+    include_usage: bool,
+) -> bytes:
+    """A finished reply's last chunks: a forced reply's or its own tool calls, finish, usage."""
+    finish_reason = openai_finish_reason(done)
+    ending = b""
+    if forced is not None:
+        ending = _forced_ending(chunks, forced, calls_text)
+        finish_reason = forced.finish_reason(done, calls_text)
+    elif (own := own_tool_calls(done)) is not None:
+        ending = chunks.tool_calls(own)
+        finish_reason = "tool_calls"
+    ending += chunks.finish(finish_reason)
+    return ending + chunks.usage(usage_body(done)) if include_usage else ending
 
 
 def _delta_chunks(chunks: ChunkEncoder, delta: DeltaFrame) -> bytes:
@@ -274,13 +293,15 @@ async def respond_response(
                 await response.write(writer.delta(shown_text(frame), frame.reasoning))
                 if direct is not None:
                     direct.open(lambda delta: writer.delta(shown_text(delta), delta.reasoning))
-            elif isinstance(frame, ErrorFrame):
-                await response.write(
-                    writer.error(frame.code, frame.message, responses_param(frame.param))
-                )
-            else:
-                await response.write(writer.closing(frame))
+            else:  # the last events and the chunked body's end in one write
+                if direct is not None:
+                    direct.close()
+                if isinstance(frame, ErrorFrame):
+                    param = responses_param(frame.param)
+                    await response.write_eof(writer.error(frame.code, frame.message, param))
+                else:
+                    await response.write_eof(writer.closing(frame))
         if not response.prepared:
             return json_error(ErrorCode.INTERNAL, "stream ended without a result")
-        await response.write_eof()
+        await response.write_eof()  # nothing when written above
     return response

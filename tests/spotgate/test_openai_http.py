@@ -60,17 +60,33 @@ async def responses(
 
 
 async def events(
-    aiohttp_client: ClientFactory, route: Route, *, at_once: bool, version: str = "1.1"
+    aiohttp_client: ClientFactory,
+    route: Route,
+    *,
+    at_once: bool,
+    version: str = "1.1",
+    writes: list[bytes] | None = None,
 ) -> tuple[list[dict[str, Any]], list[bool]]:
     """The response's events, and whether its direct path kept up before and after each send.
 
+    `writes`: where the server's writes to the connection are kept, if given.
     `at_once`: every delta after the first is sent through `SseDeltas` while the handler
     waits for its next frame, as the gateway's relay does; otherwise through the handler.
     """
     kept_up: list[bool] = []
+    writes = writes if writes is not None else []
 
     async def handler(request: web.Request) -> web.StreamResponse:
         direct = SseDeltas(request) if at_once else None
+        transport = request.transport
+        assert transport is not None
+        write = transport.write
+
+        def kept(data: bytes | bytearray | memoryview) -> None:
+            writes.append(bytes(data))
+            write(data)
+
+        transport.write = kept  # type: ignore[method-assign]
 
         async def frames() -> AsyncIterator[AnyFrame]:
             yield StartFrame(id="s", agent="a")
@@ -137,3 +153,21 @@ async def test_an_http_1_0_response_is_never_written_at_once(
 
     assert at_once == through_handler
     assert kept_up == [False] * len(TEXTS)
+
+
+@pytest.mark.parametrize("route", [chat, responses], ids=["chat completion", "Responses API"])
+async def test_a_reply_s_last_events_and_the_body_s_end_go_out_in_one_write(
+    aiohttp_client: ClientFactory, route: Route
+) -> None:
+    """The finish, the usage, `[DONE]` (chat) and the final empty chunk: one write, not four."""
+    writes: list[bytes] = []
+    await events(aiohttp_client, route, at_once=True, writes=writes)
+
+    last = writes[-1]
+    assert last.endswith(b"\r\n0\r\n\r\n")
+    if route is chat:
+        assert b'"finish_reason":"stop"' in last
+        assert b'"usage":' in last
+        assert b"data: [DONE]" in last
+    else:
+        assert b"response.completed" in last
