@@ -71,11 +71,13 @@ class SseDeltas:
     """A streamed response's deltas written to its connection at once, while it keeps up.
 
     The gateway's relay sends a delta here from the agent link's reader (`DirectSend`)
-    instead of waking the request's handler to write it. Open once the handler has written
-    the response's first chunk (aiohttp sends the headers with it) and only for a reply whose
-    deltas are chunks of their own (not a forced tool call's): each is then one HTTP/1.1
-    chunk, framed as aiohttp frames them, written to the transport in order with the
-    handler's own writes. An HTTP/1.0 response is not chunked, and never open.
+    instead of waking the request's handler to write it, only while the handler waits for
+    its next frame. Open once the handler has written the response's headers and first
+    chunk, and only for a reply whose deltas are events of their own (not a forced tool
+    call's chat or text completion): each is then one HTTP/1.1 chunk, framed as aiohttp
+    frames them, written to the transport in order with the handler's own writes. An
+    HTTP/1.0 response is not chunked, and never open. aiohttp's count of the body's bytes
+    (`body_length`) leaves these out.
     """
 
     def __init__(self, request: web.Request) -> None:

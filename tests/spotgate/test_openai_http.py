@@ -13,9 +13,18 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 
 from spotgate.openai_http import SseDeltas, respond, respond_response
+from spotgate.openai_replies import Kind
 from spotgate.openai_response_writer import ResponseWriter
 from spotgate.openai_responses import ResponsesRequest
-from spotgate.protocol import AnyFrame, DeltaFrame, DoneFrame, StartFrame, Timings, Usage
+from spotgate.protocol import (
+    AnyFrame,
+    DeltaFrame,
+    DoneFrame,
+    StartFrame,
+    Timings,
+    TokenLogprob,
+    Usage,
+)
 
 ClientFactory = Callable[[web.Application], Awaitable[TestClient[Any, Any]]]
 Route = Callable[[web.Request, AsyncIterator[AnyFrame], SseDeltas | None], Awaitable[Any]]
@@ -29,25 +38,35 @@ DONE = DoneFrame(
 )
 
 
-def delta(text: str) -> DeltaFrame:
-    """The agent's delta of one token carrying `text`."""
-    return DeltaFrame(id="agent-stream", text=text, n=1)
+def delta(text: str, with_logprobs: bool = False) -> DeltaFrame:
+    """The agent's delta of one token carrying `text` (and its logprob)."""
+    logprobs = [TokenLogprob(token=text, logprob=-0.5, top_logprobs=[])] if with_logprobs else None
+    return DeltaFrame(id="agent-stream", text=text, n=1, logprobs=logprobs)
 
 
-async def chat(
-    request: web.Request, frames: AsyncIterator[AnyFrame], direct: SseDeltas | None
-) -> web.StreamResponse:
-    """A streamed chat completion, with its usage."""
-    return await respond(
-        request,
-        frames,
-        kind="chat",
-        cid="chatcmpl-1",
-        model="m",
-        stream=True,
-        include_usage=True,
-        direct=direct,
-    )
+def completion(kind: Kind, include_usage: bool) -> Route:
+    """A streamed chat or text completion."""
+
+    async def route(
+        request: web.Request, frames: AsyncIterator[AnyFrame], direct: SseDeltas | None
+    ) -> web.StreamResponse:
+        return await respond(
+            request,
+            frames,
+            kind=kind,
+            cid="cmpl-1",
+            model="m",
+            stream=True,
+            include_usage=include_usage,
+            direct=direct,
+        )
+
+    return route
+
+
+chat = completion("chat", include_usage=True)
+# With logprobs (`delta`): each text chunk's offsets follow the last's.
+text_with_logprobs = completion("text", include_usage=False)
 
 
 async def responses(
@@ -63,21 +82,22 @@ async def events(
     aiohttp_client: ClientFactory,
     route: Route,
     *,
-    at_once: bool,
+    plan: str,
     version: str = "1.1",
     writes: list[bytes] | None = None,
 ) -> tuple[list[dict[str, Any]], list[bool]]:
-    """The response's events, and whether its direct path kept up before and after each send.
+    """The response's events, and whether its direct path kept up before each send.
 
-    `writes`: where the server's writes to the connection are kept, if given.
-    `at_once`: every delta after the first is sent through `SseDeltas` while the handler
-    waits for its next frame, as the gateway's relay does; otherwise through the handler.
+    The first delta goes through the handler; `plan` says how each later one goes: `d` to
+    `SseDeltas` while the handler waits for its next frame, as the gateway's relay sends it,
+    `h` through the handler. `writes`: where the server's writes are kept, if given.
     """
     kept_up: list[bool] = []
     writes = writes if writes is not None else []
+    with_logprobs = route is text_with_logprobs
 
     async def handler(request: web.Request) -> web.StreamResponse:
-        direct = SseDeltas(request) if at_once else None
+        direct = SseDeltas(request) if "d" in plan else None
         transport = request.transport
         assert transport is not None
         write = transport.write
@@ -92,14 +112,17 @@ async def events(
             yield StartFrame(id="s", agent="a")
             if direct is not None:
                 kept_up.append(direct.keeps_up())
-            yield delta(TEXTS[0])
-            for text in TEXTS[1:]:
-                if direct is not None and direct.keeps_up():
-                    kept_up.append(True)
-                    direct.send_delta(delta(text), "s", with_ids=False, receipt=None)
-                else:
-                    kept_up.append(False)
-                    yield delta(text)
+            yield delta(TEXTS[0], with_logprobs)
+            for text, way in zip(TEXTS[1:], plan, strict=True):
+                if way == "d":
+                    assert direct is not None
+                    kept_up.append(direct.keeps_up())
+                    if kept_up[-1]:
+                        direct.send_delta(
+                            delta(text, with_logprobs), "s", with_ids=False, receipt=None
+                        )
+                        continue
+                yield delta(text, with_logprobs)
             yield DONE
 
         response: web.StreamResponse = await route(request, frames(), direct)
@@ -132,24 +155,29 @@ async def events(
     return parsed, kept_up
 
 
-@pytest.mark.parametrize("route", [chat, responses], ids=["chat completion", "Responses API"])
+@pytest.mark.parametrize("plan", ["ddd", "dhd", "hdd"])
+@pytest.mark.parametrize(
+    "route",
+    [chat, text_with_logprobs, responses],
+    ids=["chat completion", "text completion with logprobs", "Responses API"],
+)
 async def test_deltas_written_at_once_make_the_events_the_handler_writes(
-    aiohttp_client: ClientFactory, route: Route
+    aiohttp_client: ClientFactory, route: Route, plan: str
 ) -> None:
-    through_handler, _ = await events(aiohttp_client, route, at_once=False)
-    at_once, kept_up = await events(aiohttp_client, route, at_once=True)
+    through_handler, _ = await events(aiohttp_client, route, plan="hhh")
+    at_once, kept_up = await events(aiohttp_client, route, plan=plan)
 
     assert at_once == through_handler
-    # Not before the response's first chunk (its headers go out with it); then each delta.
-    assert kept_up == [False, True, True, True]
+    # Not before the response's first chunk; then each delta sent at once.
+    assert kept_up == [False] + [True] * plan.count("d")
 
 
 async def test_an_http_1_0_response_is_never_written_at_once(
     aiohttp_client: ClientFactory,
 ) -> None:
     """Its body is not chunked: aiohttp's own writer frames it."""
-    through_handler, _ = await events(aiohttp_client, chat, at_once=False, version="1.0")
-    at_once, kept_up = await events(aiohttp_client, chat, at_once=True, version="1.0")
+    through_handler, _ = await events(aiohttp_client, chat, plan="hhh", version="1.0")
+    at_once, kept_up = await events(aiohttp_client, chat, plan="ddd", version="1.0")
 
     assert at_once == through_handler
     assert kept_up == [False] * len(TEXTS)
@@ -161,7 +189,7 @@ async def test_a_reply_s_last_events_and_the_body_s_end_go_out_in_one_write(
 ) -> None:
     """The finish, the usage, `[DONE]` (chat) and the final empty chunk: one write, not four."""
     writes: list[bytes] = []
-    await events(aiohttp_client, route, at_once=True, writes=writes)
+    await events(aiohttp_client, route, plan="ddd", writes=writes)
 
     last = writes[-1]
     assert last.endswith(b"\r\n0\r\n\r\n")
