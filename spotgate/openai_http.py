@@ -40,7 +40,7 @@ from spotgate.protocol import (
     ErrorFrame,
     TokenLogprob,
 )
-from spotgate.wsserver import WRITE_BUFFER_HIGH_BYTES, json_error
+from spotgate.wsserver import json_error, transport_keeps_up
 
 RequestModel = TypeVar("RequestModel", bound=BaseModel)
 
@@ -94,13 +94,7 @@ class SseDeltas:
 
     def keeps_up(self) -> bool:
         """Whether open, and the connection holds `WRITE_BUFFER_HIGH_BYTES` unsent at most."""
-        transport = self._transport
-        return (
-            self._encode is not None
-            and transport is not None
-            and not transport.is_closing()
-            and transport.get_write_buffer_size() <= WRITE_BUFFER_HIGH_BYTES
-        )
+        return self._encode is not None and transport_keeps_up(self._transport)
 
     def send_delta(
         self, delta: DeltaFrame, stream_id: str, *, with_ids: bool, receipt: str | None

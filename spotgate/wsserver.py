@@ -57,6 +57,18 @@ class AuthUnavailable(AuthRefused):
     retry_after = 5.0
 
 
+def transport_keeps_up(transport: asyncio.Transport | None, pending_bytes: int = 0) -> bool:
+    """Whether a connection takes more now: open, with `WRITE_BUFFER_HIGH_BYTES` unsent at most.
+
+    `pending_bytes`: what its sender holds for it, not yet written.
+    """
+    return (
+        transport is not None
+        and not transport.is_closing()
+        and pending_bytes + transport.get_write_buffer_size() <= WRITE_BUFFER_HIGH_BYTES
+    )
+
+
 def text_frame(payload: bytes) -> bytes:
     """`payload` as one unmasked websocket text frame (RFC 6455 §5.2)."""
     length = len(payload)
@@ -104,12 +116,10 @@ class FrameSocket:
 
     def keeps_up(self) -> bool:
         """Whether a frame may be sent now without waiting (`WRITE_BUFFER_HIGH_BYTES` unsent)."""
-        transport = self._transport
         return (
-            transport is not None
-            and not self.ws.closed
+            not self.ws.closed
             and not self.ws.compress
-            and self._pending_bytes + transport.get_write_buffer_size() <= WRITE_BUFFER_HIGH_BYTES
+            and transport_keeps_up(self._transport, self._pending_bytes)
         )
 
     def send_now(self, data: bytes) -> None:

@@ -25,6 +25,7 @@ from spotgate.protocol import (
     TokenLogprob,
     Usage,
 )
+from tests.support.transports import keep_writes
 
 ClientFactory = Callable[[web.Application], Awaitable[TestClient[Any, Any]]]
 Route = Callable[[web.Request, AsyncIterator[AnyFrame], SseDeltas | None], Awaitable[Any]]
@@ -98,15 +99,7 @@ async def events(
 
     async def handler(request: web.Request) -> web.StreamResponse:
         direct = SseDeltas(request) if "d" in plan else None
-        transport = request.transport
-        assert transport is not None
-        write = transport.write
-
-        def kept(data: bytes | bytearray | memoryview) -> None:
-            writes.append(bytes(data))
-            write(data)
-
-        transport.write = kept  # type: ignore[method-assign]
+        keep_writes(request, writes)
 
         async def frames() -> AsyncIterator[AnyFrame]:
             yield StartFrame(id="s", agent="a")

@@ -12,6 +12,7 @@ from aiohttp.test_utils import TestClient
 
 from spotgate.protocol import FRAME_LINES_SUBPROTOCOL, ErrorCode, ErrorFrame, encode_frame
 from spotgate.wsserver import FrameSocket, text_frame
+from tests.support.transports import keep_writes
 
 # Each length class of RFC 6455 §5.2: 7-bit, 16-bit and 64-bit payload lengths.
 MESSAGES = ["short", "m" * 300, "l" * 70_000]
@@ -26,22 +27,14 @@ def frame(message: str) -> ErrorFrame:
 
 
 async def serve(
-    aiohttp_client: ClientFactory, act: Act, writes: list[int], protocols: tuple[str, ...] = ()
+    aiohttp_client: ClientFactory, act: Act, writes: list[bytes], protocols: tuple[str, ...] = ()
 ) -> TestClient[Any, Any]:
-    """A server whose socket handler runs `act`, counting its transport's writes into `writes`."""
+    """A server whose socket handler runs `act`, keeping its transport's writes in `writes`."""
 
     async def handler(request: web.Request) -> web.WebSocketResponse:
         ws = web.WebSocketResponse(compress=True, protocols=protocols)
         socket = FrameSocket(ws, request, await ws.prepare(request))
-        transport = request.transport
-        assert transport is not None
-        write = transport.write
-
-        def counted(data: bytes | bytearray | memoryview) -> None:
-            writes.append(len(data))
-            write(data)
-
-        transport.write = counted  # type: ignore[method-assign]
+        keep_writes(request, writes)
         await act(socket)
         await ws.receive()  # until the client closes
         return ws
@@ -69,20 +62,20 @@ async def send_messages(socket: FrameSocket) -> None:
 async def test_frames_of_one_turn_go_out_in_one_write_in_order(
     aiohttp_client: ClientFactory,
 ) -> None:
-    writes: list[int] = []
+    writes: list[bytes] = []
 
     client = await serve(aiohttp_client, send_messages, writes)
     async with client.ws_connect("/ws", max_msg_size=0, compress=0) as ws:
         assert await received(ws) == MESSAGES
     expected = sum(len(text_frame(encode_frame(frame(m)).encode())) for m in MESSAGES)
-    assert writes[0] == expected  # one write for the three frames; the close frame follows
+    assert len(writes[0]) == expected  # one write for the three frames; the close frame follows
 
 
 async def test_a_peer_that_asks_gets_a_turns_frames_as_lines_of_one_bounded_message(
     aiohttp_client: ClientFactory,
 ) -> None:
     """One message for the turn, split before a frame that would take it past the bound."""
-    writes: list[int] = []
+    writes: list[bytes] = []
 
     client = await serve(
         aiohttp_client, send_messages, writes, protocols=(FRAME_LINES_SUBPROTOCOL,)
