@@ -285,10 +285,10 @@ async def respond_response(
                 await response.prepare(request)
                 reasons = isinstance(frame, DeltaFrame) and frame.reasoning is not None
                 await response.write(writer.opening(reasons=reasons))
+                if direct is not None:  # none is sent before this frame's own events are
+                    direct.open(lambda delta: writer.delta(shown_text(delta), delta.reasoning))
             if isinstance(frame, DeltaFrame):
                 await response.write(writer.delta(shown_text(frame), frame.reasoning))
-                if direct is not None:
-                    direct.open(lambda delta: writer.delta(shown_text(delta), delta.reasoning))
             else:  # the last events and the chunked body's end in one write
                 if direct is not None:
                     direct.close()
