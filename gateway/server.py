@@ -19,12 +19,15 @@ import aiohttp
 from aiohttp import WSCloseCode, web
 
 from gateway.auth import Authenticator
+from gateway.batch_worker import BatchWorker
 from gateway.demand import Published, current_demand, rows_due
 from gateway.dispatch import Dispatcher
 from gateway.limits import LimitStore
 from gateway.metrics import GatewayMetrics
 from gateway.receipts import ReceiptSigner
+from gateway.routes.batches import setup_batches
 from gateway.routes.chat_page import setup_chat_page, setup_security_headers
+from gateway.routes.files import setup_files
 from gateway.routes.health import serve_operations, setup_health
 from gateway.routes.openai_compat import setup_openai_compat
 from gateway.routes.tokens import setup_tokens
@@ -34,6 +37,7 @@ from gateway.signing import load_key_ring, publish_jwks
 from gateway.state import STATE, GatewayState, public_url, token_issuer
 from gateway.usage import USAGE_FLUSH_SECONDS, UsageMeter
 from gateway.vouching import RogueAgents
+from spotgate.file_store import FileStore
 from spotgate.logging import get_logger
 from spotgate.registry import Registry
 from spotgate.settings import MAX_REQUEST_BYTES, GatewaySettings
@@ -49,6 +53,8 @@ ROUTES: tuple[Callable[[web.Application], None], ...] = (
     setup_tokens,
     setup_websocket,
     setup_openai_compat,
+    setup_files,
+    setup_batches,
     setup_health,
 )
 """What adds the gateway's routes (and the headers on all it answers), in order."""
@@ -127,6 +133,7 @@ def create_app(
                 aiohttp.ClientSession(connector=connector)
             )
             registry = await resources.enter_async_context(Registry.open(settings.shared))
+            files = await resources.enter_async_context(FileStore.open(settings.shared))
             shared = None
             if settings.limit_store.url is not None:
                 shared = await resources.enter_async_context(
@@ -165,6 +172,8 @@ def create_app(
                 limits=LimitStore(settings, metrics, shared),
                 usage=UsageMeter(metrics),
                 receipts=ReceiptSigner(ring),
+                files=files,
+                uploads=asyncio.Semaphore(settings.batch.uploads_per_gateway),
             )
             app[STATE] = state
             tasks = [
@@ -175,6 +184,7 @@ def create_app(
                 asyncio.create_task(_publish_demand(state), name="demand"),
                 asyncio.create_task(state.limits.maintain_forever(), name="limit-store"),
                 asyncio.create_task(_flush_usage(state), name="usage"),
+                asyncio.create_task(BatchWorker(state, files).run_forever(), name="batches"),
             ]
             try:
                 yield

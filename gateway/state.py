@@ -18,6 +18,7 @@ from gateway.limits import LimitStore
 from gateway.metrics import GatewayMetrics
 from gateway.receipts import ReceiptSigner
 from gateway.usage import UsageMeter
+from spotgate.file_store import FileStore
 from spotgate.registry import Registry
 from spotgate.settings import TOKEN_TTL_MAX_SECONDS, GatewaySettings
 from spotgate.tokens import GATEWAY_SUBJECT_PREFIX, KeyRing, issue
@@ -69,11 +70,17 @@ class GatewayState:
     usage: UsageMeter
     # Receipts for the token ids clients hold, which their resumes bring back.
     receipts: ReceiptSigner
+    # The contents of files (`/v1/files`) and of batches' results.
+    files: FileStore
+    # Uploads read at once (`batch.uploads_per_gateway`): each is held whole while stored.
+    uploads: asyncio.Semaphore
     links: dict[str, AgentLink] = field(default_factory=dict)
     sockets: set[FrameSocket] = field(default_factory=set)
     active_streams: int = 0
     shutting_down: bool = False
     idle: asyncio.Event = field(default_factory=asyncio.Event)
+    # Set when a batch is created here: this replica's worker looks for it at once.
+    batch_created: asyncio.Event = field(default_factory=asyncio.Event)
 
     def agent_token(self) -> tuple[str, float]:
         """A token the gateway presents to agents (refreshed on the link before it expires)."""

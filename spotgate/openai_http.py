@@ -132,7 +132,7 @@ async def respond(
     With `direct`, the stream's deltas after the first may be written there instead.
     """
     if not stream:
-        return await _collect(frames, kind=kind, cid=cid, model=model, forced=forced)
+        return await collected(frames, kind=kind, cid=cid, model=model, forced=forced)
     response = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
@@ -221,7 +221,7 @@ def _forced_ending(chunks: ChunkEncoder, forced: ForcedTools, text: str) -> byte
     return chunks.tool_calls(calls) if calls is not None else chunks.content(text)
 
 
-async def _collect(
+async def collected(
     frames: AsyncIterator[AnyFrame],
     *,
     kind: Kind,
@@ -229,6 +229,7 @@ async def _collect(
     model: str,
     forced: ForcedTools | None = None,
 ) -> web.Response:
+    """A chat or text completion's one JSON body (`stream: false`), or its error's."""
     text: list[str] = []
     thinking: list[str] | None = None  # a reasoning model's
     logprobs: list[TokenLogprob] | None = None
@@ -264,6 +265,8 @@ async def respond_response(
 
     With `direct`, the stream's deltas after the first may be written there instead.
     """
+    if not stream:
+        return await collected_response(frames, writer)
     response = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
@@ -275,12 +278,6 @@ async def respond_response(
                 return json_error(frame.code, frame.message, frame.retry_after, param)
             if not isinstance(frame, DeltaFrame | DoneFrame | ErrorFrame):
                 continue  # queued / start: nothing to show an OpenAI client
-            if not stream:
-                if isinstance(frame, DeltaFrame):
-                    writer.delta(shown_text(frame), frame.reasoning)
-                    continue
-                if isinstance(frame, DoneFrame):
-                    return web.json_response(writer.body("completed", frame))
             if not response.prepared:
                 await response.prepare(request)
                 reasons = isinstance(frame, DeltaFrame) and frame.reasoning is not None
@@ -301,3 +298,18 @@ async def respond_response(
             return json_error(ErrorCode.INTERNAL, "stream ended without a result")
         await response.write_eof()  # nothing when written above
     return response
+
+
+async def collected_response(
+    frames: AsyncIterator[AnyFrame], writer: ResponseWriter
+) -> web.Response:
+    """The Responses API's one `response` object (`stream: false`), or its error's."""
+    async for frame in frames:
+        if isinstance(frame, DeltaFrame):
+            writer.delta(shown_text(frame), frame.reasoning)
+        elif isinstance(frame, ErrorFrame):
+            param = responses_param(frame.param)
+            return json_error(frame.code, frame.message, frame.retry_after, param)
+        elif isinstance(frame, DoneFrame):
+            return web.json_response(writer.body("completed", frame))
+    return json_error(ErrorCode.INTERNAL, "stream ended without a result")

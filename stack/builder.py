@@ -25,6 +25,7 @@ import aiohttp
 from pydantic import SecretStr
 
 from pool_manager.launches import vouch_for_agent
+from spotgate.file_store import FileStore
 from spotgate.process import Child, ChildExited, ChildProcesses, free_port, socket_port
 from spotgate.registry import CreatedApiKey, Registry, aws_session
 from spotgate.settings import (
@@ -209,8 +210,9 @@ class LocalStack:
                 http.post(f"{self._aws.endpoint_url}/moto-api/reset") as response,
             ):
                 response.raise_for_status()
-        async with Registry.open(self.shared) as registry:
+        async with Registry.open(self.shared) as registry, FileStore.open(self.shared) as files:
             await registry.create_tables()
+            await files.create_bucket()
             for key in self.spec.keys:
                 self.keys[key.name] = await registry.create_key(
                     key.name, tpm=key.tpm, max_tokens=key.max_tokens

@@ -1,4 +1,4 @@
-"""The DynamoDB registry: agents, launches, API keys, demand and usage (ARCHITECTURE.md).
+"""The DynamoDB registry: agents, launches, API keys, demand, usage, batches (ARCHITECTURE.md).
 
 Every read filters `expires_at > now`, because DynamoDB's TTL deletes lazily; how the agent
 life cycle holds with two writers racing is in `agents`.
@@ -8,7 +8,7 @@ It is assembled here from one module per concern, over the state in `base`:
 
 - `records`: the records, `AgentState` and the errors; `codec`: items to records and back;
 - `schema`: the tables and the `by_model` index; `agents`, `launches`, `keys`, `demand`,
-  `usage`: the operations on each table; `aws`: the AWS session.
+  `usage`, `batches`: the operations on each table; `aws`: the AWS session.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from botocore.config import Config
 from spotgate.registry.agents import AgentOperations, instance_agent_id
 from spotgate.registry.aws import aws_session
 from spotgate.registry.base import Clock
+from spotgate.registry.batches import BatchOperations, StoredObject, object_id
 from spotgate.registry.demand import POOL_TARGET_SOURCE, DemandOperations
 from spotgate.registry.keys import MAX_KEY_WEIGHT, ApiKeyOperations
 from spotgate.registry.launches import LaunchOperations, LaunchRecord
@@ -53,6 +54,7 @@ from spotgate.registry.records import (
 from spotgate.registry.schema import (
     BY_CHANGE_INDEX,
     BY_MODEL_INDEX,
+    BY_WORK_INDEX,
     FEED_FIELDS,
     TABLE_ACTIVE_TIMEOUT_SECONDS,
     TableSetup,
@@ -64,6 +66,7 @@ __all__ = [
     "BOOT_PHASES",
     "BY_CHANGE_INDEX",
     "BY_MODEL_INDEX",
+    "BY_WORK_INDEX",
     "FEED_FIELDS",
     "MAX_KEY_WEIGHT",
     "POOL_TARGET_SOURCE",
@@ -90,16 +93,19 @@ __all__ = [
     "PoolForecast",
     "Registry",
     "RegistryError",
+    "StoredObject",
     "UsageCounts",
     "UsageRow",
     "aws_session",
     "instance_agent_id",
     "minute_of",
+    "object_id",
 ]
 
 
 class Registry(
     AgentOperations,
+    BatchOperations,
     ApiKeyOperations,
     DemandOperations,
     LaunchOperations,

@@ -35,6 +35,9 @@ FEED_FIELDS = (
     "max_token_chars",
 )
 """What the change feed projects besides its keys: what routing reads of an agent."""
+BY_WORK_INDEX = "by_work"
+"""The batches still to be worked (sparse: only a batch not yet ended has `work`), which
+every gateway replica reads to find one whose lease has run out."""
 TABLE_ACTIVE_TIMEOUT_SECONDS = 60.0
 
 
@@ -60,7 +63,7 @@ class TableSetup(RegistryBase):
     """Creating the tables in the emulator (local stack, tests); in AWS the CDK stack does."""
 
     async def create_tables(self) -> None:
-        """Create the five tables (GSI, TTL) if missing; wait until they are active."""
+        """Create the six tables (GSI, TTL) if missing; wait until they are active."""
         tables = self._tables
         await self._create_table(
             tables.agents,
@@ -90,7 +93,14 @@ class TableSetup(RegistryBase):
         await self._create_table(
             tables.launches, key=[("agent_id", "HASH")], attributes={"agent_id": "S"}
         )
-        for name in (tables.agents, tables.demand, tables.usage):
+        # Files and batches per owning key (`object_id`: a file's or a batch's id).
+        await self._create_table(
+            tables.batches,
+            key=[("owner", "HASH"), ("object_id", "RANGE")],
+            attributes={"owner": "S", "object_id": "S", "work": "S"},
+            indexes=[Index(BY_WORK_INDEX, [("work", "HASH"), ("object_id", "RANGE")])],
+        )
+        for name in (tables.agents, tables.demand, tables.usage, tables.batches):
             await self._client.update_time_to_live(
                 TableName=name,
                 TimeToLiveSpecification={"Enabled": True, "AttributeName": "expires_at"},

@@ -21,6 +21,7 @@ from spotgate.settings.agent import (
 from spotgate.settings.environment import describe_validation_error, settings_env
 from spotgate.settings.gateway import (
     LOOPBACK_HOSTS,
+    BatchSettings,
     GatewaySettings,
     LimitStoreSettings,
     QueueSettings,
@@ -70,6 +71,7 @@ __all__ = [
     "TOKEN_TTL_MAX_SECONDS",
     "AgentSettings",
     "AwsSettings",
+    "BatchSettings",
     "Ec2PoolSettings",
     "EngineKind",
     "GatewaySettings",

@@ -103,6 +103,27 @@ class LimitStoreSettings(SettingsSection):
     retry_seconds: PositiveFloat = 2.0
 
 
+class BatchSettings(SettingsSection):
+    """The Files and Batch APIs: OpenAI's limits, and how each replica works the batches."""
+
+    # An uploaded file, at most (OpenAI's limit for a batch's input file is 200 MB).
+    max_file_bytes: PositiveInt = 200 * 1000 * 1000
+    # Requests in one batch, at most (OpenAI's).
+    max_requests: PositiveInt = 50_000
+    # Uploads one replica reads at once: each is held whole while it is checked.
+    uploads_per_gateway: PositiveInt = 2
+    # An upload not received in full within this long is answered 408.
+    upload_timeout_seconds: PositiveFloat = 600.0
+    # A batch's lines one replica runs at once, and only on capacity no interactive
+    # stream is waiting for.
+    streams_per_gateway: PositiveInt = 16
+    # How long a replica's claim on a batch lasts unless renewed: another replica takes
+    # the batch on this long after its worker died.
+    lease_seconds: PositiveFloat = 30.0
+    # How often each replica looks for batches no live replica works.
+    poll_seconds: PositiveFloat = 5.0
+
+
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
 
 
@@ -160,6 +181,7 @@ class GatewaySettings(BaseSettings):
     agent_connection_limit: PositiveInt = 1024
     max_streams_per_key: PositiveInt = 64
     limit_store: LimitStoreSettings = LimitStoreSettings()
+    batch: BatchSettings = BatchSettings()
     # On SIGTERM streams in flight get this long to finish before sockets close (GOING_AWAY);
     # a load balancer's deregistration delay should match it.
     shutdown_grace_seconds: Annotated[float, Field(ge=0)] = 30.0

@@ -69,6 +69,8 @@ class TableNames(SettingsSection):
     demand: str = "spotgate-demand"
     usage: str = "spotgate-usage"
     launches: str = "spotgate-launches"
+    # Files (`/v1/files`) and batches (`/v1/batches`): their records, leases and progress.
+    batches: str = "spotgate-batches"
 
 
 class RegistryTimings(SettingsSection):
@@ -91,6 +93,8 @@ class SharedSettings(BaseSettings):
     aws: AwsSettings = AwsSettings()
     tables: TableNames = TableNames()
     registry: RegistryTimings = RegistryTimings()
+    # The S3 bucket of the files' contents: uploads, and batches' output and error files.
+    files_bucket: str = "spotgate-files"
     log_level: LogLevel = "info"
     log_format: LogFormat = "auto"
 

@@ -18,6 +18,7 @@ from gateway.routes.health import OPS_PORT
 from gateway.server import create_app
 from gateway.state import STATE, GatewayState
 from gpu_agent.engine import Engine
+from spotgate.file_store import FileStore
 from spotgate.process import loopback_socket, serving_on_loopback, socket_port
 from spotgate.registry import AgentState, CreatedApiKey, Registry
 from spotgate.settings import (
@@ -93,6 +94,8 @@ async def running_gateway(
     }
     settings = GatewaySettings(**{**fields, **overrides})
     await ensure_tables(aws)
+    async with FileStore.open(aws.settings()) as files:  # the emulator's S3 is emptied each test
+        await files.create_bucket()
     app = create_app(settings, clock=clock)
     async with serving_on_loopback(app, sock):
         yield Gateway(url, app, signing_key)

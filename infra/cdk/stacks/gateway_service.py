@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+from typing import cast
 
-from aws_cdk import Annotations, Duration, RemovalPolicy
+from aws_cdk import Annotations, CfnElement, Duration, RemovalPolicy, Stack
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_ecs as ecs
 from aws_cdk import aws_elasticloadbalancingv2 as elbv2
@@ -12,7 +13,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
-from spotgate.registry import BY_CHANGE_INDEX
+from spotgate.registry import BY_CHANGE_INDEX, BY_WORK_INDEX
 from spotgate.settings import GatewaySettings, SharedSettings
 from spotgate.settings_env_names import env_name, env_names
 from stacks.common import (
@@ -40,6 +41,9 @@ SCALE_IN_COOLDOWN_SECONDS = 300
 ACCESS_LOG_DAYS = 90
 SIGNING_KEY_ENV = env_name(GatewaySettings, "token.signing_key_pem")
 KEEPALIVE_MARGIN_SECONDS = 60
+S3_ACCESS_LOGS_BY_POLICY = "@aws-cdk/aws-s3:serverAccessLogsUseBucketPolicy"
+"""The CDK feature flag by which S3 delivers access logs under the log bucket's policy, not its
+ACL: the log bucket disables ACLs (BUCKET_OWNER_ENFORCED)."""
 CONTAINER_HEALTH_COMMAND = (
     "import urllib.request; "
     f"urllib.request.urlopen('http://127.0.0.1:{OPS_PORT}{HEALTH_PATH}', timeout=3)"
@@ -64,8 +68,11 @@ class GatewayService(Construct):
         limit_store: LimitStore,
     ) -> None:
         super().__init__(scope, construct_id)
+        # Set before any child is made: a construct's context is read-only after.
+        self.node.set_context(S3_ACCESS_LOGS_BY_POLICY, True)
         self.log_group = log_group(self, "Logs", config.log_retention_days)
         self.access_logs = self._access_logs()
+        self.files = self._files()
         self.load_balancer = self._load_balancer(config, vpc)
         host = config.gateway_domain or self.load_balancer.load_balancer_dns_name
         self.public_url = config.gateway_url(host)
@@ -78,6 +85,7 @@ class GatewayService(Construct):
         }
         task = self._task(config, image, signing_key)
         self._grant_registry(task.task_role, registry)
+        self._grant_files(task.task_role)
         task.task_role.add_to_principal_policy(
             iam.PolicyStatement(
                 sid="PublishPublicKeys",
@@ -119,9 +127,26 @@ class GatewayService(Construct):
         acknowledge(
             access_logs,
             "AwsSolutions-S1",
-            "This bucket holds the load balancer's access logs; logging it would log the logs.",
+            "This bucket holds the load balancer's and the files bucket's access logs; logging it "
+            "would log the logs.",
         )
         return access_logs
+
+    def _files(self) -> s3.Bucket:
+        """The bucket of the files' contents (`/v1/files`) and of batches' results."""
+        return s3.Bucket(
+            self,
+            "Files",
+            encryption=s3.BucketEncryption.S3_MANAGED,
+            enforce_ssl=True,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
+            # Who read or wrote a customer's file: with the load balancer's, ACCESS_LOG_DAYS.
+            server_access_logs_bucket=self.access_logs,
+            server_access_logs_prefix="files/",
+            # Customers' uploads and their batches' output: never deleted with the stack.
+            removal_policy=RemovalPolicy.RETAIN,
+        )
 
     def _load_balancer(self, config: DeployConfig, vpc: ec2.IVpc) -> elbv2.ApplicationLoadBalancer:
         load_balancer = elbv2.ApplicationLoadBalancer(
@@ -147,7 +172,9 @@ class GatewayService(Construct):
     def _own_environment(self, config: DeployConfig, vpc: ec2.IVpc) -> dict[str, str]:
         """The settings of the gateways' own: listeners, URL, models, the ALB in front."""
         return {
-            **env_names(SharedSettings, {"log_format": "json"}),
+            **env_names(
+                SharedSettings, {"log_format": "json", "files_bucket": self.files.bucket_name}
+            ),
             **env_names(
                 GatewaySettings,
                 {
@@ -339,4 +366,51 @@ class GatewayService(Construct):
                 actions=["dynamodb:UpdateItem"],
                 resources=[registry.usage.table_arn],
             )
+        )
+        batches = registry.batches.table_arn
+        role.add_to_principal_policy(
+            iam.PolicyStatement(
+                # Files' and batches' records: made, listed per key, leased, ended, deleted.
+                sid="KeepBatches",
+                actions=[
+                    "dynamodb:GetItem",
+                    "dynamodb:PutItem",
+                    "dynamodb:UpdateItem",
+                    "dynamodb:DeleteItem",
+                    "dynamodb:Query",
+                ],
+                resources=[batches],
+            )
+        )
+        role.add_to_principal_policy(
+            iam.PolicyStatement(
+                # Every replica looks there for a batch whose lease has run out.
+                sid="FindBatchWork",
+                actions=["dynamodb:Query"],
+                resources=[f"{batches}/index/{BY_WORK_INDEX}"],
+            )
+        )
+
+    def _grant_files(self, role: iam.IRole) -> None:
+        role.add_to_principal_policy(
+            iam.PolicyStatement(
+                sid="KeepFiles",
+                actions=["s3:GetObject", "s3:PutObject", "s3:DeleteObject"],
+                resources=[self.files.arn_for_objects("*")],
+            )
+        )
+        role.add_to_principal_policy(
+            iam.PolicyStatement(
+                # A batch's finished lines are listed to gather its output files; and only a
+                # role that may list hears 404, not 403, for a key that is not there.
+                sid="ListFiles",
+                actions=["s3:ListBucket"],
+                resources=[self.files.bucket_arn],
+            )
+        )
+        bucket = cast(CfnElement, self.files.node.default_child)  # a bucket's is its CfnBucket
+        acknowledge_wildcard_resource(
+            role,
+            f"<{Stack.of(self).get_logical_id(bucket)}.Arn>/*",
+            "Any file or batch result in the gateways' own files bucket: ids are made per upload.",
         )

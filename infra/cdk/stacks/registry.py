@@ -1,4 +1,4 @@
-"""The DynamoDB tables of ARCHITECTURE.md: `agents`, `launches`, `keys`, `demand` and `usage`."""
+"""The DynamoDB tables of ARCHITECTURE.md: agents, launches, keys, demand, usage and batches."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from aws_cdk import RemovalPolicy
 from aws_cdk import aws_dynamodb as dynamodb
 from constructs import Construct
 
-from spotgate.registry import BY_CHANGE_INDEX, BY_MODEL_INDEX, FEED_FIELDS
+from spotgate.registry import BY_CHANGE_INDEX, BY_MODEL_INDEX, BY_WORK_INDEX, FEED_FIELDS
 from spotgate.settings import SharedSettings
 from spotgate.settings_env_names import env_names
 from stacks.common import acknowledge
@@ -24,7 +24,7 @@ def _string_key(name: str) -> dynamodb.Attribute:
 
 
 class Registry(Construct):
-    """Agents (GSIs `by_model`, `by_change`; TTL), launches, keys, demand, usage."""
+    """Agents (`by_model`, `by_change`; TTL), launches, keys, demand, usage, batches (`by_work`)."""
 
     def __init__(self, scope: Construct, construct_id: str, *, config: DeployConfig) -> None:
         super().__init__(scope, construct_id)
@@ -86,6 +86,23 @@ class Registry(Construct):
             sort_key=_string_key("period"),
             time_to_live_attribute=TTL_ATTRIBUTE,
         )
+        # Files and batches per owning key (`object_id`: a file's or a batch's id): customers'
+        # work, kept like the keys; each record goes at its `expires_at`.
+        self.batches = self._kept_table(
+            "Batches",
+            table_name(config, "batches"),
+            partition_key=_string_key("owner"),
+            sort_key=_string_key("object_id"),
+            time_to_live_attribute=TTL_ATTRIBUTE,
+        )
+        # Sparse: only a batch not yet ended has `work`. Every gateway replica reads it for a
+        # batch whose lease has run out.
+        self.batches.add_global_secondary_index(
+            index_name=BY_WORK_INDEX,
+            partition_key=_string_key("work"),
+            sort_key=_string_key("object_id"),
+            projection_type=dynamodb.ProjectionType.ALL,
+        )
         for table in (self.agents, self.demand):
             acknowledge(
                 table,
@@ -118,7 +135,7 @@ class Registry(Construct):
         return registry_environment(region, {kind: t.table_name for kind, t in tables.items()})
 
 
-TABLE_KINDS = ("agents", "keys", "demand", "usage", "launches")
+TABLE_KINDS = ("agents", "keys", "demand", "usage", "launches", "batches")
 
 
 def table_name(config: DeployConfig, kind: str) -> str:

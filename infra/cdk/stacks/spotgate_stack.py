@@ -158,7 +158,7 @@ class SpotgateStack(Stack):
             ),
             "AccessLogsBucket": (
                 gateway.access_logs.bucket_name,
-                "The load balancer's access logs (kept after cdk destroy)",
+                "The load balancer's and the files bucket's access logs (kept after cdk destroy)",
             ),
             "CreateKeyCommand": (
                 " ".join(

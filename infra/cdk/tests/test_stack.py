@@ -31,7 +31,7 @@ from pool_manager.events import (
     REBALANCE_DETAIL_TYPE,
     STATE_CHANGE_DETAIL_TYPE,
 )
-from spotgate.registry import BY_CHANGE_INDEX, BY_MODEL_INDEX, FEED_FIELDS
+from spotgate.registry import BY_CHANGE_INDEX, BY_MODEL_INDEX, BY_WORK_INDEX, FEED_FIELDS
 from spotgate.settings import GatewaySettings, PoolModel, PoolSettings
 from spotgate.tokens import SigningKey
 
@@ -72,6 +72,10 @@ def _policy_statements_of_role(synthesized: Synthesized, role_id: str) -> list[d
         if {"Ref": role_id} in policy["Properties"]["Roles"]:
             found.extend(policy["Properties"]["PolicyDocument"]["Statement"])
     return found
+
+
+def _files_bucket_id(synthesized: Synthesized) -> str:
+    return _logical_id(synthesized, "AWS::S3::Bucket", "GatewayFiles")
 
 
 def _task_role(synthesized: Synthesized, container: str) -> str:
@@ -120,6 +124,8 @@ def test_services_accept_every_setting_the_stack_gives_them(
     assert gateway.shared.tables.agents == _ref(_table_id(synthesized, "Agents"))
     assert gateway.shared.tables.keys == _ref(_table_id(synthesized, "Keys"))
     assert gateway.shared.tables.demand == _ref(_table_id(synthesized, "Demand"))
+    assert gateway.shared.tables.batches == _ref(_table_id(synthesized, "Batches"))
+    assert gateway.shared.files_bucket == _ref(_files_bucket_id(synthesized))
     assert gateway.shared.aws.region == DEFAULTS.region
     assert gateway.limit_store.url is not None
     assert gateway.limit_store.url.get_secret_value().startswith("rediss://")
@@ -241,6 +247,28 @@ def test_tables_match_the_registry_design(synthesized: Synthesized) -> None:
         "Enabled": True,
     }
     assert usage["DeletionPolicy"] == "Retain"  # billing records outlive the stack
+
+    # Customers' files and batches: kept like the keys, each record gone at its expiry.
+    batches = tables[_table_id(synthesized, "Batches")]
+    properties = batches["Properties"]
+    assert properties["TableName"] == f"{DEFAULTS.pool_name}-batches"
+    assert properties["KeySchema"] == [
+        {"AttributeName": "owner", "KeyType": "HASH"},
+        {"AttributeName": "object_id", "KeyType": "RANGE"},
+    ]
+    (by_work,) = properties["GlobalSecondaryIndexes"]
+    assert by_work == {
+        "IndexName": BY_WORK_INDEX,
+        "KeySchema": [
+            {"AttributeName": "work", "KeyType": "HASH"},
+            {"AttributeName": "object_id", "KeyType": "RANGE"},
+        ],
+        "Projection": {"ProjectionType": "ALL"},
+    }
+    assert {"AttributeName": "work", "AttributeType": "S"} in properties["AttributeDefinitions"]
+    assert properties["TimeToLiveSpecification"] == {"AttributeName": "expires_at", "Enabled": True}
+    assert properties["PointInTimeRecoverySpecification"] == {"PointInTimeRecoveryEnabled": True}
+    assert batches["DeletionPolicy"] == "Retain"
     for table in tables.values():
         assert table["Properties"]["BillingMode"] == "PAY_PER_REQUEST"
 
@@ -549,7 +577,7 @@ def test_the_pool_manager_reads_demand_and_writes_its_forecasts_there(
     assert on_demand == {"dynamodb:Scan", "dynamodb:PutItem", "dynamodb:DeleteItem"}
 
 
-def test_gateway_reads_keys_and_agents_and_writes_only_demand_and_usage(
+def test_gateway_reads_keys_and_agents_and_writes_only_demand_usage_batches_and_files(
     synthesized: Synthesized,
 ) -> None:
     found = _policy_statements_of_role(synthesized, _task_role(synthesized, "gateway"))
@@ -559,7 +587,18 @@ def test_gateway_reads_keys_and_agents_and_writes_only_demand_and_usage(
         for action in as_list(statement["Action"])
         if action.split(":")[1].startswith(("Put", "Update", "Delete", "BatchWrite"))
     }
-    assert writes == {"dynamodb:PutItem", "dynamodb:UpdateItem", "ssm:PutParameter"}
+    assert writes == {
+        "dynamodb:PutItem",
+        "dynamodb:UpdateItem",
+        "dynamodb:DeleteItem",  # files and batches only (below)
+        "ssm:PutParameter",
+        "s3:PutObject",
+        "s3:DeleteObject",
+    }
+    deletes = [s for s in found if "dynamodb:DeleteItem" in as_list(s["Action"])]
+    assert [render(s["Resource"]) for s in deletes] == [
+        f"<{_table_id(synthesized, 'Batches')}.Arn>"
+    ]
     (publish,) = [s for s in found if s.get("Sid") == "PublishDemand"]
     assert set(publish["Action"]) == {"dynamodb:PutItem", "dynamodb:GetItem"}  # + forecasts
     assert render(publish["Resource"]) == f"<{_table_id(synthesized, 'Demand')}.Arn>"
@@ -598,6 +637,90 @@ def test_only_the_pool_manager_writes_launch_records_and_the_gateways_only_read_
         assert render(env["SPOTGATE_TABLES__LAUNCHES"]) == (
             f"<Ref:{_table_id(synthesized, 'Launches')}>"
         )
+
+
+def test_only_the_gateway_keeps_files_and_batches_and_only_what_it_needs(
+    synthesized: Synthesized,
+) -> None:
+    gateway = _task_role(synthesized, "gateway")
+    by_sid = {s["Sid"]: s for s in _policy_statements_of_role(synthesized, gateway) if "Sid" in s}
+    batches = f"<{_table_id(synthesized, 'Batches')}.Arn>"
+    bucket = f"<{_files_bucket_id(synthesized)}.Arn>"
+    granted = {
+        sid: (set(as_list(by_sid[sid]["Action"])), render(by_sid[sid]["Resource"]))
+        for sid in ("KeepBatches", "FindBatchWork", "KeepFiles", "ListFiles")
+    }
+    assert granted == {
+        "KeepBatches": (
+            {
+                "dynamodb:GetItem",
+                "dynamodb:PutItem",
+                "dynamodb:UpdateItem",
+                "dynamodb:DeleteItem",
+                "dynamodb:Query",
+            },
+            batches,
+        ),
+        # The index only answers queries: no item action on it.
+        "FindBatchWork": ({"dynamodb:Query"}, f"{batches}/index/{BY_WORK_INDEX}"),
+        "KeepFiles": ({"s3:GetObject", "s3:PutObject", "s3:DeleteObject"}, f"{bucket}/*"),
+        "ListFiles": ({"s3:ListBucket"}, bucket),
+    }
+    # No other role (pool manager, agents, functions) may touch them.
+    holders = {
+        role["Ref"]
+        for policy in synthesized.resources("AWS::IAM::Policy").values()
+        for statement in policy["Properties"]["PolicyDocument"]["Statement"]
+        if any(
+            render(resource).startswith((batches, bucket))
+            for resource in as_list(statement["Resource"])
+        )
+        for role in policy["Properties"]["Roles"]
+    }
+    assert holders == {gateway}
+
+
+def test_the_files_bucket_is_private_encrypted_tls_only_logged_and_kept(
+    synthesized: Synthesized,
+) -> None:
+    bucket_id = _files_bucket_id(synthesized)
+    bucket = synthesized.resources("AWS::S3::Bucket")[bucket_id]
+    properties = bucket["Properties"]
+    assert properties["BucketEncryption"]["ServerSideEncryptionConfiguration"] == [
+        {"ServerSideEncryptionByDefault": {"SSEAlgorithm": "AES256"}}
+    ]
+    assert properties["PublicAccessBlockConfiguration"] == {
+        "BlockPublicAcls": True,
+        "BlockPublicPolicy": True,
+        "IgnorePublicAcls": True,
+        "RestrictPublicBuckets": True,
+    }
+    assert properties["OwnershipControls"] == {
+        "Rules": [{"ObjectOwnership": "BucketOwnerEnforced"}]
+    }
+    assert bucket["DeletionPolicy"] == bucket["UpdateReplacePolicy"] == "Retain"
+    # Its access logs go beside the load balancer's, which S3 may write there by policy alone.
+    access_logs = _logical_id(synthesized, "AWS::S3::Bucket", "GatewayAccessLogs")
+    assert properties["LoggingConfiguration"] == {
+        "DestinationBucketName": {"Ref": access_logs},
+        "LogFilePrefix": "files/",
+    }
+    by_bucket = {
+        render(policy["Properties"]["Bucket"]): policy["Properties"]["PolicyDocument"]["Statement"]
+        for policy in synthesized.resources("AWS::S3::BucketPolicy").values()
+    }
+    (delivery,) = [
+        s
+        for s in by_bucket[f"<Ref:{access_logs}>"]
+        if s.get("Principal") == {"Service": "logging.s3.amazonaws.com"}
+    ]
+    assert render(delivery["Resource"]) == f"<{access_logs}.Arn>/files/*"
+    assert delivery["Condition"]["ArnLike"] == {"aws:SourceArn": {"Fn::GetAtt": [bucket_id, "Arn"]}}
+    # Anyone, the gateway included, over TLS only.
+    (deny,) = [s for s in by_bucket[f"<Ref:{bucket_id}>"] if s["Effect"] == "Deny"]
+    assert deny["Action"] == "s3:*"
+    assert deny["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
+    assert {render(r) for r in deny["Resource"]} == {f"<{bucket_id}.Arn>", f"<{bucket_id}.Arn>/*"}
 
 
 # --- gateway -------------------------------------------------------------------------------

@@ -1,0 +1,122 @@
+"""One request of a batch, run as its key's own request to the endpoint would run.
+
+The body is read by the endpoint's request model and relayed like any stream of the key
+(admission, limits, usage), and its answer is the JSON the endpoint would have sent
+(`stream` is always off). An answer the key may get by waiting (rate limited, no capacity,
+the gateway going away) is not the request's result: the batch runs it again later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+from pydantic import ValidationError
+
+from gateway.auth import Principal
+from gateway.relay import ClientFrame, RelayOutcome
+from gateway.state import GatewayState
+from gateway.streams import admitted_frames, stream_refusal
+from spotgate.openai_api import ChatCompletionRequest, CompletionRequest, validation_message
+from spotgate.openai_http import collected, collected_response
+from spotgate.openai_replies import ForcedTools, Kind, completion_id, error_body
+from spotgate.openai_response_writer import ResponseWriter, response_id
+from spotgate.openai_responses import ResponsesRequest, responses_param
+from spotgate.protocol import ErrorCode, QueuedFrame, StartFrame
+from spotgate.wsserver import json_error
+
+RETRIED_STATUSES = frozenset({408, 429, 503})
+"""Answers that say "later", not "no": the request runs again (OpenAI's batches retry too)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestResult:
+    """A request's HTTP status and JSON body; `retry_after`: run it again after this long."""
+
+    status: int
+    body: dict[str, Any]
+    retry_after: float | None = None
+
+    @property
+    def final(self) -> bool:
+        """Whether this is the request's result (else it runs again)."""
+        return self.status not in RETRIED_STATUSES
+
+
+def _result(response: web.Response) -> RequestResult:
+    retry_after = response.headers.get("Retry-After")
+    body = json.loads(response.body) if isinstance(response.body, bytes) else {}
+    return RequestResult(response.status, body, float(retry_after) if retry_after else None)
+
+
+RequestModel = ChatCompletionRequest | CompletionRequest | ResponsesRequest
+REQUEST_MODELS: dict[str, type[RequestModel]] = {
+    "/v1/chat/completions": ChatCompletionRequest,
+    "/v1/completions": CompletionRequest,
+    "/v1/responses": ResponsesRequest,
+}
+"""What reads a request's body, by the batch's endpoint."""
+
+
+def _request(endpoint: str, body: dict[str, Any]) -> RequestModel | RequestResult:
+    model = REQUEST_MODELS[endpoint]
+    try:
+        return model.model_validate({**body, "stream": False})
+    except ValidationError as err:
+        message, where = validation_message(err.errors(include_url=False)[0])
+        if model is ResponsesRequest:
+            where = responses_param(where)
+        return RequestResult(400, error_body(ErrorCode.INVALID_REQUEST, message, where))
+
+
+async def _noting_placement(
+    frames: AsyncGenerator[ClientFrame, None], placed: asyncio.Event
+) -> AsyncGenerator[ClientFrame, None]:
+    """The stream's frames; `placed` is set once it is queued or started on an agent."""
+    async with aclosing(frames):
+        async for frame in frames:
+            if isinstance(frame, QueuedFrame | StartFrame):
+                placed.set()
+            yield frame
+
+
+async def run_request(
+    state: GatewayState,
+    principal: Principal,
+    endpoint: str,
+    body: dict[str, Any],
+    placed: asyncio.Event,
+) -> RequestResult:
+    """The endpoint's answer to `body`, sent by `principal`'s key without streaming.
+
+    `placed` is set once the request waits in a model's queue or has an agent.
+    """
+    request = _request(endpoint, body)
+    if isinstance(request, RequestResult):
+        return request
+    if isinstance(request, ResponsesRequest):
+        rid = response_id()
+        frame = request.to_generate_frame(rid, session=None)
+    else:
+        kind: Kind = "chat" if isinstance(request, ChatCompletionRequest) else "text"
+        cid = completion_id(kind)
+        frame = request.to_generate_frame(cid, session=None)
+    refusal = stream_refusal(state, frame, principal)
+    if refusal is not None:
+        param = refusal.param
+        if isinstance(request, ResponsesRequest):
+            param = responses_param(param)
+        return _result(json_error(refusal.code, refusal.message, param=param))
+    relayed = _noting_placement(admitted_frames(state, frame, principal, RelayOutcome()), placed)
+    async with aclosing(relayed) as frames:
+        if isinstance(request, ResponsesRequest):
+            writer = ResponseWriter(request, rid, ForcedTools.of(frame))
+            return _result(await collected_response(frames, writer))
+        forced = ForcedTools.of(frame)
+        answer = await collected(frames, kind=kind, cid=cid, model=request.model, forced=forced)
+        return _result(answer)

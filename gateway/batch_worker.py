@@ -1,0 +1,365 @@
+"""Each replica's worker of the deployment's batches: one at a time, on spare capacity.
+
+A replica takes a batch not ended whose lease has run out (`Registry.take_lease`), and
+renews the lease with every save of the batch's object; one that dies hands the batch on
+when its lease runs out. Each request's finished line is stored as it finishes, under its
+index (`spotgate.file_store.line_key`): a request run again after a crash replaces its own
+line, so each `custom_id` ends in the output once. A request starts only while the model
+has an agent with room and no interactive stream waits for one. What status follows which
+is `spotgate.openai_batches.next_status`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from contextlib import suppress
+from typing import Any
+
+from gateway.auth import Principal, principal_of
+from gateway.batch_requests import RequestResult, run_request
+from gateway.state import GatewayState
+from spotgate.file_store import FileStore, file_key, line_key, line_of_key, line_prefix
+from spotgate.logging import get_logger
+from spotgate.openai_batches import (
+    OUTPUT_PURPOSE,
+    CheckedFile,
+    Progress,
+    RequestLine,
+    Status,
+    Usage,
+    check_input_file,
+    file_object,
+    next_status,
+    output_line,
+    unrun_line,
+)
+from spotgate.openai_replies import error_body
+from spotgate.protocol import ErrorCode
+from spotgate.registry import StoredObject, object_id
+
+log = get_logger(__name__)
+
+SPARE_POLL_SECONDS = 0.2
+"""How often a batch waiting for spare capacity looks again."""
+RETRY_WAIT_SECONDS = 1.0
+"""A request told to wait, without saying how long, runs again after this."""
+
+
+class BatchWorker:
+    """Finds batches no live replica works, and works them one at a time."""
+
+    def __init__(
+        self, state: GatewayState, files: FileStore, clock: Callable[[], float] = time.time
+    ) -> None:
+        self._state = state
+        self._files = files
+        self._clock = clock
+
+    async def run_forever(self) -> None:
+        """Look for batches every `poll_seconds`, or at once when one is created here."""
+        state = self._state
+        settings = state.settings.batch
+        while True:
+            try:
+                for owner, batch_id in await state.registry.open_batches():
+                    stored = await state.registry.take_lease(
+                        owner, batch_id, state.gateway_id, settings.lease_seconds
+                    )
+                    if stored is not None:
+                        await BatchRun(self._state, self._files, stored, self._clock).run()
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # the batch stays; its lease runs out and it is retried
+                log.warning("batch work failed", error=str(err), kind=type(err).__name__)
+            state.batch_created.clear()
+            with suppress(TimeoutError):
+                async with asyncio.timeout(settings.poll_seconds):
+                    await state.batch_created.wait()
+
+
+class LeaseLost(Exception):
+    """Another replica took the batch: this one stops working it at once."""
+
+
+class BatchRun:
+    """One replica's turn at one batch, from its status to its end or the lease's loss."""
+
+    def __init__(
+        self,
+        state: GatewayState,
+        files: FileStore,
+        stored: StoredObject,
+        clock: Callable[[], float],
+    ) -> None:
+        self._state = state
+        self._files = files
+        self._owner = stored.owner
+        self._body = dict(stored.body)
+        self._cancel_requested = stored.cancel_requested_at is not None
+        self._clock = clock
+        self._done: dict[int, bool] = {}  # finished lines: index → whether it succeeded
+        self._stop = asyncio.Event()
+
+    @property
+    def _id(self) -> str:
+        return str(self._body["id"])
+
+    def _progress(self, total: int) -> Progress:
+        completed = sum(self._done.values())
+        return Progress(total, completed, len(self._done) - completed)
+
+    async def run(self) -> None:
+        """Work the batch until it ends or another replica takes it."""
+        try:
+            checked = await self._checked_input()
+            if checked is None:
+                return
+            if self._body["status"] == "validating":
+                self._body.update(status="in_progress", in_progress_at=int(self._clock()))
+                self._body.update(model=checked.model)
+            for key in await self._files.keys(line_prefix(self._id)):
+                index, succeeded = line_of_key(key)
+                self._done[index] = succeeded
+            if self._body["status"] == "in_progress":
+                await self._run_requests(checked)
+            await self._finish(checked)
+        except LeaseLost:
+            log.info("batch taken by another replica", batch=self._id)
+
+    async def _save(self, *, ended: bool = False) -> None:
+        """Save the object, renew the lease, and hear of a cancel; `LeaseLost` if taken."""
+        settings = self._state.settings.batch
+        stored = await self._state.registry.save_batch(
+            self._owner, self._body, self._state.gateway_id, settings.lease_seconds, ended=ended
+        )
+        if stored is None:
+            self._stop.set()
+            raise LeaseLost(self._id)
+        self._cancel_requested = stored.cancel_requested_at is not None
+
+    async def _checked_input(self) -> CheckedFile | None:
+        """The input file's requests; None when it cannot run (the batch failed)."""
+        content = await self._input()
+        if content is None:
+            problems = [{"code": "missing_file", "message": "the input file is gone", "line": None}]
+        else:
+            limit = self._state.settings.batch.max_requests
+            checked = check_input_file(content, str(self._body["endpoint"]), limit)
+            if not isinstance(checked, list):
+                self._body["request_counts"] = Progress(len(checked.lines)).counts()
+                return checked
+            problems = [problem.body() for problem in checked]
+        now = int(self._clock())
+        self._body.update(status="failed", failed_at=now)
+        self._body.update(errors={"object": "list", "data": problems})
+        await self._save(ended=True)
+        return None
+
+    async def _input(self) -> bytes | None:
+        file_id = str(self._body["input_file_id"])
+        if await self._state.registry.get_object(self._owner, file_id) is None:
+            return None
+        return await self._files.get(file_key(file_id))
+
+    async def _principal(self) -> Principal | None:
+        record = await self._state.registry.get_key(self._owner)
+        if record is None or record.disabled:
+            return None
+        return principal_of(record, self._state.settings.max_streams_per_key)
+
+    async def _run_requests(self, checked: CheckedFile) -> None:
+        """Run every request not finished, a few at a time, on capacity nothing else awaits."""
+        state = self._state
+        settings = state.settings.batch
+        principal = await self._principal()
+        width = settings.streams_per_gateway
+        if principal is not None:
+            width = max(1, min(width, principal.limits.max_concurrent))
+        slots = asyncio.Semaphore(width)
+        running: set[asyncio.Task[None]] = set()
+        saver = asyncio.create_task(self._save_every(len(checked.lines)), name=f"save {self._id}")
+        try:
+            for index, line in enumerate(checked.lines):
+                if index in self._done:
+                    continue
+                if self._should_end():
+                    break
+                await slots.acquire()
+                if not await self._spare_capacity(checked.model):
+                    slots.release()
+                    break
+                placed = asyncio.Event()
+                task = asyncio.create_task(
+                    self._run_one(principal, index, line, placed, slots.release)
+                )
+                running.add(task)
+                task.add_done_callback(running.discard)
+                # The next looks for room only once this one took its agent (or waits).
+                placing = asyncio.create_task(placed.wait())
+                await asyncio.wait({task, placing}, return_when=asyncio.FIRST_COMPLETED)
+                placing.cancel()
+            while running and not self._stop.is_set():
+                await asyncio.wait(set(running), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in running:
+                task.cancel()
+            for task in list(running):
+                with suppress(asyncio.CancelledError):
+                    await task
+            saver.cancel()
+            with suppress(asyncio.CancelledError):
+                await saver
+        if self._stop.is_set() and not self._should_end():
+            raise LeaseLost(self._id)
+
+    def _should_end(self) -> bool:
+        return self._cancel_requested or self._expired()
+
+    def _expired(self) -> bool:
+        expires_at = self._body.get("expires_at")
+        return isinstance(expires_at, int) and self._clock() >= expires_at
+
+    async def _save_every(self, total: int) -> None:
+        """Save progress and renew the lease a third of its length apart; stop on a cancel."""
+        interval = self._state.settings.batch.lease_seconds / 3
+        while True:
+            await asyncio.sleep(interval)
+            self._body["request_counts"] = self._progress(total).counts()
+            try:
+                await self._save()
+            except LeaseLost:
+                return
+            if self._should_end():
+                self._stop.set()
+                return
+
+    async def _spare_capacity(self, model: str) -> bool:
+        """Wait until the model has an agent with room and no stream waiting; False: stop."""
+        dispatcher = self._state.dispatcher
+        while not self._stop.is_set():
+            if not dispatcher.knows(model):
+                return True  # the request is answered 404 at once
+            if not dispatcher.pending().get(model) and dispatcher.choose(model, None, ()):
+                return True
+            with suppress(TimeoutError):
+                async with asyncio.timeout(SPARE_POLL_SECONDS):
+                    await self._stop.wait()
+        return False
+
+    async def _run_one(
+        self,
+        principal: Principal | None,
+        index: int,
+        request: RequestLine,
+        placed: asyncio.Event,
+        release: Callable[[], None],
+    ) -> None:
+        try:
+            while not self._stop.is_set():
+                result = await self._request(principal, request.body, placed)
+                placed.clear()  # a retry looks for room again
+                if result.final:
+                    succeeded = result.status < 400
+                    line = output_line(
+                        self._id, index, request.custom_id, result.status, result.body
+                    )
+                    key = line_key(self._id, index, succeeded=succeeded)
+                    await self._files.put(key, json.dumps(line).encode())
+                    self._done[index] = succeeded
+                    return
+                with suppress(TimeoutError):
+                    async with asyncio.timeout(result.retry_after or RETRY_WAIT_SECONDS):
+                        await self._stop.wait()
+        finally:
+            release()
+
+    async def _request(
+        self, principal: Principal | None, body: dict[str, Any], placed: asyncio.Event
+    ) -> RequestResult:
+        if principal is None:
+            message = "the batch's API key is disabled"
+            return RequestResult(401, error_body(ErrorCode.UNAUTHORIZED, message))
+        endpoint = str(self._body["endpoint"])
+        return await run_request(self._state, principal, endpoint, body, placed)
+
+    async def _finish(self, checked: CheckedFile) -> None:
+        """End the batch: its output and error files, then its last status."""
+        progress = self._progress(len(checked.lines))
+        status: Status = self._body["status"]
+        status = next_status(
+            status,
+            progress=progress,
+            cancel_requested=self._cancel_requested,
+            expired=self._expired(),
+        )
+        now = int(self._clock())
+        if status == "cancelling":
+            self._body.update(status="cancelling", cancelling_at=now)
+            status = "cancelled"
+        elif status == "finalizing":
+            self._body.update(status="finalizing", finalizing_at=now)
+            status = "completed"
+        elif status == "in_progress":
+            return  # stopped for another reason: the next turn goes on
+        self._allocate_files(progress)
+        await self._save()
+        await self._write_files(checked, status)
+        self._body["request_counts"] = progress.counts()
+        self._body.update(status=status, **{f"{status}_at": int(self._clock())})
+        await self._save(ended=True)
+        await self._files.delete_prefix(line_prefix(self._id))
+
+    def _allocate_files(self, progress: Progress) -> None:
+        """The output's and errors' file ids, chosen once and saved before they are written.
+
+        A replica that dies on the way leaves them to the next, which writes the same files.
+        """
+        now = self._clock()
+        if self._body.get("output_file_id") is None and progress.completed:
+            self._body["output_file_id"] = object_id("file-", now)
+        unrun = progress.total - progress.finished
+        if self._body.get("error_file_id") is None and (progress.failed or unrun):
+            self._body["error_file_id"] = object_id("file-", now)
+
+    async def _write_files(self, checked: CheckedFile, status: Status) -> None:
+        outputs: list[bytes] = []
+        errors: list[bytes] = []
+        usage = Usage()
+        for index, line in enumerate(checked.lines):
+            succeeded = self._done.get(index)
+            if succeeded is None:
+                unrun = unrun_line(self._id, index, line.custom_id, status)
+                errors.append(json.dumps(unrun).encode())
+                continue
+            data = await self._files.get(line_key(self._id, index, succeeded=succeeded))
+            if data is None:
+                continue
+            (outputs if succeeded else errors).append(data)
+            response = json.loads(data).get("response") or {}
+            usage.add(response.get("body") or {})
+        self._body["usage"] = usage.body()
+        for field, lines, name in (
+            ("output_file_id", outputs, "output"),
+            ("error_file_id", errors, "error"),
+        ):
+            file_id = self._body.get(field)
+            if file_id is None:
+                continue
+            content = b"".join(line + b"\n" for line in lines)
+            await self._files.put(file_key(str(file_id)), content)
+            body = file_object(
+                str(file_id),
+                len(content),
+                f"batch_{self._id}_{name}.jsonl",
+                OUTPUT_PURPOSE,
+                self._clock(),
+                self._output_expiry(),
+            )
+            await self._state.registry.put_file(self._owner, body)
+
+    def _output_expiry(self) -> int | None:
+        after = self._body.get("output_expires_after")  # seconds
+        return int(self._clock()) + after if isinstance(after, int) else None

@@ -1,0 +1,349 @@
+"""The Files and Batch APIs through the gateway, driven by the openai SDK (synthetic agents)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import openai
+import pytest
+
+from spotgate.file_store import FileStore, line_prefix
+from spotgate.registry import CreatedApiKey, Registry
+from spotgate.settings import BatchSettings, LimitStoreSettings
+from spotgate.tokens import SigningKey
+from stack.emulator import AwsEmulator
+from tests.gateway.conftest import MODEL, Gateway, agents_of, running_gateway
+from tests.support.agents import AgentFactory, expected_text, synthetic, wait_for
+
+FAST_BATCHES = BatchSettings(poll_seconds=0.1, lease_seconds=3.0)
+"""Workers that look for batches and save progress often (the defaults: 5 s, 30 s)."""
+
+Client = Callable[..., openai.AsyncOpenAI]
+
+
+@pytest.fixture
+async def batch_gateway(
+    aws: AwsEmulator, gateway_key: SigningKey, limit_store: LimitStoreSettings
+) -> AsyncIterator[Gateway]:
+    async with running_gateway(
+        aws, gateway_key, limit_store=limit_store, batch=FAST_BATCHES
+    ) as running:
+        yield running
+
+
+def chat_line(custom_id: str, prompt: str, max_tokens: int, **body: Any) -> bytes:
+    request = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        **body,
+    }
+    line = {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": request,
+    }
+    return json.dumps(line).encode() + b"\n"
+
+
+async def ended(client: openai.AsyncOpenAI, batch_id: str) -> openai.types.Batch:
+    """The batch once it ended (polled as a client polls)."""
+    latest: list[openai.types.Batch] = []
+
+    async def done() -> bool:
+        latest[:] = [await client.batches.retrieve(batch_id)]
+        return latest[0].status in {"completed", "failed", "cancelled", "expired"}
+
+    await wait_for(done, within=60)
+    return latest[0]
+
+
+async def lines_of(client: openai.AsyncOpenAI, file_id: str | None) -> list[dict[str, Any]]:
+    if file_id is None:
+        return []
+    content = await client.files.content(file_id)
+    return [json.loads(line) for line in content.text.splitlines()]
+
+
+async def test_a_batch_runs_every_request_once_and_a_bad_one_fails_alone(
+    batch_gateway: Gateway,
+    start_agent: AgentFactory,
+    api_key: CreatedApiKey,
+    openai_client: Client,
+) -> None:
+    await agents_of(batch_gateway, start_agent)()
+    client = openai_client(base_url=f"{batch_gateway.url}/v1", api_key=api_key.api_key)
+    content = b"".join(chat_line(f"req-{n}", f"hello {n}", 4 + n) for n in range(5))
+    content += chat_line("bad", "hello", -5)  # a 400 of its own; the others run
+
+    uploaded = await client.files.create(file=("in.jsonl", content), purpose="batch")
+    batch = await client.batches.create(
+        input_file_id=uploaded.id,
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+        metadata={"job": "nightly"},
+    )
+    finished = await ended(client, batch.id)
+
+    assert batch.status == "validating"
+    assert finished.status == "completed", finished
+    assert finished.metadata == {"job": "nightly"}
+    assert finished.model == MODEL
+    assert finished.request_counts is not None
+    assert finished.request_counts.model_dump() == {"total": 6, "completed": 5, "failed": 1}
+    outputs = await lines_of(client, finished.output_file_id)
+    errors = await lines_of(client, finished.error_file_id)
+    assert [line["custom_id"] for line in outputs] == [f"req-{n}" for n in range(5)]
+    for n, line in enumerate(outputs):
+        response = line["response"]
+        assert response["status_code"] == 200
+        reply = openai.types.chat.ChatCompletion.model_validate(response["body"])
+        assert reply.choices[0].message.content == expected_text(f"hello {n}", 4 + n)
+    assert [(line["custom_id"], line["response"]["status_code"]) for line in errors] == [
+        ("bad", 400)
+    ]
+    assert errors[0]["response"]["body"]["error"]["param"] == "max_tokens"
+    assert finished.usage is not None
+    assert finished.usage.output_tokens == sum(4 + n for n in range(5))
+    output_file = await client.files.retrieve(str(finished.output_file_id))
+    assert output_file.purpose == "batch_output"
+    listed = await client.batches.list()
+    assert [b.id for b in listed.data] == [batch.id]
+
+
+async def test_a_malformed_file_fails_the_batch_with_each_line_named(
+    batch_gateway: Gateway, api_key: CreatedApiKey, openai_client: Client
+) -> None:
+    client = openai_client(base_url=f"{batch_gateway.url}/v1", api_key=api_key.api_key)
+    content = chat_line("a", "hi", 4) + b"{not json\n" + chat_line("a", "hi", 4)
+    uploaded = await client.files.create(file=("in.jsonl", content), purpose="batch")
+    batch = await client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    finished = await ended(client, batch.id)
+
+    assert finished.status == "failed"
+    assert finished.errors is not None
+    assert finished.errors.data is not None
+    assert [(e.code, e.line) for e in finished.errors.data] == [
+        ("invalid_json_line", 2),
+        ("duplicate_custom_id", 3),
+    ]
+
+
+async def test_a_cancelled_batch_ends_with_each_request_in_one_file(
+    batch_gateway: Gateway,
+    start_agent: AgentFactory,
+    api_key: CreatedApiKey,
+    openai_client: Client,
+) -> None:
+    await agents_of(batch_gateway, start_agent)(tokens_per_second=20.0)
+    client = openai_client(base_url=f"{batch_gateway.url}/v1", api_key=api_key.api_key)
+    content = b"".join(chat_line(f"req-{n}", "hello", 40) for n in range(60))
+    uploaded = await client.files.create(file=("in.jsonl", content), purpose="batch")
+    batch = await client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+
+    async def started() -> bool:
+        return batch_gateway.state.dispatcher.outstanding.total() > 0
+
+    await wait_for(started)
+    cancelling = await client.batches.cancel(batch.id)
+    finished = await ended(client, batch.id)
+
+    assert cancelling.status == "cancelling"
+    assert finished.status == "cancelled"
+    ids = [
+        line["custom_id"]
+        for file_id in (finished.output_file_id, finished.error_file_id)
+        for line in await lines_of(client, file_id)
+    ]
+    assert sorted(ids) == sorted(f"req-{n}" for n in range(60))
+    unrun = [line for line in await lines_of(client, finished.error_file_id) if line["error"]]
+    assert unrun
+    assert all(line["error"]["code"] == "batch_cancelled" for line in unrun)
+
+
+async def test_a_key_sees_only_its_own_files_and_batches(
+    batch_gateway: Gateway, api_key: CreatedApiKey, aws: AwsEmulator, openai_client: Client
+) -> None:
+    client = openai_client(base_url=f"{batch_gateway.url}/v1", api_key=api_key.api_key)
+    uploaded = await client.files.create(
+        file=("in.jsonl", chat_line("a", "hi", 4)), purpose="batch"
+    )
+    batch = await client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    async with Registry.open(aws.settings()) as registry:
+        other = await registry.create_key("other")
+    stranger = openai_client(
+        base_url=f"{batch_gateway.url}/v1", api_key=other.api_key, max_retries=0
+    )
+
+    with pytest.raises(openai.NotFoundError):
+        await stranger.files.retrieve(uploaded.id)
+    with pytest.raises(openai.NotFoundError):
+        await stranger.files.content(uploaded.id)
+    with pytest.raises(openai.NotFoundError):
+        await stranger.files.delete(uploaded.id)
+    with pytest.raises(openai.NotFoundError):
+        await stranger.batches.retrieve(batch.id)
+    with pytest.raises(openai.NotFoundError):
+        await stranger.batches.cancel(batch.id)
+    with pytest.raises(openai.BadRequestError):  # another key's file is no file of its own
+        await stranger.batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+    assert (await stranger.files.list()).data == []
+    assert (await stranger.batches.list()).data == []
+    assert [f.id for f in (await client.files.list(purpose="batch")).data] == [uploaded.id]
+    deleted = await client.files.delete(uploaded.id)
+    assert deleted.deleted
+    with pytest.raises(openai.NotFoundError):
+        await client.files.retrieve(uploaded.id)
+
+
+async def test_bad_uploads_and_batch_requests_are_clear_400s(
+    batch_gateway: Gateway, api_key: CreatedApiKey, openai_client: Client
+) -> None:
+    client = openai_client(
+        base_url=f"{batch_gateway.url}/v1", api_key=api_key.api_key, max_retries=0
+    )
+    with pytest.raises(openai.BadRequestError, match="purpose"):
+        await client.files.create(file=("in.jsonl", b"{}"), purpose="assistants")
+    uploaded = await client.files.create(
+        file=("in.jsonl", chat_line("a", "hi", 4)), purpose="batch"
+    )
+    with pytest.raises(openai.BadRequestError, match="completion_window"):
+        await client.batches.create(
+            input_file_id=uploaded.id,
+            endpoint="/v1/chat/completions",
+            completion_window="1h",  # type: ignore[arg-type]
+        )
+    with pytest.raises(openai.BadRequestError, match="endpoint"):
+        await client.batches.create(
+            input_file_id=uploaded.id,
+            endpoint="/v1/embeddings",
+            completion_window="24h",
+        )
+    with pytest.raises(openai.BadRequestError, match="metadata"):
+        await client.batches.create(
+            input_file_id=uploaded.id,
+            endpoint="/v1/chat/completions",
+            completion_window="24h",
+            metadata={f"k{n}": "v" for n in range(17)},
+        )
+    with pytest.raises(openai.BadRequestError, match="limit"):
+        await client.batches.list(limit=101)
+
+
+async def test_a_replica_that_stops_mid_batch_hands_it_on_and_no_request_is_lost_or_doubled(
+    aws: AwsEmulator,
+    gateway_key: SigningKey,
+    limit_store: LimitStoreSettings,
+    start_agent: AgentFactory,
+    api_key: CreatedApiKey,
+    openai_client: Client,
+) -> None:
+    replicas: dict[str, contextlib.AsyncExitStack] = {}
+    gateways: dict[str, Gateway] = {}
+    issuer: dict[str, str] = {}  # every replica's tokens are the first one's, as behind a balancer
+    for name in ("gw-a", "gw-b"):
+        replicas[name] = contextlib.AsyncExitStack()
+        gateways[name] = await replicas[name].enter_async_context(
+            running_gateway(
+                aws,
+                gateway_key,
+                limit_store=limit_store,
+                batch=FAST_BATCHES,
+                gateway_id=name,
+                **issuer,
+            )
+        )
+        issuer.setdefault("token_issuer", gateways[name].url)
+    try:
+        await agents_of(gateways["gw-a"], start_agent)(tokens_per_second=100.0)
+        client = openai_client(base_url=f"{gateways['gw-a'].url}/v1", api_key=api_key.api_key)
+        content = b"".join(chat_line(f"req-{n}", f"hello {n}", 20) for n in range(40))
+        uploaded = await client.files.create(file=("in.jsonl", content), purpose="batch")
+        batch = await client.batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        holder: list[str] = []
+
+        async def some_requests_done() -> bool:
+            async with Registry.open(aws.settings()) as registry:
+                stored = await registry.get_batch(api_key.record.key_id, batch.id)
+            async with FileStore.open(aws.settings()) as files:
+                finished = await files.keys(line_prefix(batch.id))
+            holder[:] = [stored.lease_holder] if stored and stored.lease_holder else []
+            return bool(holder) and len(finished) >= 5
+
+        await wait_for(some_requests_done)
+        await replicas.pop(holder[0]).aclose()  # its lease runs out; the other takes the batch
+        async with FileStore.open(aws.settings()) as files:
+            left = 40 - len(await files.keys(line_prefix(batch.id)))
+        survivor = next(iter(gateways[name] for name in replicas))
+        client = openai_client(base_url=f"{survivor.url}/v1", api_key=api_key.api_key)
+        finished = await ended(client, batch.id)
+
+        assert left > 0  # the survivor ran these
+        assert finished.status == "completed"
+        outputs = await lines_of(client, finished.output_file_id)
+        assert [line["custom_id"] for line in outputs] == [f"req-{n}" for n in range(40)]
+        for n, line in enumerate(outputs):
+            body = line["response"]["body"]
+            assert body["choices"][0]["message"]["content"] == expected_text(f"hello {n}", 20)
+        assert finished.error_file_id is None
+    finally:
+        for stack in replicas.values():
+            await stack.aclose()
+
+
+async def test_a_batch_takes_no_agent_an_interactive_stream_is_waiting_for(
+    batch_gateway: Gateway,
+    start_agent: AgentFactory,
+    api_key: CreatedApiKey,
+    openai_client: Client,
+) -> None:
+    one_slot = synthetic(20.0, capacity=1, ttft_seconds=0.01)
+    await agents_of(batch_gateway, start_agent)(engine=one_slot)
+    client = openai_client(base_url=f"{batch_gateway.url}/v1", api_key=api_key.api_key)
+    content = b"".join(chat_line(f"req-{n}", "hello", 10) for n in range(20))
+    uploaded = await client.files.create(file=("in.jsonl", content), purpose="batch")
+    batch = await client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    dispatcher = batch_gateway.state.dispatcher
+
+    async def agent_busy() -> bool:
+        return dispatcher.outstanding.total() > 0
+
+    await wait_for(agent_busy)  # a batch request holds the agent's one slot
+    interactive = asyncio.create_task(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "now"}],
+            max_tokens=3,
+        )
+    )
+
+    async def interactive_waits() -> bool:
+        return dispatcher.pending().get(MODEL, 0) == 1
+
+    await wait_for(interactive_waits)
+    async with FileStore.open(batch_gateway.state.settings.shared) as files:
+        finished_then = len(await files.keys(line_prefix(batch.id)))
+        reply = await interactive
+        finished_by_reply = len(await files.keys(line_prefix(batch.id)))
+
+    assert reply.choices[0].message.content == expected_text("now", 3)
+    assert finished_by_reply <= finished_then + 1  # only the request that held the slot
+    await client.batches.cancel(batch.id)
+    await ended(client, batch.id)
