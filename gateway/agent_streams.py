@@ -18,12 +18,11 @@ from gateway.dispatch import (
     Dispatcher,
     GatewayClosing,
     NoCapacity,
-    Queued,
     QueueFull,
     UnknownModel,
 )
 from gateway.failover import Failover
-from gateway.fair_queue import stream_cost_tokens
+from gateway.fair_queue import Queued, stream_cost_tokens
 from gateway.prefix import PromptPrefix, tenant_session
 from gateway.router import Candidate
 from spotgate.logging import get_logger
@@ -62,6 +61,7 @@ def acquire(
         under_way=under_way,
         tenant=frame.tenant or "",
         cost_tokens=stream_cost_tokens(frame),
+        flex=frame.service_tier == "flex",
     )
 
 

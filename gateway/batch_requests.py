@@ -1,9 +1,10 @@
 """One request of a batch, run as its key's own request to the endpoint would run.
 
 The body is read by the endpoint's request model and relayed like any stream of the key
-(admission, limits, usage), and its answer is the JSON the endpoint would have sent
-(`stream` is always off). An answer the key may get by waiting (rate limited, no capacity,
-the gateway going away) is not the request's result: the batch runs it again later.
+(admission, limits, usage) in the flex tier, behind every interactive stream, and its answer
+is the JSON the endpoint would have sent (`stream` is always off). An answer the key may get
+by waiting (rate limited, no capacity, the gateway going away) is not the request's result:
+the batch runs it again later.
 """
 
 from __future__ import annotations
@@ -106,6 +107,7 @@ async def run_request(
         kind: Kind = "chat" if isinstance(request, ChatCompletionRequest) else "text"
         cid = completion_id(kind)
         frame = request.to_generate_frame(cid, session=None)
+    frame = frame.model_copy(update={"service_tier": "flex"})  # behind every interactive stream
     refusal = stream_refusal(state, frame, principal)
     if refusal is not None:
         param = refusal.param
@@ -118,5 +120,12 @@ async def run_request(
             writer = ResponseWriter(request, rid, ForcedTools.of(frame))
             return _result(await collected_response(frames, writer))
         forced = ForcedTools.of(frame)
-        answer = await collected(frames, kind=kind, cid=cid, model=request.model, forced=forced)
+        answer = await collected(
+            frames,
+            kind=kind,
+            cid=cid,
+            model=request.model,
+            forced=forced,
+            service_tier=request.served_tier,
+        )
         return _result(answer)

@@ -4,8 +4,8 @@ A replica takes a batch not ended whose lease has run out (`Registry.take_lease`
 renews the lease with every save of the batch's object; one that dies hands the batch on
 when its lease runs out. Each request's finished line is stored as it finishes, under its
 index (`spotgate.file_store.line_key`): a request run again after a crash replaces its own
-line, so each `custom_id` ends in the output once. A request starts only while the model
-has an agent with room and no interactive stream waits for one. What status follows which
+line, so each `custom_id` ends in the output once. Requests run in the flex tier: an agent
+goes to them only when no interactive stream waits for one. What status follows which
 is `spotgate.openai_batches.next_status`.
 """
 
@@ -42,8 +42,8 @@ from spotgate.registry import StoredObject, object_id
 
 log = get_logger(__name__)
 
-SPARE_POLL_SECONDS = 0.2
-"""How often a batch waiting for spare capacity looks again."""
+FLEX_QUEUE_POLL_SECONDS = 0.2
+"""How often a batch whose last request waits in the flex tier looks again."""
 RETRY_WAIT_SECONDS = 1.0
 """A request told to wait, without saying how long, runs again after this."""
 
@@ -188,7 +188,7 @@ class BatchRun:
                 if self._should_end():
                     break
                 await slots.acquire()
-                if not await self._spare_capacity(checked.model):
+                if not await self._flex_queue_empty(checked.model):
                     slots.release()
                     break
                 placed = asyncio.Event()
@@ -236,16 +236,18 @@ class BatchRun:
                 self._stop.set()
                 return
 
-    async def _spare_capacity(self, model: str) -> bool:
-        """Wait until the model has an agent with room and no stream waiting; False: stop."""
+    async def _flex_queue_empty(self, model: str) -> bool:
+        """Wait until no flex stream waits for the model's agents; False: stop.
+
+        A request waits in the flex tier, behind every interactive stream, so the batch keeps
+        one at most waiting at a time rather than filling the queue.
+        """
         dispatcher = self._state.dispatcher
         while not self._stop.is_set():
-            if not dispatcher.knows(model):
-                return True  # the request is answered 404 at once
-            if not dispatcher.pending().get(model) and dispatcher.choose(model, None, ()):
+            if dispatcher.waiting(model) == dispatcher.pending().get(model, 0):
                 return True
             with suppress(TimeoutError):
-                async with asyncio.timeout(SPARE_POLL_SECONDS):
+                async with asyncio.timeout(FLEX_QUEUE_POLL_SECONDS):
                     await self._stop.wait()
         return False
 

@@ -17,7 +17,6 @@ within the stream's tenant (the frame's `tenant`, set from the client's key).
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Callable, Collection
@@ -26,7 +25,14 @@ from dataclasses import dataclass, field
 from ipaddress import IPv4Network, IPv6Network, ip_address
 from urllib.parse import urlsplit
 
-from gateway.fair_queue import FairQueue, Waiter, place_in_line
+from gateway.fair_queue import (
+    FairQueue,
+    Queued,
+    Waiter,
+    eta_seconds,
+    place_in_line,
+    wait_deadline,
+)
 from gateway.prefix import PrefixIndex, PromptPrefix, prompt_prefix
 from gateway.router import Candidate, PrefixAffinity, choose_agent
 from gateway.vouching import LaunchBook, RogueAgents, vouch
@@ -49,9 +55,6 @@ WHOLE_READ_SECONDS = 30.0
 change the overlap missed, within this."""
 FORECAST_READ_SECONDS = 5.0
 """How often a gateway with streams waiting reads the pool manager's forecasts."""
-FORECAST_GRACE_SECONDS = 60.0
-"""How long past a forecast a stream still waits: registration and the view's refresh,
-and a boot a little slower than the ones seen."""
 ADAPTERS_REMEMBERED_PER_AGENT = 8
 """LoRA adapters remembered as sent to each agent: about as many as an agent keeps loaded."""
 
@@ -72,31 +75,6 @@ class NoCapacity(Exception):
 
 class GatewayClosing(Exception):
     """The gateway is stopping: streams waiting for an agent wait no more."""
-
-
-@dataclass(frozen=True, slots=True)
-class Queued:
-    """The stream waits; `position` 0 is next; `eta_seconds`: the pool's expected wait."""
-
-    position: int
-    eta_seconds: float | None = None
-
-
-def wait_deadline(
-    deadline: float, forecast: PoolForecast | None, queued_at: float, max_wait_seconds: float
-) -> float:
-    """Until when a queued stream waits: its deadline, stretched to cover a booting agent."""
-    if forecast is None:
-        return deadline
-    covered = forecast.ready_at + FORECAST_GRACE_SECONDS
-    return max(deadline, min(covered, queued_at + max_wait_seconds))
-
-
-def eta_seconds(forecast: PoolForecast | None, now: float) -> float | None:
-    """The pool's expected wait for the model's next agent, in whole seconds (None: unknown)."""
-    if forecast is None:
-        return None
-    return float(max(0, math.ceil(forecast.ready_at - now)))
 
 
 @dataclass
@@ -218,7 +196,7 @@ class Dispatcher:
         self._scalable = frozenset(scale_from_zero_models)
         self._clock = clock
         self._waiting: dict[str, list[Waiter]] = {}
-        self._fair: dict[str, FairQueue] = {}
+        self._fair: dict[tuple[str, bool], FairQueue] = {}  # per model and tier (flex)
         self._weights: dict[str, float] = {}  # each tenant's key's, as its last stream said
         self._changed = asyncio.Event()
         self._full_until: dict[str, float] = {}
@@ -227,8 +205,13 @@ class Dispatcher:
         self.closing = False
 
     def pending(self) -> dict[str, int]:
-        """Streams waiting per model."""
-        return {model: len(waiters) for model, waiters in self._waiting.items() if waiters}
+        """Interactive streams waiting per model: the demand (flex ones add none)."""
+        counts = {m: sum(not w.flex for w in waiters) for m, waiters in self._waiting.items()}
+        return {model: count for model, count in counts.items() if count}
+
+    def waiting(self, model: str) -> int:
+        """Streams of any tier waiting for the model's agents."""
+        return len(self._waiting.get(model, ()))
 
     def weigh(self, tenant: str, weight: float) -> None:
         """The tenant's share of a full queue against other tenants' from now on."""
@@ -351,27 +334,33 @@ class Dispatcher:
         under_way: bool = False,
         tenant: str = "",
         cost_tokens: int = 1,
+        flex: bool = False,
     ) -> AsyncIterator[Queued | Candidate]:
         """Yield queue positions while waiting, then the chosen agent (last item).
 
         A stream `under_way` (moved, or resumed after a break) waits ahead of new ones and is
         never refused for a full queue: its client is mid-reply, and a spot loss, when the
-        queue fills, must not cut it off. New ones wait in their tenants' fair turns.
+        queue fills, must not cut it off. New ones wait in their tenants' fair turns; `flex`
+        ones behind them all, taking an agent only when no other stream waits.
         """
         if self.closing:
             raise GatewayClosing(model)
-        chosen = self.choose(model, session, exclude, prefix, adapter)
+        waiters = self._waiting.setdefault(model, [])
+        chosen = None if flex and waiters else self.choose(model, session, exclude, prefix, adapter)
         if chosen is not None:
             yield chosen
             return
         if not self.knows(model):
             raise UnknownModel(model)
-        waiters = self._waiting.setdefault(model, [])
-        if not under_way and len(waiters) >= self._queue.max_pending_per_model:
+        # Each tier has the whole queue's room: flex streams never crowd interactive ones out.
+        if (
+            not under_way
+            and sum(w.flex == flex for w in waiters) >= self._queue.max_pending_per_model
+        ):
             raise QueueFull(model)
-        fair = self._fair.setdefault(model, FairQueue())
+        fair = self._fair.setdefault((model, flex), FairQueue())
         tag = 0.0 if under_way else fair.tag(tenant, cost_tokens, self._weights.get(tenant, 1))
-        me = Waiter(under_way, tag)
+        me = Waiter(under_way, tag, flex)
         waiters.insert(place_in_line(waiters, me), me)
         queued_at = self._clock()
         until = deadline

@@ -1,4 +1,4 @@
-"""Who waits ahead when a model's agents are full: start-time fair queueing over tenants.
+"""The queue's rules when a model's agents are full: who waits ahead, and until when.
 
 First come, first served let one tenant's burst (a thousand streams, each within its key's
 limits) hold every other tenant's first token behind the whole backlog. Each waiting stream
@@ -6,16 +6,26 @@ is tagged with a virtual start instead: the later of the queue's virtual time an
 its tenant's previous share (a stream's share is its cost in tokens), and the queue serves
 in tag order. A tenant with a thousand waiting then gets one turn in each round of the
 tenants waiting, each turn as long as its stream's tokens; a light tenant's stream waits
-behind at most one turn of each other tenant. Pure: the dispatcher holds one per model.
+behind at most one turn of each other tenant. Flex streams (`service_tier: flex`, every
+request of a batch) wait behind every interactive one, in fair turns of their own. Pure: the
+dispatcher holds a `FairQueue` per model and tier.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from gateway.ratelimit import prompt_tokens_estimate
 from spotgate.protocol import GenerateFrame
 
+if TYPE_CHECKING:  # a decision module imports no I/O library: the registry's package does
+    from spotgate.registry import PoolForecast
+
+FORECAST_GRACE_SECONDS = 60.0
+"""How long past a forecast a stream still waits: registration and the view's refresh,
+and a boot a little slower than the ones seen."""
 DEFAULT_REPLY_TOKENS = 1_024
 """A stream's reply, counted in its cost where it names no `max_tokens`."""
 
@@ -33,19 +43,23 @@ class Waiter:
 
     under_way: bool
     tag: float = 0.0  # its virtual start (`FairQueue`); those under way wait ahead of all
+    flex: bool = False  # it waits behind every interactive stream not under way
+
+    @property
+    def rank(self) -> tuple[int, float]:
+        """Its place by kind, then by tag: under way, interactive, flex."""
+        if self.under_way:
+            return (0, 0.0)
+        return (2 if self.flex else 1, self.tag)
 
 
 def place_in_line(waiters: list[Waiter], me: Waiter) -> int:
-    """Where `me` joins the line: those under way first, the rest in order of their tags.
+    """Where `me` joins the line: those under way, interactive then flex ones by their tags.
 
-    Under way, it goes after those under way already; otherwise after every tag not later
-    than its own (equal tags: first come, first served).
+    It goes after every waiter of its kind whose tag is not later than its own (equal tags,
+    and those under way: first come, first served).
     """
-    if me.under_way:
-        return sum(w.under_way for w in waiters)
-    return next(
-        (i for i, w in enumerate(waiters) if not w.under_way and w.tag > me.tag), len(waiters)
-    )
+    return next((i for i, w in enumerate(waiters) if w.rank > me.rank), len(waiters))
 
 
 @dataclass(slots=True)
@@ -73,3 +87,28 @@ class FairQueue:
         if tag > self.virtual_time:
             self.virtual_time = tag
             self._share_ends = {t: end for t, end in self._share_ends.items() if end > tag}
+
+
+@dataclass(frozen=True, slots=True)
+class Queued:
+    """The stream waits; `position` 0 is next; `eta_seconds`: the pool's expected wait."""
+
+    position: int
+    eta_seconds: float | None = None
+
+
+def wait_deadline(
+    deadline: float, forecast: PoolForecast | None, queued_at: float, max_wait_seconds: float
+) -> float:
+    """Until when a queued stream waits: its deadline, stretched to cover a booting agent."""
+    if forecast is None:
+        return deadline
+    covered = forecast.ready_at + FORECAST_GRACE_SECONDS
+    return max(deadline, min(covered, queued_at + max_wait_seconds))
+
+
+def eta_seconds(forecast: PoolForecast | None, now: float) -> float | None:
+    """The pool's expected wait for the model's next agent, in whole seconds (None: unknown)."""
+    if forecast is None:
+        return None
+    return float(max(0, math.ceil(forecast.ready_at - now)))

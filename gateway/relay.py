@@ -45,11 +45,11 @@ from gateway.dispatch import (
     Dispatcher,
     GatewayClosing,
     NoCapacity,
-    Queued,
     QueueFull,
     UnknownModel,
 )
 from gateway.failover import HANDLE_KEY_BYTES, Failover
+from gateway.fair_queue import Queued
 from gateway.moves import (
     DropNext,
     HoldForNext,

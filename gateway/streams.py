@@ -134,6 +134,7 @@ async def admitted_frames(
             retry_after=decision.retry_after,
         )
         return
+    queue = state.settings.queue
     state.active_streams += 1
     state.idle.clear()
     state.metrics.active_streams.inc()
@@ -143,9 +144,13 @@ async def admitted_frames(
                 frame,
                 dispatcher=state.dispatcher,
                 link_for=state.link_for,
-                deadline_seconds=state.settings.queue.deadline_seconds,
-                stall_seconds=state.settings.queue.stall_seconds,
-                move_early=state.settings.queue.move_before_break,
+                deadline_seconds=(
+                    queue.flex_deadline_seconds
+                    if frame.service_tier == "flex"
+                    else queue.deadline_seconds
+                ),
+                stall_seconds=queue.stall_seconds,
+                move_early=queue.move_before_break,
                 outcome=outcome,
                 receipts=state.receipts.chain(principal.key_id, frame) if frame.want_ids else None,
                 direct=direct,

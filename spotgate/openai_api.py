@@ -197,11 +197,13 @@ class SamplingRequest(BaseModel):
     repetition_penalty: RepetitionPenalty = 1.0
     min_tokens: Annotated[int, Field(ge=0, le=1_000_000)] = 0
     ignore_eos: bool = False
+    # "flex" waits for capacity interactive streams leave (`GenerateFrame.service_tier`); the
+    # others are interactive. The reply names the tier it got, when one was asked for.
+    service_tier: Literal["auto", "default", "flex", "priority", "scale"] | None = None
     # OpenAI's bookkeeping, taken and not acted on: no reply depends on it. A prompt cache key
     # is a routing session, as `user` is: the same key goes where its prefix is cached.
     metadata: Annotated[dict[str, str], Field(max_length=16)] | None = None
     store: bool | None = None
-    service_tier: Annotated[str, Field(max_length=64)] | None = None
     safety_identifier: Annotated[str, Field(max_length=256)] | None = None
     prompt_cache_key: Annotated[str, Field(max_length=65_536)] | None = None
     prompt_cache_retention: Annotated[str, Field(max_length=64)] | None = None
@@ -229,6 +231,13 @@ class SamplingRequest(BaseModel):
         return bias
 
     @property
+    def served_tier(self) -> str | None:
+        """The tier the reply names: `flex` or `default`; None when the request named none."""
+        if self.service_tier is None:
+            return None
+        return "flex" if self.service_tier == "flex" else "default"
+
+    @property
     def include_usage(self) -> bool:
         """Whether a streamed reply ends with a usage chunk."""
         return self.stream_options is not None and self.stream_options.include_usage
@@ -253,6 +262,7 @@ class SamplingRequest(BaseModel):
             min_tokens=self.min_tokens,
             ignore_eos=self.ignore_eos,
             session=_session(session or self.prompt_cache_key or self.user),
+            service_tier="flex" if self.service_tier == "flex" else None,
             **fields,
         )
 

@@ -126,17 +126,21 @@ async def respond(
     include_usage: bool,
     forced: ForcedTools | None = None,
     direct: SseDeltas | None = None,
+    service_tier: str | None = None,
 ) -> web.StreamResponse:
     """The OpenAI response for a stream's frames (`forced`: a reply that must call tools).
 
-    With `direct`, the stream's deltas after the first may be written there instead.
+    With `direct`, the stream's deltas after the first may be written there instead;
+    `service_tier`: the tier the reply names.
     """
     if not stream:
-        return await collected(frames, kind=kind, cid=cid, model=model, forced=forced)
+        return await collected(
+            frames, kind=kind, cid=cid, model=model, forced=forced, service_tier=service_tier
+        )
     response = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
-    chunks = ChunkEncoder(kind, cid, model)
+    chunks = ChunkEncoder(kind, cid, model, service_tier)
     started = False
     calls_text: list[str] = []  # a forced reply's text: its tool calls
     # A client that hangs up is no server error: its stream is cancelled as `frames` closes.
@@ -228,6 +232,7 @@ async def collected(
     cid: str,
     model: str,
     forced: ForcedTools | None = None,
+    service_tier: str | None = None,
 ) -> web.Response:
     """A chat or text completion's one JSON body (`stream: false`), or its error's."""
     text: list[str] = []
@@ -247,7 +252,7 @@ async def collected(
         elif isinstance(frame, DoneFrame):
             reasoning = "".join(thinking) if thinking is not None else None
             body = completion_body(
-                kind, cid, model, "".join(text), frame, logprobs, forced, reasoning
+                kind, cid, model, "".join(text), frame, logprobs, forced, reasoning, service_tier
             )
             return web.json_response(body)
     return json_error(ErrorCode.INTERNAL, "stream ended without a result")

@@ -93,8 +93,12 @@ def completion_body(
     logprobs: list[TokenLogprob] | None = None,
     forced: ForcedTools | None = None,
     reasoning: str | None = None,
+    service_tier: str | None = None,
 ) -> dict[str, Any]:
-    """A whole (non-streamed) chat or text completion; `reasoning`: the model's thinking."""
+    """A whole (non-streamed) chat or text completion; `reasoning`: the model's thinking.
+
+    `service_tier`: the tier it got, named when the request named one.
+    """
     choice: dict[str, Any] = {"index": 0, "finish_reason": openai_finish_reason(done)}
     if kind == "text":
         choice["text"] = text
@@ -112,7 +116,7 @@ def completion_body(
             choice["message"] = {"role": "assistant", "content": text}
         if reasoning is not None:
             choice["message"]["reasoning_content"] = reasoning
-    return {
+    body = {
         "id": cid,
         "object": "chat.completion" if kind == "chat" else "text_completion",
         "created": int(time.time()),
@@ -120,6 +124,7 @@ def completion_body(
         "choices": [choice],
         "usage": usage_body(done),
     }
+    return body if service_tier is None else {**body, "service_tier": service_tier}
 
 
 class ChunkEncoder:
@@ -130,14 +135,16 @@ class ChunkEncoder:
     and the agents write one for every token of every stream.
     """
 
-    def __init__(self, kind: Kind, cid: str, model: str) -> None:
+    def __init__(self, kind: Kind, cid: str, model: str, service_tier: str | None = None) -> None:
         self.kind = kind
-        head = {
+        head: dict[str, Any] = {
             "id": cid,
             "object": "chat.completion.chunk" if kind == "chat" else "text_completion",
             "created": int(time.time()),
             "model": model,
         }
+        if service_tier is not None:  # the tier it got, when the request named one
+            head["service_tier"] = service_tier
         self._head = b"data: " + _compact_json(head)[:-1].encode() + b',"choices":['
         self._content_open = (
             b'{"index":0,"delta":{"content":' if kind == "chat" else b'{"index":0,"text":'

@@ -70,6 +70,7 @@ class ResponseWriter:
             "top_p": request.top_p,
             "metadata": {},
             "usage": _usage(done) if done is not None else None,
+            **({} if request.served_tier is None else {"service_tier": request.served_tier}),
         }
 
     def output(self, done: DoneFrame | None) -> list[dict[str, Any]]:

@@ -91,6 +91,7 @@ async def _openai(
             include_usage=body.include_usage,
             forced=ForcedTools.of(frame),
             direct=direct,
+            service_tier=body.served_tier,
         )
 
 

@@ -107,6 +107,9 @@ class GenerateFrame(WireModel):
     # Whose prefix cache the stream may use (`spotgate.tenancy`): set by a gateway from the
     # client's API key, refused from anyone else.
     tenant: Annotated[str, StringConstraints(min_length=1, max_length=128)] | None = None
+    # "flex": the stream takes only capacity no other stream waits for, queued behind every
+    # interactive one (OpenAI's flex processing; every request of a batch). None: interactive.
+    service_tier: Literal["flex"] | None = None
     # Set by a gateway that moves streams make-before-break: a draining agent says `moving`
     # and streams on until the gateway cancels or the drain's margin, instead of `interrupted`.
     move_early: bool = False

@@ -49,6 +49,8 @@ class QueueSettings(SettingsSection):
 
     max_pending_per_model: PositiveInt = 256
     deadline_seconds: PositiveFloat = 120.0
+    # A flex stream (`service_tier: flex`) waits this long for capacity others leave.
+    flex_deadline_seconds: PositiveFloat = 900.0
     # While the pool boots an agent for the model, a queued stream waits past its deadline
     # until that agent is expected ready (the pool manager's observed cold start, plus a
     # grace), but never longer than this from when it queued: a scale from zero on GPU

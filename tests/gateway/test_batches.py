@@ -1,4 +1,4 @@
-"""The Files and Batch APIs through the gateway, driven by the openai SDK (synthetic agents)."""
+"""The Files and Batch APIs and the flex tier through the gateway, driven by the openai SDK."""
 
 from __future__ import annotations
 
@@ -17,7 +17,14 @@ from spotgate.settings import BatchSettings, LimitStoreSettings
 from spotgate.tokens import SigningKey
 from stack.emulator import AwsEmulator
 from tests.gateway.conftest import MODEL, Gateway, agents_of, running_gateway
-from tests.support.agents import AgentFactory, expected_text, synthetic, wait_for
+from tests.support.agents import (
+    AgentFactory,
+    Imds,
+    expected_text,
+    spot_notice,
+    synthetic,
+    wait_for,
+)
 
 FAST_BATCHES = BatchSettings(poll_seconds=0.1, lease_seconds=3.0)
 """Workers that look for batches and save progress often (the defaults: 5 s, 30 s)."""
@@ -306,15 +313,23 @@ async def test_a_replica_that_stops_mid_batch_hands_it_on_and_no_request_is_lost
             await stack.aclose()
 
 
-async def test_a_batch_takes_no_agent_an_interactive_stream_is_waiting_for(
+@pytest.fixture
+async def one_slot_client(
     batch_gateway: Gateway,
     start_agent: AgentFactory,
     api_key: CreatedApiKey,
     openai_client: Client,
-) -> None:
+) -> openai.AsyncOpenAI:
+    """A client of the gateway, whose one agent takes one stream at a time."""
     one_slot = synthetic(20.0, capacity=1, ttft_seconds=0.01)
     await agents_of(batch_gateway, start_agent)(engine=one_slot)
-    client = openai_client(base_url=f"{batch_gateway.url}/v1", api_key=api_key.api_key)
+    return openai_client(base_url=f"{batch_gateway.url}/v1", api_key=api_key.api_key)
+
+
+async def test_a_batch_takes_no_agent_an_interactive_stream_is_waiting_for(
+    batch_gateway: Gateway, one_slot_client: openai.AsyncOpenAI
+) -> None:
+    client = one_slot_client
     content = b"".join(chat_line(f"req-{n}", "hello", 10) for n in range(20))
     uploaded = await client.files.create(file=("in.jsonl", content), purpose="batch")
     batch = await client.batches.create(
@@ -347,3 +362,97 @@ async def test_a_batch_takes_no_agent_an_interactive_stream_is_waiting_for(
     assert finished_by_reply <= finished_then + 1  # only the request that held the slot
     await client.batches.cancel(batch.id)
     await ended(client, batch.id)
+
+
+async def test_a_flex_request_waits_behind_interactive_ones_and_its_reply_names_its_tier(
+    batch_gateway: Gateway, one_slot_client: openai.AsyncOpenAI
+) -> None:
+    client = one_slot_client
+    dispatcher = batch_gateway.state.dispatcher
+
+    def ask(prompt: str, tier: Any) -> asyncio.Task[Any]:
+        return asyncio.create_task(
+            client.chat.completions.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": prompt}],
+                max_tokens=10,
+                service_tier=tier,
+            )
+        )
+
+    holder = ask("first", "auto")
+
+    async def agent_busy() -> bool:
+        return dispatcher.outstanding.total() > 0
+
+    await wait_for(agent_busy)
+    flex = ask("flex", "flex")
+
+    async def flex_waits() -> bool:
+        return dispatcher.waiting(MODEL) == 1
+
+    await wait_for(flex_waits)
+    interactive = ask("interactive", None)
+
+    async def both_wait() -> bool:
+        return dispatcher.waiting(MODEL) == 2
+
+    await wait_for(both_wait)
+    assert dispatcher.pending() == {MODEL: 1}  # the flex request is no demand on the pool
+    finished: list[str] = []
+    for name, task in (("flex", flex), ("interactive", interactive)):
+        task.add_done_callback(lambda _task, name=name: finished.append(name))
+    first, flexed, plain = await asyncio.gather(holder, flex, interactive)
+
+    assert finished == ["interactive", "flex"]  # it came later and went first
+    assert (first.service_tier, flexed.service_tier, plain.service_tier) == (
+        "default",
+        "flex",
+        None,
+    )
+    assert flexed.choices[0].message.content == expected_text("flex", 10)
+    stream = await client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=3,
+        service_tier="flex",
+        stream=True,
+    )
+    assert {chunk.service_tier async for chunk in stream} == {"flex"}
+
+
+async def test_a_spot_notice_mid_batch_moves_its_requests_and_each_ends_exactly_once(
+    batch_gateway: Gateway,
+    start_agent: AgentFactory,
+    api_key: CreatedApiKey,
+    openai_client: Client,
+    imds: Imds,
+) -> None:
+    start = agents_of(batch_gateway, start_agent)
+    noticed = await start(tokens_per_second=40.0)  # the emulated instance the notice reaches
+    client = openai_client(base_url=f"{batch_gateway.url}/v1", api_key=api_key.api_key)
+    tokens = 1000  # 25 s a request there: each outlasts the notice, and moves
+    content = b"".join(chat_line(f"req-{n}", f"spot {n}", tokens) for n in range(12))
+    uploaded = await client.files.create(file=("in.jsonl", content), purpose="batch")
+    batch = await client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    dispatcher = batch_gateway.state.dispatcher
+    noticed_id = noticed.runtime.identity.agent_id  # type: ignore[union-attr]
+
+    async def running_there() -> bool:
+        return dispatcher.outstanding[noticed_id] > 0
+
+    await wait_for(running_there)
+    await start(tokens_per_second=4000.0, imds_url="http://127.0.0.1:9")  # somewhere to go
+    await spot_notice(imds, in_seconds=20)
+    finished = await ended(client, batch.id)
+
+    assert finished.status == "completed"
+    assert batch_gateway.state.metrics.resumes._value.get() >= 1  # requests moved mid-reply
+    outputs = await lines_of(client, finished.output_file_id)
+    assert [line["custom_id"] for line in outputs] == [f"req-{n}" for n in range(12)]
+    for n, line in enumerate(outputs):
+        body = line["response"]["body"]
+        assert body["choices"][0]["message"]["content"] == expected_text(f"spot {n}", tokens)
+        assert body["usage"]["completion_tokens"] == tokens

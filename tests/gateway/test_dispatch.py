@@ -13,19 +13,16 @@ import pytest
 
 from gateway.dispatch import (
     FEED_OVERLAP_SECONDS,
-    FORECAST_GRACE_SECONDS,
     FORECAST_READ_SECONDS,
     WHOLE_READ_SECONDS,
     Dispatcher,
     GatewayClosing,
     NoCapacity,
     PoolView,
-    Queued,
     QueueFull,
     agent_url_allowed,
-    eta_seconds,
-    wait_deadline,
 )
+from gateway.fair_queue import FORECAST_GRACE_SECONDS, Queued, eta_seconds, wait_deadline
 from gateway.router import Candidate
 from gpu_agent.runtime import StreamHandle
 from spotgate.protocol import GenerateFrame
@@ -557,6 +554,41 @@ async def test_a_stream_under_way_waits_ahead_of_new_ones_even_in_a_full_queue()
     assert isinstance(chosen, Candidate)
     assert chosen.agent_id == "a"  # the new stream, behind it, could not choose first
     await new.aclose()
+
+
+async def test_a_flex_stream_takes_an_agent_only_when_no_interactive_stream_waits() -> None:
+    """Flex streams wait behind interactive ones, add no demand, and have room of their own."""
+    clock = FakeClock(1_000.0)
+    dispatcher = Dispatcher(
+        QueueSettings(max_pending_per_model=1), scale_from_zero_models=(MODEL,), clock=clock
+    )
+    registry: Any = FeedAndForecasts()
+    deadline = clock.now + 60.0
+    flex = dispatcher.acquire(MODEL, session=None, exclude=(), deadline=deadline, flex=True)
+    assert await anext(flex) == Queued(0, None)
+    interactive = dispatcher.acquire(MODEL, session=None, exclude=(), deadline=deadline)
+    assert await anext(interactive) == Queued(0, None)  # ahead of the flex stream
+    assert await anext(flex) == Queued(1, None)
+    assert dispatcher.pending() == {MODEL: 1}  # the demand: flex streams size no pool
+    assert dispatcher.waiting(MODEL) == 2
+    second_flex = dispatcher.acquire(MODEL, session=None, exclude=(), deadline=deadline, flex=True)
+    with pytest.raises(QueueFull):  # the flex tier's room is full; the interactive one's too
+        await anext(second_flex)
+
+    registry.records = [replace(entry("a", clock.now, expires_at=clock.now + 100.0), capacity=1)]
+    placing = asyncio.create_task(anext(interactive))
+    await dispatcher.refresh(registry)
+    chosen = await placing
+    assert isinstance(chosen, Candidate)
+    dispatcher.started(chosen.agent_id)
+    dispatcher.finished(chosen.agent_id)  # the interactive stream ends: the flex one's turn
+    assert await anext(flex) == Queued(0, None)
+    taken = await anext(flex)
+    assert isinstance(taken, Candidate)
+    dispatcher.started(taken.agent_id)
+    late = dispatcher.acquire(MODEL, session=None, exclude=(), deadline=deadline, flex=True)
+    assert await anext(late) == Queued(0, None)
+    await late.aclose()
 
 
 async def test_a_tenants_burst_does_not_hold_another_tenants_stream_behind_it() -> None:

@@ -66,6 +66,15 @@ def test_streams_under_way_wait_ahead_of_every_tag() -> None:
     assert place_in_line(line, Waiter(False, 10.0)) == 2  # between the tags
 
 
+def test_flex_streams_wait_behind_every_interactive_one_in_turns_of_their_own() -> None:
+    line = [Waiter(True), Waiter(False, 50.0), Waiter(False, 0.0, flex=True)]
+    assert place_in_line(line, Waiter(False, 900.0)) == 2  # interactive: before every flex
+    assert place_in_line(line, Waiter(False, 0.0, flex=True)) == 3  # equal tags: in turn
+    line.append(Waiter(False, 10.0, flex=True))
+    assert place_in_line(line, Waiter(False, 5.0, flex=True)) == 3  # by tag among flex
+    assert place_in_line(line, Waiter(True)) == 1
+
+
 def test_a_streams_cost_is_its_prompt_and_the_most_it_may_generate() -> None:
     frame = GenerateFrame(type="generate", id="s", model="m", prompt="x" * 400)
     assert stream_cost_tokens(frame) == 100 + DEFAULT_REPLY_TOKENS

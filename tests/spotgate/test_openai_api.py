@@ -174,6 +174,27 @@ def test_bookkeeping_fields_are_taken_and_change_nothing() -> None:
     assert taken == frame_of()
 
 
+@pytest.mark.parametrize(
+    ("asked", "tier", "named"),
+    [
+        (None, None, None),
+        ("auto", None, "default"),
+        ("default", None, "default"),
+        ("priority", None, "default"),
+        ("flex", "flex", "flex"),
+    ],
+)
+def test_a_flex_request_waits_in_the_flex_tier_and_the_reply_names_the_tier_it_got(
+    asked: str | None, tier: str | None, named: str | None
+) -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "service_tier": asked}
+    request = ChatCompletionRequest.model_validate(body)
+    assert request.to_generate_frame("s", session=None).service_tier == tier
+    assert request.served_tier == named
+    with pytest.raises(ValidationError):
+        ChatCompletionRequest.model_validate({**body, "service_tier": "cheapest"})
+
+
 def test_a_longer_user_is_a_stable_hashed_session() -> None:
     first, second = frame_of(user="u" * 1000).session, frame_of(user="u" * 1000).session
     assert first == second
