@@ -77,7 +77,12 @@ class Wakeup:
     """Not from the agent: the stream's reader has its own event to see (a move prepared)."""
 
 
-ChannelItem = ServerFrame | LinkLost | StreamStalled | GatewayGoingAway | Wakeup
+@dataclass(frozen=True, slots=True)
+class Preempted:
+    """Not from the agent: a waiting interactive stream needs this flex stream's place."""
+
+
+ChannelItem = ServerFrame | LinkLost | StreamStalled | GatewayGoingAway | Wakeup | Preempted
 
 
 class _PendingDelta:

@@ -12,8 +12,9 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Collection
 from dataclasses import dataclass
+from functools import partial
 
-from gateway.agent_link import AgentLink, LinkUnavailable, StreamChannel, Wakeup
+from gateway.agent_link import AgentLink, LinkUnavailable, Preempted, StreamChannel, Wakeup
 from gateway.dispatch import (
     Dispatcher,
     GatewayClosing,
@@ -39,6 +40,7 @@ class Leg:
     link: AgentLink
     frame_id: str
     channel: StreamChannel
+    flex: tuple[str, int] | None = None  # a flex stream's model and key in `RunningFlex`
 
 
 def acquire(
@@ -100,11 +102,19 @@ async def open_leg(
         raise
     # Set before any delta can come: the agent has the frame only now, and prefills first.
     channel.merge_deltas = merge_deltas
-    return Leg(agent_id, link, agent_frame.id, channel)
+    # A placed flex stream may give its place to an interactive one; a move's continuation
+    # (not merged: the move reads it) is not offered.
+    if agent_frame.service_tier != "flex" or not merge_deltas:
+        return Leg(agent_id, link, agent_frame.id, channel)
+    model = agent_frame.base_model
+    key = dispatcher.running_flex.add(model, partial(channel.push, Preempted()))
+    return Leg(agent_id, link, agent_frame.id, channel, (model, key))
 
 
 async def close_leg(leg: Leg, dispatcher: Dispatcher, *, cancel: bool) -> None:
     """The agent's stream is over for this client: cancel it there if it still runs."""
+    if leg.flex is not None:
+        dispatcher.running_flex.remove(*leg.flex)
     dispatcher.finished(leg.agent_id)
     if cancel:
         await leg.link.cancel(leg.frame_id)

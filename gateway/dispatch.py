@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 from gateway.fair_queue import (
     FairQueue,
     Queued,
+    RunningFlex,
     Waiter,
     eta_seconds,
     place_in_line,
@@ -197,6 +198,7 @@ class Dispatcher:
         self._clock = clock
         self._waiting: dict[str, list[Waiter]] = {}
         self._fair: dict[tuple[str, bool], FairQueue] = {}  # per model and tier (flex)
+        self.running_flex = RunningFlex()
         self._weights: dict[str, float] = {}  # each tenant's key's, as its last stream said
         self._changed = asyncio.Event()
         self._full_until: dict[str, float] = {}
@@ -362,6 +364,8 @@ class Dispatcher:
         tag = 0.0 if under_way else fair.tag(tenant, cost_tokens, self._weights.get(tenant, 1))
         me = Waiter(under_way, tag, flex)
         waiters.insert(place_in_line(waiters, me), me)
+        if not flex:  # its place is a flex stream's, which waits again behind it
+            self.running_flex.preempt_one(model)
         queued_at = self._clock()
         until = deadline
         try:

@@ -476,6 +476,11 @@ class Failover:
         """The agent sent nothing past the stall limit: resume elsewhere (it is told to stop)."""
         return self._resume_elsewhere(now)
 
+    def on_preempted(self, *, now: float) -> ResumeElsewhere:
+        """A flex stream gives its place to an interactive one: it resumes when there is room."""
+        self.outcome.preemptions += 1
+        return self._resume_elsewhere(now, exclude=False)
+
     def _leave_agent(self) -> str:
         """The serving agent's stream is over: which agent it was."""
         agent = self.serving
@@ -485,8 +490,9 @@ class Failover:
         self.move.leave_agent()
         return agent
 
-    def _resume_elsewhere(self, now: float) -> ResumeElsewhere:
+    def _resume_elsewhere(self, now: float, *, exclude: bool = True) -> ResumeElsewhere:
         failed = self._leave_agent()
-        self.excluded.add(failed)
+        if exclude:
+            self.excluded.add(failed)
         self.deadline = now + self.deadline_seconds  # each placement gets its own wait
         return ResumeElsewhere(failed_agent=failed, tokens_so_far=len(self.ids))

@@ -7,13 +7,16 @@ its tenant's previous share (a stream's share is its cost in tokens), and the qu
 in tag order. A tenant with a thousand waiting then gets one turn in each round of the
 tenants waiting, each turn as long as its stream's tokens; a light tenant's stream waits
 behind at most one turn of each other tenant. Flex streams (`service_tier: flex`, every
-request of a batch) wait behind every interactive one, in fair turns of their own. Pure: the
-dispatcher holds a `FairQueue` per model and tier.
+request of a batch) wait behind every interactive one, in fair turns of their own, and each
+interactive stream that must wait stops one running flex stream of its model (`RunningFlex`),
+which waits again, in its tier, to resume where it was. Pure but for the stops it calls: the
+dispatcher holds a `FairQueue` per model and tier, and one `RunningFlex`.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -47,10 +50,10 @@ class Waiter:
 
     @property
     def rank(self) -> tuple[int, float]:
-        """Its place by kind, then by tag: under way, interactive, flex."""
-        if self.under_way:
-            return (0, 0.0)
-        return (2 if self.flex else 1, self.tag)
+        """Its place by kind, then by tag: under way, interactive, flex (flex under way first)."""
+        if self.flex:
+            return (2, -1.0 if self.under_way else self.tag)
+        return (0, 0.0) if self.under_way else (1, self.tag)
 
 
 def place_in_line(waiters: list[Waiter], me: Waiter) -> int:
@@ -112,3 +115,29 @@ def eta_seconds(forecast: PoolForecast | None, now: float) -> float | None:
     if forecast is None:
         return None
     return float(max(0, math.ceil(forecast.ready_at - now)))
+
+
+@dataclass(slots=True)
+class RunningFlex:
+    """The flex streams running on each model's agents, each with what stops it there."""
+
+    _stops: dict[str, dict[int, Callable[[], None]]] = field(default_factory=dict)
+    _count: int = 0
+
+    def add(self, model: str, stop: Callable[[], None]) -> int:
+        """A flex stream started on one of the model's agents: its key, to remove it by."""
+        self._count += 1
+        self._stops.setdefault(model, {})[self._count] = stop
+        return self._count
+
+    def remove(self, model: str, key: int) -> None:
+        """The flex stream ended there (or was stopped)."""
+        self._stops.get(model, {}).pop(key, None)
+
+    def preempt_one(self, model: str) -> bool:
+        """Stop the model's newest flex stream (its place goes to a waiting stream); whether any."""
+        stops = self._stops.get(model)
+        if not stops:
+            return False
+        stops.pop(max(stops))()
+        return True

@@ -82,6 +82,11 @@ class GatewayMetrics:
         self.resumes = Counter(
             "spotgate_gateway_resumes_total", "streams moved to another agent", registry=r
         )
+        self.preemptions = Counter(
+            "spotgate_gateway_preemptions_total",
+            "flex streams stopped for a waiting interactive one, to resume once placed again",
+            registry=r,
+        )
         self.early_moves = Counter(
             "spotgate_gateway_early_moves_total",
             "streams moved make-before-break: their continuation prefilled on the next agent "
@@ -160,6 +165,7 @@ class GatewayMetrics:
             self.resumes.inc(outcome.resumes)
         # A next agent dropped before the switch is no early move, but its check counts.
         self.early_moves.inc(outcome.early_moves)
+        self.preemptions.inc(outcome.preemptions)
         self.early_move_checked_tokens.inc(outcome.early_move_checked_tokens)
         self.early_move_divergences.inc(outcome.early_move_diverged)
         if outcome.error is not None:

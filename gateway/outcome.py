@@ -28,6 +28,7 @@ class RelayOutcome:
     added_ttft_ms: float | None = None  # the gateway's own share of `ttft_ms`, if not queued
     error: ErrorCode | None = None
     early_moves: int = 0  # moves made before the break (`moving`)
+    preemptions: int = 0  # places given to interactive streams (a flex stream's)
     # The checks of each next agent's first tokens against the draining agent's, switched to
     # or dropped: tokens compared, and how many next agents differed (batch-dependent
     # numerics; either continues what the client holds).

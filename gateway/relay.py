@@ -36,6 +36,7 @@ from gateway.agent_link import (
     AgentLink,
     GatewayGoingAway,
     LinkLost,
+    Preempted,
     StreamChannel,
     StreamStalled,
     Wakeup,
@@ -301,15 +302,19 @@ class _Relay:
             if self.mover is not None and self.mover.done():
                 self.following, self.mover = prepared(self.mover), None
                 await self._carry_out(leg, stream.on_next_opened(self.following is not None))
-        elif isinstance(item, StreamStalled):  # nothing for too long: stop it there
-            stalled = stream.on_stalled(now=time.time())
+        elif isinstance(item, StreamStalled | Preempted):  # stop it there, resume once placed
+            stalled = isinstance(item, StreamStalled)
+            left = (
+                stream.on_stalled(now=time.time())
+                if stalled
+                else stream.on_preempted(now=time.time())
+            )
             await leg.link.cancel(leg.frame_id)
-            log.warning(
-                "agent stream stalled; resuming elsewhere",
+            (log.warning if stalled else log.info)(
+                "agent stream stalled; resuming elsewhere" if stalled else "flex stream preempted",
                 stream_id=stream.request.id,
-                failed_agent=stalled.failed_agent,
-                stalled_seconds=item.seconds,
-                tokens_so_far=stalled.tokens_so_far,
+                failed_agent=left.failed_agent,
+                tokens_so_far=left.tokens_so_far,
             )
             await self._at_break(leg)
             self.leg_over = True

@@ -326,12 +326,14 @@ async def one_slot_client(
     return openai_client(base_url=f"{batch_gateway.url}/v1", api_key=api_key.api_key)
 
 
-async def test_a_batch_takes_no_agent_an_interactive_stream_is_waiting_for(
+async def test_a_batch_request_gives_its_agent_to_an_interactive_one_and_resumes_exactly(
     batch_gateway: Gateway, one_slot_client: openai.AsyncOpenAI
 ) -> None:
     client = one_slot_client
-    content = b"".join(chat_line(f"req-{n}", "hello", 10) for n in range(20))
-    uploaded = await client.files.create(file=("in.jsonl", content), purpose="batch")
+    tokens = 200  # 10 s on the agent's one slot: running when the interactive request comes
+    uploaded = await client.files.create(
+        file=("in.jsonl", chat_line("only", "hello", tokens)), purpose="batch"
+    )
     batch = await client.batches.create(
         input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
     )
@@ -340,28 +342,22 @@ async def test_a_batch_takes_no_agent_an_interactive_stream_is_waiting_for(
     async def agent_busy() -> bool:
         return dispatcher.outstanding.total() > 0
 
-    await wait_for(agent_busy)  # a batch request holds the agent's one slot
-    interactive = asyncio.create_task(
-        client.chat.completions.create(
-            model=MODEL,
-            messages=[{"role": "user", "content": "now"}],
-            max_tokens=3,
-        )
+    await wait_for(agent_busy)  # the batch's request holds the agent's one slot
+    reply = await client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "now"}], max_tokens=3
     )
-
-    async def interactive_waits() -> bool:
-        return dispatcher.pending().get(MODEL, 0) == 1
-
-    await wait_for(interactive_waits)
     async with FileStore.open(batch_gateway.state.settings.shared) as files:
-        finished_then = len(await files.keys(line_prefix(batch.id)))
-        reply = await interactive
-        finished_by_reply = len(await files.keys(line_prefix(batch.id)))
+        finished_by_reply = await files.keys(line_prefix(batch.id))
+    finished = await ended(client, batch.id)
 
     assert reply.choices[0].message.content == expected_text("now", 3)
-    assert finished_by_reply <= finished_then + 1  # only the request that held the slot
-    await client.batches.cancel(batch.id)
-    await ended(client, batch.id)
+    assert finished_by_reply == []  # the interactive reply did not wait for the batch's
+    assert batch_gateway.state.metrics.preemptions._value.get() == 1
+    assert finished.status == "completed"
+    [line] = await lines_of(client, finished.output_file_id)
+    body = line["response"]["body"]
+    assert body["choices"][0]["message"]["content"] == expected_text("hello", tokens)
+    assert body["usage"]["completion_tokens"] == tokens
 
 
 async def test_a_flex_request_waits_behind_interactive_ones_and_its_reply_names_its_tier(
@@ -456,3 +452,35 @@ async def test_a_spot_notice_mid_batch_moves_its_requests_and_each_ends_exactly_
         body = line["response"]["body"]
         assert body["choices"][0]["message"]["content"] == expected_text(f"spot {n}", tokens)
         assert body["usage"]["completion_tokens"] == tokens
+
+
+async def test_an_interactive_stream_takes_a_running_flex_streams_place_which_resumes_exactly(
+    batch_gateway: Gateway, one_slot_client: openai.AsyncOpenAI
+) -> None:
+    client = one_slot_client
+    dispatcher = batch_gateway.state.dispatcher
+    tokens = 100  # 5 s on the agent: running when the interactive request comes
+    flex = asyncio.create_task(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "long flex"}],
+            max_tokens=tokens,
+            service_tier="flex",
+        )
+    )
+
+    async def flex_running() -> bool:
+        return dispatcher.outstanding.total() > 0
+
+    await wait_for(flex_running)
+    interactive = await client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "now"}], max_tokens=3
+    )
+
+    assert not flex.done()  # the interactive reply did not wait for it
+    assert interactive.choices[0].message.content == expected_text("now", 3)
+    flexed = await flex
+    assert flexed.choices[0].message.content == expected_text("long flex", tokens)
+    assert flexed.usage is not None
+    assert flexed.usage.completion_tokens == tokens  # each token counted once
+    assert batch_gateway.state.metrics.preemptions._value.get() == 1

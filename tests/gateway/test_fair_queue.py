@@ -7,6 +7,7 @@ import pytest
 from gateway.fair_queue import (
     DEFAULT_REPLY_TOKENS,
     FairQueue,
+    RunningFlex,
     Waiter,
     place_in_line,
     stream_cost_tokens,
@@ -73,6 +74,25 @@ def test_flex_streams_wait_behind_every_interactive_one_in_turns_of_their_own() 
     line.append(Waiter(False, 10.0, flex=True))
     assert place_in_line(line, Waiter(False, 5.0, flex=True)) == 3  # by tag among flex
     assert place_in_line(line, Waiter(True)) == 1
+
+
+def test_a_preempted_flex_stream_waits_ahead_of_new_flex_ones_behind_interactive_ones() -> None:
+    line = [Waiter(False, 50.0), Waiter(False, 0.0, flex=True)]
+    assert place_in_line(line, Waiter(True, flex=True)) == 1
+
+
+def test_each_waiting_interactive_stream_stops_the_newest_flex_stream_of_its_model() -> None:
+    stopped: list[str] = []
+    running = RunningFlex()
+    older = running.add("m", lambda: stopped.append("older"))
+    running.add("m", lambda: stopped.append("newer"))
+    running.add("other", lambda: stopped.append("other"))
+
+    assert running.preempt_one("m")
+    running.remove("m", older)  # it ended on its own
+    assert not running.preempt_one("m")
+    assert not running.preempt_one("none")
+    assert stopped == ["newer"]
 
 
 def test_a_streams_cost_is_its_prompt_and_the_most_it_may_generate() -> None:
