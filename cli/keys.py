@@ -25,7 +25,15 @@ from spotgate.registry import (
 from spotgate.tenancy import valid_tenant_name
 
 SINCE_UNIT_SECONDS = {"m": 60, "h": 3600, "d": 86400}
-USAGE_COLUMNS = ("key_id", "name", "model", "streams", "prompt_tokens", "completion_tokens")
+USAGE_COLUMNS = (
+    "key_id",
+    "name",
+    "model",
+    "streams",
+    "prompt_tokens",
+    "completion_tokens",
+    "flex_tokens",
+)
 
 
 def tenant_name(text: str) -> str:
@@ -130,7 +138,7 @@ async def _keys_usage(args: argparse.Namespace) -> int:
     for (key_id, model), counts in sorted(totals.items()):
         print(
             f"{key_id}  {names.get(key_id, '?')}  {model}  {counts.streams}  "
-            f"{counts.prompt_tokens}  {counts.completion_tokens}"
+            f"{counts.prompt_tokens}  {counts.completion_tokens}  {counts.flex_tokens}"
         )
     return 0
 

@@ -178,7 +178,12 @@ async def admitted_frames(
         )
         used = prompt_tokens + completion_tokens
         state.usage.record(
-            principal.key_id, frame.model, prompt_tokens, completion_tokens, state.clock()
+            principal.key_id,
+            frame.model,
+            prompt_tokens,
+            completion_tokens,
+            state.clock(),
+            flex=frame.service_tier == "flex",
         )
         try:
             await state.limits.finish(admission, used, state.clock())

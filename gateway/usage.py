@@ -41,11 +41,19 @@ class UsageMeter:
     """Writes made and not known to be in the table, by write id."""
 
     def record(
-        self, key_id: str, model: str, prompt_tokens: int, completion_tokens: int, at: float
+        self,
+        key_id: str,
+        model: str,
+        prompt_tokens: int,
+        completion_tokens: int,
+        at: float,
+        *,
+        flex: bool = False,
     ) -> None:
-        """Count one finished stream."""
+        """Count one finished stream (`flex`: its tokens are flex tokens too)."""
+        flex_tokens = prompt_tokens + completion_tokens if flex else 0
         self.pending[(key_id, model, minute_of(at))] += UsageCounts(
-            prompt_tokens, completion_tokens, 1
+            prompt_tokens, completion_tokens, 1, flex_tokens
         )
         self.metrics.usage_tokens.labels(model=model, kind="prompt").inc(prompt_tokens)
         self.metrics.usage_tokens.labels(model=model, kind="completion").inc(completion_tokens)

@@ -192,12 +192,15 @@ class UsageCounts:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     streams: int = 0
+    # Of the tokens, those of flex streams (`service_tier: flex`, every request of a batch).
+    flex_tokens: int = 0
 
     def __add__(self, other: UsageCounts) -> UsageCounts:
         return UsageCounts(
             self.prompt_tokens + other.prompt_tokens,
             self.completion_tokens + other.completion_tokens,
             self.streams + other.streams,
+            self.flex_tokens + other.flex_tokens,
         )
 
 

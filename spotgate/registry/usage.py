@@ -49,7 +49,7 @@ class UsageOperations(RegistryBase):
                 Key={"key_id": encode(key_id), "period": encode(period(minute, model))},
                 UpdateExpression=(
                     "ADD prompt_tokens :prompt, completion_tokens :completion, "
-                    "streams :streams, writes :writes "
+                    "streams :streams, flex_tokens :flex, writes :writes "
                     "SET #model = :model, #minute = :minute, expires_at = :expires"
                 ),
                 ConditionExpression="NOT contains(writes, :write)",
@@ -59,6 +59,7 @@ class UsageOperations(RegistryBase):
                     ":prompt": encode(counts.prompt_tokens),
                     ":completion": encode(counts.completion_tokens),
                     ":streams": encode(counts.streams),
+                    ":flex": encode(counts.flex_tokens),
                     ":writes": encode({write_id}),
                     ":write": encode(write_id),
                     ":model": encode(model),
@@ -106,6 +107,7 @@ class UsageOperations(RegistryBase):
                         prompt_tokens=int(values.get("prompt_tokens", 0)),
                         completion_tokens=int(values.get("completion_tokens", 0)),
                         streams=int(values.get("streams", 0)),
+                        flex_tokens=int(values.get("flex_tokens", 0)),
                     ),
                 )
             )

@@ -282,18 +282,18 @@ async def test_keys_usage_sums_each_key_and_model_over_the_window(
         for minute, counts in ((now, UsageCounts(10, 20, 1)), (now - 600, UsageCounts(1, 2, 1))):
             await registry.add_usage(busy, "tiny", minute, counts, f"w{minute}")
         await registry.add_usage(busy, "tiny", now - 2 * 86400, UsageCounts(99, 99, 9), "old")
-        await registry.add_usage(idle, "other", now, UsageCounts(5, 0, 1), "idle")
+        await registry.add_usage(idle, "other", now, UsageCounts(5, 0, 1, flex_tokens=5), "idle")
 
     every = await spotgate.in_thread("keys", "usage")
     assert every.returncode == 0, every.stderr
     header, *rows = every.stdout.splitlines()
     assert header.split() == ["key_id", "name", "model", "streams", "prompt_tokens",
-                              "completion_tokens"]  # fmt: skip
+                              "completion_tokens", "flex_tokens"]  # fmt: skip
     assert sorted(row.split() for row in rows) == sorted(
-        [[busy, "busy", "tiny", "2", "11", "22"], [idle, "idle", "other", "1", "5", "0"]]
+        [[busy, "busy", "tiny", "2", "11", "22", "0"], [idle, "idle", "other", "1", "5", "0", "5"]]
     )
     one = await spotgate.in_thread("keys", "usage", busy, "--since", "7d")
-    assert one.stdout.splitlines()[1:] == [f"{busy}  busy  tiny  11  110  121"]
+    assert one.stdout.splitlines()[1:] == [f"{busy}  busy  tiny  11  110  121  0"]
     bad = await spotgate.in_thread("keys", "usage", "--since", "yesterday")
     assert bad.returncode == 2
     assert "not a duration like 90m, 24h or 7d" in one_line(bad.stderr)

@@ -47,6 +47,17 @@ def test_streams_are_summed_per_key_model_and_minute_and_exported_per_model_only
     assert "key-a" not in exposition  # no label per key
 
 
+async def test_flex_streams_tokens_are_counted_apart_as_well(registry: Registry) -> None:
+    meter = UsageMeter(GatewayMetrics())
+    meter.record("key-a", "m", 5, 7, NOW)
+    meter.record("key-a", "m", 2, 3, NOW, flex=True)  # a batch's request, say
+
+    await meter.flush(registry)
+    assert [row.counts for row in await registry.read_usage("key-a", NOW - 60)] == [
+        UsageCounts(7, 10, 2, flex_tokens=5)
+    ]
+
+
 async def test_counts_a_failed_write_leaves_wait_for_the_next_flush(
     registry: Registry, aws: AwsEmulator
 ) -> None:
