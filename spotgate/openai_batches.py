@@ -77,7 +77,7 @@ class BatchCreateRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    input_file_id: Annotated[str, Field(min_length=1, max_length=128)]
+    input_file_id: Annotated[str, Field(min_length=1, max_length=64)]
     endpoint: BatchEndpoint
     completion_window: Literal["24h"]
     metadata: dict[str, str] | None = None

@@ -21,8 +21,16 @@ from spotgate.registry.base import RegistryBase, is_condition_failure
 from spotgate.registry.codec import decode_item, encode
 from spotgate.registry.schema import BY_WORK_INDEX
 
+MAX_OBJECT_ID_CHARS = 64
+"""Ids made here are 33 to 38 characters; a longer one names nothing (and DynamoDB refuses
+sort keys over 1,024 bytes: a client's 5,000-character id must not become a 500)."""
 WORK_OPEN = "open"
 """`work` of every batch still to be worked (one partition: a few writes per batch)."""
+
+
+def names_an_object(text: str, prefix: str) -> bool:
+    """Whether `text` could be an id made here with `prefix` (else nothing has it)."""
+    return text.startswith(prefix) and len(text) <= MAX_OBJECT_ID_CHARS
 
 
 def object_id(prefix: str, now: float) -> str:
@@ -76,12 +84,14 @@ class BatchOperations(RegistryBase):
 
     async def get_object(self, owner: str, object_id: str) -> dict[str, Any] | None:
         """A file or batch the key owns, as OpenAI's object (None: none, or expired)."""
+        if len(object_id) > MAX_OBJECT_ID_CHARS:
+            return None
         item = await self._item(owner, object_id)
         return json.loads(str(decode_item(item)["body"])) if item is not None else None
 
     async def get_batch(self, owner: str, batch_id: str) -> StoredObject | None:
         """A batch the key owns, with its cancel and lease."""
-        if not batch_id.startswith("batch_"):
+        if not names_an_object(batch_id, "batch_"):
             return None
         item = await self._item(owner, batch_id)
         return _stored_object(item) if item is not None else None
@@ -130,7 +140,7 @@ class BatchOperations(RegistryBase):
             "ExpressionAttributeValues": {":owner": encode(owner), ":prefix": encode(prefix)},
             "ScanIndexForward": not newest_first,
         }
-        if after is not None:
+        if after is not None and names_an_object(after, prefix):
             request["ExclusiveStartKey"] = {"owner": encode(owner), "object_id": encode(after)}
         now = self._clock()
         found: list[StoredObject] = []

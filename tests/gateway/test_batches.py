@@ -248,6 +248,12 @@ async def test_bad_uploads_and_batch_requests_are_clear_400s(
         )
     with pytest.raises(openai.BadRequestError, match="limit"):
         await client.batches.list(limit=101)
+    long_id = "file-" + "x" * 5000  # beyond what DynamoDB takes as a key: still a 404
+    with pytest.raises(openai.NotFoundError):
+        await client.files.retrieve(long_id)
+    with pytest.raises(openai.NotFoundError):
+        await client.batches.retrieve("batch_" + "x" * 5000)
+    assert (await client.files.list(after=long_id)).data
 
 
 async def test_a_replica_that_stops_mid_batch_hands_it_on_and_no_request_is_lost_or_doubled(

@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import pytest
+
 from spotgate.registry import Registry, object_id
+from spotgate.registry.batches import names_an_object
 from tests.support.clocks import FakeClock
 
 LEASE_SECONDS = 30.0
@@ -114,3 +117,18 @@ async def test_a_keys_objects_list_newest_first_in_pages_and_expire(
     assert [stored.id for stored in after_expiry] == [ids[2], ids[1]]
     assert await registry.get_object("k1", ids[0]) is None
     assert await registry.get_object("k2", ids[1]) is None
+
+
+@pytest.mark.parametrize(
+    ("text", "prefix", "names"),
+    [
+        ("file-01a2b3c4d5e6f7a8b9c0d1e2f3", "file-", True),
+        ("batch_01a2b3c4d5e6f7a8b9c0d1e2f3", "file-", False),
+        ("file-" + "x" * 5000, "file-", False),  # DynamoDB refuses such a key: never asked
+        ("", "batch_", False),
+    ],
+)
+def test_only_what_could_be_an_id_made_here_is_looked_up(
+    text: str, prefix: str, names: bool
+) -> None:
+    assert names_an_object(text, prefix) is names
