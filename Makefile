@@ -80,6 +80,7 @@ bench: $(INSTALLED) $(REDIS_SERVER) $(LITELLM) $(TOKENIZERS)
 	$(BIN)/python -m loadtest.bench.move_gap --cache $(TOKENIZER_CACHE) --prompt-tokens 32000 --reply-tokens 2000 --runs 2 --section move-gap-32k --write docs/benchmarks.md
 	$(BIN)/python -m loadtest.bench.prefix_routing --write docs/benchmarks.md
 	$(BIN)/python -m loadtest.bench.tenant_isolation --write docs/benchmarks.md
+	$(BIN)/python -m loadtest.bench.batch_share --write docs/benchmarks.md
 	$(BIN)/python -m loadtest.bench.gateway_relay --litellm $(LITELLM) --write docs/benchmarks.md
 	$(BIN)/python -m loadtest.bench.gateway_profile --write docs/benchmarks.md
 	$(BIN)/python -m loadtest.bench.pool_sim --write docs/benchmarks.md

@@ -9,9 +9,7 @@ the batch runs it again later.
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +18,7 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from gateway.auth import Principal
-from gateway.relay import ClientFrame, RelayOutcome
+from gateway.relay import RelayOutcome
 from gateway.state import GatewayState
 from gateway.streams import admitted_frames, stream_refusal
 from spotgate.openai_api import ChatCompletionRequest, CompletionRequest, validation_message
@@ -28,7 +26,7 @@ from spotgate.openai_http import collected, collected_response
 from spotgate.openai_replies import ForcedTools, Kind, completion_id, error_body
 from spotgate.openai_response_writer import ResponseWriter, response_id
 from spotgate.openai_responses import ResponsesRequest, responses_param
-from spotgate.protocol import ErrorCode, QueuedFrame, StartFrame
+from spotgate.protocol import ErrorCode
 from spotgate.wsserver import json_error
 
 RETRIED_STATUSES = frozenset({408, 429, 503})
@@ -75,28 +73,13 @@ def _request(endpoint: str, body: dict[str, Any]) -> RequestModel | RequestResul
         return RequestResult(400, error_body(ErrorCode.INVALID_REQUEST, message, where))
 
 
-async def _noting_placement(
-    frames: AsyncGenerator[ClientFrame, None], placed: asyncio.Event
-) -> AsyncGenerator[ClientFrame, None]:
-    """The stream's frames; `placed` is set once it is queued or started on an agent."""
-    async with aclosing(frames):
-        async for frame in frames:
-            if isinstance(frame, QueuedFrame | StartFrame):
-                placed.set()
-            yield frame
-
-
 async def run_request(
     state: GatewayState,
     principal: Principal,
     endpoint: str,
     body: dict[str, Any],
-    placed: asyncio.Event,
 ) -> RequestResult:
-    """The endpoint's answer to `body`, sent by `principal`'s key without streaming.
-
-    `placed` is set once the request waits in a model's queue or has an agent.
-    """
+    """The endpoint's answer to `body`, sent by `principal`'s key without streaming."""
     request = _request(endpoint, body)
     if isinstance(request, RequestResult):
         return request
@@ -114,7 +97,7 @@ async def run_request(
         if isinstance(request, ResponsesRequest):
             param = responses_param(param)
         return _result(json_error(refusal.code, refusal.message, param=param))
-    relayed = _noting_placement(admitted_frames(state, frame, principal, RelayOutcome()), placed)
+    relayed = admitted_frames(state, frame, principal, RelayOutcome())
     async with aclosing(relayed) as frames:
         if isinstance(request, ResponsesRequest):
             writer = ResponseWriter(request, rid, ForcedTools.of(frame))

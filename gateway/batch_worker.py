@@ -42,8 +42,6 @@ from spotgate.registry import StoredObject, object_id
 
 log = get_logger(__name__)
 
-FLEX_QUEUE_POLL_SECONDS = 0.2
-"""How often a batch whose last request waits in the flex tier looks again."""
 RETRY_WAIT_SECONDS = 1.0
 """A request told to wait, without saying how long, runs again after this."""
 
@@ -185,22 +183,11 @@ class BatchRun:
             for index, line in enumerate(checked.lines):
                 if index in self._done:
                     continue
-                if self._should_end():
+                if self._should_end() or not await self._slot(slots):
                     break
-                await slots.acquire()
-                if not await self._flex_queue_empty(checked.model):
-                    slots.release()
-                    break
-                placed = asyncio.Event()
-                task = asyncio.create_task(
-                    self._run_one(principal, index, line, placed, slots.release)
-                )
+                task = asyncio.create_task(self._run_one(principal, index, line, slots.release))
                 running.add(task)
                 task.add_done_callback(running.discard)
-                # The next looks for room only once this one took its agent (or waits).
-                placing = asyncio.create_task(placed.wait())
-                await asyncio.wait({task, placing}, return_when=asyncio.FIRST_COMPLETED)
-                placing.cancel()
             while running and not self._stop.is_set():
                 await asyncio.wait(set(running), return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -236,33 +223,30 @@ class BatchRun:
                 self._stop.set()
                 return
 
-    async def _flex_queue_empty(self, model: str) -> bool:
-        """Wait until no flex stream waits for the model's agents; False: stop.
-
-        A request waits in the flex tier, behind every interactive stream, so the batch keeps
-        one at most waiting at a time rather than filling the queue.
-        """
-        dispatcher = self._state.dispatcher
-        while not self._stop.is_set():
-            if dispatcher.waiting(model) == dispatcher.pending().get(model, 0):
-                return True
-            with suppress(TimeoutError):
-                async with asyncio.timeout(FLEX_QUEUE_POLL_SECONDS):
-                    await self._stop.wait()
-        return False
+    async def _slot(self, slots: asyncio.Semaphore) -> bool:
+        """Wait for one of the batch's places to run a request in; False: the batch stops."""
+        taking = asyncio.create_task(slots.acquire())
+        stopping = asyncio.create_task(self._stop.wait())
+        await asyncio.wait({taking, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
+        if not taking.done():
+            taking.cancel()
+            return False
+        if self._stop.is_set():
+            slots.release()
+            return False
+        return True
 
     async def _run_one(
         self,
         principal: Principal | None,
         index: int,
         request: RequestLine,
-        placed: asyncio.Event,
         release: Callable[[], None],
     ) -> None:
         try:
             while not self._stop.is_set():
-                result = await self._request(principal, request.body, placed)
-                placed.clear()  # a retry looks for room again
+                result = await self._request(principal, request.body)
                 if result.final:
                     succeeded = result.status < 400
                     line = output_line(
@@ -278,14 +262,12 @@ class BatchRun:
         finally:
             release()
 
-    async def _request(
-        self, principal: Principal | None, body: dict[str, Any], placed: asyncio.Event
-    ) -> RequestResult:
+    async def _request(self, principal: Principal | None, body: dict[str, Any]) -> RequestResult:
         if principal is None:
             message = "the batch's API key is disabled"
             return RequestResult(401, error_body(ErrorCode.UNAUTHORIZED, message))
         endpoint = str(self._body["endpoint"])
-        return await run_request(self._state, principal, endpoint, body, placed)
+        return await run_request(self._state, principal, endpoint, body)
 
     async def _finish(self, checked: CheckedFile) -> None:
         """End the batch: its output and error files, then its last status."""

@@ -67,6 +67,7 @@ class ApiKeySpec:
     name: str
     tpm: int | None = None
     max_tokens: int | None = None
+    tenant: str | None = None  # whose prefix cache and fair turn it shares (None: its own)
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,7 +216,7 @@ class LocalStack:
             await files.create_bucket()
             for key in self.spec.keys:
                 self.keys[key.name] = await registry.create_key(
-                    key.name, tpm=key.tpm, max_tokens=key.max_tokens
+                    key.name, tpm=key.tpm, max_tokens=key.max_tokens, tenant=key.tenant
                 )
         if self.limit_store is not None:
             try:

@@ -105,14 +105,14 @@ def bench_spec(
     logs: Path,
     gateways: Iterable[GatewayReplica],
     agents: Iterable[AgentProcess] = (),
-    keys: Sequence[str] = (BENCH_KEY,),
+    keys: Sequence[str | ApiKeySpec] = (BENCH_KEY,),
 ) -> StackSpec:
     """A benchmark's stack: the emulator in a process of its own, quiet services, its keys."""
     return StackSpec(
         log_dir=logs,
         shared=SharedSettings(log_level=BENCH_LOG_LEVEL),
         emulator_process=True,
-        keys=tuple(ApiKeySpec(name) for name in keys),
+        keys=tuple(key if isinstance(key, ApiKeySpec) else ApiKeySpec(key) for key in keys),
         gateways=tuple(gateways),
         agents=tuple(agents),
     )

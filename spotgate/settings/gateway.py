@@ -116,8 +116,8 @@ class BatchSettings(SettingsSection):
     uploads_per_gateway: PositiveInt = 2
     # An upload not received in full within this long is answered 408.
     upload_timeout_seconds: PositiveFloat = 600.0
-    # A batch's lines one replica runs at once, and only on capacity no interactive
-    # stream is waiting for.
+    # A batch's requests one replica runs or queues at once, in the flex tier (behind every
+    # interactive stream).
     streams_per_gateway: PositiveInt = 16
     # How long a replica's claim on a batch lasts unless renewed: another replica takes
     # the batch on this long after its worker died.
