@@ -145,7 +145,10 @@ class BatchRun:
             problems = [{"code": "missing_file", "message": "the input file is gone", "line": None}]
         else:
             limit = self._state.settings.batch.max_requests
-            checked = check_input_file(content, str(self._body["endpoint"]), limit)
+            # Up to 200 MB of JSON lines: read off the event loop, which relays every stream.
+            checked = await asyncio.to_thread(
+                check_input_file, content, str(self._body["endpoint"]), limit
+            )
             if not isinstance(checked, list):
                 self._body["request_counts"] = Progress(len(checked.lines)).counts()
                 return checked
