@@ -44,6 +44,9 @@ log = get_logger(__name__)
 
 RETRY_WAIT_SECONDS = 1.0
 """A request told to wait, without saying how long, runs again after this."""
+FILE_SWEEP_SECONDS = 3600.0
+"""How often each replica deletes the contents of files past their expiry (and their records):
+DynamoDB's TTL would take the records, up to two days late, and leave the contents."""
 
 
 class BatchWorker:
@@ -60,8 +63,12 @@ class BatchWorker:
         """Look for batches every `poll_seconds`, or at once when one is created here."""
         state = self._state
         settings = state.settings.batch
+        swept_at = float("-inf")
         while True:
             try:
+                if self._clock() - swept_at >= FILE_SWEEP_SECONDS:
+                    swept_at = self._clock()
+                    await self.sweep_expired_files()
                 for owner, batch_id in await state.registry.open_batches():
                     stored = await state.registry.take_lease(
                         owner, batch_id, state.gateway_id, settings.lease_seconds
@@ -76,6 +83,12 @@ class BatchWorker:
             with suppress(TimeoutError):
                 async with asyncio.timeout(settings.poll_seconds):
                     await state.batch_created.wait()
+
+    async def sweep_expired_files(self) -> None:
+        """Delete the contents and records of files past their expiry."""
+        for owner, file_id in await self._state.registry.expired_files():
+            await self._files.delete(file_key(file_id))
+            await self._state.registry.delete_object(owner, file_id)
 
 
 class LeaseLost(Exception):

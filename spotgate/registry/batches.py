@@ -156,6 +156,25 @@ class BatchOperations(RegistryBase):
             found.append(stored)
         return found, False
 
+    async def expired_files(self) -> list[tuple[str, str]]:
+        """Files past their `expires_at` whose records DynamoDB's TTL has not taken yet.
+
+        (owner, file id) of each: their contents are deleted with them. A scan of the whole
+        table, done once an hour by each replica.
+        """
+        request: dict[str, Any] = {
+            "TableName": self._tables.batches,
+            "FilterExpression": "begins_with(object_id, :file) AND expires_at <= :now",
+            "ExpressionAttributeValues": {":file": encode("file-"), ":now": encode(self._clock())},
+            "ProjectionExpression": "#owner, object_id",
+            "ExpressionAttributeNames": {"#owner": "owner"},
+        }
+        found = []
+        async for item in self._paginate(self._client.scan, request):
+            values = decode_item(item)
+            found.append((str(values["owner"]), str(values["object_id"])))
+        return found
+
     async def create_batch(self, owner: str, body: dict[str, Any]) -> None:
         """Record a new batch, to be worked (`validating`)."""
         await self._client.put_item(

@@ -5,13 +5,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import openai
 import pytest
 
-from spotgate.file_store import FileStore, line_prefix
+from gateway.batch_worker import BatchWorker
+from spotgate.file_store import FileStore, file_key, line_prefix
 from spotgate.registry import CreatedApiKey, Registry
 from spotgate.settings import BatchSettings, LimitStoreSettings
 from spotgate.tokens import SigningKey
@@ -490,3 +492,22 @@ async def test_an_interactive_stream_takes_a_running_flex_streams_place_which_re
     assert flexed.usage is not None
     assert flexed.usage.completion_tokens == tokens  # each token counted once
     assert batch_gateway.state.metrics.preemptions._value.get() == 1
+
+
+async def test_an_expired_files_contents_are_deleted_with_its_record(
+    batch_gateway: Gateway, api_key: CreatedApiKey, openai_client: Client
+) -> None:
+    client = openai_client(base_url=f"{batch_gateway.url}/v1", api_key=api_key.api_key)
+    kept = await client.files.create(file=("kept.jsonl", chat_line("a", "hi", 4)), purpose="batch")
+    state = batch_gateway.state
+    owner = api_key.record.key_id
+    gone = {**(await state.registry.get_object(owner, kept.id) or {}), "id": "file-gone"}
+    await state.registry.put_file(owner, {**gone, "expires_at": int(time.time()) - 1})
+    await state.files.put(file_key("file-gone"), b"expired")
+
+    await BatchWorker(state, state.files).sweep_expired_files()
+
+    assert await state.files.get(file_key("file-gone")) is None
+    assert await state.files.get(file_key(kept.id)) is not None
+    with pytest.raises(openai.NotFoundError):
+        await client.files.retrieve("file-gone")

@@ -132,3 +132,18 @@ def test_only_what_could_be_an_id_made_here_is_looked_up(
     text: str, prefix: str, names: bool
 ) -> None:
     assert names_an_object(text, prefix) is names
+
+
+async def test_files_past_their_expiry_are_found_until_their_records_go(
+    registry: Registry, clock: FakeClock
+) -> None:
+    now = int(clock())
+    await registry.put_file("k1", {"id": "file-old", "expires_at": now - 1})
+    await registry.put_file("k2", {"id": "file-new", "expires_at": now + 60})
+    await registry.put_file("k2", {"id": "file-kept", "expires_at": None})
+    await make_batch(registry)
+
+    assert await registry.expired_files() == [("k1", "file-old")]
+    await registry.delete_object("k1", "file-old")
+    clock.advance(61)
+    assert await registry.expired_files() == [("k2", "file-new")]

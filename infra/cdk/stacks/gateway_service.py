@@ -370,7 +370,8 @@ class GatewayService(Construct):
         batches = registry.batches.table_arn
         role.add_to_principal_policy(
             iam.PolicyStatement(
-                # Files' and batches' records: made, listed per key, leased, ended, deleted.
+                # Files' and batches' records: made, listed per key, leased, ended, deleted,
+                # and scanned hourly for expired files (their contents go with them).
                 sid="KeepBatches",
                 actions=[
                     "dynamodb:GetItem",
@@ -378,6 +379,7 @@ class GatewayService(Construct):
                     "dynamodb:UpdateItem",
                     "dynamodb:DeleteItem",
                     "dynamodb:Query",
+                    "dynamodb:Scan",
                 ],
                 resources=[batches],
             )

@@ -658,6 +658,7 @@ def test_only_the_gateway_keeps_files_and_batches_and_only_what_it_needs(
                 "dynamodb:UpdateItem",
                 "dynamodb:DeleteItem",
                 "dynamodb:Query",
+                "dynamodb:Scan",
             },
             batches,
         ),
