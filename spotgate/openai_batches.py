@@ -136,7 +136,8 @@ def check_input_file(
         text = content.decode("utf-8")
     except UnicodeDecodeError:
         return [FileProblem("invalid_file", "the file is not UTF-8 text")]
-    for number, raw in enumerate(text.splitlines(), start=1):
+    # Lines end at \n only: U+2028 and the like may sit inside a JSON string.
+    for number, raw in enumerate(text.split("\n"), start=1):
         if not raw.strip():
             continue
         problem = _line_problem(raw, number, endpoint, seen, models, lines)
@@ -175,7 +176,7 @@ def _line_problem(
     """What is wrong with one line; a good one is added to `lines`."""
     try:
         parsed = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # nested past the parser's depth: no request
         return FileProblem("invalid_json_line", "this line is not valid JSON", number)
     try:
         line = RequestLine.model_validate(parsed)
