@@ -78,8 +78,13 @@ async def run_request(
     principal: Principal,
     endpoint: str,
     body: dict[str, Any],
+    wait_seconds: float,
 ) -> RequestResult:
-    """The endpoint's answer to `body`, sent by `principal`'s key without streaming."""
+    """The endpoint's answer to `body`, sent by `principal`'s key without streaming.
+
+    It waits for agents up to `wait_seconds` (the batch's window), so a request preempted
+    for an interactive stream resumes where it was cut, charged once, however long it waits.
+    """
     request = _request(endpoint, body)
     if isinstance(request, RequestResult):
         return request
@@ -97,7 +102,7 @@ async def run_request(
         if isinstance(request, ResponsesRequest):
             param = responses_param(param)
         return _result(json_error(refusal.code, refusal.message, param=param))
-    relayed = admitted_frames(state, frame, principal, RelayOutcome())
+    relayed = admitted_frames(state, frame, principal, RelayOutcome(), wait_seconds=wait_seconds)
     async with aclosing(relayed) as frames:
         if isinstance(request, ResponsesRequest):
             writer = ResponseWriter(request, rid, ForcedTools.of(frame))

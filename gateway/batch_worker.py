@@ -14,8 +14,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable
-from contextlib import suppress
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager, suppress
 from typing import Any
 
 from gateway.auth import Principal, principal_of
@@ -44,6 +44,8 @@ log = get_logger(__name__)
 
 RETRY_WAIT_SECONDS = 1.0
 """A request told to wait, without saying how long, runs again after this."""
+LINE_READS = 64
+"""How many finished lines the end of a batch reads from S3 at once."""
 FILE_SWEEP_SECONDS = 3600.0
 """How often each replica deletes the contents of files past their expiry (and their records):
 DynamoDB's TTL would take the records, up to two days late, and leave the contents."""
@@ -91,6 +93,15 @@ class BatchWorker:
             await self._state.registry.delete_object(owner, file_id)
 
 
+async def _cancelled(tasks: set[asyncio.Task[None]]) -> None:
+    """Cancel the tasks and wait until each has ended."""
+    for task in tasks:
+        task.cancel()
+    for task in list(tasks):
+        with suppress(asyncio.CancelledError):
+            await task
+
+
 class LeaseLost(Exception):
     """Another replica took the batch: this one stops working it at once."""
 
@@ -112,7 +123,8 @@ class BatchRun:
         self._cancel_requested = stored.cancel_requested_at is not None
         self._clock = clock
         self._done: dict[int, bool] = {}  # finished lines: index → whether it succeeded
-        self._stop = asyncio.Event()
+        self._stop = asyncio.Event()  # requests stop: a cancel, the window's end, or the lease
+        self._lease_lost = False
 
     @property
     def _id(self) -> str:
@@ -147,6 +159,7 @@ class BatchRun:
             self._owner, self._body, self._state.gateway_id, settings.lease_seconds, ended=ended
         )
         if stored is None:
+            self._lease_lost = True
             self._stop.set()
             raise LeaseLost(self._id)
         self._cancel_requested = stored.cancel_requested_at is not None
@@ -194,29 +207,34 @@ class BatchRun:
             width = max(1, min(width, principal.limits.max_concurrent))
         slots = asyncio.Semaphore(width)
         running: set[asyncio.Task[None]] = set()
-        saver = asyncio.create_task(self._save_every(len(checked.lines)), name=f"save {self._id}")
+        stopping = asyncio.create_task(self._stop.wait())
         try:
-            for index, line in enumerate(checked.lines):
-                if index in self._done:
-                    continue
-                if self._should_end() or not await self._slot(slots):
-                    break
-                task = asyncio.create_task(self._run_one(principal, index, line, slots.release))
-                running.add(task)
-                task.add_done_callback(running.discard)
-            while running and not self._stop.is_set():
-                await asyncio.wait(set(running), return_when=asyncio.FIRST_COMPLETED)
+            async with self._lease_kept(len(checked.lines)):
+                for index, line in enumerate(checked.lines):
+                    if index in self._done:
+                        continue
+                    if self._should_end() or not await self._slot(slots):
+                        break
+                    task = asyncio.create_task(self._run_one(principal, index, line, slots.release))
+                    running.add(task)
+                    task.add_done_callback(running.discard)
+                while running and not self._stop.is_set():
+                    # A cancel or a lost lease is heard at once, not when a request ends.
+                    await asyncio.wait({*running, stopping}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in running:
-                task.cancel()
-            for task in list(running):
-                with suppress(asyncio.CancelledError):
-                    await task
-            saver.cancel()
-            with suppress(asyncio.CancelledError):
-                await saver
-        if self._stop.is_set() and not self._should_end():
+            stopping.cancel()
+            await _cancelled(running)
+        if self._lease_lost:
             raise LeaseLost(self._id)
+
+    @asynccontextmanager
+    async def _lease_kept(self, total: int) -> AsyncIterator[None]:
+        """Renew the lease and save progress in the background while the body runs."""
+        saver = asyncio.create_task(self._save_every(total), name=f"save {self._id}")
+        try:
+            yield
+        finally:
+            await _cancelled({saver})
 
     def _should_end(self) -> bool:
         return self._cancel_requested or self._expired()
@@ -227,15 +245,25 @@ class BatchRun:
 
     async def _save_every(self, total: int) -> None:
         """Save progress and renew the lease a third of its length apart; stop on a cancel."""
-        interval = self._state.settings.batch.lease_seconds / 3
+        lease_seconds = self._state.settings.batch.lease_seconds
+        saved_at = time.monotonic()
         while True:
-            await asyncio.sleep(interval)
-            self._body["request_counts"] = self._progress(total).counts()
+            await asyncio.sleep(lease_seconds / 3)
+            if self._body["status"] == "in_progress":
+                self._body["request_counts"] = self._progress(total).counts()
             try:
                 await self._save()
             except LeaseLost:
                 return
-            if self._should_end():
+            except Exception as err:  # the table is out of reach: try again until the lease ends
+                log.warning("batch not saved", batch=self._id, error=str(err))
+                if time.monotonic() - saved_at >= lease_seconds:
+                    self._lease_lost = True
+                    self._stop.set()  # another replica may take it now: stop before it starts
+                    return
+                continue
+            saved_at = time.monotonic()
+            if self._body["status"] == "in_progress" and self._should_end():
                 self._stop.set()
                 return
 
@@ -275,6 +303,8 @@ class BatchRun:
                 with suppress(TimeoutError):
                     async with asyncio.timeout(result.retry_after or RETRY_WAIT_SECONDS):
                         await self._stop.wait()
+        except Exception as err:  # the line stays unfinished: the batch's next turn runs it
+            log.warning("batch request failed", batch=self._id, line=index, error=repr(err))
         finally:
             release()
 
@@ -283,7 +313,12 @@ class BatchRun:
             message = "the batch's API key is disabled"
             return RequestResult(401, error_body(ErrorCode.UNAUTHORIZED, message))
         endpoint = str(self._body["endpoint"])
-        return await run_request(self._state, principal, endpoint, body)
+        expires_at = self._body.get("expires_at")
+        window = expires_at - self._clock() if isinstance(expires_at, int) else None
+        wait_seconds = max(
+            RETRY_WAIT_SECONDS, window or self._state.settings.queue.flex_deadline_seconds
+        )
+        return await run_request(self._state, principal, endpoint, body, wait_seconds)
 
     async def _finish(self, checked: CheckedFile) -> None:
         """End the batch: its output and error files, then its last status."""
@@ -306,11 +341,30 @@ class BatchRun:
             return  # stopped for another reason: the next turn goes on
         self._allocate_files(progress)
         await self._save()
-        await self._write_files(checked, status)
+        async with self._lease_kept(progress.total):
+            await self._write_files(checked, status)
         self._body["request_counts"] = progress.counts()
         self._body.update(status=status, **{f"{status}_at": int(self._clock())})
         await self._save(ended=True)
         await self._files.delete_prefix(line_prefix(self._id))
+
+    async def _finished_lines(self) -> dict[int, bytes]:
+        """Every finished line's stored JSON by index, read `LINE_READS` at a time.
+
+        A line gone means another replica ended the batch and deleted them: `LeaseLost`, so
+        no shorter file replaces the one it wrote.
+        """
+        indexes = sorted(self._done)
+        lines: dict[int, bytes] = {}
+        for start in range(0, len(indexes), LINE_READS):
+            chunk = indexes[start : start + LINE_READS]
+            keys = [line_key(self._id, index, succeeded=self._done[index]) for index in chunk]
+            read = await asyncio.gather(*map(self._files.get, keys))
+            for index, data in zip(chunk, read, strict=True):
+                if data is None or self._lease_lost:
+                    raise LeaseLost(self._id)
+                lines[index] = data
+        return lines
 
     def _allocate_files(self, progress: Progress) -> None:
         """The output's and errors' file ids, chosen once and saved before they are written.
@@ -325,22 +379,23 @@ class BatchRun:
             self._body["error_file_id"] = object_id("file-", now)
 
     async def _write_files(self, checked: CheckedFile, status: Status) -> None:
+        """Write the output and error files from the finished lines, in the input's order."""
         outputs: list[bytes] = []
         errors: list[bytes] = []
         usage = Usage()
+        finished = await self._finished_lines()
         for index, line in enumerate(checked.lines):
-            succeeded = self._done.get(index)
-            if succeeded is None:
+            data = finished.get(index)
+            if data is None:
                 unrun = unrun_line(self._id, index, line.custom_id, status)
                 errors.append(json.dumps(unrun).encode())
                 continue
-            data = await self._files.get(line_key(self._id, index, succeeded=succeeded))
-            if data is None:
-                continue
-            (outputs if succeeded else errors).append(data)
+            (outputs if self._done[index] else errors).append(data)
             response = json.loads(data).get("response") or {}
             usage.add(response.get("body") or {})
         self._body["usage"] = usage.body()
+        if self._lease_lost:  # lost while reading: the replica holding it writes them
+            raise LeaseLost(self._id)
         for field, lines, name in (
             ("output_file_id", outputs, "output"),
             ("error_file_id", errors, "error"),

@@ -100,8 +100,11 @@ async def admitted_frames(
     principal: Principal,
     outcome: RelayOutcome,
     direct: DirectSend | None = None,
+    wait_seconds: float | None = None,
 ) -> AsyncGenerator[ClientFrame, None]:
     """A stream's frames for its client: admitted against its key's limits, then relayed.
+
+    `wait_seconds`: how long it may wait for an agent, if not its tier's queue deadline.
 
     The frame names the key's tenant from here on: routing matches its prompt within it, and
     the agent salts its prefix cache with it. With `direct`, the client's connection, deltas
@@ -144,11 +147,7 @@ async def admitted_frames(
                 frame,
                 dispatcher=state.dispatcher,
                 link_for=state.link_for,
-                deadline_seconds=(
-                    queue.flex_deadline_seconds
-                    if frame.service_tier == "flex"
-                    else queue.deadline_seconds
-                ),
+                deadline_seconds=wait_seconds or queue.tier_deadline_seconds(frame.service_tier),
                 stall_seconds=queue.stall_seconds,
                 move_early=queue.move_before_break,
                 outcome=outcome,

@@ -67,6 +67,10 @@ class QueueSettings(SettingsSection):
     # prefill the whole conversation.
     move_before_break: bool = True
 
+    def tier_deadline_seconds(self, service_tier: str | None) -> float:
+        """How long a stream of the tier waits for an agent."""
+        return self.flex_deadline_seconds if service_tier == "flex" else self.deadline_seconds
+
 
 class RoutingSettings(SettingsSection):
     """How the gateway picks an agent for a stream that names no session (gateway/router.py)."""
