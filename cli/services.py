@@ -69,6 +69,7 @@ def _up(args: argparse.Namespace) -> int:
         gateways=args.gateways,
         ops_port=args.ops_port,
         regions=args.regions,
+        fresh=args.fresh,
     )
     if unknown := unknown_regions(options.regions):
         raise CommandError(f"--regions: no EC2 region is called {', '.join(unknown)}")
@@ -136,6 +137,12 @@ def setup_services(commands: Commands) -> None:
         default=(),
         help="run the pool's agents in these regions, comma-separated, two zones each (the "
         "gateways and the registry stay in the emulator's us-east-1); default: two local zones",
+    )
+    up.add_argument(
+        "--fresh",
+        action="store_true",
+        help="start with no API keys, usage, files or batches: forget what earlier runs in "
+        "this directory kept (.spotgate/aws-journal)",
     )
     up.set_defaults(handler=_up)
 

@@ -133,6 +133,9 @@ class StackSpec:
     emulator_cpus: frozenset[int] | None = None
     # An emulator already running (a test session's): the stack starts none and leaves it.
     running_emulator: AwsSettings | None = None
+    # The in-process emulator's journal (`stack.aws_journal`): keys, usage, files and batches
+    # outlive the stack, even killed, and the next stack with the same file goes on from them.
+    aws_journal: Path | None = None
     keys: tuple[ApiKeySpec, ...] = ()
     chat_key: str | None = None  # the name of the key the gateways' chat page uses
     limit_store: bool = False
@@ -203,7 +206,7 @@ class LocalStack:
         elif self.spec.emulator_process:
             self._aws = await self._start_emulator_process()
         else:
-            self._emulator = _start_emulator()
+            self._emulator = _start_emulator(self.spec.aws_journal, self.spec.shared)
             self._aws = self._emulator.settings().aws
         if self.spec.fresh_emulator:
             async with (
@@ -371,14 +374,16 @@ async def _accepts(port: int) -> bool:
     return True
 
 
-def _start_emulator() -> AwsEmulator:
+def _start_emulator(journal_path: Path | None, shared: SharedSettings) -> AwsEmulator:
     try:  # moto is heavy, and an extra of its own: only local stacks need it
+        from stack.aws_journal import AwsJournal, Kept
         from stack.emulator import AwsEmulator
     except ImportError as err:
         raise StackFailed(
             f"the local AWS emulator is not installed ({err}); pip install 'spotgate[local]'"
         ) from err
-    emulator = AwsEmulator()
+    journal = AwsJournal(journal_path, Kept.of(shared)) if journal_path is not None else None
+    emulator = AwsEmulator(journal=journal)
     emulator.start()
     return emulator
 

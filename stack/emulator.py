@@ -13,6 +13,7 @@ import signal
 import threading
 from collections import defaultdict
 from collections.abc import Iterable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from moto.core.base_backend import BackendDict, backend_lock
@@ -25,6 +26,7 @@ from moto.moto_server.werkzeug_app import (
 from werkzeug.serving import BaseWSGIServer, make_server
 
 from spotgate.settings import SharedSettings, emulator_settings
+from stack.aws_journal import AwsJournal, Kept, journaled_call
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
@@ -41,13 +43,16 @@ class _OneRequestAtATime:
     """
 
     def __init__(self, app: WSGIApplication) -> None:
-        self._app = app
+        self.app = app
         self.lock = threading.Lock()  # held for each request, and while the state is emptied
+        self.journal: AwsJournal | None = None
 
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         with self.lock:
             try:
-                return list(self._app(environ, start_response))
+                if self.journal is not None:
+                    return journaled_call(self.app, self.journal, environ, start_response)
+                return list(self.app(environ, start_response))
             finally:
                 _forget_model_instances()
 
@@ -68,17 +73,30 @@ def _forget_model_instances() -> None:
 class AwsEmulator:
     """moto's standalone server on a loopback port, in a background thread (real HTTP)."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self, host: str = "127.0.0.1", port: int = 0, journal: AwsJournal | None = None
+    ) -> None:
         self._host = host
         self._port = port
         self._server: BaseWSGIServer | None = None
         self._thread: threading.Thread | None = None
         self._requests = _OneRequestAtATime(DomainDispatcherApplication(create_backend_app))
+        self._journal = journal
+        self.replayed = 0  # how many of the journal's writes the start made again
         self.url = ""
 
     def start(self) -> str:
-        """Start serving (again on the same port after `stop`); return the endpoint URL."""
+        """Start serving (again on the same port after `stop`); return the endpoint URL.
+
+        With a journal, the writes it holds are made again first, and each kept write is
+        added to it from then on.
+        """
         logging.getLogger("werkzeug").setLevel(logging.WARNING)
+        if self._journal is not None and self._requests.journal is None:
+            with self._requests.lock:
+                self.replayed = self._journal.replay(self._requests.app)
+                _forget_model_instances()
+            self._requests.journal = self._journal
         self._server = make_server(
             self._host,
             self._port,
@@ -135,8 +153,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="spotgate's AWS emulator (moto), standalone")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0: any free port")
+    parser.add_argument(
+        "--journal",
+        type=Path,
+        help="keep keys, usage, files and batches in this file, and start from what it holds",
+    )
     args = parser.parse_args()
-    emulator = AwsEmulator(args.host, args.port)
+    journal = AwsJournal(args.journal, Kept.of(SharedSettings())) if args.journal else None
+    emulator = AwsEmulator(args.host, args.port, journal)
     print(emulator.start(), flush=True)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):

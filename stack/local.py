@@ -63,6 +63,8 @@ from stack.children import GatewaySockets
 UP_DIR = Path(".spotgate")
 UP_FILE = UP_DIR / "up.json"
 LOG_DIR = UP_DIR / "logs"
+# What outlives a stack here, even killed: its emulator's keys, usage, files and batches.
+AWS_JOURNAL = UP_DIR / "aws-journal"
 TINY_MODEL_DIR = UP_DIR / "models" / "tiny-qwen3-thinking"
 TINY_SERVED_NAME = "tiny"
 TINY_TOKENIZER = "qwen3"
@@ -126,6 +128,8 @@ class UpOptions:
     ops_port: int | None = None
     # The pool's regions (two zones each, as `local_placements` names them); none: local-a/b.
     regions: tuple[str, ...] = ()
+    # Forget the keys, usage, files and batches earlier stacks here kept (`AWS_JOURNAL`).
+    fresh: bool = False
 
     @property
     def first_ops_port(self) -> int:
@@ -348,6 +352,8 @@ async def run_up(directory: Path, options: UpOptions, *, announce: Callable[[str
     # A new stack's agents are numbered from 1 again; its pool manager, restarted, goes on.
     (directory / LOG_DIR / LAUNCHES_FILE).unlink(missing_ok=True)
     up_file = directory / UP_FILE
+    if options.fresh:
+        (directory / AWS_JOURNAL).unlink(missing_ok=True)
     try:
         async with LocalStack(spec) as stack:
             async with Registry.open(stack.shared) as registry:
@@ -405,6 +411,7 @@ def _up_spec(
     return StackSpec(
         log_dir=directory / LOG_DIR,
         shared=SharedSettings(log_format="json"),
+        aws_journal=directory / AWS_JOURNAL,
         keys=(ApiKeySpec("dev"),),
         chat_key="dev",
         limit_store=True,

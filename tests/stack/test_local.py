@@ -488,3 +488,69 @@ def test_no_model_writer_outlives_an_up_killed_while_it_writes_the_default_model
         for descriptor in pidfds:
             os.close(descriptor)
     assert not left, [" ".join(psutil.Process(pid).cmdline()) for pid in left]
+
+
+BATCH_LINES = 40
+BATCH_LINE_TOKENS = 40  # 2 s each: the batch outlasts the first stack's kill
+
+
+async def test_a_batch_completes_each_request_once_after_up_is_killed_with_sigkill_mid_batch(
+    tmp_path: Path, openai_client: Callable[..., openai.AsyncOpenAI]
+) -> None:
+    arguments = ["--engine", "synthetic", "--agents", "1", "--port", "0"]
+    env = {**UP_ENV, "SPOTGATE_GATEWAY_BATCH__LEASE_SECONDS": "3"}
+    lines = [
+        {
+            "custom_id": f"req-{n}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {
+                "model": SYNTHETIC.model,
+                "messages": [{"role": "user", "content": f"hello {n}"}],
+                "max_tokens": BATCH_LINE_TOKENS,
+            },
+        }
+        for n in range(BATCH_LINES)
+    ]
+    content = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    with running_up(tmp_path, arguments, env) as first:
+        info = first.info
+        client = openai_client(base_url=f"{info['gateway_url']}/v1", api_key=info["api_key"])
+        uploaded = await client.files.create(file=("in.jsonl", content), purpose="batch")
+        batch = await client.batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+
+        completed: list[int] = []
+
+        async def some_finished() -> bool:
+            counts = (await client.batches.retrieve(batch.id)).request_counts
+            completed[:] = [counts.completed if counts is not None else 0]
+            return completed[0] >= 5
+
+        await wait_for(some_finished, within=60)
+        first.process.kill()
+        first.process.wait()
+
+    with running_up(tmp_path, arguments, env) as second:
+        # The first stack's key, and its batch, outlived it.
+        url = f"{second.info['gateway_url']}/v1"
+        client = openai_client(base_url=url, api_key=info["api_key"])
+
+        async def ended() -> bool:
+            status = (await client.batches.retrieve(batch.id)).status
+            return status in {"completed", "failed", "cancelled", "expired"}
+
+        await wait_for(ended, within=120)
+        finished = await client.batches.retrieve(batch.id)
+        assert finished.output_file_id is not None
+        output = (await client.files.content(finished.output_file_id)).text.splitlines()
+
+    assert completed[0] < BATCH_LINES  # the second stack ran the rest
+    assert finished.status == "completed"
+    assert finished.error_file_id is None
+    replies = [json.loads(line) for line in output]
+    assert [reply["custom_id"] for reply in replies] == [f"req-{n}" for n in range(BATCH_LINES)]
+    for n, reply in enumerate(replies):
+        message = reply["response"]["body"]["choices"][0]["message"]["content"]
+        assert message == synthetic_reply(f"hello {n}", BATCH_LINE_TOKENS)
