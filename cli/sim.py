@@ -105,6 +105,8 @@ def _sim(args: argparse.Namespace) -> int:
         load=args.load,
         seed=args.seed,
         models=_models(args.model or [], args.load),
+        batch_stream_hours=args.batch_stream_hours,
+        batch_window_hours=args.batch_window_hours,
     )
     try:
         results = run_policies(
@@ -308,4 +310,17 @@ def _add_workload_options(sim: argparse.ArgumentParser) -> None:
         default=DEFAULTS.spot_price_step,
         help="each hour every spot price moves by up to this share (a seeded random walk "
         "between half and twice the starting price); 0: prices never move",
+    )
+    sim.add_argument(
+        "--batch-stream-hours",
+        type=non_negative_float,
+        default=DEFAULTS.batch_stream_hours,
+        help="batch work each model is given as each window opens, in stream-hours: it runs "
+        "on the streams interactive ones leave, and the policy may add spot for it",
+    )
+    sim.add_argument(
+        "--batch-window-hours",
+        type=positive_float,
+        default=DEFAULTS.batch_window_hours,
+        help="the batch work's completion window (default 24, OpenAI's)",
     )

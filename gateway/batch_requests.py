@@ -10,8 +10,9 @@ the batch runs it again later.
 from __future__ import annotations
 
 import json
+import time
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from aiohttp import web
@@ -35,11 +36,15 @@ RETRIED_STATUSES = frozenset({408, 429, 503})
 
 @dataclass(frozen=True, slots=True)
 class RequestResult:
-    """A request's HTTP status and JSON body; `retry_after`: run it again after this long."""
+    """A request's HTTP status and JSON body; `retry_after`: run it again after this long.
+
+    `served_seconds`: how long it held an agent (its time less its first wait in the queue).
+    """
 
     status: int
     body: dict[str, Any]
     retry_after: float | None = None
+    served_seconds: float = 0.0
 
     @property
     def final(self) -> bool:
@@ -102,18 +107,21 @@ async def run_request(
         if isinstance(request, ResponsesRequest):
             param = responses_param(param)
         return _result(json_error(refusal.code, refusal.message, param=param))
-    relayed = admitted_frames(state, frame, principal, RelayOutcome(), wait_seconds=wait_seconds)
+    outcome = RelayOutcome()
+    started = time.monotonic()
+    relayed = admitted_frames(state, frame, principal, outcome, wait_seconds=wait_seconds)
     async with aclosing(relayed) as frames:
         if isinstance(request, ResponsesRequest):
             writer = ResponseWriter(request, rid, ForcedTools.of(frame))
-            return _result(await collected_response(frames, writer))
-        forced = ForcedTools.of(frame)
-        answer = await collected(
-            frames,
-            kind=kind,
-            cid=cid,
-            model=request.model,
-            forced=forced,
-            service_tier=request.served_tier,
-        )
-        return _result(answer)
+            answer = await collected_response(frames, writer)
+        else:
+            answer = await collected(
+                frames,
+                kind=kind,
+                cid=cid,
+                model=request.model,
+                forced=ForcedTools.of(frame),
+                service_tier=request.served_tier,
+            )
+    served_seconds = time.monotonic() - started - outcome.queue_ms / 1000
+    return replace(_result(answer), served_seconds=max(0.0, served_seconds))

@@ -38,7 +38,7 @@ from spotgate.openai_batches import (
 )
 from spotgate.openai_replies import error_body
 from spotgate.protocol import ErrorCode
-from spotgate.registry import StoredObject, object_id
+from spotgate.registry import BatchBacklog, StoredObject, object_id
 
 log = get_logger(__name__)
 
@@ -125,6 +125,7 @@ class BatchRun:
         self._done: dict[int, bool] = {}  # finished lines: index → whether it succeeded
         self._stop = asyncio.Event()  # requests stop: a cancel, the window's end, or the lease
         self._lease_lost = False
+        self._served: list[float] = []  # finished requests' seconds on an agent
 
     @property
     def _id(self) -> str:
@@ -136,6 +137,12 @@ class BatchRun:
 
     async def run(self) -> None:
         """Work the batch until it ends or another replica takes it."""
+        try:
+            await self._run()
+        finally:
+            self._state.batch_backlogs.pop(str(self._body.get("model")), None)
+
+    async def _run(self) -> None:
         try:
             checked = await self._checked_input()
             if checked is None:
@@ -208,6 +215,7 @@ class BatchRun:
         slots = asyncio.Semaphore(width)
         running: set[asyncio.Task[None]] = set()
         stopping = asyncio.create_task(self._stop.wait())
+        self._publish_backlog(len(checked.lines))
         try:
             async with self._lease_kept(len(checked.lines)):
                 for index, line in enumerate(checked.lines):
@@ -236,6 +244,21 @@ class BatchRun:
         finally:
             await _cancelled({saver})
 
+    def _publish_backlog(self, total: int) -> None:
+        """The work left, for the pool manager: spot capacity if it would miss its window."""
+        expires_at = self._body.get("expires_at")
+        if not isinstance(expires_at, int):
+            return
+        served = self._served
+        per_request = (
+            sum(served) / len(served)
+            if served
+            else self._state.settings.batch.request_seconds_estimate
+        )
+        left = total - len(self._done)
+        backlog = BatchBacklog(left * per_request, float(expires_at))
+        self._state.batch_backlogs[str(self._body["model"])] = backlog
+
     def _should_end(self) -> bool:
         return self._cancel_requested or self._expired()
 
@@ -251,6 +274,7 @@ class BatchRun:
             await asyncio.sleep(lease_seconds / 3)
             if self._body["status"] == "in_progress":
                 self._body["request_counts"] = self._progress(total).counts()
+                self._publish_backlog(total)
             try:
                 await self._save()
             except LeaseLost:
@@ -299,6 +323,7 @@ class BatchRun:
                     key = line_key(self._id, index, succeeded=succeeded)
                     await self._files.put(key, json.dumps(line).encode())
                     self._done[index] = succeeded
+                    self._served.append(result.served_seconds)
                     return
                 with suppress(TimeoutError):
                     async with asyncio.timeout(result.retry_after or RETRY_WAIT_SECONDS):

@@ -1,4 +1,4 @@
-"""What the gateway tells the pool manager: streams waiting and running, per model.
+"""What the gateway tells the pool manager: streams waiting and running, and batch work, per model.
 
 A row is written when its numbers change, and otherwise often enough that it never expires
 while the gateway lives: an idle gateway costs no table writes every few seconds.
@@ -10,7 +10,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from gateway.dispatch import PoolView
-from spotgate.registry import Demand
+from spotgate.registry import BatchBacklog, Demand
 
 # A row is rewritten unchanged after this share of the table's TTL: two writes can be lost
 # (throttled, or DynamoDB briefly unreachable) before the pool manager stops seeing it.
@@ -30,14 +30,23 @@ def current_demand(
     outstanding: Mapping[str, int],
     view: PoolView,
     models: Collection[str],
+    *,
+    running_flex: Mapping[str, int],
+    backlogs: Mapping[str, BatchBacklog],
 ) -> dict[str, Demand]:
-    """Per model: streams queued, and streams this gateway runs on the model's agents."""
+    """Per model: interactive streams queued and running here, and this gateway's batch work.
+
+    Flex streams run on capacity interactive ones leave and never size the pool (`pending`
+    counts interactive waiters only); their need for more is the backlog, which the pool
+    meets with spot alone.
+    """
     active: dict[str, int] = {}
     for model, records in view.agents.items():
-        active[model] = sum(max(outstanding.get(r.agent_id, 0), 0) for r in records)
+        running = sum(max(outstanding.get(r.agent_id, 0), 0) for r in records)
+        active[model] = max(0, running - running_flex.get(model, 0))
     return {
-        model: Demand(pending=pending.get(model, 0), active=active.get(model, 0))
-        for model in set(pending) | set(active) | set(models)
+        model: Demand(pending.get(model, 0), active.get(model, 0), backlogs.get(model))
+        for model in set(pending) | set(active) | set(models) | set(backlogs)
     }
 
 

@@ -134,6 +134,10 @@ class RunningFlex:
         """The flex stream ended there (or was stopped)."""
         self._stops.get(model, {}).pop(key, None)
 
+    def counts(self) -> dict[str, int]:
+        """Flex streams running per model."""
+        return {model: len(stops) for model, stops in self._stops.items() if stops}
+
     def preempt_one(self, model: str) -> bool:
         """Stop the model's newest flex stream (its place goes to a waiting stream); whether any."""
         stops = self._stops.get(model)

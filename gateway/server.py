@@ -66,14 +66,23 @@ async def _publish_demand(state: GatewayState) -> None:
         await asyncio.sleep(state.settings.demand_publish_seconds)
         dispatcher = state.dispatcher
         current = current_demand(
-            dispatcher.pending(), dispatcher.outstanding, dispatcher.view, state.settings.models
+            dispatcher.pending(),
+            dispatcher.outstanding,
+            dispatcher.view,
+            state.settings.models,
+            running_flex=dispatcher.running_flex.counts(),
+            backlogs=state.batch_backlogs,
         )
         now = time.time()
         for model in rows_due(current, published, now, state.registry.demand_ttl_seconds):
             demand = current[model]
             try:
                 await state.registry.publish_demand(
-                    model, state.gateway_id, pending=demand.pending, active=demand.active
+                    model,
+                    state.gateway_id,
+                    pending=demand.pending,
+                    active=demand.active,
+                    backlog=demand.backlog,
                 )
             except Exception as err:  # demand is advisory; routing goes on
                 log.warning("demand publish failed", error=str(err))

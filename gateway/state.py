@@ -19,7 +19,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.receipts import ReceiptSigner
 from gateway.usage import UsageMeter
 from spotgate.file_store import FileStore
-from spotgate.registry import Registry
+from spotgate.registry import BatchBacklog, Registry
 from spotgate.settings import TOKEN_TTL_MAX_SECONDS, GatewaySettings
 from spotgate.tokens import GATEWAY_SUBJECT_PREFIX, KeyRing, issue
 from spotgate.wsserver import FrameSocket
@@ -81,6 +81,8 @@ class GatewayState:
     idle: asyncio.Event = field(default_factory=asyncio.Event)
     # Set when a batch is created here: this replica's worker looks for it at once.
     batch_created: asyncio.Event = field(default_factory=asyncio.Event)
+    # The work left of the batch this replica works, per model: published with its demand.
+    batch_backlogs: dict[str, BatchBacklog] = field(default_factory=dict)
 
     def agent_token(self) -> tuple[str, float]:
         """A token the gateway presents to agents (refreshed on the link before it expires)."""

@@ -51,8 +51,8 @@ from pool_manager.reconcile import (
     DRAIN_DEADLINE_SECONDS,
     RISKY_PLACEMENT_SECONDS,
     ReconcilePass,
+    model_sizing,
     note_interruption,
-    pool_target,
 )
 from pool_manager.sizing import sizing_on_start
 from pool_manager.start_failures import LAUNCHES_HELD_LOG_EVENT, StartFailures, note_starts
@@ -98,6 +98,7 @@ class PoolController:
     policy: Policy = field(default_factory=HedgedSpotPolicy)
     clock: Callable[[], float] = time.time
     sizing: dict[str, Sizing] = field(default_factory=dict)
+    backlog_sizing: dict[str, Sizing] = field(default_factory=dict)  # batch work's spot agents
     risky_until: dict[PlacementKey, float] = field(default_factory=dict)
     on_demand_refused_until: dict[PlacementKey, float] = field(default_factory=dict)
     spot_prices: dict[PlacementKey, float] = field(default_factory=dict)
@@ -141,13 +142,21 @@ class PoolController:
                     now,
                     settings,
                 )
-            targets[model] = self._size(model, demand.get(model, Demand()), scaled, now, settings)
+            self.sizing[model], self.backlog_sizing[model] = model_sizing(
+                self.sizing.get(model, Sizing()),
+                self.backlog_sizing.get(model, Sizing()),
+                demand.get(model, Demand()),
+                scaled,
+                now,
+                settings,
+            )
+            targets[model] = self.sizing[model].target
             # Only the entries of instances it launched: a row anyone wrote holds nothing.
             own = [records[i.agent_id] for i in mine.running if i.agent_id in records]
             if (reason := self._launches_held(model, own, now)) is not None:
                 launches_held[model] = reason
             acted, denied = await self._converge(
-                model, targets[model], mine, records, now, settings, held=model in launches_held
+                model, mine, records, now, settings, held=model in launches_held
             )
             done += acted
             refused += denied
@@ -243,19 +252,9 @@ class PoolController:
             return self.settings
         return replace(self.settings, min_agents=0, max_agents=0, warm_pool_size=0)
 
-    def _size(
-        self, model: str, demand: Demand, fixed: int | None, now: float, settings: PolicySettings
-    ) -> int:
-        sizing = pool_target(
-            self.sizing.get(model, Sizing()), demand.pending, demand.active, fixed, now, settings
-        )
-        self.sizing[model] = sizing
-        return sizing.target
-
     async def _converge(
         self,
         model: str,
-        target: int,
         pool: _Pool,
         records: dict[str, AgentRecord],
         now: float,
@@ -263,11 +262,12 @@ class PoolController:
         *,
         held: bool = False,
     ) -> tuple[list[Action | WarmAction], list[Launch]]:
+        """Carry out the model's reconcile pass towards its sizing (and its batch spot)."""
         step = ReconcilePass(
             policy=self.policy,
             settings=settings,
             now=now,
-            target=target,
+            target=self.sizing[model].target,
             agents=[pool_agent(i, records.get(i.agent_id), now) for i in pool.running],
             risky_until=self.risky_until,
             risky_seconds=self.risky_placement_seconds,
@@ -275,6 +275,7 @@ class PoolController:
             spot_prices=self.spot_prices,
             warm=[s.warm() for s in pool.stopped],
             launches_held=held,
+            batch_spot=self.backlog_sizing[model].target,
         )
         done: list[Action | WarmAction] = []
         refused: list[Launch] = []

@@ -7,7 +7,8 @@ model needs) and placement (which spot or on-demand capacity holds them) are sep
 - `size_pool` turns demand into a target with hysteresis: up at once, down only after demand
   stayed lower for `scale_down_idle_seconds` (so the pool never flaps, and drains rather than
   cuts when it shrinks).
-- `HedgedSpotPolicy` (spotgate's own) keeps target + over-provision spot agents spread over
+- `HedgedSpotPolicy` (spotgate's own) keeps target + over-provision (+ the batch backlog's
+  `batch_spot`, which nothing on-demand ever covers) spot agents spread over
   (type, zone) placements that have not just preempted or refused, runs on-demand agents only
   for the part of the target that ready spot agents cannot hold, and drains them once spot
   holds the target with its margin ready, or has held the target for `on_demand_hold_seconds`
@@ -124,7 +125,8 @@ class HedgedSpotPolicy:
         target = snapshot.target
         spot = live_agents(snapshot.agents, "spot")
         on_demand = [a for a in live_agents(snapshot.agents, "on-demand") if not a.for_warm_pool]
-        spot_goal = target + settings.spot_overprovision if target > 0 else 0
+        interactive_goal = target + settings.spot_overprovision if target > 0 else 0
+        spot_goal = interactive_goal + snapshot.batch_spot  # batch work's agents: spot only
         actions: list[PoolAction] = []
         # An agent AWS wants to rebalance keeps serving until its replacement is ready.
         safe = [a for a in spot if not a.at_risk]
@@ -150,7 +152,7 @@ class HedgedSpotPolicy:
             # time. Without a margin only the hold counts.
             holding = ready_spot[:target]  # the spot agents that replace on-demand ones
             held_since = holding[-1] if holding else 0.0
-            margin_ready = settings.spot_overprovision > 0 and len(ready_spot) >= spot_goal
+            margin_ready = settings.spot_overprovision > 0 and len(ready_spot) >= interactive_goal
             if margin_ready or snapshot.now - held_since >= settings.on_demand_hold_seconds:
                 shed = len(on_demand) - od_goal
                 actions += shed_on_demand(on_demand, shed, snapshot, settings)

@@ -76,6 +76,7 @@ class PolicySettings:
     max_agents: int = POOL_DEFAULTS.max_agents
     target_streams_per_agent: int = POOL_DEFAULTS.target_streams_per_agent
     spot_overprovision: int = POOL_DEFAULTS.spot_overprovision
+    batch_spot_max_agents: int = POOL_DEFAULTS.batch_spot_max_agents
     on_demand_fallback: bool = POOL_DEFAULTS.on_demand_fallback
     scale_down_idle_seconds: float = POOL_DEFAULTS.scale_to_zero_idle_seconds
     launch_timeout_seconds: float = POOL_DEFAULTS.launch_timeout_seconds
@@ -167,6 +168,9 @@ class PoolSnapshot:
     target: int
     agents: tuple[PoolAgent, ...]
     risky_until: Mapping[PlacementKey, float] = field(default_factory=dict)
+    # Agents beyond the target for batch work that would miss its window: spot only, with
+    # no margin and no on-demand cover (`agents_for_backlog`).
+    batch_spot: int = 0
     # Placements that lately refused an on-demand launch, and until when they are passed over.
     on_demand_refused_until: Mapping[PlacementKey, float] = field(default_factory=dict)
     # Spot prices now, where known (they move); the others are the configured ones.

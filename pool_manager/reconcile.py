@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from pool_manager.policy import Policy, reap
 from pool_manager.pool_view import (
@@ -32,8 +33,11 @@ from pool_manager.pool_view import (
     Terminate,
     WarmInstance,
 )
-from pool_manager.sizing import agents_for_demand, size_pool
+from pool_manager.sizing import agents_for_backlog, agents_for_demand, size_backlog, size_pool
 from spotgate.settings import POOL_DEFAULTS
+
+if TYPE_CHECKING:
+    from spotgate.registry import Demand
 
 DRAIN_DEADLINE_SECONDS = 300.0
 """A scale-down drain: the agent's streams get this long to finish, then are handed back."""
@@ -55,6 +59,25 @@ def pool_target(
     if fixed is not None:  # set by `spotgate pool scale`
         return Sizing(target=fixed, needed_at=now)
     return size_pool(previous, agents_for_demand(pending, active, settings), now, settings)
+
+
+def model_sizing(
+    previous: Sizing,
+    previous_backlog: Sizing,
+    demand: Demand,
+    fixed: int | None,
+    now: float,
+    settings: PolicySettings,
+) -> tuple[Sizing, Sizing]:
+    """The model's target (`pool_target`), and its spot agents for batch work beyond it.
+
+    A size fixed by hand adds none: it is the size.
+    """
+    sizing = pool_target(previous, demand.pending, demand.active, fixed, now, settings)
+    if fixed is not None:
+        return sizing, Sizing(target=0, needed_at=now)
+    needed = agents_for_backlog(demand, sizing.target, now, settings)
+    return sizing, size_backlog(previous_backlog, needed, now, settings)
 
 
 def note_interruption(
@@ -83,6 +106,7 @@ class ReconcilePass:
     warm: list[WarmInstance] = field(default_factory=list)  # the model's stopped instances
     # The model's agents keep failing to start (`start_failures`): no launch, no warm start.
     launches_held: bool = False
+    batch_spot: int = 0  # spot agents beyond the target for batch work (`agents_for_backlog`)
 
     def __post_init__(self) -> None:
         self._refused_here: set[tuple[PlacementKey, LaunchLifecycle]] = set()
@@ -96,6 +120,7 @@ class ReconcilePass:
             target=self.target,
             agents=tuple(self.agents),
             risky_until=dict(self.risky_until),
+            batch_spot=self.batch_spot,
             on_demand_refused_until=dict(self.on_demand_refused_until),
             spot_prices=dict(self.spot_prices),
             warm=tuple(self.warm),

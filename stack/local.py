@@ -394,6 +394,7 @@ def _up_spec(
         # One machine: exactly the agents asked for, no spare and no on-demand cover while
         # they boot (each vLLM engine takes real memory).
         spot_overprovision=0,
+        batch_spot_max_agents=0,
         on_demand_fallback=False,
         loop_seconds=LOCAL_LOOP_SECONDS,
         cold_start_seconds=LOCAL_COLD_START_SECONDS,

@@ -84,6 +84,11 @@ class SimConfig:
     seed: int = 0
     # The models sharing the pool; empty: one model of `target` agents at `load`.
     models: tuple[SimModel, ...] = ()
+    # Batch work each model is given as the span opens (stream-hours), due within the window:
+    # it runs on the streams interactive ones leave, and the policy may add spot for it.
+    batch_stream_hours: float = 0.0
+    batch_window_hours: float = 24.0
+    batch_spot_max_agents: int = POOL_DEFAULTS.batch_spot_max_agents
 
     def pool_models(self) -> tuple[SimModel, ...]:
         """The models the pool serves: `models`, else one from `target` and `load`."""
@@ -139,4 +144,5 @@ def settings_for(
         on_demand_margin=config.on_demand_margin,
         on_demand_margin_spot_age_seconds=config.on_demand_margin_spot_age_seconds,
         on_demand_margin_shortage_seconds=config.on_demand_margin_shortage_seconds,
+        batch_spot_max_agents=config.batch_spot_max_agents,
     )

@@ -13,9 +13,7 @@ from pool_manager.pool_view import (
     Sizing,
     WarmInstance,
 )
-from pool_manager.reconcile import (
-    pool_target,
-)
+from pool_manager.reconcile import model_sizing
 from pool_manager.sim.config import (
     SECONDS_PER_HOUR,
     SPOT_PRICE_PER_HOUR,
@@ -23,6 +21,7 @@ from pool_manager.sim.config import (
     SimModel,
 )
 from pool_manager.sim.results import ModelResult
+from spotgate.registry.records import BatchBacklog, Demand
 
 
 @dataclass
@@ -85,6 +84,29 @@ _COUNTS = (
 
 
 @dataclass
+class SimBatch:
+    """A model's batch work: stream-seconds left, when it is due, and when it was done."""
+
+    started_at: float
+    due_at: float
+    left_seconds: float
+    done_at: float | None = None
+
+    def run(self, spare_streams: int, now: float, tick_seconds: float) -> None:
+        """The streams interactive ones left worked on it for a tick."""
+        if self.done_at is not None:
+            return
+        self.left_seconds -= spare_streams * tick_seconds
+        if self.left_seconds <= 0:
+            self.done_at = now + tick_seconds
+
+    @property
+    def done_hours(self) -> float | None:
+        """Hours from the span's opening to the work's end (None: not done)."""
+        return None if self.done_at is None else (self.done_at - self.started_at) / 3600
+
+
+@dataclass
 class ModelPool:
     """One model's share of the pool: its settings, sizing, instances, streams and figures."""
 
@@ -100,6 +122,8 @@ class ModelPool:
     available_ticks: int = 0
     cost: float = 0.0
     launched_types: set[str] = field(default_factory=set)
+    batch: SimBatch | None = None
+    batch_sizing: Sizing = field(default_factory=Sizing)
 
     @property
     def arrivals_per_tick(self) -> float:
@@ -160,16 +184,20 @@ class ModelPool:
             else:
                 still_waiting.append(waiting)
         self.waiting = still_waiting
+        if self.batch is not None:
+            spare = sum(max(0, room[id(i)]) for i in serving)
+            self.batch.run(spare, now, self.config.tick_seconds)
 
     def resize(self, now: float) -> int:
-        """The model's target for this pass, sized from its streams."""
-        self.sizing = pool_target(
-            self.sizing,
-            pending=sum(w.count for w in self.waiting),
-            active=sum(i.active for i in self.instances),
-            fixed=None,
-            now=now,
-            settings=self.settings,
+        """The model's target for this pass, sized from its streams (and its batch's spot)."""
+        batch = self.batch
+        backlog = None
+        if batch is not None and batch.done_at is None:
+            backlog = BatchBacklog(batch.left_seconds, batch.due_at)
+        pending = sum(w.count for w in self.waiting)
+        demand = Demand(pending, sum(i.active for i in self.instances), backlog)
+        self.sizing, self.batch_sizing = model_sizing(
+            self.sizing, self.batch_sizing, demand, None, now, self.settings
         )
         return self.sizing.target
 
@@ -193,4 +221,5 @@ class ModelPool:
             streams_rejected=counts["rejected"],
             lost_streams=counts["lost"],
             instance_types=tuple(sorted(self.launched_types)),
+            batch_done_hours=self.batch.done_hours if self.batch is not None else None,
         )

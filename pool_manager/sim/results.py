@@ -22,6 +22,8 @@ class ModelResult:
     streams_rejected: int
     lost_streams: int
     instance_types: tuple[str, ...]  # those it launched
+    # Hours from the span's opening until its batch work was done (None: none, or not done).
+    batch_done_hours: float | None = None
 
 
 @dataclass
@@ -49,6 +51,8 @@ class SimResult:
     stopped_hours: float  # instance-hours stopped in the warm pool
     models: list[ModelResult] = field(default_factory=list)
     regions: tuple[str, ...] = ()  # those whose zones it placed in
+    batch_stream_hours: float = 0.0  # the batch work each model was given (0: none)
+    batch_done_hours: float | None = None  # the slowest model's batch (`ModelResult`'s)
 
     def as_json(self) -> dict[str, Any]:
         """Plain dict for `spotgate sim --json`."""
@@ -71,4 +75,10 @@ def merged_windows(windows: list[ModelResult]) -> ModelResult:
         streams_rejected=sum(w.streams_rejected for w in windows),
         lost_streams=sum(w.lost_streams for w in windows),
         instance_types=tuple(sorted({t for w in windows for t in w.instance_types})),
+        batch_done_hours=latest_done([w.batch_done_hours for w in windows]),
     )
+
+
+def latest_done(hours: list[float | None]) -> float | None:
+    """The slowest batch's hours to done over windows or models; None if any was not done."""
+    return None if not hours or None in hours else max(h for h in hours if h is not None)

@@ -78,7 +78,15 @@ def render_table(results: Sequence[SimResult]) -> str:
             rows += [_model_row(m) for m in r.models]
     if results:
         rows.append(f"regions: {', '.join(results[0].regions)}")
+    batched = [r for r in results if r.batch_stream_hours > 0]
+    rows += [f"batch work, {r.policy}: {_batch_done(r)}" for r in batched]
     return "\n".join(rows)
+
+
+def _batch_done(result: SimResult) -> str:
+    if result.batch_done_hours is None:
+        return "not done within the span"
+    return f"done after {result.batch_done_hours:.1f} h (the slowest)"
 
 
 def _model_row(m: ModelResult) -> str:

@@ -67,8 +67,8 @@ from pool_manager.sim.config import (
     placements_of,
     settings_for,
 )
-from pool_manager.sim.model_pool import ModelPool, SimInstance
-from pool_manager.sim.results import SimResult, merged_windows
+from pool_manager.sim.model_pool import ModelPool, SimBatch, SimInstance
+from pool_manager.sim.results import SimResult, latest_done, merged_windows
 from pool_manager.sim.traces import ZoneTrace
 
 TickObserver = Callable[[float], None]
@@ -115,6 +115,11 @@ class Simulation:
         self.decisions: list[tuple[float, PoolAction]] = []
         """What each reconcile pass carried out, with its time (refused launches left out)."""
         self._next_id = 0
+        if config.batch_stream_hours > 0:
+            for pool in self._pools:
+                due_at = start_seconds + config.batch_window_hours * SECONDS_PER_HOUR
+                seconds = config.batch_stream_hours * SECONDS_PER_HOUR
+                pool.batch = SimBatch(start_seconds, due_at, seconds)
         if config.warm_pool_filled:
             for pool in self._pools:
                 pool.stopped = [self._stopped_before(pool) for _ in range(config.warm_pool_size)]
@@ -189,6 +194,8 @@ class Simulation:
             on_demand_share_of_hours=on_demand_hours / hours if hours else 0.0,
             stopped_hours=stopped_hours,
             models=[pool.result(ticks) for pool in self._pools],
+            batch_stream_hours=config.batch_stream_hours,
+            batch_done_hours=latest_done([p.batch.done_hours for p in self._pools if p.batch]),
         )
 
     def _count_available(self) -> bool:
@@ -265,6 +272,7 @@ class Simulation:
             on_demand_refused_until=self._on_demand_refused_until,
             spot_prices=self._spot_prices,
             warm=list(pool.stopped),
+            batch_spot=pool.batch_sizing.target,
         )
         while actions := step.next_round():
             for action in actions:
@@ -415,4 +423,6 @@ def simulate_windows(
         models=[
             merged_windows(list(same)) for same in zip(*(r.models for r in results), strict=True)
         ],
+        batch_stream_hours=config.batch_stream_hours,
+        batch_done_hours=latest_done([r.batch_done_hours for r in results]),
     )

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 from spotgate.registry.base import RegistryBase
 from spotgate.registry.codec import decode_item, encode, encode_item
-from spotgate.registry.records import Demand, PoolForecast
+from spotgate.registry.records import BatchBacklog, Demand, PoolForecast
 
 POOL_TARGET_SOURCE = "~pool-target"  # a `demand` item written by `spotgate pool scale`
 POOL_FORECAST_SOURCE = "~pool-forecast"  # a `demand` item written by the pool manager
@@ -26,23 +26,27 @@ class DemandOperations(RegistryBase):
         return self._timings.demand_ttl_seconds
 
     async def publish_demand(
-        self, model: str, gateway_id: str, *, pending: int, active: int
+        self,
+        model: str,
+        gateway_id: str,
+        *,
+        pending: int,
+        active: int,
+        backlog: BatchBacklog | None = None,
     ) -> None:
-        """One gateway's current queue depth and running streams for `model`."""
+        """One gateway's current queue depth, running streams and batch work for `model`."""
         now = self._clock()
-        await self._client.put_item(
-            TableName=self._tables.demand,
-            Item=encode_item(
-                {
-                    "model": model,
-                    "gateway_id": gateway_id,
-                    "pending": pending,
-                    "active": active,
-                    "at": now,
-                    "expires_at": now + self._timings.demand_ttl_seconds,
-                }
-            ),
-        )
+        row: dict[str, object] = {
+            "model": model,
+            "gateway_id": gateway_id,
+            "pending": pending,
+            "active": active,
+            "at": now,
+            "expires_at": now + self._timings.demand_ttl_seconds,
+        }
+        if backlog is not None:
+            row.update(backlog_stream_seconds=backlog.stream_seconds, backlog_due_at=backlog.due_at)
+        await self._client.put_item(TableName=self._tables.demand, Item=encode_item(row))
 
     async def set_pool_target(self, model: str, count: int | None) -> None:
         """Fix a model's agent count (`spotgate pool scale`), or hand it back to demand (None).
@@ -139,9 +143,10 @@ class DemandOperations(RegistryBase):
         async for item in items:
             values = decode_item(item)
             model = str(values["model"])
-            seen = totals.get(model, Demand())
-            totals[model] = Demand(
-                pending=seen.pending + int(values.get("pending", 0)),
-                active=seen.active + int(values.get("active", 0)),
-            )
+            backlog = None
+            if "backlog_due_at" in values:
+                seconds = float(values["backlog_stream_seconds"])
+                backlog = BatchBacklog(seconds, float(values["backlog_due_at"]))
+            published = Demand(int(values.get("pending", 0)), int(values.get("active", 0)), backlog)
+            totals[model] = totals.get(model, Demand()).plus(published)
         return totals

@@ -215,11 +215,33 @@ class UsageRow:
 
 
 @dataclass(frozen=True, slots=True)
+class BatchBacklog:
+    """Batch work left for one model: its stream-seconds, and when the earliest is due."""
+
+    stream_seconds: float
+    due_at: float  # epoch seconds: the end of the batch's completion window
+
+
+@dataclass(frozen=True, slots=True)
 class Demand:
-    """Streams waiting and running for one model, summed over live gateways."""
+    """Interactive streams waiting and running for one model, and its batch work left.
+
+    Summed over live gateways; flex streams are in neither `pending` nor `active`.
+    """
 
     pending: int = 0
     active: int = 0
+    backlog: BatchBacklog | None = None
+
+    def plus(self, other: Demand) -> Demand:
+        """Both gateways' demand: streams summed, backlogs summed, due at the earlier."""
+        backlog = self.backlog or other.backlog
+        if self.backlog is not None and other.backlog is not None:
+            backlog = BatchBacklog(
+                self.backlog.stream_seconds + other.backlog.stream_seconds,
+                min(self.backlog.due_at, other.backlog.due_at),
+            )
+        return Demand(self.pending + other.pending, self.active + other.active, backlog)
 
 
 @dataclass(frozen=True, slots=True)

@@ -128,6 +128,9 @@ class BatchSettings(SettingsSection):
     lease_seconds: PositiveFloat = 30.0
     # How often each replica looks for batches no live replica works.
     poll_seconds: PositiveFloat = 5.0
+    # A batch request's time on an agent, assumed until the batch has measured its own: the
+    # backlog the pool manager adds spot capacity for, when it would miss its window.
+    request_seconds_estimate: PositiveFloat = 20.0
 
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})

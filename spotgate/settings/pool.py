@@ -135,6 +135,9 @@ class PoolSettings(BaseSettings):
     max_agents: PositiveInt = 4
     target_streams_per_agent: PositiveInt = 32
     spot_overprovision: NonNegativeInt = 1
+    # Spot agents a model may run beyond its interactive target for batch work that would
+    # otherwise miss its completion window (never on-demand; 0: batches use spare capacity only).
+    batch_spot_max_agents: NonNegativeInt = 4
     on_demand_fallback: bool = True
     on_demand_hold_seconds: NonNegativeFloat = 1800.0
     scale_to_zero_idle_seconds: PositiveFloat = 600.0

@@ -130,3 +130,13 @@ def test_an_empty_region_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
         main([*SHORT, "--regions", "us-west-2,"])
     assert exited.value.code == 2
     assert "'us-west-2,': an empty region" in capsys.readouterr().err
+
+
+def test_batch_work_says_when_each_policy_got_it_done(capsys: pytest.CaptureFixture[str]) -> None:
+    batch = ["--batch-stream-hours", "150", "--batch-window-hours", "3"]
+    assert main([*SHORT, "--policy", "spotgate,even-spread", *batch]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-2].startswith("batch work, spotgate: done after ")
+    assert lines[-1] == "batch work, even-spread: not done within the span"
+    assert main([*SHORT, "--json", *batch]) == 0
+    assert json.loads(capsys.readouterr().out)["batch_stream_hours"] == 150

@@ -23,6 +23,7 @@ from spotgate.process import loopback_socket, serving_on_loopback, socket_port
 from spotgate.registry import AgentState, CreatedApiKey, Registry
 from spotgate.settings import (
     AgentSettings,
+    BatchSettings,
     GatewaySettings,
     LimitStoreSettings,
     QueueSettings,
@@ -277,3 +278,17 @@ async def replicas(
 
         await wait_for(routable_everywhere)
         yield gateways
+
+
+FAST_BATCHES = BatchSettings(poll_seconds=0.1, lease_seconds=3.0)
+"""Workers that look for batches and save progress often (the defaults: 5 s, 30 s)."""
+
+
+@pytest.fixture
+async def batch_gateway(
+    aws: AwsEmulator, gateway_key: SigningKey, limit_store: LimitStoreSettings
+) -> AsyncIterator[Gateway]:
+    async with running_gateway(
+        aws, gateway_key, limit_store=limit_store, batch=FAST_BATCHES
+    ) as running:
+        yield running

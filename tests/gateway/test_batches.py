@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import openai
@@ -15,10 +15,10 @@ import pytest
 from gateway.batch_worker import BatchWorker
 from spotgate.file_store import FileStore, file_key, line_prefix
 from spotgate.registry import CreatedApiKey, Registry
-from spotgate.settings import BatchSettings, LimitStoreSettings
+from spotgate.settings import LimitStoreSettings
 from spotgate.tokens import SigningKey
 from stack.emulator import AwsEmulator
-from tests.gateway.conftest import MODEL, Gateway, agents_of, running_gateway
+from tests.gateway.conftest import FAST_BATCHES, MODEL, Gateway, agents_of, running_gateway
 from tests.support.agents import (
     AgentFactory,
     Imds,
@@ -28,20 +28,7 @@ from tests.support.agents import (
     wait_for,
 )
 
-FAST_BATCHES = BatchSettings(poll_seconds=0.1, lease_seconds=3.0)
-"""Workers that look for batches and save progress often (the defaults: 5 s, 30 s)."""
-
 Client = Callable[..., openai.AsyncOpenAI]
-
-
-@pytest.fixture
-async def batch_gateway(
-    aws: AwsEmulator, gateway_key: SigningKey, limit_store: LimitStoreSettings
-) -> AsyncIterator[Gateway]:
-    async with running_gateway(
-        aws, gateway_key, limit_store=limit_store, batch=FAST_BATCHES
-    ) as running:
-        yield running
 
 
 def chat_line(custom_id: str, prompt: str, max_tokens: int, **body: Any) -> bytes:

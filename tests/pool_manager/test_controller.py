@@ -36,7 +36,15 @@ from pool_manager.provider import (
 from pool_manager.sim.config import SimConfig
 from pool_manager.sim.simulator import Simulation
 from pool_manager.sim.traces import ZoneTrace
-from spotgate.registry import AgentRecord, AgentState, LaunchRecord, PoolForecast, Registry
+from pool_manager.sizing import BACKLOG_FINISH_MARGIN_SECONDS
+from spotgate.registry import (
+    AgentRecord,
+    AgentState,
+    BatchBacklog,
+    LaunchRecord,
+    PoolForecast,
+    Registry,
+)
 from tests.support.clocks import FakeClock
 
 MODEL = "m"
@@ -168,6 +176,21 @@ async def test_queued_requests_scale_from_zero(
     assert provider.launched == [Launch("g5.xlarge", "zone-a", "spot")]
     # the next pass sees the booting instance and launches nothing more
     assert (await controller.reconcile()).actions == []
+
+
+async def test_batch_work_that_would_miss_its_window_adds_spot_beyond_the_target(
+    controller: PoolController, registry: Registry, provider: MemoryProvider, clock: FakeClock
+) -> None:
+    due = clock() + BACKLOG_FINISH_MARGIN_SECONDS + 3600  # an hour to do it in
+    backlog = BatchBacklog(stream_seconds=15 * 3600, due_at=due)  # 15 streams for the hour
+    await registry.publish_demand(MODEL, "gw-1", pending=0, active=5, backlog=backlog)
+    report = await controller.reconcile()
+    assert report.targets == {MODEL: 1}  # the interactive streams' agent
+    # and one spot agent for the 10 streams the target's 5 spare ones leave undone
+    assert provider.launched == [Launch("g5.xlarge", z, "spot") for z in ("zone-a", "zone-b")]
+    await registry.set_pool_target(MODEL, 1)  # a size fixed by hand is the size
+    await controller.reconcile()
+    assert len(provider.running) == 1
 
 
 async def test_spot_goes_where_it_is_cheapest_now_read_every_few_minutes(

@@ -21,7 +21,15 @@ from pool_manager.pool_view import (
     TerminateWarm,
     WarmInstance,
 )
-from pool_manager.sizing import agents_for_demand, size_pool, sizing_on_start
+from pool_manager.reconcile import model_sizing
+from pool_manager.sizing import (
+    BACKLOG_FINISH_MARGIN_SECONDS,
+    agents_for_backlog,
+    agents_for_demand,
+    size_pool,
+    sizing_on_start,
+)
+from spotgate.registry import BatchBacklog, Demand
 
 NOW = 10_000.0
 A = PlacementOption("g5.xlarge", "us-east-1a", 0.40, 1.00)
@@ -114,6 +122,55 @@ def test_size_pool_never_goes_below_min_agents() -> None:
     floor = replace(SETTINGS, min_agents=2)
     assert size_pool(Sizing(4, 0), 0, NOW, floor) == Sizing(2, NOW)
     assert size_pool(Sizing(0, 0), 0, NOW, floor) == Sizing(2, NOW)
+
+
+HOUR = 3600.0
+DUE = NOW + BACKLOG_FINISH_MARGIN_SECONDS + HOUR  # the work is planned to end in an hour
+
+
+@pytest.mark.parametrize(
+    ("demand", "target", "needed"),
+    [
+        (Demand(), 0, 0),  # no batch
+        (Demand(backlog=BatchBacklog(0.0, DUE)), 0, 0),  # nothing left
+        # an hour of one stream, and no agent: one agent (at 10 streams each)
+        (Demand(backlog=BatchBacklog(HOUR, DUE)), 0, 1),
+        # 25 streams for the hour, no agent: three agents
+        (Demand(backlog=BatchBacklog(25 * HOUR, DUE)), 0, 3),
+        # the interactive target leaves 2 × 10 − 5 streams: 15 of the 25 fit, one more agent
+        (Demand(pending=1, active=4, backlog=BatchBacklog(25 * HOUR, DUE)), 2, 1),
+        # what the target leaves is enough: none
+        (Demand(active=4, backlog=BatchBacklog(16 * HOUR, DUE)), 2, 0),
+        # past its planned end: sized as a minute left, and at most `batch_spot_max_agents`
+        (Demand(backlog=BatchBacklog(HOUR, NOW)), 0, 4),
+    ],
+)
+def test_batch_work_asks_for_spot_agents_only_for_what_would_miss_its_window(
+    demand: Demand, target: int, needed: int
+) -> None:
+    assert agents_for_backlog(demand, target, NOW, SETTINGS) == needed
+
+
+def test_the_backlog_agents_go_back_after_the_idle_time_and_a_fixed_size_has_none() -> None:
+    backlog = Demand(backlog=BatchBacklog(25 * HOUR, DUE))
+    sizing, batch = model_sizing(Sizing(), Sizing(), backlog, None, NOW, SETTINGS)
+    assert (sizing.target, batch.target) == (0, 3)  # no interactive demand: the batch's own
+    done = Demand()
+    assert model_sizing(sizing, batch, done, None, NOW + 599, SETTINGS)[1].target == 3
+    assert model_sizing(sizing, batch, done, None, NOW + 600, SETTINGS)[1].target == 0
+    assert model_sizing(sizing, Sizing(), backlog, 2, NOW, SETTINGS)[1].target == 0
+
+
+def test_batch_agents_are_spot_only_without_margin_or_on_demand_cover() -> None:
+    pool = (agent("a", placement=A), agent("b", placement=B))  # target 1 + margin 1, ready
+    actions = POLICY.decide(replace(snapshot(1, *pool), batch_spot=2), SETTINGS)
+    assert launches(actions) == [("us-east-1b", "spot"), ("us-east-1c", "spot")]
+    nowhere = {A.key: NOW + 600, B.key: NOW + 600, C.key: NOW + 600}  # spot refused everywhere
+    refused = POLICY.decide(replace(snapshot(1, *pool, risky=nowhere), batch_spot=2), SETTINGS)
+    assert all(a.lifecycle == "spot" for a in refused if isinstance(a, Launch))
+    idle = (*pool, agent("c", placement=C), agent("d", placement=A))
+    shed = POLICY.decide(snapshot(1, *idle), SETTINGS)  # the batch's work done: back to 2
+    assert len([a for a in shed if not isinstance(a, Launch)]) == 2
 
 
 # --- spotgate's policy -------------------------------------------------------------------

@@ -274,3 +274,40 @@ def test_one_model_named_alone_is_the_pool_configured_by_its_target() -> None:
     assert simulate_windows(traces, POLICIES["spotgate"], alone, windows=1, window_hours=24) == pool
     assert [m.name for m in pool.models] == [DEFAULT_MODEL]
     assert pool.models[0].launches == pool.launches
+
+
+def on_demand_hours(result: SimResult) -> float:
+    return result.on_demand_share_of_hours * result.hours
+
+
+def test_batch_work_that_would_miss_its_window_gets_spot_agents_which_go_back_after() -> None:
+    traces = [zone("a", *[10] * 48), zone("b", *[10] * 48)]  # four hours of spot
+    # The target's agent at half load and the margin's leave 48 of their 64 streams: 120
+    # stream-hours take 2.5 h there.
+    given = {"target": 1, "batch_stream_hours": 120.0, "batch_window_hours": 2.0}
+    spare_only = run("spotgate", traces, **given, batch_spot_max_agents=0)
+    assert spare_only.batch_done_hours == pytest.approx(2.5, abs=0.05)
+
+    held: list[int] = []
+    config = SimConfig(tick_seconds=60.0, cold_start_seconds=120.0, **given)  # type: ignore[arg-type]
+    simulation = Simulation(traces, POLICIES["spotgate"], config)
+    zones = [(trace.instance_type, trace.zone) for trace in traces]
+    result = simulation.run(
+        lambda _now: held.append(sum(simulation.spot_held(z)[DEFAULT_MODEL] for z in zones))
+    )
+    assert result.batch_done_hours is not None
+    assert result.batch_done_hours < 2.0
+    assert max(held) > 2  # beyond the target and its margin: the batch's
+    assert held[-1] == 2  # given back once the work was done and the idle time passed
+    without = run("spotgate", traces, target=1)  # on-demand covered the target's first boot
+    assert on_demand_hours(result) <= on_demand_hours(without)  # none for the batch
+
+
+def test_batch_work_never_launches_on_demand_where_spot_has_no_room() -> None:
+    traces = [zone("a", *[2] * 24)]  # room for the target and its margin, no more
+    given = {"target": 1, "batch_stream_hours": 120.0, "batch_window_hours": 2.0}
+    without = run("spotgate", traces, target=1)
+    batched = run("spotgate", traces, **given)
+    assert on_demand_hours(batched) == pytest.approx(on_demand_hours(without))
+    assert batched.refused_launches > 0  # it asked spot for more, and spot had none
+    assert batched.batch_done_hours is None  # not done in two hours on what was left

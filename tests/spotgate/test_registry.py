@@ -16,6 +16,7 @@ from spotgate.registry import (
     ApiKeyDisabled,
     ApiKeyNotFound,
     ApiKeyRejected,
+    BatchBacklog,
     BootTimeline,
     Demand,
     InvalidTransition,
@@ -448,6 +449,14 @@ async def test_demand_sums_live_gateways_and_ignores_expired(
         "m": Demand(pending=3, active=5),
         "other": Demand(pending=0, active=7),
     }
+
+
+async def test_batch_backlogs_add_up_over_gateways_due_at_the_earliest(registry: Registry) -> None:
+    await registry.publish_demand("m", "gw-1", pending=0, active=1, backlog=BatchBacklog(60, 900))
+    await registry.publish_demand("m", "gw-2", pending=0, active=0, backlog=BatchBacklog(40, 500))
+    await registry.publish_demand("m", "gw-3", pending=2, active=0)
+
+    assert await registry.read_demand() == {"m": Demand(2, 1, BatchBacklog(100, 500))}
 
 
 async def test_forecasts_are_read_until_withdrawn_or_expired_and_are_not_demand(
