@@ -22,8 +22,7 @@ from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Callable, Collection
 from contextlib import suppress
 from dataclasses import dataclass, field
-from ipaddress import IPv4Network, IPv6Network, ip_address
-from urllib.parse import urlsplit
+from ipaddress import IPv4Network, IPv6Network
 
 from gateway.fair_queue import (
     FairQueue,
@@ -34,8 +33,9 @@ from gateway.fair_queue import (
     place_in_line,
     wait_deadline,
 )
+from gateway.fair_share import FairShare, Loads
 from gateway.prefix import PrefixIndex, PromptPrefix, prompt_prefix
-from gateway.router import Candidate, PrefixAffinity, choose_agent
+from gateway.router import Candidate, PrefixAffinity, agent_url_allowed, choose_agent
 from gateway.vouching import LaunchBook, RogueAgents, vouch
 from spotgate.context import ContextLimits
 from spotgate.logging import get_logger
@@ -154,21 +154,6 @@ class PoolView:
         return None
 
 
-def agent_url_allowed(url: str, networks: Collection[IPv4Network | IPv6Network]) -> bool:
-    """Whether the gateway may connect to an agent at `url`: an address in one of `networks`.
-
-    With no networks every URL is allowed (local mode). A host name is refused when there
-    are some: what it resolves to is not the registry's to decide.
-    """
-    if not networks:
-        return True
-    try:
-        address = ip_address(urlsplit(url).hostname or "")
-    except ValueError:
-        return False
-    return any(address in network for network in networks)
-
-
 class Dispatcher:
     """Chooses agents for streams and queues the streams that must wait."""
 
@@ -199,6 +184,7 @@ class Dispatcher:
         self._waiting: dict[str, list[Waiter]] = {}
         self._fair: dict[tuple[str, bool], FairQueue] = {}  # per model and tier (flex)
         self.running_flex = RunningFlex()
+        self.fair_share = FairShare()  # other replicas' tenants, for turns across replicas
         self._weights: dict[str, float] = {}  # each tenant's key's, as its last stream said
         self._changed = asyncio.Event()
         self._full_until: dict[str, float] = {}
@@ -320,6 +306,17 @@ class Dispatcher:
             adapter=adapter,
         )
 
+    def _held(self, model: str, tenant: str, exempt: bool) -> bool:
+        """Whether a new interactive stream of `tenant` leaves a slot to a tenant elsewhere."""
+        if exempt or not self.fair_share.others.get(model):  # alone: the fair queue decides
+            return False
+        mine = self.fair_share.local(self._waiting, self._weights).get(model, {})
+        return self.fair_share.held(model, tenant, mine)
+
+    def fair_loads(self) -> dict[str, Loads]:
+        """The replica's interactive streams per model and tenant, to share with the others."""
+        return self.fair_share.local(self._waiting, self._weights)
+
     def knows(self, model: str) -> bool:
         """Whether the model is served: an agent has it, or the pool can start one for it."""
         return model in self.view.agents or model in self._scalable
@@ -349,7 +346,7 @@ class Dispatcher:
             raise GatewayClosing(model)
         waiters = self._waiting.setdefault(model, [])
         chosen = None if flex and waiters else self.choose(model, session, exclude, prefix, adapter)
-        if chosen is not None:
+        if chosen is not None and not self._held(model, tenant, under_way or flex):
             yield chosen
             return
         if not self.knows(model):
@@ -362,7 +359,7 @@ class Dispatcher:
             raise QueueFull(model)
         fair = self._fair.setdefault((model, flex), FairQueue())
         tag = 0.0 if under_way else fair.tag(tenant, cost_tokens, self._weights.get(tenant, 1))
-        me = Waiter(under_way, tag, flex)
+        me = Waiter(under_way, tag, flex, tenant)
         waiters.insert(place_in_line(waiters, me), me)
         if not flex:  # its place is a flex stream's, which waits again behind it
             self.running_flex.preempt_one(model)
@@ -382,7 +379,7 @@ class Dispatcher:
                     yield Queued(position, eta_seconds(forecast, self._clock()))
                 if position == 0:  # an agent that came just as the wait ran out still serves
                     chosen = self.choose(model, session, exclude, prefix, adapter)
-                    if chosen is not None:
+                    if chosen is not None and not self._held(model, tenant, under_way or flex):
                         break
                 # Never shortened: the forecast goes as its agent turns ready, which this
                 # gateway's view may show a moment later.

@@ -47,6 +47,7 @@ class Waiter:
     under_way: bool
     tag: float = 0.0  # its virtual start (`FairQueue`); those under way wait ahead of all
     flex: bool = False  # it waits behind every interactive stream not under way
+    tenant: str = ""
 
     @property
     def rank(self) -> tuple[int, float]:

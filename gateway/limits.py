@@ -18,13 +18,15 @@ import enum
 import secrets
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TypeVar
 
 from redis.exceptions import RedisClusterException, RedisError
 
 from gateway.authlimit import FailedAuthLimiter
+from gateway.fair_share import FAIR_SHARE_STALE_SECONDS, Loads, decode_loads, encode_loads, summed
 from gateway.metrics import GatewayMetrics
 from gateway.ratelimit import Decision, Limits, RateLimiter
 from gateway.sharedlimits import LEASE_RENEW_SECONDS, SharedBuckets
@@ -116,6 +118,7 @@ class LimitStore:
     health: StoreHealth = field(init=False)
     _leases: defaultdict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
     _unsynced: dict[str, LocalCharges] = field(default_factory=dict)
+    _fair_models: set[str] = field(default_factory=set)  # models whose loads it last shared
 
     def __post_init__(self) -> None:
         self.failed_auth = FailedAuthLimiter(
@@ -254,6 +257,32 @@ class LimitStore:
             self.settings.failed_auth_per_client_per_minute,
             self.settings.failed_auth_per_key_per_minute,
         )
+
+    async def exchange_fair_loads(
+        self, replica: str, mine: Mapping[str, Loads], now: float
+    ) -> dict[str, Loads]:
+        """Share this replica's tenants' streams per model; the other replicas', summed.
+
+        A model it shared before and has no streams of now is withdrawn. Without a store, or
+        while it fails, there are no others: each replica's queue is fair on its own.
+        """
+        models = set(mine) | self._fair_models
+        self._fair_models = set(mine)
+        others: dict[str, Loads] = {}
+        for model in sorted(models):
+            shared = encode_loads(mine[model]) if model in mine else ""
+            exchange = partial(
+                SharedBuckets.exchange_loads,
+                model=model,
+                replica=replica,
+                mine=shared,
+                now=now,
+                stale_seconds=FAIR_SHARE_STALE_SECONDS,
+            )
+            answer = await self._ask(exchange)
+            if not isinstance(answer, _Unanswered) and answer:
+                others[model] = summed(decode_loads(text) for text in answer)
+        return others
 
     async def _renew_leases(self) -> None:
         held = {key_id: sorted(leases) for key_id, leases in self._leases.items()}

@@ -22,6 +22,8 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from ipaddress import IPv4Network, IPv6Network, ip_address
+from urllib.parse import urlsplit
 
 from spotgate.registry import AgentState
 
@@ -118,3 +120,18 @@ def choose_agent(
             rendezvous_score(affinity.conversation, c.agent_id),
         ),
     )
+
+
+def agent_url_allowed(url: str, networks: Collection[IPv4Network | IPv6Network]) -> bool:
+    """Whether the gateway may connect to an agent at `url`: an address in one of `networks`.
+
+    With no networks every URL is allowed (local mode). A host name is refused when there
+    are some: what it resolves to is not the registry's to decide.
+    """
+    if not networks:
+        return True
+    try:
+        address = ip_address(urlsplit(url).hostname or "")
+    except ValueError:
+        return False
+    return any(address in network for network in networks)

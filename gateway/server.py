@@ -22,6 +22,7 @@ from gateway.auth import Authenticator
 from gateway.batch_worker import BatchWorker
 from gateway.demand import Published, current_demand, rows_due
 from gateway.dispatch import Dispatcher
+from gateway.fair_share import FAIR_SHARE_EXCHANGE_SECONDS
 from gateway.limits import LimitStore
 from gateway.metrics import GatewayMetrics
 from gateway.receipts import ReceiptSigner
@@ -89,6 +90,20 @@ async def _publish_demand(state: GatewayState) -> None:
             else:
                 published[model] = Published(demand, now)
         await state.prune_links()
+
+
+async def _share_fair_loads(state: GatewayState) -> None:
+    """Take turns with the other replicas' tenants (`gateway.fair_share`), via the store."""
+    if state.limits.shared is None:
+        return
+    dispatcher = state.dispatcher
+    while True:
+        await asyncio.sleep(FAIR_SHARE_EXCHANGE_SECONDS)
+        mine = dispatcher.fair_loads()
+        others = await state.limits.exchange_fair_loads(state.gateway_id, mine, time.time())
+        if others != dispatcher.fair_share.others:
+            dispatcher.fair_share.others = others
+            dispatcher.notify()  # a held slot may be this replica's to take now, or not
 
 
 async def _flush_usage(state: GatewayState) -> None:
@@ -193,6 +208,7 @@ def create_app(
                 asyncio.create_task(_publish_demand(state), name="demand"),
                 asyncio.create_task(state.limits.maintain_forever(), name="limit-store"),
                 asyncio.create_task(_flush_usage(state), name="usage"),
+                asyncio.create_task(_share_fair_loads(state), name="fair-share"),
                 asyncio.create_task(BatchWorker(state, files).run_forever(), name="batches"),
             ]
             try:

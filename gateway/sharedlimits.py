@@ -163,6 +163,34 @@ return 0
 )
 
 
+_EXCHANGE_LOADS = """
+-- KEYS: the model's hash of replicas' loads
+-- ARGV: now, stale seconds, this replica, its loads ('': none)
+local now, stale, me, mine = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[4]
+if mine == '' then
+  redis.call('HDEL', KEYS[1], me)
+else
+  redis.call('HSET', KEYS[1], me, now .. ' ' .. mine)
+end
+local all, others = redis.call('HGETALL', KEYS[1]), {}
+for i = 1, #all, 2 do
+  local cut = string.find(all[i + 1], ' ', 1, true)
+  if tonumber(string.sub(all[i + 1], 1, cut - 1)) < now - stale then
+    redis.call('HDEL', KEYS[1], all[i])
+  elseif all[i] ~= me then
+    table.insert(others, string.sub(all[i + 1], cut + 1))
+  end
+end
+redis.call('PEXPIRE', KEYS[1], math.floor(stale * 1000))
+return others
+"""
+
+
+def fair_loads_key(model: str) -> str:
+    """The hash in which replicas share a model's tenants' streams."""
+    return f"spotgate:fair:{{{model}}}"
+
+
 def key_names(key_id: str) -> tuple[str, str, str]:
     """The rpm bucket, tpm bucket and stream leases of an API key: one hash tag, one slot."""
     tag = f"{KEY_PREFIX}:{{key:{key_id}}}"
@@ -205,6 +233,7 @@ class SharedBuckets:
         self._charge: AsyncScript = client.register_script(_CHARGE)
         self._auth_wait: AsyncScript = client.register_script(_AUTH_WAIT)
         self._auth_charge: AsyncScript = client.register_script(_AUTH_CHARGE)
+        self._exchange_loads: AsyncScript = client.register_script(_EXCHANGE_LOADS)
 
     @classmethod
     @asynccontextmanager
@@ -299,3 +328,12 @@ class SharedBuckets:
         if key_id is not None:
             charges.append(self._auth_charge(keys=[key_auth_bucket(key_id)], args=[now, per_key]))
         await asyncio.gather(*charges)
+
+    async def exchange_loads(
+        self, model: str, replica: str, mine: str, now: float, stale_seconds: float
+    ) -> list[str]:
+        """Share this replica's loads of `model` (`""`: none) and read the other live ones'."""
+        reply = await self._exchange_loads(
+            keys=[fair_loads_key(model)], args=[now, stale_seconds, replica, mine]
+        )
+        return [_text(part) for part in reply]

@@ -19,6 +19,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.receipts import ReceiptSigner
 from gateway.usage import UsageMeter
 from spotgate.file_store import FileStore
+from spotgate.protocol import GenerateFrame
 from spotgate.registry import BatchBacklog, Registry
 from spotgate.settings import TOKEN_TTL_MAX_SECONDS, GatewaySettings
 from spotgate.tokens import GATEWAY_SUBJECT_PREFIX, KeyRing, issue
@@ -83,6 +84,23 @@ class GatewayState:
     batch_created: asyncio.Event = field(default_factory=asyncio.Event)
     # The work left of the batch this replica works, per model: published with its demand.
     batch_backlogs: dict[str, BatchBacklog] = field(default_factory=dict)
+
+    def opened(self, frame: GenerateFrame) -> None:
+        """A stream was admitted: counted until `closed`.
+
+        `active_streams`, which a drain waits on, counts it until its limits are settled.
+        """
+        self.active_streams += 1
+        self.idle.clear()
+        self.metrics.active_streams.inc()
+        if frame.service_tier != "flex":  # interactive streams take turns across replicas
+            self.dispatcher.fair_share.opened(frame.base_model, frame.tenant or "")
+
+    def closed(self, frame: GenerateFrame) -> None:
+        """The stream admitted with `opened` has ended."""
+        self.metrics.active_streams.dec()
+        if frame.service_tier != "flex":
+            self.dispatcher.fair_share.closed(frame.base_model, frame.tenant or "")
 
     def agent_token(self) -> tuple[str, float]:
         """A token the gateway presents to agents (refreshed on the link before it expires)."""

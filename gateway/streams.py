@@ -138,9 +138,7 @@ async def admitted_frames(
         )
         return
     queue = state.settings.queue
-    state.active_streams += 1
-    state.idle.clear()
-    state.metrics.active_streams.inc()
+    state.opened(frame)
     try:
         with bound_context(stream_id=frame.id, key_id=principal.key_id):
             frames = relay_stream(
@@ -161,7 +159,7 @@ async def admitted_frames(
                         out = out.model_copy(update={"usage": usage})
                     yield out
     finally:
-        state.metrics.active_streams.dec()
+        state.closed(frame)
         state.metrics.record(outcome)
         for agent_id, capped in outcome.capped:  # an agent said it used more than measured
             state.dispatcher.rogues.usage_capped(agent_id, capped)

@@ -15,7 +15,9 @@ mode run in turn, `--runs` times:
 - *Fair shares*: one tenant sends 1,000 streams at once; ten light tenants then send a few
   each, a second apart. Reported: the light tenants' TTFT (their wait in the queue included)
   under the gateway's fair queue, against first come, first served (the same light keys
-  named into the heavy key's tenant, whose streams the queue takes in arrival order).
+  named into the heavy key's tenant, whose streams the queue takes in arrival order); then
+  on two replicas, the heavy tenant on one and the light ones on the other, with and
+  without a limit store through which they take turns.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from subprocess import Popen
 
@@ -72,18 +74,26 @@ STREAMS_METRIC = "spotgate_gateway_usage_streams_total"
 
 
 @dataclass(frozen=True)
-class Stack:
-    """The gateway (its process, where clients and operators reach it) and each key's text."""
+class Replica:
+    """A gateway replica: where clients and operators reach it, and its process."""
 
     url: str
     operations_url: str
     process: Popen[bytes]
+
+
+@dataclass(frozen=True)
+class Stack:
+    """The gateway replicas and each key's text."""
+
+    replicas: list[Replica]
     keys: dict[str, str]
 
-    def server(self, key: str) -> Server:
-        """The gateway as the key's client sees it."""
+    def server(self, key: str, replica: int = 0) -> Server:
+        """A replica as the key's client sees it."""
         auth = {"Authorization": f"Bearer {self.keys[key]}"}
-        return Server(key, self.url, auth, self.process, MODEL, ops_url=self.operations_url)
+        at = self.replicas[replica]
+        return Server(key, at.url, auth, at.process, MODEL, ops_url=at.operations_url)
 
 
 def _keys() -> list[ApiKeySpec]:
@@ -95,10 +105,16 @@ def _keys() -> list[ApiKeySpec]:
 
 
 @contextlib.asynccontextmanager
-async def share_stack(logs: Path) -> AsyncIterator[Stack]:
-    """The emulator, `AGENTS` synthetic agents and one gateway, all as processes."""
+async def share_stack(
+    logs: Path, replicas: int = 1, limit_store: bool = False
+) -> AsyncIterator[Stack]:
+    """The emulator, `AGENTS` synthetic agents and the gateway replicas, all as processes.
+
+    `limit_store`: the replicas share one (their limits, and their tenants' turns).
+    """
     key = SigningKey.generate()
-    sockets = GatewaySockets.bind()
+    bound = [GatewaySockets.bind() for _ in range(replicas)]
+    sockets = bound[0]
     engine = SyntheticSettings(
         tokens_per_second=TOKENS_PER_SECOND, ttft_seconds=TTFT_SECONDS, capacity=STREAMS_PER_AGENT
     )
@@ -121,13 +137,25 @@ async def share_stack(logs: Path) -> AsyncIterator[Stack]:
         max_streams_per_key=2 * HEAVY_STREAMS,
         batch=BatchSettings(poll_seconds=0.5, streams_per_gateway=AGENTS * STREAMS_PER_AGENT),
     )
-    spec = bench_spec(logs, [GatewayReplica("gateway", gateway, sockets)], agents, _keys())
+    gateways = [
+        GatewayReplica(
+            f"gateway-{n}",
+            gateway.model_copy(update={"public_url": at.url, "token_issuer": sockets.url}),
+            at,
+        )
+        for n, at in enumerate(bound)
+    ]
+    spec = replace(bench_spec(logs, gateways, agents, _keys()), limit_store=limit_store)
     async with LocalStack(spec) as stack:
-        child = stack.child("gateway")
-        if child is None:
-            raise RuntimeError("the stack's gateway is not running")
+        running = []
+        for replica in gateways:
+            child = stack.child(replica.name)
+            if child is None:
+                raise RuntimeError(f"the stack's {replica.name} is not running")
+            at = replica.sockets
+            running.append(Replica(at.url, at.ops_url, child.process))
         keys = {name: created.api_key for name, created in stack.keys.items()}
-        yield Stack(sockets.url, sockets.ops_url, child.process, keys)
+        yield Stack(running, keys)
 
 
 def progress(message: str) -> None:
@@ -137,7 +165,7 @@ def progress(message: str) -> None:
 
 async def _relayed(http: aiohttp.ClientSession, stack: Stack) -> tuple[float, float]:
     """The gateway's finished streams' completion tokens, and those streams, so far."""
-    text = await metrics_text(http, stack.operations_url)
+    text = await metrics_text(http, stack.replicas[0].operations_url)
     return metric_value(text, TOKENS_METRIC), metric_value(text, STREAMS_METRIC)
 
 
@@ -156,12 +184,16 @@ async def _create_batch(http: aiohttp.ClientSession, stack: Stack) -> str:
     form = aiohttp.FormData()
     form.add_field("purpose", "batch")
     form.add_field("file", lines.getvalue(), filename="batch.jsonl")
-    async with http.post(f"{stack.url}/v1/files", data=form, headers=headers) as response:
+    async with http.post(
+        f"{stack.replicas[0].url}/v1/files", data=form, headers=headers
+    ) as response:
         response.raise_for_status()
         file_id = (await response.json())["id"]
     create = {"input_file_id": file_id, "endpoint": "/v1/chat/completions"}
     async with http.post(
-        f"{stack.url}/v1/batches", json={**create, "completion_window": "24h"}, headers=headers
+        f"{stack.replicas[0].url}/v1/batches",
+        json={**create, "completion_window": "24h"},
+        headers=headers,
     ) as response:
         response.raise_for_status()
         return str((await response.json())["id"])
@@ -170,7 +202,7 @@ async def _create_batch(http: aiohttp.ClientSession, stack: Stack) -> str:
 async def _cancel_batch(http: aiohttp.ClientSession, stack: Stack, batch_id: str) -> None:
     """Cancel the batch and wait until it ended (its requests left the agents)."""
     headers = {"Authorization": f"Bearer {stack.keys['batch']}"}
-    url = f"{stack.url}/v1/batches/{batch_id}"
+    url = f"{stack.replicas[0].url}/v1/batches/{batch_id}"
     async with http.post(f"{url}/cancel", headers=headers) as response:
         response.raise_for_status()
     while True:
@@ -226,8 +258,13 @@ async def interactive_window(
     return WindowSample([ttft for ttft, _, _ in replies], share)
 
 
-async def fair_share_run(http: aiohttp.ClientSession, stack: Stack, fifo: bool) -> list[float]:
-    """The light tenants' TTFTs while the heavy tenant's 1,000 streams wait."""
+async def fair_share_run(
+    http: aiohttp.ClientSession, stack: Stack, fifo: bool, light_replica: int = 0
+) -> list[float]:
+    """The light tenants' TTFTs while the heavy tenant's 1,000 streams wait.
+
+    The heavy tenant's go to the first replica, the light tenants' to `light_replica`.
+    """
     heavy = stack.server("heavy")
     backlog = [
         asyncio.create_task(
@@ -239,7 +276,8 @@ async def fair_share_run(http: aiohttp.ClientSession, stack: Stack, fifo: bool) 
 
     async def light_ttft(key: str, prompt: str) -> float:
         messages = [{"role": "user", "content": prompt}]
-        return (await stream_chat(http, stack.server(key), messages, FAIR_TOKENS)).ttft_seconds
+        server = stack.server(key, light_replica)
+        return (await stream_chat(http, server, messages, FAIR_TOKENS)).ttft_seconds
 
     light: list[asyncio.Task[float]] = []
     for round_ in range(LIGHT_STREAMS):
@@ -262,9 +300,16 @@ def _row(name: str, samples: Sequence[Sequence[float]]) -> str:
     )
 
 
+def _table(first: str, rows: dict[str, Sequence[Sequence[float]]]) -> list[str]:
+    """A TTFT table: its header, then one row per mode."""
+    header = [f"| {first} | TTFT p50 | TTFT p99 | streams |", "|---|---|---|---|"]
+    return header + [_row(name, samples) for name, samples in rows.items()]
+
+
 def render(
     windows: dict[bool, list[WindowSample]],
     fair: dict[bool, list[list[float]]],
+    across: dict[bool, list[list[float]]],
     window_seconds: float,
     runs: int,
 ) -> str:
@@ -291,10 +336,7 @@ def render(
         "fills what they leave (its requests run in the flex tier and give their place to an "
         "interactive stream that would wait). TTFT in ms, median / worst of the runs:",
         "",
-        "| mode | TTFT p50 | TTFT p99 | streams |",
-        "|---|---|---|---|",
-        _row("interactive alone", without),
-        _row("interactive beside the batch", with_batch),
+        *_table("mode", {"interactive alone": without, "interactive beside the batch": with_batch}),
         "",
         f"- TTFT p99 beside the batch against alone: median {median(p99_ratio):.2f}×, "
         f"worst {max(p99_ratio):.2f}× (goal ≤ 1.2×).",
@@ -309,23 +351,56 @@ def render(
         "heavy key's tenant, whose streams the queue takes in arrival order. The light "
         "tenants' TTFT (their wait in the queue included), ms, median / worst of the runs:",
         "",
-        "| queue | TTFT p50 | TTFT p99 | streams |",
-        "|---|---|---|---|",
-        _row("fair (tenants by tokens)", fair[False]),
-        _row("first come, first served", fair[True]),
+        *_table(
+            "queue",
+            {"fair (tenants by tokens)": fair[False], "first come, first served": fair[True]},
+        ),
         "",
         f"- Light tenants' TTFT p99, fair against first come: median "
         f"{median(light[False]) / median(light[True]):.2f}× "
         f"({median(light[False]) * 1000:,.0f} against {median(light[True]) * 1000:,.0f} ms).",
+        "",
+        "**Fair shares across two replicas.** The same, on two gateway replicas: the heavy "
+        "tenant's streams all on the first (as one websocket carries them), the light "
+        "tenants' on the second. With a limit store the replicas share their tenants' "
+        "streams and a replica lets a freed slot go while a tenant running fewer waits on "
+        "the other (`gateway.fair_share`); without one each replica's queue is fair on its "
+        "own. Light tenants' TTFT, ms, median / worst of the runs:",
+        "",
+        *_table(
+            "replicas",
+            {
+                "two, turns shared through the limit store": across[True],
+                "two, each alone (no limit store)": across[False],
+                "one (above)": fair[False],
+            },
+        ),
     ]
     return "\n".join(lines)
 
 
 async def every_agent_routed(http: aiohttp.ClientSession, stack: Stack) -> None:
-    """Wait until the gateway routes to every agent (its view refreshes after they start)."""
+    """Wait until each replica routes to every agent (its view refreshes after they start)."""
     ready = 'spotgate_gateway_agents{state="ready"}'
-    while metric_value(await metrics_text(http, stack.operations_url), ready) < AGENTS:  # noqa: ASYNC110 - metrics are polled
-        await asyncio.sleep(0.2)
+    for replica in stack.replicas:
+        while metric_value(await metrics_text(http, replica.operations_url), ready) < AGENTS:  # noqa: ASYNC110 - metrics are polled
+            await asyncio.sleep(0.2)
+
+
+async def across_replicas(logs: Path, runs: int, limit_store: bool) -> list[list[float]]:
+    """Light tenants' TTFTs on a second replica while the heavy backlog waits on the first."""
+    async with share_stack(logs, replicas=2, limit_store=limit_store) as stack:
+        timeout = aiohttp.ClientTimeout(total=900)
+        connector = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
+            await every_agent_routed(http, stack)
+            samples = []
+            for n in range(runs):
+                samples.append(await fair_share_run(http, stack, False, light_replica=1))
+                p99 = percentile(samples[-1], 0.99)
+                progress(f"run {n + 1} two replicas, store={limit_store}: p99 {p99:.2f} s")
+                await asyncio.sleep(SETTLE_SECONDS)
+    return samples
 
 
 async def run(runs: int, window_seconds: float) -> str:
@@ -352,7 +427,8 @@ async def run(runs: int, window_seconds: float) -> str:
                             f"run {n + 1} fifo={fifo}: p99 {percentile(fair[fifo][-1], 0.99):.2f} s"
                         )
                         await asyncio.sleep(SETTLE_SECONDS)
-    return render(windows, fair, window_seconds, runs)
+        across = {store: await across_replicas(Path(logs), runs, store) for store in (True, False)}
+    return render(windows, fair, across, window_seconds, runs)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

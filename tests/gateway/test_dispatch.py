@@ -20,10 +20,9 @@ from gateway.dispatch import (
     NoCapacity,
     PoolView,
     QueueFull,
-    agent_url_allowed,
 )
 from gateway.fair_queue import FORECAST_GRACE_SECONDS, Queued, eta_seconds, wait_deadline
-from gateway.router import Candidate
+from gateway.router import Candidate, agent_url_allowed
 from gpu_agent.runtime import StreamHandle
 from spotgate.protocol import GenerateFrame
 from spotgate.registry import (

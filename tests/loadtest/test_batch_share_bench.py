@@ -19,7 +19,9 @@ def test_the_tables_set_each_mode_beside_its_baseline_with_the_ratios() -> None:
     }
     fair = {False: [[0.2] * 30, [0.3] * 30], True: [[5.0] * 30, [6.0] * 30]}
 
-    section = render(windows, fair, 30.0, 2)
+    across = {True: [[0.4] * 30, [0.5] * 30], False: [[9.0] * 30, [9.0] * 30]}
+
+    section = render(windows, fair, across, 30.0, 2)
 
     assert "| interactive alone | 100 / 100 | 150 / 200 | 200 |" in section
     assert "| interactive beside the batch | 100 / 100 | 200 / 300 | 200 |" in section
@@ -27,3 +29,5 @@ def test_the_tables_set_each_mode_beside_its_baseline_with_the_ratios() -> None:
     assert "median 92%, worst 90%" in section
     assert "| first come, first served | 5,500 / 6,000 | 5,500 / 6,000 | 60 |" in section
     assert "median 0.05× (250 against 5,500 ms)" in section
+    assert "| two, turns shared through the limit store | 450 / 500 | 450 / 500 | 60 |" in section
+    assert "| two, each alone (no limit store) | 9,000 / 9,000 | 9,000 / 9,000 | 60 |" in section

@@ -1,0 +1,156 @@
+"""Fair turns across gateway replicas: who holds back a freed slot for another replica's tenant.
+
+Each replica queues its own streams in fair turns (`gateway.fair_queue`), but agents are
+shared, and a slot freed by one of a replica's streams goes to that replica's next waiter at
+once; another replica hears of the room a refresh later. So a tenant whose thousand streams
+land on one replica (one websocket carries them all) would keep every slot it holds while
+other tenants wait on other replicas. Each replica therefore shares, through the limit store,
+its interactive streams per model and tenant (open, waiting, weight) every
+`FAIR_SHARE_EXCHANGE_SECONDS`, and before placing a new stream checks it against them all: a
+tenant holds back while a tenant that runs fewer streams for its weight waits anywhere, and
+the slot goes to whichever replica looks next (its next refresh: at most a second later).
+Streams under way (moved) and flex streams never hold back.
+Pure: the exchange is the gateway's loop, the numbers are the dispatcher's.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+FAIR_SHARE_EXCHANGE_SECONDS = 0.25
+"""How often each replica shares its tenants' streams and reads the others'."""
+FAIR_SHARE_STALE_SECONDS = 3.0
+"""A replica that shared nothing for this long (it died) counts no more."""
+
+
+class Waiting(Protocol):
+    """A waiting stream as the dispatcher holds it."""
+
+    @property
+    def tenant(self) -> str:
+        """Whose it is."""
+        ...
+
+    @property
+    def flex(self) -> bool:
+        """Whether it waits in the flex tier."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class TenantLoad:
+    """One tenant's interactive streams on a model: open (running or waiting), waiting."""
+
+    streams: int
+    waiting: int
+    weight: float = 1.0
+
+    @property
+    def running(self) -> int:
+        """Streams on agents."""
+        return max(0, self.streams - self.waiting)
+
+    def plus(self, other: TenantLoad) -> TenantLoad:
+        """Both replicas' streams of the tenant."""
+        weight = max(self.weight, other.weight)
+        return TenantLoad(self.streams + other.streams, self.waiting + other.waiting, weight)
+
+
+Loads = dict[str, TenantLoad]
+"""A model's loads by tenant."""
+
+
+def holds_back(tenant: str, loads: Mapping[str, TenantLoad]) -> bool:
+    """Whether `tenant` lets a freed slot go to another tenant's turn.
+
+    It does while another tenant waits that runs fewer streams for its weight, or as many and
+    has fewer open (a lighter tenant: as a slot frees, the tenant that held it runs one fewer,
+    and its turn would come again at once). Equal ones both try: the agent takes the first.
+    """
+    me = loads.get(tenant)
+    if me is None:
+        return False
+    mine = _turn_key(me)
+    return any(
+        load.waiting > 0 and _turn_key(load) < mine
+        for name, load in loads.items()
+        if name != tenant
+    )
+
+
+def _turn_key(load: TenantLoad) -> tuple[float, float]:
+    """Who goes first: fewer running streams for the weight, then fewer open."""
+    return (load.running / load.weight, load.streams / load.weight)
+
+
+def encode_loads(loads: Mapping[str, TenantLoad]) -> str:
+    """A model's loads as the limit store keeps them."""
+    return json.dumps({t: [load.streams, load.waiting, load.weight] for t, load in loads.items()})
+
+
+def decode_loads(text: str) -> Loads:
+    """Loads another replica shared (what is not a load is skipped)."""
+    try:
+        raw = json.loads(text)
+    except ValueError:
+        return {}
+    if not isinstance(raw, dict):
+        return {}
+    loads: Loads = {}
+    for tenant, value in raw.items():
+        if isinstance(value, list) and len(value) == 3:
+            streams, waiting, weight = value
+            loads[str(tenant)] = TenantLoad(int(streams), int(waiting), float(weight))
+    return loads
+
+
+def summed(replicas: Iterable[Mapping[str, TenantLoad]]) -> Loads:
+    """Several replicas' loads of one model, per tenant."""
+    total: Loads = {}
+    for loads in replicas:
+        for tenant, load in loads.items():
+            seen = total.get(tenant)
+            total[tenant] = load if seen is None else seen.plus(load)
+    return total
+
+
+@dataclass(slots=True)
+class FairShare:
+    """The replica's interactive streams per model and tenant, and the other replicas'."""
+
+    _streams: Counter[tuple[str, str]] = field(default_factory=Counter)
+    others: dict[str, Loads] = field(default_factory=dict)  # model → tenant → load
+
+    def opened(self, model: str, tenant: str) -> None:
+        """An interactive stream of `tenant` for `model` was admitted here."""
+        self._streams[model, tenant] += 1
+
+    def closed(self, model: str, tenant: str) -> None:
+        """It ended."""
+        self._streams[model, tenant] -= 1
+        if self._streams[model, tenant] <= 0:
+            del self._streams[model, tenant]
+
+    def local(
+        self, waiting: Mapping[str, Iterable[Waiting]], weights: Mapping[str, float]
+    ) -> dict[str, Loads]:
+        """The replica's loads per model: its open streams, those waiting, their weights."""
+        queued: Counter[tuple[str, str]] = Counter(
+            (model, waiter.tenant)
+            for model, waiters in waiting.items()
+            for waiter in waiters
+            if not waiter.flex
+        )
+        loads: dict[str, Loads] = {}
+        for (model, tenant), streams in self._streams.items():
+            weight = weights.get(tenant, 1.0)
+            loads.setdefault(model, {})[tenant] = TenantLoad(streams, queued[model, tenant], weight)
+        return loads
+
+    def held(self, model: str, tenant: str, mine: Mapping[str, TenantLoad]) -> bool:
+        """Whether a new stream of `tenant` leaves a slot of `model` to another's turn."""
+        return holds_back(tenant, summed([mine, self.others.get(model, {})]))
