@@ -24,6 +24,7 @@ from gateway.state import GatewayState
 from spotgate.file_store import FileStore, file_key, line_key, line_of_key, line_prefix
 from spotgate.logging import get_logger
 from spotgate.openai_batches import (
+    BATCH_FILE_EXPIRES_SECONDS,
     OUTPUT_PURPOSE,
     CheckedFile,
     Progress,
@@ -421,6 +422,7 @@ class BatchRun:
         self._body["usage"] = usage.body()
         if self._lease_lost:  # lost while reading: the replica holding it writes them
             raise LeaseLost(self._id)
+        now = self._clock()
         for field, lines, name in (
             ("output_file_id", outputs, "output"),
             ("error_file_id", errors, "error"),
@@ -435,11 +437,13 @@ class BatchRun:
                 len(content),
                 f"batch_{self._id}_{name}.jsonl",
                 OUTPUT_PURPOSE,
-                self._clock(),
-                self._output_expiry(),
+                now,
+                self._output_expiry(now),
             )
             await self._state.registry.put_file(self._owner, body)
 
-    def _output_expiry(self) -> int | None:
+    def _output_expiry(self, now: float) -> int:
+        """When the output and error files expire: 30 days on, unless the batch said."""
         after = self._body.get("output_expires_after")  # seconds
-        return int(self._clock()) + after if isinstance(after, int) else None
+        seconds = after if isinstance(after, int) else BATCH_FILE_EXPIRES_SECONDS
+        return int(now) + seconds

@@ -306,12 +306,21 @@ class Dispatcher:
             adapter=adapter,
         )
 
-    def _held(self, model: str, tenant: str, exempt: bool) -> bool:
-        """Whether a new interactive stream of `tenant` leaves a slot to a tenant elsewhere."""
-        if exempt or not self.fair_share.others.get(model):  # alone: the fair queue decides
+    def _held(self, model: str, tenant: str, under_way: bool, flex: bool) -> bool:
+        """Whether the stream leaves a slot to one waiting on another replica (flex: to any)."""
+        others = self.fair_share.others.get(model)
+        if not others or (under_way and not flex):  # alone: the fair queue decides
             return False
+        if flex:
+            return any(load.waiting for load in others.values())
         mine = self.fair_share.local(self._waiting, self._weights).get(model, {})
         return self.fair_share.held(model, tenant, mine)
+
+    def busy_models(self) -> set[str]:
+        """Models with streams waiting here, or flex streams running: turns to take with others."""
+        return {m for m, waiters in self._waiting.items() if waiters} | set(
+            self.running_flex.counts()
+        )
 
     def fair_loads(self) -> dict[str, Loads]:
         """The replica's interactive streams per model and tenant, to share with the others."""
@@ -346,7 +355,7 @@ class Dispatcher:
             raise GatewayClosing(model)
         waiters = self._waiting.setdefault(model, [])
         chosen = None if flex and waiters else self.choose(model, session, exclude, prefix, adapter)
-        if chosen is not None and not self._held(model, tenant, under_way or flex):
+        if chosen is not None and not self._held(model, tenant, under_way, flex):
             yield chosen
             return
         if not self.knows(model):
@@ -379,7 +388,7 @@ class Dispatcher:
                     yield Queued(position, eta_seconds(forecast, self._clock()))
                 if position == 0:  # an agent that came just as the wait ran out still serves
                     chosen = self.choose(model, session, exclude, prefix, adapter)
-                    if chosen is not None and not self._held(model, tenant, under_way or flex):
+                    if chosen is not None and not self._held(model, tenant, under_way, flex):
                         break
                 # Never shortened: the forecast goes as its agent turns ready, which this
                 # gateway's view may show a moment later.

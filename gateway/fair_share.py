@@ -9,8 +9,10 @@ its interactive streams per model and tenant (open, waiting, weight) every
 `FAIR_SHARE_EXCHANGE_SECONDS`, and before placing a new stream checks it against them all: a
 tenant holds back while a tenant that runs fewer streams for its weight waits anywhere, and
 the slot goes to whichever replica looks next (its next refresh: at most a second later).
-Streams under way (moved) and flex streams never hold back.
-Pure: the exchange is the gateway's loop, the numbers are the dispatcher's.
+Streams under way (moved) and flex streams never hold back. A replica that sees interactive
+streams wait on another, and no room itself, stops one of its flex streams each exchange, as
+a waiter of its own would (`waiting_elsewhere`). Pure: the exchange is the gateway's loop,
+the numbers are the dispatcher's.
 """
 
 from __future__ import annotations
@@ -85,6 +87,11 @@ def holds_back(tenant: str, loads: Mapping[str, TenantLoad]) -> bool:
 def _turn_key(load: TenantLoad) -> tuple[float, float]:
     """Who goes first: fewer running streams for the weight, then fewer open."""
     return (load.running / load.weight, load.streams / load.weight)
+
+
+def waiting_elsewhere(others: Mapping[str, Mapping[str, TenantLoad]]) -> list[str]:
+    """The models for which interactive streams wait on other replicas."""
+    return sorted(m for m, loads in others.items() if any(x.waiting for x in loads.values()))
 
 
 def encode_loads(loads: Mapping[str, TenantLoad]) -> str:

@@ -18,7 +18,7 @@ import enum
 import secrets
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TypeVar
@@ -259,14 +259,15 @@ class LimitStore:
         )
 
     async def exchange_fair_loads(
-        self, replica: str, mine: Mapping[str, Loads], now: float
+        self, replica: str, mine: Mapping[str, Loads], now: float, reading: Iterable[str] = ()
     ) -> dict[str, Loads]:
         """Share this replica's tenants' streams per model; the other replicas', summed.
 
-        A model it shared before and has no streams of now is withdrawn. Without a store, or
-        while it fails, there are no others: each replica's queue is fair on its own.
+        Others' are read for those models and for `reading`. A model it shared before and has
+        no streams of now is withdrawn. Without a store, or while it fails, there are no
+        others: each replica's queue is fair on its own.
         """
-        models = set(mine) | self._fair_models
+        models = set(mine) | self._fair_models | set(reading)
         self._fair_models = set(mine)
         others: dict[str, Loads] = {}
         for model in sorted(models):

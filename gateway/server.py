@@ -22,7 +22,7 @@ from gateway.auth import Authenticator
 from gateway.batch_worker import BatchWorker
 from gateway.demand import Published, current_demand, rows_due
 from gateway.dispatch import Dispatcher
-from gateway.fair_share import FAIR_SHARE_EXCHANGE_SECONDS
+from gateway.fair_share import FAIR_SHARE_EXCHANGE_SECONDS, waiting_elsewhere
 from gateway.limits import LimitStore
 from gateway.metrics import GatewayMetrics
 from gateway.receipts import ReceiptSigner
@@ -100,10 +100,17 @@ async def _share_fair_loads(state: GatewayState) -> None:
     while True:
         await asyncio.sleep(FAIR_SHARE_EXCHANGE_SECONDS)
         mine = dispatcher.fair_loads()
-        others = await state.limits.exchange_fair_loads(state.gateway_id, mine, time.time())
+        others = await state.limits.exchange_fair_loads(
+            state.gateway_id, mine, time.time(), reading=dispatcher.busy_models()
+        )
         if others != dispatcher.fair_share.others:
             dispatcher.fair_share.others = others
             dispatcher.notify()  # a held slot may be this replica's to take now, or not
+        for model in waiting_elsewhere(others):
+            # An interactive stream waits on another replica, and this one sees no room
+            # either: one of its flex streams gives its place, as a waiter here would take it.
+            if dispatcher.choose(model, None, ()) is None:
+                dispatcher.running_flex.preempt_one(model)
 
 
 async def _flush_usage(state: GatewayState) -> None:

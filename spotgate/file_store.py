@@ -46,6 +46,24 @@ def line_of_key(key: str) -> tuple[int, bool]:
     return int(index), kind == SUCCEEDED
 
 
+class StoredBytes:
+    """An object's length, and its bytes as they come from S3."""
+
+    def __init__(self, length: int, body: Any) -> None:  # aiobotocore's StreamingBody
+        self.length = length
+        self._body = body
+
+    async def read(self) -> bytes:
+        """All of it."""
+        data: bytes = await self._body.read()
+        return data
+
+    async def chunks(self, size: int) -> AsyncIterator[bytes]:
+        """It, `size` bytes at a time."""
+        while chunk := await self._body.read(size):
+            yield chunk
+
+
 class FileStore:
     """One S3 client over the files' bucket."""
 
@@ -84,15 +102,26 @@ class FileStore:
 
     async def get(self, key: str) -> bytes | None:
         """What is stored at `key` (None: nothing)."""
+        async with self.reading(key) as stored:
+            return None if stored is None else await stored.read()
+
+    @asynccontextmanager
+    async def reading(self, key: str) -> AsyncIterator[StoredBytes | None]:
+        """What is stored at `key` as it streams from S3, for the block (None: nothing)."""
         try:
             reply = await self._client.get_object(Bucket=self.bucket, Key=key)
         except ClientError as err:
-            if err.response.get("Error", {}).get("Code") in {"NoSuchKey", "404"}:
-                return None
-            raise
-        async with reply["Body"] as body:
-            data: bytes = await body.read()
-        return data
+            if err.response.get("Error", {}).get("Code") not in {"NoSuchKey", "404"}:
+                raise
+            reply = None
+        if reply is None:
+            yield None
+            return
+        body = reply["Body"]  # aiobotocore's StreamingBody: read(amt) as the bytes come
+        try:
+            yield StoredBytes(int(reply["ContentLength"]), body)
+        finally:
+            body.close()
 
     async def delete(self, key: str) -> None:
         """Remove what is at `key`, if anything."""

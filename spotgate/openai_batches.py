@@ -15,6 +15,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from spotgate.settings.shared import MAX_REQUEST_BYTES
+
 BATCH_ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
 """The endpoints a batch's lines may call here (OpenAI's others serve no LLM text)."""
 BatchEndpoint = Literal["/v1/chat/completions", "/v1/completions", "/v1/responses"]
@@ -174,6 +176,9 @@ def _line_problem(
     lines: list[RequestLine],
 ) -> FileProblem | None:
     """What is wrong with one line; a good one is added to `lines`."""
+    if len(raw) > MAX_REQUEST_BYTES:  # characters: at least as many bytes
+        message = f"this line is over {MAX_REQUEST_BYTES:,} bytes, the most a request may be"
+        return FileProblem("line_too_long", message, number)
     try:
         parsed = json.loads(raw)
     except (ValueError, RecursionError):  # nested past the parser's depth: no request

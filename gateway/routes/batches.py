@@ -41,9 +41,9 @@ async def create_batch(request: web.Request) -> web.Response:
     if source is None or source.get("purpose") != FILE_PURPOSE:
         message = f"input_file_id: no `batch` file {body.input_file_id} (upload it first)"
         return json_error(ErrorCode.INVALID_REQUEST, message, param="input_file_id")
-    now = int(state.clock())
+    now = state.clock()
     expires_after = body.output_expires_after.seconds if body.output_expires_after else None
-    batch = new_batch(object_id("batch_", now), body, now, expires_after)
+    batch = new_batch(object_id("batch_", now), body, int(now), expires_after)
     await state.registry.create_batch(principal.key_id, batch)
     state.batch_created.set()
     return web.json_response(batch_as_shown(batch, None))

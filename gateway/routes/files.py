@@ -7,6 +7,7 @@ and its batches' output and error files.
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 from aiohttp import BodyPartReader, web
@@ -28,6 +29,12 @@ from spotgate.registry import object_id
 from spotgate.wsserver import json_error
 
 UPLOAD_CHUNK_BYTES = 256 * 1024
+DOWNLOAD_CHUNK_BYTES = 256 * 1024
+UPLOAD_MIN_BYTES_PER_SECOND = 256 * 1024
+UPLOAD_RATE_GRACE_SECONDS = 10.0
+"""An upload averaging less than 256 KiB/s after its first 10 s is cut off (408): a replica
+reads few uploads at once, and a trickle must not hold one of them for its whole timeout."""
+"""A download goes out this much at a time: a 200 MB file is never held whole."""
 FORM_FIELD_MAX_BYTES = 1024
 """A form field besides the file (`purpose`, `expires_after[…]`) is short."""
 FORM_FIELDS = frozenset({"purpose", "expires_after[anchor]", "expires_after[seconds]"})
@@ -45,11 +52,22 @@ class UploadRefused(Exception):
 
 async def _read_part(part: BodyPartReader, limit: int, what: str) -> bytes:
     data = bytearray()
+    started = time.monotonic()
     while chunk := await part.read_chunk(UPLOAD_CHUNK_BYTES):
         data += chunk
         if len(data) > limit:
             raise UploadRefused(f"{what} exceeds {limit} bytes", param=what, status=413)
+        if too_slow(len(data), time.monotonic() - started):
+            message = f"upload slower than {UPLOAD_MIN_BYTES_PER_SECOND // 1024} KiB/s"
+            raise UploadRefused(message, param=what, status=408)
     return bytes(data)
+
+
+def too_slow(received_bytes: int, elapsed_seconds: float) -> bool:
+    """Whether an upload holds its slot for too little: past a grace, under the least rate."""
+    if elapsed_seconds <= UPLOAD_RATE_GRACE_SECONDS:
+        return False
+    return received_bytes < UPLOAD_MIN_BYTES_PER_SECOND * elapsed_seconds
 
 
 async def _read_form(
@@ -105,9 +123,10 @@ async def create_file(request: web.Request) -> web.Response:
     if isinstance(principal, web.Response):
         return principal
     settings = state.settings.batch
-    if state.uploads.locked():
-        message = "this gateway is taking other uploads; retry"
+    if state.uploads.locked() or principal.key_id in state.uploading:
+        message = "this gateway is taking other uploads (one a key at a time); retry"
         return json_error(ErrorCode.RATE_LIMITED, message, UPLOAD_BUSY_RETRY_SECONDS)
+    state.uploading.add(principal.key_id)
     try:
         async with state.uploads, asyncio.timeout(settings.upload_timeout_seconds):
             fields, content, filename = await _read_form(request, settings.max_file_bytes)
@@ -122,6 +141,8 @@ async def create_file(request: web.Request) -> web.Response:
     except TimeoutError:
         message = f"upload not received within {settings.upload_timeout_seconds:g} s"
         return json_error(ErrorCode.TIMEOUT, message)
+    finally:
+        state.uploading.discard(principal.key_id)
     now = state.clock()
     file_id = object_id("file-", now)
     expires_at = int(now) + expires_seconds
@@ -151,16 +172,22 @@ async def get_file(request: web.Request) -> web.Response:
     return web.json_response(owned[1])
 
 
-async def file_content(request: web.Request) -> web.Response:
-    """`GET /v1/files/{file_id}/content`: the file's bytes."""
+async def file_content(request: web.Request) -> web.StreamResponse:
+    """`GET /v1/files/{file_id}/content`: the file's bytes, streamed as S3 gives them."""
     owned = await _owned_file(request)
     if isinstance(owned, web.Response):
         return owned
     file_id = str(owned[1]["id"])
-    content = await request.app[STATE].files.get(file_key(file_id))
-    if content is None:
-        return web.json_response(not_found_body("File", file_id), status=404)
-    return web.Response(body=content, content_type="application/octet-stream")
+    async with request.app[STATE].files.reading(file_key(file_id)) as stored:
+        if stored is None:
+            return web.json_response(not_found_body("File", file_id), status=404)
+        response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+        response.content_length = stored.length
+        await response.prepare(request)
+        async for chunk in stored.chunks(DOWNLOAD_CHUNK_BYTES):
+            await response.write(chunk)  # waits while the client is slow to read
+        await response.write_eof()
+        return response
 
 
 async def delete_file(request: web.Request) -> web.Response:

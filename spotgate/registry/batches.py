@@ -19,7 +19,7 @@ from botocore.exceptions import ClientError
 
 from spotgate.registry.base import RegistryBase, is_condition_failure
 from spotgate.registry.codec import decode_item, encode
-from spotgate.registry.schema import BY_WORK_INDEX
+from spotgate.registry.schema import BY_WORK_INDEX, PURGE_AT, PURGE_GRACE_SECONDS
 
 MAX_OBJECT_ID_CHARS = 64
 """Ids made here are 33 to 38 characters; a longer one names nothing (and DynamoDB refuses
@@ -80,6 +80,7 @@ class BatchOperations(RegistryBase):
         }
         if body.get("expires_at") is not None:
             item["expires_at"] = encode(int(body["expires_at"]))
+            item[PURGE_AT] = encode(int(body["expires_at"]) + PURGE_GRACE_SECONDS)
         await self._client.put_item(TableName=self._tables.batches, Item=item)
 
     async def get_object(self, owner: str, object_id: str) -> dict[str, Any] | None:

@@ -6,14 +6,17 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import aiohttp
 import openai
 import pytest
 
 from gateway.batch_worker import BatchWorker
+from gateway.routes.files import too_slow
 from spotgate.file_store import FileStore, file_key, line_prefix
+from spotgate.openai_batches import BATCH_FILE_EXPIRES_SECONDS
 from spotgate.registry import CreatedApiKey, Registry
 from spotgate.settings import LimitStoreSettings
 from spotgate.tokens import SigningKey
@@ -108,6 +111,8 @@ async def test_a_batch_runs_every_request_once_and_a_bad_one_fails_alone(
     assert finished.usage.output_tokens == sum(4 + n for n in range(5))
     output_file = await client.files.retrieve(str(finished.output_file_id))
     assert output_file.purpose == "batch_output"
+    assert output_file.expires_at is not None  # 30 days on, OpenAI's default
+    assert output_file.expires_at - output_file.created_at == BATCH_FILE_EXPIRES_SECONDS
     listed = await client.batches.list()
     assert [b.id for b in listed.data] == [batch.id]
 
@@ -452,20 +457,29 @@ async def test_a_spot_notice_mid_batch_moves_its_requests_and_each_ends_exactly_
 async def test_an_interactive_stream_takes_a_running_flex_streams_place_which_resumes_exactly(
     batch_gateway: Gateway, one_slot_client: openai.AsyncOpenAI
 ) -> None:
-    client = one_slot_client
-    dispatcher = batch_gateway.state.dispatcher
-    tokens = 100  # 5 s on the agent: running when the interactive request comes
+    await interactive_beside_flex(one_slot_client, one_slot_client, batch_gateway)
+    assert batch_gateway.state.metrics.preemptions._value.get() == 1
+
+
+FLEX_TOKENS = 100  # 5 s on the agent: running when the interactive request comes
+
+
+async def interactive_beside_flex(
+    flex_client: openai.AsyncOpenAI, client: openai.AsyncOpenAI, flex_gateway: Gateway
+) -> None:
+    """A flex request runs through `flex_gateway`; an interactive one is answered while it
+    runs (preempted), and the flex one then ends exact, each token counted once."""
     flex = asyncio.create_task(
-        client.chat.completions.create(
+        flex_client.chat.completions.create(
             model=MODEL,
             messages=[{"role": "user", "content": "long flex"}],
-            max_tokens=tokens,
+            max_tokens=FLEX_TOKENS,
             service_tier="flex",
         )
     )
 
     async def flex_running() -> bool:
-        return dispatcher.outstanding.total() > 0
+        return flex_gateway.state.dispatcher.outstanding.total() > 0
 
     await wait_for(flex_running)
     interactive = await client.chat.completions.create(
@@ -475,10 +489,9 @@ async def test_an_interactive_stream_takes_a_running_flex_streams_place_which_re
     assert not flex.done()  # the interactive reply did not wait for it
     assert interactive.choices[0].message.content == expected_text("now", 3)
     flexed = await flex
-    assert flexed.choices[0].message.content == expected_text("long flex", tokens)
+    assert flexed.choices[0].message.content == expected_text("long flex", FLEX_TOKENS)
     assert flexed.usage is not None
-    assert flexed.usage.completion_tokens == tokens  # each token counted once
-    assert batch_gateway.state.metrics.preemptions._value.get() == 1
+    assert flexed.usage.completion_tokens == FLEX_TOKENS  # each token counted once
 
 
 async def test_an_expired_files_contents_are_deleted_with_its_record(
@@ -498,3 +511,54 @@ async def test_an_expired_files_contents_are_deleted_with_its_record(
     assert await state.files.get(file_key(kept.id)) is not None
     with pytest.raises(openai.NotFoundError):
         await client.files.retrieve("file-gone")
+
+
+@pytest.mark.parametrize(
+    ("received", "elapsed", "slow"),
+    [(0, 10.0, False), (0, 10.5, True), (3 * 1024 * 1024, 11.0, False), (2**20, 11.0, True)],
+)
+def test_an_upload_is_too_slow_past_its_grace_under_the_least_rate(
+    received: int, elapsed: float, slow: bool
+) -> None:
+    assert too_slow(received, elapsed) is slow
+
+
+async def test_a_key_uploads_one_file_at_a_time_on_a_replica_and_others_still_can(
+    batch_gateway: Gateway, api_key: CreatedApiKey, openai_client: Client
+) -> None:
+    release = asyncio.Event()
+    head = (
+        b'--b\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+        b'--b\r\nContent-Disposition: form-data; name="file"; filename="in.jsonl"\r\n\r\n'
+    )
+
+    async def held_body() -> AsyncIterator[bytes]:
+        yield head
+        await release.wait()
+        yield chat_line("a", "hi", 4) + b"\r\n--b--\r\n"
+
+    headers = {
+        "Authorization": f"Bearer {api_key.api_key}",
+        "Content-Type": "multipart/form-data; boundary=b",
+    }
+    other = await batch_gateway.state.registry.create_key("other")
+    async with aiohttp.ClientSession() as http:
+        first = asyncio.create_task(
+            http.post(f"{batch_gateway.url}/v1/files", data=held_body(), headers=headers)
+        )
+
+        async def reading() -> bool:
+            return api_key.record.key_id in batch_gateway.state.uploading
+
+        await wait_for(reading)
+        client = openai_client(
+            base_url=f"{batch_gateway.url}/v1", api_key=api_key.api_key, max_retries=0
+        )
+        with pytest.raises(openai.RateLimitError):
+            await client.files.create(file=("x.jsonl", chat_line("b", "hi", 4)), purpose="batch")
+        another = openai_client(base_url=f"{batch_gateway.url}/v1", api_key=other.api_key)
+        await another.files.create(file=("y.jsonl", chat_line("c", "hi", 4)), purpose="batch")
+        release.set()
+        async with await first as response:
+            assert response.status == 200
+    assert not batch_gateway.state.uploading

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import openai
@@ -18,12 +18,14 @@ from gateway.fair_share import (
     encode_loads,
     holds_back,
     summed,
+    waiting_elsewhere,
 )
 from spotgate.registry import AgentState, CreatedApiKey
 from spotgate.settings import LimitStoreSettings, QueueSettings
 from spotgate.tokens import SigningKey
 from stack.emulator import AwsEmulator
 from tests.gateway.conftest import MODEL, Gateway, running_gateway
+from tests.gateway.test_batches import interactive_beside_flex
 from tests.support.agents import AgentFactory, synthetic, wait_for, wait_ready
 
 HEAVY, LIGHT, OTHER = "heavy", "light", "other"
@@ -80,14 +82,14 @@ QUEUE = QueueSettings(max_pending_per_model=2 * STREAMS, deadline_seconds=60.0)
 STREAM_TOKENS = 10  # half a second each at 20 tokens/s
 
 
-async def test_a_tenant_on_another_replica_gets_a_turn_before_a_backlog_held_elsewhere_drains(
+@pytest.fixture
+async def two_replicas(
     aws: AwsEmulator,
     gateway_key: SigningKey,
     limit_store: LimitStoreSettings,
     start_agent: AgentFactory,
-    api_key: CreatedApiKey,
-    openai_client: Callable[..., openai.AsyncOpenAI],
-) -> None:
+) -> AsyncIterator[tuple[Gateway, Gateway]]:
+    """Two replicas sharing a limit store, and one agent that runs one stream at a time."""
     async with contextlib.AsyncExitStack() as stack:
         shared: dict[str, Any] = {"limit_store": limit_store, "queue": QUEUE}
         first = await stack.enter_async_context(running_gateway(aws, gateway_key, **shared))
@@ -107,29 +109,59 @@ async def test_a_tenant_on_another_replica_gets_a_turn_before_a_backlog_held_els
             return all(r is not None and r.state is AgentState.READY for r in records)
 
         await wait_for(routable_on_both)
-        light_key = await first.state.registry.create_key("light")
-        finished: list[str] = []
+        yield first, second
 
-        async def chat(gateway: Gateway, key: str, name: str) -> None:
-            client = openai_client(base_url=f"{gateway.url}/v1", api_key=key, max_retries=0)
-            await client.chat.completions.create(
-                model=MODEL,
-                messages=[{"role": "user", "content": name}],
-                max_tokens=STREAM_TOKENS,
-            )
-            finished.append(name)
 
-        # One tenant's backlog, all on the first replica (as one websocket would carry it).
-        heavy = [
-            asyncio.create_task(chat(first, api_key.api_key, f"heavy {n}")) for n in range(STREAMS)
-        ]
+async def test_a_tenant_on_another_replica_gets_a_turn_before_a_backlog_held_elsewhere_drains(
+    two_replicas: tuple[Gateway, Gateway],
+    api_key: CreatedApiKey,
+    openai_client: Callable[..., openai.AsyncOpenAI],
+) -> None:
+    first, second = two_replicas
+    light_key = await first.state.registry.create_key("light")
+    finished: list[str] = []
 
-        async def backlog_queued() -> bool:
-            return first.state.dispatcher.waiting(MODEL) >= STREAMS - 2
+    async def chat(gateway: Gateway, key: str, name: str) -> None:
+        client = openai_client(base_url=f"{gateway.url}/v1", api_key=key, max_retries=0)
+        await client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": name}],
+            max_tokens=STREAM_TOKENS,
+        )
+        finished.append(name)
 
-        await wait_for(backlog_queued)
-        await chat(second, light_key.api_key, "light")
-        await asyncio.gather(*heavy)
+    # One tenant's backlog, all on the first replica (as one websocket would carry it).
+    heavy = [
+        asyncio.create_task(chat(first, api_key.api_key, f"heavy {n}")) for n in range(STREAMS)
+    ]
+
+    async def backlog_queued() -> bool:
+        return first.state.dispatcher.waiting(MODEL) >= STREAMS - 2
+
+    await wait_for(backlog_queued)
+    await chat(second, light_key.api_key, "light")
+    await asyncio.gather(*heavy)
 
     # Served within a few of the backlog's turns, not behind all of them.
     assert finished.index("light") <= STREAMS // 2, finished
+
+
+def test_models_with_interactive_streams_waiting_on_other_replicas() -> None:
+    others = {
+        "a": {HEAVY: TenantLoad(3, 0)},
+        "b": {HEAVY: TenantLoad(3, 0), LIGHT: TenantLoad(1, 1)},
+    }
+    assert waiting_elsewhere(others) == ["b"]
+
+
+async def test_an_interactive_stream_on_one_replica_stops_a_flex_stream_running_on_another(
+    two_replicas: tuple[Gateway, Gateway],
+    api_key: CreatedApiKey,
+    openai_client: Callable[..., openai.AsyncOpenAI],
+) -> None:
+    first, second = two_replicas
+    flex_client = openai_client(base_url=f"{second.url}/v1", api_key=api_key.api_key)
+    client = openai_client(base_url=f"{first.url}/v1", api_key=api_key.api_key)
+
+    await interactive_beside_flex(flex_client, client, second)
+    assert second.state.metrics.preemptions._value.get() >= 1

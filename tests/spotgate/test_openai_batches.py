@@ -21,6 +21,7 @@ from spotgate.openai_batches import (
     request_line_id,
     unrun_line,
 )
+from spotgate.settings.shared import MAX_REQUEST_BYTES
 
 CHAT = "/v1/chat/completions"
 
@@ -53,6 +54,7 @@ def test_a_good_file_gives_its_requests_in_order_and_their_one_model() -> None:
     [
         ("{not json", [("invalid_json_line", 1)]),
         ("[" * 100_000 + "]" * 100_000, [("invalid_json_line", 1)]),  # not a stuck batch
+        (line() + "\n" + line("big", "x" * MAX_REQUEST_BYTES), [("line_too_long", 2)]),
         (
             line("a\u2028b").replace("\\u2028", "\u2028") + "\r\n" + line("c"),
             [],

@@ -2,8 +2,10 @@ from __future__ import annotations
 
 import pytest
 
-from spotgate.registry import Registry, object_id
+from spotgate.registry import PURGE_AT, Registry, aws_session, object_id
 from spotgate.registry.batches import names_an_object
+from spotgate.registry.schema import PURGE_GRACE_SECONDS
+from stack.emulator import AwsEmulator
 from tests.support.clocks import FakeClock
 
 LEASE_SECONDS = 30.0
@@ -147,3 +149,19 @@ async def test_files_past_their_expiry_are_found_until_their_records_go(
     await registry.delete_object("k1", "file-old")
     clock.advance(61)
     assert await registry.expired_files() == [("k2", "file-new")]
+
+
+async def test_dynamodb_takes_a_file_record_only_a_day_after_the_sweep_could(
+    registry: Registry, aws: AwsEmulator
+) -> None:
+    await registry.put_file("k1", {"id": "file-a", "expires_at": 1_000})
+    settings = aws.settings()
+    table = settings.tables.batches
+    endpoint = settings.aws.endpoint_url
+    async with aws_session(settings.aws).client("dynamodb", endpoint_url=endpoint) as dynamodb:
+        ttl = await dynamodb.describe_time_to_live(TableName=table)
+        key = {"owner": {"S": "k1"}, "object_id": {"S": "file-a"}}
+        item = (await dynamodb.get_item(TableName=table, Key=key))["Item"]
+
+    assert ttl["TimeToLiveDescription"]["AttributeName"] == PURGE_AT
+    assert item[PURGE_AT] == {"N": str(1_000 + PURGE_GRACE_SECONDS)}

@@ -494,11 +494,10 @@ BATCH_LINES = 40
 BATCH_LINE_TOKENS = 40  # 2 s each: the batch outlasts the first stack's kill
 
 
-async def test_a_batch_completes_each_request_once_after_up_is_killed_with_sigkill_mid_batch(
-    tmp_path: Path, openai_client: Callable[..., openai.AsyncOpenAI]
-) -> None:
-    arguments = ["--engine", "synthetic", "--agents", "1", "--port", "0"]
-    env = {**UP_ENV, "SPOTGATE_GATEWAY_BATCH__LEASE_SECONDS": "3"}
+async def started_batch(
+    client: openai.AsyncOpenAI, count: int = BATCH_LINES, tokens: int = BATCH_LINE_TOKENS
+) -> openai.types.Batch:
+    """A batch of `count` chat requests of `tokens` each, created."""
     lines = [
         {
             "custom_id": f"req-{n}",
@@ -507,25 +506,61 @@ async def test_a_batch_completes_each_request_once_after_up_is_killed_with_sigki
             "body": {
                 "model": SYNTHETIC.model,
                 "messages": [{"role": "user", "content": f"hello {n}"}],
-                "max_tokens": BATCH_LINE_TOKENS,
+                "max_tokens": tokens,
             },
         }
-        for n in range(BATCH_LINES)
+        for n in range(count)
     ]
     content = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    uploaded = await client.files.create(file=("in.jsonl", content), purpose="batch")
+    return await client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+
+
+async def completed_so_far(client: openai.AsyncOpenAI, batch_id: str) -> int:
+    """The batch's requests completed, as last saved."""
+    counts = (await client.batches.retrieve(batch_id)).request_counts
+    return counts.completed if counts is not None else 0
+
+
+async def ended_batch(client: openai.AsyncOpenAI, batch_id: str) -> tuple[str, list[str]]:
+    """The batch's end: its status and its output's lines."""
+
+    async def ended() -> bool:
+        status = (await client.batches.retrieve(batch_id)).status
+        return status in {"completed", "failed", "cancelled", "expired"}
+
+    await wait_for(ended, within=120)
+    finished = await client.batches.retrieve(batch_id)
+    assert finished.error_file_id is None
+    assert finished.output_file_id is not None
+    return finished.status, (await client.files.content(finished.output_file_id)).text.splitlines()
+
+
+def assert_each_request_once_and_exact(
+    output: list[str], count: int = BATCH_LINES, tokens: int = BATCH_LINE_TOKENS
+) -> None:
+    replies = [json.loads(line) for line in output]
+    assert [reply["custom_id"] for reply in replies] == [f"req-{n}" for n in range(count)]
+    for n, reply in enumerate(replies):
+        message = reply["response"]["body"]["choices"][0]["message"]["content"]
+        assert message == synthetic_reply(f"hello {n}", tokens)
+
+
+async def test_a_batch_completes_each_request_once_after_up_is_killed_with_sigkill_mid_batch(
+    tmp_path: Path, openai_client: Callable[..., openai.AsyncOpenAI]
+) -> None:
+    arguments = ["--engine", "synthetic", "--agents", "1", "--port", "0"]
+    env = {**UP_ENV, "SPOTGATE_GATEWAY_BATCH__LEASE_SECONDS": "3"}
     with running_up(tmp_path, arguments, env) as first:
         info = first.info
         client = openai_client(base_url=f"{info['gateway_url']}/v1", api_key=info["api_key"])
-        uploaded = await client.files.create(file=("in.jsonl", content), purpose="batch")
-        batch = await client.batches.create(
-            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
-        )
-
+        batch = await started_batch(client)
         completed: list[int] = []
 
         async def some_finished() -> bool:
-            counts = (await client.batches.retrieve(batch.id)).request_counts
-            completed[:] = [counts.completed if counts is not None else 0]
+            completed[:] = [await completed_so_far(client, batch.id)]
             return completed[0] >= 5
 
         await wait_for(some_finished, within=60)
@@ -536,21 +571,37 @@ async def test_a_batch_completes_each_request_once_after_up_is_killed_with_sigki
         # The first stack's key, and its batch, outlived it.
         url = f"{second.info['gateway_url']}/v1"
         client = openai_client(base_url=url, api_key=info["api_key"])
-
-        async def ended() -> bool:
-            status = (await client.batches.retrieve(batch.id)).status
-            return status in {"completed", "failed", "cancelled", "expired"}
-
-        await wait_for(ended, within=120)
-        finished = await client.batches.retrieve(batch.id)
-        assert finished.output_file_id is not None
-        output = (await client.files.content(finished.output_file_id)).text.splitlines()
+        status, output = await ended_batch(client, batch.id)
 
     assert completed[0] < BATCH_LINES  # the second stack ran the rest
-    assert finished.status == "completed"
-    assert finished.error_file_id is None
-    replies = [json.loads(line) for line in output]
-    assert [reply["custom_id"] for reply in replies] == [f"req-{n}" for n in range(BATCH_LINES)]
-    for n, reply in enumerate(replies):
-        message = reply["response"]["body"]["choices"][0]["message"]["content"]
-        assert message == synthetic_reply(f"hello {n}", BATCH_LINE_TOKENS)
+    assert status == "completed"
+    assert_each_request_once_and_exact(output)
+
+
+async def test_a_batch_completes_each_request_once_across_a_spot_notice(
+    tmp_path: Path, openai_client: Callable[..., openai.AsyncOpenAI]
+) -> None:
+    arguments = ["--engine", "synthetic", "--agents", "2", "--port", "0"]
+    env = {**UP_ENV, "SPOTGATE_GATEWAY_BATCH__LEASE_SECONDS": "3"}
+    count, tokens = 24, 200  # 10 s each: running on the agent when its notice comes
+    with running_up(tmp_path, arguments, env) as up:
+        info = up.info
+        client = openai_client(base_url=f"{info['gateway_url']}/v1", api_key=info["api_key"])
+        batch = await started_batch(client, count, tokens)
+
+        async def some_finished() -> bool:
+            return await completed_so_far(client, batch.id) >= 1
+
+        await wait_for(some_finished, within=60)
+        noticed = info["agents"][0]["agent_id"]  # both serve the batch's requests
+        interrupt = [*UP_COMMAND[:-1], "pool", "interrupt", noticed, "--in", "10"]
+        sent = await asyncio.to_thread(
+            subprocess.run, interrupt, cwd=tmp_path, capture_output=True, text=True
+        )
+        assert sent.returncode == 0, sent.stderr
+        left = count - await completed_so_far(client, batch.id)
+        status, output = await ended_batch(client, batch.id)
+
+    assert left > 0  # requests ran after the notice
+    assert status == "completed"
+    assert_each_request_once_and_exact(output, count, tokens)
