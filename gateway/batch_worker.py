@@ -277,12 +277,13 @@ class BatchRun:
                 self._body["request_counts"] = self._progress(total).counts()
                 self._publish_backlog(total)
             try:
-                await self._save()
+                async with asyncio.timeout(lease_seconds / 3):  # a hung call is a failed one
+                    await self._save()
             except LeaseLost:
                 return
             except Exception as err:  # the table is out of reach: try again until the lease ends
                 log.warning("batch not saved", batch=self._id, error=str(err))
-                if time.monotonic() - saved_at >= lease_seconds:
+                if time.monotonic() - saved_at >= lease_seconds * 2 / 3:  # stop before it ends
                     self._lease_lost = True
                     self._stop.set()  # another replica may take it now: stop before it starts
                     return

@@ -306,15 +306,14 @@ class Dispatcher:
             adapter=adapter,
         )
 
-    def _held(self, model: str, tenant: str, under_way: bool, flex: bool) -> bool:
+    def _held(
+        self, model: str, tenant: str, under_way: bool, flex: bool, me: Waiter | None = None
+    ) -> bool:
         """Whether the stream leaves a slot to one waiting on another replica (flex: to any)."""
-        others = self.fair_share.others.get(model)
-        if not others or (under_way and not flex):  # alone: the fair queue decides
-            return False
-        if flex:
-            return any(load.waiting for load in others.values())
-        mine = self.fair_share.local(self._waiting, self._weights).get(model, {})
-        return self.fair_share.held(model, tenant, mine)
+        waiting, weights, now = self._waiting, self._weights, self._clock()
+        return self.fair_share.held(
+            model, tenant, waiting, weights, under_way=under_way, flex=flex, waiter=me, now=now
+        )
 
     def busy_models(self) -> set[str]:
         """Models with streams waiting here, or flex streams running: turns to take with others."""
@@ -388,7 +387,7 @@ class Dispatcher:
                     yield Queued(position, eta_seconds(forecast, self._clock()))
                 if position == 0:  # an agent that came just as the wait ran out still serves
                     chosen = self.choose(model, session, exclude, prefix, adapter)
-                    if chosen is not None and not self._held(model, tenant, under_way, flex):
+                    if chosen is not None and not self._held(model, tenant, under_way, flex, me):
                         break
                 # Never shortened: the forecast goes as its agent turns ready, which this
                 # gateway's view may show a moment later.

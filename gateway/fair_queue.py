@@ -48,6 +48,7 @@ class Waiter:
     tag: float = 0.0  # its virtual start (`FairQueue`); those under way wait ahead of all
     flex: bool = False  # it waits behind every interactive stream not under way
     tenant: str = ""
+    held_since: float | None = None  # first held back for another replica's turn
 
     @property
     def rank(self) -> tuple[int, float]:

@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 FAIR_SHARE_EXCHANGE_SECONDS = 0.25
 """How often each replica shares its tenants' streams and reads the others'."""
+FAIR_SHARE_HOLD_MAX_SECONDS = 2.0
+"""The longest a waiting stream lets slots go to other replicas' turns before it takes one."""
 FAIR_SHARE_STALE_SECONDS = 3.0
 """A replica that shared nothing for this long (it died) counts no more."""
 
@@ -41,6 +43,12 @@ class Waiting(Protocol):
     def flex(self) -> bool:
         """Whether it waits in the flex tier."""
         ...
+
+
+class Holdable(Protocol):
+    """A waiting stream that remembers when it was first held back."""
+
+    held_since: float | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,21 +74,27 @@ Loads = dict[str, TenantLoad]
 """A model's loads by tenant."""
 
 
-def holds_back(tenant: str, loads: Mapping[str, TenantLoad]) -> bool:
+def holds_back(
+    tenant: str,
+    loads: Mapping[str, TenantLoad],
+    waiting: Mapping[str, TenantLoad] | None = None,
+) -> bool:
     """Whether `tenant` lets a freed slot go to another tenant's turn.
 
-    It does while another tenant waits that runs fewer streams for its weight, or as many and
-    has fewer open (a lighter tenant: as a slot frees, the tenant that held it runs one fewer,
-    and its turn would come again at once). Equal ones both try: the agent takes the first.
+    It does while another tenant waits (in `waiting`: on other replicas; by default in
+    `loads`) that runs fewer streams for its weight, or as many and has fewer open (a lighter
+    tenant: as a slot frees, the tenant that held it runs one fewer, and its turn would come
+    again at once). Equal ones both try: the agent takes the first.
     """
     me = loads.get(tenant)
     if me is None:
         return False
     mine = _turn_key(me)
+    waiting = loads if waiting is None else waiting
     return any(
-        load.waiting > 0 and _turn_key(load) < mine
+        waiting[name].waiting > 0 and _turn_key(load) < mine
         for name, load in loads.items()
-        if name != tenant
+        if name != tenant and name in waiting
     )
 
 
@@ -109,10 +123,15 @@ def decode_loads(text: str) -> Loads:
         return {}
     loads: Loads = {}
     for tenant, value in raw.items():
-        if isinstance(value, list) and len(value) == 3:
+        if isinstance(value, list) and len(value) == 3 and _numbers(value):
             streams, waiting, weight = value
-            loads[str(tenant)] = TenantLoad(int(streams), int(waiting), float(weight))
+            if weight > 0:
+                loads[str(tenant)] = TenantLoad(int(streams), int(waiting), float(weight))
     return loads
+
+
+def _numbers(values: list[object]) -> bool:
+    return all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
 
 
 def summed(replicas: Iterable[Mapping[str, TenantLoad]]) -> Loads:
@@ -158,6 +177,35 @@ class FairShare:
             loads.setdefault(model, {})[tenant] = TenantLoad(streams, queued[model, tenant], weight)
         return loads
 
-    def held(self, model: str, tenant: str, mine: Mapping[str, TenantLoad]) -> bool:
-        """Whether a new stream of `tenant` leaves a slot of `model` to another's turn."""
-        return holds_back(tenant, summed([mine, self.others.get(model, {})]))
+    def held(
+        self,
+        model: str,
+        tenant: str,
+        waiting: Mapping[str, Sequence[Waiting]],
+        weights: Mapping[str, float],
+        *,
+        under_way: bool,
+        flex: bool,
+        waiter: Holdable | None,
+        now: float,
+    ) -> bool:
+        """Whether a stream of `tenant` leaves a slot of `model` to one on another replica.
+
+        A flex one leaves it to any interactive stream; a new one to a tenant running fewer
+        (`holds_back`, against the tenants waiting elsewhere: those here take turns in the
+        fair queue); one under way to none. A waiter held `FAIR_SHARE_HOLD_MAX_SECONDS` takes
+        the slot anyway: replicas that each hold for the other's waiter never wait forever.
+        """
+        others = self.others.get(model)
+        if not others or (under_way and not flex):  # alone: the fair queue decides
+            return False
+        if flex:
+            held = any(load.waiting for load in others.values())
+        else:
+            mine = self.local({model: waiting.get(model, ())}, weights).get(model, {})
+            held = holds_back(tenant, summed([mine, others]), others)
+        if not held or waiter is None:
+            return held
+        if waiter.held_since is None:
+            waiter.held_since = now
+        return now - waiter.held_since < FAIR_SHARE_HOLD_MAX_SECONDS

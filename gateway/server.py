@@ -100,9 +100,13 @@ async def _share_fair_loads(state: GatewayState) -> None:
     while True:
         await asyncio.sleep(FAIR_SHARE_EXCHANGE_SECONDS)
         mine = dispatcher.fair_loads()
-        others = await state.limits.exchange_fair_loads(
-            state.gateway_id, mine, time.time(), reading=dispatcher.busy_models()
-        )
+        try:
+            others = await state.limits.exchange_fair_loads(
+                state.gateway_id, mine, time.time(), reading=dispatcher.busy_models()
+            )
+        except Exception as err:  # a replica's odd entry: on its own until it answers well
+            log.warning("fair share exchange failed", error=repr(err))
+            others = {}
         if others != dispatcher.fair_share.others:
             dispatcher.fair_share.others = others
             dispatcher.notify()  # a held slot may be this replica's to take now, or not

@@ -242,15 +242,14 @@ class PoolController:
             log.warning("spot prices unread; placing by the last known", error=str(err))
 
     def _settings_of(self, model: str) -> PolicySettings:
-        """The model's own settings; a model the pool does not serve gets no agents.
-
-        Nor a warm pool: its stopped instances are terminated.
-        """
+        """The model's own settings; one not served gets no agents, warm pool or batch spot."""
         if model in self.model_settings:
             return self.model_settings[model]
         if model in self.models:
             return self.settings
-        return replace(self.settings, min_agents=0, max_agents=0, warm_pool_size=0)
+        return replace(
+            self.settings, min_agents=0, max_agents=0, warm_pool_size=0, batch_spot_max_agents=0
+        )
 
     async def _converge(
         self,

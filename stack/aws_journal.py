@@ -181,8 +181,10 @@ class AwsJournal:
             "headers": request.headers,
             "body_bytes": len(request.body),
         }
-        # One write of the whole record: a kill leaves it whole or cut short at the end.
-        os.write(self._fd, json.dumps(header).encode() + b"\n" + request.body)
+        # Written whole before the client hears: a kill leaves it whole or cut short at the end.
+        record = memoryview(json.dumps(header).encode() + b"\n" + request.body)
+        while record:
+            record = record[os.write(self._fd, record) :]
 
 
 def _ignored(_status: str, _headers: list[tuple[str, str]], _exc: Any = None) -> Callable[..., Any]:

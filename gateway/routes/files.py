@@ -30,11 +30,11 @@ from spotgate.wsserver import json_error
 
 UPLOAD_CHUNK_BYTES = 256 * 1024
 DOWNLOAD_CHUNK_BYTES = 256 * 1024
+"""A download goes out this much at a time: a 200 MB file is never held whole."""
 UPLOAD_MIN_BYTES_PER_SECOND = 256 * 1024
 UPLOAD_RATE_GRACE_SECONDS = 10.0
 """An upload averaging less than 256 KiB/s after its first 10 s is cut off (408): a replica
 reads few uploads at once, and a trickle must not hold one of them for its whole timeout."""
-"""A download goes out this much at a time: a 200 MB file is never held whole."""
 FORM_FIELD_MAX_BYTES = 1024
 """A form field besides the file (`purpose`, `expires_after[…]`) is short."""
 FORM_FIELDS = frozenset({"purpose", "expires_after[anchor]", "expires_after[seconds]"})

@@ -57,7 +57,6 @@ from spotgate.registry.schema import (
     BY_MODEL_INDEX,
     BY_WORK_INDEX,
     FEED_FIELDS,
-    PURGE_AT,
     TABLE_ACTIVE_TIMEOUT_SECONDS,
     TableSetup,
 )
@@ -72,7 +71,6 @@ __all__ = [
     "FEED_FIELDS",
     "MAX_KEY_WEIGHT",
     "POOL_TARGET_SOURCE",
-    "PURGE_AT",
     "TABLE_ACTIVE_TIMEOUT_SECONDS",
     "AgentGone",
     "AgentNotFound",

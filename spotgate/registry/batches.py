@@ -19,8 +19,12 @@ from botocore.exceptions import ClientError
 
 from spotgate.registry.base import RegistryBase, is_condition_failure
 from spotgate.registry.codec import decode_item, encode
-from spotgate.registry.schema import BY_WORK_INDEX, PURGE_AT, PURGE_GRACE_SECONDS
+from spotgate.registry.schema import BY_WORK_INDEX
 
+SHOWN_UNTIL = "shown_until"
+"""A file record's attribute: its `expires_at` as the API shows it (the item's own
+`expires_at`, DynamoDB's TTL, is a day later)."""
+PURGE_GRACE_SECONDS = 86_400
 MAX_OBJECT_ID_CHARS = 64
 """Ids made here are 33 to 38 characters; a longer one names nothing (and DynamoDB refuses
 sort keys over 1,024 bytes: a client's 5,000-character id must not become a 500)."""
@@ -31,6 +35,11 @@ WORK_OPEN = "open"
 def names_an_object(text: str, prefix: str) -> bool:
     """Whether `text` could be an id made here with `prefix` (else nothing has it)."""
     return text.startswith(prefix) and len(text) <= MAX_OBJECT_ID_CHARS
+
+
+def shown_until(values: dict[str, Any]) -> object:
+    """When a record stops being shown (records written before `shown_until`: at the TTL)."""
+    return values.get(SHOWN_UNTIL, values.get("expires_at"))
 
 
 def object_id(prefix: str, now: float) -> str:
@@ -72,15 +81,19 @@ class BatchOperations(RegistryBase):
     """Files' and batches' records: the API's reads and writes, and the workers' leases."""
 
     async def put_file(self, owner: str, body: dict[str, Any]) -> None:
-        """Record a file (OpenAI's `File` object); it goes at its `expires_at`, if any."""
+        """Record a file (OpenAI's `File` object), shown until its `expires_at`, if any.
+
+        DynamoDB's TTL (the item's `expires_at`) takes the record a day later: the hourly
+        sweep, which deletes its contents from S3 with it, sees it first.
+        """
         item = {
             "owner": encode(owner),
             "object_id": encode(str(body["id"])),
             "body": encode(json.dumps(body)),
         }
         if body.get("expires_at") is not None:
-            item["expires_at"] = encode(int(body["expires_at"]))
-            item[PURGE_AT] = encode(int(body["expires_at"]) + PURGE_GRACE_SECONDS)
+            item[SHOWN_UNTIL] = encode(int(body["expires_at"]))
+            item["expires_at"] = encode(int(body["expires_at"]) + PURGE_GRACE_SECONDS)
         await self._client.put_item(TableName=self._tables.batches, Item=item)
 
     async def get_object(self, owner: str, object_id: str) -> dict[str, Any] | None:
@@ -106,7 +119,7 @@ class BatchOperations(RegistryBase):
         item = reply.get("Item")
         if item is None:
             return None
-        expires = decode_item(item).get("expires_at")
+        expires = shown_until(decode_item(item))
         if isinstance(expires, int | float) and expires <= self._clock():
             return None
         return dict(item)
@@ -146,7 +159,7 @@ class BatchOperations(RegistryBase):
         now = self._clock()
         found: list[StoredObject] = []
         async for item in self._paginate(self._client.query, request):
-            expires = decode_item(item).get("expires_at")
+            expires = shown_until(decode_item(item))
             if isinstance(expires, int | float) and expires <= now:
                 continue
             stored = _stored_object(item)
@@ -165,7 +178,7 @@ class BatchOperations(RegistryBase):
         """
         request: dict[str, Any] = {
             "TableName": self._tables.batches,
-            "FilterExpression": "begins_with(object_id, :file) AND expires_at <= :now",
+            "FilterExpression": f"begins_with(object_id, :file) AND {SHOWN_UNTIL} <= :now",
             "ExpressionAttributeValues": {":file": encode("file-"), ":now": encode(self._clock())},
             "ProjectionExpression": "#owner, object_id",
             "ExpressionAttributeNames": {"#owner": "owner"},

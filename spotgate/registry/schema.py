@@ -38,10 +38,6 @@ FEED_FIELDS = (
 BY_WORK_INDEX = "by_work"
 """The batches still to be worked (sparse: only a batch not yet ended has `work`), which
 every gateway replica reads to find one whose lease has run out."""
-PURGE_AT = "purge_at"
-"""The `batches` table's TTL attribute: a day after a file's `expires_at`, so that the hourly
-sweep, which deletes the file's contents from S3 with its record, sees it first."""
-PURGE_GRACE_SECONDS = 86_400
 TABLE_ACTIVE_TIMEOUT_SECONDS = 60.0
 
 
@@ -104,12 +100,10 @@ class TableSetup(RegistryBase):
             attributes={"owner": "S", "object_id": "S", "work": "S"},
             indexes=[Index(BY_WORK_INDEX, [("work", "HASH"), ("object_id", "RANGE")])],
         )
-        ttl = {tables.agents: "expires_at", tables.demand: "expires_at"}
-        ttl |= {tables.usage: "expires_at", tables.batches: PURGE_AT}
-        for name, attribute in ttl.items():
+        for name in (tables.agents, tables.demand, tables.usage, tables.batches):
             await self._client.update_time_to_live(
                 TableName=name,
-                TimeToLiveSpecification={"Enabled": True, "AttributeName": attribute},
+                TimeToLiveSpecification={"Enabled": True, "AttributeName": "expires_at"},
             )
 
     async def _create_table(

@@ -165,3 +165,25 @@ async def test_an_interactive_stream_on_one_replica_stops_a_flex_stream_running_
 
     await interactive_beside_flex(flex_client, client, second)
     assert second.state.metrics.preemptions._value.get() >= 1
+
+
+def test_only_tenants_waiting_on_other_replicas_hold_a_stream_back_and_never_for_long() -> None:
+    share = FairShare(others={MODEL: {LIGHT: TenantLoad(1, 1)}})
+    share.opened(MODEL, HEAVY)
+    share.opened(MODEL, HEAVY)
+    share.opened(MODEL, OTHER)
+    heavy, other = Waiter(False, tenant=HEAVY), Waiter(False, tenant=OTHER)
+    waiting = {MODEL: [heavy, other]}  # `other`, lighter, waits here: the fair queue's turn
+
+    def held(waiter: Waiter, now: float, **kind: bool) -> bool:
+        arguments = {"under_way": False, "flex": False, **kind}
+        return share.held(MODEL, waiter.tenant, waiting, {}, waiter=waiter, now=now, **arguments)
+
+    assert held(heavy, now=100.0)  # light waits on another replica and runs none
+    assert held(heavy, now=101.9)
+    assert not held(heavy, now=102.0)  # held long enough: it takes the slot
+    assert not held(Waiter(True, tenant=HEAVY), now=100.0, under_way=True)  # mid-reply
+    assert held(Waiter(False, flex=True, tenant=HEAVY), now=100.0, flex=True)
+    assert not FairShare().held(MODEL, HEAVY, waiting, {}, under_way=False, flex=False,
+                                waiter=None, now=0.0)  # fmt: skip
+    assert not holds_back(HEAVY, {HEAVY: TenantLoad(2, 1), OTHER: TenantLoad(1, 1)}, waiting={})

@@ -191,6 +191,10 @@ async def test_batch_work_that_would_miss_its_window_adds_spot_beyond_the_target
     await registry.set_pool_target(MODEL, 1)  # a size fixed by hand is the size
     await controller.reconcile()
     assert len(provider.running) == 1
+    # A batch of a model the pool does not serve asks for nothing.
+    await registry.publish_demand("made-up", "gw-1", pending=0, active=0, backlog=backlog)
+    await controller.reconcile()
+    assert len(provider.running) == 1
 
 
 async def test_spot_goes_where_it_is_cheapest_now_read_every_few_minutes(

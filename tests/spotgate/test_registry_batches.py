@@ -2,9 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from spotgate.registry import PURGE_AT, Registry, aws_session, object_id
-from spotgate.registry.batches import names_an_object
-from spotgate.registry.schema import PURGE_GRACE_SECONDS
+from spotgate.registry import Registry, aws_session, object_id
+from spotgate.registry.batches import PURGE_GRACE_SECONDS, SHOWN_UNTIL, names_an_object
 from stack.emulator import AwsEmulator
 from tests.support.clocks import FakeClock
 
@@ -163,5 +162,6 @@ async def test_dynamodb_takes_a_file_record_only_a_day_after_the_sweep_could(
         key = {"owner": {"S": "k1"}, "object_id": {"S": "file-a"}}
         item = (await dynamodb.get_item(TableName=table, Key=key))["Item"]
 
-    assert ttl["TimeToLiveDescription"]["AttributeName"] == PURGE_AT
-    assert item[PURGE_AT] == {"N": str(1_000 + PURGE_GRACE_SECONDS)}
+    assert ttl["TimeToLiveDescription"]["AttributeName"] == "expires_at"
+    assert item["expires_at"] == {"N": str(1_000 + PURGE_GRACE_SECONDS)}
+    assert item[SHOWN_UNTIL] == {"N": "1000"}

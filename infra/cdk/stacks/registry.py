@@ -9,7 +9,7 @@ from aws_cdk import RemovalPolicy
 from aws_cdk import aws_dynamodb as dynamodb
 from constructs import Construct
 
-from spotgate.registry import BY_CHANGE_INDEX, BY_MODEL_INDEX, BY_WORK_INDEX, FEED_FIELDS, PURGE_AT
+from spotgate.registry import BY_CHANGE_INDEX, BY_MODEL_INDEX, BY_WORK_INDEX, FEED_FIELDS
 from spotgate.settings import SharedSettings
 from spotgate.settings_env_names import env_names
 from stacks.common import acknowledge
@@ -87,14 +87,13 @@ class Registry(Construct):
             time_to_live_attribute=TTL_ATTRIBUTE,
         )
         # Files and batches per owning key (`object_id`: a file's or a batch's id): customers'
-        # work, kept like the keys; a file's record goes a day after its `expires_at`, once
-        # the gateways' hourly sweep has deleted its contents (and the record) from S3.
+        # work, kept like the keys; each record goes at its `expires_at`.
         self.batches = self._kept_table(
             "Batches",
             table_name(config, "batches"),
             partition_key=_string_key("owner"),
             sort_key=_string_key("object_id"),
-            time_to_live_attribute=PURGE_AT,
+            time_to_live_attribute=TTL_ATTRIBUTE,
         )
         # Sparse: only a batch not yet ended has `work`. Every gateway replica reads it for a
         # batch whose lease has run out.

@@ -266,7 +266,7 @@ def test_tables_match_the_registry_design(synthesized: Synthesized) -> None:
         "Projection": {"ProjectionType": "ALL"},
     }
     assert {"AttributeName": "work", "AttributeType": "S"} in properties["AttributeDefinitions"]
-    assert properties["TimeToLiveSpecification"] == {"AttributeName": "purge_at", "Enabled": True}
+    assert properties["TimeToLiveSpecification"] == {"AttributeName": "expires_at", "Enabled": True}
     assert properties["PointInTimeRecoverySpecification"] == {"PointInTimeRecoveryEnabled": True}
     assert batches["DeletionPolicy"] == "Retain"
     for table in tables.values():
