@@ -141,7 +141,10 @@ class BatchRun:
         try:
             await self._run()
         finally:
-            self._state.batch_backlogs.pop(str(self._body.get("model")), None)
+            self._withdraw_backlog()
+
+    def _withdraw_backlog(self) -> None:
+        self._state.batch_backlogs.pop(str(self._body.get("model")), None)
 
     async def _run(self) -> None:
         try:
@@ -233,6 +236,7 @@ class BatchRun:
         finally:
             stopping.cancel()
             await _cancelled(running)
+            self._withdraw_backlog()  # none left to run in this turn: before the batch ends
         if self._lease_lost:
             raise LeaseLost(self._id)
 
