@@ -209,6 +209,7 @@ def create_app(
                 receipts=ReceiptSigner(ring),
                 files=files,
                 uploads=asyncio.Semaphore(settings.batch.uploads_per_gateway),
+                downloads=asyncio.Semaphore(settings.batch.downloads_per_gateway),
             )
             app[STATE] = state
             tasks = [

@@ -75,6 +75,8 @@ class GatewayState:
     files: FileStore
     # Uploads read at once (`batch.uploads_per_gateway`): each is held whole while stored.
     uploads: asyncio.Semaphore
+    # Downloads streamed at once (`batch.downloads_per_gateway`).
+    downloads: asyncio.Semaphore
     uploading: set[str] = field(default_factory=set)  # keys with an upload read here now
     links: dict[str, AgentLink] = field(default_factory=dict)
     sockets: set[FrameSocket] = field(default_factory=set)

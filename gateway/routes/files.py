@@ -31,6 +31,8 @@ from spotgate.wsserver import json_error
 UPLOAD_CHUNK_BYTES = 256 * 1024
 DOWNLOAD_CHUNK_BYTES = 256 * 1024
 """A download goes out this much at a time: a 200 MB file is never held whole."""
+DOWNLOAD_STALL_SECONDS = 60.0
+"""A download whose client takes no chunk for this long is cut off: it holds an S3 connection."""
 UPLOAD_MIN_BYTES_PER_SECOND = 256 * 1024
 UPLOAD_RATE_GRACE_SECONDS = 10.0
 """An upload averaging less than 256 KiB/s after its first 10 s is cut off (408): a replica
@@ -178,14 +180,20 @@ async def file_content(request: web.Request) -> web.StreamResponse:
     if isinstance(owned, web.Response):
         return owned
     file_id = str(owned[1]["id"])
-    async with request.app[STATE].files.reading(file_key(file_id)) as stored:
+    state = request.app[STATE]
+    if state.downloads.locked():
+        message = "this gateway is sending other downloads; retry"
+        return json_error(ErrorCode.RATE_LIMITED, message, UPLOAD_BUSY_RETRY_SECONDS)
+    async with state.downloads, state.files.reading(file_key(file_id)) as stored:
         if stored is None:
             return web.json_response(not_found_body("File", file_id), status=404)
         response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
         response.content_length = stored.length
         await response.prepare(request)
         async for chunk in stored.chunks(DOWNLOAD_CHUNK_BYTES):
-            await response.write(chunk)  # waits while the client is slow to read
+            # Waits while the client is slow to read; one that stops reading lets go.
+            async with asyncio.timeout(DOWNLOAD_STALL_SECONDS):
+                await response.write(chunk)
         await response.write_eof()
         return response
 

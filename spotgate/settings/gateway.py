@@ -118,6 +118,9 @@ class BatchSettings(SettingsSection):
     max_requests: PositiveInt = 50_000
     # Uploads one replica reads at once: each is held whole while it is checked.
     uploads_per_gateway: PositiveInt = 2
+    # Downloads one replica streams at once: each holds one of its S3 client's 10 connections
+    # for as long as its client reads, so a few slow readers must not take them all.
+    downloads_per_gateway: PositiveInt = 4
     # An upload not received in full within this long is answered 408.
     upload_timeout_seconds: PositiveFloat = 600.0
     # A batch's requests one replica runs or queues at once, in the flex tier (behind every

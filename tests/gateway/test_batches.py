@@ -18,7 +18,7 @@ from gateway.routes.files import too_slow
 from spotgate.file_store import FileStore, file_key, line_prefix
 from spotgate.openai_batches import BATCH_FILE_EXPIRES_SECONDS
 from spotgate.registry import CreatedApiKey, Registry
-from spotgate.settings import LimitStoreSettings
+from spotgate.settings import BatchSettings, LimitStoreSettings
 from spotgate.tokens import SigningKey
 from stack.emulator import AwsEmulator
 from tests.gateway.conftest import FAST_BATCHES, MODEL, Gateway, agents_of, running_gateway
@@ -562,3 +562,24 @@ async def test_a_key_uploads_one_file_at_a_time_on_a_replica_and_others_still_ca
         async with await first as response:
             assert response.status == 200
     assert not batch_gateway.state.uploading
+
+
+async def test_downloads_beyond_a_replicas_room_are_told_to_retry(
+    batch_gateway: Gateway, api_key: CreatedApiKey, openai_client: Client
+) -> None:
+    client = openai_client(
+        base_url=f"{batch_gateway.url}/v1", api_key=api_key.api_key, max_retries=0
+    )
+    line = chat_line("a", "hi", 4)
+    uploaded = await client.files.create(file=("in.jsonl", line), purpose="batch")
+    downloads = batch_gateway.state.downloads
+    held = BatchSettings().downloads_per_gateway
+    for _ in range(held):  # as slow readers would hold them
+        await downloads.acquire()
+    try:
+        with pytest.raises(openai.RateLimitError):
+            await client.files.content(uploaded.id)
+    finally:
+        for _ in range(held):
+            downloads.release()
+    assert (await client.files.content(uploaded.id)).content == line
