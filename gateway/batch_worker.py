@@ -132,6 +132,12 @@ class BatchRun:
     def _id(self) -> str:
         return str(self._body["id"])
 
+    @property
+    def _expires_at(self) -> int | None:
+        """When the batch's completion window ends (epoch seconds)."""
+        expires_at = self._body.get("expires_at")
+        return expires_at if isinstance(expires_at, int) else None
+
     def _progress(self, total: int) -> Progress:
         completed = sum(self._done.values())
         return Progress(total, completed, len(self._done) - completed)
@@ -251,8 +257,8 @@ class BatchRun:
 
     def _publish_backlog(self, total: int) -> None:
         """The work left, for the pool manager: spot capacity if it would miss its window."""
-        expires_at = self._body.get("expires_at")
-        if not isinstance(expires_at, int):
+        expires_at = self._expires_at
+        if expires_at is None:
             return
         served = self._served
         per_request = (
@@ -268,8 +274,8 @@ class BatchRun:
         return self._cancel_requested or self._expired()
 
     def _expired(self) -> bool:
-        expires_at = self._body.get("expires_at")
-        return isinstance(expires_at, int) and self._clock() >= expires_at
+        expires_at = self._expires_at
+        return expires_at is not None and self._clock() >= expires_at
 
     async def _save_every(self, total: int) -> None:
         """Save progress and renew the lease a third of its length apart; stop on a cancel."""
@@ -344,8 +350,8 @@ class BatchRun:
             message = "the batch's API key is disabled"
             return RequestResult(401, error_body(ErrorCode.UNAUTHORIZED, message))
         endpoint = str(self._body["endpoint"])
-        expires_at = self._body.get("expires_at")
-        window = expires_at - self._clock() if isinstance(expires_at, int) else None
+        expires_at = self._expires_at
+        window = expires_at - self._clock() if expires_at is not None else None
         wait_seconds = max(
             RETRY_WAIT_SECONDS, window or self._state.settings.queue.flex_deadline_seconds
         )
