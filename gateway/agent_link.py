@@ -125,8 +125,7 @@ def merged_delta(frames: list[DeltaFrame]) -> DeltaFrame:
     reasoning = (
         None if first.reasoning is None else "".join(f.reasoning for f in frames if f.reasoning)
     )
-    # Its parts were validated as they arrived; no need to validate the merge again.
-    return DeltaFrame.model_construct(
+    return DeltaFrame(
         id=first.id,
         text="".join(f.text for f in frames),
         n=sum(f.n for f in frames),

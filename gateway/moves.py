@@ -41,6 +41,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
+import msgspec
+
 from spotgate.protocol import DeltaFrame, DoneFrame, StartFrame
 
 MOVE_WARM_ROUNDS = 4
@@ -198,15 +200,14 @@ def past_held(delta: DeltaFrame, ids_left: Sequence[int], text_left: str) -> Del
             reasoning = text
         else:
             return None
-    return delta.model_copy(
-        update={
-            "ids": ids[held:],
-            "n": len(ids) - held,
-            "text": text,
-            "logprobs": logprobs,
-            "content": content,
-            "reasoning": reasoning,
-        }
+    return msgspec.structs.replace(
+        delta,
+        ids=ids[held:],
+        n=len(ids) - held,
+        text=text,
+        logprobs=logprobs,
+        content=content,
+        reasoning=reasoning,
     )
 
 

@@ -11,6 +11,7 @@ import time
 from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpu_agent.detokenizer import IncrementalDetokenizer, ResumeMismatch
 from gpu_agent.engine import (
@@ -182,21 +183,21 @@ def wire_logprobs(
     `opens_reply`: the first entry is the reply's first token.
     """
 
-    def candidate(token_id: int, logprob: float, first: bool) -> TopLogprob:
+    def candidate(token_id: int, logprob: float, first: bool) -> dict[str, Any]:
         written = engine.token_bytes(token_id, first=first)
-        return TopLogprob(
-            token=written.decode(errors="replace"),
-            logprob=min(0.0, max(MIN_LOGPROB, logprob)),
-            bytes=list(written),
-        )
+        return {
+            "token": written.decode(errors="replace"),
+            "logprob": min(0.0, max(MIN_LOGPROB, logprob)),
+            "bytes": list(written),
+        }
 
     entries = []
     for index, entry in enumerate(found):
         first = opens_reply and index == 0
         entries.append(
             TokenLogprob(
-                **candidate(entry.token_id, entry.logprob, first).model_dump(),
-                top_logprobs=[candidate(token, logprob, first) for token, logprob in entry.top],
+                **candidate(entry.token_id, entry.logprob, first),
+                top_logprobs=[TopLogprob(**candidate(t, p, first)) for t, p in entry.top],
             )
         )
     return entries

@@ -65,7 +65,21 @@ def openai_finish_reason(done: DoneFrame) -> str:
 
 def chat_logprobs(entries: list[TokenLogprob]) -> dict[str, Any]:
     """A chat choice's `logprobs`."""
-    return {"content": [entry.model_dump() for entry in entries], "refusal": None}
+    return {
+        "content": [
+            {
+                "token": entry.token,
+                "logprob": entry.logprob,
+                "bytes": entry.bytes,
+                "top_logprobs": [
+                    {"token": top.token, "logprob": top.logprob, "bytes": top.bytes}
+                    for top in entry.top_logprobs
+                ],
+            }
+            for entry in entries
+        ],
+        "refusal": None,
+    }
 
 
 def text_logprobs(entries: list[TokenLogprob], offset: int = 0) -> dict[str, Any]:

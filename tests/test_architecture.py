@@ -6,9 +6,12 @@ import types
 from pathlib import Path
 from typing import Annotated, Any, Union, get_args, get_origin
 
+from msgspec import Struct
 from pydantic import BaseModel
 
 from spotgate import protocol
+
+FrameModel = type[BaseModel] | type[Struct]
 
 ROOT = Path(__file__).resolve().parents[1]
 ARCHITECTURE = ROOT / "ARCHITECTURE.md"
@@ -29,9 +32,9 @@ def packages(project_root: Path) -> set[str]:
     return found
 
 
-def frame_models(annotation: Any) -> set[type[BaseModel]]:
+def frame_models(annotation: Any) -> set[FrameModel]:
     """The frame models of a (possibly annotated) union of them."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel | Struct):
         return {annotation}
     if get_origin(annotation) is Annotated:
         return frame_models(get_args(annotation)[0])
@@ -47,9 +50,18 @@ def frame_types() -> set[str]:
     models |= {
         value
         for name, value in vars(protocol).items()
-        if name.endswith("Frame") and isinstance(value, type) and issubclass(value, BaseModel)
+        if name.endswith("Frame")
+        and isinstance(value, type)
+        and issubclass(value, BaseModel | Struct)
     }
-    return {str(model.model_fields["type"].default) for model in models}
+    return {frame_type(model) for model in models}
+
+
+def frame_type(model: FrameModel) -> str:
+    """A frame model's `type`: a pydantic model's default, a msgspec struct's tag."""
+    if issubclass(model, Struct):
+        return str(model.__struct_config__.tag)
+    return str(model.model_fields["type"].default)
 
 
 def unnamed(document: str, names: set[str]) -> list[str]:

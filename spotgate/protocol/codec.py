@@ -6,8 +6,8 @@ import json
 import re
 from typing import Any, Literal, overload
 
+import msgspec
 from pydantic import TypeAdapter, ValidationError
-from pydantic_core import to_json
 
 from spotgate.protocol.client_frames import (
     CLIENT_FRAME_TYPES,
@@ -23,6 +23,7 @@ from spotgate.protocol.server_frames import (
     DeltaFrame,
     DoneFrame,
     ErrorFrame,
+    EventFrame,
     MovingFrame,
     PongFrame,
     QueuedFrame,
@@ -46,7 +47,10 @@ AnyFrame = (
 )
 
 _CLIENT_ADAPTER: TypeAdapter[ClientFrame] = TypeAdapter(ClientFrame)
-_SERVER_ADAPTER: TypeAdapter[ServerFrame] = TypeAdapter(ServerFrame)
+_EVENT_ADAPTER: TypeAdapter[EventFrame] = TypeAdapter(EventFrame)
+_DELTA_DECODER = msgspec.json.Decoder(DeltaFrame)
+_DELTA_HEAD = b'{"type":"delta",'
+_ENCODER = msgspec.json.Encoder()
 
 Origin = Literal["client", "server"]
 
@@ -93,12 +97,49 @@ def parse_frame(
 ) -> ClientFrame | ServerFrame:
     """Parse one text frame sent by a client (default) or a server; raise `FrameError` if bad."""
     raw = _checked_bytes(data, max_bytes)
-    adapter: TypeAdapter[Any] = _CLIENT_ADAPTER if origin == "client" else _SERVER_ADAPTER
+    if origin == "server" and raw.startswith(_DELTA_HEAD):  # ours always put `type` first
+        return _delta(raw)
+    adapter: TypeAdapter[Any] = _CLIENT_ADAPTER if origin == "client" else _EVENT_ADAPTER
     try:
         frame: ClientFrame | ServerFrame = adapter.validate_json(raw)
     except ValidationError as err:
-        raise _explain(raw, err, origin) from err
+        explained = _explain(raw, err, origin)
+        if explained is None:  # a `delta` written in another order
+            return _delta(raw)
+        raise explained from err
     return frame
+
+
+def _delta(raw: bytes) -> DeltaFrame:
+    try:
+        frame: DeltaFrame = _DELTA_DECODER.decode(raw)
+    except msgspec.DecodeError as err:
+        raise FrameError("frame is not valid JSON") from err
+    except msgspec.ValidationError as err:
+        message, _, at = str(err).partition(" - at `$")
+        where = error_param(tuple(_PATH_PART.findall(at.rstrip("`")))) if at else None
+        detail = f"{where}: {message}" if where else message
+        raise FrameError(
+            f"invalid 'delta' frame — {detail}", id=_valid_stream_id(raw), param=where
+        ) from err
+    return frame
+
+
+_PATH_PART = re.compile(r"\w+")
+
+
+def _valid_stream_id(raw: bytes) -> str | None:
+    try:
+        document = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    return _stream_id(document.get("id")) if isinstance(document, dict) else None
+
+
+def _stream_id(value: object) -> str | None:
+    if not (isinstance(value, str) and 0 < len(value) <= MAX_STREAM_ID_CHARS):
+        return None
+    return value if _is_utf8(value) else None  # a lone surrogate (`"\ud800"`): never sent back
 
 
 def _checked_bytes(data: str | bytes, max_bytes: int) -> bytes:
@@ -134,20 +175,21 @@ def leading_stream_id(data: str | bytes) -> str | None:
     return found.group(1).decode() if found else None
 
 
-def _explain(raw: bytes, err: ValidationError, origin: Origin) -> FrameError:
-    """Turn a validation failure into the most useful one-line reason, with the stream id."""
+def _explain(raw: bytes, err: ValidationError, origin: Origin) -> FrameError | None:
+    """Turn a validation failure into the most useful one-line reason, with the stream id.
+
+    None: the frame is a server's `delta`, which pydantic does not read.
+    """
     try:
         document = json.loads(raw)
     except (ValueError, RecursionError):
         return FrameError("frame is not valid JSON")
     if not isinstance(document, dict):
         return FrameError("frame must be a JSON object")
-    stream_id = document.get("id")
-    if not (isinstance(stream_id, str) and 0 < len(stream_id) <= MAX_STREAM_ID_CHARS):
-        stream_id = None
-    elif not _is_utf8(stream_id):
-        stream_id = None  # a lone surrogate (`"\ud800"`): no frame can carry it back
+    stream_id = _stream_id(document.get("id"))
     frame_type = document.get("type")
+    if origin == "server" and frame_type == "delta":
+        return None
     own, other = (
         (CLIENT_FRAME_TYPES, SERVER_FRAME_TYPES)
         if origin == "client"
@@ -203,6 +245,8 @@ def max_gateway_frame_bytes(max_model_len: int, max_token_chars: int) -> int:
 
 def encode_frame(frame: AnyFrame) -> str:
     """Serialize a frame to its JSON text, leaving out unset optional fields."""
+    if isinstance(frame, DeltaFrame):
+        return _ENCODER.encode(frame).decode()
     return frame.model_dump_json(exclude_none=True)
 
 
@@ -213,27 +257,15 @@ def client_delta(
 
     Its ids only `with_ids`, and the gateway's `receipt`, never one the agent sent.
     """
-    update = {"id": stream_id, "ids": delta.ids if with_ids else None, "receipt": receipt}
-    return delta.model_copy(update=update)
-
-
-_DELTA_SERIALIZER = DeltaFrame.__pydantic_serializer__
-_CLIENT_DELTA_LEAVES_OUT = {True: {"receipt"}, False: {"ids", "receipt"}}
+    ids = delta.ids if with_ids else None
+    return msgspec.structs.replace(delta, id=stream_id, ids=ids, receipt=receipt)
 
 
 def client_delta_json(
     delta: DeltaFrame, stream_id: str, *, with_ids: bool, receipt: str | None
 ) -> bytes:
-    """`encode_frame` of `client_delta`, without the copy: the delta's own JSON, spliced.
-
-    Only `type` precedes `id`, and a string's quotes are escaped within it, so the first
-    `"id":…` is the id's; `receipt` is the last field.
-    """
-    data: bytes = _DELTA_SERIALIZER.to_json(
-        delta, exclude_none=True, exclude=_CLIENT_DELTA_LEAVES_OUT[with_ids]
-    )
-    data = data.replace(b'"id":' + to_json(delta.id), b'"id":' + to_json(stream_id), 1)
-    return data if receipt is None else data[:-1] + b',"receipt":' + to_json(receipt) + b"}"
+    """`encode_frame` of `client_delta`, as bytes."""
+    return _ENCODER.encode(client_delta(delta, stream_id, with_ids=with_ids, receipt=receipt))
 
 
 FRAME_LINES_SUBPROTOCOL = "spotgate.v1.lines"
