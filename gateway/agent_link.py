@@ -198,8 +198,11 @@ class StreamChannel:
         Its wait goes on, renewed: the stall timer counts from this delta. Saves the reader a
         wake-up per delta, the relay's largest cost per token while its client keeps up.
         """
-        take_now = self.take_now
-        if take_now is None or not self.reader_waiting or not self.merge_deltas:
+        take_now, waiter = self.take_now, self._waiter
+        # `reader_waiting`, written out: this runs for every token
+        if take_now is None or waiter is None or waiter.done() or self._items:
+            return False
+        if not self.merge_deltas:
             return False
         previous, wait_started = self.delta_arrived_at, self._wait_started
         # The loop's clock is time.monotonic's (asyncio's; uvloop's, to the millisecond).

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable, Collection
 from dataclasses import dataclass
 from functools import partial
@@ -26,6 +25,7 @@ from gateway.failover import Failover
 from gateway.fair_queue import Queued, stream_cost_tokens
 from gateway.prefix import PromptPrefix, tenant_session
 from gateway.router import Candidate
+from gateway.unique import unique_id
 from spotgate.logging import get_logger
 from spotgate.protocol import GenerateFrame
 
@@ -86,7 +86,7 @@ async def open_leg(
         if slot_held:
             dispatcher.finished(agent_id)
         return None
-    agent_frame = frame_for(uuid.uuid4().hex)
+    agent_frame = frame_for(unique_id())
     # Counted from the moment it is chosen: streams choosing while this link opens (a
     # fresh agent's first connection) must see the room the agent will have left.
     if not slot_held:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import secrets
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -30,6 +29,7 @@ from gateway.fair_share import FAIR_SHARE_STALE_SECONDS, Loads, decode_loads, en
 from gateway.metrics import GatewayMetrics
 from gateway.ratelimit import Decision, Limits, RateLimiter
 from gateway.sharedlimits import LEASE_RENEW_SECONDS, SharedBuckets
+from gateway.unique import unique_id
 from spotgate.logging import get_logger
 from spotgate.settings import GatewaySettings
 
@@ -199,7 +199,7 @@ class LimitStore:
 
     async def admit(self, key_id: str, limits: Limits, now: float, tokens: int = 0) -> Admission:
         """Take one request, one stream slot and `tokens` for `key_id`, or say why not."""
-        lease = secrets.token_hex(8)
+        lease = unique_id()
         decision = await self._ask(lambda store: store.admit(key_id, limits, now, lease, tokens))
         if decision is UNANSWERED:
             self.metrics.local_limit_decisions.inc()

@@ -161,13 +161,17 @@ class GatewayMetrics:
             self.ttft.observe(outcome.ttft_ms / 1000)
         if outcome.added_ttft_ms is not None:
             self.added_ttft.observe(outcome.added_ttft_ms / 1000)
-        if outcome.resumes:
-            self.resumes.inc(outcome.resumes)
         # A next agent dropped before the switch is no early move, but its check counts.
-        self.early_moves.inc(outcome.early_moves)
-        self.preemptions.inc(outcome.preemptions)
-        self.early_move_checked_tokens.inc(outcome.early_move_checked_tokens)
-        self.early_move_divergences.inc(outcome.early_move_diverged)
+        # Most streams have none of these: a counter's `inc` takes a lock, even for 0.
+        for counter, amount in (
+            (self.resumes, outcome.resumes),
+            (self.early_moves, outcome.early_moves),
+            (self.preemptions, outcome.preemptions),
+            (self.early_move_checked_tokens, outcome.early_move_checked_tokens),
+            (self.early_move_divergences, outcome.early_move_diverged),
+        ):
+            if amount:
+                counter.inc(amount)
         if outcome.error is not None:
             self.rejections.labels(reason=outcome.error.value).inc()
 

@@ -24,7 +24,6 @@ opening agents' streams is gateway/agent_streams.py's.
 from __future__ import annotations
 
 import asyncio
-import secrets
 import time
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
@@ -68,6 +67,7 @@ from gateway.outcome import GiveUp, RelayOutcome, ResumeElsewhere, Unplaced, Wai
 from gateway.prefix import PromptPrefix
 from gateway.receipts import ReceiptChain
 from gateway.router import Candidate
+from gateway.unique import secret_key
 from spotgate.logging import get_logger
 from spotgate.protocol import (
     DeltaFrame,
@@ -128,7 +128,7 @@ async def relay_stream(
         deadline_seconds=deadline_seconds,
         now=time.time(),
         monotonic=time.monotonic(),
-        handle_key=secrets.token_bytes(HANDLE_KEY_BYTES),
+        handle_key=secret_key(HANDLE_KEY_BYTES),
         outcome=outcome,
         receipts=receipts,
         move_early=move_early,
@@ -235,12 +235,13 @@ class _Relay:
         the client keeps up: `_delta` would send it the same frame.
         """
         stream, direct = self.stream, self.direct
+        move = stream.move
         if (
             direct is None
             or self.mover is not None
             or self.following is not None
-            or stream.repeating
-            or stream.move.pacing
+            or move.repeats  # `stream.repeating`, read once per token without its properties
+            or move.pacing
             or not direct.keeps_up()
         ):
             return False

@@ -99,6 +99,8 @@ class FrameSocket:
         self._transport = request.transport
         self._writer = writer
         self._lines = ws.ws_protocol == FRAME_LINES_SUBPROTOCOL
+        # Kept: `asyncio.get_running_loop()` makes a system call (getpid) each time, before 3.12.
+        self._loop = asyncio.get_running_loop()
         self._pending: list[bytes] = []  # websocket frames, or with `_lines` their lines
         self._pending_bytes = 0
 
@@ -137,7 +139,7 @@ class FrameSocket:
         self._pending.append(data)
         self._pending_bytes += len(data)
         if len(self._pending) == 1:
-            asyncio.get_running_loop().call_soon(self.flush)
+            self._loop.call_soon(self.flush)
         if self._pending_bytes > WRITE_BUFFER_HIGH_BYTES:  # a sender that never lets the loop turn
             self.flush()
 

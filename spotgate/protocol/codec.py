@@ -49,7 +49,7 @@ AnyFrame = (
 _CLIENT_ADAPTER: TypeAdapter[ClientFrame] = TypeAdapter(ClientFrame)
 _EVENT_ADAPTER: TypeAdapter[EventFrame] = TypeAdapter(EventFrame)
 _DELTA_DECODER = msgspec.json.Decoder(DeltaFrame)
-_DELTA_HEAD = b'{"type":"delta",'
+_DELTA_HEADS = ('{"type":"delta",', b'{"type":"delta",')
 _ENCODER = msgspec.json.Encoder()
 
 Origin = Literal["client", "server"]
@@ -96,9 +96,9 @@ def parse_frame(
     max_bytes: int = DEFAULT_MAX_FRAME_BYTES,
 ) -> ClientFrame | ServerFrame:
     """Parse one text frame sent by a client (default) or a server; raise `FrameError` if bad."""
+    if origin == "server" and data[:16] in _DELTA_HEADS and len(data) <= max_bytes // 4:
+        return _delta(data)  # ours put `type` first; a str of this length has ≤ max_bytes
     raw = _checked_bytes(data, max_bytes)
-    if origin == "server" and raw.startswith(_DELTA_HEAD):  # ours always put `type` first
-        return _delta(raw)
     adapter: TypeAdapter[Any] = _CLIENT_ADAPTER if origin == "client" else _EVENT_ADAPTER
     try:
         frame: ClientFrame | ServerFrame = adapter.validate_json(raw)
@@ -110,25 +110,25 @@ def parse_frame(
     return frame
 
 
-def _delta(raw: bytes) -> DeltaFrame:
+def _delta(raw: str | bytes) -> DeltaFrame:
     try:
         frame: DeltaFrame = _DELTA_DECODER.decode(raw)
-    except msgspec.DecodeError as err:
-        raise FrameError("frame is not valid JSON") from err
-    except msgspec.ValidationError as err:
+    except msgspec.ValidationError as err:  # a DecodeError too: first
         message, _, at = str(err).partition(" - at `$")
         where = error_param(tuple(_PATH_PART.findall(at.rstrip("`")))) if at else None
         detail = f"{where}: {message}" if where else message
         raise FrameError(
             f"invalid 'delta' frame — {detail}", id=_valid_stream_id(raw), param=where
         ) from err
+    except msgspec.DecodeError as err:
+        raise FrameError("frame is not valid JSON") from err
     return frame
 
 
 _PATH_PART = re.compile(r"\w+")
 
 
-def _valid_stream_id(raw: bytes) -> str | None:
+def _valid_stream_id(raw: str | bytes) -> str | None:
     try:
         document = json.loads(raw)
     except (ValueError, RecursionError):
@@ -265,7 +265,8 @@ def client_delta_json(
     delta: DeltaFrame, stream_id: str, *, with_ids: bool, receipt: str | None
 ) -> bytes:
     """`encode_frame` of `client_delta`, as bytes."""
-    return _ENCODER.encode(client_delta(delta, stream_id, with_ids=with_ids, receipt=receipt))
+    ids = delta.ids if with_ids else None
+    return _ENCODER.encode(msgspec.structs.replace(delta, id=stream_id, ids=ids, receipt=receipt))
 
 
 FRAME_LINES_SUBPROTOCOL = "spotgate.v1.lines"

@@ -130,6 +130,69 @@ def test_bad_frames_get_invalid_request_with_reason_and_id(
     assert error.id == stream_id
 
 
+DELTA_HEAD = '{"type":"delta","id":"a1",'
+
+
+@pytest.mark.parametrize("head", [DELTA_HEAD, '{"id":"a1","type":"delta",'])
+@pytest.mark.parametrize(
+    ("rest", "reason", "param"),
+    [
+        ('"text":"x","n":-1}', "n: Expected `int` >= 0", "n"),
+        ('"text":"x","n":true}', "n: Expected `int`, got `bool`", "n"),
+        ('"text":"x","n":1,"ids":[1,"2"]}', "ids.1: Expected `int`", "ids.1"),
+        ('"text":"x","n":1,"ids":[2147483648]}', "ids.0: Expected `int` <= 2147483647", "ids.0"),
+        ('"text":"x","n":2,"ids":[1]}', "'ids' must hold exactly 'n' token ids", None),
+        ('"text":"x","n":1,"logprobs":[]}', "'logprobs' must hold exactly 'n' entries", None),
+        ('"text":"x","n":1,"colour":"red"}', "unknown field `colour`", None),
+        (
+            '"text":"x","n":1,"logprobs":[{"token":"x","logprob":0.5,"top_logprobs":[]}]}',
+            "logprobs.0.logprob: Expected `float` <= 0.0",
+            "logprobs.0.logprob",
+        ),
+        (
+            '"text":"x","n":1,"logprobs":[{"token":"x","logprob":-1e999,"top_logprobs":[]}]}',
+            "out of range",
+            "logprobs.0.logprob",
+        ),
+        ('"n":1}', "missing required field `text`", None),
+    ],
+)
+def test_a_bad_delta_from_an_agent_is_refused_naming_its_field_and_stream(
+    head: str, rest: str, reason: str, param: str | None
+) -> None:
+    with pytest.raises(FrameError) as caught:
+        parse_frame(head + rest, origin="server")
+
+    error = caught.value.frame()
+    assert (error.code, error.id, error.param) == (ErrorCode.INVALID_REQUEST, "a1", param)
+    assert error.message.startswith("invalid 'delta' frame — ")
+    assert reason in error.message
+
+
+@pytest.mark.parametrize("data", [DELTA_HEAD + '"text":"x"', DELTA_HEAD.encode() + b"\xff}"])
+def test_a_delta_that_is_not_json_is_refused_as_such(data: str | bytes) -> None:
+    with pytest.raises(FrameError, match="not valid JSON"):
+        parse_frame(data, origin="server")
+
+
+def test_a_delta_read_from_text_or_bytes_or_in_another_field_order_is_the_same() -> None:
+    ours = DELTA_HEAD + '"text":"é","n":1,"ids":[7],"receipt":"r"}'
+    theirs = '{"n":1,"text":"é","receipt":"r","ids":[7],"id":"a1","type":"delta"}'
+
+    frames = [parse_frame(d, origin="server") for d in (ours, ours.encode(), theirs)]
+
+    assert frames == [DeltaFrame(id="a1", text="é", n=1, ids=[7], receipt="r")] * 3
+    assert encode_frame(frames[0]) == ours
+
+
+def test_a_long_delta_counts_its_bytes_against_the_limit() -> None:
+    frame = DELTA_HEAD + '"text":"' + "é" * 40 + '","n":1}'  # 40 characters, 80 bytes of text
+    parse_frame(frame, origin="server", max_bytes=len(frame.encode()))
+    with pytest.raises(FrameError, match="exceeds") as caught:
+        parse_frame(frame, origin="server", max_bytes=len(frame) + 10)
+    assert caught.value.id == "a1"
+
+
 def test_frame_limit_is_configurable_and_counts_bytes() -> None:
     frame = '{"type":"auth","token":"' + "é" * 40 + '"}'  # 40 chars, 80 bytes
     parse_frame(frame, max_bytes=200)
