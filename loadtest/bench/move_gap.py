@@ -63,6 +63,7 @@ from loadtest.bench.move_gap_figures import (
     CONVERSATION_TURN_WORDS,
     EARLY,
     GATEWAY_COUNTERS,
+    IMDS_POLL_SECONDS,
     KILLED,
     LATE_FACTOR,
     LONG_PROMPT_LIMITS,
@@ -78,6 +79,7 @@ from loadtest.bench.move_gap_figures import (
     MoveRun,
     StreamRecord,
     first_difference,
+    imds_poll_seconds,
     move_figures,
     move_window_seconds,
     notice_deadline_seconds,
@@ -248,6 +250,7 @@ async def one_run(
     prompt_tokens: int,
     reply_tokens: int,
     tokenizer: Any,
+    notice_seconds: float | None = None,
 ) -> MoveRun:
     """A stream moved (on a notice, or its agent killed); then its unmoved reference."""
     gateway = gateways[EARLY if mode == KILLED else mode]
@@ -257,7 +260,13 @@ async def one_run(
     interrupt = (
         partial(_kill, http, pool)
         if mode == KILLED
-        else partial(_notify, http, pool, reply_tokens, move_window_seconds(prompt_tokens))
+        else partial(
+            _notify,
+            http,
+            pool,
+            reply_tokens,
+            move_window_seconds(prompt_tokens, notice_seconds, HANDBACK_MARGIN_SECONDS),
+        )
     )
     moved = await stream(http, gateway, messages, reply_tokens, interrupt)
     if moved.error is not None:
@@ -312,6 +321,7 @@ async def measure(
     reply_tokens: int,
     tokenizer: Any,
     modes: Sequence[str] = MODES,
+    notice_seconds: float | None = None,
 ) -> list[MoveRun]:
     """Per context length, `runs` rounds of one run per mode, the order alternating."""
     timeout = aiohttp.ClientTimeout(total=None)
@@ -339,6 +349,7 @@ async def measure(
                     prompt_tokens,
                     reply_tokens,
                     tokenizer,
+                    notice_seconds,
                 )
                 progress(f"{summary(run)} ({time.perf_counter() - run_started:.0f} s)")
                 results.append(run)
@@ -347,7 +358,7 @@ async def measure(
 
 @contextlib.asynccontextmanager
 async def move_stack(
-    model: Path, logs: Path, cpus: Sequence[int]
+    model: Path, logs: Path, cpus: Sequence[int], imds_poll_seconds: float = IMDS_POLL_SECONDS
 ) -> AsyncIterator[tuple[dict[str, Server], Pool]]:
     """The AWS emulator, the two gateways, and an agent (and IMDS emulator) per CPU."""
     key = SigningKey.generate()
@@ -367,7 +378,7 @@ async def move_stack(
         for name, each in sockets.items()
     }
     async with LocalStack(bench_spec(logs, gateways.values())) as running:
-        pool = Pool(running, model, key, issuer)
+        pool = Pool(running, model, key, issuer, imds_poll_seconds)
         try:
             for cpu in cpus:
                 await pool.start(cpu)
@@ -384,7 +395,8 @@ async def measure_on_stack(
     model: Path, logs: Path, cpus: Sequence[int], args: argparse.Namespace, tokenizer: Any
 ) -> list[MoveRun]:
     """Start the stack, run both gateways' moves on it, stop it."""
-    async with move_stack(model, logs, cpus) as (gateways, pool):
+    poll = imds_poll_seconds(args.notice_seconds)
+    async with move_stack(model, logs, cpus, poll) as (gateways, pool):
         return await measure(
             gateways,
             pool,
@@ -393,6 +405,7 @@ async def measure_on_stack(
             args.reply_tokens,
             tokenizer,
             [MODE_FLAGS[flag] for flag in args.modes],
+            args.notice_seconds,
         )
 
 
@@ -424,6 +437,11 @@ def main() -> None:
     parser.add_argument("--reply-tokens", type=int, default=REPLY_TOKENS)
     parser.add_argument("--modes", nargs="+", choices=MODE_FLAGS, default=list(MODE_FLAGS))
     parser.add_argument("--burner", action="store_true", help="beside a busy process per CPU")
+    parser.add_argument(
+        "--notice-seconds",
+        type=float,
+        help="the notice this far ahead (AWS: 120), polled as deployed",
+    )
     parser.add_argument("--cache", type=Path, default=DEFAULT_TOKENIZER_CACHE)
     parser.add_argument("--write", type=Path)
     parser.add_argument("--section", help="its section's name (default: by --burner)")

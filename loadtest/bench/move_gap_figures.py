@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from loadtest.bench.report import median
-from spotgate.settings import SocketLimits
+from spotgate.settings import AgentSettings, SocketLimits
 
 COMMAND = "python -m loadtest.bench.move_gap --write docs/benchmarks.md"
 REPLY_TOKENS = 1200
@@ -42,6 +42,8 @@ NOTICE_AFTER_TOKENS = 40
 MOVE_WINDOW_SECONDS = 6.0
 WINDOW_CONTEXT_TOKENS = 8000
 IMDS_POLL_SECONDS = 0.2
+AGENT_IMDS_POLL_SECONDS: float = AgentSettings.model_fields["imds_poll_seconds"].default
+"""How often a deployed agent polls IMDS: the bench's agents do too, given AWS's notice."""
 # The reply's rest must take this many times the window at the notice: the drain's rate
 # estimate then finds it late for sure.
 LATE_FACTOR = 1.25
@@ -164,8 +166,20 @@ def first_difference(moved: Sequence[int], reference: Sequence[int]) -> int | No
     return None if len(moved) == len(reference) else min(len(moved), len(reference))
 
 
-def move_window_seconds(prompt_tokens: int) -> float:
-    """The move's window before the drain's margin: MOVE_WINDOW_SECONDS per 8,000 tokens."""
+def imds_poll_seconds(notice_seconds: float | None) -> float:
+    """How often the agents poll IMDS: as deployed with AWS's notice, else the bench's own."""
+    return IMDS_POLL_SECONDS if notice_seconds is None else AGENT_IMDS_POLL_SECONDS
+
+
+def move_window_seconds(
+    prompt_tokens: int, notice_seconds: float | None = None, margin_seconds: float = 0.0
+) -> float:
+    """The move's window before the drain's margin: MOVE_WINDOW_SECONDS per 8,000 tokens.
+
+    With `notice_seconds` (AWS gives 120), all the notice but the drain's margin.
+    """
+    if notice_seconds is not None:
+        return notice_seconds - margin_seconds
     return MOVE_WINDOW_SECONDS * max(1.0, prompt_tokens / WINDOW_CONTEXT_TOKENS)
 
 

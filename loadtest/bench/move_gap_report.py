@@ -24,7 +24,6 @@ from loadtest.bench.move_gap_figures import (
     GATEWAY_COUNTERS,
     GOAL_GAP_RATIO,
     GOAL_REPLY_GAPS,
-    IMDS_POLL_SECONDS,
     KILLED,
     MAX_MODEL_LEN,
     MODE_FLAGS,
@@ -37,6 +36,7 @@ from loadtest.bench.move_gap_figures import (
     TODAY,
     WINDOW_CONTEXT_TOKENS,
     MoveRun,
+    imds_poll_seconds,
     move_window_seconds,
     notice_deadline_seconds,
 )
@@ -77,7 +77,7 @@ def render(results: Sequence[MoveRun], args: argparse.Namespace, where: str) -> 
     """The Markdown section for `docs/benchmarks.md`."""
     replies = [r.reply_tokens for r in results]
     lines = [
-        _heading(results, burner=args.burner),
+        _heading(results, burner=args.burner, notice_seconds=args.notice_seconds),
         "",
         f"Command: `{_command(args)}`.",
         f"Model: tiny Llama with random weights, generated offline, on Qwen3's tokenizer and "
@@ -103,7 +103,8 @@ def render(results: Sequence[MoveRun], args: argparse.Namespace, where: str) -> 
         "conversation (none of it is cached anywhere else: each run's conversation is "
         "fresh, and a resume goes to the agent holding the longest cached prefix of it). "
         f"{where} Each agent polls an IMDS emulator of its "
-        f"own every {IMDS_POLL_SECONDS:g} s; a drained agent exits and a fresh one takes its "
+        f"own every {imds_poll_seconds(args.notice_seconds):g} s; a drained agent exits and a "
+        "fresh one takes its "
         "CPU."
         + (
             " Beside them, a process per CPU, unpinned, that keeps it busy (a busy loop)."
@@ -113,9 +114,7 @@ def render(results: Sequence[MoveRun], args: argparse.Namespace, where: str) -> 
         f"Each run: one greedy stream (`ignore_eos`) of a fresh conversation of each context "
         f"length, replies of {_span(replies)} tokens; after "
         f"{NOTICE_AFTER_TOKENS} tokens the serving agent gets a spot notice "
-        f"{_notice_ahead(results)} (the drain's {HANDBACK_MARGIN_SECONDS:g} s margin plus "
-        f"{MOVE_WINDOW_SECONDS:g} s per {WINDOW_CONTEXT_TOKENS:,} tokens of context, at least "
-        f"{MOVE_WINDOW_SECONDS:g} s: less than the reply's rest needs, so the stream moves), "
+        f"{_notice_ahead(results, args.notice_seconds)} "
         f"or, *{KILLED}*, is killed. "
         "Then its CPU gets a fresh agent, and the same conversation streams again, unmoved. "
         f"{args.runs} runs per mode and context, alternating ({' → '.join(_run(args))} in even "
@@ -281,13 +280,16 @@ def _without_a_notice() -> list[str]:
     ]
 
 
-def _heading(results: Sequence[MoveRun], *, burner: bool) -> str:
+def _heading(
+    results: Sequence[MoveRun], *, burner: bool, notice_seconds: float | None = None
+) -> str:
     """The section's heading: beside a burner or not, and its context lengths if not the usual."""
     beside = " beside a CPU burner" if burner else ""
     contexts = sorted({r.context for r in results})
     if tuple(contexts) != CONTEXT_TOKENS:
         beside += f", {', '.join(f'{c:,}' for c in contexts)} tokens of context"
-    return f"## A stream moved on a spot notice: the client's longest wait (vLLM CPU){beside}"
+    notice = "a spot" if notice_seconds is None else f"a {notice_seconds:g}-second"
+    return f"## A stream moved on {notice} notice: the client's longest wait (vLLM CPU){beside}"
 
 
 def _command(args: argparse.Namespace) -> str:
@@ -301,6 +303,8 @@ def _command(args: argparse.Namespace) -> str:
         given.append(f"--reply-tokens {args.reply_tokens}")
     if list(args.modes) != list(MODE_FLAGS):
         given.append(f"--modes {' '.join(args.modes)}")
+    if args.notice_seconds is not None:
+        given.append(f"--notice-seconds {args.notice_seconds:g}")
     if args.section:
         given.append(f"--section {args.section}")
     return " ".join([COMMAND, *given])
@@ -311,15 +315,25 @@ def _run(args: argparse.Namespace) -> list[str]:
     return [MODE_FLAGS[flag] for flag in args.modes]
 
 
-def _notice_ahead(results: Sequence[MoveRun]) -> str:
-    """How far ahead of its deadline the notice came, by context length."""
+def _notice_ahead(results: Sequence[MoveRun], notice_seconds: float | None) -> str:
+    """How far ahead of its deadline the notice came, by context length, and why."""
+    if notice_seconds is not None:
+        return (
+            f"{notice_seconds:g} s ahead, as AWS gives it, polled as a deployed agent polls "
+            "(less than the reply's rest needs, so the stream moves)"
+        )
     by_deadline: dict[float, list[int]] = {}
     for context in sorted({r.context for r in results}):
         ahead = notice_deadline_seconds(move_window_seconds(context), HANDBACK_MARGIN_SECONDS)
         by_deadline.setdefault(ahead, []).append(context)
-    return "; ".join(
+    aheads = "; ".join(
         f"{ahead:g} s ahead at {', '.join(f'{c:,}' for c in contexts)} tokens"
         for ahead, contexts in by_deadline.items()
+    )
+    return (
+        f"{aheads} (the drain's {HANDBACK_MARGIN_SECONDS:g} s margin plus "
+        f"{MOVE_WINDOW_SECONDS:g} s per {WINDOW_CONTEXT_TOKENS:,} tokens of context, at least "
+        f"{MOVE_WINDOW_SECONDS:g} s: less than the reply's rest needs, so the stream moves)"
     )
 
 

@@ -42,8 +42,16 @@ class Slot:
 class Pool:
     """An agent per CPU, each with an IMDS emulator of its own; a drained or killed one replaced."""
 
-    def __init__(self, stack: LocalStack, model: Path, key: SigningKey, issuer: str) -> None:
+    def __init__(
+        self,
+        stack: LocalStack,
+        model: Path,
+        key: SigningKey,
+        issuer: str,
+        imds_poll_seconds: float = IMDS_POLL_SECONDS,
+    ) -> None:
         self._stack, self._model, self._key, self._issuer = stack, model, key, issuer
+        self._imds_poll_seconds = imds_poll_seconds
         self._serial = 0
         self.slots: list[Slot] = []
 
@@ -63,7 +71,7 @@ class Pool:
             n,
             cpu,
             imds_url=imds_url,
-            imds_poll_seconds=IMDS_POLL_SECONDS,
+            imds_poll_seconds=self._imds_poll_seconds,
             max_model_len=MAX_MODEL_LEN,
             limits=LONG_PROMPT_LIMITS,
         )

@@ -6,12 +6,15 @@ import pytest
 
 from loadtest.bench.move_gap_figures import (
     AFTER_SWITCH_DELTAS,
+    IMDS_POLL_SECONDS,
     MAX_MODEL_LEN,
     StreamRecord,
     first_difference,
+    imds_poll_seconds,
     move_figures,
     move_window_seconds,
 )
+from spotgate.settings import AgentSettings
 
 
 def record(times: list[float], notice_at: float, switch_at: float) -> StreamRecord:
@@ -89,3 +92,14 @@ def test_a_longer_conversation_gets_a_longer_window_to_move_in(
     """Its first round prefills the whole conversation: the notice comes that much earlier."""
     assert move_window_seconds(prompt_tokens) == pytest.approx(window_seconds)
     assert prompt_tokens < MAX_MODEL_LEN
+
+
+def test_with_aws_notice_the_window_is_the_notice_less_the_drains_margin() -> None:
+    """Whatever the context: the notice, not the conversation, decides how long there is."""
+    for prompt_tokens in (1000, 32000):
+        assert move_window_seconds(prompt_tokens, 120.0, 15.0) == pytest.approx(105.0)
+
+
+def test_with_aws_notice_the_agents_poll_as_deployed_agents_do() -> None:
+    assert imds_poll_seconds(None) == IMDS_POLL_SECONDS
+    assert imds_poll_seconds(120.0) == AgentSettings().imds_poll_seconds
