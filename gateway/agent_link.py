@@ -45,6 +45,7 @@ TOKEN_REFRESH_MARGIN_SECONDS = 120.0
 MAX_STREAM_BACKLOG_TOKENS = 16_384
 """Tokens a stream may hold for its client: minutes of a real engine's output unread."""
 RELAY_FAILED = "the gateway failed to relay this stream"
+BAD_AGENT_FRAME = "the agent sent a frame of this stream that is not valid"
 
 log = get_logger(__name__)
 
@@ -456,11 +457,17 @@ class AgentLink:
 
     def _deliver(self, text: str) -> str | None:
         """One frame from the agent to its stream's channel; the stream's id if it overflowed."""
+        frame: ServerFrame
         try:
             frame = parse_frame(text, origin="server", max_bytes=MAX_AGENT_FRAME_BYTES)
         except FrameError as err:
             log.warning("bad frame from agent", agent_id=self.agent_id, error=str(err))
-            return None
+            if err.id not in self._channels:
+                return None
+            # Dropped, it would leave a hole in the reply: the stream resumes elsewhere from
+            # what its client holds, and this agent is told to stop it.
+            self._channels[err.id].overflowed = True
+            frame = ErrorFrame(id=err.id, code=ErrorCode.INTERRUPTED, message=BAD_AGENT_FRAME)
         stream_id = getattr(frame, "id", None)
         channel = self._channels.get(stream_id) if stream_id else None
         if channel is None:

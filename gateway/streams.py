@@ -54,7 +54,7 @@ class RelayHandle:
 
 @dataclass(frozen=True, slots=True)
 class SocketDeltas:
-    """A websocket client's deltas sent at once (`DirectSend`): spliced into its own frames."""
+    """A websocket client's deltas sent at once (`DirectSend`), each in its own stream id."""
 
     socket: FrameSocket
 

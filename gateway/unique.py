@@ -23,7 +23,7 @@ class _Source:
 
     def renew(self) -> None:
         self.secret = secrets.token_bytes(_SECRET_BYTES)
-        self.prefix = self.secret[:8].hex()  # ids of other processes start otherwise
+        self.prefix = secrets.token_hex(8)  # ids of other processes start otherwise
         self.count = itertools.count()
 
 

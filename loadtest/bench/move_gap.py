@@ -73,7 +73,6 @@ from loadtest.bench.move_gap_figures import (
     MODES,
     NOTICE_AFTER_TOKENS,
     REPLY_TOKENS,
-    STREAM_TIMEOUT_SECONDS,
     TODAY,
     TOKENIZER,
     MoveRun,
@@ -83,6 +82,7 @@ from loadtest.bench.move_gap_figures import (
     move_figures,
     move_window_seconds,
     notice_deadline_seconds,
+    stream_timeout_seconds,
     window_seconds,
 )
 from loadtest.bench.move_gap_report import render, summary
@@ -158,7 +158,7 @@ async def stream(
     notice: asyncio.Task[None] | None = None
     url = gateway.url.replace("http://", "ws://") + "/v1/ws"
     async with (
-        asyncio.timeout(STREAM_TIMEOUT_SECONDS),
+        asyncio.timeout(stream_timeout_seconds(reply_tokens)),
         http.ws_connect(url, headers=gateway.headers, max_msg_size=1 << 24) as ws,
     ):
         record.sent_at = time.perf_counter()
@@ -448,6 +448,10 @@ def main() -> None:
     args = parser.parse_args()
     if max(args.prompt_tokens) + args.reply_tokens > MAX_MODEL_LEN:
         parser.error(f"prompt and reply must fit in {MAX_MODEL_LEN} tokens")
+    if args.notice_seconds is not None and args.notice_seconds <= HANDBACK_MARGIN_SECONDS:
+        parser.error(
+            f"a notice must come more than the drain's {HANDBACK_MARGIN_SECONDS:g} s ahead"
+        )
     started = time.perf_counter()
     cpus, where = placement(2, sorted(os.sched_getaffinity(0)))
     with tempfile.TemporaryDirectory(prefix="spotgate-bench-") as scratch:
@@ -461,7 +465,8 @@ def main() -> None:
         except (RuntimeError, TimeoutError, aiohttp.ClientError):
             print_log_tails(logs)
             raise
-    name = args.section or ("move-gap-burner" if args.burner else "move-gap")
+    default = "move-gap-aws-notice" if args.notice_seconds is not None else "move-gap"
+    name = args.section or (f"{default}-burner" if args.burner else default)
     publish(render(results, args, where), name, args.write, started)
 
 

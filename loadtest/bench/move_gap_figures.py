@@ -58,6 +58,8 @@ AGENT_TTFT = "spotgate_agent_ttft_seconds"
 ACTIVE_STREAMS = "spotgate_agent_active_streams"
 AGENT_EXIT_SECONDS = 120.0
 STREAM_TIMEOUT_SECONDS = 300.0
+STREAM_TIMEOUT_SECONDS_PER_TOKEN = 0.03
+"""A long reply's decode slows as its context grows: its stream gets this long per token."""
 CONVERSATION_TURN_WORDS = 300
 
 
@@ -164,6 +166,11 @@ def first_difference(moved: Sequence[int], reference: Sequence[int]) -> int | No
         if a != b:
             return index
     return None if len(moved) == len(reference) else min(len(moved), len(reference))
+
+
+def stream_timeout_seconds(reply_tokens: int) -> float:
+    """How long a stream of `reply_tokens` may take before the run fails."""
+    return max(STREAM_TIMEOUT_SECONDS, reply_tokens * STREAM_TIMEOUT_SECONDS_PER_TOKEN)
 
 
 def imds_poll_seconds(notice_seconds: float | None) -> float:

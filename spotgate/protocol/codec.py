@@ -122,6 +122,8 @@ def _delta(raw: str | bytes) -> DeltaFrame:
         ) from err
     except msgspec.DecodeError as err:
         raise FrameError("frame is not valid JSON") from err
+    except UnicodeError as err:  # a lone surrogate in the text, or bytes that are not UTF-8
+        raise FrameError("frame is not valid UTF-8 text", id=leading_stream_id(raw)) from err
     return frame
 
 

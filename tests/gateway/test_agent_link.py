@@ -301,3 +301,36 @@ async def test_a_delta_that_fails_to_be_sent_at_once_ends_its_stream_alone() -> 
     assert (error.id, error.code) == ("s", ErrorCode.INTERNAL)
     assert channel.overflowed
     assert channel.closed
+
+
+async def test_a_bad_frame_for_a_stream_ends_it_on_that_agent_for_a_resume_elsewhere() -> None:
+    """Dropped, the frame would leave a hole in the reply; the link's other streams go on."""
+    cancelled: asyncio.Queue[str] = asyncio.Queue()
+
+    async def agent(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        async for message in ws:
+            frame = json.loads(message.data)
+            if frame["type"] == "cancel":
+                await cancelled.put(frame["id"])
+            elif frame["id"] == "b":
+                await ws.send_str('{"type":"delta","id":"a","text":"x","n":-1}')
+                await ws.send_str(encode_frame(DeltaFrame(id="b", text="z", n=1, ids=[3])))
+        return ws
+
+    app = web.Application()
+    app.router.add_get("/v1/ws", agent)
+    async with TestServer(app) as server, aiohttp.ClientSession() as session:
+        link = AgentLink("agent", str(server.make_url("")).rstrip("/"), session,
+                         lambda: ("token", time.time() + 3600))  # fmt: skip
+        first = await link.open_stream(GenerateFrame(id="a", model="m", prompt="p"))
+        second = await link.open_stream(GenerateFrame(id="b", model="m", prompt="p"))
+
+        ended = await anext(first.items())
+        assert isinstance(ended, ErrorFrame)
+        assert (ended.id, ended.code) == ("a", ErrorCode.INTERRUPTED)  # resumed elsewhere
+        assert await anext(second.items()) == DeltaFrame(id="b", text="z", n=1, ids=[3])
+        async with asyncio.timeout(30):
+            assert await cancelled.get() == "a"
+        await link.close()

@@ -13,6 +13,7 @@ from loadtest.bench.move_gap_figures import (
     imds_poll_seconds,
     move_figures,
     move_window_seconds,
+    stream_timeout_seconds,
 )
 from spotgate.settings import AgentSettings
 
@@ -102,4 +103,10 @@ def test_with_aws_notice_the_window_is_the_notice_less_the_drains_margin() -> No
 
 def test_with_aws_notice_the_agents_poll_as_deployed_agents_do() -> None:
     assert imds_poll_seconds(None) == IMDS_POLL_SECONDS
-    assert imds_poll_seconds(120.0) == AgentSettings().imds_poll_seconds
+    assert imds_poll_seconds(120.0) == AgentSettings.model_fields["imds_poll_seconds"].default
+
+
+def test_a_long_reply_gets_longer_than_the_usual_timeout() -> None:
+    """Its decode slows as its context grows: 16,000 tokens took over 300 s on two cores."""
+    assert stream_timeout_seconds(1200) == 300.0
+    assert stream_timeout_seconds(16000) > 16000 * 0.02

@@ -175,6 +175,16 @@ def test_a_delta_that_is_not_json_is_refused_as_such(data: str | bytes) -> None:
         parse_frame(data, origin="server")
 
 
+@pytest.mark.parametrize(
+    "data",
+    [DELTA_HEAD + '"text":"\ud800","n":0}', DELTA_HEAD.encode() + b'"text":"\xff","n":0}'],
+)
+def test_a_delta_whose_text_is_not_utf8_is_refused_as_such(data: str | bytes) -> None:
+    with pytest.raises(FrameError, match="not valid UTF-8") as caught:
+        parse_frame(data, origin="server")
+    assert caught.value.id == "a1"
+
+
 def test_a_delta_read_from_text_or_bytes_or_in_another_field_order_is_the_same() -> None:
     ours = DELTA_HEAD + '"text":"é","n":1,"ids":[7],"receipt":"r"}'
     theirs = '{"n":1,"text":"é","receipt":"r","ids":[7],"id":"a1","type":"delta"}'
