@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 
 import aiohttp
 from aiohttp import web
@@ -26,6 +28,22 @@ from spotgate.protocol import (
     encode_frame,
 )
 from tests.support.channels import WaitedChannel, reader_waits
+
+AgentHandler = Callable[[web.Request], Awaitable[web.WebSocketResponse]]
+
+
+@asynccontextmanager
+async def link_to(agent: AgentHandler) -> AsyncIterator[AgentLink]:
+    """A gateway's link to an agent whose socket `agent` serves; closed afterwards."""
+    app = web.Application()
+    app.router.add_get("/v1/ws", agent)
+    async with TestServer(app) as server, aiohttp.ClientSession() as session:
+        link = AgentLink("agent", str(server.make_url("")).rstrip("/"), session,
+                         lambda: ("token", time.time() + 3600))  # fmt: skip
+        try:
+            yield link
+        finally:
+            await link.close()
 
 
 def delta(text: str, ids: list[int] | None) -> DeltaFrame:
@@ -179,11 +197,7 @@ async def test_a_stream_the_gateway_ended_itself_is_still_cancelled_on_its_agent
                 await ws.send_str(encode_frame(DeltaFrame(id="b", text="z", n=1, ids=[3])))
         return ws
 
-    app = web.Application()
-    app.router.add_get("/v1/ws", agent)
-    async with TestServer(app) as server, aiohttp.ClientSession() as session:
-        link = AgentLink("agent", str(server.make_url("")).rstrip("/"), session,
-                         lambda: ("token", time.time() + 3600))  # fmt: skip
+    async with link_to(agent) as link:
         first = await link.open_stream(GenerateFrame(id="a", model="m", prompt="p"))
         second = await link.open_stream(GenerateFrame(id="b", model="m", prompt="p"))
         assert isinstance(await anext(first.items()), DeltaFrame)
@@ -194,7 +208,6 @@ async def test_a_stream_the_gateway_ended_itself_is_still_cancelled_on_its_agent
         await link.cancel("a")
         async with asyncio.timeout(30):
             assert await cancelled.get() == "a"
-        await link.close()
 
 
 async def test_an_agents_pace_is_told_from_the_tokens_come_in() -> None:
@@ -319,11 +332,7 @@ async def test_a_bad_frame_for_a_stream_ends_it_on_that_agent_for_a_resume_elsew
                 await ws.send_str(encode_frame(DeltaFrame(id="b", text="z", n=1, ids=[3])))
         return ws
 
-    app = web.Application()
-    app.router.add_get("/v1/ws", agent)
-    async with TestServer(app) as server, aiohttp.ClientSession() as session:
-        link = AgentLink("agent", str(server.make_url("")).rstrip("/"), session,
-                         lambda: ("token", time.time() + 3600))  # fmt: skip
+    async with link_to(agent) as link:
         first = await link.open_stream(GenerateFrame(id="a", model="m", prompt="p"))
         second = await link.open_stream(GenerateFrame(id="b", model="m", prompt="p"))
 
@@ -333,4 +342,3 @@ async def test_a_bad_frame_for_a_stream_ends_it_on_that_agent_for_a_resume_elsew
         assert await anext(second.items()) == DeltaFrame(id="b", text="z", n=1, ids=[3])
         async with asyncio.timeout(30):
             assert await cancelled.get() == "a"
-        await link.close()
