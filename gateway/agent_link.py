@@ -203,7 +203,7 @@ class StreamChannel:
         # `reader_waiting`, written out: this runs for every token
         if take_now is None or waiter is None or waiter.done() or self._items:
             return False
-        if not self.merge_deltas:
+        if not self.merge_deltas:  # each delta stays as the agent sent it: through the reader
             return False
         previous, wait_started = self.delta_arrived_at, self._wait_started
         # The loop's clock is time.monotonic's (asyncio's; uvloop's, to the millisecond).

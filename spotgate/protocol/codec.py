@@ -267,8 +267,7 @@ def client_delta_json(
     delta: DeltaFrame, stream_id: str, *, with_ids: bool, receipt: str | None
 ) -> bytes:
     """`encode_frame` of `client_delta`, as bytes."""
-    ids = delta.ids if with_ids else None
-    return _ENCODER.encode(msgspec.structs.replace(delta, id=stream_id, ids=ids, receipt=receipt))
+    return _ENCODER.encode(client_delta(delta, stream_id, with_ids=with_ids, receipt=receipt))
 
 
 FRAME_LINES_SUBPROTOCOL = "spotgate.v1.lines"
