@@ -36,6 +36,7 @@ from spotgate.protocol import (
     encode_frame,
     parse_frame,
 )
+from spotgate.tasks import ended
 
 CONNECT_TIMEOUT_SECONDS = 5.0
 RECONNECT_BACKOFF_SECONDS = (0.2, 0.5, 1.0, 2.0, 5.0)
@@ -383,11 +384,12 @@ class AgentLink:
         """Close the socket; open channels learn the link is lost."""
         self.closed = True
         if self._ws is not None and not self._ws.closed:
-            await self._ws.close()
+            # Bounded: aiohttp's close waits without one for a receive under way to end.
+            with suppress(TimeoutError):
+                async with asyncio.timeout(CONNECT_TIMEOUT_SECONDS):
+                    await self._ws.close()
         if self._reader is not None:
-            self._reader.cancel()
-            with suppress(asyncio.CancelledError):
-                await self._reader
+            await ended([self._reader])
         self._lose_all("link closed")
 
     async def _connected(self) -> aiohttp.ClientWebSocketResponse:

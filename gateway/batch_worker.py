@@ -40,6 +40,7 @@ from spotgate.openai_batches import (
 from spotgate.openai_replies import error_body
 from spotgate.protocol import ErrorCode
 from spotgate.registry import BatchBacklog, StoredObject, object_id
+from spotgate.tasks import ended
 
 log = get_logger(__name__)
 
@@ -92,15 +93,6 @@ class BatchWorker:
         for owner, file_id in await self._state.registry.expired_files():
             await self._files.delete(file_key(file_id))
             await self._state.registry.delete_object(owner, file_id)
-
-
-async def _cancelled(tasks: set[asyncio.Task[None]]) -> None:
-    """Cancel the tasks and wait until each has ended."""
-    for task in tasks:
-        task.cancel()
-    for task in list(tasks):
-        with suppress(asyncio.CancelledError):
-            await task
 
 
 class LeaseLost(Exception):
@@ -241,7 +233,7 @@ class BatchRun:
                     await asyncio.wait({*running, stopping}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             stopping.cancel()
-            await _cancelled(running)
+            await ended(running)
             self._withdraw_backlog()  # none left to run in this turn: before the batch ends
         if self._lease_lost:
             raise LeaseLost(self._id)
@@ -253,7 +245,7 @@ class BatchRun:
         try:
             yield
         finally:
-            await _cancelled({saver})
+            await ended({saver})
 
     def _publish_backlog(self, total: int) -> None:
         """The work left, for the pool manager: spot capacity if it would miss its window."""

@@ -42,6 +42,7 @@ from spotgate.file_store import FileStore
 from spotgate.logging import get_logger
 from spotgate.registry import Registry
 from spotgate.settings import MAX_REQUEST_BYTES, GatewaySettings
+from spotgate.tasks import ended
 
 log = get_logger(__name__)
 
@@ -227,10 +228,7 @@ def create_app(
                 yield
             finally:
                 await _close_sockets(state)
-                for task in tasks:
-                    task.cancel()
-                    with suppress(asyncio.CancelledError):
-                        await task
+                await ended(tasks)
                 for link in list(state.links.values()):
                     await link.close()
                 await state.usage.flush(registry)  # what the last streams used

@@ -13,7 +13,7 @@ import itertools
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Hashable
-from contextlib import aclosing, suppress
+from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
@@ -38,6 +38,7 @@ from spotgate.registry import (
     RegistryError,
 )
 from spotgate.settings import AgentSettings, model_store_aws
+from spotgate.tasks import ended
 from spotgate.wsserver import FrameSocket
 
 DRAIN_CHECK_SECONDS = 1.0
@@ -165,12 +166,8 @@ class AgentRuntime:
         return task
 
     async def stop_tasks(self) -> None:
-        """Cancel every background task and wait for them."""
-        for task in list(self._tasks):
-            task.cancel()
-        for task in list(self._tasks):
-            with suppress(asyncio.CancelledError):
-                await task
+        """Cancel every background task and wait for them (`spotgate.tasks.ended`)."""
+        await ended(list(self._tasks))
 
     # -- bring-up --
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from contextlib import aclosing, suppress
+from contextlib import aclosing
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -40,6 +40,7 @@ from spotgate.protocol import (
 )
 from spotgate.registry import Registry
 from spotgate.settings import MAX_REQUEST_BYTES, AgentSettings, advertised_url
+from spotgate.tasks import ended
 from spotgate.tenancy import agent_tenant, frame_tenant_refusal, is_gateway
 from spotgate.tokens import (
     GATEWAY_SUBJECT_PREFIX,
@@ -456,9 +457,7 @@ async def _hand_back_streams(runtime: AgentRuntime) -> None:
     """End open streams with `interrupted` and close sockets with GOING_AWAY."""
     for handle in list(runtime.streams.values()):
         handle.end("interrupted")
-    for handle in list(runtime.streams.values()):
-        with suppress(asyncio.CancelledError):
-            await handle.task
+    await ended([handle.task for handle in runtime.streams.values()], cancel=False)
     for socket in list(runtime.websockets):
         await socket.close(code=WSCloseCode.GOING_AWAY, message=b"agent shutting down")
 

@@ -17,6 +17,7 @@ from spotgate.settings import LimitStoreSettings
 from stack.emulator import AwsEmulator
 from stack.local import OMP_THREADS_ENV, OMP_WAIT_POLICY_ENV
 from stack.redis_server import RedisServer
+from tests.support import stuck
 from tests.support.agents import (  # fixtures for every suite  # noqa: F401
     ensure_tables,
     imds,
@@ -90,9 +91,30 @@ WHOLE_STACK_TESTS = (
 def pytest_runtest_protocol(
     item: pytest.Item, nextitem: pytest.Item | None
 ) -> Generator[None, object, object]:
-    """Stash on each test the one the worker runs next (`engines_for_the_next_test` reads it)."""
+    """Stash on each test the one the worker runs next (`engines_for_the_next_test` reads it);
+    watch it for its timeout (`tests.support.stuck`)."""
     item.stash[NEXT_TEST] = nextitem
-    return (yield)
+    watchdog = stuck.watch(item)
+    try:
+        return (yield)
+    finally:
+        if watchdog is not None:
+            watchdog.cancel()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A report of a test stuck near its timeout carries where it waited."""
+    report = yield
+    stuck.add_waits(item, report)
+    return report
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """End the run saying where tests that ran into their timeout waited."""
+    stuck.summary(terminalreporter)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
