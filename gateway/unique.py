@@ -1,9 +1,8 @@
 """Ids and keys a stream needs, made without a system call each.
 
 `os.urandom` is a system call, and a stream drew three random values (its agent stream's id,
-its concurrency lease, its handle key): 2.5 % of a gateway's CPU at 1,000 streams. Each is
-made here from 32 random bytes drawn once per process (a forked child draws its own) and a
-count.
+its concurrency lease, its handle key). Each is made here from 32 random bytes drawn once per
+process (a forked child draws its own) and a count.
 """
 
 from __future__ import annotations
