@@ -458,8 +458,12 @@ async def _hand_back_streams(runtime: AgentRuntime) -> None:
     for handle in list(runtime.streams.values()):
         handle.end("interrupted")
     await ended([handle.task for handle in runtime.streams.values()], cancel=False)
-    for socket in list(runtime.websockets):
-        await socket.close(code=WSCloseCode.GOING_AWAY, message=b"agent shutting down")
+    await asyncio.gather(
+        *(
+            socket.close(code=WSCloseCode.GOING_AWAY, message=b"agent shutting down")
+            for socket in list(runtime.websockets)
+        )
+    )
 
 
 async def _shut_down(runtime: AgentRuntime, owns_engine: bool) -> None:

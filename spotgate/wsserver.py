@@ -40,6 +40,8 @@ Principal = TypeVar("Principal")
 Send = Callable[[AnyFrame], Awaitable[None]]
 WRITE_BUFFER_HIGH_BYTES = 64 * 1024
 """Unsent bytes a socket may hold before its senders wait for the peer to read."""
+SOCKET_CLOSE_SECONDS = 5.0
+"""How long closing a socket waits on its peer: one that does not read is cut off after it."""
 TEXT_FRAME_FIN = 0x81  # RFC 6455 §5.2: FIN bit, opcode 1 (text); server frames are unmasked
 
 
@@ -151,10 +153,25 @@ class FrameSocket:
                 text_frame(b"\n".join(frames)) if self._lines else b"".join(frames)
             )
 
-    async def close(self, code: int = WSCloseCode.OK, message: bytes = b"") -> None:
-        """Send what is queued, then close."""
+    async def close(
+        self,
+        code: int = WSCloseCode.OK,
+        message: bytes = b"",
+        within_seconds: float = SOCKET_CLOSE_SECONDS,
+    ) -> None:
+        """Send what is queued, then close; a peer not done within `within_seconds` is cut off.
+
+        aiohttp's close waits without a bound for a peer that stopped reading to take what
+        is unsent: such a client would hold a gateway's stop, and every socket closed after
+        its own.
+        """
         self.flush()
-        await self.ws.close(code=code, message=message)
+        try:
+            async with asyncio.timeout(within_seconds):
+                await self.ws.close(code=code, message=message)
+        except TimeoutError:
+            if self._transport is not None:
+                self._transport.abort()
 
 
 class StreamControl(Protocol):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -16,6 +17,8 @@ from tests.support.transports import keep_writes
 
 # Each length class of RFC 6455 §5.2: 7-bit, 16-bit and 64-bit payload lengths.
 MESSAGES = ["short", "m" * 300, "l" * 70_000]
+UNREAD_BYTES = 4 * 1024 * 1024
+"""Held unsent by a server whose peer stopped reading: past what loopback's buffers take."""
 
 Act = Callable[[FrameSocket], Awaitable[None]]
 ClientFactory = Callable[[web.Application], Awaitable[TestClient[Any, Any]]]
@@ -105,3 +108,23 @@ async def test_a_compressed_socket_sends_frame_by_frame(aiohttp_client: ClientFa
     async with client.ws_connect("/ws", max_msg_size=0, compress=15) as ws:
         assert ws.compress == 15
         assert await received(ws) == MESSAGES
+
+
+async def test_a_peer_that_does_not_read_is_cut_off_at_close(
+    aiohttp_client: ClientFactory,
+) -> None:
+    """Its unread frames fill the connection: the close does not wait on it past its bound."""
+    closed: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+
+    async def act(socket: FrameSocket) -> None:
+        transport = socket._transport
+        assert transport is not None
+        while transport.get_write_buffer_size() < UNREAD_BYTES:
+            socket.send_now(encode_frame(frame("x" * 60_000)).encode())
+            socket.flush()
+        await socket.close(within_seconds=0.1)
+        closed.set_result(transport.is_closing())
+
+    client = await serve(aiohttp_client, act, [])
+    async with client.ws_connect("/ws", compress=0, max_msg_size=0):  # never read
+        assert await closed
