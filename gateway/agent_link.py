@@ -37,8 +37,8 @@ from spotgate.protocol import (
     parse_frame,
 )
 from spotgate.tasks import ended
+from spotgate.wsserver import SOCKET_CLOSE_SECONDS
 
-CONNECT_TIMEOUT_SECONDS = 5.0
 RECONNECT_BACKOFF_SECONDS = (0.2, 0.5, 1.0, 2.0, 5.0)
 LINK_HEARTBEAT_SECONDS = 10.0
 MAX_AGENT_FRAME_BYTES = 16 * 1024 * 1024
@@ -386,7 +386,7 @@ class AgentLink:
         if self._ws is not None and not self._ws.closed:
             # Bounded: aiohttp's close waits without one for a receive under way to end.
             with suppress(TimeoutError):
-                async with asyncio.timeout(CONNECT_TIMEOUT_SECONDS):
+                async with asyncio.timeout(SOCKET_CLOSE_SECONDS):
                     await self._ws.close()
         if self._reader is not None:
             await ended([self._reader])
@@ -409,7 +409,7 @@ class AgentLink:
                     headers={"Authorization": f"Bearer {token}"},
                     heartbeat=LINK_HEARTBEAT_SECONDS,
                     max_msg_size=MAX_AGENT_FRAME_BYTES,
-                    timeout=aiohttp.ClientWSTimeout(ws_close=CONNECT_TIMEOUT_SECONDS),
+                    timeout=aiohttp.ClientWSTimeout(ws_close=SOCKET_CLOSE_SECONDS),
                     compress=0,
                     protocols=(FRAME_LINES_SUBPROTOCOL,),
                 )

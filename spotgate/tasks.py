@@ -31,7 +31,7 @@ def awaiting(task: asyncio.Task[Any]) -> str:
             code = frame.f_code
             places.append(f"{code.co_name}@{os.path.basename(code.co_filename)}:{frame.f_lineno}")
         awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "ag_await", None)
-    return " > ".join(places) or repr(awaited)
+    return " > ".join(places) or repr(task.get_coro())
 
 
 async def ended(
