@@ -59,14 +59,7 @@ from gateway.moves import (
     TakeOver,
     worth_taking_over,
 )
-from gateway.outcome import (
-    Decision,
-    GiveUp,
-    RelayOutcome,
-    ResumeElsewhere,
-    Unplaced,
-    WaitForRoom,
-)
+from gateway.outcome import Decision, GiveUp, RelayOutcome, ResumeElsewhere, Unplaced, WaitForRoom
 from gateway.receipts import ReceiptChain
 from spotgate.admission import unknown_model
 from spotgate.protocol import (
@@ -115,6 +108,8 @@ class Failover:
     receipts: ReceiptChain | None = None  # receipts for the ids the client holds
     move_early: bool = True  # agents are asked to say `moving` rather than break the stream
     move: Move = field(default_factory=Move)  # make-before-break: its state
+    # The request's `prompt_token_bound`, once its `start` or `done` first needs it.
+    prompt_bound: int | None = None
 
     @classmethod
     def begin(
@@ -369,9 +364,7 @@ class Failover:
         the request can make (`gateway.charges`).
         """
         if not self.outcome.prompt_tokens and start.prompt_tokens is not None:
-            charged, capped = charged_prompt_tokens(
-                start.prompt_tokens, prompt_token_bound(self.request)
-            )
+            charged, capped = charged_prompt_tokens(start.prompt_tokens, self._prompt_bound())
             self.outcome.prompt_tokens = charged
             if capped is not None:
                 self.outcome.capped.append((self.serving or "", capped))
@@ -427,7 +420,7 @@ class Failover:
         agent, self.serving = self.serving or "", None
         outcome = self.outcome
         usage, capped = charged_usage(
-            done.usage, prompt_bound=prompt_token_bound(self.request), held_tokens=len(self.ids)
+            done.usage, prompt_bound=self._prompt_bound(), held_tokens=len(self.ids)
         )
         heard = {(serving, found.reason) for serving, found in outcome.capped}  # its `start`
         outcome.capped.extend((agent, f) for f in capped if (agent, f.reason) not in heard)
@@ -441,6 +434,12 @@ class Failover:
             timings=outcome.timings(total_ms),
             tool_calls=done.tool_calls,
         )
+
+    def _prompt_bound(self) -> int:
+        """The request's `prompt_token_bound`, serialised once a stream (it reads the prompt)."""
+        if self.prompt_bound is None:
+            self.prompt_bound = prompt_token_bound(self.request)
+        return self.prompt_bound
 
     def on_agent_error(self, error: ErrorFrame, *, now: float) -> Decision:
         """The agent ended the stream with an error: resume elsewhere, or tell the client."""

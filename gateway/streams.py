@@ -110,10 +110,11 @@ async def admitted_frames(
     the agent salts its prefix cache with it. With `direct`, the client's connection, deltas
     may go there at once instead (`relay_stream`).
     """
-    frame = frame.model_copy(update={"tenant": principal.tenant})
-    state.dispatcher.weigh(principal.tenant, principal.weight)
+    named: dict[str, object] = {"tenant": principal.tenant}
     if principal.max_tokens is not None:  # a reply with no max_tokens stops at the key's limit
-        frame = frame.model_copy(update={"max_tokens_cap": principal.max_tokens})
+        named["max_tokens_cap"] = principal.max_tokens
+    frame = frame.model_copy(update=named)
+    state.dispatcher.weigh(principal.tenant, principal.weight)
     revoked = await state.authenticator.revoked(principal)
     if revoked is not None:
         state.metrics.rejections.labels(reason="unauthorized").inc()

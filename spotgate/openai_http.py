@@ -159,13 +159,13 @@ async def respond(
                     )
                 elif isinstance(frame, DeltaFrame) and forced is None:
                     if frame.reasoning:
-                        await response.write(chunks.first("") + _delta_chunks(chunks, frame))
+                        await response.write(chunks.first("") + chunks.delta(frame))
                     else:
                         await response.write(chunks.first(shown_text(frame), frame.logprobs))
                 else:
                     await response.write(chunks.first(""))
                 if direct is not None and forced is None:
-                    direct.open(lambda delta: _delta_chunks(chunks, delta))
+                    direct.open(chunks.delta)
                 if isinstance(frame, DeltaFrame) and forced is None:
                     continue  # the role and the first token in one write
             if isinstance(frame, DeltaFrame):
@@ -173,7 +173,7 @@ async def respond(
                     calls_text.append(frame.text)
                     if forced.name is not None and frame.text:
                         await response.write(chunks.tool_arguments(frame.text))
-                elif written := _delta_chunks(chunks, frame):
+                elif written := chunks.delta(frame):
                     await response.write(written)
             else:
                 # The stream's last events and the chunked body's end in one write.
@@ -208,13 +208,6 @@ def _ending(
         finish_reason = "tool_calls"
     ending += chunks.finish(finish_reason)
     return ending + chunks.usage(usage_body(done)) if include_usage else ending
-
-
-def _delta_chunks(chunks: ChunkEncoder, delta: DeltaFrame) -> bytes:
-    """A delta's chunks: its thinking first, then its content (and logprobs), where it has any."""
-    text = shown_text(delta)
-    content = chunks.content(text, delta.logprobs) if text or delta.logprobs else b""
-    return chunks.reasoning(delta.reasoning) + content if delta.reasoning else content
 
 
 def _forced_ending(chunks: ChunkEncoder, forced: ForcedTools, text: str) -> bytes:

@@ -13,6 +13,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import msgspec
+
 from spotgate.protocol import DeltaFrame, DoneFrame, ErrorCode, GenerateFrame, TokenLogprob
 
 # HTTP status and OpenAI error type for each protocol error code.
@@ -145,7 +147,7 @@ class ChunkEncoder:
     """The SSE events of one streamed chat or text completion.
 
     The fields every chunk repeats (id, object, created, model) are encoded once per
-    response; a content chunk then costs one `json.dumps` of its text, because the gateway
+    response; a content chunk then costs one JSON encoding of its text, because the gateway
     and the agents write one for every token of every stream.
     """
 
@@ -177,10 +179,16 @@ class ChunkEncoder:
             return role + (self.content(text, logprobs) if text or logprobs else b"")
         return self.content(text, logprobs)
 
+    def delta(self, delta: DeltaFrame) -> bytes:
+        """A delta's chunks: its thinking first, then its content (and logprobs), if it has any."""
+        text = delta.text if delta.content is None else delta.content  # `shown_text`'s
+        content = self.content(text, delta.logprobs) if text or delta.logprobs else b""
+        return self.reasoning(delta.reasoning) + content if delta.reasoning else content
+
     def content(self, text: str, logprobs: list[TokenLogprob] | None = None) -> bytes:
         """A chunk carrying generated text, and its tokens' logprobs when asked for."""
         if logprobs is None:
-            return self._head + self._content_open + json.dumps(text).encode() + self._content_close
+            return self._head + self._content_open + _json_text(text) + self._content_close
         if self.kind == "chat":
             return self._choice({"delta": {"content": text}, "logprobs": chat_logprobs(logprobs)})
         fields = {"text": text, "logprobs": text_logprobs(logprobs, self._text_offset)}
@@ -281,6 +289,10 @@ class ForcedTools:
         if done.finish_reason == "stop" and self.calls(text) is not None:
             return "tool_calls"
         return openai_finish_reason(done)
+
+
+_json_text = msgspec.json.Encoder().encode
+"""A string as JSON (UTF-8, escaping what JSON must): a chunk's text, one per token."""
 
 
 def _compact_json(value: Any) -> str:

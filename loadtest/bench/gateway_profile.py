@@ -14,6 +14,12 @@ gateway (a sample inside a stage nested in another counts for both), and the fun
 most samples were in themselves. Native code (uvloop's socket work, pydantic's validation)
 counts for the Python function that called it; the event loop's own work is the samples with
 no Python frame but its `run`.
+
+Before sampling, the gateway's CPU is split into a cost per stream and one per token: runs of
+32-token and of 256-token replies, alternating (`--cost-rounds`), each pair fitted as
+`CPU = stream cost × streams + token cost × tokens`. A stream's fixed cost (its request,
+placing, `start` and `done`, its task) against its tokens' (each delta read, held and sent)
+says which of the two a relay's goal in tokens per CPU-second at 32-token replies rests on.
 """
 
 from __future__ import annotations
@@ -21,22 +27,39 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 
-from loadtest.bench.gateway_relay import relay_stack, requests_per_client, stream_seconds
-from loadtest.bench.harness import Server, print_log_tails, split_cpus, timed_run, wait_ready
+from loadtest.bench.gateway_relay import (
+    TOKENS_PER_CPU_SECOND_GOAL,
+    relay_stack,
+    requests_per_client,
+    stream_seconds,
+)
+from loadtest.bench.harness import (
+    Sample,
+    Server,
+    print_log_tails,
+    split_cpus,
+    timed_run,
+    wait_ready,
+)
 from loadtest.bench.report import machine_facts, publish
 
 MAX_TOKENS = 32
+COST_REPLY_TOKENS = (MAX_TOKENS, 256)  # the two reply lengths the cost split is fitted on
 SAMPLES_PER_SECOND = 250
 TOP_FUNCTIONS = 12
+READY_SECONDS = 120.0
 STAGES = (
     ("agent frames read (the link's reader)", "AgentLink._read "),
     ("· parsed (parse_frame)", "parse_frame "),
@@ -58,13 +81,77 @@ def py_spy() -> Path:
     return binary
 
 
+@dataclass(frozen=True)
+class StreamCost:
+    """The gateway's CPU as a cost per stream plus one per relayed token, in microseconds."""
+
+    stream_us: float
+    token_us: float
+
+    def tokens_per_cpu_second(self, reply_tokens: int) -> float:
+        """Relayed tokens per gateway CPU-second at replies of `reply_tokens`."""
+        return reply_tokens / ((self.stream_us + reply_tokens * self.token_us) / 1e6)
+
+
+def stream_cost(samples: Sequence[Sample]) -> StreamCost:
+    """The least-squares split of the runs' gateway CPU into per-stream and per-token costs."""
+    streams = [float(len(sample.ttfts_seconds)) for sample in samples]
+    tokens = [float(sample.total_tokens) for sample in samples]
+    cpu = [sample.server_cpu_seconds * 1e6 for sample in samples]
+    ss = sum(n * n for n in streams)
+    st = sum(n * t for n, t in zip(streams, tokens, strict=True))
+    tt = sum(t * t for t in tokens)
+    sc = sum(n * c for n, c in zip(streams, cpu, strict=True))
+    tc = sum(t * c for t, c in zip(tokens, cpu, strict=True))
+    determinant = ss * tt - st * st
+    if determinant <= 0:
+        raise ValueError("the runs do not tell streams from tokens: two reply lengths are needed")
+    return StreamCost((sc * tt - tc * st) / determinant, (tc * ss - sc * st) / determinant)
+
+
+async def cost_rounds(server: Server, concurrency: int, rounds: int) -> list[StreamCost]:
+    """One `StreamCost` per round of runs at each of `COST_REPLY_TOKENS`, alternating."""
+    timeout = aiohttp.ClientTimeout(total=600)
+    connector = aiohttp.TCPConnector(limit=0)
+    costs: list[StreamCost] = []
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
+        await ready_to_stream(http, server)
+        for round_index in range(rounds):
+            lengths = COST_REPLY_TOKENS if round_index % 2 == 0 else COST_REPLY_TOKENS[::-1]
+            samples = []
+            for reply_tokens in lengths:
+                sample = await timed_run(
+                    http,
+                    server,
+                    concurrency,
+                    requests_per_client(concurrency),
+                    reply_tokens,
+                    stream_seconds(reply_tokens),
+                )
+                if sample.failures:
+                    raise RuntimeError(f"{sample.failures} streams failed in a cost run")
+                samples.append(sample)
+            costs.append(stream_cost(samples))
+    return costs
+
+
+async def ready_to_stream(http: aiohttp.ClientSession, server: Server) -> None:
+    """Wait until `server` serves streams: the gateway up and its agent's model routed."""
+    await wait_ready(http, server, "/readyz")
+    deadline = time.monotonic() + READY_SECONDS
+    # Links and pools open before measuring; the model is routed once the agent registered.
+    while (await timed_run(http, server, 2, 1, 4)).failures:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{server.name} served no stream within {READY_SECONDS:g} s")
+        await asyncio.sleep(0.5)
+
+
 async def profile(server: Server, concurrency: int, seconds: float, out: Path) -> None:
     """Sample the gateway while `concurrency` clients stream back to back on `server`."""
     timeout = aiohttp.ClientTimeout(total=600)
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
-        await wait_ready(http, server, "/readyz")
-        await timed_run(http, server, 2, 1, 4)  # links and pools open before sampling
+        await ready_to_stream(http, server)
         sampler = await asyncio.create_subprocess_exec(
             str(py_spy()),
             "record",
@@ -118,20 +205,25 @@ def stage_shares(raw: str) -> tuple[int, dict[str, float], list[tuple[str, float
     return total, shares, top
 
 
-def render(results: dict[str, str], concurrency: int, seconds: float) -> str:
-    """The section of docs/benchmarks.md: stages by transport, then the top functions."""
+def render(
+    results: dict[str, str], costs: dict[str, list[StreamCost]], concurrency: int, seconds: float
+) -> str:
+    """The section of docs/benchmarks.md: the cost split, stages by transport, top functions."""
     parsed = {transport: stage_shares(raw) for transport, raw in results.items()}
     transports = list(parsed)
     lines = [
         "## Gateway CPU profile at 1,000 streams (synthetic engine)",
         "",
         f"Command: `python -m loadtest.bench.gateway_profile --write docs/benchmarks.md`. "
-        f"The gateway relay benchmark's stack; {concurrency} clients streaming {MAX_TOKENS}-token "
-        f"replies back to back, sampled by py-spy (not pausing the gateway) for {seconds:.0f} s "
-        f"per transport ({SAMPLES_PER_SECOND} samples a second). *Share*: of the gateway's "
-        "samples, those within the stage (a `·` stage lies within the one above it). "
-        "Native code counts for the Python function that called it.",
+        f"The gateway relay benchmark's stack; {concurrency} clients streaming replies back to "
+        "back.",
         f"Machine: {machine_facts(['aiohttp', 'pydantic', 'uvloop'])}.",
+        "",
+        *cost_lines(costs),
+        f"**Where the CPU goes**, {MAX_TOKENS}-token replies sampled by py-spy (not pausing the "
+        f"gateway) for {seconds:.0f} s per transport ({SAMPLES_PER_SECOND} samples a second). "
+        "*Share*: of the gateway's samples, those within the stage (a `·` stage lies within the "
+        "one above it). Native code counts for the Python function that called it.",
         "",
         "| stage | " + " | ".join(f"{t} share" for t in transports) + " |",
         "|---|" + "---|" * len(transports),
@@ -153,18 +245,54 @@ def render(results: dict[str, str], concurrency: int, seconds: float) -> str:
     return "\n".join(lines).rstrip()
 
 
+def cost_lines(costs: dict[str, list[StreamCost]]) -> list[str]:
+    """The cost split's table and what it means for the relay's goals (none: no lines)."""
+    if not costs:
+        return []
+    short, long = COST_REPLY_TOKENS
+    rounds = max(len(fits) for fits in costs.values())
+    lines = [
+        f"**A stream's cost and a token's**: {rounds} rounds per transport, each a run of "
+        f"{short}-token and one of {long}-token replies (alternating which first), fitted as "
+        "gateway CPU = cost per stream × streams + cost per token × tokens; median / worst "
+        "of the rounds' fits.",
+        "",
+        f"| transport | µs per stream | µs per token | µs per {short}-token stream | "
+        f"tokens per CPU-second at {short} tokens | goal | fixed share |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for transport, fits in costs.items():
+        stream = [fit.stream_us for fit in fits]
+        token = [fit.token_us for fit in fits]
+        whole = [fit.stream_us + short * fit.token_us for fit in fits]
+        rate = [fit.tokens_per_cpu_second(short) for fit in fits]
+        fixed = statistics.median(stream) / statistics.median(whole)
+        goal = TOKENS_PER_CPU_SECOND_GOAL[transport]
+        lines.append(
+            f"| {transport} | {statistics.median(stream):.0f} / {max(stream):.0f} | "
+            f"{statistics.median(token):.1f} / {max(token):.1f} | "
+            f"{statistics.median(whole):.0f} / {max(whole):.0f} | "
+            f"{statistics.median(rate):,.0f} / {min(rate):,.0f} | {goal:,} "
+            f"(≤ {short / goal * 1e6:.0f} µs a stream) | {fixed:.0%} |"
+        )
+    lines.append("")
+    return lines
+
+
 def main() -> None:
     """Profile the gateway for each transport and print (and optionally write) the section."""
     parser = argparse.ArgumentParser(description="the gateway's CPU profile under load")
     parser.add_argument("--concurrency", type=int, default=1000)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--transport", nargs="+", choices=("ws", "sse"), default=["ws", "sse"])
+    parser.add_argument("--cost-rounds", type=int, default=3, help="0: no cost split")
     parser.add_argument("--write", type=Path)
     args = parser.parse_args()
     started = time.perf_counter()
     client_cpus, relay_cpus = split_cpus()
     os.sched_setaffinity(0, client_cpus)
     results: dict[str, str] = {}
+    costs: dict[str, list[StreamCost]] = {}
     with tempfile.TemporaryDirectory(prefix="spotgate-bench-") as scratch:
         logs = Path(scratch)
 
@@ -173,6 +301,10 @@ def main() -> None:
                 for transport in args.transport:
                     out = logs / f"profile-{transport}.txt"
                     server = servers["gateway ws" if transport == "ws" else "gateway"]
+                    if args.cost_rounds:
+                        costs[transport] = await cost_rounds(
+                            server, args.concurrency, args.cost_rounds
+                        )
                     await profile(server, args.concurrency, args.seconds, out)
                     results[transport] = out.read_text()
 
@@ -181,7 +313,12 @@ def main() -> None:
         except (RuntimeError, TimeoutError):
             print_log_tails(logs)
             raise
-    publish(render(results, args.concurrency, args.seconds), "gateway-profile", args.write, started)
+    publish(
+        render(results, costs, args.concurrency, args.seconds),
+        "gateway-profile",
+        args.write,
+        started,
+    )
 
 
 if __name__ == "__main__":

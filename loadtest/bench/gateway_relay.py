@@ -233,6 +233,10 @@ async def measure(
         )
 
 
+TOKENS_PER_CPU_SECOND_GOAL = {"sse": 50_000, "ws": 100_000}
+"""The relay's goal at 1000 streams of 32-token replies: relayed tokens per gateway CPU-second."""
+
+
 def requests_per_client(concurrency: int) -> int:
     """Enough streams per client for ~1000 TTFT samples per path and run, and a steady state.
 
@@ -349,8 +353,8 @@ def goal_lines(stats: dict[int, dict[str, PathStats]]) -> list[str]:
             )
     if 1000 in stats:
         for label, direct, gateway, per_cpu_goal in (
-            ("SSE", "direct", "gateway", 50_000),
-            ("websocket", "direct ws", "gateway ws", 100_000),
+            ("SSE", "direct", "gateway", TOKENS_PER_CPU_SECOND_GOAL["sse"]),
+            ("websocket", "direct ws", "gateway ws", TOKENS_PER_CPU_SECOND_GOAL["ws"]),
         ):
             if gateway in stats[1000] and direct in stats[1000]:
                 ours, theirs = stats[1000][gateway], stats[1000][direct]

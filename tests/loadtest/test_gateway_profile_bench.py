@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from loadtest.bench.gateway_profile import stage_shares
+from loadtest.bench.gateway_profile import stage_shares, stream_cost
+from loadtest.bench.harness import Sample
 
 LOOP = ";".join(
     [
@@ -36,3 +37,31 @@ def test_a_sample_counts_for_every_stage_its_stack_passes_through() -> None:
     assert shares["streams' relays (their tasks)"] == pytest.approx(10.0)
     assert shares["event loop and sockets (no Python frame)"] == pytest.approx(10.0)
     assert top[0] == ("_Relay._take_now (gateway/relay.py:241)", pytest.approx(50.0))
+
+
+@pytest.mark.parametrize(
+    ("stream_us", "token_us"),
+    [(270.0, 6.5), (700.0, 9.0), (0.0, 12.0)],
+)
+def test_the_cost_split_recovers_a_stream_and_a_token_from_runs_of_two_reply_lengths(
+    stream_us: float, token_us: float
+) -> None:
+    def run(streams: int, tokens_per_stream: int) -> Sample:
+        tokens = streams * tokens_per_stream
+        cpu_seconds = (streams * stream_us + tokens * token_us) / 1e6
+        return Sample(
+            total_tokens=tokens, server_cpu_seconds=cpu_seconds, ttfts_seconds=[0.05] * streams
+        )
+
+    cost = stream_cost([run(5000, 32), run(5000, 256)])
+
+    assert cost.stream_us == pytest.approx(stream_us, abs=1e-6)
+    assert cost.token_us == pytest.approx(token_us)
+    assert cost.tokens_per_cpu_second(32) == pytest.approx(32e6 / (stream_us + 32 * token_us))
+
+
+def test_runs_of_one_reply_length_cannot_split_the_cost() -> None:
+    same = Sample(total_tokens=32_000, server_cpu_seconds=0.5, ttfts_seconds=[0.05] * 1000)
+
+    with pytest.raises(ValueError, match="two reply lengths"):
+        stream_cost([same, same])
