@@ -234,8 +234,8 @@ def create_app(
             finally:
                 await _close_sockets(state)
                 await ended(tasks)
-                for link in list(state.links.values()):
-                    await link.close()
+                # Together: each close is bounded, and an agent gone silent holds up no other's.
+                await asyncio.gather(*(link.close() for link in list(state.links.values())))
                 await state.usage.flush(registry)  # what the last streams used
                 await state.authenticator.close()
 

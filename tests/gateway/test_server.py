@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import signal
 import time
 from collections.abc import AsyncGenerator, Callable
+from typing import cast
 
 import aiohttp
 import openai
@@ -15,6 +17,7 @@ import pytest
 import websockets
 
 from gateway import auth as gateway_auth
+from gateway.agent_link import AgentLink
 from gateway.routes.websocket import allowed_origins, origin_allowed
 from gateway.state import public_url
 from gpu_agent.engine import EngineStep, GenerationRequest
@@ -1180,3 +1183,32 @@ async def test_a_client_cannot_name_its_tenant_the_gateway_names_it_from_the_key
     assert [salt for salt in salts if salt is not None] == [
         cache_salt(tenant_of(api_key.record.key_id, None))
     ]
+
+
+async def test_a_stopping_gateway_closes_its_agent_links_together(
+    aws: AwsEmulator, gateway_key: SigningKey
+) -> None:
+    """A link slow to close (its agent gone silent) holds up no other link's close."""
+    closing: list[str] = []
+    all_closing = asyncio.Event()
+    overlapped: list[str] = []
+
+    class SlowToClose:
+        def __init__(self, agent_id: str) -> None:
+            self.agent_id = agent_id
+
+        async def close(self) -> None:
+            closing.append(self.agent_id)
+            if len(closing) == 2:
+                all_closing.set()
+            # One after another, the first would wait here for a close that has not begun.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(5):
+                    await all_closing.wait()
+                    overlapped.append(self.agent_id)
+
+    async with running_gateway(aws, gateway_key) as gateway:
+        links = {agent_id: SlowToClose(agent_id) for agent_id in ("a", "b")}
+        gateway.state.links.update(cast(dict[str, AgentLink], links))
+
+    assert sorted(overlapped) == ["a", "b"]
