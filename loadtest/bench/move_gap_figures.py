@@ -58,8 +58,11 @@ AGENT_TTFT = "spotgate_agent_ttft_seconds"
 ACTIVE_STREAMS = "spotgate_agent_active_streams"
 AGENT_EXIT_SECONDS = 120.0
 STREAM_TIMEOUT_SECONDS = 300.0
-STREAM_TIMEOUT_SECONDS_PER_TOKEN = 0.03
-"""A long reply's decode slows as its context grows: its stream gets this long per token."""
+STREAM_TIMEOUT_SECONDS_PER_TOKEN = 0.1
+"""A long reply's decode slows as its context grows: its stream gets this long per token.
+
+A bound against a hang, not a pace: from 8,000 tokens of context on two cores a token takes
+about 30 ms (12,000 tokens of reply past 360 s)."""
 CONVERSATION_TURN_WORDS = 300
 
 

@@ -107,6 +107,6 @@ def test_with_aws_notice_the_agents_poll_as_deployed_agents_do() -> None:
 
 
 def test_a_long_reply_gets_longer_than_the_usual_timeout() -> None:
-    """Its decode slows as its context grows: 16,000 tokens took over 300 s on two cores."""
+    """Its decode slows as its context grows: from 8,000 tokens of context, ~30 ms a token."""
     assert stream_timeout_seconds(1200) == 300.0
-    assert stream_timeout_seconds(16000) > 16000 * 0.02
+    assert stream_timeout_seconds(12000) > 12000 * 0.03
