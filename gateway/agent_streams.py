@@ -108,6 +108,8 @@ async def open_leg(
         return Leg(agent_id, link, agent_frame.id, channel)
     model = agent_frame.base_model
     key = dispatcher.running_flex.add(model, partial(channel.push, Preempted()))
+    if dispatcher.pending().get(model):  # one queued while this link opened: its place
+        dispatcher.running_flex.preempt_one(model)
     return Leg(agent_id, link, agent_frame.id, channel, (model, key))
 
 

@@ -121,10 +121,16 @@ def _delta(raw: str | bytes) -> DeltaFrame:
             f"invalid 'delta' frame — {detail}", id=_valid_stream_id(raw), param=where
         ) from err
     except msgspec.DecodeError as err:
+        # msgspec from 0.23 checks a string's bytes itself; before, Python's decoder did.
+        if str(err).startswith(_MSGSPEC_NOT_UTF8):
+            raise FrameError("frame is not valid UTF-8 text", id=leading_stream_id(raw)) from err
         raise FrameError("frame is not valid JSON") from err
     except UnicodeError as err:  # a lone surrogate in the text, or bytes that are not UTF-8
         raise FrameError("frame is not valid UTF-8 text", id=leading_stream_id(raw)) from err
     return frame
+
+
+_MSGSPEC_NOT_UTF8 = "Invalid UTF-8"
 
 
 _PATH_PART = re.compile(r"\w+")
