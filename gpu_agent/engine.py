@@ -116,6 +116,10 @@ class EngineStep:
     """One per token, when the request asked for logprobs."""
 
 
+ACCEPTED = EngineStep(())
+"""An engine's first step, once it has taken a request: no token yet."""
+
+
 @dataclass(slots=True)
 class PrefixCacheCounts:
     """Cumulative prompt tokens looked up in an engine's prefix cache, and those found there."""
@@ -200,6 +204,8 @@ class Engine(Protocol):
     def generate(self, request: GenerationRequest) -> AsyncGenerator[EngineStep, None]:
         """Stream the generation; closing the iterator aborts the request in the engine.
 
+        Yields `ACCEPTED` first, once the engine has taken the request: the stream's `start`
+        waits for the first step, so a request the engine refuses is refused before it.
         Raises `EngineRequestError` for a request the engine refuses and `EngineFailed` once
         the engine itself is gone.
         """

@@ -14,6 +14,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from spotgate.protocol import GenerateFrame, Tool
+
 JSON_OBJECT_SCHEMA = '{"type": "object"}'
 """`response_format: json_object`: any JSON object."""
 JSON_SEPARATORS = (",", ":")
@@ -63,3 +65,41 @@ class Grammars:
 def schema_text(schema: dict[str, Any]) -> str:
     """A schema as the JSON text grammars are cached by (key order kept: it orders the reply)."""
     return json.dumps(schema, separators=JSON_SEPARATORS)
+
+
+def json_schema_of(frame: GenerateFrame) -> str | None:
+    """The JSON schema a reply must match, as text (None: any text).
+
+    A named tool choice: the function's arguments. `required`: OpenAI's tool calls as vLLM
+    writes them, `[{"name": …, "parameters": {…}}, …]` (one call only without parallel calls).
+    """
+    forced = frame.forced_tools()
+    if forced is not None:
+        if frame.tool_choice != "required":
+            return schema_text(forced[0].function.parameters or {"type": "object"})
+        calls = {
+            "type": "array",
+            "minItems": 1,
+            "items": {"anyOf": [tool_call_schema(tool) for tool in forced]},
+        }
+        if not frame.parallel_tool_calls:
+            calls["maxItems"] = 1
+        return schema_text(calls)
+    response_format = frame.response_format
+    if response_format is None or response_format.type == "text":
+        return None
+    if response_format.json_schema is None:  # json_object
+        return JSON_OBJECT_SCHEMA
+    return schema_text(response_format.json_schema.schema_)
+
+
+def tool_call_schema(tool: Tool) -> dict[str, object]:
+    """One call of `tool` in a `required` reply."""
+    return {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "enum": [tool.function.name]},
+            "parameters": tool.function.parameters or {"type": "object"},
+        },
+        "required": ["name", "parameters"],
+    }

@@ -15,6 +15,7 @@ from typing import Any
 
 from gpu_agent.detokenizer import IncrementalDetokenizer, ResumeMismatch
 from gpu_agent.engine import (
+    ACCEPTED,
     Engine,
     EngineStep,
     FinishReason,
@@ -22,7 +23,7 @@ from gpu_agent.engine import (
     PromptTooLong,
     TokenLogprobs,
 )
-from gpu_agent.grammar import JSON_OBJECT_SCHEMA, schema_text
+from gpu_agent.grammar import json_schema_of
 from gpu_agent.reasoning import (
     GENERATION_PROMPT_TOKENS,
     ReasoningTokens,
@@ -47,7 +48,6 @@ from spotgate.protocol import (
     StartFrame,
     Timings,
     TokenLogprob,
-    Tool,
     TopLogprob,
     Usage,
 )
@@ -113,44 +113,6 @@ async def prompt_ids_of(frame: GenerateFrame, engine: Engine) -> list[int]:
             engine.max_model_len, err.at_least_tokens, frame.max_tokens, True
         )
         raise StreamRefused(ErrorCode.CONTEXT_LENGTH_EXCEEDED, message) from err
-
-
-def json_schema_of(frame: GenerateFrame) -> str | None:
-    """The JSON schema a reply must match, as text (None: any text).
-
-    A named tool choice: the function's arguments. `required`: OpenAI's tool calls as vLLM
-    writes them, `[{"name": …, "parameters": {…}}, …]` (one call only without parallel calls).
-    """
-    forced = frame.forced_tools()
-    if forced is not None:
-        if frame.tool_choice != "required":
-            return schema_text(forced[0].function.parameters or {"type": "object"})
-        calls = {
-            "type": "array",
-            "minItems": 1,
-            "items": {"anyOf": [tool_call_schema(tool) for tool in forced]},
-        }
-        if not frame.parallel_tool_calls:
-            calls["maxItems"] = 1
-        return schema_text(calls)
-    response_format = frame.response_format
-    if response_format is None or response_format.type == "text":
-        return None
-    if response_format.json_schema is None:  # json_object
-        return JSON_OBJECT_SCHEMA
-    return schema_text(response_format.json_schema.schema_)
-
-
-def tool_call_schema(tool: Tool) -> dict[str, object]:
-    """One call of `tool` in a `required` reply."""
-    return {
-        "type": "object",
-        "properties": {
-            "name": {"type": "string", "enum": [tool.function.name]},
-            "parameters": tool.function.parameters or {"type": "object"},
-        },
-        "required": ["name", "parameters"],
-    }
 
 
 AUTO_TOOL_CHOICE_REFUSAL = (
@@ -477,7 +439,8 @@ async def generate_frames(
     """Run one generation and yield its frames; closing the iterator aborts it in the engine.
 
     Raises `StreamRefused` (before any frame) for a request the model's context cannot hold
-    or a resume whose text is not that of its ids.
+    or a resume whose text is not that of its ids; the engine's own refusals come before
+    `start` too, so a gateway may answer them as an HTTP error.
     """
     started = time.monotonic()
     prompt_ids = await prompt_ids_of(frame, engine)
@@ -485,16 +448,25 @@ async def generate_frames(
     stream = _Generation.open(
         frame, engine, prompt_ids, budget, progress or StreamProgress(), started
     )
-    yield StartFrame(id=frame.id, agent=agent_id, engine=engine.kind, prompt_tokens=len(prompt_ids))
+    start = StartFrame(
+        id=frame.id, agent=agent_id, engine=engine.kind, prompt_tokens=len(prompt_ids)
+    )
     if stream.remaining <= 0:
+        yield start
         held = stream.held_back()
         if held is not None:
             yield held
     else:
         async with aclosing(engine.generate(stream.request(agent_id))) as steps:
-            async for step in steps:
-                yield stream.delta(step)
-                if stream.ended(step):
-                    break
+            # The first step comes once the engine has taken the request (`ACCEPTED`, or its
+            # first tokens): one it refuses is refused before the stream starts.
+            step = await anext(steps, None)
+            yield start
+            while step is not None:
+                if step is not ACCEPTED:
+                    yield stream.delta(step)
+                    if stream.ended(step):
+                        break
+                step = await anext(steps, None)
     for last in stream.ending(queue_ms):
         yield last

@@ -12,6 +12,7 @@ import hashlib
 from collections.abc import AsyncGenerator, Collection, Mapping, Sequence
 
 from gpu_agent.engine import (
+    ACCEPTED,
     EngineRequestError,
     EngineStep,
     GenerationRequest,
@@ -202,6 +203,7 @@ class SyntheticEngine:
         self._running += 1
         try:
             start = loop.time() + self._ttft_seconds
+            yield ACCEPTED
             first = len(request.resume_ids)
             seed = prompt_seed(request.prompt_ids)
             echo = self._echo_ids(request.prompt_ids)

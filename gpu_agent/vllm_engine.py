@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import AsyncGenerator, Collection, Mapping, Sequence
-from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ from gpu_agent.adapters import Adapters, AdaptersBusy, AdapterUnknown
 from gpu_agent.bounded_encode import encode_within
 from gpu_agent.detokenizer import held_token_ids
 from gpu_agent.engine import (
+    ACCEPTED,
     EngineBusy,
     EngineConfigError,
     EngineFailed,
@@ -27,16 +27,14 @@ from gpu_agent.engine import (
     PrefixCacheCounts,
     PromptTooLong,
     ReplyBroken,
-    TokenLogprobs,
 )
 from gpu_agent.engine_args import chat_template, engine_args
 from gpu_agent.grammar import GrammarError, Grammars
 from gpu_agent.reasoning import think_tags
-from gpu_agent.seeded_sampling import SeededSampling
 from gpu_agent.token_bytes import TokenBytes
 from gpu_agent.tool_calls import ToolCallReader
 from gpu_agent.vllm_environment import set_engine_environment
-from gpu_agent.vllm_logits import EXTRA_ARGS_KEY, StreamSpec
+from gpu_agent.vllm_sampling import sampling_params, token_logprobs
 from gpu_agent.worker_thread import WorkerThread
 from spotgate.context import UNICODE_COMPOSITION_FACTOR
 from spotgate.model_store import fetch_model
@@ -350,7 +348,7 @@ class VllmEngine:
         return self._grammars.matcher(schema, resume_ids)
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[EngineStep, None]:
-        """Stream token ids; leaving the loop early aborts the vLLM request.
+        """`ACCEPTED` once vLLM has taken the request, then its token ids; leaving early aborts it.
 
         With a schema, the agent's own matcher follows the tokens too: a reply the engine
         ends before the schema is complete is an error, never malformed JSON as a success.
@@ -366,12 +364,20 @@ class VllmEngine:
             prompt["cache_salt"] = request.cache_salt
         adapter = request.adapter
         lora = await self._adapter_request(adapter, request.tenant) if adapter is not None else None
+        finished = False
         try:
-            outputs = self._llm.generate(prompt, params, request.request_id, lora_request=lora)
-            async with aclosing(outputs):
-                async for output in outputs:
+            # `AsyncLLM.generate`'s two halves: vLLM validates the request as it is added, so
+            # a refusal comes before the agent's `start`; then its outputs, as they come.
+            outputs = await self._llm.add_request(
+                request.request_id, prompt, params, lora_request=lora
+            )
+            try:
+                yield ACCEPTED
+                while not finished:
+                    output = outputs.get_nowait() or await outputs.get()
+                    finished = output.finished
                     completion = output.outputs[0]
-                    reason = completion.finish_reason if output.finished else None
+                    reason = completion.finish_reason if finished else None
                     ids = list(completion.token_ids)
                     if matcher is not None:
                         for token in ids:
@@ -381,8 +387,16 @@ class VllmEngine:
                     yield EngineStep(
                         ids,
                         "length" if reason == "length" else ("stop" if reason else None),
-                        _logprobs(completion.logprobs, ids, request.logprobs),
+                        token_logprobs(completion.logprobs, ids, request.logprobs),
                     )
+            except EngineDeadError:
+                raise  # nothing to abort in an engine that is gone
+            except BaseException:  # closed early, cancelled or failed: vLLM must drop it
+                if not finished:
+                    await self._llm.abort(outputs.request_id, internal=True)
+                raise
+            finally:
+                outputs.close()
         except EngineDeadError as err:
             raise EngineFailed(ENGINE_DEAD_REASON) from err
         except (ValueError, VLLMClientError) as err:
@@ -403,88 +417,6 @@ class VllmEngine:
         context = getattr(resources, "ctx", None)
         if context is not None:
             context.destroy(linger=0)
-
-
-def sampling_params(request: GenerationRequest) -> Any:
-    """The `SamplingParams` of a request; what spans a resume goes to `StreamConstraints`.
-
-    A seeded, sampled request is drawn there too, each token with a seed of its place in the
-    completion, so it draws the same wherever it moved; vLLM then takes the one token left.
-    """
-    from vllm import SamplingParams
-    from vllm.sampling_params import RequestOutputKind
-
-    spec: StreamSpec = {}
-    presence, frequency = request.presence_penalty, request.frequency_penalty
-    seeded = request.seed is not None and request.temperature > 0
-    if (request.resume_ids or seeded) and (presence or frequency):
-        # vLLM's own would count only the tokens generated after the resume.
-        spec["presence_penalty"], spec["frequency_penalty"] = presence, frequency
-        presence = frequency = 0.0
-    if request.json_schema is not None:
-        spec["json_schema"] = request.json_schema
-    draw = {
-        "temperature": request.temperature,
-        "top_p": request.top_p,
-        "top_k": request.top_k or 0,
-        "min_p": request.min_p,
-        "repetition_penalty": request.repetition_penalty,
-    }
-    if seeded and request.seed is not None:
-        spec["sampling"] = SeededSampling(
-            seed=request.seed,
-            temperature=request.temperature,
-            top_p=request.top_p,
-            top_k=request.top_k or 0,
-            min_p=request.min_p,
-            repetition_penalty=request.repetition_penalty,
-        )
-        # vLLM greedy over the one token left; no penalty, filter or seed of its own.
-        draw = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0,
-                "repetition_penalty": 1.0}  # fmt: skip
-    if spec:
-        spec["resumed"] = len(request.resume_ids)
-    return SamplingParams(
-        max_tokens=request.max_tokens,
-        seed=None if seeded else request.seed,
-        presence_penalty=presence,
-        frequency_penalty=frequency,
-        logit_bias=dict(request.logit_bias) if request.logit_bias else None,
-        temperature=draw["temperature"],
-        top_p=draw["top_p"],
-        top_k=int(draw["top_k"]),
-        min_p=draw["min_p"],
-        repetition_penalty=draw["repetition_penalty"],
-        min_tokens=request.min_tokens,
-        ignore_eos=request.ignore_eos,
-        logprobs=request.logprobs,
-        extra_args={EXTRA_ARGS_KEY: spec} if spec else None,
-        detokenize=False,
-        output_kind=RequestOutputKind.DELTA,
-    )
-
-
-def _logprobs(
-    found: Sequence[dict[int, Any]] | None, ids: Sequence[int], top: int | None
-) -> list[TokenLogprobs] | None:
-    """Each generated token's logprob and its `top` alternatives, from vLLM's output."""
-    if top is None or found is None:
-        return None
-    out = []
-    for token_id, candidates in zip(ids, found, strict=True):
-        ranked = sorted(
-            (entry.rank, candidate, entry.logprob)
-            for candidate, entry in candidates.items()
-            if entry.rank is not None and entry.rank <= top
-        )
-        out.append(
-            TokenLogprobs(
-                token_id=token_id,
-                logprob=candidates[token_id].logprob,
-                top=[(candidate, logprob) for _rank, candidate, logprob in ranked[:top]],
-            )
-        )
-    return out
 
 
 def max_token_chars(backend: Any) -> int:

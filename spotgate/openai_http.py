@@ -2,8 +2,8 @@
 
 A service turns a request into a `generate` frame, runs it, and hands the frames here: they
 become one JSON completion, or Server-Sent Events ending in `data: [DONE]`. An error before
-the first token is a proper HTTP status (429 and 503 with `Retry-After`); an error after it
-is sent in-band, as vLLM does.
+the engine takes the request (its `start`) is a proper HTTP status (429 and 503 with
+`Retry-After`); an error after it is sent in-band, as vLLM does.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from spotgate.protocol import (
     DoneFrame,
     ErrorCode,
     ErrorFrame,
+    StartFrame,
     TokenLogprob,
 )
 from spotgate.wsserver import json_error, transport_keeps_up
@@ -72,7 +73,7 @@ class SseDeltas:
 
     The gateway's relay sends a delta here from the agent link's reader (`DirectSend`)
     instead of waking the request's handler to write it, only while the handler waits for
-    its next frame. Open once the handler has written the response's headers and first
+    its next frame. Open once the handler has written the response's headers and opening
     chunk, and only for a reply whose deltas are events of their own (not a forced tool
     call's chat or text completion): each is then one HTTP/1.1 chunk, framed as aiohttp
     frames them, written to the transport in order with the handler's own writes. An
@@ -130,8 +131,8 @@ async def respond(
 ) -> web.StreamResponse:
     """The OpenAI response for a stream's frames (`forced`: a reply that must call tools).
 
-    With `direct`, the stream's deltas after the first may be written there instead;
-    `service_tier`: the tier the reply names.
+    With `direct`, the stream's deltas may be written there instead once the response is
+    open (at `start`); `service_tier`: the tier the reply names.
     """
     if not stream:
         return await collected(
@@ -143,31 +144,28 @@ async def respond(
     chunks = ChunkEncoder(kind, cid, model, service_tier)
     started = False
     calls_text: list[str] = []  # a forced reply's text: its tool calls
+
+    async def open_events(opening: StartFrame | DeltaFrame | DoneFrame) -> None:
+        await response.prepare(request)  # a StreamResponse sends its headers at once
+        if forced is not None and forced.name is not None:  # a named call streams its args
+            await response.write(chunks.first("") + chunks.tool_calls(forced.calls("") or []))
+        elif kind == "chat" or isinstance(opening, DoneFrame):
+            await response.write(chunks.first(""))
+        if direct is not None and forced is None:
+            direct.open(chunks.delta)
+
     # A client that hangs up is no server error: its stream is cancelled as `frames` closes.
     with suppress(ConnectionResetError):
         async for frame in frames:
             if isinstance(frame, ErrorFrame) and not started:
                 return json_error(frame.code, frame.message, frame.retry_after, frame.param)
-            if not isinstance(frame, DeltaFrame | DoneFrame | ErrorFrame):
-                continue  # queued / start: nothing to show an OpenAI client
-            if not started:
+            if not started and isinstance(frame, StartFrame | DeltaFrame | DoneFrame):
+                # At `start` the engine has taken the request: the headers and the role go
+                # now, so that the first token goes straight to the client (`direct`).
                 started = True
-                await response.prepare(request)
-                if forced is not None and forced.name is not None:  # a named call streams its args
-                    await response.write(
-                        chunks.first("") + chunks.tool_calls(forced.calls("") or [])
-                    )
-                elif isinstance(frame, DeltaFrame) and forced is None:
-                    if frame.reasoning:
-                        await response.write(chunks.first("") + chunks.delta(frame))
-                    else:
-                        await response.write(chunks.first(shown_text(frame), frame.logprobs))
-                else:
-                    await response.write(chunks.first(""))
-                if direct is not None and forced is None:
-                    direct.open(chunks.delta)
-                if isinstance(frame, DeltaFrame) and forced is None:
-                    continue  # the role and the first token in one write
+                await open_events(frame)
+            if not isinstance(frame, DeltaFrame | DoneFrame | ErrorFrame):
+                continue  # queued, start: nothing more to show an OpenAI client
             if isinstance(frame, DeltaFrame):
                 if forced is not None:
                     calls_text.append(frame.text)

@@ -209,12 +209,13 @@ async def test_penalties_and_logit_bias_reach_the_engine(
         ({"response_format": {"type": "xml"}}, "response_format"),
     ],
 )
+@pytest.mark.parametrize("stream", [False, True])  # streamed: what vLLM refuses comes first
 async def test_bad_fields_are_400s_that_name_them(
-    client: openai.AsyncOpenAI, fields: dict[str, Any], named: str
+    client: openai.AsyncOpenAI, fields: dict[str, Any], named: str, stream: bool
 ) -> None:
     with pytest.raises(openai.BadRequestError) as refused:
         await client.chat.completions.create(
-            model=TINY_MODEL, messages=MESSAGES, max_tokens=4, extra_body=fields
+            model=TINY_MODEL, messages=MESSAGES, max_tokens=4, stream=stream, extra_body=fields
         )
 
     assert named in refused.value.message

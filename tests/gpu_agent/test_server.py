@@ -85,6 +85,22 @@ async def test_stream_over_ws_is_labelled_synthetic_everywhere(
     )
 
 
+async def test_a_request_the_engine_refuses_is_refused_before_its_stream_starts(
+    start_agent: AgentFactory, synthetic_engine: SyntheticEngine, token: str
+) -> None:
+    """`start` follows the engine's acceptance: a gateway may still answer with an HTTP error."""
+    agent = await wait_ready(await start_agent(synthetic_engine))
+    async with connect(agent.ws_url, token) as ws:
+        frames = (await run_streams(ws, generate("s1", "synth", max_tokens=4, logprobs=0)))["s1"]
+
+    [refused] = frames
+    assert (refused["type"], refused["code"], refused["param"]) == (
+        "error",
+        "invalid_request",
+        "logprobs",
+    )
+
+
 async def test_synthetic_text_is_deterministic_and_resumes_exactly(
     start_agent: AgentFactory, synthetic_engine: SyntheticEngine, token: str
 ) -> None:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_agent.engine import EngineRequestError, GenerationRequest
+from gpu_agent.engine import ACCEPTED, EngineRequestError, GenerationRequest
 from gpu_agent.synthetic_engine import SyntheticEngine
 from spotgate.protocol import ChatMessage
 from spotgate.settings import AgentSettings, SyntheticSettings
@@ -61,3 +61,12 @@ async def test_what_only_a_model_can_honour_is_refused_by_name(
     with pytest.raises(EngineRequestError, match=named):
         async for _step in echo_engine().generate(request):
             pass
+
+
+async def test_the_first_step_says_the_request_was_taken_before_any_token() -> None:
+    engine = echo_engine()
+    prompt = engine.chat_prompt_ids([ChatMessage(role="user", content="hi")])
+    steps = [step async for step in engine.generate(GenerationRequest("r", prompt, 4))]
+
+    assert steps[0] is ACCEPTED
+    assert all(step.token_ids for step in steps[1:])

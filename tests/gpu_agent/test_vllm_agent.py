@@ -356,6 +356,24 @@ async def test_resumed_greedy_generation_continues_exactly(
     assert rest[-1]["usage"]["completion_tokens"] == 64
 
 
+async def test_a_request_vllm_refuses_as_it_adds_it_has_no_start_and_harms_no_other_stream(
+    served: Served, token: str
+) -> None:
+    """vLLM validates a request as it is added: the agent's `start` comes only after that."""
+    past_vocab = 1_000_000  # a bias on an id the model lacks: vLLM's own check, not ours
+    request = served.ask("ok", max_tokens=8, **GREEDY)
+    bad = served.ask("bad", max_tokens=8, logit_bias={str(past_vocab): 1.0}, **GREEDY)
+    async with connect(served.agent.ws_url, token) as ws:
+        seen = await run_streams(ws, bad, request)
+
+    [refused] = seen["bad"]
+    assert (refused["type"], refused["code"]) == ("error", "invalid_request")
+    assert str(past_vocab) in refused["message"]
+    assert seen["ok"][-1]["type"] == "done"
+    assert served.engine.failure() is None
+    assert served.engine.running() == 0
+
+
 async def test_a_resume_with_ids_the_model_lacks_is_refused_and_harms_no_other_stream(
     served: Served, token: str
 ) -> None:

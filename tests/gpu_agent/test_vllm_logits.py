@@ -15,12 +15,12 @@ from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality
 
 from gpu_agent.engine import GenerationRequest
 from gpu_agent.grammar import GrammarError, Grammars
-from gpu_agent.vllm_engine import sampling_params
 from gpu_agent.vllm_logits import (
     EXTRA_ARGS_KEY,
     StreamConstraints,
     StreamSpec,
 )
+from gpu_agent.vllm_sampling import sampling_params
 
 VOCAB = 8
 

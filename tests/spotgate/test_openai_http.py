@@ -89,9 +89,9 @@ async def events(
 ) -> tuple[list[dict[str, Any]], list[bool]]:
     """The response's events, and whether its direct path kept up before each send.
 
-    The first delta goes through the handler; `plan` says how each later one goes: `d` to
-    `SseDeltas` while the handler waits for its next frame, as the gateway's relay sends it,
-    `h` through the handler. `writes`: where the server's writes are kept, if given.
+    `plan` says how each delta goes: `d` to `SseDeltas` while the handler waits for its next
+    frame if it keeps up, as the gateway's relay sends it (through the handler if not), `h`
+    through the handler. `writes`: where the server's writes are kept, if given.
     """
     kept_up: list[bool] = []
     writes = writes if writes is not None else []
@@ -103,10 +103,7 @@ async def events(
 
         async def frames() -> AsyncIterator[AnyFrame]:
             yield StartFrame(id="s", agent="a")
-            if direct is not None:
-                kept_up.append(direct.keeps_up())
-            yield delta(TEXTS[0], with_logprobs)
-            for text, way in zip(TEXTS[1:], plan, strict=True):
+            for text, way in zip(TEXTS, plan, strict=True):
                 if way == "d":
                     assert direct is not None
                     kept_up.append(direct.keeps_up())
@@ -148,7 +145,7 @@ async def events(
     return parsed, kept_up
 
 
-@pytest.mark.parametrize("plan", ["ddd", "dhd", "hdd"])
+@pytest.mark.parametrize("plan", ["dddd", "dhdd", "hddd"])
 @pytest.mark.parametrize(
     "route",
     [chat, text_with_logprobs, responses],
@@ -157,20 +154,24 @@ async def events(
 async def test_deltas_written_at_once_make_the_events_the_handler_writes(
     aiohttp_client: ClientFactory, route: Route, plan: str
 ) -> None:
-    through_handler, _ = await events(aiohttp_client, route, plan="hhh")
+    through_handler, _ = await events(aiohttp_client, route, plan="hhhh")
     at_once, kept_up = await events(aiohttp_client, route, plan=plan)
 
     assert at_once == through_handler
-    # Not before the response's first chunk; then each delta sent at once.
-    assert kept_up == [False] + [True] * plan.count("d")
+    # A completion opens at `start`: every delta is sent at once, the first too. A Responses
+    # API reply opens with its first delta (its first events depend on it).
+    expected = [True] * plan.count("d")
+    if route is responses and plan[0] == "d":
+        expected[0] = False
+    assert kept_up == expected
 
 
 async def test_an_http_1_0_response_is_never_written_at_once(
     aiohttp_client: ClientFactory,
 ) -> None:
     """Its body is not chunked: aiohttp's own writer frames it."""
-    through_handler, _ = await events(aiohttp_client, chat, plan="hhh", version="1.0")
-    at_once, kept_up = await events(aiohttp_client, chat, plan="ddd", version="1.0")
+    through_handler, _ = await events(aiohttp_client, chat, plan="hhhh", version="1.0")
+    at_once, kept_up = await events(aiohttp_client, chat, plan="dddd", version="1.0")
 
     assert at_once == through_handler
     assert kept_up == [False] * len(TEXTS)
@@ -182,7 +183,7 @@ async def test_a_reply_s_last_events_and_the_body_s_end_go_out_in_one_write(
 ) -> None:
     """The finish, the usage, `[DONE]` (chat) and the final empty chunk: one write, not four."""
     writes: list[bytes] = []
-    await events(aiohttp_client, route, plan="ddd", writes=writes)
+    await events(aiohttp_client, route, plan="dddd", writes=writes)
 
     last = writes[-1]
     assert last.endswith(b"\r\n0\r\n\r\n")
