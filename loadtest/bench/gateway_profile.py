@@ -52,6 +52,7 @@ from loadtest.bench.harness import (
     split_cpus,
     timed_run,
     wait_ready,
+    warmed,
 )
 from loadtest.bench.report import machine_facts, publish
 
@@ -59,7 +60,6 @@ MAX_TOKENS = 32
 COST_REPLY_TOKENS = (MAX_TOKENS, 256)  # the two reply lengths the cost split is fitted on
 SAMPLES_PER_SECOND = 250
 TOP_FUNCTIONS = 12
-READY_SECONDS = 120.0
 STAGES = (
     ("agent frames read (the link's reader)", "AgentLink._read "),
     ("· parsed (parse_frame)", "parse_frame "),
@@ -138,12 +138,7 @@ async def cost_rounds(server: Server, concurrency: int, rounds: int) -> list[Str
 async def ready_to_stream(http: aiohttp.ClientSession, server: Server) -> None:
     """Wait until `server` serves streams: the gateway up and its agent's model routed."""
     await wait_ready(http, server, "/readyz")
-    deadline = time.monotonic() + READY_SECONDS
-    # Links and pools open before measuring; the model is routed once the agent registered.
-    while (await timed_run(http, server, 2, 1, 4)).failures:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{server.name} served no stream within {READY_SECONDS:g} s")
-        await asyncio.sleep(0.5)
+    await warmed(http, server)
 
 
 async def profile(server: Server, concurrency: int, seconds: float, out: Path) -> None:

@@ -41,8 +41,8 @@ from loadtest.bench.harness import (
     spawn,
     split_cpus,
     stop_servers,
-    timed_run,
     wait_ready,
+    warmed,
 )
 from loadtest.bench.report import machine_facts, median, percentile, write_section
 from spotgate.process import free_port, loopback_socket, socket_port
@@ -216,12 +216,8 @@ async def measure(
         if "litellm" in servers:
             await wait_ready(http, servers["litellm"], "/health/liveliness")
         chosen = [server for name, server in servers.items() if name in paths]
-        for server in chosen:  # warm every path (links, pools) before timing
-            for _ in range(30):
-                with contextlib.suppress(aiohttp.ClientError):
-                    await timed_run(http, server, 2, 1, 4)
-                    break
-                await asyncio.sleep(0.5)
+        for server in chosen:  # warm every path before timing
+            await warmed(http, server)
         return await alternating_runs(
             http,
             chosen,

@@ -204,6 +204,21 @@ async def wait_ready(http: aiohttp.ClientSession, server: Server, path: str) -> 
     raise TimeoutError(f"{server.name} did not become ready")
 
 
+async def warmed(http: aiohttp.ClientSession, server: Server) -> None:
+    """Until a small run on `server` streams without a failure (a refusal counts as one).
+
+    Its links and pools are then open and, behind a gateway, its agent's model routed.
+    """
+    deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
+    while True:
+        with contextlib.suppress(aiohttp.ClientError):
+            if not (await timed_run(http, server, 2, 1, 4)).failures:
+                return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{server.name} served no stream in time")
+        await asyncio.sleep(0.5)
+
+
 @dataclass(frozen=True)
 class ChatReply:
     """What one streamed chat completion gave the client."""
