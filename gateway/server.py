@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import suppress
 
 import aiohttp
-from aiohttp import WSCloseCode, web
+from aiohttp import web
 
 from gateway.auth import Authenticator
 from gateway.batch_worker import BatchWorker
@@ -43,6 +43,7 @@ from spotgate.logging import get_logger
 from spotgate.registry import Registry
 from spotgate.settings import MAX_REQUEST_BYTES, GatewaySettings
 from spotgate.tasks import ended
+from spotgate.wsserver import close_going_away
 
 log = get_logger(__name__)
 
@@ -143,13 +144,7 @@ async def _close_sockets(state: GatewayState) -> None:
         with suppress(TimeoutError):  # what a client that stopped reading never gets
             async with asyncio.timeout(GOING_AWAY_WRITE_SECONDS):
                 await state.idle.wait()
-    # Together: a socket cut off after its bound (a client not reading) delays no other.
-    await asyncio.gather(
-        *(
-            socket.close(code=WSCloseCode.GOING_AWAY, message=b"gateway shutting down")
-            for socket in list(state.sockets)
-        )
-    )
+    await close_going_away(state.sockets, b"gateway shutting down")
 
 
 async def drain_sockets(app: web.Application) -> None:

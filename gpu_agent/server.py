@@ -14,7 +14,7 @@ from contextlib import aclosing
 from urllib.parse import urlsplit
 
 import aiohttp
-from aiohttp import WSCloseCode, web
+from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gpu_agent.auth import HttpJwks, JwksSource, SsmJwks, TokenVerifier
@@ -55,6 +55,7 @@ from spotgate.wsserver import (
     Send,
     StreamHandlers,
     bearer_token,
+    close_going_away,
     json_error,
     serve_websocket,
 )
@@ -458,12 +459,7 @@ async def _hand_back_streams(runtime: AgentRuntime) -> None:
     for handle in list(runtime.streams.values()):
         handle.end("interrupted")
     await ended([handle.task for handle in runtime.streams.values()], cancel=False)
-    await asyncio.gather(
-        *(
-            socket.close(code=WSCloseCode.GOING_AWAY, message=b"agent shutting down")
-            for socket in list(runtime.websockets)
-        )
-    )
+    await close_going_away(runtime.websockets, b"agent shutting down")
 
 
 async def _shut_down(runtime: AgentRuntime, owns_engine: bool) -> None:

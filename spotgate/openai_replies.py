@@ -181,7 +181,7 @@ class ChunkEncoder:
 
     def delta(self, delta: DeltaFrame) -> bytes:
         """A delta's chunks: its thinking first, then its content (and logprobs), if it has any."""
-        text = delta.text if delta.content is None else delta.content  # `shown_text`'s
+        text = shown_text(delta)
         content = self.content(text, delta.logprobs) if text or delta.logprobs else b""
         return self.reasoning(delta.reasoning) + content if delta.reasoning else content
 

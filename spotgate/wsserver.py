@@ -10,7 +10,7 @@ service's business: it hands in an `authenticate` and a `start` function.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from contextlib import suppress
 from dataclasses import dataclass
 from typing import Generic, Literal, Protocol, TypeVar
@@ -172,6 +172,13 @@ class FrameSocket:
         except TimeoutError:
             if self._transport is not None:
                 self._transport.abort()
+
+
+async def close_going_away(sockets: Iterable[FrameSocket], message: bytes) -> None:
+    """Close every socket with GOING_AWAY, together: one cut off at its bound delays no other."""
+    await asyncio.gather(
+        *(socket.close(code=WSCloseCode.GOING_AWAY, message=message) for socket in list(sockets))
+    )
 
 
 class StreamControl(Protocol):
