@@ -3,7 +3,7 @@
     python -m loadtest.bench.gateway_profile [--concurrency 1000] [--seconds 20]
                                              [--transport ws sse] [--write FILE]
 
-The gateway relay benchmark's stack (loadtest/bench/gateway_relay.py: one agent with the
+The gateway relay benchmark's stack (loadtest/bench/relay_stack.py: one agent with the
 **synthetic engine**, the gateway on its own CPUs); clients stream 32-token replies back to
 back while py-spy samples the gateway's Python stacks (250 a second, without pausing it) for
 `--seconds`, once per transport. Not paused: a sample py-spy takes by stopping the process
@@ -41,7 +41,6 @@ import aiohttp
 
 from loadtest.bench.gateway_relay import (
     TOKENS_PER_CPU_SECOND_GOAL,
-    relay_stack,
     requests_per_client,
     stream_seconds,
 )
@@ -54,6 +53,7 @@ from loadtest.bench.harness import (
     wait_ready,
     warmed,
 )
+from loadtest.bench.relay_stack import relay_stack
 from loadtest.bench.report import machine_facts, publish
 
 MAX_TOKENS = 32
@@ -292,10 +292,10 @@ def main() -> None:
         logs = Path(scratch)
 
         async def run() -> None:
-            async with relay_stack(logs, None, client_cpus, relay_cpus) as servers:
+            async with relay_stack(logs, None, client_cpus, relay_cpus) as paths:
                 for transport in args.transport:
                     out = logs / f"profile-{transport}.txt"
-                    server = servers["gateway ws" if transport == "ws" else "gateway"]
+                    server = paths.servers["gateway ws" if transport == "ws" else "gateway"]
                     if args.cost_rounds:
                         costs[transport] = await cost_rounds(
                             server, args.concurrency, args.cost_rounds

@@ -16,52 +16,33 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import dataclasses
+import functools
 import os
-import secrets
 import tempfile
-import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import aiohttp
-from pydantic import SecretStr
 
 from loadtest.bench.harness import (
-    BENCH_KEY,
     Sample,
-    Server,
     alternating_runs,
-    bench_spec,
     bucket_quantile,
     print_log_tails,
-    spawn,
     split_cpus,
-    stop_servers,
     wait_ready,
     warmed,
 )
-from loadtest.bench.report import machine_facts, median, percentile, write_section
-from spotgate.process import free_port, loopback_socket, socket_port
-from spotgate.settings import (
-    AgentSettings,
-    GatewaySettings,
-    SocketLimits,
-    SyntheticSettings,
-    TokenSettings,
+from loadtest.bench.relay_stack import (
+    LITELLM_READY_PATH,
+    TOKENS_PER_SECOND,
+    TTFT_SECONDS,
+    RelayPaths,
+    relay_stack,
 )
-from spotgate.tokens import GATEWAY_SUBJECT_PREFIX, KeyRing, SigningKey, issue
-from stack.builder import AgentProcess, GatewayReplica, LocalStack
-from stack.children import GatewaySockets
+from loadtest.bench.report import machine_facts, median, percentile, write_section
+from spotgate.settings import TOKEN_TTL_MAX_SECONDS
 
-MODEL = "synth"
-TOKENS_PER_SECOND = 50.0
-TTFT_SECONDS = 0.05
-AGENT_CAPACITY = 4096
-AGENT_ID = "bench-agent"
 MAX_REQUESTS_PER_CLIENT = 20
 """The most completions one client streams back to back in a run (at 1 stream: ~13 s)."""
 MIN_REQUESTS_PER_CLIENT = 5
@@ -70,120 +51,7 @@ COMMAND = (
     "python -m loadtest.bench.gateway_relay --litellm .bench/litellm/bin/litellm "
     "--write docs/benchmarks.md"
 )
-ADDED_TTFT_HISTOGRAM = "spotgate_gateway_added_ttft_seconds"
 PATHS = ("direct", "gateway", "litellm", "direct ws", "gateway ws")
-
-
-@contextlib.asynccontextmanager
-async def relay_stack(
-    logs: Path, litellm: Path | None, client_cpus: set[int], relay_cpus: set[int]
-) -> AsyncIterator[dict[str, Server]]:
-    """The emulator and the agent on the client's CPUs, the relays on their own."""
-    key = SigningKey.generate()
-    gateway_sockets, agent_socket = GatewaySockets.bind(), loopback_socket()
-    gateway_url, agent_url = gateway_sockets.url, f"http://127.0.0.1:{socket_port(agent_socket)}"
-    agent = AgentSettings(
-        engine="synthetic",
-        served_model_name=MODEL,
-        agent_id=AGENT_ID,
-        pinned_public_key=key.verify_key.to_pem(),
-        token_issuer=gateway_url,
-        imds_url="http://127.0.0.1:9",
-        synthetic=SyntheticSettings(
-            tokens_per_second=TOKENS_PER_SECOND, ttft_seconds=TTFT_SECONDS, capacity=AGENT_CAPACITY
-        ),
-    )
-    gateway = GatewaySettings(
-        public_url=gateway_url,
-        token=TokenSettings(signing_key_pem=SecretStr(key.to_pem())),
-        limits=SocketLimits(max_streams_per_connection=AGENT_CAPACITY),
-        max_streams_per_key=AGENT_CAPACITY,
-    )
-    spec = bench_spec(
-        logs,
-        [GatewayReplica("gateway", gateway, gateway_sockets, frozenset(relay_cpus))],
-        [AgentProcess("agent", agent, agent_socket, AGENT_CAPACITY, frozenset(client_cpus))],
-    )
-    # The emulator beside the client: its requests weigh on every path alike.
-    spec = dataclasses.replace(spec, emulator_cpus=frozenset(client_cpus))
-    async with LocalStack(spec) as stack:
-        # A gateway's token: the direct websocket client multiplexes like a gateway does.
-        agent_token = issue(
-            KeyRing([key]),
-            subject=f"{GATEWAY_SUBJECT_PREFIX}bench",
-            issuer=gateway_url,
-            now=time.time(),
-            ttl_seconds=900,
-        ).token
-        servers = _servers(stack, agent_url, agent_token)
-        if litellm is not None:
-            servers["litellm"] = _litellm_proxy(litellm, logs, agent_url, agent_token, relay_cpus)
-        try:
-            yield servers
-        finally:
-            if litellm is not None:
-                stop_servers([servers["litellm"]])
-
-
-def _servers(stack: LocalStack, agent_url: str, agent_token: str) -> dict[str, Server]:
-    """The paths through the stack's agent and gateway: direct, and relayed."""
-    agent, gateway = stack.child("agent"), stack.child("gateway")
-    if agent is None or gateway is None:
-        raise RuntimeError("the stack is not running")
-    agent_auth = {"Authorization": f"Bearer {agent_token}"}
-    gateway_auth = {"Authorization": f"Bearer {stack.keys[BENCH_KEY].api_key}"}
-    sockets = stack.spec.gateways[0].sockets
-
-    def relayed(name: str, transport: Literal["sse", "ws"]) -> Server:
-        return Server(
-            name,
-            sockets.url,
-            gateway_auth,
-            gateway.process,
-            MODEL,
-            transport,
-            ADDED_TTFT_HISTOGRAM,
-            sockets.ops_url,
-        )
-
-    return {
-        "direct": Server("direct", agent_url, agent_auth, agent.process, MODEL),
-        "direct ws": Server("direct ws", agent_url, agent_auth, agent.process, MODEL, "ws"),
-        "gateway": relayed("gateway", "sse"),
-        "gateway ws": relayed("gateway ws", "ws"),
-    }
-
-
-def _litellm_proxy(
-    litellm: Path, logs: Path, agent_url: str, agent_token: str, cpus: set[int]
-) -> Server:
-    """LiteLLM's proxy (its `litellm` binary) in front of the agent's OpenAI endpoint."""
-    port = free_port()
-    config = logs / "litellm.yaml"
-    master_key = f"sk-{secrets.token_hex(16)}"
-    config.write_text(
-        f"general_settings:\n  master_key: {master_key}\n"
-        "model_list:\n"
-        f"  - model_name: {MODEL}\n"
-        "    litellm_params:\n"
-        f"      model: openai/{MODEL}\n"
-        f"      api_base: {agent_url}/v1\n"
-        f"      api_key: {agent_token}\n"
-    )
-    proxy = spawn(
-        [str(litellm), "--config", str(config), "--port", str(port),
-         "--host", "127.0.0.1", "--num_workers", "1"],
-        logs / "litellm.log",
-        {**os.environ, "LITELLM_LOG": "ERROR"},
-        cpus,
-    )  # fmt: skip
-    return Server(
-        "litellm",
-        f"http://127.0.0.1:{port}",
-        {"Authorization": f"Bearer {master_key}"},
-        proxy,
-        MODEL,
-    )
 
 
 async def measure_on_stack(
@@ -194,28 +62,29 @@ async def measure_on_stack(
     args: argparse.Namespace,
 ) -> dict[tuple[str, int], list[Sample]]:
     """Start the stack, measure it, stop it."""
-    async with relay_stack(logs, litellm, client_cpus, relay_cpus) as servers:
+    async with relay_stack(logs, litellm, client_cpus, relay_cpus) as paths:
         return await measure(
-            servers, args.concurrency, args.runs, args.max_tokens, frozenset(args.paths)
+            paths, args.concurrency, args.runs, args.max_tokens, frozenset(args.paths)
         )
 
 
 async def measure(
-    servers: dict[str, Server],
+    paths: RelayPaths,
     concurrencies: list[int],
     runs: int,
     max_tokens: int,
-    paths: frozenset[str] = frozenset(PATHS),
+    chosen_paths: frozenset[str] = frozenset(PATHS),
 ) -> dict[tuple[str, int], list[Sample]]:
-    """Alternate runs between the paths (those of `paths`) at each concurrency."""
+    """Alternate runs between the paths (those of `chosen_paths`) at each concurrency."""
+    servers = paths.servers
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
     timeout = aiohttp.ClientTimeout(total=600)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
         await wait_ready(http, servers["direct"], "/readyz")
         await wait_ready(http, servers["gateway"], "/readyz")
         if "litellm" in servers:
-            await wait_ready(http, servers["litellm"], "/health/liveliness")
-        chosen = [server for name, server in servers.items() if name in paths]
+            await wait_ready(http, servers["litellm"], LITELLM_READY_PATH)
+        chosen = [server for name, server in servers.items() if name in chosen_paths]
         for server in chosen:  # warm every path before timing
             await warmed(http, server)
         return await alternating_runs(
@@ -226,6 +95,7 @@ async def measure(
             max_tokens,
             requests_per_client,
             stream_seconds(max_tokens),
+            functools.partial(paths.before_run, http),
         )
 
 
@@ -404,7 +274,10 @@ def render(
         "is close to the slowest sample; a failed request, which the client's 600-second "
         "timeout or a refusal ended, gives none). "
         "Client and agent are pinned to one half of the CPUs, the relay under test (gateway "
-        "or LiteLLM) to the other, as a relay has its own CPUs in a deployment.",
+        "or LiteLLM) to the other, as a relay has its own CPUs in a deployment. Before each "
+        "run the direct paths get a fresh token to the agent (a token lives at most "
+        f"{TOKEN_TTL_MAX_SECONDS // 60} minutes) and LiteLLM's proxy is restarted with one, "
+        "then warmed.",
         f"Machine: {machine_facts(['aiohttp'])}.",
         "",
         "| streams | path | tok/s (median) | TTFT samples | TTFT p50 ms | TTFT p99 ms "

@@ -15,7 +15,7 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from subprocess import STDOUT, Popen, TimeoutExpired
@@ -409,13 +409,18 @@ async def alternating_runs(
     max_tokens: int,
     requests_per_client: Callable[[int], int],
     stagger_seconds: float = 0.0,
+    before_run: Callable[[Server], Awaitable[Server]] | None = None,
 ) -> dict[tuple[str, int], list[Sample]]:
-    """At each concurrency, `runs` rounds of one run per server, so drift hits all alike."""
+    """At each concurrency, `runs` rounds of one run per server, so drift hits all alike.
+
+    `before_run` gives the server each run is timed on (one restarted with fresh credentials).
+    """
     results: dict[tuple[str, int], list[Sample]] = {}
     for concurrency in concurrencies:
         requests = requests_per_client(concurrency)
         for _ in range(runs):
-            for server in servers:
+            for named in servers:
+                server = named if before_run is None else await before_run(named)
                 sample = await timed_run(
                     http, server, concurrency, requests, max_tokens, stagger_seconds
                 )
