@@ -90,7 +90,7 @@ class RelayPaths:
         token = self.token.renew()
         if server.name != "litellm" or self.start_litellm is None:
             return server
-        stop_servers([server])
+        stop_servers([self.servers["litellm"]])  # the one the last run used
         restarted = self.servers["litellm"] = self.start_litellm(token)
         await wait_ready(http, restarted, LITELLM_READY_PATH)
         await warmed(http, restarted)
