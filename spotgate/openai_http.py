@@ -145,12 +145,11 @@ async def respond(
     started = False
     calls_text: list[str] = []  # a forced reply's text: its tool calls
 
-    async def open_events(opening: StartFrame | DeltaFrame | DoneFrame) -> None:
+    async def open_events() -> None:
         await response.prepare(request)  # a StreamResponse sends its headers at once
+        chunks.open()  # the role goes with the first text, or the ending
         if forced is not None and forced.name is not None:  # a named call streams its args
-            await response.write(chunks.first("") + chunks.tool_calls(forced.calls("") or []))
-        elif kind == "chat" or isinstance(opening, DoneFrame):
-            await response.write(chunks.first(""))
+            await response.write(chunks.opening() + chunks.tool_calls(forced.calls("") or []))
         if direct is not None and forced is None:
             direct.open(chunks.delta)
 
@@ -160,10 +159,10 @@ async def respond(
             if isinstance(frame, ErrorFrame) and not started:
                 return json_error(frame.code, frame.message, frame.retry_after, frame.param)
             if not started and isinstance(frame, StartFrame | DeltaFrame | DoneFrame):
-                # At `start` the engine has taken the request: the headers and the role go
-                # now, so that the first token goes straight to the client (`direct`).
+                # At `start` the engine has taken the request: the headers go now, so that
+                # the first token goes straight to the client (`direct`).
                 started = True
-                await open_events(frame)
+                await open_events()
             if not isinstance(frame, DeltaFrame | DoneFrame | ErrorFrame):
                 continue  # queued, start: nothing more to show an OpenAI client
             if isinstance(frame, DeltaFrame):
@@ -181,7 +180,7 @@ async def respond(
                     ending = sse_event(error_body(frame.code, frame.message, frame.param))
                 else:
                     ending = _ending(chunks, frame, forced, "".join(calls_text), include_usage)
-                await response.write_eof(ending + SSE_DONE)
+                await response.write_eof(chunks.opening() + ending + SSE_DONE)
         if not started:
             return json_error(ErrorCode.INTERNAL, "stream ended without a result")
         await response.write_eof(SSE_DONE)  # nothing when written above

@@ -171,19 +171,30 @@ class ChunkEncoder:
             else b',"logprobs":null,"finish_reason":null}]}\n\n'
         )
         self._text_offset = 0  # characters of text before the next token (text logprobs)
+        self._opening = b""  # the opening chunk, held to go out with the next one
 
-    def first(self, text: str, logprobs: list[TokenLogprob] | None = None) -> bytes:
-        """The opening chunk (the assistant's role, for chat) and the first text, if any."""
+    def open(self) -> None:
+        """Hold the opening chunk (chat: the assistant's role) to go out with the next chunks.
+
+        The response's first text then costs one write, not two (one per stream saved).
+        """
         if self.kind == "chat":
-            role = self._choice({"delta": {"role": "assistant", "content": ""}})
-            return role + (self.content(text, logprobs) if text or logprobs else b"")
-        return self.content(text, logprobs)
+            self._opening = self._choice({"delta": {"role": "assistant", "content": ""}})
+
+    def opening(self) -> bytes:
+        """The held opening chunk, once: the caller sends it before its own chunks."""
+        opening, self._opening = self._opening, b""
+        return opening
 
     def delta(self, delta: DeltaFrame) -> bytes:
-        """A delta's chunks: its thinking first, then its content (and logprobs), if it has any."""
+        """A delta's chunks: its thinking first, then its content (and logprobs), if it has any.
+
+        The first that has any carries the held opening chunk before them.
+        """
         text = shown_text(delta)
         content = self.content(text, delta.logprobs) if text or delta.logprobs else b""
-        return self.reasoning(delta.reasoning) + content if delta.reasoning else content
+        chunks = self.reasoning(delta.reasoning) + content if delta.reasoning else content
+        return self.opening() + chunks if self._opening and chunks else chunks
 
     def content(self, text: str, logprobs: list[TokenLogprob] | None = None) -> bytes:
         """A chunk carrying generated text, and its tokens' logprobs when asked for."""

@@ -193,3 +193,17 @@ async def test_a_reply_s_last_events_and_the_body_s_end_go_out_in_one_write(
         assert b"data: [DONE]" in last
     else:
         assert b"response.completed" in last
+
+
+@pytest.mark.parametrize("plan", ["dddd", "hhhh"])
+async def test_a_chat_reply_s_role_goes_out_with_its_first_text_in_one_write(
+    aiohttp_client: ClientFactory, plan: str
+) -> None:
+    """The headers go at `start`; the role waits for the first text: no write of its own."""
+    writes: list[bytes] = []
+    parsed, _ = await events(aiohttp_client, chat, plan=plan, writes=writes)
+
+    assert parsed[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    with_role = [write for write in writes if b'"role":"assistant"' in write]
+    assert len(with_role) == 1
+    assert b'"content":"Hel"' in with_role[0]

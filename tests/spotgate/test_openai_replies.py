@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from spotgate.openai_replies import ChunkEncoder, ForcedTools
-from spotgate.protocol import DoneFrame, Timings, TokenLogprob, TopLogprob, Usage
+from spotgate.protocol import DeltaFrame, DoneFrame, Timings, TokenLogprob, TopLogprob, Usage
 
 LOGPROBS = [
     TokenLogprob(token="Hi", logprob=-0.5, bytes=[72, 105], top_logprobs=[]),
@@ -19,6 +19,27 @@ LOGPROBS = [
 
 def chunk_choice(event: bytes) -> Any:
     return json.loads(event.removeprefix(b"data: "))["choices"][0]
+
+
+def test_a_chat_replys_role_rides_with_its_first_text_once() -> None:
+    chunks = ChunkEncoder("chat", "c", "m")
+    chunks.open()
+    assert chunks.delta(DeltaFrame(id="s", text="", n=1)) == b""  # nothing to carry it yet
+    first = chunks.delta(DeltaFrame(id="s", text="Hi", n=1))
+    events = [chunk_choice(event) for event in first.split(b"\n\n") if event]
+    assert [event["delta"] for event in events] == [
+        {"role": "assistant", "content": ""}, {"content": "Hi"},
+    ]  # fmt: skip
+    assert chunk_choice(chunks.delta(DeltaFrame(id="s", text="!", n=1)))["delta"] == {
+        "content": "!"
+    }
+    assert chunks.opening() == b""
+
+
+def test_a_text_completion_has_no_opening_chunk() -> None:
+    chunks = ChunkEncoder("text", "c", "m")
+    chunks.open()
+    assert chunks.opening() == b""
 
 
 def test_chat_chunks_carry_openais_logprobs() -> None:
