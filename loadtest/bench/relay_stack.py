@@ -64,6 +64,9 @@ class AgentToken:
     issuer: str
     headers: dict[str, str] = field(default_factory=dict)  # the direct paths' own
 
+    def __post_init__(self) -> None:
+        self.renew()  # the direct paths are warmed before the first run
+
     def renew(self) -> str:
         """A fresh token, also set in the direct paths' headers."""
         token = issue(
