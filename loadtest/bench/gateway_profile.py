@@ -30,7 +30,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -47,6 +46,7 @@ from loadtest.bench.gateway_relay import (
 from loadtest.bench.harness import (
     Sample,
     Server,
+    logs_dir,
     print_log_tails,
     split_cpus,
     timed_run,
@@ -282,14 +282,14 @@ def main() -> None:
     parser.add_argument("--transport", nargs="+", choices=("ws", "sse"), default=["ws", "sse"])
     parser.add_argument("--cost-rounds", type=int, default=3, help="0: no cost split")
     parser.add_argument("--write", type=Path)
+    parser.add_argument("--logs", type=Path, help="keep the servers' logs here")
     args = parser.parse_args()
     started = time.perf_counter()
     client_cpus, relay_cpus = split_cpus()
     os.sched_setaffinity(0, client_cpus)
     results: dict[str, str] = {}
     costs: dict[str, list[StreamCost]] = {}
-    with tempfile.TemporaryDirectory(prefix="spotgate-bench-") as scratch:
-        logs = Path(scratch)
+    with logs_dir(args.logs) as logs:
 
         async def run() -> None:
             async with relay_stack(logs, None, client_cpus, relay_cpus) as paths:

@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import functools
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from loadtest.bench.harness import (
     Sample,
     alternating_runs,
     bucket_quantile,
+    logs_dir,
     print_log_tails,
     split_cpus,
     wait_ready,
@@ -316,12 +316,12 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 100, 1000])
     parser.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS))
     parser.add_argument("--write", type=Path)
+    parser.add_argument("--logs", type=Path, help="keep the servers' logs here")
     args = parser.parse_args()
     litellm = args.litellm if args.litellm and args.litellm.exists() else None
     client_cpus, relay_cpus = split_cpus()
     os.sched_setaffinity(0, client_cpus)
-    with tempfile.TemporaryDirectory(prefix="spotgate-bench-") as scratch:
-        logs = Path(scratch)
+    with logs_dir(args.logs) as logs:
         try:
             results = asyncio.run(measure_on_stack(logs, litellm, client_cpus, relay_cpus, args))
         except (RuntimeError, TimeoutError):
