@@ -83,10 +83,15 @@ def py_spy() -> Path:
 
 @dataclass(frozen=True)
 class StreamCost:
-    """The gateway's CPU as a cost per stream plus one per relayed token, in microseconds."""
+    """The gateway's CPU as a cost per stream plus one per relayed token, in microseconds.
+
+    `*_system_us`: the part of each that is the kernel's (system calls: its socket writes).
+    """
 
     stream_us: float
     token_us: float
+    stream_system_us: float = 0.0
+    token_system_us: float = 0.0
 
     def tokens_per_cpu_second(self, reply_tokens: int) -> float:
         """Relayed tokens per gateway CPU-second at replies of `reply_tokens`."""
@@ -97,7 +102,15 @@ def stream_cost(samples: Sequence[Sample]) -> StreamCost:
     """The least-squares split of the runs' gateway CPU into per-stream and per-token costs."""
     streams = [float(len(sample.ttfts_seconds)) for sample in samples]
     tokens = [float(sample.total_tokens) for sample in samples]
-    cpu = [sample.server_cpu_seconds * 1e6 for sample in samples]
+    stream_us, token_us = _fit(streams, tokens, [s.server_cpu_seconds * 1e6 for s in samples])
+    system = [sample.server_system_cpu_seconds * 1e6 for sample in samples]
+    return StreamCost(stream_us, token_us, *_fit(streams, tokens, system))
+
+
+def _fit(
+    streams: Sequence[float], tokens: Sequence[float], cpu: Sequence[float]
+) -> tuple[float, float]:
+    """`cpu` ≈ a × streams + b × tokens, least squares: (a, b)."""
     ss = sum(n * n for n in streams)
     st = sum(n * t for n, t in zip(streams, tokens, strict=True))
     tt = sum(t * t for t in tokens)
@@ -106,7 +119,7 @@ def stream_cost(samples: Sequence[Sample]) -> StreamCost:
     determinant = ss * tt - st * st
     if determinant <= 0:
         raise ValueError("the runs do not tell streams from tokens: two reply lengths are needed")
-    return StreamCost((sc * tt - tc * st) / determinant, (tc * ss - sc * st) / determinant)
+    return (sc * tt - tc * st) / determinant, (tc * ss - sc * st) / determinant
 
 
 async def cost_rounds(server: Server, concurrency: int, rounds: int) -> list[StreamCost]:
@@ -250,11 +263,14 @@ def cost_lines(costs: dict[str, list[StreamCost]]) -> list[str]:
         f"**A stream's cost and a token's**: {rounds} rounds per transport, each a run of "
         f"{short}-token and one of {long}-token replies (alternating which first), fitted as "
         "gateway CPU = cost per stream × streams + cost per token × tokens; median / worst "
-        "of the rounds' fits.",
+        "of the rounds' fits. *In the kernel*: the same fit of the gateway's system CPU time "
+        "alone (median), mostly its socket writes; on this machine's loopback a write also "
+        "pays for the receiving end's TCP, which a network would not.",
         "",
-        f"| transport | µs per stream | µs per token | µs per {short}-token stream | "
-        f"tokens per CPU-second at {short} tokens | goal | fixed share |",
-        "|---|---|---|---|---|---|---|",
+        f"| transport | µs per stream | µs per token | in the kernel, per stream / per token | "
+        f"µs per {short}-token stream | tokens per CPU-second at {short} tokens | goal | "
+        "fixed share |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for transport, fits in costs.items():
         stream = [fit.stream_us for fit in fits]
@@ -266,6 +282,8 @@ def cost_lines(costs: dict[str, list[StreamCost]]) -> list[str]:
         lines.append(
             f"| {transport} | {statistics.median(stream):.0f} / {max(stream):.0f} | "
             f"{statistics.median(token):.1f} / {max(token):.1f} | "
+            f"{statistics.median(f.stream_system_us for f in fits):.0f} / "
+            f"{statistics.median(f.token_system_us for f in fits):.1f} | "
             f"{statistics.median(whole):.0f} / {max(whole):.0f} | "
             f"{statistics.median(rate):,.0f} / {min(rate):,.0f} | {goal:,} "
             f"(≤ {short / goal * 1e6:.0f} µs a stream) | {fixed:.0%} |"

@@ -59,10 +59,10 @@ class Server:
         """The base of its `/readyz` (or other health path) and `/metrics`."""
         return self.ops_url or self.url
 
-    def cpu_seconds(self) -> float:
-        """User plus system CPU time the server process has used so far."""
+    def cpu_seconds(self) -> tuple[float, float]:
+        """User and system (the kernel's, for it) CPU time the server process has used so far."""
         fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS_PER_SECOND
+        return int(fields[11]) / CLOCK_TICKS_PER_SECOND, int(fields[12]) / CLOCK_TICKS_PER_SECOND
 
 
 SERVER_STOP_SECONDS = 30.0
@@ -151,7 +151,8 @@ class Sample:
     tokens_per_second: float = 0.0
     total_tokens: int = 0
     wall_seconds: float = 0.0
-    server_cpu_seconds: float = 0.0
+    server_cpu_seconds: float = 0.0  # user plus system
+    server_system_cpu_seconds: float = 0.0  # of which the kernel's: system calls, its sockets
     ttfts_seconds: list[float] = field(default_factory=list)
     failures: int = 0
     chunks: int = 0  # the messages (SSE chunks, websocket frames) that carried text
@@ -397,7 +398,7 @@ async def timed_run(
 
     histogram = server.added_ttft_histogram
     before = await histogram_buckets(http, server.operations_url, histogram) if histogram else {}
-    cpu_before = server.cpu_seconds()
+    user_before, system_before = server.cpu_seconds()
     started = time.perf_counter()
     try:
         await asyncio.gather(*(worker(n) for n in range(concurrency)))
@@ -405,7 +406,9 @@ async def timed_run(
         if sockets is not None:
             await sockets.close()
     sample.wall_seconds = time.perf_counter() - started
-    sample.server_cpu_seconds = server.cpu_seconds() - cpu_before
+    user, system = server.cpu_seconds()
+    sample.server_system_cpu_seconds = system - system_before
+    sample.server_cpu_seconds = user - user_before + sample.server_system_cpu_seconds
     if histogram:
         after = await histogram_buckets(http, server.operations_url, histogram)
         sample.added_ttft_buckets = {le: after[le] - before.get(le, 0.0) for le in after}

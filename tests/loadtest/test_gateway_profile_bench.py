@@ -39,6 +39,9 @@ def test_a_sample_counts_for_every_stage_its_stack_passes_through() -> None:
     assert top[0] == ("_Relay._take_now (gateway/relay.py:241)", pytest.approx(50.0))
 
 
+SYSTEM_SHARE = 0.4
+
+
 @pytest.mark.parametrize(
     ("stream_us", "token_us"),
     [(270.0, 6.5), (700.0, 9.0), (0.0, 12.0)],
@@ -50,13 +53,18 @@ def test_the_cost_split_recovers_a_stream_and_a_token_from_runs_of_two_reply_len
         tokens = streams * tokens_per_stream
         cpu_seconds = (streams * stream_us + tokens * token_us) / 1e6
         return Sample(
-            total_tokens=tokens, server_cpu_seconds=cpu_seconds, ttfts_seconds=[0.05] * streams
+            total_tokens=tokens,
+            server_cpu_seconds=cpu_seconds,
+            server_system_cpu_seconds=cpu_seconds * SYSTEM_SHARE,
+            ttfts_seconds=[0.05] * streams,
         )
 
     cost = stream_cost([run(5000, 32), run(5000, 256)])
 
     assert cost.stream_us == pytest.approx(stream_us, abs=1e-6)
     assert cost.token_us == pytest.approx(token_us)
+    assert cost.stream_system_us == pytest.approx(stream_us * SYSTEM_SHARE, abs=1e-6)
+    assert cost.token_system_us == pytest.approx(token_us * SYSTEM_SHARE)
     assert cost.tokens_per_cpu_second(32) == pytest.approx(32e6 / (stream_us + 32 * token_us))
 
 
