@@ -18,7 +18,8 @@ import argparse
 import asyncio
 import functools
 import os
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
@@ -129,6 +130,7 @@ class PathStats:
     tokens_per_chunk: float  # tokens per message that carried text, as the client got them
     failures: int
     samples: int
+    failure_kinds: dict[str, int] = field(default_factory=dict)
     added_p99_per_run_ms: tuple[float, ...] = ()  # run i against the baseline's run i
 
 
@@ -175,6 +177,7 @@ def path_stats(
             tokens_per_chunk=sum(sample.total_tokens for sample in samples)
             / max(1, sum(sample.chunks for sample in samples)),
             failures=sum(sample.failures for sample in samples),
+            failure_kinds=dict(sum((sample.failure_kinds for sample in samples), Counter())),
             samples=sum(len(sample.ttfts_seconds) for sample in samples),
             added_p99_per_run_ms=per_run,
         )
@@ -193,8 +196,16 @@ def _row(concurrency: int, path: str, row: PathStats) -> str:
         f"| {concurrency} | {path} | {row.tokens_per_second:,.0f} | {row.samples:,} "
         f"| {row.ttft_ms[0]:.1f} | {row.ttft_ms[1]:.1f} | {added[0]} | {added[1]} | {own} "
         f"| {'—' if per_cpu is None else f'{per_cpu:,.0f}'} | {row.tokens_per_chunk:.2f} "
-        f"| {row.failures} |"
+        f"| {row.failures}{_kinds(row.failure_kinds)} |"
     )
+
+
+def _kinds(kinds: dict[str, int]) -> str:
+    """The failures by kind (`failure_kind`), most first: " (598 timeout, 1 HTTP 500)"."""
+    if not kinds:
+        return ""
+    ranked = sorted(kinds.items(), key=lambda kind: -kind[1])
+    return " (" + ", ".join(f"{count:,} {kind}" for kind, count in ranked) + ")"
 
 
 def _lower_by(ours: float, theirs: float) -> str:

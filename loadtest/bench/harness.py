@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -155,6 +156,7 @@ class Sample:
     server_system_cpu_seconds: float = 0.0  # of which the kernel's: system calls, its sockets
     ttfts_seconds: list[float] = field(default_factory=list)
     failures: int = 0
+    failure_kinds: Counter[str] = field(default_factory=Counter)  # `failure_kind`s, counted
     chunks: int = 0  # the messages (SSE chunks, websocket frames) that carried text
     # Observations of the server's added-TTFT histogram during the run: {upper bound: count}.
     added_ttft_buckets: dict[float, float] = field(default_factory=dict)
@@ -230,6 +232,17 @@ async def warmed(http: aiohttp.ClientSession, server: Server) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"{server.name} served no stream in time")
         await asyncio.sleep(0.5)
+
+
+def failure_kind(err: aiohttp.ClientError | TimeoutError) -> str:
+    """What ended a failed request, in a word: its HTTP status, a timeout, or the error's kind."""
+    if isinstance(err, aiohttp.ClientResponseError):
+        return f"HTTP {err.status}"
+    if isinstance(err, TimeoutError):
+        return "timeout"
+    if type(err) is aiohttp.ClientError:  # an `error` frame: its code
+        return str(err).partition(":")[0]
+    return type(err).__name__
 
 
 @dataclass(frozen=True)
@@ -388,8 +401,9 @@ async def timed_run(
                     reply = await sockets.one_request(server.model, prompt, max_tokens)
                 else:
                     reply = await one_request(http, server, prompt, max_tokens)
-            except (aiohttp.ClientError, TimeoutError):
+            except (aiohttp.ClientError, TimeoutError) as err:
                 sample.failures += 1
+                sample.failure_kinds[failure_kind(err)] += 1
                 continue
             ttft, tokens, chunks = reply
             sample.ttfts_seconds.append(ttft)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from loadtest.bench.gateway_relay import goal_lines, path_stats
+from loadtest.bench.gateway_relay import _row, goal_lines, path_stats
 from loadtest.bench.harness import Sample
 
 PATHS = ["direct", "gateway", "litellm", "direct ws", "gateway ws"]
@@ -78,3 +78,20 @@ def test_the_1000_stream_goals_are_judged_per_transport() -> None:
     assert "900 vs 1,000 tok/s, **90%** (not met)" in lines
     assert "1,000 vs 1,000 tok/s, **100%** (met)" in lines
     assert lines.count("TTFT p99 ≤ 10 ms: **≤ 2 ms** (met)") == 2
+
+
+def test_a_row_says_what_its_failures_were_most_first() -> None:
+    results = _results(
+        1000, {"direct": 80, "gateway": 70, "litellm": 400, "direct ws": 50, "gateway ws": 52}
+    )
+    failing = [_sample(400), _sample(400), _sample(400)]
+    failing[0].failures, failing[1].failures = 3, 2
+    failing[0].failure_kinds.update({"timeout": 2, "HTTP 500": 1})
+    failing[1].failure_kinds.update({"timeout": 2})
+    results[("litellm", 1000)] = failing
+
+    stats = path_stats(results, 1000, PATHS)
+
+    assert stats["litellm"].failure_kinds == {"timeout": 4, "HTTP 500": 1}
+    assert _row(1000, "litellm", stats["litellm"]).endswith("| 5 (4 timeout, 1 HTTP 500) |")
+    assert _row(1000, "gateway", stats["gateway"]).endswith("| 0 |")

@@ -1,10 +1,14 @@
-"""What the side-by-side benchmarks share: where their servers' logs go."""
+"""What the side-by-side benchmarks share: where their servers' logs go, why a request failed."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from loadtest.bench.harness import logs_dir
+import aiohttp
+import pytest
+from aiohttp import ServerDisconnectedError
+
+from loadtest.bench.harness import failure_kind, logs_dir
 
 
 def test_logs_asked_for_are_kept_and_others_go_with_the_run(tmp_path: Path) -> None:
@@ -17,3 +21,17 @@ def test_logs_asked_for_are_kept_and_others_go_with_the_run(tmp_path: Path) -> N
     assert logs == kept
     assert (kept / "gateway.log").read_text() == "served"
     assert not scratch.exists()
+
+
+@pytest.mark.parametrize(
+    ("error", "kind"),
+    [
+        (TimeoutError(), "timeout"),
+        (ServerDisconnectedError(), "ServerDisconnectedError"),
+        (aiohttp.ClientError("no_capacity: every agent is busy"), "no_capacity"),
+    ],
+)
+def test_a_failed_request_says_what_ended_it(
+    error: aiohttp.ClientError | TimeoutError, kind: str
+) -> None:
+    assert failure_kind(error) == kind
