@@ -25,6 +25,7 @@ from pathlib import Path
 import aiohttp
 
 from loadtest.bench.harness import (
+    CLIENT_KEEPALIVE_SECONDS,
     Sample,
     alternating_runs,
     bucket_quantile,
@@ -78,7 +79,7 @@ async def measure(
 ) -> dict[tuple[str, int], list[Sample]]:
     """Alternate runs between the paths (those of `chosen_paths`) at each concurrency."""
     servers = paths.servers
-    connector = aiohttp.TCPConnector(limit=0, force_close=False)
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=CLIENT_KEEPALIVE_SECONDS)
     timeout = aiohttp.ClientTimeout(total=600)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
         await wait_ready(http, servers["direct"], "/readyz")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import errno
 import json
 import os
 import signal
@@ -29,6 +30,10 @@ from spotgate.settings import LogLevel, SharedSettings
 from stack.builder import AgentProcess, ApiKeySpec, GatewayReplica, StackSpec
 
 STARTUP_TIMEOUT_SECONDS = 300.0
+CLIENT_KEEPALIVE_SECONDS = 4.0
+"""How long the clients keep an idle connection for reuse: less than any server under test
+does (uvicorn's, LiteLLM's server, closes one after 5 s). A request sent on a connection as
+its server closes it is reset before the server reads it, a failure of the client's pool."""
 BENCH_KEY = "bench"
 """The API key the benchmarks' clients use."""
 BENCH_LOG_LEVEL: LogLevel = "warning"
@@ -242,6 +247,8 @@ def failure_kind(err: aiohttp.ClientError | TimeoutError) -> str:
         return "timeout"
     if type(err) is aiohttp.ClientError:  # an `error` frame: its code
         return str(err).partition(":")[0]
+    if isinstance(err, OSError) and err.errno:  # a connection reset, refused, …
+        return f"{type(err).__name__} ({errno.errorcode.get(err.errno, err.errno)})"
     return type(err).__name__
 
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 
 import aiohttp
 import pytest
-from aiohttp import ServerDisconnectedError
+from aiohttp import ClientOSError, ServerDisconnectedError
 
 from loadtest.bench.harness import failure_kind, logs_dir
 
@@ -28,6 +29,7 @@ def test_logs_asked_for_are_kept_and_others_go_with_the_run(tmp_path: Path) -> N
     [
         (TimeoutError(), "timeout"),
         (ServerDisconnectedError(), "ServerDisconnectedError"),
+        (ClientOSError(errno.ECONNRESET, "reset by peer"), "ClientOSError (ECONNRESET)"),
         (aiohttp.ClientError("no_capacity: every agent is busy"), "no_capacity"),
     ],
 )
