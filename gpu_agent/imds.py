@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -166,6 +167,7 @@ async def watch_notices(
 ) -> None:
     """Poll IMDS until cancelled; call each handler once, on the first notice of its kind."""
     rebalance_seen = False
+    failed_polls = 0  # in a row
     while True:
         try:
             if not rebalance_seen and (at := await client.rebalance_recommendation()) is not None:
@@ -176,5 +178,22 @@ async def watch_notices(
                 await on_interruption(notice)
                 return
         except (ImdsUnavailable, ValueError, KeyError) as err:
-            log.warning("imds poll failed", error=str(err))
+            failed_polls += 1
+            level = logging.WARNING if failure_warned(failed_polls) else logging.DEBUG
+            log.log(level, "imds poll failed", error=str(err), failed_polls=failed_polls)
+        else:
+            if failed_polls:
+                log.info("imds answers again", failed_polls=failed_polls)
+            failed_polls = 0
         await asyncio.sleep(poll_seconds)
+
+
+FAILED_POLLS_PER_WARNING = 60
+"""An IMDS that stays unreachable is warned of at its first failed poll, then once every this
+many (5 minutes at the default 5-second poll): spot notices cannot be seen meanwhile, and a
+line every poll would bury what else the log says."""
+
+
+def failure_warned(failed_polls: int) -> bool:
+    """Whether the `failed_polls`-th failed poll in a row is logged as a warning (else debug)."""
+    return failed_polls % FAILED_POLLS_PER_WARNING == 1

@@ -6,8 +6,17 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from structlog.testing import capture_logs
 
-from gpu_agent.imds import ImdsClient, SpotNotice, parse_spot_action, watch_notices
+from gpu_agent.imds import (
+    FAILED_POLLS_PER_WARNING,
+    ImdsClient,
+    ImdsUnavailable,
+    SpotNotice,
+    failure_warned,
+    parse_spot_action,
+    watch_notices,
+)
 from spotgate.process import ChildProcesses, loopback_socket, socket_port
 from tests.support.agents import IMDS_LAUNCHED_AT, Imds
 
@@ -111,3 +120,62 @@ async def test_the_emulator_answers_a_client_that_connected_before_it_started(
     finally:
         writer.close()
         processes.close()
+
+
+@pytest.mark.parametrize(
+    ("failed_polls", "warned"),
+    [
+        (1, True),
+        (2, False),
+        (FAILED_POLLS_PER_WARNING, False),
+        (FAILED_POLLS_PER_WARNING + 1, True),
+    ],
+)
+def test_an_unreachable_imds_is_warned_of_first_then_once_in_a_while(
+    failed_polls: int, warned: bool
+) -> None:
+    assert failure_warned(failed_polls) is warned
+
+
+class FailingImds:
+    """An IMDS that fails `failing` polls, then answers with no notice; `answered` once it did."""
+
+    def __init__(self, failing: int) -> None:
+        self.failing = failing
+        self.answered = asyncio.Event()
+
+    async def rebalance_recommendation(self) -> float | None:
+        if self.failing:
+            self.failing -= 1
+            raise ImdsUnavailable("no IMDSv2 token")
+        self.answered.set()
+        return None
+
+    async def spot_notice(self) -> SpotNotice | None:
+        return None
+
+
+async def test_a_failing_imds_is_warned_of_in_a_few_lines_and_its_answer_again_told() -> None:
+    async def never(_: object) -> None:
+        raise AssertionError("no notice was given")
+
+    imds = FailingImds(FAILED_POLLS_PER_WARNING + 5)
+    with capture_logs() as logs:
+        watcher = asyncio.create_task(
+            watch_notices(
+                imds,  # type: ignore[arg-type]
+                poll_seconds=0,
+                on_interruption=never,
+                on_rebalance=never,
+            )
+        )
+        await asyncio.wait_for(imds.answered.wait(), GUARD_SECONDS)
+        watcher.cancel()
+        await asyncio.gather(watcher, return_exceptions=True)
+
+    failed = [entry for entry in logs if entry["event"] == "imds poll failed"]
+    assert len(failed) == FAILED_POLLS_PER_WARNING + 5  # every one, most at debug
+    warned = [entry["failed_polls"] for entry in failed if entry["log_level"] == "warning"]
+    assert warned == [1, FAILED_POLLS_PER_WARNING + 1]
+    answered = [entry for entry in logs if entry["event"] == "imds answers again"]
+    assert [entry["failed_polls"] for entry in answered] == [FAILED_POLLS_PER_WARNING + 5]
