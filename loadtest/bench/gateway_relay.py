@@ -289,7 +289,9 @@ def render(
         "or LiteLLM) to the other, as a relay has its own CPUs in a deployment. Before each "
         "run the direct paths get a fresh token to the agent (a token lives at most "
         f"{TOKEN_TTL_MAX_SECONDS // 60} minutes) and LiteLLM's proxy is restarted with one, "
-        "then warmed.",
+        f"then warmed. Clients keep an idle connection {CLIENT_KEEPALIVE_SECONDS:g} s, less "
+        "than any server under test (LiteLLM's closes one after 5 s), so none is reset as "
+        "it is reused.",
         f"Machine: {machine_facts(['aiohttp'])}.",
         "",
         "| streams | path | tok/s (median) | TTFT samples | TTFT p50 ms | TTFT p99 ms "
