@@ -14,13 +14,11 @@ from collections.abc import Awaitable, Callable, Iterable
 from contextlib import suppress
 from dataclasses import dataclass
 from typing import Generic, Literal, Protocol, TypeVar
-from weakref import WeakKeyDictionary
 
 from aiohttp import WSCloseCode, WSMsgType, web
 from aiohttp.abc import AbstractStreamWriter
 
 from spotgate.admission import Refusal
-from spotgate.logging import get_logger
 from spotgate.openai_replies import ERROR_STATUS, error_body
 from spotgate.protocol import (
     FRAME_LINES_SUBPROTOCOL,
@@ -37,8 +35,6 @@ from spotgate.protocol import (
     parse_frame,
 )
 from spotgate.settings import SocketLimits
-
-log = get_logger(__name__)
 
 Principal = TypeVar("Principal")
 Send = Callable[[AnyFrame], Awaitable[None]]
@@ -87,43 +83,6 @@ def text_frame(payload: bytes) -> bytes:
     return header + payload
 
 
-class TurnWriter:
-    """The sockets with frames queued in this turn of a loop, written by one callback after it.
-
-    One callback a turn, not one a socket: a gateway relaying a token to each of a thousand
-    clients would otherwise schedule, and the loop run, a thousand.
-    """
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._queued: list[FrameSocket] = []
-
-    def queue(self, socket: FrameSocket) -> None:
-        """Write the socket's queued frames once this turn is over (`FrameSocket.flush`)."""
-        if not self._queued:
-            self._loop.call_soon(self._write_all)
-        self._queued.append(socket)
-
-    def _write_all(self) -> None:
-        sockets, self._queued = self._queued, []
-        for socket in sockets:
-            try:
-                socket.flush()
-            except Exception:  # that socket's fault: the others are written all the same
-                log.exception("writing a socket's frames failed")
-
-
-_TURN_WRITERS: WeakKeyDictionary[asyncio.AbstractEventLoop, TurnWriter] = WeakKeyDictionary()
-
-
-def turn_writer(loop: asyncio.AbstractEventLoop) -> TurnWriter:
-    """The loop's `TurnWriter`, shared by every socket served on it."""
-    writer = _TURN_WRITERS.get(loop)
-    if writer is None:
-        writer = _TURN_WRITERS[loop] = TurnWriter(loop)
-    return writer
-
-
 class FrameSocket:
     """A server websocket whose frames go out together, in one write per event-loop turn.
 
@@ -142,7 +101,8 @@ class FrameSocket:
         self._transport = request.transport
         self._writer = writer
         self._lines = ws.ws_protocol == FRAME_LINES_SUBPROTOCOL
-        self._turn = turn_writer(asyncio.get_running_loop())
+        # Kept: `asyncio.get_running_loop()` makes a system call (getpid) each time, before 3.12.
+        self._loop = asyncio.get_running_loop()
         self._pending: list[bytes] = []  # websocket frames, or with `_lines` their lines
         self._pending_bytes = 0
 
@@ -181,7 +141,7 @@ class FrameSocket:
         self._pending.append(data)
         self._pending_bytes += len(data)
         if len(self._pending) == 1:
-            self._turn.queue(self)
+            self._loop.call_soon(self.flush)
         if self._pending_bytes > WRITE_BUFFER_HIGH_BYTES:  # a sender that never lets the loop turn
             self.flush()
 

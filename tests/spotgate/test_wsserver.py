@@ -10,10 +10,9 @@ from typing import Any
 import aiohttp
 from aiohttp import WSCloseCode, web
 from aiohttp.test_utils import TestClient
-from structlog.testing import capture_logs
 
 from spotgate.protocol import FRAME_LINES_SUBPROTOCOL, ErrorCode, ErrorFrame, encode_frame
-from spotgate.wsserver import FrameSocket, TurnWriter, text_frame, turn_writer
+from spotgate.wsserver import FrameSocket, text_frame
 from tests.support.transports import keep_writes
 
 # Each length class of RFC 6455 §5.2: 7-bit, 16-bit and 64-bit payload lengths.
@@ -129,34 +128,3 @@ async def test_a_peer_that_does_not_read_is_cut_off_at_close(
     client = await serve(aiohttp_client, act, [])
     async with client.ws_connect("/ws", compress=0, max_msg_size=0):  # never read
         assert await closed
-
-
-class Flushed:
-    """A socket as the turn writer sees it: its `flush` recorded, or failing."""
-
-    def __init__(self, name: str, written: list[str], fails: bool = False) -> None:
-        self.name, self.written, self.fails = name, written, fails
-
-    def flush(self) -> None:
-        if self.fails:
-            raise RuntimeError("the transport broke")
-        self.written.append(self.name)
-
-
-async def test_a_turns_sockets_are_written_once_each_after_it_one_failing_alone() -> None:
-    written: list[str] = []
-    turn = TurnWriter(asyncio.get_running_loop())
-    sockets = [Flushed("a", written), Flushed("b", written, fails=True), Flushed("c", written)]
-    with capture_logs() as logs:
-        for socket in sockets:
-            turn.queue(socket)  # type: ignore[arg-type]
-        assert written == []  # not during the turn
-        await asyncio.sleep(0)
-
-    assert written == ["a", "c"]
-    assert [entry["event"] for entry in logs] == ["writing a socket's frames failed"]
-
-
-async def test_sockets_on_one_loop_share_its_turn_writer() -> None:
-    loop = asyncio.get_running_loop()
-    assert turn_writer(loop) is turn_writer(loop)
