@@ -224,7 +224,8 @@ def render(
         "",
         f"Command: `python -m loadtest.bench.gateway_profile --write docs/benchmarks.md`. "
         f"The gateway relay benchmark's stack; {concurrency} clients streaming replies back to "
-        "back.",
+        "back (over websockets, their streams multiplexed on one client socket, as in the "
+        "relay table).",
         f"Machine: {machine_facts(['aiohttp', 'pydantic', 'uvloop'])}.",
         "",
         *cost_lines(costs),
