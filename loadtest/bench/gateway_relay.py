@@ -65,6 +65,9 @@ async def measure_on_stack(
 ) -> dict[tuple[str, int], list[Sample]]:
     """Start the stack, measure it, stop it."""
     async with relay_stack(logs, litellm, client_cpus, relay_cpus) as paths:
+        if args.ws_socket_per_client:
+            for name in ("direct ws", "gateway ws"):
+                paths.servers[name].ws_socket_per_client = True
         return await measure(
             paths, args.concurrency, args.runs, args.max_tokens, frozenset(args.paths)
         )
@@ -271,12 +274,20 @@ def render(
     runs: int,
     max_tokens: int,
     paths: list[str],
+    ws_socket_per_client: bool = False,
 ) -> str:
     """The Markdown section for `docs/benchmarks.md`."""
+    ws_sockets = (
+        "each client has a websocket of its own, so each token is a write of its own, as over SSE"
+        if ws_socket_per_client
+        else "a run's streams share one client websocket, as one client multiplexing its "
+        "streams sends them, so the gateway writes a turn's tokens to it in one system call "
+        "(over SSE, or with a socket per client, a token is a write of its own)"
+    )
     lines = [
         "## Gateway relay: direct to the agent vs our gateway vs LiteLLM (synthetic engine)",
         "",
-        f"Command: `{COMMAND}`.",
+        f"Command: `{COMMAND}{' --ws-socket-per-client' if ws_socket_per_client else ''}`.",
         f"Engine: **synthetic** ({TOKENS_PER_SECOND:.0f} tokens/s per stream, TTFT "
         f"{TTFT_SECONDS * 1000:.0f} ms); streamed chat completions of {max_tokens} tokens; "
         f"{runs} alternating runs per path and concurrency. Clients arrive staggered over one "
@@ -309,10 +320,7 @@ def render(
         "the client on the same CPUs, while through the gateway the agent serves one "
         "multiplexed websocket and the gateway the SSE streams on its own CPUs, so *added* can "
         "be negative. The websocket rows give the agent and the client the same work on both "
-        "paths and isolate the extra hop; in them a run's streams share one client websocket, "
-        "as one client multiplexing its streams sends them, so the gateway writes a turn's "
-        "tokens to it in one system call (over SSE, or with a socket per client, a token is a "
-        "write of its own). *gateway's own*: its "
+        f"paths and isolate the extra hop; in them {ws_sockets}. *gateway's own*: its "
         "`spotgate_gateway_added_ttft_seconds` histogram over the same runs (bucket upper "
         "bounds): request to agent, plus agent's first token to the client's writer. "
         "*tok per chunk*: completion tokens per message that carried text (an SSE chunk, a "
@@ -334,6 +342,11 @@ def main() -> None:
     parser.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS))
     parser.add_argument("--write", type=Path)
     parser.add_argument("--logs", type=Path, help="keep the servers' logs here")
+    parser.add_argument(
+        "--ws-socket-per-client",
+        action="store_true",
+        help="websocket clients each on a socket of their own (default: one shared socket)",
+    )
     args = parser.parse_args()
     litellm = args.litellm if args.litellm and args.litellm.exists() else None
     client_cpus, relay_cpus = split_cpus()
@@ -345,7 +358,9 @@ def main() -> None:
             print_log_tails(logs)
             raise
     paths = [path for path in PATHS if (path, args.concurrency[0]) in results]
-    section = render(results, args.concurrency, args.runs, args.max_tokens, paths)
+    section = render(
+        results, args.concurrency, args.runs, args.max_tokens, paths, args.ws_socket_per_client
+    )
     if litellm is None:
         section += "\n\nLiteLLM was not run (no `--litellm` binary given)."
     print(section)

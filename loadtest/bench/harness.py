@@ -31,9 +31,8 @@ from stack.builder import AgentProcess, ApiKeySpec, GatewayReplica, StackSpec
 
 STARTUP_TIMEOUT_SECONDS = 300.0
 CLIENT_KEEPALIVE_SECONDS = 4.0
-"""How long the clients keep an idle connection for reuse: less than any server under test
-does (uvicorn's, LiteLLM's server, closes one after 5 s). A request sent on a connection as
-its server closes it is reset before the server reads it, a failure of the client's pool."""
+"""How long clients keep an idle connection: less than any server under test (uvicorn, LiteLLM's,
+closes one after 5 s), so none is reused as its server closes it (the request is reset)."""
 BENCH_KEY = "bench"
 """The API key the benchmarks' clients use."""
 BENCH_LOG_LEVEL: LogLevel = "warning"
@@ -59,6 +58,8 @@ class Server:
     added_ttft_histogram: str | None = None
     # Where its readiness and metrics are, when not at `url` (a gateway's operations port).
     ops_url: str | None = None
+    # `ws`: each client on a websocket of its own, not every stream on one shared socket.
+    ws_socket_per_client: bool = False
 
     @property
     def operations_url(self) -> str:
@@ -376,6 +377,14 @@ class StreamSocket:
                 queue.put_nowait(frame)
 
 
+async def stream_socket(http: aiohttp.ClientSession, server: Server) -> StreamSocket:
+    """A websocket to the server's wire protocol, for streams of one client or of all."""
+    ws = await http.ws_connect(
+        f"{server.url}/v1/ws", headers=server.headers, max_msg_size=16 * 1024 * 1024
+    )
+    return StreamSocket(ws)
+
+
 async def timed_run(
     http: aiohttp.ClientSession,
     server: Server,
@@ -391,31 +400,33 @@ async def timed_run(
     arriving as one burst.
     """
     sample = Sample()
-    sockets: StreamSocket | None = None
-    if server.transport == "ws":
-        sockets = StreamSocket(
-            await http.ws_connect(
-                f"{server.url}/v1/ws", headers=server.headers, max_msg_size=16 * 1024 * 1024
-            )
-        )
+    shared: StreamSocket | None = None
+    if server.transport == "ws" and not server.ws_socket_per_client:
+        shared = await stream_socket(http, server)
 
     async def worker(worker_id: int) -> None:
         await asyncio.sleep(worker_id * stagger_seconds / concurrency)  # arrival shaping
-        for index in range(requests):
-            prompt = f"request {worker_id}-{index}: tell me about spot"
-            try:
-                if sockets is not None:
-                    reply = await sockets.one_request(server.model, prompt, max_tokens)
-                else:
-                    reply = await one_request(http, server, prompt, max_tokens)
-            except (aiohttp.ClientError, TimeoutError) as err:
-                sample.failures += 1
-                sample.failure_kinds[failure_kind(err)] += 1
-                continue
-            ttft, tokens, chunks = reply
-            sample.ttfts_seconds.append(ttft)
-            sample.total_tokens += tokens
-            sample.chunks += chunks
+        own = await stream_socket(http, server) if server.ws_socket_per_client else None
+        sockets = own or shared
+        try:
+            for index in range(requests):
+                prompt = f"request {worker_id}-{index}: tell me about spot"
+                try:
+                    if sockets is not None:
+                        reply = await sockets.one_request(server.model, prompt, max_tokens)
+                    else:
+                        reply = await one_request(http, server, prompt, max_tokens)
+                except (aiohttp.ClientError, TimeoutError) as err:
+                    sample.failures += 1
+                    sample.failure_kinds[failure_kind(err)] += 1
+                    continue
+                ttft, tokens, chunks = reply
+                sample.ttfts_seconds.append(ttft)
+                sample.total_tokens += tokens
+                sample.chunks += chunks
+        finally:
+            if own is not None:
+                await own.close()
 
     histogram = server.added_ttft_histogram
     before = await histogram_buckets(http, server.operations_url, histogram) if histogram else {}
@@ -424,8 +435,8 @@ async def timed_run(
     try:
         await asyncio.gather(*(worker(n) for n in range(concurrency)))
     finally:
-        if sockets is not None:
-            await sockets.close()
+        if shared is not None:
+            await shared.close()
     sample.wall_seconds = time.perf_counter() - started
     user, system = server.cpu_seconds()
     sample.server_system_cpu_seconds = system - system_before

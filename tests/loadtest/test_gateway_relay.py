@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from loadtest.bench.gateway_relay import _row, goal_lines, path_stats
+from loadtest.bench.gateway_relay import _row, goal_lines, path_stats, render
 from loadtest.bench.harness import Sample
 
 PATHS = ["direct", "gateway", "litellm", "direct ws", "gateway ws"]
@@ -95,3 +95,16 @@ def test_a_row_says_what_its_failures_were_most_first() -> None:
     assert stats["litellm"].failure_kinds == {"timeout": 4, "HTTP 500": 1}
     assert _row(1000, "litellm", stats["litellm"]).endswith("| 5 (4 timeout, 1 HTTP 500) |")
     assert _row(1000, "gateway", stats["gateway"]).endswith("| 0 |")
+
+
+def test_the_section_says_whether_websocket_clients_share_a_socket() -> None:
+    results = _results(
+        100, {"direct": 80, "gateway": 70, "litellm": 400, "direct ws": 50, "gateway ws": 52}
+    )
+    shared = render(results, [100], 1, 32, PATHS)
+    own = render(results, [100], 1, 32, PATHS, ws_socket_per_client=True)
+
+    assert "share one client websocket" in shared
+    assert "--ws-socket-per-client" not in shared
+    assert "each client has a websocket of its own" in own
+    assert "--ws-socket-per-client`" in own
