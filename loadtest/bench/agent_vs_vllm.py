@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import os
 import sys
-import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -32,7 +31,6 @@ from loadtest.bench.harness import (
     Sample,
     Server,
     alternating_runs,
-    print_log_tails,
     spawn,
     stop_servers,
     timed_run,
@@ -40,6 +38,7 @@ from loadtest.bench.harness import (
 )
 from loadtest.bench.report import machine_facts, median, percentile, write_section
 from loadtest.bench.vllm_agent import vllm_agent
+from loadtest.bench.workdir import add_logs_option, logs_dir, print_log_tails, scratch_dir
 from spotgate.process import free_port
 
 SERVED_NAME = "tiny"
@@ -155,16 +154,16 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--write", type=Path)
+    add_logs_option(parser)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="spotgate-bench-") as scratch:
+    with scratch_dir() as scratch, logs_dir(args.logs) as logs:
         model = args.model
         label = str(model)
         if model is None:
             from gpu_agent.tiny_model import TINY_MODEL_NAME, write_tiny_model
 
-            model = write_tiny_model(Path(scratch) / "tiny")
+            model = write_tiny_model(scratch / "tiny")
             label = f"{TINY_MODEL_NAME} (random weights, generated offline)"
-        logs = Path(scratch)
         try:
             results = asyncio.run(_measure_on_servers(model, logs, args))
         except (RuntimeError, TimeoutError):

@@ -29,7 +29,6 @@ import io
 import json
 import random
 import sys
-import tempfile
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
@@ -41,6 +40,7 @@ from pydantic import SecretStr
 
 from loadtest.bench.harness import Server, bench_spec, metric_value, metrics_text, stream_chat
 from loadtest.bench.report import machine_facts, median, percentile, publish
+from loadtest.bench.workdir import add_logs_option, logs_dir
 from spotgate.process import loopback_socket
 from spotgate.settings import (
     AgentSettings,
@@ -403,10 +403,10 @@ async def across_replicas(logs: Path, runs: int, limit_store: bool) -> list[list
     return samples
 
 
-async def run(runs: int, window_seconds: float) -> str:
-    """Every mode `runs` times, in turn, on one stack."""
-    with tempfile.TemporaryDirectory(prefix="spotgate-bench-") as logs:
-        async with share_stack(Path(logs)) as stack:
+async def run(runs: int, window_seconds: float, kept_logs: Path | None = None) -> str:
+    """Every mode `runs` times, in turn, on one stack (its logs kept in `kept_logs` if given)."""
+    with logs_dir(kept_logs) as logs:
+        async with share_stack(logs) as stack:
             timeout = aiohttp.ClientTimeout(total=900)
             connector = aiohttp.TCPConnector(limit=0)
             async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
@@ -427,7 +427,7 @@ async def run(runs: int, window_seconds: float) -> str:
                             f"run {n + 1} fifo={fifo}: p99 {percentile(fair[fifo][-1], 0.99):.2f} s"
                         )
                         await asyncio.sleep(SETTLE_SECONDS)
-        across = {store: await across_replicas(Path(logs), runs, store) for store in (True, False)}
+        across = {store: await across_replicas(logs, runs, store) for store in (True, False)}
     return render(windows, fair, across, window_seconds, runs)
 
 
@@ -437,9 +437,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--window", type=float, default=30.0, help="seconds of interactive load")
     parser.add_argument("--write", type=Path, default=None, help="the report to update")
+    add_logs_option(parser)
     args = parser.parse_args(argv)
     started = time.perf_counter()
-    section = asyncio.run(run(args.runs, args.window))
+    section = asyncio.run(run(args.runs, args.window, args.logs))
     publish(section, SECTION, args.write, started)
 
 

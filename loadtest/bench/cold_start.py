@@ -18,7 +18,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -27,6 +26,7 @@ from pathlib import Path
 from gpu_agent.tiny_model import DEFAULT_TOKENIZER_CACHE
 from loadtest.bench.report import machine_facts, median, publish
 from loadtest.bench.routing_modes import progress
+from loadtest.bench.workdir import scratch_dir
 from spotgate.registry import BOOT_PHASES
 from stack.local import TINY_MODEL_CACHE_ENV, TOKENIZER_CACHE_ENV
 
@@ -143,13 +143,13 @@ def main() -> None:
     args = parser.parse_args()
     started = time.perf_counter()
     boots = []
-    with tempfile.TemporaryDirectory(prefix="spotgate-cold-start-") as scratch:
+    with scratch_dir() as scratch:
         env = {
             TOKENIZER_CACHE_ENV: str(args.cache.resolve()),
-            TINY_MODEL_CACHE_ENV: str(Path(scratch) / "models"),
+            TINY_MODEL_CACHE_ENV: str(scratch / "models"),
         }
         for run in range(args.runs):
-            directory = Path(scratch) / f"run-{run + 1}"
+            directory = scratch / f"run-{run + 1}"
             directory.mkdir()
             boots.append(one_boot(directory, env))
             progress(f"run {run + 1}: {boots[-1]}")

@@ -46,8 +46,6 @@ from loadtest.bench.gateway_relay import (
 from loadtest.bench.harness import (
     Sample,
     Server,
-    logs_dir,
-    print_log_tails,
     split_cpus,
     timed_run,
     wait_ready,
@@ -55,6 +53,7 @@ from loadtest.bench.harness import (
 )
 from loadtest.bench.relay_stack import relay_stack
 from loadtest.bench.report import machine_facts, publish
+from loadtest.bench.workdir import add_logs_option, logs_dir, print_log_tails
 
 MAX_TOKENS = 32
 COST_REPLY_TOKENS = (MAX_TOKENS, 256)  # the two reply lengths the cost split is fitted on
@@ -301,7 +300,7 @@ def main() -> None:
     parser.add_argument("--transport", nargs="+", choices=("ws", "sse"), default=["ws", "sse"])
     parser.add_argument("--cost-rounds", type=int, default=3, help="0: no cost split")
     parser.add_argument("--write", type=Path)
-    parser.add_argument("--logs", type=Path, help="keep the servers' logs here")
+    add_logs_option(parser)
     args = parser.parse_args()
     started = time.perf_counter()
     client_cpus, relay_cpus = split_cpus()

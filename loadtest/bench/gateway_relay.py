@@ -29,8 +29,6 @@ from loadtest.bench.harness import (
     Sample,
     alternating_runs,
     bucket_quantile,
-    logs_dir,
-    print_log_tails,
     split_cpus,
     wait_ready,
     warmed,
@@ -43,6 +41,7 @@ from loadtest.bench.relay_stack import (
     relay_stack,
 )
 from loadtest.bench.report import machine_facts, median, percentile, write_section
+from loadtest.bench.workdir import add_logs_option, logs_dir, print_log_tails
 from spotgate.settings import TOKEN_TTL_MAX_SECONDS
 
 MAX_REQUESTS_PER_CLIENT = 20
@@ -341,7 +340,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 100, 1000])
     parser.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS))
     parser.add_argument("--write", type=Path)
-    parser.add_argument("--logs", type=Path, help="keep the servers' logs here")
+    add_logs_option(parser)
     parser.add_argument(
         "--ws-socket-per-client",
         action="store_true",

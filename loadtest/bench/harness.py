@@ -14,7 +14,6 @@ import json
 import os
 import signal
 import sys
-import tempfile
 import time
 import uuid
 from collections import Counter
@@ -85,25 +84,6 @@ def stop_servers(servers: Iterable[Server]) -> None:
             server.process.wait(timeout=SERVER_STOP_SECONDS)
         except TimeoutExpired:
             server.process.kill()
-
-
-@contextlib.contextmanager
-def logs_dir(kept: Path | None) -> Iterator[Path]:
-    """Where a benchmark's servers log: `kept` (made if missing, left after), or a temporary one."""
-    if kept is not None:
-        kept.mkdir(parents=True, exist_ok=True)
-        yield kept
-        return
-    with tempfile.TemporaryDirectory(prefix="spotgate-bench-") as scratch:
-        yield Path(scratch)
-
-
-def print_log_tails(logs: Path, lines: int = 30) -> None:
-    """The last lines of every server log, to stderr (when a benchmark cannot start)."""
-    for log in sorted(logs.glob("*.log")):
-        tail = log.read_text(errors="replace").splitlines()[-lines:]
-        print(f"--- {log.name} (last lines)", file=sys.stderr)
-        print("\n".join(tail), file=sys.stderr)
 
 
 def spawn(

@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import os
 import random
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ from pathlib import Path
 from gpu_agent.engine import Engine, GenerationRequest
 from loadtest.bench.cpu_engine import BenchEngine
 from loadtest.bench.report import machine_facts, median, write_section
+from loadtest.bench.workdir import scratch_dir
 from spotgate.settings import AgentSettings
 
 ENGINE = BenchEngine(max_num_seqs=32)
@@ -145,8 +145,8 @@ def main() -> None:
         finally:
             await engine.close()
 
-    with tempfile.TemporaryDirectory(prefix="spotgate-bench-") as scratch:
-        results = asyncio.run(run(write_tiny_model(Path(scratch) / "model")))
+    with scratch_dir() as scratch:
+        results = asyncio.run(run(write_tiny_model(scratch / "model")))
     section = render(results, args)
     print(section)
     if args.write:

@@ -35,7 +35,6 @@ import itertools
 import json
 import os
 import random
-import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from functools import partial
@@ -53,7 +52,6 @@ from loadtest.bench.harness import (
     cpu_burners,
     metric_value,
     metrics_text,
-    print_log_tails,
     wait_ready,
 )
 from loadtest.bench.move_gap_figures import (
@@ -98,6 +96,7 @@ from loadtest.bench.routing_stack import (
     placement,
     wait_for_agents,
 )
+from loadtest.bench.workdir import add_logs_option, logs_dir, print_log_tails, scratch_dir
 from spotgate.settings import RoutingSettings
 from spotgate.tokens import SigningKey
 from stack.builder import LocalStack
@@ -445,6 +444,7 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, default=DEFAULT_TOKENIZER_CACHE)
     parser.add_argument("--write", type=Path)
     parser.add_argument("--section", help="its section's name (default: by --burner)")
+    add_logs_option(parser)
     args = parser.parse_args()
     if max(args.prompt_tokens) + args.reply_tokens > MAX_MODEL_LEN:
         parser.error(f"prompt and reply must fit in {MAX_MODEL_LEN} tokens")
@@ -454,11 +454,9 @@ def main() -> None:
         )
     started = time.perf_counter()
     cpus, where = placement(2, sorted(os.sched_getaffinity(0)))
-    with tempfile.TemporaryDirectory(prefix="spotgate-bench-") as scratch:
-        model = _write_model(Path(scratch), args.cache)
+    with scratch_dir() as scratch, logs_dir(args.logs) as logs:
+        model = _write_model(scratch, args.cache)
         tokenizer = AutoTokenizer.from_pretrained(model)
-        logs = Path(scratch) / "logs"
-        logs.mkdir()
         try:
             with cpu_burners(len(cpus) if args.burner else 0):
                 results = asyncio.run(measure_on_stack(model, logs, cpus, args, tokenizer))

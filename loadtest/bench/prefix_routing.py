@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,7 +34,6 @@ from pathlib import Path
 import aiohttp
 
 from loadtest.bench.conversations import SYSTEM_PROMPT_WORDS, SYSTEM_PROMPTS, USER_TURN_WORDS
-from loadtest.bench.harness import print_log_tails
 from loadtest.bench.report import machine_facts, median, write_section
 from loadtest.bench.routing_modes import (
     HIT_COUNTER,
@@ -61,6 +59,7 @@ from loadtest.bench.routing_stack import (
     placement,
     stack,
 )
+from loadtest.bench.workdir import add_logs_option, logs_dir, print_log_tails, scratch_dir
 from spotgate.settings import RoutingSettings
 
 COMMAND = "python -m loadtest.bench.prefix_routing --write docs/benchmarks.md"
@@ -216,21 +215,22 @@ def main() -> None:
         help="the prefix-aware gateway's routing.prefix_load_skew",
     )
     parser.add_argument("--write", type=Path)
+    add_logs_option(parser)
     args = parser.parse_args()
     if min(*args.agents, args.runs, args.conversations, args.turns, args.concurrency) < 1:
         parser.error("--agents, --runs, --conversations, --turns, --concurrency must be >= 1")
     started = time.perf_counter()
     pools = []
-    with tempfile.TemporaryDirectory(prefix="spotgate-bench-") as scratch:
+    with scratch_dir() as scratch, logs_dir(args.logs) as kept:
         from gpu_agent.tiny_model import write_tiny_model
 
         model = write_tiny_model(
-            Path(scratch) / "model", hidden_size=MODEL_HIDDEN_SIZE, layers=MODEL_LAYERS
+            scratch / "model", hidden_size=MODEL_HIDDEN_SIZE, layers=MODEL_LAYERS
         )
         for agents in args.agents:
             agent_cpus, where = placement(agents, sorted(os.sched_getaffinity(0)))
-            logs = Path(scratch) / f"{agents}-agents"
-            logs.mkdir()
+            logs = kept / f"{agents}-agents"
+            logs.mkdir(exist_ok=True)
             try:
                 results, calibration = asyncio.run(measure_on_stack(model, logs, agent_cpus, args))
             except (RuntimeError, TimeoutError, aiohttp.ClientError):

@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import itertools
 import json
-import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -33,11 +32,11 @@ import aiohttp
 from loadtest.bench.cpu_engine import BenchEngine
 from loadtest.bench.harness import (
     Server,
-    print_log_tails,
     wait_ready,
 )
 from loadtest.bench.report import machine_facts, percentile, write_section
 from loadtest.bench.vllm_agent import vllm_agent
+from loadtest.bench.workdir import add_logs_option, logs_dir, print_log_tails, scratch_dir
 from spotgate.admission import GatewayConditions, Grant, gateway_refusal
 from spotgate.context import ContextLimits
 from spotgate.protocol import MAX_TOOLS, GenerateFrame
@@ -245,15 +244,15 @@ def main() -> None:
     parser.add_argument("--rpm", type=int, default=60, help="the attacking key's requests/min")
     parser.add_argument("--cache", type=Path, default=DEFAULT_TOKENIZER_CACHE)
     parser.add_argument("--write", type=Path, help="report file to update")
+    add_logs_option(parser)
     args = parser.parse_args()
     tokenizer_dir = published_tokenizer(TOKENIZER, args.cache)
     backend = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
     limits = ContextLimits(ENGINE.max_model_len, max_token_chars(backend))
     max_prompt_chars = SocketLimits().max_prompt_chars
     body = largest_legal_request(SERVED_NAME, max_prompt_chars, limits)
-    with tempfile.TemporaryDirectory(prefix="spotgate-bench-") as scratch:
-        model = write_tiny_model(Path(scratch) / "model", tokenizer_dir)
-        logs = Path(scratch)
+    with scratch_dir() as scratch, logs_dir(args.logs) as logs:
+        model = write_tiny_model(scratch / "model", tokenizer_dir)
         try:
             results = asyncio.run(_measure_on_agent(model, logs, body, args))
         except (RuntimeError, TimeoutError, aiohttp.ClientError):

@@ -35,7 +35,6 @@ import heapq
 import itertools
 import math
 import random
-import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
@@ -49,6 +48,7 @@ import uvloop
 from gateway.dispatch import Dispatcher, PoolView
 from loadtest.bench.harness import bench_spec
 from loadtest.bench.report import machine_facts, percentile, write_section
+from loadtest.bench.workdir import logs_dir
 from pool_manager.launches import vouch_for_agent
 from spotgate.registry import AgentRecord, AgentState, Registry
 from spotgate.settings import QueueSettings
@@ -217,7 +217,7 @@ async def _one_run(path: str, agents: int, gateways: int, seconds: float) -> Pat
     load = random.Random(11)
     async with AsyncExitStack() as stack:
         # The emulator in a process of its own, so it does not share the readers' core.
-        logs = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="spotgate-bench-")))
+        logs = stack.enter_context(logs_dir(None))
         emulator = await stack.enter_async_context(LocalStack(bench_spec(logs, [], keys=())))
         settings = emulator.shared
         fleet = await stack.enter_async_context(Registry.open(settings, clock))

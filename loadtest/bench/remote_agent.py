@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import tempfile
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -22,6 +21,7 @@ from pydantic import SecretStr
 
 from loadtest.bench.harness import BENCH_KEY, StreamSocket, bench_spec
 from loadtest.bench.report import machine_facts, median, percentile, write_section
+from loadtest.bench.workdir import logs_dir
 from spotgate.process import loopback_socket, socket_port
 from spotgate.settings import AgentSettings, GatewaySettings, SyntheticSettings, TokenSettings
 from spotgate.tokens import SigningKey
@@ -135,8 +135,8 @@ async def measure(runs: int, streams: int) -> dict[str, list[float]]:
             ),
             sockets,
         )
-        with tempfile.TemporaryDirectory() as logs:
-            spec = bench_spec(Path(logs), [gateway], [agent])
+        with logs_dir(None) as logs:
+            spec = bench_spec(logs, [gateway], [agent])
             async with LocalStack(spec) as running, aiohttp.ClientSession() as http:
                 api_key = running.keys[BENCH_KEY].api_key
                 ws = await http.ws_connect(

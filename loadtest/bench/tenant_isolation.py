@@ -30,7 +30,6 @@ import functools
 import os
 import secrets
 import sys
-import tempfile
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -39,7 +38,7 @@ from pathlib import Path
 import aiohttp
 
 from loadtest.bench.conversations import SYSTEM_PROMPTS, Conversation, workload
-from loadtest.bench.harness import Server, bench_spec, print_log_tails
+from loadtest.bench.harness import Server, bench_spec
 from loadtest.bench.report import machine_facts, write_section
 from loadtest.bench.routing_modes import (
     CLIENT_TIMEOUT_SECONDS,
@@ -62,6 +61,7 @@ from loadtest.bench.routing_stack import (
     gateway_server,
     placement,
 )
+from loadtest.bench.workdir import add_logs_option, logs_dir, print_log_tails, scratch_dir
 from spotgate.settings import RoutingSettings
 from spotgate.tenancy import shared_prompt_digest
 from spotgate.tokens import SigningKey
@@ -264,6 +264,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=4, help="requests in flight")
     parser.add_argument("--max-tokens", type=int, default=24)
     parser.add_argument("--write", type=Path)
+    add_logs_option(parser)
     args = parser.parse_args()
     if min(args.agents, args.runs, *args.tenants, args.conversations, args.turns) < 1:
         parser.error("every count must be >= 1")
@@ -271,15 +272,13 @@ def main() -> None:
     seeds = {(run, mode.name): secrets.randbits(32) for run in range(args.runs) for mode in modes}
     shared = shared_digests(list(seeds.values()), args.conversations, args.turns)
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="spotgate-bench-") as scratch:
+    with scratch_dir() as scratch, logs_dir(args.logs) as logs:
         from gpu_agent.tiny_model import write_tiny_model
 
         model = write_tiny_model(
-            Path(scratch) / "model", hidden_size=MODEL_HIDDEN_SIZE, layers=MODEL_LAYERS
+            scratch / "model", hidden_size=MODEL_HIDDEN_SIZE, layers=MODEL_LAYERS
         )
         agent_cpus, where = placement(args.agents, sorted(os.sched_getaffinity(0)))
-        logs = Path(scratch) / "logs"
-        logs.mkdir()
         try:
             results = asyncio.run(
                 measure_on_stack(model, logs, agent_cpus, shared, modes, seeds, args)
