@@ -156,7 +156,7 @@ def _servers(stack: LocalStack, agent_url: str, agent_auth: dict[str, str]) -> d
     gateway_auth = {"Authorization": f"Bearer {stack.keys[BENCH_KEY].api_key}"}
     sockets = stack.spec.gateways[0].sockets
 
-    def relayed(name: str, transport: Literal["sse", "ws"]) -> Server:
+    def relayed(name: str, transport: Literal["sse", "ws"], own_sockets: bool = False) -> Server:
         return Server(
             name,
             sockets.url,
@@ -166,13 +166,27 @@ def _servers(stack: LocalStack, agent_url: str, agent_auth: dict[str, str]) -> d
             transport,
             ADDED_TTFT_HISTOGRAM,
             sockets.ops_url,
+            ws_socket_per_client=own_sockets,
+        )
+
+    def direct(name: str, transport: Literal["sse", "ws"], own_sockets: bool = False) -> Server:
+        return Server(
+            name,
+            agent_url,
+            agent_auth,
+            agent.process,
+            MODEL,
+            transport,
+            ws_socket_per_client=own_sockets,
         )
 
     return {
-        "direct": Server("direct", agent_url, agent_auth, agent.process, MODEL),
-        "direct ws": Server("direct ws", agent_url, agent_auth, agent.process, MODEL, "ws"),
+        "direct": direct("direct", "sse"),
+        "direct ws": direct("direct ws", "ws"),
+        "direct ws, own sockets": direct("direct ws, own sockets", "ws", own_sockets=True),
         "gateway": relayed("gateway", "sse"),
         "gateway ws": relayed("gateway ws", "ws"),
+        "gateway ws, own sockets": relayed("gateway ws, own sockets", "ws", own_sockets=True),
     }
 
 

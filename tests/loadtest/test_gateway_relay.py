@@ -97,14 +97,29 @@ def test_a_row_says_what_its_failures_were_most_first() -> None:
     assert _row(1000, "gateway", stats["gateway"]).endswith("| 0 |")
 
 
-def test_the_section_says_whether_websocket_clients_share_a_socket() -> None:
-    results = _results(
-        100, {"direct": 80, "gateway": 70, "litellm": 400, "direct ws": 50, "gateway ws": 52}
-    )
-    shared = render(results, [100], 1, 32, PATHS)
-    own = render(results, [100], 1, 32, PATHS, ws_socket_per_client=True)
+def test_rows_of_clients_on_their_own_sockets_compare_with_direct_on_their_own_sockets() -> None:
+    own = ["direct ws, own sockets", "gateway ws, own sockets"]
+    ttft_ms = {"direct": 80, "gateway": 70, "litellm": 400, "direct ws": 50, "gateway ws": 52}
+    results = _results(1000, ttft_ms)
+    results[(own[0], 1000)] = [_sample(60, tokens_per_second=500.0)] * 3
+    results[(own[1], 1000)] = [_sample(65, tokens_per_second=1000.0)] * 3
 
-    assert "share one client websocket" in shared
-    assert "--ws-socket-per-client" not in shared
-    assert "each client has a websocket of its own" in own
-    assert "--ws-socket-per-client`" in own
+    stats = path_stats(results, 1000, [*PATHS, *own])
+    lines = "\n".join(goal_lines({1000: stats}))
+    section = render(results, [1000], 3, 32, [*PATHS, *own])
+
+    assert stats[own[0]].added_ms is None  # its own baseline, not the shared socket's
+    assert stats[own[1]].added_ms == pytest.approx((5.0, 5.0))
+    assert "(websocket, a socket per client): relayed tokens per gateway CPU-second" in lines
+    assert "1,000 vs 500 tok/s, **200%** (met)" in lines
+    assert "| 1000 | gateway ws, own sockets | 1,000 |" in section
+    assert "each client has a websocket of its own" in section
+
+
+def test_goals_are_judged_from_the_paths_that_ran() -> None:
+    ws_only = ["direct ws", "gateway ws"]
+    results = {(path, 100): [_sample(50)] * 3 for path in ws_only}
+
+    lines = goal_lines({100: path_stats(results, 100, ws_only)})
+
+    assert lines == ["Goals, from the rows above:", ""]
