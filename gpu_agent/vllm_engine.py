@@ -31,6 +31,7 @@ from gpu_agent.engine import (
 from gpu_agent.engine_args import chat_template, engine_args
 from gpu_agent.grammar import GrammarError, Grammars
 from gpu_agent.reasoning import think_tags
+from gpu_agent.resumed_prompts import ResumedPrompts, prompt_key
 from gpu_agent.token_bytes import TokenBytes
 from gpu_agent.tool_calls import ToolCallReader
 from gpu_agent.vllm_environment import set_engine_environment
@@ -109,6 +110,7 @@ class VllmEngine:
         # Prompts and schemas each on a thread of their own: a schema that takes long to
         # compile holds back no other request's prompt.
         self._prompt_thread = WorkerThread("prompts")
+        self._resumed_prompts = ResumedPrompts()
         self._schema_thread = WorkerThread("schemas")
         self._tool_call_parser = tool_call_parser
         # Found once: an unknown or unusable parser fails the start, not a request.
@@ -230,9 +232,18 @@ class VllmEngine:
         return [int(token) for token in ids]
 
     async def prompt_ids(self, frame: GenerateFrame, max_prompt_tokens: int) -> list[int]:
-        """The request's prompt ids, made on the engine's prompt thread (see `Engine`)."""
-        job = functools.partial(self._prompt_ids, frame, max_prompt_tokens)
-        return await self._prompt_thread.run(job)
+        """The request's prompt ids, made on the engine's prompt thread (see `Engine`).
+
+        A resume's are kept (`ResumedPrompts`): the next round of a moving stream finds them.
+        """
+        key = prompt_key(frame) if frame.resume is not None else None
+        ids = self._resumed_prompts.get(key) if key is not None else None
+        if ids is None:
+            job = functools.partial(self._prompt_ids, frame, max_prompt_tokens)
+            ids = await self._prompt_thread.run(job)
+            if key is not None:
+                self._resumed_prompts.put(key, ids)
+        return ids  # too long for this stream's reply: `stream_budget` refuses it, as made ones
 
     def _prompt_ids(self, frame: GenerateFrame, max_prompt_tokens: int) -> list[int]:
         if frame.messages is None:
