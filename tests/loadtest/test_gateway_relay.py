@@ -80,6 +80,25 @@ def test_the_1000_stream_goals_are_judged_per_transport() -> None:
     assert lines.count("TTFT p99 ≤ 10 ms: **≤ 2 ms** (met)") == 2
 
 
+def test_the_1000_stream_relay_cost_is_told_run_by_run_with_its_worst() -> None:
+    results = _results(
+        1000, {"direct": 80, "gateway": 70, "litellm": 400, "direct ws": 50, "gateway ws": 53}
+    )
+    runs = [_sample(53), _sample(53), _sample(53)]
+    for run, cpu_seconds in zip(runs, (0.5, 0.4, 1.0), strict=True):
+        run.server_cpu_seconds = cpu_seconds
+    results[("gateway ws", 1000)] = runs
+
+    stats = path_stats(results, 1000, PATHS)
+    lines = "\n".join(goal_lines({1000: stats}))
+
+    assert stats["gateway ws"].tokens_per_relay_cpu_second_per_run == (4000, 5000, 2000)
+    # 6,000 tokens over 1.9 CPU-seconds in all; the worst run is the one to plan for.
+    assert "**3,158** (not met), run by run 4,000, 5,000, 2,000 (median 4,000, worst 2,000)" in (
+        lines
+    )
+
+
 def test_a_row_says_what_its_failures_were_most_first() -> None:
     results = _results(
         1000, {"direct": 80, "gateway": 70, "litellm": 400, "direct ws": 50, "gateway ws": 52}
