@@ -82,6 +82,7 @@ bench: $(INSTALLED) $(REDIS_SERVER) $(LITELLM) $(TOKENIZERS)
 	$(BIN)/python -m loadtest.bench.move_gap --cache $(TOKENIZER_CACHE) --prompt-tokens 8000 --reply-tokens 12000 --runs 2 --modes today early --notice-seconds 120 --section move-gap-aws-notice-8k --write docs/benchmarks.md
 	$(BIN)/python -m loadtest.bench.move_gap --cache $(TOKENIZER_CACHE) --prompt-tokens 1000 --reply-tokens 12000 --runs 2 --modes today early --notice-seconds 120 --burner --section move-gap-aws-notice-burner --write docs/benchmarks.md
 	$(BIN)/python -m loadtest.bench.move_gap --cache $(TOKENIZER_CACHE) --prompt-tokens 32000 --reply-tokens 4700 --runs 2 --modes today early --notice-seconds 120 --section move-gap-aws-notice-32k --write docs/benchmarks.md
+	$(BIN)/python -m loadtest.bench.switch_floor --cache $(TOKENIZER_CACHE) --write docs/benchmarks.md
 	$(BIN)/python -m loadtest.bench.prefix_routing --write docs/benchmarks.md
 	$(BIN)/python -m loadtest.bench.tenant_isolation --write docs/benchmarks.md
 	$(BIN)/python -m loadtest.bench.batch_share --write docs/benchmarks.md

@@ -408,7 +408,8 @@ async def measure_on_stack(
         )
 
 
-def _write_model(scratch: Path, cache: Path) -> Path:
+def write_model(scratch: Path, cache: Path) -> Path:
+    """The benchmark's tiny model under `scratch`, its positions raised for the longest context."""
     from gpu_agent.tiny_model import published_tokenizer, write_tiny_model
 
     model = write_tiny_model(
@@ -455,7 +456,7 @@ def main() -> None:
     started = time.perf_counter()
     cpus, where = placement(2, sorted(os.sched_getaffinity(0)))
     with scratch_dir() as scratch, logs_dir(args.logs) as logs:
-        model = _write_model(scratch, args.cache)
+        model = write_model(scratch, args.cache)
         tokenizer = AutoTokenizer.from_pretrained(model)
         try:
             with cpu_burners(len(cpus) if args.burner else 0):
