@@ -77,6 +77,7 @@ def _params(max_tokens: int) -> Any:
         max_tokens=max_tokens,
         temperature=0.0,
         ignore_eos=True,
+        detokenize=False,  # as the agent asks: its own detokenizer makes the text
         output_kind=RequestOutputKind.DELTA,
     )
 
