@@ -68,6 +68,11 @@ class ContextRuns:
     switches: list[float] = field(default_factory=list)  # per run: the switch's wait
     differing: int = 0  # tokens that were not the reply's
 
+    @property
+    def switch_waits(self) -> list[list[float]]:
+        """The switches as each run's waits (one a run), beside `rounds` and `chunks`."""
+        return [[switch] for switch in self.switches]
+
 
 def aligned_held(prompt_tokens: int, block_tokens: int) -> int:
     """The fewest held tokens after which the request's all but last tokens fill whole blocks."""
@@ -254,17 +259,16 @@ def render(results: Sequence[ContextRuns], runs: int, cpu: int) -> str:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for result in results:
-        switches = [[switch] for switch in result.switches]
         lines.append(
             f"| {result.prompt_tokens:,} | {median(result.gaps) * 1e3:.1f} ms "
             f"| {_waits(result.rounds, result.gaps)} | {_waits(result.aligned, result.gaps)} "
             f"| {_waits(result.chunks, result.gaps)} "
-            f"| {_waits(switches, result.gaps)} |"
+            f"| {_waits(result.switch_waits, result.gaps)} |"
         )
     differing = sum(result.differing for result in results)
     lines += ["", f"Tokens that were not the reply's: {differing}.", ""]
     for result in results:
-        worst = max(in_gaps([[s] for s in result.switches], result.gaps))
+        worst = max(in_gaps(result.switch_waits, result.gaps))
         lines.append(
             f"- {result.prompt_tokens:,} tokens: a following session's switch ≤ "
             f"{GOAL_GAPS}× the gap, worst {worst:.2f}× "
